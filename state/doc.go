@@ -1,0 +1,8 @@
+// Package state holds the vocabulary every other enginepick package shares: model and engine
+// identities, the engine Stage (plain, prefill, decode), the Engine and Registry interfaces a host
+// implements, the sentinel errors for invalid input, and a small concurrency-safe static registry
+// for tests and simple hosts.
+//
+// It is not a service-discovery system: the host's registry is authoritative for role and health,
+// and enginepick only reads it. Package state imports nothing else from enginepick.
+package state
