@@ -1,0 +1,125 @@
+package loadmon
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+// dispatchRing is how many recent dispatch times each engine keeps for DispatchesSince. Counts
+// since a time older than the ring saturate at this value.
+const dispatchRing = 64
+
+// InFlight holds router-local in-flight counters: requests this router dispatched to an engine and
+// whose response has not ended. It is always known (never unknown, unlike engine reports) and is
+// the fallback pressure when reports are missing (seeds/POLICY_DESIGN.md §4).
+//
+// Each engine's counter lives as long as some guard or the table references it: Remove detaches an
+// engine, and guards acquired before keep decrementing the counter they incremented, so a re-added
+// engine starts from zero and is never driven negative (research/sgl-router.md §3.2).
+//
+// All methods are safe for concurrent use. Count and DispatchesSince take a read lock on the
+// engine map and otherwise read atomics; they allocate nothing.
+type InFlight struct {
+	now func() time.Time
+
+	mu       sync.RWMutex
+	counters map[state.EngineID]*counter
+}
+
+type counter struct {
+	n    atomic.Int64
+	head atomic.Uint64              // number of dispatches recorded
+	ring [dispatchRing]atomic.Int64 // unix nanos of recent dispatches
+}
+
+// NewInFlight returns empty counters that timestamp dispatches with now (nil: time.Now).
+func NewInFlight(now func() time.Time) *InFlight {
+	if now == nil {
+		now = time.Now
+	}
+	return &InFlight{now: now, counters: map[state.EngineID]*counter{}}
+}
+
+// Guard is one dispatched request's hold on an engine's in-flight counter. Release it when the
+// response (or stream) ends, whatever the outcome. Release is idempotent and safe for concurrent
+// use; a nil *Guard's Release does nothing.
+type Guard struct {
+	c        *counter
+	released atomic.Bool
+}
+
+// Release decrements the counter the guard incremented, once.
+func (g *Guard) Release() {
+	if g == nil || !g.released.CompareAndSwap(false, true) {
+		return
+	}
+	g.c.n.Add(-1)
+}
+
+func (f *InFlight) lookup(engine state.EngineID) *counter {
+	f.mu.RLock()
+	c := f.counters[engine]
+	f.mu.RUnlock()
+	return c
+}
+
+// Acquire counts one dispatch to the engine and records its time. Call it at dispatch, before the
+// request is sent (sglang PR #27547: counting only once decode streams starts hot-spots prefill).
+func (f *InFlight) Acquire(engine state.EngineID) *Guard {
+	c := f.lookup(engine)
+	if c == nil {
+		f.mu.Lock()
+		if c = f.counters[engine]; c == nil {
+			c = &counter{}
+			f.counters[engine] = c
+		}
+		f.mu.Unlock()
+	}
+	c.n.Add(1)
+	i := c.head.Add(1) - 1
+	c.ring[i%dispatchRing].Store(f.now().UnixNano())
+	return &Guard{c: c}
+}
+
+// Count returns the engine's in-flight requests; an engine never dispatched to has 0.
+func (f *InFlight) Count(engine state.EngineID) uint64 {
+	c := f.lookup(engine)
+	if c == nil {
+		return 0
+	}
+	if n := c.n.Load(); n > 0 {
+		return uint64(n)
+	}
+	return 0
+}
+
+// DispatchesSince returns how many dispatches to the engine happened strictly after t, counting
+// at most the 64 most recent ones. LeastLoad adds it to a report so that dispatches the report
+// has not seen yet are counted once (research/sgl-router.md §1.2, load_based).
+func (f *InFlight) DispatchesSince(engine state.EngineID, t time.Time) uint64 {
+	c := f.lookup(engine)
+	if c == nil {
+		return 0
+	}
+	head := c.head.Load()
+	since := t.UnixNano()
+	var n uint64
+	for n < head && n < dispatchRing {
+		if c.ring[(head-1-n)%dispatchRing].Load() <= since {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// Remove detaches the engine's counter (engine removal). Outstanding guards still release into the
+// detached counter; the next Acquire starts a fresh one at zero.
+func (f *InFlight) Remove(engine state.EngineID) {
+	f.mu.Lock()
+	delete(f.counters, engine)
+	f.mu.Unlock()
+}

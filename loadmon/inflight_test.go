@@ -1,0 +1,84 @@
+package loadmon_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/enginepick/enginepick/loadmon"
+)
+
+func TestGuardReleaseIsIdempotent(t *testing.T) {
+	t.Parallel()
+	f := loadmon.NewInFlight(nil)
+	g1 := f.Acquire("e")
+	g2 := f.Acquire("e")
+	assert.Equal(t, uint64(2), f.Count("e"))
+	g1.Release()
+	g1.Release()
+	assert.Equal(t, uint64(1), f.Count("e"), "a second release of the same guard changes nothing")
+	g2.Release()
+	assert.Zero(t, f.Count("e"))
+	var nilGuard *loadmon.Guard
+	nilGuard.Release()
+	assert.Zero(t, f.Count("never"))
+}
+
+func TestGuardsSurviveEngineRemovalAndReAdd(t *testing.T) {
+	t.Parallel()
+	f := loadmon.NewInFlight(nil)
+	old := f.Acquire("e")
+	f.Remove("e")
+	assert.Zero(t, f.Count("e"), "a removed engine has no in-flight requests")
+	fresh := f.Acquire("e")
+	old.Release() // releases into the detached counter, not the re-added engine's
+	assert.Equal(t, uint64(1), f.Count("e"))
+	fresh.Release()
+	assert.Zero(t, f.Count("e"))
+}
+
+func TestConcurrentAcquireRelease(t *testing.T) {
+	t.Parallel()
+	f := loadmon.NewInFlight(nil)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				g := f.Acquire("e")
+				_ = f.Count("e")
+				_ = f.DispatchesSince("e", time.Time{})
+				g.Release()
+				g.Release()
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 100 {
+			f.Remove("x")
+			f.Acquire("x").Release()
+		}
+	})
+	wg.Wait()
+	assert.Zero(t, f.Count("e"))
+}
+
+func TestDispatchesSince(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	f := loadmon.NewInFlight(clk.Now)
+	start := clk.Now()
+	for range 3 {
+		clk.Advance(time.Millisecond)
+		f.Acquire("e").Release() // release does not undo a dispatch
+	}
+	assert.Equal(t, uint64(3), f.DispatchesSince("e", start))
+	assert.Equal(t, uint64(2), f.DispatchesSince("e", start.Add(time.Millisecond)), "strictly after t")
+	assert.Zero(t, f.DispatchesSince("e", clk.Now()))
+	assert.Zero(t, f.DispatchesSince("other", start))
+	for range 100 {
+		f.Acquire("e")
+	}
+	assert.Equal(t, uint64(64), f.DispatchesSince("e", start), "saturates at the ring size")
+}

@@ -1,0 +1,136 @@
+package loadmon_test
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/state"
+)
+
+// nat returns a fresh, complete native observation.
+func nat(l loadmon.EngineLoad, inflight uint64) loadmon.Observation {
+	l.Native = true
+	if l.KVCapacityTokens == 0 {
+		l.KVCapacityTokens = 1000
+	}
+	if l.MaxRunningRequests == 0 {
+		l.MaxRunningRequests = 8
+	}
+	return loadmon.Observation{Load: &l, InFlight: inflight}
+}
+
+func withQueue(d time.Duration) loadmon.EngineLoad {
+	return loadmon.EngineLoad{HasPrefillRate: true, PrefillTokensPerSecond: 1, EstimatedPrefillQueue: d}
+}
+
+func TestComparePressure(t *testing.T) {
+	t.Parallel()
+	plain, prefill, decode := state.StagePlain, state.StagePrefill, state.StageDecode
+	tests := []struct {
+		name     string
+		stage    state.Stage
+		a, b     loadmon.Observation
+		reported bool
+		want     int
+	}{
+		{"prefill: uncached tokens before waiting requests", prefill,
+			nat(loadmon.EngineLoad{WaitingUncachedTokens: 10, WaitingRequests: 9}, 0),
+			nat(loadmon.EngineLoad{WaitingUncachedTokens: 20, WaitingRequests: 1}, 0), true, -1},
+		{"prefill: waiting requests then running", prefill,
+			nat(loadmon.EngineLoad{WaitingRequests: 2, RunningRequests: 0}, 0),
+			nat(loadmon.EngineLoad{WaitingRequests: 1, RunningRequests: 9}, 0), true, 1},
+		{"prefill: running requests", plain,
+			nat(loadmon.EngineLoad{RunningRequests: 3}, 0),
+			nat(loadmon.EngineLoad{RunningRequests: 4}, 0), true, -1},
+		{"prefill: queue time wins when both have it", prefill,
+			nat(func() loadmon.EngineLoad { l := withQueue(10 * time.Millisecond); l.WaitingUncachedTokens = 9000; return l }(), 0),
+			nat(func() loadmon.EngineLoad { l := withQueue(20 * time.Millisecond); l.WaitingUncachedTokens = 10; return l }(), 0), true, -1},
+		{"prefill: queue time ignored when one lacks it", prefill,
+			nat(func() loadmon.EngineLoad { l := withQueue(10 * time.Millisecond); l.WaitingUncachedTokens = 9000; return l }(), 0),
+			nat(loadmon.EngineLoad{WaitingUncachedTokens: 10}, 0), true, 1},
+		{"decode ignores uncached tokens, orders by waiting", decode,
+			nat(loadmon.EngineLoad{WaitingRequests: 1, WaitingUncachedTokens: 9999}, 0),
+			nat(loadmon.EngineLoad{WaitingRequests: 2}, 0), true, -1},
+		{"decode: running after waiting", decode,
+			nat(loadmon.EngineLoad{WaitingRequests: 1, RunningRequests: 5}, 0),
+			nat(loadmon.EngineLoad{WaitingRequests: 1, RunningRequests: 4}, 0), true, 1},
+		{"decode: KV fraction before used tokens", decode,
+			nat(loadmon.EngineLoad{UsedKVTokens: 500, KVCapacityTokens: 1000}, 0),
+			nat(loadmon.EngineLoad{UsedKVTokens: 600, KVCapacityTokens: 2000}, 0), true, 1},
+		{"decode: huge fractions that round to the same float64 compare exactly", decode,
+			nat(loadmon.EngineLoad{UsedKVTokens: math.MaxUint64 - 1, KVCapacityTokens: math.MaxUint64}, 0),
+			nat(loadmon.EngineLoad{UsedKVTokens: math.MaxUint64 - 2, KVCapacityTokens: math.MaxUint64}, 0), true, 1},
+		{"decode: equal fraction, fewer used tokens", decode,
+			nat(loadmon.EngineLoad{UsedKVTokens: 100, KVCapacityTokens: 1000}, 0),
+			nat(loadmon.EngineLoad{UsedKVTokens: 200, KVCapacityTokens: 2000}, 0), true, -1},
+		{"equal reported pressure falls to in-flight", prefill,
+			nat(loadmon.EngineLoad{WaitingRequests: 1}, 5),
+			nat(loadmon.EngineLoad{WaitingRequests: 1}, 3), true, 1},
+		{"complete tie", decode, nat(loadmon.EngineLoad{}, 2), nat(loadmon.EngineLoad{}, 2), true, 0},
+		{"coverage rule off: in-flight only", prefill,
+			nat(loadmon.EngineLoad{WaitingRequests: 0}, 5),
+			nat(loadmon.EngineLoad{WaitingRequests: 100}, 3), false, 1},
+		{"one side unknown: in-flight only", decode,
+			nat(loadmon.EngineLoad{WaitingRequests: 0}, 5),
+			loadmon.Observation{InFlight: 3}, true, 1},
+		{"one side not native: in-flight only", plain,
+			loadmon.Observation{Load: &loadmon.EngineLoad{WaitingRequests: 0}, InFlight: 5},
+			nat(loadmon.EngineLoad{WaitingRequests: 100}, 3), true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := loadmon.ComparePressure(tt.stage, &tt.a, &tt.b, tt.reported)
+			assert.Equal(t, tt.want, sign(got), "ComparePressure(a, b)")
+			assert.Equal(t, -tt.want, sign(loadmon.ComparePressure(tt.stage, &tt.b, &tt.a, tt.reported)), "ComparePressure(b, a) is the mirror")
+		})
+	}
+}
+
+func sign(x int) int {
+	switch {
+	case x < 0:
+		return -1
+	case x > 0:
+		return 1
+	}
+	return 0
+}
+
+func TestObserve(t *testing.T) {
+	t.Parallel()
+	tab := loadmon.NewTable()
+	f := loadmon.NewInFlight(nil)
+	f.Acquire("a")
+	_ = tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 3})
+	o := loadmon.Observe(tab.Snapshot(), f, "a")
+	assert.Equal(t, uint64(1), o.InFlight)
+	if assert.NotNil(t, o.Load) {
+		assert.Equal(t, uint64(3), o.Load.WaitingRequests)
+	}
+	assert.False(t, o.HasNative())
+	o = loadmon.Observe(tab.Snapshot(), nil, "b")
+	assert.Nil(t, o.Load)
+	assert.Zero(t, o.InFlight)
+}
+
+func BenchmarkSnapshotObserve64(b *testing.B) {
+	tab := loadmon.NewTable()
+	f := loadmon.NewInFlight(nil)
+	ids := make([]state.EngineID, 64)
+	for i := range ids {
+		ids[i] = state.EngineID("http://engine-" + string(rune('a'+i%26)) + string(rune('a'+i/26)))
+		_ = tab.Report(loadmon.Report{Engine: ids[i], KVCapacityTokens: 1000, Native: &loadmon.NativeLoad{MaxRunningRequests: 8}})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		s := tab.Snapshot()
+		for _, id := range ids {
+			_ = loadmon.Observe(s, f, id)
+		}
+	}
+}

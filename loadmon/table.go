@@ -1,0 +1,389 @@
+package loadmon
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+// DefaultFreshness is how long an engine report stays usable: research/sgl-router.md §3.2
+// (experimental router `DEFAULT_FRESHNESS`, 5 s).
+const DefaultFreshness = 5 * time.Second
+
+// MaxRanks bounds the DP ranks one engine may declare. Larger values are rejected as invalid
+// configuration so that a corrupt discovery record cannot allocate without bound.
+const MaxRanks = 1024
+
+// Errors returned by Table.Report and Table.Expect. They wrap state.ErrInvalidSignal (a bad
+// report) or state.ErrInvalidConfiguration (a bad expectation) so callers may test either level.
+var (
+	// ErrRankOutOfRange: a report names a DP rank at or beyond the engine's expected rank count.
+	ErrRankOutOfRange = fmt.Errorf("loadmon: DP rank out of range: %w", state.ErrInvalidSignal)
+	// ErrInvalidReport: a report is internally inconsistent (empty engine ID, used KV tokens above
+	// capacity, a monotonic counter that went backwards is NOT this error: it only resets the rate).
+	ErrInvalidReport = fmt.Errorf("loadmon: invalid report: %w", state.ErrInvalidSignal)
+)
+
+// Report is one DP rank's load sample, as an engine publishes it (SGLang `LoadStat`,
+// research/sgl-router.md §3.2). Counts are gauges: the last report of a rank replaces the previous
+// one. The Table stamps the report with its own clock on arrival.
+type Report struct {
+	// Engine is the reporting engine. Required.
+	Engine state.EngineID
+	// DPRank is the data-parallel rank (0-based). Engines without data parallelism report rank 0.
+	DPRank int
+	// RunningRequests and WaitingRequests are the engine's running batch and waiting queue, in
+	// requests.
+	RunningRequests uint64
+	WaitingRequests uint64
+	// UsedKVTokens is the KV cache in use, in tokens; KVCapacityTokens is the rank's total KV
+	// capacity in tokens (SGLang max_total_num_tokens). Zero capacity means unknown capacity.
+	UsedKVTokens     uint64
+	KVCapacityTokens uint64
+	// Native holds the optional LoadStat v3 extension. Nil means an older publisher: the report is
+	// fresh for admission of running/waiting, but supplies no native pressure.
+	Native *NativeLoad
+}
+
+// NativeLoad is the optional extension of a load report (LoadStat v3, research/sgl-router.md
+// §3.2). It is all-or-nothing: a publisher sends every field or none.
+type NativeLoad struct {
+	// WaitingUncachedTokens is the prompt tokens of waiting requests that miss the prefix cache.
+	WaitingUncachedTokens uint64
+	// MaxRunningRequests is the rank's running-batch cap in requests. Zero means unknown, which
+	// makes the native data unusable for pressure comparison.
+	MaxRunningRequests uint64
+	// PrefillUncachedTokensTotal is a monotonic counter of uncached prompt tokens prefilled since
+	// the engine started.
+	PrefillUncachedTokensTotal uint64
+	// PrefillBusyTime is a monotonic counter of time the rank spent prefilling since it started.
+	PrefillBusyTime time.Duration
+}
+
+// EngineLoad is an engine's load summed over all its expected DP ranks, as a Snapshot presents it.
+// It exists only when every expected rank has reported and is fresh.
+type EngineLoad struct {
+	// Engine is the engine this load describes.
+	Engine state.EngineID
+	// ReportedAt is the arrival time of the oldest rank's report: dispatches after it are not
+	// reflected in the counts (research/sgl-router.md §3.2, `captured_at`).
+	ReportedAt time.Time
+	// Ranks is the number of DP ranks summed.
+	Ranks int
+	// Sums over ranks, saturating at math.MaxUint64. Units as in Report.
+	RunningRequests  uint64
+	WaitingRequests  uint64
+	UsedKVTokens     uint64
+	KVCapacityTokens uint64
+	// Native reports whether every rank sent the native extension with non-zero KV capacity and
+	// non-zero MaxRunningRequests; only then are the fields below meaningful and the engine
+	// comparable on reported pressure (seeds/POLICY_DESIGN.md §4, power-of-two).
+	Native                bool
+	WaitingUncachedTokens uint64
+	MaxRunningRequests    uint64
+	// PrefillTokensPerSecond is the summed prefill throughput of the ranks, derived from two
+	// successive native samples of each rank; valid only when HasPrefillRate.
+	PrefillTokensPerSecond float64
+	HasPrefillRate         bool
+	// EstimatedPrefillQueue is WaitingUncachedTokens ÷ PrefillTokensPerSecond; valid only when
+	// HasPrefillRate (every rank has a rate).
+	EstimatedPrefillQueue time.Duration
+}
+
+// EngineLoad values a Snapshot returns are shared and immutable: read them, never modify them.
+//
+// KVUsageFraction returns UsedKVTokens ÷ KVCapacityTokens, or 0 and false when capacity is unknown.
+func (l *EngineLoad) KVUsageFraction() (float64, bool) {
+	if l.KVCapacityTokens == 0 {
+		return 0, false
+	}
+	return float64(l.UsedKVTokens) / float64(l.KVCapacityTokens), true
+}
+
+// rankSample is what the table keeps per rank: the latest report, its arrival time and the rate
+// derived from the previous native sample.
+type rankSample struct {
+	set     bool
+	report  Report
+	native  NativeLoad
+	at      time.Time
+	rate    float64 // tokens per second, 0 = unknown
+	hasRate bool
+}
+
+type engineEntry struct {
+	ranks []rankSample
+	load  *EngineLoad // nil while incomplete
+}
+
+// Option configures a Table.
+type Option func(*Table)
+
+// WithClock sets the clock used to stamp reports and judge freshness. Nil keeps time.Now.
+func WithClock(now func() time.Time) Option {
+	return func(t *Table) {
+		if now != nil {
+			t.now = now
+		}
+	}
+}
+
+// WithFreshness sets how long a report stays usable. Zero or negative keeps DefaultFreshness.
+func WithFreshness(d time.Duration) Option {
+	return func(t *Table) {
+		if d > 0 {
+			t.freshness = d
+		}
+	}
+}
+
+// Table is the engine-reported load table, keyed by (engine, DP rank). Reports are gauges stamped
+// on arrival; an engine's load is published only when every expected rank has reported.
+//
+// Writes (Report, Expect, Forget) are serialized by a mutex and publish a new immutable view;
+// Snapshot is lock-free and allocation-free. All methods are safe for concurrent use.
+type Table struct {
+	now       func() time.Time
+	freshness time.Duration
+
+	mu      sync.Mutex
+	entries map[state.EngineID]*engineEntry
+	view    atomic.Pointer[tableView]
+	version uint64
+}
+
+type tableView struct {
+	version uint64
+	loads   map[state.EngineID]*EngineLoad
+}
+
+// NewTable returns an empty table with DefaultFreshness and time.Now unless options say otherwise.
+func NewTable(opts ...Option) *Table {
+	t := &Table{now: time.Now, freshness: DefaultFreshness, entries: map[state.EngineID]*engineEntry{}}
+	for _, o := range opts {
+		o(t)
+	}
+	t.view.Store(&tableView{loads: map[state.EngineID]*EngineLoad{}})
+	return t
+}
+
+// Freshness returns how long a report stays usable.
+func (t *Table) Freshness() time.Duration { return t.freshness }
+
+// Expect declares how many DP ranks the engine has (from discovery). Until every rank in
+// [0, ranks) has reported, the engine's load is unknown. An engine never declared has one rank.
+// Changing the count keeps the samples of ranks that remain in range. ranks < 1 or > MaxRanks, or
+// an empty engine ID, is an error wrapping state.ErrInvalidConfiguration.
+func (t *Table) Expect(engine state.EngineID, ranks int) error {
+	if engine == "" {
+		return fmt.Errorf("loadmon: expect: empty engine ID: %w", state.ErrInvalidConfiguration)
+	}
+	if ranks < 1 || ranks > MaxRanks {
+		return fmt.Errorf("loadmon: expect %q: ranks %d, want 1..%d: %w", engine, ranks, MaxRanks, state.ErrInvalidConfiguration)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[engine]
+	if e == nil {
+		e = &engineEntry{}
+		t.entries[engine] = e
+	}
+	if len(e.ranks) == ranks {
+		return nil
+	}
+	kept := make([]rankSample, ranks)
+	copy(kept, e.ranks)
+	e.ranks = kept
+	t.recompute(engine, e)
+	return nil
+}
+
+// Report records one rank's sample, stamped with the table's clock. A report with an empty engine
+// ID or used KV tokens above a known capacity wraps ErrInvalidReport; a rank outside the expected
+// range wraps ErrRankOutOfRange. On error the table is unchanged.
+//
+// The prefill rate of a rank is derived from this native sample and the previous one when both
+// monotonic counters strictly increased (research/sgl-router.md §3.2); otherwise the rank has no
+// rate until the next such pair.
+func (t *Table) Report(r Report) error {
+	if r.Engine == "" {
+		return fmt.Errorf("%w: empty engine ID", ErrInvalidReport)
+	}
+	if r.KVCapacityTokens > 0 && r.UsedKVTokens > r.KVCapacityTokens {
+		return fmt.Errorf("%w: engine %q rank %d: used KV tokens %d above capacity %d",
+			ErrInvalidReport, r.Engine, r.DPRank, r.UsedKVTokens, r.KVCapacityTokens)
+	}
+	if r.Native != nil && r.Native.PrefillBusyTime < 0 {
+		return fmt.Errorf("%w: engine %q rank %d: negative prefill busy time %v",
+			ErrInvalidReport, r.Engine, r.DPRank, r.Native.PrefillBusyTime)
+	}
+	now := t.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[r.Engine]
+	ranks := 1
+	if e != nil {
+		ranks = len(e.ranks)
+	}
+	if r.DPRank < 0 || r.DPRank >= ranks {
+		return fmt.Errorf("%w: engine %q rank %d, expected ranks %d", ErrRankOutOfRange, r.Engine, r.DPRank, ranks)
+	}
+	if e == nil {
+		e = &engineEntry{ranks: make([]rankSample, 1)}
+		t.entries[r.Engine] = e
+	}
+	s := &e.ranks[r.DPRank]
+	next := rankSample{set: true, report: r, at: now}
+	next.report.Native = nil // never retain the caller's pointer
+	if r.Native != nil {
+		next.native = *r.Native
+		next.report.Native = &next.native
+		if s.set && s.report.Native != nil {
+			dTok := r.Native.PrefillUncachedTokensTotal - s.native.PrefillUncachedTokensTotal
+			dBusy := r.Native.PrefillBusyTime - s.native.PrefillBusyTime
+			if r.Native.PrefillUncachedTokensTotal > s.native.PrefillUncachedTokensTotal && dBusy > 0 {
+				next.rate = float64(dTok) / dBusy.Seconds()
+				next.hasRate = true
+			} else if r.Native.PrefillUncachedTokensTotal == s.native.PrefillUncachedTokensTotal &&
+				r.Native.PrefillBusyTime == s.native.PrefillBusyTime && s.hasRate {
+				// An idle rank keeps its last measured rate: nothing was prefilled in between.
+				next.rate, next.hasRate = s.rate, true
+			}
+		}
+	}
+	*s = next
+	t.recompute(r.Engine, e)
+	return nil
+}
+
+// Forget removes every rank of the engine (engine removal). Its load becomes unknown; a later
+// report starts a new engine with one expected rank.
+func (t *Table) Forget(engine state.EngineID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.entries[engine]; !ok {
+		return
+	}
+	delete(t.entries, engine)
+	t.publish(engine, nil)
+}
+
+// recompute aggregates the engine's ranks and publishes the result. Callers hold t.mu.
+func (t *Table) recompute(engine state.EngineID, e *engineEntry) {
+	var agg *EngineLoad
+	complete := len(e.ranks) > 0
+	for i := range e.ranks {
+		if !e.ranks[i].set {
+			complete = false
+			break
+		}
+	}
+	if complete {
+		agg = &EngineLoad{Engine: engine, Ranks: len(e.ranks), Native: true, HasPrefillRate: true}
+		for i := range e.ranks {
+			s := &e.ranks[i]
+			if i == 0 || s.at.Before(agg.ReportedAt) {
+				agg.ReportedAt = s.at
+			}
+			agg.RunningRequests = satAdd(agg.RunningRequests, s.report.RunningRequests)
+			agg.WaitingRequests = satAdd(agg.WaitingRequests, s.report.WaitingRequests)
+			agg.UsedKVTokens = satAdd(agg.UsedKVTokens, s.report.UsedKVTokens)
+			agg.KVCapacityTokens = satAdd(agg.KVCapacityTokens, s.report.KVCapacityTokens)
+			if s.report.Native == nil || s.report.KVCapacityTokens == 0 || s.native.MaxRunningRequests == 0 {
+				agg.Native = false
+			}
+			agg.WaitingUncachedTokens = satAdd(agg.WaitingUncachedTokens, s.native.WaitingUncachedTokens)
+			agg.MaxRunningRequests = satAdd(agg.MaxRunningRequests, s.native.MaxRunningRequests)
+			if s.hasRate {
+				agg.PrefillTokensPerSecond += s.rate
+			} else {
+				agg.HasPrefillRate = false
+			}
+		}
+		if !agg.Native {
+			agg.WaitingUncachedTokens, agg.MaxRunningRequests = 0, 0
+			agg.HasPrefillRate = false
+		}
+		if agg.HasPrefillRate && agg.PrefillTokensPerSecond > 0 {
+			sec := float64(agg.WaitingUncachedTokens) / agg.PrefillTokensPerSecond
+			if sec*float64(time.Second) >= math.MaxInt64 {
+				agg.EstimatedPrefillQueue = time.Duration(math.MaxInt64)
+			} else {
+				agg.EstimatedPrefillQueue = time.Duration(sec * float64(time.Second))
+			}
+		} else {
+			agg.PrefillTokensPerSecond, agg.HasPrefillRate = 0, false
+		}
+	}
+	t.publish(engine, agg)
+}
+
+// publish copies the current view with the engine's load replaced (nil removes it). Callers hold
+// t.mu. The copy is O(engines); reports are far rarer than picks, which read without locking.
+func (t *Table) publish(engine state.EngineID, load *EngineLoad) {
+	old := t.view.Load()
+	loads := make(map[state.EngineID]*EngineLoad, len(old.loads)+1)
+	for k, v := range old.loads {
+		loads[k] = v
+	}
+	if load == nil {
+		delete(loads, engine)
+	} else {
+		loads[engine] = load
+	}
+	t.version++
+	t.view.Store(&tableView{version: t.version, loads: loads})
+}
+
+// Snapshot captures the table as it is now. It takes no lock and allocates nothing. A policy
+// captures one Snapshot per pick and reuses it for that pick's admission (seeds/POLICY_DESIGN.md
+// §6); reports arriving later do not change it.
+func (t *Table) Snapshot() Snapshot {
+	return Snapshot{view: t.view.Load(), at: t.now(), freshness: t.freshness}
+}
+
+// Snapshot is an immutable view of a Table at one instant. The zero Snapshot knows no engine.
+// Safe for concurrent use.
+type Snapshot struct {
+	view      *tableView
+	at        time.Time
+	freshness time.Duration
+}
+
+// Version increases with every change to the table; equal versions mean equal contents.
+func (s Snapshot) Version() uint64 {
+	if s.view == nil {
+		return 0
+	}
+	return s.view.version
+}
+
+// CapturedAt returns the clock reading at capture; freshness is judged against it.
+func (s Snapshot) CapturedAt() time.Time { return s.at }
+
+// Load returns the engine's load if every expected rank has reported and the oldest report is no
+// older than the table's freshness at capture time. Otherwise it returns false: unknown, never
+// zero (seeds/POLICY_DESIGN.md §6).
+func (s Snapshot) Load(engine state.EngineID) (*EngineLoad, bool) {
+	if s.view == nil {
+		return nil, false
+	}
+	l := s.view.loads[engine]
+	if l == nil || s.at.Sub(l.ReportedAt) > s.freshness {
+		return nil, false
+	}
+	return l, true
+}
+
+func satAdd(a, b uint64) uint64 {
+	sum, carry := bits.Add64(a, b, 0)
+	if carry != 0 {
+		return math.MaxUint64
+	}
+	return sum
+}
