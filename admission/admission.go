@@ -1,0 +1,216 @@
+package admission
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/state"
+)
+
+// Limit names, as they appear in configuration and in rejection reasons (seeds/POLICY_DESIGN.md
+// §4, AdmissionLimits).
+const (
+	LimitRunningRequests      = "max_running_requests"
+	LimitWaitingRequests      = "max_waiting_requests"
+	LimitKVTokens             = "max_kv_tokens"
+	LimitPendingPrefillTokens = "max_pending_prefill_tokens"
+	LimitInFlightRequests     = "max_inflight_requests"
+)
+
+// limitNames lists the fields in check order.
+var limitNames = []string{LimitRunningRequests, LimitWaitingRequests, LimitKVTokens, LimitPendingPrefillTokens, LimitInFlightRequests}
+
+// ErrUnknownField is wrapped by *FieldError when a configuration names a field Limits does not
+// have ("Unknown fields are rejected during deserialization", seeds/POLICY_DESIGN.md §4).
+var ErrUnknownField = errors.New("unknown field")
+
+// FieldError reports a Limits field that could not be decoded: an unknown name (Err wraps
+// ErrUnknownField) or a value that is not a non-negative integer. It also matches
+// state.ErrInvalidConfiguration with errors.Is.
+type FieldError struct {
+	Field string
+	Err   error
+}
+
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("admission: limits field %q: %v", e.Field, e.Err)
+}
+
+// Unwrap returns the cause and state.ErrInvalidConfiguration.
+func (e *FieldError) Unwrap() []error { return []error{e.Err, state.ErrInvalidConfiguration} }
+
+// Limits is a set of optional per-engine caps (the seed's AdmissionLimits). A nil cap is not
+// checked; Limits{} admits everything. A cap admits while the engine's metric is strictly below
+// it, so a cap of 0 rejects every engine whose metric is known. Caps are absolute: they never
+// default to capacities the engine reports.
+//
+// JSON and YAML use the snake_case names below; unknown fields are rejected with a *FieldError
+// naming the field.
+type Limits struct {
+	// MaxRunningRequests caps the reported running requests.
+	MaxRunningRequests *uint64 `json:"max_running_requests,omitempty" yaml:"max_running_requests,omitempty"`
+	// MaxWaitingRequests caps the reported waiting requests. This is a hard rejection, unlike the
+	// cache policy's soft worker_queue_limit.
+	MaxWaitingRequests *uint64 `json:"max_waiting_requests,omitempty" yaml:"max_waiting_requests,omitempty"`
+	// MaxKVTokens caps the reported KV tokens in use.
+	MaxKVTokens *uint64 `json:"max_kv_tokens,omitempty" yaml:"max_kv_tokens,omitempty"`
+	// MaxPendingPrefillTokens caps the reported waiting uncached prompt tokens.
+	MaxPendingPrefillTokens *uint64 `json:"max_pending_prefill_tokens,omitempty" yaml:"max_pending_prefill_tokens,omitempty"`
+	// MaxInFlightRequests caps the router-local in-flight requests (the legacy --max-in-flight).
+	MaxInFlightRequests *uint64 `json:"max_inflight_requests,omitempty" yaml:"max_inflight_requests,omitempty"`
+}
+
+// Cap returns a pointer to v, for building Limits literals: Limits{MaxKVTokens: admission.Cap(1<<20)}.
+func Cap(v uint64) *uint64 { return &v }
+
+// Value is an engine-reported metric that may be unknown. The zero Value is unknown, which is
+// different from a known 0.
+type Value struct {
+	V     uint64
+	Known bool
+}
+
+// Known returns a known Value.
+func Known(v uint64) Value { return Value{V: v, Known: true} }
+
+// Metrics is what admission sees of one engine: reported values from the pick's load snapshot
+// (unknown without a fresh, complete report; KV and pending-prefill also need the native
+// extension) and the live router-local in-flight count, which is always known.
+type Metrics struct {
+	RunningRequests      Value
+	WaitingRequests      Value
+	KVTokens             Value
+	PendingPrefillTokens Value
+	InFlightRequests     uint64
+}
+
+// Observe builds Metrics from an observation (seeds/POLICY_DESIGN.md §4: running and waiting from
+// the fresh basic sample, KV and pending prefill from the fresh native sample, in-flight from the
+// live counter).
+func Observe(o loadmon.Observation) Metrics {
+	m := Metrics{InFlightRequests: o.InFlight}
+	if l := o.Load; l != nil {
+		m.RunningRequests = Known(l.RunningRequests)
+		m.WaitingRequests = Known(l.WaitingRequests)
+		if l.Native {
+			m.KVTokens = Known(l.UsedKVTokens)
+			m.PendingPrefillTokens = Known(l.WaitingUncachedTokens)
+		}
+	}
+	return m
+}
+
+// Verdict is the outcome of one check. When Admit is false, Limit names the first failing cap in
+// check order, Observed is the engine's metric and Cap the configured cap.
+type Verdict struct {
+	Admit    bool
+	Limit    string
+	Observed uint64
+	Cap      uint64
+}
+
+// Checker decides whether one engine may take a request, given its metrics. Policies call it
+// explicitly, once per engine they are about to return (seeds/POLICY_DESIGN.md §4). A returned
+// error means the check itself could not be made; policies return it to the bucket loop, which
+// stops. Implementations must be safe for concurrent use and must not block.
+type Checker interface {
+	Check(engine state.Engine, m Metrics) (Verdict, error)
+}
+
+var _ Checker = Limits{}
+
+// Check implements Checker. Caps are checked in the order running, waiting, KV tokens, pending
+// prefill tokens, in-flight; the first cap the metric has reached rejects and names itself. An
+// unknown reported metric passes its cap (fails open). Check never returns an error.
+func (l Limits) Check(_ state.Engine, m Metrics) (Verdict, error) {
+	for _, c := range [...]struct {
+		name string
+		cap  *uint64
+		v    Value
+	}{
+		{LimitRunningRequests, l.MaxRunningRequests, m.RunningRequests},
+		{LimitWaitingRequests, l.MaxWaitingRequests, m.WaitingRequests},
+		{LimitKVTokens, l.MaxKVTokens, m.KVTokens},
+		{LimitPendingPrefillTokens, l.MaxPendingPrefillTokens, m.PendingPrefillTokens},
+		{LimitInFlightRequests, l.MaxInFlightRequests, Known(m.InFlightRequests)},
+	} {
+		if c.cap != nil && c.v.Known && c.v.V >= *c.cap {
+			return Verdict{Limit: c.name, Observed: c.v.V, Cap: *c.cap}, nil
+		}
+	}
+	return Verdict{Admit: true}, nil
+}
+
+// IsZero reports whether no cap is set (Limits{} admits everything).
+func (l Limits) IsZero() bool { return l == Limits{} }
+
+// limitsFields is Limits without methods, so decoding does not recurse.
+type limitsFields Limits
+
+// UnmarshalJSON decodes Limits strictly: an unknown field is a *FieldError wrapping
+// ErrUnknownField; a negative, fractional or non-numeric value is a *FieldError too. On error the
+// receiver is unchanged.
+func (l *Limits) UnmarshalJSON(data []byte) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return &FieldError{Field: "", Err: err}
+	}
+	if err := checkFields(slices.Collect(maps.Keys(raw))); err != nil {
+		return err
+	}
+	var out limitsFields
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&out); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return &FieldError{Field: te.Field, Err: err}
+		}
+		return &FieldError{Err: err}
+	}
+	*l = Limits(out)
+	return nil
+}
+
+// UnmarshalYAML decodes Limits strictly, with the same rules as UnmarshalJSON.
+func (l *Limits) UnmarshalYAML(node *yaml.Node) error {
+	if node.Kind != yaml.MappingNode {
+		return &FieldError{Err: fmt.Errorf("line %d: want a mapping", node.Line)}
+	}
+	keys := make([]string, 0, len(node.Content)/2)
+	for i := 0; i+1 < len(node.Content); i += 2 {
+		keys = append(keys, node.Content[i].Value)
+	}
+	if err := checkFields(keys); err != nil {
+		return err
+	}
+	var out limitsFields
+	for i := 0; i+1 < len(node.Content); i += 2 {
+		var v uint64
+		if err := node.Content[i+1].Decode(&v); err != nil {
+			return &FieldError{Field: node.Content[i].Value, Err: err}
+		}
+	}
+	if err := node.Decode(&out); err != nil {
+		return &FieldError{Err: err}
+	}
+	*l = Limits(out)
+	return nil
+}
+
+func checkFields(keys []string) error {
+	slices.Sort(keys)
+	for _, k := range keys {
+		if !slices.Contains(limitNames, k) {
+			return &FieldError{Field: k, Err: fmt.Errorf("%w: want one of %s", ErrUnknownField, strings.Join(limitNames, ", "))}
+		}
+	}
+	return nil
+}
