@@ -1,0 +1,10 @@
+// Package policy defines how one engine is chosen from one engine group's candidates: the Policy
+// interface, the Request facts a policy may read, the Pick it returns, the error taxonomy the
+// bucket loop branches on, and the concrete policies (RoundRobin, Random, PowerOfN, LeastLoad, and
+// the cache-, session- and key-aware ones).
+//
+// A policy owns its selection, its within-group fallback, its admission checks and its state
+// dependencies, which it receives at construction (seeds/POLICY_DESIGN.md, principle 4 and §4).
+// It never chooses a bucket, crosses a PD role, or substitutes an engine after admission rejects
+// the one it chose.
+package policy

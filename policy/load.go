@@ -1,0 +1,197 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/state"
+)
+
+// DefaultChoices is PowerOfN's default sample size (research/sgl-router.md §1.2,
+// --power-of-n-choices 2).
+const DefaultChoices = 2
+
+// pressureScan finds the least pressured of the engines offered to it in one linear pass, under
+// the coverage rule: it tracks the best by reported pressure and the best by in-flight alone, and
+// reports the former only if every offered engine had fresh native data. Only a strict improvement
+// displaces the incumbent, so a complete tie keeps the first offered.
+type pressureScan struct {
+	stage        state.Stage
+	n            int
+	allNative    bool
+	bestR, bestL int
+	obsR, obsL   loadmon.Observation
+}
+
+func (s *pressureScan) offer(i int, o loadmon.Observation) {
+	if s.n == 0 {
+		s.bestR, s.bestL, s.obsR, s.obsL, s.allNative = i, i, o, o, o.HasNative()
+		s.n = 1
+		return
+	}
+	s.n++
+	s.allNative = s.allNative && o.HasNative()
+	if s.allNative && loadmon.ComparePressure(s.stage, &o, &s.obsR, true) < 0 {
+		s.bestR, s.obsR = i, o
+	}
+	if o.InFlight < s.obsL.InFlight {
+		s.bestL, s.obsL = i, o
+	}
+}
+
+// result returns the winner's index and observation.
+func (s *pressureScan) result() (int, loadmon.Observation) {
+	if s.allNative {
+		return s.bestR, s.obsR
+	}
+	return s.bestL, s.obsL
+}
+
+// PowerOfN samples N distinct candidates uniformly and picks the one with the lower stage
+// pressure (loadmon.ComparePressure, with the coverage rule over the sample); a complete tie keeps
+// the first sampled. When N covers the candidates it takes the exact minimum by a linear scan in
+// candidate order. Admission is called exactly once, on the winner, with the observation the
+// selection used; a rejection is returned as *AdmissionRejectedError, never resampled and never
+// replaced by the other sampled engine (seeds/POLICY_DESIGN.md §4, "Power-of-two").
+type PowerOfN struct {
+	cfg    Config
+	n      int
+	reason string
+}
+
+var _ Policy = (*PowerOfN)(nil)
+
+// NewPowerOfN returns a power-of-N policy sampling n candidates. n < 1 is an error wrapping
+// ErrInvalidConfiguration ("N = 0 rejected", research/sgl-router.md §7.4), as is a nil required
+// Config handle. With n = 2 picks carry ReasonPowerOfTwo, otherwise ReasonPowerOfN.
+func NewPowerOfN(cfg Config, n int) (*PowerOfN, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("policy: power_of_n: choices %d, must be >= 1: %w", n, ErrInvalidConfiguration)
+	}
+	if err := cfg.validate("power_of_n"); err != nil {
+		return nil, err
+	}
+	reason := ReasonPowerOfN
+	if n == 2 {
+		reason = ReasonPowerOfTwo
+	}
+	return &PowerOfN{cfg: cfg, n: n, reason: reason}, nil
+}
+
+// Choices returns N.
+func (p *PowerOfN) Choices() int { return p.n }
+
+// Pick implements Policy. No candidates → ErrNoCandidates without calling admission. One snapshot
+// is captured per pick and its record of the winner reaches admission. Allocation-free for groups
+// of up to 256 candidates.
+func (p *PowerOfN) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
+	i, o, err := sampleLeastPressured(&p.cfg, p.cfg.Load.Snapshot(), engines, stageOf(req), p.n)
+	if err != nil {
+		return Pick{}, err
+	}
+	if err := p.cfg.admit(engines[i], o); err != nil {
+		return Pick{}, err
+	}
+	return Pick{Engine: engines[i], Reason: p.reason}, nil
+}
+
+// sampleLeastPressured returns the least pressured of k distinct uniformly sampled engines, or of
+// all engines (exact minimum, candidate order) when k >= len(engines).
+func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.Engine, stage state.Stage, k int) (int, loadmon.Observation, error) {
+	n := len(engines)
+	if n == 0 {
+		return 0, loadmon.Observation{}, ErrNoCandidates
+	}
+	s := pressureScan{stage: stage}
+	if k >= n {
+		for i, e := range engines {
+			s.offer(i, cfg.observe(snap, e))
+		}
+	} else {
+		var small [4]uint64
+		seen := small[:]
+		if n > 256 {
+			seen = make([]uint64, (n+63)/64)
+		}
+		for s.n < k {
+			j := cfg.Rand(n)
+			if seen[j/64]&(1<<(j%64)) != 0 {
+				continue
+			}
+			seen[j/64] |= 1 << (j % 64)
+			s.offer(j, cfg.observe(snap, engines[j]))
+		}
+	}
+	i, o := s.result()
+	return i, o, nil
+}
+
+func stageOf(req *Request) state.Stage {
+	if req == nil {
+		return state.StagePlain
+	}
+	return req.Stage
+}
+
+// LeastLoad picks the least loaded candidate (CLI name load_based; research/sgl-router.md §1.2,
+// load_based). When every candidate has a fresh report, an engine's load is waiting + running
+// requests + the dispatches this router made after that report (so dispatches the report has not
+// seen count once); otherwise every candidate is scored by router-local in-flight requests alone.
+// Ties go to the fewer in-flight requests, then to the earliest candidate in ID order. Admission
+// is checked once, on the winner; a rejection is returned, never replaced.
+type LeastLoad struct {
+	cfg Config
+}
+
+var _ Policy = (*LeastLoad)(nil)
+
+// NewLeastLoad returns a least-load policy. It returns an error wrapping ErrInvalidConfiguration
+// when a required Config handle is nil.
+func NewLeastLoad(cfg Config) (*LeastLoad, error) {
+	if err := cfg.validate(NameLoadBased); err != nil {
+		return nil, err
+	}
+	return &LeastLoad{cfg: cfg}, nil
+}
+
+// Pick implements Policy. No candidates → ErrNoCandidates without calling admission.
+func (p *LeastLoad) Pick(_ context.Context, engines []state.Engine, _ *Request) (Pick, error) {
+	if len(engines) == 0 {
+		return Pick{}, ErrNoCandidates
+	}
+	snap := p.cfg.Load.Snapshot()
+	allFresh := true
+	var bestR, bestL int
+	var scoreR uint64
+	var obsR, obsL loadmon.Observation
+	for i, e := range engines {
+		o := p.cfg.observe(snap, e)
+		allFresh = allFresh && o.Load != nil
+		if allFresh {
+			score := satAdd(satAdd(o.Load.WaitingRequests, o.Load.RunningRequests),
+				p.cfg.InFlight.DispatchesSince(e.ID(), o.Load.ReportedAt))
+			if i == 0 || score < scoreR || (score == scoreR && o.InFlight < obsR.InFlight) {
+				bestR, scoreR, obsR = i, score, o
+			}
+		}
+		if i == 0 || o.InFlight < obsL.InFlight {
+			bestL, obsL = i, o
+		}
+	}
+	best, obs := bestL, obsL
+	if allFresh {
+		best, obs = bestR, obsR
+	}
+	if err := p.cfg.admit(engines[best], obs); err != nil {
+		return Pick{}, err
+	}
+	return Pick{Engine: engines[best], Reason: ReasonLeastLoad}, nil
+}
+
+func satAdd(a, b uint64) uint64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return ^uint64(0)
+}

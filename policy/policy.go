@@ -1,0 +1,243 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/state"
+)
+
+// Policy chooses one engine from the candidates of one engine group.
+//
+// engines are the group's exact candidates, healthy, of the request's model and stage, sorted by
+// ID; the slice is shared and must not be modified. The returned Pick's Engine must be one of
+// those exact values (interface equality); the group rejects anything else as
+// *OutsideCandidatesError.
+//
+// Errors: ErrNoCandidates (no engine is eligible, or a policy-specific miss with nothing to fall
+// back to: the bucket loop tries the next bucket), *AdmissionRejectedError and
+// *NoAdmissibleEngineError (admission rejected the chosen engine or every candidate the algorithm
+// evaluated: next bucket), ErrInvalidSignal and ErrInvalidConfiguration (stop routing), or an
+// error from the admission Checker or a prefix source (stop routing).
+//
+// Implementations are safe for concurrent use; one instance serves every request of its group.
+type Policy interface {
+	Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error)
+}
+
+// StageSupporter is an optional interface: a policy that cannot serve every stage implements it so
+// that a bucket rejects the attachment at construction (CacheAware on decode,
+// research/sgl-router.md §7.2 "Bucket::validate"). Policies without it serve every stage.
+type StageSupporter interface {
+	SupportsStage(s state.Stage) bool
+}
+
+// Request is the routing facts of one pick. It carries no HTTP body, no headers, no state handles
+// and no load observations (seeds/POLICY_DESIGN.md §4). The bucket fills Stage and BucketID for
+// each group it calls; everything else passes through from the host.
+type Request struct {
+	// Model is the requested model.
+	Model state.ModelID
+	// Stage is the role of the group being picked for.
+	Stage state.Stage
+	// BucketID is the bucket whose group is picking.
+	BucketID string
+	// InputTokens is the prompt length in tokens.
+	InputTokens uint64
+	// ExpectedPeakTokens is the expected peak sequence length (input plus output budget), in
+	// tokens; meaningful only when HasExpectedPeak. Unknown is not 0.
+	ExpectedPeakTokens uint64
+	HasExpectedPeak    bool
+	// TokenIDs is the tokenized prompt, or nil when the host did not tokenize. Cache-aware
+	// policies need it; others ignore it. Must not be modified during the pick.
+	TokenIDs []uint32
+	// SessionKey and RoutingKey are the session and sticky-routing keys; empty means none.
+	SessionKey string
+	RoutingKey string
+}
+
+// Pick is a policy's choice: the engine and a reason label for metrics and tracing (one of the
+// Reason constants).
+type Pick struct {
+	Engine state.Engine
+	Reason string
+}
+
+// Reason labels (research/sgl-router.md §6.3, sgl_router_policy_decisions_total).
+const (
+	ReasonRoundRobin       = "round_robin"
+	ReasonRandom           = "random"
+	ReasonPowerOfTwo       = "power_of_two"
+	ReasonPowerOfN         = "power_of_n"
+	ReasonLeastLoad        = "load_based"
+	ReasonCacheCandidate   = "cache_candidate"
+	ReasonSaturationPin    = "saturation_pin"
+	ReasonNoCacheCandidate = "no_cache_candidate"
+	ReasonSessionPrimary   = "session_primary"
+	ReasonAssigned         = "assigned"
+	ReasonNoSession        = "no_session"
+)
+
+// Configuration names of the policies (ARCHITECTURE.md §3; load_based is the CLI name of
+// LeastLoad, power_of_two builds PowerOfN with N = 2).
+const (
+	NameRoundRobin = "round_robin"
+	NameRandom     = "random"
+	NamePowerOfTwo = "power_of_two"
+	NameLoadBased  = "load_based"
+	NameCacheAware = "cache_aware"
+)
+
+var (
+	// ErrNoCandidates: the group has no eligible engine, or the policy found nothing to choose.
+	// The bucket loop advances to the next bucket.
+	ErrNoCandidates = errors.New("no candidates")
+
+	// ErrAdmissionRejected is matched (errors.Is) by *AdmissionRejectedError and
+	// *NoAdmissibleEngineError.
+	ErrAdmissionRejected = errors.New("admission rejected")
+
+	// ErrOutsideCandidates is matched by *OutsideCandidatesError.
+	ErrOutsideCandidates = errors.New("pick outside candidates")
+
+	// ErrInvalidSignal is state.ErrInvalidSignal: an unroutable request fact. Routing stops.
+	ErrInvalidSignal = state.ErrInvalidSignal
+
+	// ErrInvalidConfiguration is state.ErrInvalidConfiguration: a policy or bucket that cannot
+	// work as configured. Constructors return it; at pick time routing stops.
+	ErrInvalidConfiguration = state.ErrInvalidConfiguration
+)
+
+// AdmissionRejectedError reports that admission rejected the engine a policy chose. The policy
+// does not try another engine; the bucket loop tries the next bucket.
+type AdmissionRejectedError struct {
+	// Engine is the rejected engine.
+	Engine state.Engine
+	// Limit is the first failing cap (an admission.Limit… name).
+	Limit string
+	// Observed and Cap are the engine's metric and the configured cap.
+	Observed uint64
+	Cap      uint64
+}
+
+func (e *AdmissionRejectedError) Error() string {
+	return fmt.Sprintf("policy: engine %q rejected by admission: %s (observed %d, cap %d)",
+		engineID(e.Engine), e.Limit, e.Observed, e.Cap)
+}
+
+// Is matches ErrAdmissionRejected.
+func (e *AdmissionRejectedError) Is(target error) bool { return target == ErrAdmissionRejected }
+
+// NoAdmissibleEngineError reports that a policy evaluated several engines and admission rejected
+// every one. Unwrap returns each *AdmissionRejectedError, so errors.As finds them.
+type NoAdmissibleEngineError struct {
+	Rejections []*AdmissionRejectedError
+}
+
+func (e *NoAdmissibleEngineError) Error() string {
+	var b strings.Builder
+	b.WriteString("policy: no admissible engine: ")
+	for i, r := range e.Rejections {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%q %s (observed %d, cap %d)", engineID(r.Engine), r.Limit, r.Observed, r.Cap)
+	}
+	return b.String()
+}
+
+// Is matches ErrAdmissionRejected.
+func (e *NoAdmissibleEngineError) Is(target error) bool { return target == ErrAdmissionRejected }
+
+// Unwrap returns every rejection.
+func (e *NoAdmissibleEngineError) Unwrap() []error {
+	out := make([]error, len(e.Rejections))
+	for i, r := range e.Rejections {
+		out[i] = r
+	}
+	return out
+}
+
+// OutsideCandidatesError reports a pick that is not one of the exact candidate values, including
+// a different value with a candidate's ID. Routing stops with an internal error.
+type OutsideCandidatesError struct {
+	Engine state.EngineID
+}
+
+func (e *OutsideCandidatesError) Error() string {
+	return fmt.Sprintf("policy: picked engine %q is not one of the candidates", e.Engine)
+}
+
+// Is matches ErrOutsideCandidates.
+func (e *OutsideCandidatesError) Is(target error) bool { return target == ErrOutsideCandidates }
+
+func engineID(e state.Engine) state.EngineID {
+	if e == nil {
+		return ""
+	}
+	return e.ID()
+}
+
+// Config is what every concrete policy receives at construction: the shared state handles it
+// reads and its admission checker.
+type Config struct {
+	// Load is the engine-reported load table. Required: admission caps on reported metrics and the
+	// load-aware comparisons read it.
+	Load *loadmon.Table
+	// InFlight is the router-local in-flight counters. Required.
+	InFlight *loadmon.InFlight
+	// Admission checks the engine a policy is about to return. Nil means admission.Limits{}, which
+	// admits everything.
+	Admission admission.Checker
+	// Rand returns a uniform integer in [0, n). Nil means math/rand/v2's IntN. Tests inject a
+	// scripted source; it must be safe for concurrent use.
+	Rand func(n int) int
+}
+
+// validate fills defaults and checks the required handles.
+func (c *Config) validate(policy string) error {
+	if c.Load == nil {
+		return fmt.Errorf("policy: %s: Config.Load is nil: %w", policy, ErrInvalidConfiguration)
+	}
+	if c.InFlight == nil {
+		return fmt.Errorf("policy: %s: Config.InFlight is nil: %w", policy, ErrInvalidConfiguration)
+	}
+	if c.Admission == nil {
+		c.Admission = admission.Limits{}
+	}
+	if c.Rand == nil {
+		c.Rand = rand.IntN
+	}
+	return nil
+}
+
+// observe reads one engine's observation from the pick's snapshot.
+func (c *Config) observe(snap loadmon.Snapshot, e state.Engine) loadmon.Observation {
+	return loadmon.Observe(snap, c.InFlight, e.ID())
+}
+
+// admit runs the checker once on the engine with the observation the pick already captured. It
+// returns nil, an *AdmissionRejectedError, or the checker's own error wrapped.
+func (c *Config) admit(e state.Engine, o loadmon.Observation) error {
+	v, err := c.Admission.Check(e, admission.Observe(o))
+	if err != nil {
+		return fmt.Errorf("policy: admission check of %q: %w", e.ID(), err)
+	}
+	if !v.Admit {
+		return &AdmissionRejectedError{Engine: e, Limit: v.Limit, Observed: v.Observed, Cap: v.Cap}
+	}
+	return nil
+}
+
+// pickChecked returns the engine after one admission check on a fresh snapshot.
+func (c *Config) pickChecked(e state.Engine, reason string) (Pick, error) {
+	if err := c.admit(e, c.observe(c.Load.Snapshot(), e)); err != nil {
+		return Pick{}, err
+	}
+	return Pick{Engine: e, Reason: reason}, nil
+}
