@@ -1,0 +1,113 @@
+package bucket_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// research/sgl-router.md §7.4 groups_isolate_model_health_stage_and_membership.
+func TestGroupsIsolateModelHealthStageAndMembership(t *testing.T) {
+	t.Parallel()
+	b := eng("b", state.StagePlain)
+	a := eng("a", state.StagePlain)
+	broken := eng("0-broken", state.StagePlain)
+	broken.SetHealthy(false)
+	other := state.NewStaticEngine("00-other-model", "other", state.StagePlain)
+	p := eng("p", state.StagePrefill)
+	d := eng("d", state.StageDecode)
+	reg := registry(b, a, broken, other, p, d)
+
+	fp := first()
+	catchAll := allGroup(fp)
+	req := &policy.Request{Model: "m", Stage: state.StagePlain}
+	pk, err := catchAll.Pick(ctx, reg, req)
+	require.NoError(t, err)
+	assert.Same(t, a, pk.Engine, "healthy same-model plain engines in ID order: a first")
+	assert.Equal(t, []state.EngineID{"a", "b"}, fp.seen[0], "breaker-open, other-model and PD engines never appear")
+
+	reg.Remove("a")
+	pk, err = catchAll.Pick(ctx, reg, req)
+	require.NoError(t, err)
+	assert.Same(t, b, pk.Engine)
+	reg.Remove("b")
+	_, err = catchAll.Pick(ctx, reg, req)
+	assert.ErrorIs(t, err, policy.ErrNoCandidates)
+	assert.Equal(t, 2, fp.Calls(), "no candidates: the policy is not called")
+
+	cross := first()
+	spanning := group(cross, "p", "d", "b")
+	pk, err = spanning.Pick(ctx, reg, &policy.Request{Model: "m", Stage: state.StagePrefill})
+	require.NoError(t, err)
+	assert.Same(t, p, pk.Engine, "a membership spanning roles returns only the stage's role")
+	pk, err = spanning.Pick(ctx, reg, &policy.Request{Model: "m", Stage: state.StageDecode})
+	require.NoError(t, err)
+	assert.Same(t, d, pk.Engine)
+	assert.Equal(t, [][]state.EngineID{{"p"}, {"d"}}, cross.seen)
+
+	none := first()
+	empty, err := bucket.NewEngineGroup(none, []state.EngineID{}) // explicit empty, non-nil membership
+	require.NoError(t, err)
+	_, err = empty.Pick(ctx, reg, &policy.Request{Model: "m", Stage: state.StagePrefill})
+	assert.ErrorIs(t, err, policy.ErrNoCandidates)
+	assert.Zero(t, none.Calls())
+
+	_, err = catchAll.Pick(ctx, nil, req)
+	assert.ErrorIs(t, err, policy.ErrInvalidConfiguration, "nil registry")
+}
+
+func TestGroupSortsCandidatesByIDWithoutTouchingTheRegistry(t *testing.T) {
+	t.Parallel()
+	reg := registry(eng("c", state.StagePlain), eng("a", state.StagePlain), eng("b", state.StagePlain))
+	fp := first()
+	_, err := allGroup(fp).Pick(ctx, reg, &policy.Request{Model: "m"})
+	require.NoError(t, err)
+	assert.Equal(t, []state.EngineID{"a", "b", "c"}, fp.seen[0])
+	var order []state.EngineID
+	for _, e := range reg.Engines("m") {
+		order = append(order, e.ID())
+	}
+	assert.Equal(t, []state.EngineID{"c", "a", "b"}, order, "the registry's slice is never reordered")
+}
+
+// research/sgl-router.md §7.4 group_propagates_rejections_misses_and_invalid_signals.
+func TestGroupPropagatesRejectionsMissesAndInvalidSignals(t *testing.T) {
+	t.Parallel()
+	a := eng("a", state.StagePlain)
+	reg := registry(a)
+	rej := &policy.AdmissionRejectedError{Engine: a, Limit: "full"}
+	for _, want := range []error{rej, policy.ErrNoCandidates, policy.ErrInvalidSignal} {
+		_, err := allGroup(failing(want)).Pick(ctx, reg, &policy.Request{Model: "m"})
+		assert.Same(t, want, err, "the policy's error is returned unchanged")
+	}
+}
+
+// research/sgl-router.md §7.4 group_rejects_foreign_pick_even_with_same_worker_id.
+func TestGroupRejectsForeignPickEvenWithSameID(t *testing.T) {
+	t.Parallel()
+	reg := registry(eng("a", state.StagePlain))
+	impostor := &fakePolicy{choose: func([]state.Engine, *policy.Request) (policy.Pick, error) {
+		return policy.Pick{Engine: eng("a", state.StagePlain), Reason: "impostor"}, nil
+	}}
+	_, err := allGroup(impostor).Pick(ctx, reg, &policy.Request{Model: "m"})
+	var oc *policy.OutsideCandidatesError
+	require.ErrorAs(t, err, &oc)
+	assert.Equal(t, state.EngineID("a"), oc.Engine)
+
+	nilPick := &fakePolicy{choose: func([]state.Engine, *policy.Request) (policy.Pick, error) { return policy.Pick{}, nil }}
+	_, err = allGroup(nilPick).Pick(ctx, reg, &policy.Request{Model: "m"})
+	assert.ErrorIs(t, err, policy.ErrOutsideCandidates, "a pick with no engine is outside the candidates")
+}
+
+func TestNewEngineGroupRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	_, err := bucket.NewEngineGroup(nil, nil)
+	assert.ErrorIs(t, err, policy.ErrInvalidConfiguration, "nil policy")
+	_, err = bucket.NewEngineGroup(first(), []state.EngineID{"a", ""})
+	assert.ErrorIs(t, err, policy.ErrInvalidConfiguration, "empty member ID")
+}
