@@ -789,3 +789,70 @@ func ExampleReadMooncake() {
 	// 3 requests, last at 40ms
 	// blocks 3/7, tokens 1536/2900
 }
+
+func BenchmarkReadMooncake(b *testing.B) {
+	data := embeddedJSONL(b)
+	lines := bytes.SplitAfter(data, []byte{'\n'})
+	for _, n := range []int{1000, 12031} {
+		input := bytes.Join(lines[:n], nil)
+		b.Run(fmt.Sprintf("requests=%d", n), func(b *testing.B) {
+			b.SetBytes(int64(len(input)))
+			b.ReportAllocs()
+			for b.Loop() {
+				tr, err := sim.ReadMooncake(bytes.NewReader(input))
+				if err != nil || len(tr.Requests) != n {
+					b.Fatalf("ReadMooncake = %d requests, %v; want %d", len(tr.Requests), err, n)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkReadAzure(b *testing.B) {
+	input, err := os.ReadFile(sharedTrace(b, "azure_llm_2023_conv.csv"))
+	require.NoError(b, err)
+	b.SetBytes(int64(len(input)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := sim.ReadAzure(bytes.NewReader(input)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkMooncakeConversation measures the per-call cost after the first: a deep copy of the
+// parsed embedded trace.
+func BenchmarkMooncakeConversation(b *testing.B) {
+	conversation(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := sim.MooncakeConversation(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkAppendTokenIDs(b *testing.B) {
+	for _, in := range []int{512, 6758, 126195} {
+		r := sim.Request{InputTokens: in, HashIDs: make([]uint64, (in+511)/512)}
+		for i := range r.HashIDs {
+			r.HashIDs[i] = uint64(i)
+		}
+		buf := make([]uint32, 0, in)
+		b.Run(fmt.Sprintf("tokens=%d", in), func(b *testing.B) {
+			b.SetBytes(int64(4 * in))
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = r.AppendTokenIDs(buf[:0])
+			}
+		})
+	}
+}
+
+func BenchmarkInfiniteCache(b *testing.B) {
+	tr := conversation(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		tr.InfiniteCache()
+	}
+}
