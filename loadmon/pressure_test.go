@@ -47,10 +47,22 @@ func TestComparePressure(t *testing.T) {
 			nat(loadmon.EngineLoad{RunningRequests: 3}, 0),
 			nat(loadmon.EngineLoad{RunningRequests: 4}, 0), true, -1},
 		{"prefill: queue time wins when both have it", prefill,
-			nat(func() loadmon.EngineLoad { l := withQueue(10 * time.Millisecond); l.WaitingUncachedTokens = 9000; return l }(), 0),
-			nat(func() loadmon.EngineLoad { l := withQueue(20 * time.Millisecond); l.WaitingUncachedTokens = 10; return l }(), 0), true, -1},
+			nat(func() loadmon.EngineLoad {
+				l := withQueue(10 * time.Millisecond)
+				l.WaitingUncachedTokens = 9000
+				return l
+			}(), 0),
+			nat(func() loadmon.EngineLoad {
+				l := withQueue(20 * time.Millisecond)
+				l.WaitingUncachedTokens = 10
+				return l
+			}(), 0), true, -1},
 		{"prefill: queue time ignored when one lacks it", prefill,
-			nat(func() loadmon.EngineLoad { l := withQueue(10 * time.Millisecond); l.WaitingUncachedTokens = 9000; return l }(), 0),
+			nat(func() loadmon.EngineLoad {
+				l := withQueue(10 * time.Millisecond)
+				l.WaitingUncachedTokens = 9000
+				return l
+			}(), 0),
 			nat(loadmon.EngineLoad{WaitingUncachedTokens: 10}, 0), true, 1},
 		{"decode ignores uncached tokens, orders by waiting", decode,
 			nat(loadmon.EngineLoad{WaitingRequests: 1, WaitingUncachedTokens: 9999}, 0),

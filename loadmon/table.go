@@ -118,7 +118,6 @@ type rankSample struct {
 
 type engineEntry struct {
 	ranks []rankSample
-	load  *EngineLoad // nil while incomplete
 }
 
 // Option configures a Table.
