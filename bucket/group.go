@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -26,6 +27,18 @@ type GroupPicker interface {
 type EngineGroup struct {
 	policy  policy.Policy
 	members map[state.EngineID]struct{} // nil: every engine
+	// cache holds the last filtered, ID-sorted candidates (health excepted) of a
+	// state.VersionedRegistry; it is replaced as a whole, never mutated.
+	// One slot per stage, because a group may serve prefill and decode.
+	cache [3]atomic.Pointer[groupCache]
+}
+
+type groupCache struct {
+	registry state.Registry
+	model    state.ModelID
+	stage    state.Stage
+	version  uint64
+	sorted   []state.Engine
 }
 
 var _ GroupPicker = (*EngineGroup)(nil)
@@ -85,23 +98,28 @@ func (g *EngineGroup) Pick(ctx context.Context, registry state.Registry, req *po
 		*bp = cands[:0]
 		candidateBuf.Put(bp)
 	}()
-	for _, e := range registry.Engines(req.Model) {
-		if e == nil || e.Model() != req.Model || e.Stage() != req.Stage || !e.Healthy() {
-			continue
+	if vr, ok := registry.(state.VersionedRegistry); ok {
+		// The registry promises a new version for any change but health: filter and sort once
+		// per version, then only re-check health. The version is read before the engines, so a
+		// concurrent change can only make the cache stale-marked, never wrong-marked.
+		v := vr.EnginesVersion(req.Model)
+		slot := &g.cache[int(req.Stage)%len(g.cache)]
+		c := slot.Load()
+		if c == nil || c.registry != registry || c.model != req.Model || c.stage != req.Stage || c.version != v {
+			c = &groupCache{registry: registry, model: req.Model, stage: req.Stage, version: v,
+				sorted: g.filter(nil, registry.Engines(req.Model), req, false)}
+			slot.Store(c)
 		}
-		if g.members != nil {
-			if _, ok := g.members[e.ID()]; !ok {
-				continue
+		for _, e := range c.sorted {
+			if e.Healthy() {
+				cands = append(cands, e)
 			}
 		}
-		cands = append(cands, e)
+	} else {
+		cands = g.filter(cands, registry.Engines(req.Model), req, true)
 	}
 	if len(cands) == 0 {
 		return policy.Pick{}, policy.ErrNoCandidates
-	}
-	byID := func(a, b state.Engine) int { return cmp.Compare(a.ID(), b.ID()) }
-	if !slices.IsSortedFunc(cands, byID) {
-		slices.SortFunc(cands, byID)
 	}
 	pk, err := g.policy.Pick(ctx, cands, req)
 	if err != nil {
@@ -117,4 +135,26 @@ func (g *EngineGroup) Pick(ctx context.Context, registry state.Registry, req *po
 		id = pk.Engine.ID()
 	}
 	return policy.Pick{}, &policy.OutsideCandidatesError{Engine: id}
+}
+
+// filter appends to dst the engines of the request's model and stage that are members (and
+// healthy, when health is true), sorted by ID.
+func (g *EngineGroup) filter(dst, engines []state.Engine, req *policy.Request, health bool) []state.Engine {
+	start := len(dst)
+	for _, e := range engines {
+		if e == nil || e.Model() != req.Model || e.Stage() != req.Stage || (health && !e.Healthy()) {
+			continue
+		}
+		if g.members != nil {
+			if _, ok := g.members[e.ID()]; !ok {
+				continue
+			}
+		}
+		dst = append(dst, e)
+	}
+	byID := func(a, b state.Engine) int { return cmp.Compare(a.ID(), b.ID()) }
+	if !slices.IsSortedFunc(dst[start:], byID) {
+		slices.SortFunc(dst[start:], byID)
+	}
+	return dst
 }

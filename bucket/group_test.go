@@ -1,6 +1,7 @@
 package bucket_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -14,6 +15,18 @@ import (
 // research/sgl-router.md §7.4 groups_isolate_model_health_stage_and_membership.
 func TestGroupsIsolateModelHealthStageAndMembership(t *testing.T) {
 	t.Parallel()
+	t.Run("versioned registry", func(t *testing.T) { testGroupsIsolate(t, func(r *state.StaticRegistry) state.Registry { return r }) })
+	t.Run("plain registry", func(t *testing.T) {
+		testGroupsIsolate(t, func(r *state.StaticRegistry) state.Registry { return unversioned{r} })
+	})
+}
+
+// unversioned hides StaticRegistry's EnginesVersion, so groups filter on every pick.
+type unversioned struct{ r *state.StaticRegistry }
+
+func (u unversioned) Engines(m state.ModelID) []state.Engine { return u.r.Engines(m) }
+
+func testGroupsIsolate(t *testing.T, wrap func(*state.StaticRegistry) state.Registry) {
 	b := eng("b", state.StagePlain)
 	a := eng("a", state.StagePlain)
 	broken := eng("0-broken", state.StagePlain)
@@ -21,7 +34,8 @@ func TestGroupsIsolateModelHealthStageAndMembership(t *testing.T) {
 	other := state.NewStaticEngine("00-other-model", "other", state.StagePlain)
 	p := eng("p", state.StagePrefill)
 	d := eng("d", state.StageDecode)
-	reg := registry(b, a, broken, other, p, d)
+	static := registry(b, a, broken, other, p, d)
+	reg := wrap(static)
 
 	fp := first()
 	catchAll := allGroup(fp)
@@ -31,14 +45,19 @@ func TestGroupsIsolateModelHealthStageAndMembership(t *testing.T) {
 	assert.Same(t, a, pk.Engine, "healthy same-model plain engines in ID order: a first")
 	assert.Equal(t, []state.EngineID{"a", "b"}, fp.seen[0], "breaker-open, other-model and PD engines never appear")
 
-	reg.Remove("a")
+	a.SetHealthy(false)
+	pk, err = catchAll.Pick(ctx, reg, req)
+	require.NoError(t, err)
+	assert.Same(t, b, pk.Engine, "a health change is seen on the next pick")
+	a.SetHealthy(true)
+	static.Remove("a")
 	pk, err = catchAll.Pick(ctx, reg, req)
 	require.NoError(t, err)
 	assert.Same(t, b, pk.Engine)
-	reg.Remove("b")
+	static.Remove("b")
 	_, err = catchAll.Pick(ctx, reg, req)
 	assert.ErrorIs(t, err, policy.ErrNoCandidates)
-	assert.Equal(t, 2, fp.Calls(), "no candidates: the policy is not called")
+	assert.Equal(t, 3, fp.Calls(), "no candidates: the policy is not called")
 
 	cross := first()
 	spanning := group(cross, "p", "d", "b")
@@ -110,4 +129,57 @@ func TestNewEngineGroupRejectsBadInput(t *testing.T) {
 	assert.ErrorIs(t, err, policy.ErrInvalidConfiguration, "nil policy")
 	_, err = bucket.NewEngineGroup(first(), []state.EngineID{"a", ""})
 	assert.ErrorIs(t, err, policy.ErrInvalidConfiguration, "empty member ID")
+}
+
+func TestGroupCacheFollowsRegistryIdentity(t *testing.T) {
+	t.Parallel()
+	fp := first()
+	g := allGroup(fp)
+	r1 := registry(eng("x", state.StagePlain))
+	r2 := registry(eng("y", state.StagePlain)) // same version number as r1
+	for _, tc := range []struct {
+		reg  state.Registry
+		want state.EngineID
+	}{{r1, "x"}, {r2, "y"}, {r1, "x"}} {
+		pk, err := g.Pick(ctx, tc.reg, &policy.Request{Model: "m"})
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, pk.Engine.ID())
+	}
+}
+
+// Picks race registry changes and health flips; every pick must be a current candidate value.
+func TestGroupPicksRaceRegistryChanges(t *testing.T) {
+	t.Parallel()
+	reg := &state.StaticRegistry{}
+	stable := eng("stable", state.StagePlain)
+	require.NoError(t, reg.Add(stable))
+	g := allGroup(&fakePolicy{choose: func(es []state.Engine, _ *policy.Request) (policy.Pick, error) {
+		return policy.Pick{Engine: es[len(es)-1], Reason: "last"}, nil
+	}})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 500 {
+			e := eng(state.EngineID(fmt.Sprintf("e%03d", i)), state.StagePlain)
+			_ = reg.Add(e)
+			e.SetHealthy(i%2 == 0)
+			stable.SetHealthy(i%3 != 0)
+			if i%2 == 1 {
+				reg.Remove(e.ID())
+			}
+		}
+	}()
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		pk, err := g.Pick(ctx, reg, &policy.Request{Model: "m"})
+		if err != nil {
+			require.ErrorIs(t, err, policy.ErrNoCandidates)
+			continue
+		}
+		require.NotNil(t, pk.Engine)
+	}
 }

@@ -114,3 +114,13 @@ type Engine interface {
 type Registry interface {
 	Engines(model ModelID) []Engine
 }
+
+// VersionedRegistry is an optional Registry capability. EnginesVersion returns a number that
+// changes whenever Engines(model) would return a different set, order or identity of Engine values
+// (health changes need not change it). Engine groups detect it and cache their filtered, ID-sorted
+// candidates per version, re-checking only health on each pick. A registry that cannot promise
+// this must not implement it.
+type VersionedRegistry interface {
+	Registry
+	EnginesVersion(model ModelID) uint64
+}

@@ -123,3 +123,19 @@ func TestStaticEngineHealth(t *testing.T) {
 	var zero state.StaticEngine
 	assert.False(t, zero.Healthy(), "the zero value reports unhealthy")
 }
+
+func TestStaticRegistryVersionChangesOnEveryWrite(t *testing.T) {
+	t.Parallel()
+	r := &state.StaticRegistry{}
+	v0 := r.EnginesVersion("m")
+	require.NoError(t, r.Add(state.NewStaticEngine("a", "m", state.StagePlain)))
+	v1 := r.EnginesVersion("m")
+	assert.NotEqual(t, v0, v1)
+	require.Error(t, r.Add(state.NewStaticEngine("a", "m", state.StagePlain)))
+	assert.Equal(t, v1, r.EnginesVersion("m"), "a failed add changes nothing")
+	r.Remove("a")
+	assert.NotEqual(t, v1, r.EnginesVersion("m"))
+	v2 := r.EnginesVersion("m")
+	r.Remove("a")
+	assert.Equal(t, v2, r.EnginesVersion("m"), "removing an absent engine changes nothing")
+}

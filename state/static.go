@@ -58,11 +58,12 @@ type StaticRegistry struct {
 }
 
 type registryView struct {
+	version uint64
 	byModel map[ModelID][]Engine
 	byID    map[EngineID]Engine
 }
 
-var _ Registry = (*StaticRegistry)(nil)
+var _ VersionedRegistry = (*StaticRegistry)(nil)
 
 // NewStaticRegistry returns a registry holding engines. It returns the first error Add would.
 func NewStaticRegistry(engines ...Engine) (*StaticRegistry, error) {
@@ -85,6 +86,9 @@ func (r *StaticRegistry) load() *registryView {
 // Engines implements Registry. The returned slice is shared and must not be modified; it lists the
 // model's engines in the order they were added.
 func (r *StaticRegistry) Engines(model ModelID) []Engine { return r.load().byModel[model] }
+
+// EnginesVersion implements VersionedRegistry: it changes on every Add and Remove.
+func (r *StaticRegistry) EnginesVersion(ModelID) uint64 { return r.load().version }
 
 // Engine returns the engine with the given ID, if registered.
 func (r *StaticRegistry) Engine(id EngineID) (Engine, bool) {
@@ -151,6 +155,7 @@ func (v *registryView) clone() *registryView {
 	n := &registryView{
 		byModel: make(map[ModelID][]Engine, len(v.byModel)+1),
 		byID:    make(map[EngineID]Engine, len(v.byID)+1),
+		version: v.version + 1,
 	}
 	for k, s := range v.byModel {
 		n.byModel[k] = s
