@@ -1,0 +1,225 @@
+package kvindex
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+// approxEntry schedules the expiry of one approximate entry. Entries go stale when their holding
+// is refreshed, superseded, cleared or evicted; stale entries are skipped when popped and dropped
+// when the heap is compacted.
+type approxEntry struct {
+	expiry int64 // Unix nanoseconds
+	node   uint32
+	holder uint32
+	depth  uint32 // block position in the Assume call
+}
+
+// before orders the heap: earliest expiry first, then deepest block first so that pruning never
+// leaves a hole in an assumed prefix (Dynamo approx.rs: "on equal expiry the deepest blocks are
+// evicted first", research/dynamo-traces-events.md §1.4), then node and holder for determinism.
+func (a approxEntry) before(b approxEntry) bool {
+	switch {
+	case a.expiry != b.expiry:
+		return a.expiry < b.expiry
+	case a.depth != b.depth:
+		return a.depth > b.depth
+	case a.node != b.node:
+		return a.node < b.node
+	}
+	return a.holder < b.holder
+}
+
+// Assume records the router's own placement for an engine that publishes no KV events
+// (Dynamo's approximate mode, research/dynamo-traces-events.md §1.4): engine's DP rank 0 is taken
+// to hold keys, a prompt's chained keys from the index's Hasher (starting at the prompt's first
+// block), until ttl from now. ttl 0 means Options.ApproxTTL; negative returns an error wrapping
+// state.ErrInvalidConfiguration. Empty keys is a no-op.
+//
+// Assuming a block again refreshes its expiry to the new one. A block the holder already holds
+// through a real event is left real. A later real Store of the block by (engine, rank 0) turns the
+// entry into a real one that never expires. Before adding, Assume drops entries already expired;
+// after adding, when the index holds more than Options.MaxApproxBlocks approximate entries it
+// prunes to ApproxPruneFraction of the cap, earliest expiry first and, within an expiry, deepest
+// block first; then MaxBlocks applies as for Store.
+//
+// Errors (an *EventError with Op "assume"; the index is unchanged): ErrCyclicChain (a key repeats),
+// ErrKeyConflict (a key is in the index under a different parent: keys is not one prompt's chain
+// from this Hasher), ErrTooManyHolders.
+func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) error {
+	if ttl < 0 {
+		return fmt.Errorf("kvindex: Assume: ttl %v, must be >= 0: %w", ttl, state.ErrInvalidConfiguration)
+	}
+	if ttl == 0 {
+		ttl = x.ttl
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if len(keys) == 0 {
+		return nil
+	}
+	fail := func(err error, hs ...uint64) error {
+		return &EventError{Op: "assume", Engine: engine, Hashes: hs, Err: err}
+	}
+	if dup, ok := x.firstDuplicate(keys); ok {
+		return fail(ErrCyclicChain, dup)
+	}
+	now := x.now().UnixNano()
+	x.expireUntil(now)
+	if i, ok := x.resolveChain(0, keys); !ok {
+		return fail(ErrKeyConflict, keys[i])
+	}
+	for i, n := range x.nodeBuf {
+		if n != 0 && x.nodes[n].nHold() >= maxHold {
+			return fail(ErrTooManyHolders, keys[i])
+		}
+	}
+	expiry := now + int64(ttl)
+	if expiry < now { // overflow: never expires in practice
+		expiry = 1<<63 - 1
+	}
+	hid := x.holderFor(engine, 0)
+	h := &x.holders[hid]
+	prev := uint32(0)
+	for i, n := range x.nodeBuf {
+		if n == 0 {
+			n = x.newNode(keys[i], prev)
+		}
+		lo, hi := x.findHolder(n, hid)
+		switch {
+		case lo == hi:
+			x.insertHolding(n, hi, hid, uint8(TierDevice)|approxBit, uint64(expiry))
+			h.approx++
+			x.approxCount++
+			x.nodes[n].meta |= flagApprox
+			x.setChanged(n)
+			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(i)})
+		case x.hTiers[lo]&approxBit != 0:
+			x.hAux[lo] = uint64(expiry)
+			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(i)})
+		}
+		x.touch(n)
+		prev = n
+	}
+	if x.approxCount > x.maxApprox {
+		target := int(float64(x.maxApprox) * ApproxPruneFraction)
+		for x.approxCount > target && len(x.heap) > 0 {
+			e := x.popApprox()
+			if p, ok := x.approxAt(e); ok {
+				x.dropApprox(e.node, p)
+			}
+		}
+	}
+	x.compactHeap()
+	x.evict()
+	return nil
+}
+
+// Expire drops every approximate entry whose expiry is at or before now and returns how many it
+// dropped. Match already ignores such entries, so Expire only reclaims memory; call it
+// periodically (for example from the host's maintenance loop) or rely on Assume, which expires
+// due entries before adding. Cost: O(expired × log entries).
+func (x *Index) Expire(now time.Time) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	n := x.expireUntil(now.UnixNano())
+	x.compactHeap()
+	return n
+}
+
+func (x *Index) expireUntil(now int64) int {
+	dropped := 0
+	for len(x.heap) > 0 && x.heap[0].expiry <= now {
+		e := x.popApprox()
+		if p, ok := x.approxAt(e); ok {
+			x.dropApprox(e.node, p)
+			dropped++
+		}
+	}
+	return dropped
+}
+
+// approxAt returns the slab position of the live approximate entry e describes, if any.
+func (x *Index) approxAt(e approxEntry) (int, bool) {
+	if int(e.node) >= len(x.nodes) || !x.nodes[e.node].has(flagLive) {
+		return 0, false
+	}
+	lo, hi := x.findHolder(e.node, e.holder)
+	if lo < hi && x.hTiers[lo]&approxBit != 0 && int64(x.hAux[lo]) == e.expiry {
+		return lo, true
+	}
+	return 0, false
+}
+
+// dropApprox removes the approximate entry at slab position p of node n.
+func (x *Index) dropApprox(n uint32, p int) {
+	h := &x.holders[x.hHolder[p]]
+	h.approx--
+	x.approxCount--
+	x.deleteHolding(n, p)
+	x.setChanged(n)
+	x.refreshApproxFlag(n)
+	x.prune(n)
+}
+
+func (x *Index) pushApprox(e approxEntry) {
+	x.heap = append(x.heap, e)
+	i := len(x.heap) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !x.heap[i].before(x.heap[p]) {
+			break
+		}
+		x.heap[i], x.heap[p] = x.heap[p], x.heap[i]
+		i = p
+	}
+}
+
+func (x *Index) popApprox() approxEntry {
+	top := x.heap[0]
+	last := len(x.heap) - 1
+	x.heap[0] = x.heap[last]
+	x.heap = x.heap[:last]
+	x.siftDown(0)
+	return top
+}
+
+func (x *Index) siftDown(i int) {
+	n := len(x.heap)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			return
+		}
+		m := l
+		if r := l + 1; r < n && x.heap[r].before(x.heap[l]) {
+			m = r
+		}
+		if !x.heap[m].before(x.heap[i]) {
+			return
+		}
+		x.heap[i], x.heap[m] = x.heap[m], x.heap[i]
+		i = m
+	}
+}
+
+// compactHeap drops stale entries once they outnumber live ones, so refreshes and supersessions
+// cannot grow the heap without bound.
+func (x *Index) compactHeap() {
+	if len(x.heap) <= 2*x.approxCount+64 {
+		return
+	}
+	live := x.heap[:0]
+	for _, e := range x.heap {
+		if _, ok := x.approxAt(e); ok {
+			live = append(live, e)
+		}
+	}
+	clear(x.heap[len(live):])
+	x.heap = live
+	for i := len(x.heap)/2 - 1; i >= 0; i-- {
+		x.siftDown(i)
+	}
+}

@@ -1,0 +1,86 @@
+package kvindex
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+// Sentinel errors for events and placements the Index refuses. Every one of them is returned
+// wrapped in an *EventError that names the operation, the engine, the DP rank and the offending
+// hashes; test with errors.Is. A refused operation leaves the Index exactly as it was: each
+// operation validates everything before it changes anything.
+//
+// What the caller does with them: ErrUnknownParent and ErrUnknownHash mean the index and the
+// engine's event stream disagree (a lost event, a restart, or a block the index evicted under its
+// cap), so an event subscriber should resynchronise that engine's DP rank (replay, or Clear and
+// rebuild) (research/dynamo-traces-events.md §1.8: "Treat ParentBlockNotFound and gaps in the
+// sequence as a trigger for resync"). The others mean a malformed event or a misconfigured
+// publisher: log it and drop the event.
+var (
+	// ErrUnknownEngine: Remove, Clear or RemoveEngine named an engine, or an engine's DP rank,
+	// that has never stored a block (or was removed).
+	ErrUnknownEngine = errors.New("unknown engine")
+	// ErrUnknownParent: a Store named a parent hash the engine's DP rank does not hold
+	// (Dynamo radix_tree.rs ParentBlockNotFound; research/dynamo-traces-events.md §1.2).
+	ErrUnknownParent = errors.New("unknown parent block hash")
+	// ErrUnknownHash: a Remove named a block hash the engine's DP rank does not hold. The
+	// EventError lists every unknown hash, so the caller may retry with the others.
+	ErrUnknownHash = errors.New("unknown block hash")
+	// ErrBlockSizeMismatch: a Store's token count is not exactly its block count × the index's
+	// block size: the engine uses another block size, or the event lost tokens.
+	ErrBlockSizeMismatch = errors.New("block size mismatch")
+	// ErrDuplicateHash: a Store names the same block hash twice, or a hash the engine's DP rank
+	// already holds for a different block.
+	ErrDuplicateHash = errors.New("duplicate block hash")
+	// ErrCyclicChain: a Store's parent hash is one of its own block hashes (Dynamo
+	// InvalidBlockSequence), or an Assume repeats a key, so the chain would loop.
+	ErrCyclicChain = errors.New("cyclic block chain")
+	// ErrKeyConflict: a block key is already in the index under a different parent block. For a
+	// Store this is a 64-bit hash collision; for an Assume it means the keys are not one prompt's
+	// chain.
+	ErrKeyConflict = errors.New("block key conflict")
+	// ErrInvalidTier: a Store's tier is empty or has bits outside AllTiers, or a Remove's tier
+	// has bits outside AllTiers.
+	ErrInvalidTier = errors.New("invalid storage tier")
+	// ErrInvalidRank: a negative DP rank.
+	ErrInvalidRank = errors.New("invalid DP rank")
+	// ErrTooManyHolders: one block would carry more than 2^24-1 (engine, rank, hash) entries.
+	ErrTooManyHolders = errors.New("too many holders for one block")
+)
+
+// EventError reports an Index operation that was refused. Err is one of the sentinels above;
+// Unwrap returns it, so errors.Is(err, ErrUnknownParent) works on the *EventError.
+type EventError struct {
+	// Op is the Index method: "store", "remove", "clear", "remove engine" or "assume".
+	Op string
+	// Engine and Rank name the holder the operation addressed.
+	Engine state.EngineID
+	Rank   int
+	// Hashes are the offending engine block hashes (or, for "assume", block keys): every unknown
+	// hash for ErrUnknownHash, the parent for ErrUnknownParent, the repeated value for
+	// ErrDuplicateHash and ErrCyclicChain. Empty when no hash is at fault.
+	Hashes []uint64
+	// Err is the sentinel.
+	Err error
+}
+
+// Error implements error.
+func (e *EventError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "kvindex: %s engine %q rank %d: %v", e.Op, e.Engine, e.Rank, e.Err)
+	const shown = 8
+	for i, h := range e.Hashes {
+		if i == shown {
+			fmt.Fprintf(&b, " … (%d hashes)", len(e.Hashes))
+			break
+		}
+		fmt.Fprintf(&b, " %#x", h)
+	}
+	return b.String()
+}
+
+// Unwrap returns the sentinel.
+func (e *EventError) Unwrap() error { return e.Err }

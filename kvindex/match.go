@@ -1,0 +1,207 @@
+package kvindex
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+// EngineMatch is one engine's answer to a query: it holds the query's first Blocks blocks
+// contiguously, on at least one of its DP ranks and in at least one tier.
+type EngineMatch struct {
+	Engine state.EngineID
+	// Blocks is the number of leading query blocks held, in [1, query blocks]. Multiply by the
+	// block size for tokens (research/sgl-router.md §2.6 for proportional conversion when the
+	// prompt has a trailing partial block).
+	Blocks int
+}
+
+// Matches is the result of a Match: every engine that holds at least the query's first block,
+// with how many leading blocks it holds. Reuse one Matches across MatchInto calls to match without
+// allocating; a Matches must not be used by two calls at once. The zero value is ready to use.
+type Matches struct {
+	// Engines lists each engine with Blocks ≥ 1, deepest first, ties by engine ID ascending. An
+	// engine absent from the list holds not even the first block (a confirmed miss for it). It is
+	// overwritten by the next MatchInto into the same Matches.
+	Engines []EngineMatch
+	// QueryBlocks is the number of keys matched against (the query's full blocks).
+	QueryBlocks int
+
+	active []uint32 // holder IDs still matching, ascending
+	spare  []uint32
+	pos    []int32 // engine slot → 1 + position in Engines, 0 when absent
+	slots  []uint32
+}
+
+// Blocks returns engine's matched block count, or 0 when it holds not even the first block.
+func (m *Matches) Blocks(engine state.EngineID) int {
+	for _, e := range m.Engines {
+		if e.Engine == engine {
+			return e.Blocks
+		}
+	}
+	return 0
+}
+
+// Match returns, for every engine, the number of leading blocks of keys it holds contiguously,
+// folded over its DP ranks by maximum (research/sgl-router.md §2.4 prefix_depths; a hole stops a
+// holder's count). keys are a prompt's chained keys from the index's Hasher; empty keys is a valid
+// query with an empty result. Approximate entries whose expiry has passed (by Options.Now) are not
+// counted. Match allocates its result; MatchInto does not.
+func (x *Index) Match(keys []uint64) *Matches {
+	m := new(Matches)
+	x.MatchInto(keys, m)
+	return m
+}
+
+// MatchInto is Match writing into m, which it resets first. With a reused m it allocates nothing
+// once m's buffers have grown to the index's size. It takes the index's read lock for the walk,
+// so any number of MatchInto calls (on different Matches) run in parallel. Cost: one table probe
+// per matched block plus, at a block whose holder set differs from its parent's, a merge of the
+// still-matching holders with that block's holders; a block with the same holders as its parent
+// costs O(1).
+func (x *Index) MatchInto(keys []uint64, m *Matches) {
+	m.Engines = m.Engines[:0]
+	m.slots = m.slots[:0]
+	m.QueryBlocks = len(keys)
+	if len(keys) == 0 {
+		return
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if cap(m.pos) < len(x.engines) {
+		m.pos = make([]int32, len(x.engines), cap(x.engines))
+	}
+	m.pos = m.pos[:len(x.engines)]
+	now := int64(-1 << 63)
+	if x.approxCount > 0 {
+		now = x.now().UnixNano()
+	}
+
+	active := m.active[:0]
+	spare := m.spare[:0]
+	same := false // active is exactly the distinct holders of prev, none of them expired
+	prev := uint32(0)
+	matched := 0
+	for d, k := range keys {
+		n, ok := x.byKey.get(k)
+		if !ok {
+			break
+		}
+		nd := &x.nodes[n]
+		if nd.parent != prev {
+			break
+		}
+		if same && nd.meta&flagApprox == 0 && nd.eqVer != 0 && nd.eqVer == x.nodes[prev].setVer {
+			// Same holders as the parent: nobody drops out here.
+		} else {
+			spare, same = x.intersect(n, d, active, spare[:0], now, m)
+			active, spare = spare, active
+		}
+		if len(active) == 0 {
+			break
+		}
+		x.markRef(n)
+		matched = d + 1
+		prev = n
+	}
+	for _, h := range active {
+		x.record(m, h, matched)
+	}
+	m.active, m.spare = active[:0], spare[:0]
+	for _, s := range m.slots {
+		m.pos[s] = 0
+	}
+	slices.SortFunc(m.Engines, func(a, b EngineMatch) int {
+		if a.Blocks != b.Blocks {
+			return b.Blocks - a.Blocks
+		}
+		return cmp.Compare(a.Engine, b.Engine)
+	})
+}
+
+// intersect computes the holders of active that still hold node n (at query depth d), appending
+// them to out; holders that drop out are recorded with depth d. At depth 0 every live holder of n
+// starts. It reports whether out equals n's complete set of distinct holders.
+func (x *Index) intersect(n uint32, d int, active, out []uint32, now int64, m *Matches) ([]uint32, bool) {
+	nd := &x.nodes[n]
+	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
+	if d > 0 && hi-lo > 8*len(active) {
+		// Few holders left against a crowded block: binary-search each one.
+		for _, h := range active {
+			a, b := lo, hi
+			for a < b {
+				mid := int(uint(a+b) >> 1)
+				if x.hHolder[mid] < h {
+					a = mid + 1
+				} else {
+					b = mid
+				}
+			}
+			if x.holdsLive(a, hi, h, now) {
+				out = append(out, h)
+			} else {
+				x.record(m, h, d)
+			}
+		}
+		return out, false
+	}
+	distinct := 0
+	i := 0
+	for p := lo; p < hi; {
+		h := x.hHolder[p]
+		live := x.holdsLive(p, hi, h, now)
+		for p < hi && x.hHolder[p] == h {
+			p++
+		}
+		distinct++
+		if !live {
+			continue
+		}
+		if d == 0 {
+			out = append(out, h)
+			continue
+		}
+		for i < len(active) && active[i] < h {
+			x.record(m, active[i], d)
+			i++
+		}
+		if i < len(active) && active[i] == h {
+			out = append(out, h)
+			i++
+		}
+	}
+	for ; i < len(active); i++ {
+		x.record(m, active[i], d)
+	}
+	return out, len(out) == distinct
+}
+
+// holdsLive reports whether the entries from slab position p (before hi) include holder h with a
+// real entry or an unexpired approximate one.
+func (x *Index) holdsLive(p, hi int, h uint32, now int64) bool {
+	for ; p < hi && x.hHolder[p] == h; p++ {
+		if x.hTiers[p]&approxBit == 0 || int64(x.hAux[p]) > now {
+			return true
+		}
+	}
+	return false
+}
+
+// record folds holder h's contiguous depth into its engine's result (maximum over DP ranks).
+func (x *Index) record(m *Matches, h uint32, depth int) {
+	if depth == 0 {
+		return
+	}
+	e := x.holders[h].engine
+	if p := m.pos[e]; p != 0 {
+		if depth > m.Engines[p-1].Blocks {
+			m.Engines[p-1].Blocks = depth
+		}
+		return
+	}
+	m.Engines = append(m.Engines, EngineMatch{Engine: x.engines[e].id, Blocks: depth})
+	m.pos[e] = int32(len(m.Engines))
+	m.slots = append(m.slots, e)
+}

@@ -1,0 +1,512 @@
+package kvindex
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+// The reference model: plain maps of sets, written for obviousness, not speed. The Index must
+// agree with it after every operation.
+
+type hkey struct {
+	engine state.EngineID
+	rank   int
+}
+
+type mentry struct {
+	key   uint64
+	tiers Tier
+}
+
+type mholder struct {
+	hashes map[uint64]mentry // engine hash → block key and tiers
+	approx map[uint64]int64  // block key → expiry (Unix ns)
+}
+
+type mparent struct {
+	key  uint64
+	root bool
+}
+
+type model struct {
+	hasher  Hasher
+	parent  map[uint64]mparent
+	holders map[hkey]*mholder
+	now     int64
+	// defaultTTL is Options.ApproxTTL of the index under test.
+	defaultTTL time.Duration
+}
+
+func newModel(h Hasher) *model {
+	return &model{hasher: h, parent: map[uint64]mparent{}, holders: map[hkey]*mholder{}}
+}
+
+func (m *model) holder(k hkey) *mholder {
+	h := m.holders[k]
+	if h == nil {
+		h = &mholder{hashes: map[uint64]mentry{}, approx: map[uint64]int64{}}
+		m.holders[k] = h
+	}
+	return h
+}
+
+func hasDup(vs []uint64) bool {
+	seen := map[uint64]bool{}
+	for _, v := range vs {
+		if seen[v] {
+			return true
+		}
+		seen[v] = true
+	}
+	return false
+}
+
+func (m *model) store(ev StoreEvent) error {
+	switch {
+	case ev.Rank < 0:
+		return ErrInvalidRank
+	case ev.Tier == 0 || ev.Tier&^AllTiers != 0:
+		return ErrInvalidTier
+	case len(ev.TokenIDs) != len(ev.BlockHashes)*m.hasher.BlockTokens():
+		return ErrBlockSizeMismatch
+	case len(ev.BlockHashes) == 0:
+		return nil
+	case hasDup(ev.BlockHashes):
+		return ErrDuplicateHash
+	case ev.HasParent && slices.Contains(ev.BlockHashes, ev.ParentHash):
+		return ErrCyclicChain
+	}
+	h := m.holders[hkey{ev.Engine, ev.Rank}]
+	parentKey, root := m.hasher.root, true
+	if ev.HasParent {
+		if h == nil {
+			return ErrUnknownParent
+		}
+		e, ok := h.hashes[ev.ParentHash]
+		if !ok {
+			return ErrUnknownParent
+		}
+		parentKey, root = e.key, false
+	}
+	keys := m.hasher.appendFrom(nil, parentKey, ev.TokenIDs)
+	if h != nil {
+		for i, hash := range ev.BlockHashes {
+			if e, ok := h.hashes[hash]; ok && e.key != keys[i] {
+				return ErrDuplicateHash
+			}
+		}
+	}
+	h = m.holder(hkey{ev.Engine, ev.Rank})
+	prev := mparent{key: parentKey, root: root}
+	for i, hash := range ev.BlockHashes {
+		k := keys[i]
+		m.parent[k] = prev
+		prev = mparent{key: k}
+		if e, ok := h.hashes[hash]; ok {
+			e.tiers |= ev.Tier
+			h.hashes[hash] = e
+			continue
+		}
+		delete(h.approx, k)
+		h.hashes[hash] = mentry{key: k, tiers: ev.Tier}
+	}
+	return nil
+}
+
+func (m *model) remove(engine state.EngineID, rank int, hashes []uint64, tiers Tier) error {
+	switch {
+	case rank < 0:
+		return ErrInvalidRank
+	case tiers&^AllTiers != 0:
+		return ErrInvalidTier
+	}
+	if tiers == 0 {
+		tiers = AllTiers
+	}
+	h := m.holders[hkey{engine, rank}]
+	if h == nil {
+		return ErrUnknownEngine
+	}
+	for _, hash := range hashes {
+		if _, ok := h.hashes[hash]; !ok {
+			return ErrUnknownHash
+		}
+	}
+	for _, hash := range hashes {
+		e, ok := h.hashes[hash]
+		if !ok {
+			continue
+		}
+		e.tiers &^= tiers
+		if e.tiers == 0 {
+			delete(h.hashes, hash)
+		} else {
+			h.hashes[hash] = e
+		}
+	}
+	return nil
+}
+
+func (m *model) clear(engine state.EngineID, rank int) error {
+	if rank < 0 {
+		return ErrInvalidRank
+	}
+	h := m.holders[hkey{engine, rank}]
+	if h == nil {
+		return ErrUnknownEngine
+	}
+	clear(h.hashes)
+	clear(h.approx)
+	return nil
+}
+
+func (m *model) removeEngine(engine state.EngineID) error {
+	found := false
+	for k := range m.holders {
+		if k.engine == engine {
+			delete(m.holders, k)
+			found = true
+		}
+	}
+	if !found {
+		return ErrUnknownEngine
+	}
+	return nil
+}
+
+func (m *model) expire(now int64) int {
+	n := 0
+	for _, h := range m.holders {
+		for k, exp := range h.approx {
+			if exp <= now {
+				delete(h.approx, k)
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func (m *model) holdsReal(h *mholder, key uint64) bool {
+	for _, e := range h.hashes {
+		if e.key == key {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *model) assume(engine state.EngineID, keys []uint64, ttl time.Duration) error {
+	if ttl < 0 {
+		return state.ErrInvalidConfiguration
+	}
+	if ttl == 0 {
+		ttl = m.defaultTTL
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	if hasDup(keys) {
+		return ErrCyclicChain
+	}
+	m.expire(m.now)
+	h := m.holder(hkey{engine, 0})
+	prev := mparent{key: m.hasher.root, root: true}
+	for _, k := range keys {
+		m.parent[k] = prev
+		prev = mparent{key: k}
+		if !m.holdsReal(h, k) {
+			h.approx[k] = m.now + int64(ttl)
+		}
+	}
+	return nil
+}
+
+// liveBlocks is the number of blocks the index must keep: every held key and its ancestors.
+func (m *model) liveBlocks() int {
+	live := map[uint64]bool{}
+	mark := func(k uint64) {
+		for !live[k] {
+			live[k] = true
+			p := m.parent[k]
+			if p.root {
+				return
+			}
+			k = p.key
+		}
+	}
+	for _, h := range m.holders {
+		for _, e := range h.hashes {
+			mark(e.key)
+		}
+		for k := range h.approx {
+			mark(k)
+		}
+	}
+	return len(live)
+}
+
+func (m *model) match(keys []uint64) map[state.EngineID]int {
+	out := map[state.EngineID]int{}
+	for hk, h := range m.holders {
+		n := 0
+		for _, k := range keys {
+			exp, approx := h.approx[k]
+			if m.holdsReal(h, k) || (approx && exp > m.now) {
+				n++
+				continue
+			}
+			break
+		}
+		if n > 0 && n > out[hk.engine] {
+			out[hk.engine] = n
+		}
+	}
+	return out
+}
+
+func (m *model) stats() (blocks, approx int, engines map[state.EngineID]EngineStats) {
+	engines = map[state.EngineID]EngineStats{}
+	for hk, h := range m.holders {
+		es := engines[hk.engine]
+		es.Ranks++
+		for _, e := range h.hashes {
+			for i, p := range []*int{&es.DeviceBlocks, &es.HostBlocks, &es.DiskBlocks, &es.ExternalBlocks} {
+				if e.tiers&(1<<i) != 0 {
+					*p++
+				}
+			}
+		}
+		es.ApproximateBlocks += len(h.approx)
+		approx += len(h.approx)
+		engines[hk.engine] = es
+	}
+	if len(engines) == 0 {
+		engines = nil
+	}
+	return m.liveBlocks(), approx, engines
+}
+
+// walk drives an Index and the model with the same random operations.
+type walk struct {
+	t     *testing.T
+	rng   *rand.Rand
+	x     *Index
+	m     *model
+	clock time.Time
+	log   []string
+}
+
+const walkBlockTokens = 2
+
+var walkEngines = []state.EngineID{"http://e0", "http://e1", "http://e2", "http://e3"}
+
+// walkPrompt returns a prompt of 1–6 blocks drawn from 3 block patterns, so prompts share
+// prefixes often, and a trailing partial block sometimes.
+func (w *walk) prompt() []uint32 {
+	n := 1 + w.rng.IntN(6)
+	var toks []uint32
+	for range n {
+		p := uint32(w.rng.IntN(3))
+		toks = append(toks, 10*p+1, 10*p+2)
+	}
+	if w.rng.IntN(4) == 0 {
+		toks = append(toks, 99)
+	}
+	return toks
+}
+
+// engineHash is the fake engine's own hash of a block: a function of the block key, the engine
+// and an alias variant, so the same block gets the same hash unless the variant differs.
+func engineHash(e state.EngineID, key uint64, variant int) uint64 {
+	h := key ^ uint64(len(e))*0x9E3779B97F4A7C15 ^ uint64(e[len(e)-1])<<40 ^ uint64(variant)*0xBF58476D1CE4E5B9
+	return h*0x94D049BB133111EB + 1
+}
+
+func (w *walk) tier() Tier {
+	switch r := w.rng.IntN(20); {
+	case r == 0:
+		return 0
+	case r == 1:
+		return 0x20
+	case r < 12:
+		return TierDevice
+	default:
+		return Tier(1 << w.rng.IntN(4))
+	}
+}
+
+func (w *walk) step() {
+	var want, got error
+	var desc string
+	engine := walkEngines[w.rng.IntN(len(walkEngines))]
+	rank := w.rng.IntN(2)
+	switch op := w.rng.IntN(100); {
+	case op < 45:
+		toks := w.prompt()
+		keys := w.x.hasher.Keys(toks)
+		if len(keys) == 0 {
+			return
+		}
+		p := 0
+		if w.rng.IntN(2) == 0 {
+			p = w.rng.IntN(len(keys))
+		}
+		end := p + 1 + w.rng.IntN(len(keys)-p)
+		variant := 0
+		if w.rng.IntN(10) == 0 {
+			variant = 1
+		}
+		ev := StoreEvent{Engine: engine, Rank: rank, Tier: w.tier(),
+			TokenIDs: toks[p*walkBlockTokens : end*walkBlockTokens]}
+		for i := p; i < end; i++ {
+			ev.BlockHashes = append(ev.BlockHashes, engineHash(engine, keys[i], variant))
+		}
+		if p > 0 {
+			ev.HasParent = true
+			ev.ParentHash = engineHash(engine, keys[p-1], w.rng.IntN(2)*variant)
+		}
+		switch w.rng.IntN(40) {
+		case 0:
+			ev.TokenIDs = ev.TokenIDs[:len(ev.TokenIDs)-1]
+		case 1:
+			ev.BlockHashes = append(ev.BlockHashes, ev.BlockHashes[0])
+			ev.TokenIDs = append(ev.TokenIDs, 5, 5)
+		case 2:
+			ev.HasParent, ev.ParentHash = true, ev.BlockHashes[len(ev.BlockHashes)-1]
+		case 3:
+			ev.Rank = -1
+		case 4:
+			ev.BlockHashes, ev.TokenIDs = nil, nil
+		}
+		desc = fmt.Sprintf("store %s/%d parent=%v:%#x hashes=%#x tier=%v tokens=%v",
+			ev.Engine, ev.Rank, ev.HasParent, ev.ParentHash, ev.BlockHashes, ev.Tier, ev.TokenIDs)
+		want, got = w.m.store(ev), w.x.Store(ev)
+	case op < 65:
+		var hashes []uint64
+		if h := w.m.holders[hkey{engine, rank}]; h != nil {
+			for hash := range h.hashes {
+				hashes = append(hashes, hash)
+			}
+			slices.Sort(hashes)
+			w.rng.Shuffle(len(hashes), func(i, j int) { hashes[i], hashes[j] = hashes[j], hashes[i] })
+			hashes = hashes[:min(len(hashes), 1+w.rng.IntN(4))]
+		}
+		if w.rng.IntN(10) == 0 {
+			hashes = append(hashes, 0xDEAD)
+		}
+		if len(hashes) > 0 && w.rng.IntN(10) == 0 {
+			hashes = append(hashes, hashes[0])
+		}
+		tiers := []Tier{0, AllTiers, TierDevice, TierHost, TierDisk, TierExternal, TierDevice | TierHost, 0x40}[w.rng.IntN(8)]
+		desc = fmt.Sprintf("remove %s/%d %#x tiers=%v", engine, rank, hashes, tiers)
+		want, got = w.m.remove(engine, rank, hashes, tiers), w.x.Remove(engine, rank, hashes, tiers)
+	case op < 70:
+		if w.rng.IntN(8) == 0 {
+			rank = -1
+		}
+		desc = fmt.Sprintf("clear %s/%d", engine, rank)
+		want, got = w.m.clear(engine, rank), w.x.Clear(engine, rank)
+	case op < 73:
+		desc = fmt.Sprintf("remove engine %s", engine)
+		want, got = w.m.removeEngine(engine), w.x.RemoveEngine(engine)
+	case op < 88:
+		keys := w.x.hasher.Keys(w.prompt())
+		if len(keys) > 1 && w.rng.IntN(30) == 0 {
+			keys = append(keys, keys[0])
+		}
+		ttl := []time.Duration{0, time.Second, 2 * time.Second, 5 * time.Second, -time.Second}[w.rng.IntN(5)]
+		desc = fmt.Sprintf("assume %s %#x ttl=%v", engine, keys, ttl)
+		want, got = w.m.assume(engine, keys, ttl), w.x.Assume(engine, keys, ttl)
+	case op < 93:
+		desc = "expire"
+		wantN, gotN := w.m.expire(w.m.now), w.x.Expire(w.clock)
+		require.Equal(w.t, wantN, gotN, "%s: expired count", desc)
+	default:
+		d := time.Duration(w.rng.IntN(1500)) * time.Millisecond
+		w.clock = w.clock.Add(d)
+		w.m.now = w.clock.UnixNano()
+		desc = fmt.Sprintf("advance %v", d)
+	}
+	w.log = append(w.log, desc)
+	if len(w.log) > 12 {
+		w.log = w.log[1:]
+	}
+	if want == nil {
+		require.NoError(w.t, got, "%s\nrecent: %q", desc, w.log)
+	} else {
+		require.ErrorIs(w.t, got, want, "%s\nrecent: %q", desc, w.log)
+		var ee *EventError
+		if !errors.Is(want, state.ErrInvalidConfiguration) {
+			require.ErrorAs(w.t, got, &ee, "%s", desc)
+		}
+	}
+	w.check(desc)
+}
+
+func (w *walk) check(desc string) {
+	require.NoError(w.t, checkInvariants(w.x), "after %s\nrecent: %q", desc, w.log)
+	blocks, approx, engines := w.m.stats()
+	st := w.x.Stats()
+	require.Equal(w.t, blocks, st.Blocks, "blocks after %s\nrecent: %q", desc, w.log)
+	require.Equal(w.t, approx, st.ApproximateBlocks, "approximate blocks after %s", desc)
+	require.Equal(w.t, engines, st.Engines, "engine stats after %s\nrecent: %q", desc, w.log)
+	var ms Matches
+	for range 3 {
+		keys := w.x.hasher.Keys(w.prompt())
+		want := w.m.match(keys)
+		w.x.MatchInto(keys, &ms)
+		got := map[state.EngineID]int{}
+		for _, e := range ms.Engines {
+			got[e.Engine] = e.Blocks
+		}
+		require.Equal(w.t, want, got, "match %#x after %s\nrecent: %q", keys, desc, w.log)
+		require.True(w.t, slices.IsSortedFunc(ms.Engines, func(a, b EngineMatch) int {
+			if a.Blocks != b.Blocks {
+				return b.Blocks - a.Blocks
+			}
+			return cmpString(a.Engine, b.Engine)
+		}), "match order %v", ms.Engines)
+	}
+}
+
+func cmpString(a, b state.EngineID) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func TestRandomWalkAgreesWithModel(t *testing.T) {
+	t.Parallel()
+	const seeds, steps = 16, 1000
+	for seed := range uint64(seeds) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			h, err := NewHasher(HasherConfig{BlockTokens: walkBlockTokens, Seed: seed})
+			require.NoError(t, err)
+			w := &walk{t: t, rng: rand.New(rand.NewPCG(seed, 0x5eed)), clock: time.Unix(1000, 0)}
+			w.m = newModel(h)
+			w.m.now = w.clock.UnixNano()
+			w.m.defaultTTL = 3 * time.Second
+			w.x, err = NewIndex(h, Options{ApproxTTL: 3 * time.Second, Now: func() time.Time { return w.clock }})
+			require.NoError(t, err)
+			for range steps {
+				w.step()
+			}
+			assert.NotZero(t, w.x.Stats().Blocks+len(w.m.holders), "the walk should leave some state")
+		})
+	}
+}

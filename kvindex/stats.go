@@ -1,0 +1,56 @@
+package kvindex
+
+import "github.com/enginepick/enginepick/state"
+
+// Stats is a point-in-time summary of an Index, for metrics (research/sgl-router.md §2.4:
+// sgl_router_kv_tree_nodes, sgl_router_kv_tree_blocks{worker_url,tier}).
+type Stats struct {
+	// Blocks is the number of blocks (tree nodes) in the index, including blocks no engine holds
+	// any more that are kept because a descendant is held.
+	Blocks int
+	// ApproximateBlocks is the number of approximate (block, engine) entries, expired or not.
+	ApproximateBlocks int
+	// EvictedBlocks counts blocks evicted under Options.MaxBlocks since the index was built.
+	EvictedBlocks uint64
+	// Engines has one entry per engine in the index, including engines that hold nothing after a
+	// Clear. nil when there is none.
+	Engines map[state.EngineID]EngineStats
+}
+
+// EngineStats counts one engine's blocks over all its DP ranks. A block held by two ranks counts
+// twice; a block held in two tiers counts once in each tier's field; a block held under two hashes
+// (aliases) counts once per hash.
+type EngineStats struct {
+	// Ranks is the number of DP ranks the index knows for the engine.
+	Ranks int
+	// DeviceBlocks, HostBlocks, DiskBlocks and ExternalBlocks count real (event-reported)
+	// blocks per tier.
+	DeviceBlocks, HostBlocks, DiskBlocks, ExternalBlocks int
+	// ApproximateBlocks counts Assume entries not yet dropped (they may have expired).
+	ApproximateBlocks int
+}
+
+// Stats returns the index's counts. It takes the read lock and allocates the Engines map; it is
+// meant for a metrics scrape, not the pick path. Cost: O(engines × ranks).
+func (x *Index) Stats() Stats {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	s := Stats{Blocks: x.live, ApproximateBlocks: x.approxCount, EvictedBlocks: x.evicted}
+	for id, e := range x.engineByID {
+		if s.Engines == nil {
+			s.Engines = make(map[state.EngineID]EngineStats, len(x.engineByID))
+		}
+		var es EngineStats
+		for _, rh := range x.engines[e].ranks {
+			h := &x.holders[rh.holder]
+			es.Ranks++
+			es.DeviceBlocks += h.tiers[0]
+			es.HostBlocks += h.tiers[1]
+			es.DiskBlocks += h.tiers[2]
+			es.ExternalBlocks += h.tiers[3]
+			es.ApproximateBlocks += h.approx
+		}
+		s.Engines[id] = es
+	}
+	return s
+}

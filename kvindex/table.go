@@ -1,0 +1,183 @@
+package kvindex
+
+// table is an open-addressing hash map from uint64 to a non-zero uint32, with linear probing and
+// backward-shift deletion (no tombstones). Keys and values sit in two pointer-free arrays, so a
+// table of a million entries costs the garbage collector nothing to scan and about 12 bytes per
+// slot. The key 0 marks an empty slot; a real key 0 is kept in zeroVal. The zero table is empty
+// and ready to use. Not safe for concurrent mutation; concurrent get calls are safe.
+//
+// It exists because the index's two hot lookups (block key → node, engine hash → node) are keyed
+// by well-mixed 64-bit values: a multiply-shift slot choice and a one-array probe are several
+// times cheaper than a general map on the Match path (see bench_test.go).
+type table struct {
+	keys    []uint64
+	vals    []uint32 // vals[i] == 0 iff keys[i] is empty
+	n       int      // entries in keys/vals, not counting zeroVal
+	shift   uint8    // 64 - log2(len(keys))
+	zeroVal uint32   // value of key 0, or 0 when absent
+}
+
+const (
+	tableMinSlots = 8
+	fib           = 0x9E3779B97F4A7C15 // 2^64 / golden ratio, odd
+)
+
+func (t *table) slot(k uint64) uint64 { return (k * fib) >> t.shift }
+
+// len returns the number of entries.
+func (t *table) len() int {
+	if t.zeroVal != 0 {
+		return t.n + 1
+	}
+	return t.n
+}
+
+// get returns the value of k.
+func (t *table) get(k uint64) (uint32, bool) {
+	if k == 0 {
+		return t.zeroVal, t.zeroVal != 0
+	}
+	if len(t.keys) == 0 {
+		return 0, false
+	}
+	mask := uint64(len(t.keys) - 1)
+	for i := t.slot(k); ; i = (i + 1) & mask {
+		switch t.keys[i] {
+		case k:
+			return t.vals[i], true
+		case 0:
+			return 0, false
+		}
+	}
+}
+
+// put sets k's value to v, which must not be 0.
+func (t *table) put(k uint64, v uint32) {
+	if k == 0 {
+		t.zeroVal = v
+		return
+	}
+	if 4*(t.n+1) > 3*len(t.keys) {
+		t.resize(max(2*len(t.keys), tableMinSlots))
+	}
+	mask := uint64(len(t.keys) - 1)
+	for i := t.slot(k); ; i = (i + 1) & mask {
+		switch t.keys[i] {
+		case k:
+			t.vals[i] = v
+			return
+		case 0:
+			t.keys[i], t.vals[i] = k, v
+			t.n++
+			return
+		}
+	}
+}
+
+// del removes k and reports whether it was present. The table shrinks when it falls below
+// one-eighth full, so a holder that drops most of its blocks gives the memory back.
+func (t *table) del(k uint64) bool {
+	if k == 0 {
+		had := t.zeroVal != 0
+		t.zeroVal = 0
+		return had
+	}
+	if len(t.keys) == 0 {
+		return false
+	}
+	mask := uint64(len(t.keys) - 1)
+	i := t.slot(k)
+	for {
+		switch t.keys[i] {
+		case k:
+			t.deleteAt(i, mask)
+			t.n--
+			if len(t.keys) > tableMinSlots && 8*t.n < len(t.keys) {
+				t.resize(len(t.keys) / 2)
+			}
+			return true
+		case 0:
+			return false
+		}
+		i = (i + 1) & mask
+	}
+}
+
+// deleteAt empties slot i and shifts later members of the probe run back, so lookups never need
+// tombstones.
+func (t *table) deleteAt(i, mask uint64) {
+	j := i
+	for {
+		j = (j + 1) & mask
+		if t.keys[j] == 0 {
+			break
+		}
+		home := t.slot(t.keys[j])
+		// Move j into the hole at i unless j's home lies cyclically in (i, j].
+		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
+			t.keys[i], t.vals[i] = t.keys[j], t.vals[j]
+			i = j
+		}
+	}
+	t.keys[i], t.vals[i] = 0, 0
+}
+
+// resize rehashes into slots slots (a power of two, at least tableMinSlots).
+func (t *table) resize(slots int) {
+	oldKeys, oldVals := t.keys, t.vals
+	t.keys = make([]uint64, slots)
+	t.vals = make([]uint32, slots)
+	t.shift = uint8(64 - log2(slots))
+	mask := uint64(slots - 1)
+	for j, k := range oldKeys {
+		if k == 0 {
+			continue
+		}
+		i := t.slot(k)
+		for t.keys[i] != 0 {
+			i = (i + 1) & mask
+		}
+		t.keys[i], t.vals[i] = k, oldVals[j]
+	}
+}
+
+// clearFor empties t and sizes its arrays for about n entries, reusing them when they are not
+// much larger than needed, so a scratch table costs no allocation per use.
+func (t *table) clearFor(n int) {
+	want := tableMinSlots
+	for 3*want < 4*n+4 {
+		want *= 2
+	}
+	if len(t.keys) < want || len(t.keys) > 8*want {
+		t.keys = make([]uint64, want)
+		t.vals = make([]uint32, want)
+		t.shift = uint8(64 - log2(want))
+	} else {
+		clear(t.keys)
+		clear(t.vals)
+	}
+	t.n, t.zeroVal = 0, 0
+}
+
+// reset empties the table and releases its arrays.
+func (t *table) reset() { *t = table{} }
+
+// each calls fn for every entry, in no particular order. fn must not modify t.
+func (t *table) each(fn func(k uint64, v uint32)) {
+	if t.zeroVal != 0 {
+		fn(0, t.zeroVal)
+	}
+	for i, k := range t.keys {
+		if k != 0 {
+			fn(k, t.vals[i])
+		}
+	}
+}
+
+func log2(n int) int {
+	l := 0
+	for 1<<l < n {
+		l++
+	}
+	return l
+}

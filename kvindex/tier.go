@@ -1,0 +1,48 @@
+package kvindex
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Tier is a set of storage tiers, as a bitset. An engine holds a block while any of its bits is
+// set: a block moved from the device to host memory is still held (research/sgl-router.md §2.4,
+// "device eviction after host backup keeps it an owner"). Matching is tier-blind; tiers are kept
+// for statistics and for removals that name one tier.
+type Tier uint8
+
+// The four tiers (research/sgl-router.md §2.4: DEVICE for "GPU" or untagged events, HOST for
+// "CPU_PINNED", DISK, EXTERNAL). Mapping an engine's medium string to a Tier is the event
+// decoder's job (package kvindex/kvevents).
+const (
+	TierDevice Tier = 1 << iota
+	TierHost
+	TierDisk
+	TierExternal
+
+	// AllTiers is every tier. Remove with AllTiers (or 0) drops a block from every tier.
+	AllTiers = TierDevice | TierHost | TierDisk | TierExternal
+)
+
+// approxBit marks a holding entry as approximate (Assume); it shares the entry's tier byte.
+const approxBit = 1 << 7
+
+var tierNames = [...]string{"device", "host", "disk", "external"}
+
+// String returns the tier names joined by "|" ("device|host"), "none" for 0, and appends
+// "|0xNN" for bits outside AllTiers.
+func (t Tier) String() string {
+	if t == 0 {
+		return "none"
+	}
+	var parts []string
+	for i, name := range tierNames {
+		if t&(1<<i) != 0 {
+			parts = append(parts, name)
+		}
+	}
+	if rest := t &^ AllTiers; rest != 0 {
+		parts = append(parts, fmt.Sprintf("%#x", uint8(rest)))
+	}
+	return strings.Join(parts, "|")
+}
