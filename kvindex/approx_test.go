@@ -1,0 +1,122 @@
+package kvindex
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+func TestAssumeExpiresByTheInjectedClock(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	keys := f.h.Keys(prompt(1, 3))
+	require.NoError(t, f.x.Assume("a", keys, 0))
+	require.NoError(t, f.x.Assume("b", keys[:2], 10*time.Second))
+	assert.Equal(t, map[state.EngineID]int{"a": 3, "b": 2}, f.match(1, 3))
+
+	f.clock = f.clock.Add(10*time.Second - time.Nanosecond)
+	assert.Equal(t, map[state.EngineID]int{"a": 3, "b": 2}, f.match(1, 3), "alive until its expiry")
+	f.clock = f.clock.Add(time.Nanosecond)
+	assert.Equal(t, map[state.EngineID]int{"a": 3}, f.match(1, 3), "Match ignores an entry at its expiry")
+	assert.Equal(t, 5, f.x.Stats().ApproximateBlocks, "ignored, not yet dropped")
+	assert.Equal(t, 2, f.x.Expire(f.clock))
+	assert.Equal(t, 3, f.x.Stats().ApproximateBlocks)
+
+	f.clock = f.clock.Add(DefaultApproxTTL)
+	assert.Empty(t, f.match(1, 3), "the default TTL is 120 s")
+	assert.Equal(t, 3, f.x.Expire(f.clock))
+	assert.Zero(t, f.x.Stats().Blocks, "expired entries leave the tree")
+	assert.Zero(t, f.x.Expire(f.clock))
+	require.NoError(t, checkInvariants(f.x))
+}
+
+func TestAssumeRefreshesAndDropsDueEntries(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{ApproxTTL: 5 * time.Second})
+	keys := f.h.Keys(prompt(1, 2))
+	require.NoError(t, f.x.Assume("a", keys, 0))
+	f.clock = f.clock.Add(4 * time.Second)
+	require.NoError(t, f.x.Assume("a", keys[:1], 0), "re-assuming block 1 refreshes it")
+	f.clock = f.clock.Add(2 * time.Second)
+	assert.Equal(t, map[state.EngineID]int{"a": 1}, f.match(1, 2), "block 2 expired, block 1 was refreshed")
+	require.NoError(t, f.x.Assume("b", f.h.Keys(prompt(2, 1)), 0))
+	assert.Equal(t, 2, f.x.Stats().ApproximateBlocks, "Assume dropped a's expired block 2 first")
+	require.NoError(t, checkInvariants(f.x))
+}
+
+func TestRealEventSupersedesAssume(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 3)), time.Second))
+	f.store("a", 0, 1, 0, 2, 0, TierHost)
+	s := f.x.Stats()
+	assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 2, ApproximateBlocks: 1}, s.Engines["a"])
+	f.clock = f.clock.Add(time.Hour)
+	assert.Equal(t, map[state.EngineID]int{"a": 2}, f.match(1, 3), "the real blocks never expire")
+	assert.Equal(t, 1, f.x.Expire(f.clock))
+	require.NoError(t, checkInvariants(f.x))
+
+	// Another rank's event does not supersede rank 0's assumption; Match folds both.
+	require.NoError(t, f.x.Assume("b", f.h.Keys(prompt(2, 2)), time.Second))
+	f.store("b", 1, 2, 0, 1, 100, TierDevice)
+	assert.Equal(t, 2, f.x.Stats().Engines["b"].ApproximateBlocks)
+	assert.Equal(t, map[state.EngineID]int{"b": 2}, f.match(2, 2))
+
+	// Assuming blocks already held for real leaves them real.
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 3)), time.Second))
+	assert.Equal(t, 1, f.x.Stats().Engines["a"].ApproximateBlocks, "only block 3 is approximate")
+	f.clock = f.clock.Add(time.Hour)
+	assert.Equal(t, map[state.EngineID]int{"a": 2}, f.match(1, 3))
+}
+
+func TestAssumeCapPrunesDeepestFirst(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{MaxApproxBlocks: 10})
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 6)), time.Minute))
+	f.clock = f.clock.Add(time.Second)
+	require.NoError(t, f.x.Assume("b", f.h.Keys(prompt(2, 6)), time.Minute))
+	// 12 > 10: prune to 8, earliest expiry first (a's), deepest first within it.
+	s := f.x.Stats()
+	assert.Equal(t, 8, s.ApproximateBlocks, "pruned to 80%% of the cap")
+	assert.Equal(t, map[state.EngineID]int{"a": 2}, f.match(1, 6), "a keeps its first two blocks: no hole")
+	assert.Equal(t, map[state.EngineID]int{"b": 6}, f.match(2, 6))
+	require.NoError(t, checkInvariants(f.x))
+}
+
+func TestClearAndRemoveEngineDropApproximateEntries(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 3)), 0))
+	f.store("a", 0, 2, 0, 2, 0, TierDevice)
+	require.NoError(t, f.x.Clear("a", 0))
+	assert.Zero(t, f.x.Stats().Blocks)
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 3)), 0))
+	require.NoError(t, f.x.Assume("b", f.h.Keys(prompt(1, 1)), 0))
+	require.NoError(t, f.x.RemoveEngine("a"))
+	assert.Equal(t, map[state.EngineID]int{"b": 1}, f.match(1, 3))
+	assert.Equal(t, 1, f.x.Stats().ApproximateBlocks)
+	require.NoError(t, checkInvariants(f.x))
+	// Stale heap entries of the removed engine are harmless.
+	f.clock = f.clock.Add(time.Hour)
+	assert.Equal(t, 1, f.x.Expire(f.clock))
+	require.NoError(t, checkInvariants(f.x))
+}
+
+func TestHeapCompactionBoundsStaleEntries(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	keys := f.h.Keys(prompt(1, 4))
+	for range 200 {
+		f.clock = f.clock.Add(time.Millisecond)
+		require.NoError(t, f.x.Assume("a", keys, 0))
+	}
+	f.x.mu.RLock()
+	heapLen := len(f.x.heap)
+	f.x.mu.RUnlock()
+	assert.LessOrEqual(t, heapLen, 2*4+64+4, "refreshes leave stale entries that compaction drops")
+	require.NoError(t, checkInvariants(f.x))
+}

@@ -1,0 +1,420 @@
+package kvindex
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+// Source answers prefix lookups for the cache-aware policy: a local Index (LocalSource) or a
+// remote indexer service (RemoteSource) (seeds/POLICY_DESIGN.md, "Cache state": "A small
+// CacheSource adapter ... normalizes local and remote lookups into common prefix results").
+//
+// Lookup returns a Result whose Outcome tells a hit, a confirmed miss and an unavailable backend
+// apart: the last two both let the policy fall back to load-based selection, but stay
+// distinguishable in diagnostics. It returns an error only for a query the source rejects, wrapping
+// state.ErrInvalidSignal; the request then fails and is not retried on another bucket. Unavailable
+// is never an error. Implementations must be safe for concurrent use and must honour ctx. Use a
+// Memo to look up each Source at most once per request.
+type Source interface {
+	Lookup(ctx context.Context, q Query) (Result, error)
+}
+
+// Query is one request's prompt, as the host tokenized it.
+type Query struct {
+	// TokenIDs are the prompt's token IDs. Each Source hashes them with its own Hasher, so a
+	// prompt shorter than one block (or empty) is a valid query with zero blocks, answered as a
+	// miss without I/O. Sources only read it; a RemoteSource whose backend hangs may still read
+	// it after Lookup returns, so the caller must not modify it while the request lives.
+	TokenIDs []uint32
+}
+
+// Outcome is the kind of a Result. The zero Outcome is never returned by a Source.
+type Outcome uint8
+
+// The three outcomes.
+const (
+	// OutcomeHit: at least one engine holds the query's first block; Result.Engines lists them.
+	OutcomeHit Outcome = iota + 1
+	// OutcomeMiss: the backend answered and no engine holds the first block, or the query has no
+	// full block. Fall back to load.
+	OutcomeMiss
+	// OutcomeUnavailable: the backend did not answer usefully (Result.Reason says why). Fall back
+	// to load, as for a miss, but report it differently.
+	OutcomeUnavailable
+)
+
+var outcomeNames = [...]string{OutcomeHit: "hit", OutcomeMiss: "miss", OutcomeUnavailable: "unavailable"}
+
+// String returns "hit", "miss", "unavailable", or "outcome(N)".
+func (o Outcome) String() string {
+	if o > 0 && int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return fmt.Sprintf("outcome(%d)", uint8(o))
+}
+
+// Reason says why a Source was unavailable. The values are metric labels.
+type Reason string
+
+// Unavailability reasons (research/sgl-router.md §2.5 and §7.4,
+// unavailable_index_falls_back_but_rejected_queries_fail: timeout, unreachable, overloaded).
+const (
+	// ReasonTimeout: the lookup did not finish within the source's timeout or the caller's
+	// deadline.
+	ReasonTimeout Reason = "timeout"
+	// ReasonCanceled: the caller's context was canceled.
+	ReasonCanceled Reason = "canceled"
+	// ReasonOverloaded: the source's concurrency limit was reached; the lookup was not attempted.
+	ReasonOverloaded Reason = "overloaded"
+	// ReasonUnreachable: the backend returned an error other than a rejection.
+	ReasonUnreachable Reason = "unreachable"
+	// ReasonInvalidAnswer: the backend answered with a negative block count or an empty engine ID.
+	ReasonInvalidAnswer Reason = "invalid_answer"
+)
+
+// Result is a Source's answer. Results may be shared between the callers of one Memo: treat
+// Engines as read-only.
+type Result struct {
+	Outcome Outcome
+	// Engines lists, for a hit, every engine holding at least the first block with its matched
+	// block count in [1, QueryBlocks], deepest first, ties by engine ID. nil otherwise.
+	Engines []EngineMatch
+	// QueryBlocks is the number of full blocks in the query (0 when it has none, or when the
+	// source was unavailable before hashing).
+	QueryBlocks int
+	// BlockTokens is the source's block size in tokens, so that a policy converts blocks to
+	// tokens only with a valid conversion (seeds/POLICY_DESIGN.md, "Cache state"). Sources set it
+	// for every outcome; it is 0 only in the result a Memo gives a caller that stopped waiting.
+	BlockTokens int
+	// Reason says why, for OutcomeUnavailable; empty otherwise.
+	Reason Reason
+	// Err is the backend's error behind an OutcomeUnavailable, when there is one; nil otherwise.
+	Err error
+}
+
+// Blocks returns engine's matched block count, 0 when it holds not even the first block or the
+// result is not a hit.
+func (r Result) Blocks(engine state.EngineID) int {
+	for _, e := range r.Engines {
+		if e.Engine == engine {
+			return e.Blocks
+		}
+	}
+	return 0
+}
+
+func unavailable(blockTokens int, reason Reason, err error) Result {
+	return Result{Outcome: OutcomeUnavailable, BlockTokens: blockTokens, Reason: reason, Err: err}
+}
+
+// LocalSource is a Source over an Index in this process. It never returns an error: every token
+// sequence is a valid query. It is safe for concurrent use.
+type LocalSource struct {
+	index *Index
+	pool  sync.Pool // *localScratch
+}
+
+type localScratch struct {
+	keys []uint64
+	m    Matches
+}
+
+var _ Source = (*LocalSource)(nil)
+
+// NewLocalSource returns a Source over index, hashing queries with index.Hasher(). A nil index
+// returns an error wrapping state.ErrInvalidConfiguration.
+func NewLocalSource(index *Index) (*LocalSource, error) {
+	if index == nil {
+		return nil, fmt.Errorf("kvindex: NewLocalSource: nil index: %w", state.ErrInvalidConfiguration)
+	}
+	return &LocalSource{index: index}, nil
+}
+
+// Lookup hashes q.TokenIDs and matches them against the index. A canceled ctx returns
+// OutcomeUnavailable with ReasonCanceled (or ReasonTimeout for an expired deadline) before any
+// work; a query with no full block is a miss. The result's Engines is a new slice owned by the
+// caller; the hashing and matching buffers are pooled.
+func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
+	bt := s.index.hasher.BlockTokens()
+	if err := ctx.Err(); err != nil {
+		return unavailable(bt, ctxReason(err), err), nil
+	}
+	sc, _ := s.pool.Get().(*localScratch)
+	if sc == nil {
+		sc = new(localScratch)
+	}
+	defer s.pool.Put(sc)
+	sc.keys = s.index.hasher.AppendKeys(sc.keys[:0], q.TokenIDs)
+	s.index.MatchInto(sc.keys, &sc.m)
+	r := Result{Outcome: OutcomeMiss, QueryBlocks: len(sc.keys), BlockTokens: bt}
+	if len(sc.m.Engines) > 0 {
+		r.Outcome = OutcomeHit
+		r.Engines = slices.Clone(sc.m.Engines)
+	}
+	return r, nil
+}
+
+func ctxReason(err error) Reason {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return ReasonTimeout
+	}
+	return ReasonCanceled
+}
+
+// RemoteIndexer is the host's client for a remote prefix-index service (for example SGLang's
+// sgl-kv-indexer MatchExternalKvPrefix, or Mooncake Conductor's /query; research/sgl-router.md
+// §2.5, research/dynamo-traces-events.md §1.7). The host implements it; RemoteSource wraps it with
+// the timeout, the concurrency limit and the outcome mapping.
+//
+// Contract:
+//   - MatchPrefix returns, per engine, the number of leading query blocks the engine holds
+//     contiguously. Engines holding none may be omitted or reported with 0. Duplicate engines are
+//     merged by maximum; counts above the query's block count are capped to it; a negative count
+//     or an empty engine ID makes the answer invalid (OutcomeUnavailable, ReasonInvalidAnswer).
+//   - It should return promptly when ctx is done. If it does not, RemoteSource returns anyway at
+//     the deadline and the call keeps its concurrency slot until it returns.
+//   - An error wrapping state.ErrInvalidSignal means the service rejected the query (malformed,
+//     wrong namespace); RemoteSource returns it as an error. Any other error means unavailable.
+//   - It must not retain q after returning. It must be safe for concurrent use.
+type RemoteIndexer interface {
+	MatchPrefix(ctx context.Context, q RemoteQuery) ([]EngineMatch, error)
+}
+
+// RemoteIndexerFunc adapts a function to RemoteIndexer.
+type RemoteIndexerFunc func(ctx context.Context, q RemoteQuery) ([]EngineMatch, error)
+
+// MatchPrefix calls f.
+func (f RemoteIndexerFunc) MatchPrefix(ctx context.Context, q RemoteQuery) ([]EngineMatch, error) {
+	return f(ctx, q)
+}
+
+// RemoteQuery is what a RemoteIndexer receives: the prompt, its chained keys from the
+// RemoteSource's Hasher, and the block size. A service keyed by tokens reads TokenIDs; one that
+// shares this package's key scheme reads Keys. Both are read-only.
+type RemoteQuery struct {
+	TokenIDs    []uint32
+	Keys        []uint64
+	BlockTokens int
+}
+
+// Defaults for RemoteOptions (research/sgl-router.md §2.5: "Query deadline 100 ms, 32 concurrent
+// queries").
+const (
+	DefaultRemoteTimeout       = 100 * time.Millisecond
+	DefaultRemoteMaxConcurrent = 32
+)
+
+// RemoteOptions configures a RemoteSource. The zero value is the documented default for every
+// field.
+type RemoteOptions struct {
+	// Timeout bounds each lookup; the caller's own deadline applies too, whichever is earlier.
+	// 0 means DefaultRemoteTimeout; negative is an error.
+	Timeout time.Duration
+	// MaxConcurrent is the most lookups in flight at once, counting calls that outlived their
+	// deadline. A lookup over the limit does not wait: it returns OutcomeUnavailable with
+	// ReasonOverloaded. 0 means DefaultRemoteMaxConcurrent; negative is an error.
+	MaxConcurrent int
+}
+
+// RemoteSource is a Source over a RemoteIndexer. It is safe for concurrent use.
+type RemoteSource struct {
+	indexer RemoteIndexer
+	hasher  Hasher
+	timeout time.Duration
+	sem     chan struct{}
+}
+
+var _ Source = (*RemoteSource)(nil)
+
+// NewRemoteSource returns a Source that asks indexer, hashing queries with h (whose block size
+// must be the service's). A nil indexer, an invalid h or a negative option returns an error
+// wrapping state.ErrInvalidConfiguration that names the field. It starts no goroutine.
+func NewRemoteSource(indexer RemoteIndexer, h Hasher, opts RemoteOptions) (*RemoteSource, error) {
+	switch {
+	case indexer == nil:
+		return nil, fmt.Errorf("kvindex: NewRemoteSource: nil indexer: %w", state.ErrInvalidConfiguration)
+	case h.BlockTokens() <= 0:
+		return nil, fmt.Errorf("kvindex: NewRemoteSource: Hasher.BlockTokens: %d, must be > 0 (use NewHasher): %w",
+			h.BlockTokens(), state.ErrInvalidConfiguration)
+	case opts.Timeout < 0:
+		return nil, fmt.Errorf("kvindex: RemoteOptions.Timeout: %v, must be >= 0: %w", opts.Timeout, state.ErrInvalidConfiguration)
+	case opts.MaxConcurrent < 0:
+		return nil, fmt.Errorf("kvindex: RemoteOptions.MaxConcurrent: %d, must be >= 0: %w", opts.MaxConcurrent, state.ErrInvalidConfiguration)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultRemoteTimeout
+	}
+	if opts.MaxConcurrent == 0 {
+		opts.MaxConcurrent = DefaultRemoteMaxConcurrent
+	}
+	return &RemoteSource{indexer: indexer, hasher: h, timeout: opts.Timeout, sem: make(chan struct{}, opts.MaxConcurrent)}, nil
+}
+
+type remoteReply struct {
+	engines []EngineMatch
+	err     error
+}
+
+// Lookup asks the remote indexer, within the timeout and the concurrency limit, and maps the
+// outcome: an answer naming engines is a hit, an empty answer or a query with no full block (no
+// I/O) a miss; timeout, cancellation, overload, a backend error and an invalid answer are
+// OutcomeUnavailable with the matching Reason. A rejection (an error wrapping
+// state.ErrInvalidSignal from the indexer) is returned as an error that wraps it.
+func (s *RemoteSource) Lookup(ctx context.Context, q Query) (Result, error) {
+	bt := s.hasher.BlockTokens()
+	if err := ctx.Err(); err != nil {
+		return unavailable(bt, ctxReason(err), err), nil
+	}
+	keys := s.hasher.Keys(q.TokenIDs)
+	if len(keys) == 0 {
+		return Result{Outcome: OutcomeMiss, BlockTokens: bt}, nil
+	}
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		return unavailable(bt, ReasonOverloaded, nil), nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	done := make(chan remoteReply, 1)
+	rq := RemoteQuery{TokenIDs: q.TokenIDs, Keys: keys, BlockTokens: bt}
+	go func() {
+		defer func() { <-s.sem }()
+		engines, err := s.indexer.MatchPrefix(cctx, rq)
+		done <- remoteReply{engines, err}
+	}()
+	var reply remoteReply
+	select {
+	case reply = <-done:
+	case <-cctx.Done():
+		// The call may still finish; it keeps its slot until then.
+		return unavailable(bt, ctxReason(cctx.Err()), cctx.Err()), nil
+	}
+	r := Result{QueryBlocks: len(keys), BlockTokens: bt}
+	switch err := reply.err; {
+	case err == nil:
+	case errors.Is(err, state.ErrInvalidSignal):
+		return Result{}, fmt.Errorf("kvindex: remote lookup of %d blocks rejected: %w", len(keys), err)
+	case cctx.Err() != nil:
+		return unavailable(bt, ctxReason(cctx.Err()), err), nil
+	default:
+		return unavailable(bt, ReasonUnreachable, err), nil
+	}
+	engines, ok := normalizeRemote(reply.engines, len(keys))
+	if !ok {
+		return unavailable(bt, ReasonInvalidAnswer, nil), nil
+	}
+	r.Outcome, r.Engines = OutcomeMiss, nil
+	if len(engines) > 0 {
+		r.Outcome, r.Engines = OutcomeHit, engines
+	}
+	return r, nil
+}
+
+// normalizeRemote validates a remote answer, drops zero counts, merges duplicate engines by
+// maximum, caps counts at the query's block count (research/sgl-router.md §7.4,
+// remote_urls_are_exact_duplicate_depths_merge_and_block_counts_are_capped) and sorts deepest
+// first. Engine IDs are compared exactly ("http://b/" is not "http://b").
+func normalizeRemote(in []EngineMatch, queryBlocks int) ([]EngineMatch, bool) {
+	out := make([]EngineMatch, 0, len(in))
+	for _, e := range in {
+		if e.Blocks < 0 || e.Engine == "" {
+			return nil, false
+		}
+		if e.Blocks == 0 {
+			continue
+		}
+		e.Blocks = min(e.Blocks, queryBlocks)
+		if i := slices.IndexFunc(out, func(o EngineMatch) bool { return o.Engine == e.Engine }); i >= 0 {
+			out[i].Blocks = max(out[i].Blocks, e.Blocks)
+			continue
+		}
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b EngineMatch) int {
+		if a.Blocks != b.Blocks {
+			return b.Blocks - a.Blocks
+		}
+		return cmp.Compare(a.Engine, b.Engine)
+	})
+	return out, true
+}
+
+// Memo makes one lookup per Source per request: the first Lookup of a source runs it, every later
+// or concurrent Lookup of the same source in the same request gets the same Result and error,
+// whatever bucket or group asks (research/sgl-router.md §10: "Memoize prefix lookups per request
+// by source"; §7.4 memo_reuses_io_but_reruns_admission_and_group_selection,
+// concurrent_picks_share_one_query_and_new_requests_query_again). Hits, misses, unavailability and
+// rejections are all memoized.
+//
+// The host (or the bucket loop) creates one Memo per request with NewMemo and drops it with the
+// request; a Memo must not outlive its request, since it answers every later lookup from memory.
+// Sources are identified by interface equality, so each must be a comparable value, such as the
+// *LocalSource or *RemoteSource pointer. Memo ignores the Query of all but the first Lookup of a
+// source: one request has one prompt. It is safe for concurrent use; a repeated Lookup allocates
+// nothing. The zero Memo is ready to use.
+type Memo struct {
+	mu      sync.Mutex
+	entries []*memoEntry
+}
+
+type memoEntry struct {
+	src  Source
+	done chan struct{}
+	res  Result
+	err  error
+}
+
+// NewMemo returns an empty Memo for one request.
+func NewMemo() *Memo { return &Memo{} }
+
+// Lookup returns src's answer to q, running src.Lookup only if no earlier Lookup of src in this
+// Memo did. A caller that finds the lookup in progress waits for it, or for its own ctx: if ctx
+// ends first it gets OutcomeUnavailable with ReasonCanceled or ReasonTimeout, which is not
+// memoized. A nil or non-comparable src returns an error wrapping state.ErrInvalidConfiguration.
+// If src.Lookup panics, the panic propagates to the caller that ran it, and the memoized result
+// is OutcomeUnavailable with ReasonUnreachable.
+func (m *Memo) Lookup(ctx context.Context, src Source, q Query) (Result, error) {
+	if src == nil || !reflect.TypeOf(src).Comparable() {
+		return Result{}, fmt.Errorf("kvindex: Memo.Lookup: source %T is nil or not comparable: %w", src, state.ErrInvalidConfiguration)
+	}
+	m.mu.Lock()
+	for _, e := range m.entries {
+		if e.src == src {
+			m.mu.Unlock()
+			select {
+			case <-e.done:
+				return e.res, e.err
+			default:
+			}
+			select {
+			case <-e.done:
+				return e.res, e.err
+			case <-ctx.Done():
+				return unavailable(0, ctxReason(ctx.Err()), ctx.Err()), nil
+			}
+		}
+	}
+	e := &memoEntry{src: src, done: make(chan struct{})}
+	m.entries = append(m.entries, e)
+	m.mu.Unlock()
+	finished := false
+	defer func() {
+		if !finished {
+			e.res = unavailable(0, ReasonUnreachable, fmt.Errorf("kvindex: Memo.Lookup: source %T panicked", src))
+			close(e.done)
+		}
+	}()
+	e.res, e.err = src.Lookup(ctx, q)
+	finished = true
+	close(e.done)
+	return e.res, e.err
+}
