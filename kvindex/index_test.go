@@ -470,8 +470,8 @@ func TestVersionWrapForgetsEqualities(t *testing.T) {
 func TestEvictionKeepsPrefixesAndFollowsRecency(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{MaxBlocks: 6})
-	f.store("a", 0, 1, 0, 3, 0, TierDevice)    // blocks 1-3 of prompt 1
-	f.store("b", 0, 2, 0, 3, 100, TierDevice)  // blocks 1-3 of prompt 2
+	f.store("a", 0, 1, 0, 3, 0, TierDevice)   // blocks 1-3 of prompt 1
+	f.store("b", 0, 2, 0, 3, 100, TierDevice) // blocks 1-3 of prompt 2
 	assert.Equal(t, 6, f.x.Stats().Blocks)
 	f.store("c", 0, 3, 0, 2, 200, TierDevice) // two more: evict a's two deepest leaves
 	s := f.x.Stats()
