@@ -1,0 +1,104 @@
+package kvindex
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+// TestConcurrentMatchRacesWriters runs Match on several goroutines while one writer per engine
+// stores and removes, another engine comes and goes, and approximate entries are assumed and
+// expired. Run with -race; the results must stay well formed and the invariants must hold after.
+func TestConcurrentMatchRacesWriters(t *testing.T) {
+	t.Parallel()
+	var clock atomic.Int64
+	clock.Store(time.Unix(5000, 0).UnixNano())
+	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
+	require.NoError(t, err)
+	x, err := NewIndex(h, Options{MaxBlocks: 200, MaxApproxBlocks: 50, Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	require.NoError(t, err)
+
+	const iters = 400
+	var writers, readers sync.WaitGroup
+	stop := make(chan struct{})
+	for e := range 4 {
+		writers.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(e), 1))
+			id := state.EngineID(fmt.Sprintf("http://w%d", e))
+			for i := range iters {
+				pattern, n := rng.IntN(6), 1+rng.IntN(8)
+				toks := prompt(pattern, n)
+				base := uint64(pattern) * 1000
+				err := x.Store(StoreEvent{Engine: id, Rank: i % 2, BlockHashes: hashes(base, n), TokenIDs: toks, Tier: TierDevice})
+				assert.NoError(t, err)
+				if rng.IntN(2) == 0 {
+					_ = x.Remove(id, i%2, hashes(base, rng.IntN(n+1)), 0) // may name evicted blocks
+				}
+				if rng.IntN(50) == 0 {
+					assert.NoError(t, x.Clear(id, i%2))
+				}
+			}
+		})
+	}
+	writers.Go(func() {
+		for i := range iters {
+			id := state.EngineID("http://transient")
+			_ = x.Store(StoreEvent{Engine: id, BlockHashes: hashes(0, 3), TokenIDs: prompt(i%6, 3), Tier: TierHost})
+			if i%3 == 0 {
+				assert.NoError(t, x.RemoveEngine(id))
+			}
+		}
+	})
+	writers.Go(func() {
+		rng := rand.New(rand.NewPCG(9, 9))
+		for range iters {
+			assert.NoError(t, x.Assume(state.EngineID(fmt.Sprintf("http://approx%d", rng.IntN(3))),
+				h.Keys(prompt(rng.IntN(6), 1+rng.IntN(8))), time.Duration(1+rng.IntN(5))*time.Second))
+			clock.Add(int64(100 * time.Millisecond))
+			if rng.IntN(4) == 0 {
+				x.Expire(time.Unix(0, clock.Load()))
+			}
+			_ = x.Stats()
+		}
+	})
+	var matches atomic.Int64
+	for r := range 3 {
+		readers.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(r), 7))
+			var m Matches
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				keys := h.Keys(prompt(rng.IntN(6), 1+rng.IntN(10)))
+				x.MatchInto(keys, &m)
+				seen := map[state.EngineID]bool{}
+				for i, e := range m.Engines {
+					assert.True(t, e.Blocks >= 1 && e.Blocks <= len(keys), "blocks %d of %d", e.Blocks, len(keys))
+					assert.False(t, seen[e.Engine], "engine %s twice", e.Engine)
+					seen[e.Engine] = true
+					if i > 0 {
+						assert.GreaterOrEqual(t, m.Engines[i-1].Blocks, e.Blocks)
+					}
+				}
+				matches.Add(1)
+			}
+		})
+	}
+	writers.Wait()
+	close(stop)
+	readers.Wait()
+	require.NoError(t, checkInvariants(x))
+	assert.Positive(t, matches.Load())
+	assert.LessOrEqual(t, x.Stats().Blocks, 200)
+}
