@@ -1,7 +1,9 @@
 package kvindex
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,6 +95,7 @@ type Index struct {
 	engines     []engineSlot
 	freeEngines []uint32
 	engineByID  map[state.EngineID]uint32
+	byID        []uint32 // live engine slots sorted by ID; byID[engines[e].order] == e
 
 	heap        []approxEntry
 	approxCount int
@@ -142,6 +145,7 @@ type holder struct {
 type engineSlot struct {
 	id    state.EngineID
 	live  bool
+	order uint32 // position of id among the live engines' IDs, ascending
 	ranks []rankHolder
 }
 
@@ -504,6 +508,9 @@ func (x *Index) RemoveEngine(engine state.EngineID) error {
 		x.holders[rh.holder] = holder{}
 		x.freeHolders = append(x.freeHolders, rh.holder)
 	}
+	pos := x.engines[e].order
+	x.byID = slices.Delete(x.byID, int(pos), int(pos)+1)
+	x.renumber(int(pos))
 	x.engines[e] = engineSlot{}
 	x.freeEngines = append(x.freeEngines, e)
 	delete(x.engineByID, engine)
@@ -569,6 +576,11 @@ func (x *Index) holderFor(id state.EngineID, rank int) uint32 {
 		}
 		x.engines[e] = engineSlot{id: id, live: true}
 		x.engineByID[id] = e
+		pos, _ := slices.BinarySearchFunc(x.byID, id, func(slot uint32, id state.EngineID) int {
+			return cmp.Compare(x.engines[slot].id, id)
+		})
+		x.byID = slices.Insert(x.byID, pos, e)
+		x.renumber(pos)
 	}
 	var hid uint32
 	if n := len(x.freeHolders); n > 0 {
@@ -581,6 +593,14 @@ func (x *Index) holderFor(id state.EngineID, rank int) uint32 {
 	x.holders[hid] = holder{engine: e, rank: rank, live: true}
 	x.engines[e].ranks = append(x.engines[e].ranks, rankHolder{rank: rank, holder: hid})
 	return hid
+}
+
+// renumber refreshes the order of the engines from position pos of byID on. Adding or removing
+// an engine costs O(engines); Match then orders ties by integer instead of string comparisons.
+func (x *Index) renumber(pos int) {
+	for i := pos; i < len(x.byID); i++ {
+		x.engines[x.byID[i]].order = uint32(i)
+	}
 }
 
 // ---- nodes, LRU and eviction ----
@@ -605,7 +625,7 @@ func (x *Index) newNode(key uint64, parent uint32) uint32 {
 		x.nodes[parent].children++
 	}
 	x.live++
-	x.setChanged(n)
+	x.nodes[n].setVer = x.nextVersion() // no holders yet; the caller adds them
 	x.lruPushTail(n)
 	return n
 }
@@ -857,6 +877,17 @@ func (x *Index) moveRun(from, to uint32, k int) {
 // setChanged records that node n's set of distinct holders changed, and recomputes whether it
 // equals its parent's (the Match fast path).
 func (x *Index) setChanged(n uint32) {
+	v := x.nextVersion()
+	nd := &x.nodes[n]
+	nd.setVer = v
+	nd.eqVer = 0
+	if p := nd.parent; p != 0 && x.sameHolders(n, p) {
+		nd.eqVer = x.nodes[p].setVer
+	}
+}
+
+// nextVersion returns a fresh holder-set version (never 0).
+func (x *Index) nextVersion() uint32 {
 	x.verSeq++
 	if x.verSeq == 0 {
 		// Wrapped: forget every recorded equality rather than risk a stale match.
@@ -865,12 +896,7 @@ func (x *Index) setChanged(n uint32) {
 		}
 		x.verSeq = 2
 	}
-	nd := &x.nodes[n]
-	nd.setVer = x.verSeq
-	nd.eqVer = 0
-	if p := nd.parent; p != 0 && x.sameHolders(n, p) {
-		nd.eqVer = x.nodes[p].setVer
-	}
+	return x.verSeq
 }
 
 // sameHolders reports whether nodes a and b have the same set of distinct holders.

@@ -1,7 +1,7 @@
 package kvindex
 
 import (
-	"cmp"
+	"math"
 	"slices"
 
 	"github.com/enginepick/enginepick/state"
@@ -30,8 +30,10 @@ type Matches struct {
 
 	active []uint32 // holder IDs still matching, ascending
 	spare  []uint32
-	pos    []int32 // engine slot → 1 + position in Engines, 0 when absent
-	slots  []uint32
+	pos    []int32  // engine slot → 1 + position in best, 0 when absent
+	best   []uint32 // per engine found: its deepest count
+	slots  []uint32 // per engine found: its slot
+	order  []uint64 // sort keys: (MaxUint32 − blocks) << 32 | engine order
 }
 
 // Blocks returns engine's matched block count, or 0 when it holds not even the first block.
@@ -55,6 +57,10 @@ func (x *Index) Match(keys []uint64) *Matches {
 	return m
 }
 
+// maxQueryBlocks bounds a query so that block counts fit the sort keys; keys beyond it are
+// ignored.
+const maxQueryBlocks = 1<<31 - 1
+
 // MatchInto is Match writing into m, which it resets first. With a reused m it allocates nothing
 // once m's buffers have grown to the index's size. It takes the index's read lock for the walk,
 // so any number of MatchInto calls (on different Matches) run in parallel. Cost: one table probe
@@ -64,6 +70,10 @@ func (x *Index) Match(keys []uint64) *Matches {
 func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	m.Engines = m.Engines[:0]
 	m.slots = m.slots[:0]
+	m.best = m.best[:0]
+	if len(keys) > maxQueryBlocks {
+		keys = keys[:maxQueryBlocks]
+	}
 	m.QueryBlocks = len(keys)
 	if len(keys) == 0 {
 		return
@@ -110,15 +120,21 @@ func (x *Index) MatchInto(keys []uint64, m *Matches) {
 		x.record(m, h, matched)
 	}
 	m.active, m.spare = active[:0], spare[:0]
-	for _, s := range m.slots {
-		m.pos[s] = 0
+	// Deepest first, ties by engine ID: sort integer keys, since the engines' order by ID is
+	// maintained by the writers.
+	// Holders were recorded as they dropped out, shallowest first: walking backwards hands the
+	// sort an almost sorted input.
+	m.order = m.order[:0]
+	for i := len(m.slots) - 1; i >= 0; i-- {
+		e := m.slots[i]
+		m.pos[e] = 0
+		m.order = append(m.order, uint64(math.MaxUint32-m.best[i])<<32|uint64(x.engines[e].order))
 	}
-	slices.SortFunc(m.Engines, func(a, b EngineMatch) int {
-		if a.Blocks != b.Blocks {
-			return b.Blocks - a.Blocks
-		}
-		return cmp.Compare(a.Engine, b.Engine)
-	})
+	slices.Sort(m.order)
+	for _, k := range m.order {
+		e := x.byID[uint32(k)]
+		m.Engines = append(m.Engines, EngineMatch{Engine: x.engines[e].id, Blocks: int(math.MaxUint32 - uint32(k>>32))})
+	}
 }
 
 // intersect computes the holders of active that still hold node n (at query depth d), appending
@@ -196,12 +212,10 @@ func (x *Index) record(m *Matches, h uint32, depth int) {
 	}
 	e := x.holders[h].engine
 	if p := m.pos[e]; p != 0 {
-		if depth > m.Engines[p-1].Blocks {
-			m.Engines[p-1].Blocks = depth
-		}
+		m.best[p-1] = max(m.best[p-1], uint32(depth))
 		return
 	}
-	m.Engines = append(m.Engines, EngineMatch{Engine: x.engines[e].id, Blocks: depth})
-	m.pos[e] = int32(len(m.Engines))
+	m.best = append(m.best, uint32(depth))
 	m.slots = append(m.slots, e)
+	m.pos[e] = int32(len(m.slots))
 }

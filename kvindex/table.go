@@ -18,7 +18,8 @@ type table struct {
 }
 
 const (
-	tableMinSlots = 8
+	tableMinSlots    = 8
+	tableShrinkSlots = 1024
 	fib           = 0x9E3779B97F4A7C15 // 2^64 / golden ratio, odd
 )
 
@@ -74,8 +75,9 @@ func (t *table) put(k uint64, v uint32) {
 	}
 }
 
-// del removes k and reports whether it was present. The table shrinks when it falls below
-// one-eighth full, so a holder that drops most of its blocks gives the memory back.
+// del removes k and reports whether it was present. A table larger than tableShrinkSlots halves
+// when it falls below one-sixteenth full, so a holder that drops most of its blocks gives the
+// memory back, while a small table that fills and empties with every event never reallocates.
 func (t *table) del(k uint64) bool {
 	if k == 0 {
 		had := t.zeroVal != 0
@@ -92,7 +94,7 @@ func (t *table) del(k uint64) bool {
 		case k:
 			t.deleteAt(i, mask)
 			t.n--
-			if len(t.keys) > tableMinSlots && 8*t.n < len(t.keys) {
+			if len(t.keys) > tableShrinkSlots && 16*t.n < len(t.keys) {
 				t.resize(len(t.keys) / 2)
 			}
 			return true
