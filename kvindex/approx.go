@@ -94,7 +94,6 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 			h.approx++
 			x.approxCount++
 			x.nodes[n].meta |= flagApprox
-			x.setChanged(n)
 			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(i)})
 		case x.hTiers[lo]&approxBit != 0:
 			x.hAux[lo] = uint64(expiry)
@@ -159,7 +158,6 @@ func (x *Index) dropApprox(n uint32, p int) {
 	h.approx--
 	x.approxCount--
 	x.deleteHolding(n, p)
-	x.setChanged(n)
 	x.refreshApproxFlag(n)
 	x.prune(n)
 }

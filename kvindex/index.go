@@ -81,7 +81,6 @@ type Index struct {
 	live      int // live nodes, root excluded
 	lruHead   uint32
 	lruTail   uint32
-	verSeq    uint32
 	evicted   uint64
 
 	// Holding entries, in runs of 1<<class slots per node, kept sorted by holder ID.
@@ -114,8 +113,6 @@ type node struct {
 	next     uint32
 	children uint32
 	hold     uint32 // first slot of the node's holding run
-	setVer   uint32 // changes whenever the set of distinct holders changes
-	eqVer    uint32 // parent's setVer when both had the same holder set; 0 = unknown
 	meta     uint32 // nHold (24 bits) | class (5 bits) | flags (3 bits)
 }
 
@@ -179,7 +176,6 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 		nodes:      make([]node, 1, 64),
 		refBits:    make([]uint64, 1),
 		engineByID: make(map[state.EngineID]uint32),
-		verSeq:     1,
 	}
 	if x.maxBlocks == 0 {
 		x.maxBlocks = DefaultMaxBlocks
@@ -387,9 +383,6 @@ func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8) {
 	x.insertHolding(n, hi, hid, t, hash)
 	x.addTiers(h, 0, t)
 	h.bindings.put(hash, n)
-	if lo == hi {
-		x.setChanged(n)
-	}
 }
 
 // addTiers counts the bits of add that old lacks.
@@ -463,9 +456,6 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 			if x.hTiers[p] == 0 {
 				x.deleteHolding(n, p)
 				h.bindings.del(hash)
-				if hi-lo == 1 {
-					x.setChanged(n)
-				}
 				x.prune(n)
 			}
 			break
@@ -525,9 +515,6 @@ func (x *Index) clearHolder(hid uint32) {
 		for p := lo; p < hi; p++ {
 			if x.hTiers[p]&approxBit == 0 && x.hAux[p] == hash {
 				x.deleteHolding(n, p)
-				if hi-lo == 1 {
-					x.setChanged(n)
-				}
 				x.prune(n)
 				break
 			}
@@ -625,7 +612,6 @@ func (x *Index) newNode(key uint64, parent uint32) uint32 {
 		x.nodes[parent].children++
 	}
 	x.live++
-	x.nodes[n].setVer = x.nextVersion() // no holders yet; the caller adds them
 	x.lruPushTail(n)
 	return n
 }
@@ -872,51 +858,6 @@ func (x *Index) moveRun(from, to uint32, k int) {
 	copy(x.hHolder[to:int(to)+k], x.hHolder[from:int(from)+k])
 	copy(x.hTiers[to:int(to)+k], x.hTiers[from:int(from)+k])
 	copy(x.hAux[to:int(to)+k], x.hAux[from:int(from)+k])
-}
-
-// setChanged records that node n's set of distinct holders changed, and recomputes whether it
-// equals its parent's (the Match fast path).
-func (x *Index) setChanged(n uint32) {
-	v := x.nextVersion()
-	nd := &x.nodes[n]
-	nd.setVer = v
-	nd.eqVer = 0
-	if p := nd.parent; p != 0 && x.sameHolders(n, p) {
-		nd.eqVer = x.nodes[p].setVer
-	}
-}
-
-// nextVersion returns a fresh holder-set version (never 0).
-func (x *Index) nextVersion() uint32 {
-	x.verSeq++
-	if x.verSeq == 0 {
-		// Wrapped: forget every recorded equality rather than risk a stale match.
-		for i := range x.nodes {
-			x.nodes[i].setVer, x.nodes[i].eqVer = 1, 0
-		}
-		x.verSeq = 2
-	}
-	return x.verSeq
-}
-
-// sameHolders reports whether nodes a and b have the same set of distinct holders.
-func (x *Index) sameHolders(a, b uint32) bool {
-	na, nb := &x.nodes[a], &x.nodes[b]
-	i, ie := int(na.hold), int(na.hold)+na.nHold()
-	j, je := int(nb.hold), int(nb.hold)+nb.nHold()
-	for i < ie && j < je {
-		if x.hHolder[i] != x.hHolder[j] {
-			return false
-		}
-		h := x.hHolder[i]
-		for i < ie && x.hHolder[i] == h {
-			i++
-		}
-		for j < je && x.hHolder[j] == h {
-			j++
-		}
-	}
-	return i == ie && j == je
 }
 
 // refreshApproxFlag recomputes whether node n carries an approximate entry.

@@ -453,20 +453,6 @@ func TestMatchGallopsPastCrowdedBlocks(t *testing.T) {
 	assert.Zero(t, f.match(1, 4)["late"], "expired at exactly its expiry")
 }
 
-func TestVersionWrapForgetsEqualities(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, Options{})
-	f.store("a", 0, 1, 0, 3, 0, TierDevice)
-	f.store("b", 0, 1, 0, 3, 100, TierDevice)
-	f.x.mu.Lock()
-	f.x.verSeq = 1<<32 - 2
-	f.x.mu.Unlock()
-	f.store("c", 0, 1, 0, 3, 200, TierDevice)
-	require.NoError(t, f.x.Remove("b", 0, []uint64{102}, 0))
-	require.NoError(t, checkInvariants(f.x))
-	assert.Equal(t, map[state.EngineID]int{"a": 3, "b": 1, "c": 3}, f.match(1, 3))
-}
-
 func TestEvictionKeepsPrefixesAndFollowsRecency(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{MaxBlocks: 6})

@@ -58,9 +58,6 @@ func checkInvariants(x *Index) error {
 		if hasApprox != nd.has(flagApprox) {
 			return fmt.Errorf("node %d approximate flag %v, entries say %v", n, nd.has(flagApprox), hasApprox)
 		}
-		if nd.eqVer != 0 && nd.parent != 0 && nd.eqVer == x.nodes[nd.parent].setVer && !x.sameHolders(n, nd.parent) {
-			return fmt.Errorf("node %d claims its parent's holder set but differs", n)
-		}
 	}
 	if live != x.live {
 		return fmt.Errorf("live count %d, recount %d", x.live, live)

@@ -296,10 +296,14 @@ func (m *model) stats() (blocks, approx int, engines map[state.EngineID]EngineSt
 	return m.liveBlocks(), approx, engines
 }
 
+// intner is the walk's source of choices: a seeded *rand.Rand for the random walk, the fuzzer's
+// bytes for FuzzStoreRemove.
+type intner interface{ IntN(n int) int }
+
 // walk drives an Index and the model with the same random operations.
 type walk struct {
-	t     *testing.T
-	rng   *rand.Rand
+	t     testing.TB
+	rng   intner
 	x     *Index
 	m     *model
 	clock time.Time
@@ -398,7 +402,10 @@ func (w *walk) step() {
 				hashes = append(hashes, hash)
 			}
 			slices.Sort(hashes)
-			w.rng.Shuffle(len(hashes), func(i, j int) { hashes[i], hashes[j] = hashes[j], hashes[i] })
+			for i := len(hashes) - 1; i > 0; i-- {
+				j := w.rng.IntN(i + 1)
+				hashes[i], hashes[j] = hashes[j], hashes[i]
+			}
 			hashes = hashes[:min(len(hashes), 1+w.rng.IntN(4))]
 		}
 		if w.rng.IntN(10) == 0 {
@@ -489,6 +496,17 @@ func cmpString(a, b state.EngineID) int {
 	return 0
 }
 
+func newWalk(t testing.TB, h Hasher, rng intner) *walk {
+	w := &walk{t: t, rng: rng, clock: time.Unix(1000, 0)}
+	w.m = newModel(h)
+	w.m.now = w.clock.UnixNano()
+	w.m.defaultTTL = 3 * time.Second
+	var err error
+	w.x, err = NewIndex(h, Options{ApproxTTL: 3 * time.Second, Now: func() time.Time { return w.clock }})
+	require.NoError(t, err)
+	return w
+}
+
 func TestRandomWalkAgreesWithModel(t *testing.T) {
 	t.Parallel()
 	const seeds, steps = 16, 1000
@@ -497,12 +515,7 @@ func TestRandomWalkAgreesWithModel(t *testing.T) {
 			t.Parallel()
 			h, err := NewHasher(HasherConfig{BlockTokens: walkBlockTokens, Seed: seed})
 			require.NoError(t, err)
-			w := &walk{t: t, rng: rand.New(rand.NewPCG(seed, 0x5eed)), clock: time.Unix(1000, 0)}
-			w.m = newModel(h)
-			w.m.now = w.clock.UnixNano()
-			w.m.defaultTTL = 3 * time.Second
-			w.x, err = NewIndex(h, Options{ApproxTTL: 3 * time.Second, Now: func() time.Time { return w.clock }})
-			require.NoError(t, err)
+			w := newWalk(t, h, rand.New(rand.NewPCG(seed, 0x5eed)))
 			for range steps {
 				w.step()
 			}

@@ -1,5 +1,7 @@
 package kvindex
 
+import "math/bits"
+
 // table is an open-addressing hash map from uint64 to a non-zero uint32, with linear probing and
 // backward-shift deletion (no tombstones). Keys and values sit in two pointer-free arrays, so a
 // table of a million entries costs the garbage collector nothing to scan and about 12 bytes per
@@ -13,7 +15,6 @@ type table struct {
 	keys    []uint64
 	vals    []uint32 // vals[i] == 0 iff keys[i] is empty
 	n       int      // entries in keys/vals, not counting zeroVal
-	shift   uint8    // 64 - log2(len(keys))
 	zeroVal uint32   // value of key 0, or 0 when absent
 }
 
@@ -23,7 +24,19 @@ const (
 	fib           = 0x9E3779B97F4A7C15 // 2^64 / golden ratio, odd
 )
 
-func (t *table) slot(k uint64) uint64 { return (k * fib) >> t.shift }
+// slot maps k to its home slot: the high half of (k × fib) × len, which spreads keys over any
+// table length, so tables grow by 1.5× and stay between half and three-quarters full.
+func (t *table) slot(k uint64) int {
+	hi, _ := bits.Mul64(k*fib, uint64(len(t.keys)))
+	return int(hi)
+}
+
+func (t *table) next(i int) int {
+	if i++; i == len(t.keys) {
+		return 0
+	}
+	return i
+}
 
 // len returns the number of entries.
 func (t *table) len() int {
@@ -41,8 +54,7 @@ func (t *table) get(k uint64) (uint32, bool) {
 	if len(t.keys) == 0 {
 		return 0, false
 	}
-	mask := uint64(len(t.keys) - 1)
-	for i := t.slot(k); ; i = (i + 1) & mask {
+	for i := t.slot(k); ; i = t.next(i) {
 		switch t.keys[i] {
 		case k:
 			return t.vals[i], true
@@ -59,10 +71,9 @@ func (t *table) put(k uint64, v uint32) {
 		return
 	}
 	if 4*(t.n+1) > 3*len(t.keys) {
-		t.resize(max(2*len(t.keys), tableMinSlots))
+		t.resize(max(len(t.keys)+len(t.keys)/2, tableMinSlots))
 	}
-	mask := uint64(len(t.keys) - 1)
-	for i := t.slot(k); ; i = (i + 1) & mask {
+	for i := t.slot(k); ; i = t.next(i) {
 		switch t.keys[i] {
 		case k:
 			t.vals[i] = v
@@ -87,12 +98,11 @@ func (t *table) del(k uint64) bool {
 	if len(t.keys) == 0 {
 		return false
 	}
-	mask := uint64(len(t.keys) - 1)
 	i := t.slot(k)
 	for {
 		switch t.keys[i] {
 		case k:
-			t.deleteAt(i, mask)
+			t.deleteAt(i)
 			t.n--
 			if len(t.keys) > tableShrinkSlots && 16*t.n < len(t.keys) {
 				t.resize(len(t.keys) / 2)
@@ -101,16 +111,16 @@ func (t *table) del(k uint64) bool {
 		case 0:
 			return false
 		}
-		i = (i + 1) & mask
+		i = t.next(i)
 	}
 }
 
 // deleteAt empties slot i and shifts later members of the probe run back, so lookups never need
 // tombstones.
-func (t *table) deleteAt(i, mask uint64) {
+func (t *table) deleteAt(i int) {
 	j := i
 	for {
-		j = (j + 1) & mask
+		j = t.next(j)
 		if t.keys[j] == 0 {
 			break
 		}
@@ -124,20 +134,18 @@ func (t *table) deleteAt(i, mask uint64) {
 	t.keys[i], t.vals[i] = 0, 0
 }
 
-// resize rehashes into slots slots (a power of two, at least tableMinSlots).
+// resize rehashes into slots slots (at least tableMinSlots).
 func (t *table) resize(slots int) {
 	oldKeys, oldVals := t.keys, t.vals
 	t.keys = make([]uint64, slots)
 	t.vals = make([]uint32, slots)
-	t.shift = uint8(64 - log2(slots))
-	mask := uint64(slots - 1)
 	for j, k := range oldKeys {
 		if k == 0 {
 			continue
 		}
 		i := t.slot(k)
 		for t.keys[i] != 0 {
-			i = (i + 1) & mask
+			i = t.next(i)
 		}
 		t.keys[i], t.vals[i] = k, oldVals[j]
 	}
@@ -146,14 +154,10 @@ func (t *table) resize(slots int) {
 // clearFor empties t and sizes its arrays for about n entries, reusing them when they are not
 // much larger than needed, so a scratch table costs no allocation per use.
 func (t *table) clearFor(n int) {
-	want := tableMinSlots
-	for 3*want < 4*n+4 {
-		want *= 2
-	}
+	want := max(tableMinSlots, (4*n+2)/3+1)
 	if len(t.keys) < want || len(t.keys) > 8*want {
 		t.keys = make([]uint64, want)
 		t.vals = make([]uint32, want)
-		t.shift = uint8(64 - log2(want))
 	} else {
 		clear(t.keys)
 		clear(t.vals)
@@ -174,12 +178,4 @@ func (t *table) each(fn func(k uint64, v uint32)) {
 			fn(k, t.vals[i])
 		}
 	}
-}
-
-func log2(n int) int {
-	l := 0
-	for 1<<l < n {
-		l++
-	}
-	return l
 }
