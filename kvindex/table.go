@@ -21,7 +21,7 @@ type table struct {
 const (
 	tableMinSlots    = 8
 	tableShrinkSlots = 1024
-	fib           = 0x9E3779B97F4A7C15 // 2^64 / golden ratio, odd
+	fib              = 0x9E3779B97F4A7C15 // 2^64 / golden ratio, odd
 )
 
 // slot maps k to its home slot: the high half of (k × fib) × len, which spreads keys over any
