@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -85,7 +86,8 @@ func (d *Dispatch) Release() {
 	}
 }
 
-// Select resolves the request's model, runs the bucket loop (bucket.Select) and, on success,
+// Select resolves the request's model, runs the bucket loop (bucket.Select) with a prefix-lookup
+// memo for the request (a new kvindex.Memo when req.Memo is nil; req is not modified) and, on success,
 // acquires one in-flight guard per selected engine: the plain engine, or the prefill and the
 // decode engine. Nothing is acquired on failure.
 //
@@ -94,6 +96,12 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 	res, ok := r.resolvers[req.Model]
 	if !ok {
 		return nil, fmt.Errorf("enginepick: model %q: %w", req.Model, ErrUnknownModel)
+	}
+	if req.Memo == nil {
+		// One prefix lookup per source for the whole bucket loop (research/sgl-router.md §10).
+		withMemo := *req
+		withMemo.Memo = kvindex.NewMemo()
+		req = &withMemo
 	}
 	sel, err := bucket.Select(ctx, res, r.registry, req)
 	if err != nil {

@@ -198,6 +198,7 @@ func (b *Bucket) PickEngines(ctx context.Context, registry state.Registry, req *
 		TokenIDs:           req.TokenIDs,
 		SessionKey:         req.SessionKey,
 		RoutingKey:         req.RoutingKey,
+		Memo:               req.Memo,
 	}
 	sel := Selection{Bucket: b}
 	var err error

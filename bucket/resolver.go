@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -82,6 +83,10 @@ type Request struct {
 	// SessionKey and RoutingKey are the session and sticky-routing keys; empty means none.
 	SessionKey string
 	RoutingKey string
+	// Memo memoizes prefix lookups across every bucket and stage of this request; create one per
+	// request with kvindex.NewMemo. Nil means no memo: each cache-aware pick looks up its source
+	// itself (enginepick.Router.Select supplies one).
+	Memo *kvindex.Memo
 }
 
 // ResolverOptions configures SLO ordering. The zero value disables both preferences.

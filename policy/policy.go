@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
 )
@@ -59,6 +60,10 @@ type Request struct {
 	// SessionKey and RoutingKey are the session and sticky-routing keys; empty means none.
 	SessionKey string
 	RoutingKey string
+	// Memo memoizes prefix lookups for this request across buckets, stages and concurrent picks
+	// (one lookup per kvindex.Source per request). Nil means every cache-aware pick looks up its
+	// source itself.
+	Memo *kvindex.Memo
 }
 
 // Pick is a policy's choice: the engine and a reason label for metrics and tracing (one of the

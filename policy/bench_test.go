@@ -1,0 +1,113 @@
+package policy_test
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+func benchPolicies(b *testing.B) (map[string]policy.Policy, []state.Engine) {
+	e := newEnv()
+	cfg := e.cfg()
+	cfg.Rand = nil
+	cfg.Admission = admission.Limits{MaxRunningRequests: admission.Cap(1 << 20)}
+	cands := manyEngines(64)
+	for i, c := range cands {
+		e.native(c.ID(), loadmon.Report{WaitingRequests: uint64(i % 5)})
+	}
+	rr, _ := policy.NewRoundRobin(cfg)
+	rnd, _ := policy.NewRandom(cfg)
+	p2, _ := policy.NewPowerOfN(cfg, 2)
+	ll, _ := policy.NewLeastLoad(cfg)
+	return map[string]policy.Policy{"round_robin": rr, "random": rnd, "power_of_two": p2, "least_load": ll}, cands
+}
+
+// BenchmarkPick64 measures each load policy over 64 candidates with fresh native reports.
+func BenchmarkPick64(b *testing.B) {
+	ps, cands := benchPolicies(b)
+	req := &policy.Request{Stage: state.StagePrefill}
+	for _, name := range []string{"round_robin", "random", "power_of_two", "least_load"} {
+		b.Run(name, func(b *testing.B) {
+			p := ps[name]
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := p.Pick(ctx, cands, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// cacheBench builds 16 engines that each hold a 4,096-token shared system prefix plus their own
+// conversations, and an 8,192-token prompt that one engine holds 6,144 tokens of.
+func cacheBench(b *testing.B) (*cacheEnv, []state.Engine, []uint32) {
+	c := newCacheEnv(b)
+	group := make([]state.Engine, 16)
+	system := prompt(4096, 0)
+	for i := range group {
+		id := state.EngineID(fmt.Sprintf("http://prefill-%02d", i))
+		group[i] = state.NewStaticEngine(id, "m", state.StagePrefill)
+		c.native(id, loadmon.Report{WaitingRequests: uint64(i % 3), Native: &loadmon.NativeLoad{WaitingUncachedTokens: uint64(i * 500)}})
+		for conv := range 8 {
+			tok := append(append([]uint32(nil), system...), prompt(4096, uint32(1+i*8+conv))...)
+			c.hold(b, id, tok, len(tok)/blockTokens)
+		}
+	}
+	req := append(append([]uint32(nil), system...), prompt(2048, 1+3*8)...)
+	req = append(req, prompt(2048, 7777)...)
+	return c, group, req
+}
+
+// BenchmarkCacheAwarePick8192 is a complete cache-aware pick (hash, match, gate, admission,
+// winner) for an 8,192-token prompt; BenchmarkHash8192 hashes the same prompt alone. The issue's
+// target is pick ≤ 2× hash.
+func BenchmarkCacheAwarePick8192(b *testing.B) {
+	c, group, tok := cacheBench(b)
+	cfg := c.cfg()
+	cfg.Admission = admission.Limits{MaxRunningRequests: admission.Cap(256), MaxInFlightRequests: admission.Cap(256)}
+	var seen countDecisions
+	p, _ := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, WorkerQueueLimit: u64(8), Observer: &seen})
+	p2, _ := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, Observer: &seen})
+	req := creq(tok)
+	for _, tc := range []struct {
+		name string
+		p    *policy.CacheAware
+	}{{"queue_gate", p}, {"no_gate", p2}} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(tok) * 4))
+			for b.Loop() {
+				pk, err := tc.p.Pick(ctx, group, req)
+				if err != nil || pk.Reason != policy.ReasonCacheCandidate {
+					b.Fatal(pk, err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkHash8192(b *testing.B) {
+	h, _ := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: blockTokens})
+	tok := prompt(8192, 3)
+	keys := make([]uint64, 0, 512)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(tok) * 4))
+	for b.Loop() {
+		keys = h.AppendKeys(keys[:0], tok)
+	}
+}
+
+type countDecisions struct{ hits atomic.Int64 }
+
+func (c *countDecisions) ObserveCacheDecision(d *policy.CacheDecision) {
+	if d.Decision == policy.DecisionCacheHit {
+		c.hits.Add(1)
+	}
+}

@@ -1,0 +1,579 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/state"
+)
+
+// Cache-aware defaults (research/sgl-router.md §1.2, experimental router defaults; seeds/
+// POLICY_DESIGN.md §7 "Preserve cache thresholds and tuning").
+const (
+	DefaultMinMatchedTokens           = 1024
+	DefaultCandidateMinEngines        = 8
+	DefaultCandidateRatio             = 0.05
+	DefaultCandidateMaxEngines        = 32
+	DefaultSwitchMarginTokens         = 1024
+	DefaultPressureAbsThresholdTokens = 1024
+	DefaultPressureRelThreshold       = 1.5
+	DefaultMinLoadChoices             = 2
+)
+
+// Cache-aware decision labels, exactly one per cache-aware pick that selected an engine
+// (seeds/worker-queue-limit-PR-report.md, sgl_router_cache_aware_decisions_total). AllQueued is
+// deliberately not spelled cache_hit_*: a hit-rate query must not absorb a saturated fleet.
+const (
+	DecisionCacheHit          = "cache_hit"
+	DecisionCacheMiss         = "cache_miss"
+	DecisionCacheWorkerQueued = "cache_worker_queued"
+	DecisionAllQueued         = "all_queued"
+)
+
+// Prefill pressure sources of a cache-aware decision (research/sgl-router.md §6.3,
+// sgl_router_cache_monitor_decisions_total).
+const (
+	PressureSourceQueueTime   = "estimated_prefill_queue_ms"
+	PressureSourceNativeQueue = "native_queue_tokens"
+	PressureSourceRouterLocal = "router_local"
+)
+
+// CacheDecision is the audit of one cache-aware pick that selected an engine. It does not affect
+// selection; it is what a metrics backend records.
+type CacheDecision struct {
+	// Model and BucketID scope the decision.
+	Model    state.ModelID
+	BucketID string
+	// Decision is one of the Decision… labels.
+	Decision string
+	// Reason is the pick's reason label.
+	Reason string
+	// DivertedBlocks is the deepest prefix, in blocks, that the queue gate gave up; set only for
+	// DecisionCacheWorkerQueued (sgl_router_diverted_overlap_blocks), 0 otherwise.
+	DivertedBlocks int
+	// Evaluated counts the candidates that reached hard admission; GateRejected those the queue
+	// gate removed (disjoint).
+	Evaluated    int
+	GateRejected int
+	// FleetAllQueued reports whether every group engine had a fresh sample at or over the limit.
+	FleetAllQueued bool
+	// GuardCompared and GuardOverrides count pressure-guard pair comparisons and overrides.
+	GuardCompared  int
+	GuardOverrides int
+	// PressureSource is one of the PressureSource… labels.
+	PressureSource string
+	// Lookup is how the prefix lookup ended (kvindex outcome).
+	Lookup kvindex.Outcome
+}
+
+// CacheObserver receives every CacheDecision. It is called on the pick path, synchronously: keep
+// it cheap and non-blocking. Implementations must be safe for concurrent use.
+type CacheObserver interface {
+	ObserveCacheDecision(d *CacheDecision)
+}
+
+// CacheAwareOptions configures CacheAware. The zero value of every field is its documented
+// default; pointer fields distinguish "unset" from an explicit zero.
+type CacheAwareOptions struct {
+	// Source answers prefix lookups (local index or remote indexer). Required.
+	Source kvindex.Source
+	// MinMatchedTokens is the hit gate: an engine's matched prefix must reach this many tokens.
+	// 0 means DefaultMinMatchedTokens (1024), an absolute floor because indexer scans can be
+	// truncated (research/sgl-router.md §1.2).
+	MinMatchedTokens uint64
+	// MinMatchRatio optionally also requires matched ÷ input tokens ≥ this ratio. 0 means unset;
+	// otherwise it must be in (0, 1].
+	MinMatchRatio float64
+	// CandidateMinEngines, CandidateRatio and CandidateMaxEngines bound how many prefix holders
+	// reach the queue gate and admission: limit = min(n, max, max(min, ceil(ratio × n))) for a
+	// group of n engines, applied before admission. Zero means 8, 0.05 and 32. min must be
+	// ≤ max; ratio in [0, 1].
+	CandidateMinEngines int
+	CandidateRatio      float64
+	CandidateMaxEngines int
+	// SwitchMarginTokens is the near-tie window: a holder with at most this many more uncached
+	// tokens than the best may win on pressure. Nil means DefaultSwitchMarginTokens (1024);
+	// an explicit 0 disables switching.
+	SwitchMarginTokens *uint64
+	// DisablePressureGuard turns the pressure guard off: the least uncached holder always wins.
+	DisablePressureGuard bool
+	// PressureAbsThresholdTokens and PressureRelThreshold define "materially more pressured" on
+	// waiting uncached tokens: A − B > abs AND A > B × rel. Zero means 1024 tokens and 1.5; rel
+	// must be finite and > 1.
+	PressureAbsThresholdTokens uint64
+	PressureRelThreshold       float64
+	// PressureAbsThreshold, when > 0, compares estimated prefill queue times instead when both
+	// engines have one: A − B > abs AND A > B × rel. 0 means unset; negative is invalid.
+	PressureAbsThreshold time.Duration
+	// WorkerQueueLimit is the soft queue gate: a prefix holder whose fresh waiting-request count
+	// is ≥ the limit is diverted (unknown passes: the gate fails open). Nil disables the gate; 0
+	// is invalid (seeds/worker-queue-limit-PR-report.md).
+	WorkerQueueLimit *uint64
+	// SaturationQueueFloor pins a gate-rejected holder when no group engine has a fresh queue
+	// strictly below the floor (unknown is not idle). Nil disables; requires WorkerQueueLimit and
+	// must be in [1, limit].
+	SaturationQueueFloor *uint64
+	// MinLoadChoices is k of the power-of-k miss fallback; k ≥ group size takes the exact
+	// minimum. 0 means DefaultMinLoadChoices (2).
+	MinLoadChoices int
+	// Observer receives one CacheDecision per pick that selected an engine. Nil means none.
+	Observer CacheObserver
+	// Logger receives the sampled "queue gate is inert" warning. Nil means zap.NewNop().
+	Logger *zap.Logger
+}
+
+// CacheAware sends a plain or prefill request to an engine that already holds its prompt prefix,
+// without hot-spotting and without bypassing admission (seeds/POLICY_DESIGN.md §5 "Cache-aware
+// behavior"; research/sgl-router.md §1.2–§1.3). Per pick:
+//
+//  1. Look up prefix ownership (memoized per request through Request.Memo), then capture one load
+//     snapshot.
+//  2. Keep group engines whose matched tokens pass the hit gate; rank by uncached tokens, then ID;
+//     keep the first limit (candidate bounds) — before any admission.
+//  3. Soft queue gate: holders with a fresh waiting count ≥ WorkerQueueLimit are set aside. If that
+//     empties the set and every group engine has a fresh sample at or over the limit (and no
+//     saturation floor is set), they are re-admitted.
+//  4. Hard admission on every remaining holder, once each.
+//  5. Winner: the least uncached admitted holder; a holder within SwitchMarginTokens of it replaces
+//     it when the incumbent is materially more pressured and every evaluated holder has fresh
+//     native data (the pressure guard). Reason ReasonCacheCandidate.
+//  6. No admitted holder: with a saturation floor, gate-rejected holders and no fresh group queue
+//     below the floor, the least pressured gate-rejected holder that passes admission is pinned
+//     (ReasonSaturationPin). Otherwise, if admission rejected any holder, the pick fails with
+//     *NoAdmissibleEngineError: a hard rejection never becomes a cold fallback.
+//  7. Miss: power-of-k over the group's unqueued engines (all engines when none is unqueued), then
+//     one admission check on its pick (ReasonNoCacheCandidate; rejection → *AdmissionRejectedError).
+//
+// Decode groups are rejected (SupportsStage; a decode pick returns ErrInvalidConfiguration).
+// Safe for concurrent use.
+type CacheAware struct {
+	cfg  Config
+	opts CacheAwareOptions
+
+	margin   uint64
+	queueCap uint64 // 0 = gate off
+	floor    uint64 // 0 = off
+	blind    atomic.Uint64
+	log      *zap.Logger
+}
+
+var (
+	_ Policy         = (*CacheAware)(nil)
+	_ StageSupporter = (*CacheAware)(nil)
+)
+
+// inertWarnSample is the sampling of the "queue gate is inert" warning: one in 64
+// (seeds/worker-queue-limit-PR-report.md, QUEUE_GATE_BLIND_LOG_SAMPLE).
+const inertWarnSample = 64
+
+// NewCacheAware fills defaults, validates every parameter and returns the policy. Any invalid
+// parameter is an error wrapping ErrInvalidConfiguration that names it
+// (research/sgl-router.md §1.3, "Validation at construction").
+func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
+	if err := cfg.validate(NameCacheAware); err != nil {
+		return nil, err
+	}
+	bad := func(field string, v any, rule string) error {
+		return fmt.Errorf("policy: cache_aware: %s = %v: %s: %w", field, v, rule, ErrInvalidConfiguration)
+	}
+	if opts.Source == nil {
+		return nil, bad("Source", nil, "required")
+	}
+	if opts.MinMatchedTokens == 0 {
+		opts.MinMatchedTokens = DefaultMinMatchedTokens
+	}
+	if r := opts.MinMatchRatio; r != 0 && !(r > 0 && r <= 1) {
+		return nil, bad("MinMatchRatio", r, "must be in (0, 1]")
+	}
+	if opts.CandidateMinEngines == 0 {
+		opts.CandidateMinEngines = DefaultCandidateMinEngines
+	}
+	if opts.CandidateMaxEngines == 0 {
+		opts.CandidateMaxEngines = DefaultCandidateMaxEngines
+	}
+	if opts.CandidateRatio == 0 {
+		opts.CandidateRatio = DefaultCandidateRatio
+	}
+	if opts.CandidateMinEngines < 1 {
+		return nil, bad("CandidateMinEngines", opts.CandidateMinEngines, "must be >= 1")
+	}
+	if opts.CandidateMaxEngines < opts.CandidateMinEngines {
+		return nil, bad("CandidateMaxEngines", opts.CandidateMaxEngines, "must be >= CandidateMinEngines")
+	}
+	if r := opts.CandidateRatio; !(r >= 0 && r <= 1) {
+		return nil, bad("CandidateRatio", r, "must be in [0, 1]")
+	}
+	margin := uint64(DefaultSwitchMarginTokens)
+	if opts.SwitchMarginTokens != nil {
+		margin = *opts.SwitchMarginTokens
+	}
+	if opts.PressureAbsThresholdTokens == 0 {
+		opts.PressureAbsThresholdTokens = DefaultPressureAbsThresholdTokens
+	}
+	if opts.PressureRelThreshold == 0 {
+		opts.PressureRelThreshold = DefaultPressureRelThreshold
+	}
+	if r := opts.PressureRelThreshold; !(r > 1) || math.IsInf(r, 1) {
+		return nil, bad("PressureRelThreshold", r, "must be finite and > 1")
+	}
+	if opts.PressureAbsThreshold < 0 {
+		return nil, bad("PressureAbsThreshold", opts.PressureAbsThreshold, "must be >= 0")
+	}
+	var queueCap, floor uint64
+	if opts.WorkerQueueLimit != nil {
+		if *opts.WorkerQueueLimit == 0 {
+			return nil, bad("WorkerQueueLimit", 0, "must be >= 1")
+		}
+		queueCap = *opts.WorkerQueueLimit
+	}
+	if opts.SaturationQueueFloor != nil {
+		f := *opts.SaturationQueueFloor
+		if queueCap == 0 {
+			return nil, bad("SaturationQueueFloor", f, "requires WorkerQueueLimit")
+		}
+		if f == 0 || f > queueCap {
+			return nil, bad("SaturationQueueFloor", f, fmt.Sprintf("must be in [1, %d]", queueCap))
+		}
+		floor = f
+	}
+	if opts.MinLoadChoices == 0 {
+		opts.MinLoadChoices = DefaultMinLoadChoices
+	}
+	if opts.MinLoadChoices < 1 {
+		return nil, bad("MinLoadChoices", opts.MinLoadChoices, "must be >= 1")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &CacheAware{cfg: cfg, opts: opts, margin: margin, queueCap: queueCap, floor: floor, log: log}, nil
+}
+
+// SupportsStage implements StageSupporter: plain and prefill only.
+func (p *CacheAware) SupportsStage(s state.Stage) bool {
+	return s == state.StagePlain || s == state.StagePrefill
+}
+
+// cacheCandidate is one prefix holder inside the group.
+type cacheCandidate struct {
+	idx      int // index in the candidates slice
+	blocks   int
+	uncached uint64
+	obs      loadmon.Observation
+}
+
+// Pick implements Policy. See the type's documentation for the algorithm.
+//
+// Errors: ErrInvalidConfiguration on a decode request; ErrNoCandidates for no engines (no lookup
+// is made); ErrInvalidSignal when the source rejects the query; *NoAdmissibleEngineError when
+// admission rejected every evaluated holder; *AdmissionRejectedError when the fallback's pick is
+// rejected; a checker error.
+func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
+	if req == nil {
+		return Pick{}, fmt.Errorf("policy: cache_aware: nil request: %w", ErrInvalidSignal)
+	}
+	if !p.SupportsStage(req.Stage) {
+		return Pick{}, fmt.Errorf("policy: cache_aware: stage %s: %w", req.Stage, ErrInvalidConfiguration)
+	}
+	if len(engines) == 0 {
+		return Pick{}, ErrNoCandidates
+	}
+	res, err := p.lookup(ctx, req)
+	if err != nil {
+		return Pick{}, err
+	}
+	snap := p.cfg.Load.Snapshot() // after any remote I/O (research/sgl-router.md §1.3 step 4)
+
+	var buf [DefaultCandidateMaxEngines]cacheCandidate
+	cands := p.candidates(buf[:0], engines, req, &res, snap)
+
+	d := CacheDecision{Model: req.Model, BucketID: req.BucketID, Lookup: res.Outcome, PressureSource: PressureSourceRouterLocal}
+	if p.queueCap != 0 {
+		d.FleetAllQueued = true
+		anyFresh := false
+		for _, e := range engines {
+			l, ok := snap.Load(e.ID())
+			anyFresh = anyFresh || ok
+			if !ok || l.WaitingRequests < p.queueCap {
+				d.FleetAllQueued = false
+			}
+		}
+		if !anyFresh && p.blind.Add(1)%inertWarnSample == 1 {
+			if ce := p.log.Check(zap.WarnLevel, "worker queue limit is set but no engine of the group has a fresh load sample, so the queue gate is inert; check that engines publish load reports"); ce != nil {
+				ce.Write(zap.String("model", string(req.Model)), zap.String("bucket", req.BucketID),
+					zap.Uint64("worker_queue_limit", p.queueCap), zap.Int("engines", len(engines)))
+			}
+		}
+	}
+
+	// Queue gate: partition in place, evaluated first, keeping rank order in both parts.
+	evaluated, gated := cands, cands[:0:0]
+	bestGatedBlocks := 0
+	if p.queueCap != 0 {
+		var gbuf [DefaultCandidateMaxEngines]cacheCandidate
+		gated = gbuf[:0]
+		kept := cands[:0]
+		for _, c := range cands {
+			if c.obs.Load != nil && c.obs.Load.WaitingRequests >= p.queueCap {
+				gated = append(gated, c)
+				bestGatedBlocks = max(bestGatedBlocks, c.blocks)
+			} else {
+				kept = append(kept, c)
+			}
+		}
+		evaluated = kept
+		if len(evaluated) == 0 && len(gated) > 0 && d.FleetAllQueued && p.floor == 0 {
+			evaluated = append(evaluated, gated...) // all-queued re-admission
+		}
+	}
+	d.Evaluated, d.GateRejected = len(evaluated), len(gated)
+
+	// Hard admission on every evaluated holder.
+	var rejections []*AdmissionRejectedError
+	var abuf [DefaultCandidateMaxEngines]cacheCandidate
+	admitted := abuf[:0]
+	for _, c := range evaluated {
+		err := p.cfg.admit(engines[c.idx], c.obs)
+		var rej *AdmissionRejectedError
+		switch {
+		case err == nil:
+			admitted = append(admitted, c)
+		case asRejection(err, &rej):
+			rejections = append(rejections, rej)
+		default:
+			return Pick{}, err
+		}
+	}
+
+	if len(admitted) > 0 {
+		w := p.winner(admitted, evaluated, req.Stage, &d)
+		return p.finish(engines[w.idx], ReasonCacheCandidate, DecisionCacheHit, &d), nil
+	}
+
+	if p.floor != 0 && len(gated) > 0 && !p.anyBelowFloor(engines, snap) {
+		// Saturation pin: least pressured gate-rejected holder that passes hard admission, ties
+		// by engine ID (candidate indexes follow the ID-sorted engines).
+		native := allNative(gated)
+		pool := slices.Clone(gated)
+		slices.SortFunc(pool, func(a, b cacheCandidate) int { return a.idx - b.idx })
+		for len(pool) > 0 {
+			best := 0
+			for i := 1; i < len(pool); i++ {
+				if loadmon.ComparePressure(req.Stage, &pool[i].obs, &pool[best].obs, native) < 0 {
+					best = i
+				}
+			}
+			c := pool[best]
+			err := p.cfg.admit(engines[c.idx], c.obs)
+			if err == nil {
+				return p.finish(engines[c.idx], ReasonSaturationPin, DecisionCacheHit, &d), nil
+			}
+			var rej *AdmissionRejectedError
+			if !asRejection(err, &rej) {
+				return Pick{}, err
+			}
+			rejections = append(rejections, rej)
+			pool = slices.Delete(pool, best, best+1)
+		}
+	}
+	if len(rejections) > 0 {
+		return Pick{}, &NoAdmissibleEngineError{Rejections: rejections}
+	}
+
+	// Miss: power-of-k over the unqueued tier, then one admission check.
+	i, o, err := p.fallback(engines, req.Stage, snap)
+	if err != nil {
+		return Pick{}, err
+	}
+	if err := p.cfg.admit(engines[i], o); err != nil {
+		return Pick{}, err
+	}
+	decision := CacheAwareFallbackDecision(d.GateRejected, d.Evaluated, d.FleetAllQueued)
+	if decision == DecisionCacheWorkerQueued {
+		d.DivertedBlocks = bestGatedBlocks
+	}
+	return p.finish(engines[i], ReasonNoCacheCandidate, decision, &d), nil
+}
+
+// CacheAwareFallbackDecision maps a cache-aware pick that did not select a prefix holder to its
+// decision label (seeds/worker-queue-limit-PR-report.md, cache_aware_fallback_decision):
+// nothing gate-rejected → cache_miss; the fleet all queued → all_queued (asked before capacity,
+// so a saturated fleet is never read as healthy); holders reached hard admission → cache_miss
+// (a capacity problem, not the gate); otherwise → cache_worker_queued.
+func CacheAwareFallbackDecision(gateRejected, evaluated int, fleetAllQueued bool) string {
+	switch {
+	case gateRejected == 0:
+		return DecisionCacheMiss
+	case fleetAllQueued:
+		return DecisionAllQueued
+	case evaluated > 0:
+		return DecisionCacheMiss
+	}
+	return DecisionCacheWorkerQueued
+}
+
+func (p *CacheAware) finish(e state.Engine, reason, decision string, d *CacheDecision) Pick {
+	if p.opts.Observer != nil {
+		d.Reason, d.Decision = reason, decision
+		p.opts.Observer.ObserveCacheDecision(d)
+	}
+	return Pick{Engine: e, Reason: reason}
+}
+
+// candidates lists the group engines that hold a prefix passing the hit gate, ranked by uncached
+// tokens (the source returns deepest first, ties by ID) and cut to the candidate limit.
+func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, req *Request, res *kvindex.Result, snap loadmon.Snapshot) []cacheCandidate {
+	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
+		return dst
+	}
+	n := len(engines)
+	limit := min(n, p.opts.CandidateMaxEngines, max(p.opts.CandidateMinEngines, int(math.Ceil(p.opts.CandidateRatio*float64(n)))))
+	for _, m := range res.Engines {
+		if len(dst) >= limit {
+			break
+		}
+		idx, ok := slices.BinarySearchFunc(engines, m.Engine, func(e state.Engine, id state.EngineID) int {
+			switch {
+			case e.ID() < id:
+				return -1
+			case e.ID() > id:
+				return 1
+			}
+			return 0
+		})
+		if !ok || m.Blocks <= 0 {
+			continue
+		}
+		blocks := min(m.Blocks, res.QueryBlocks)
+		matched := scaleTokens(req.InputTokens, uint64(blocks), uint64(res.QueryBlocks))
+		if matched < p.opts.MinMatchedTokens {
+			continue
+		}
+		if p.opts.MinMatchRatio > 0 && float64(matched) < p.opts.MinMatchRatio*float64(req.InputTokens) {
+			continue
+		}
+		dst = append(dst, cacheCandidate{idx: idx, blocks: blocks, uncached: req.InputTokens - matched,
+			obs: p.cfg.observe(snap, engines[idx])})
+	}
+	return dst
+}
+
+// scaleTokens returns floor(input × blocks ÷ query) without overflow (research/sgl-router.md §2.6).
+func scaleTokens(input, blocks, query uint64) uint64 {
+	hi, lo := bits.Mul64(input, blocks)
+	if hi >= query {
+		return input // blocks > query cannot happen (capped); saturate defensively
+	}
+	q, _ := bits.Div64(hi, lo, query)
+	return q
+}
+
+// winner applies the switch margin and the pressure guard among admitted holders (ranked by
+// uncached tokens).
+func (p *CacheAware) winner(admitted, evaluated []cacheCandidate, stage state.Stage, d *CacheDecision) cacheCandidate {
+	best := admitted[0]
+	comparable := !p.opts.DisablePressureGuard && allNative(evaluated)
+	if comparable {
+		d.PressureSource = PressureSourceNativeQueue
+		if p.opts.PressureAbsThreshold > 0 {
+			d.PressureSource = PressureSourceQueueTime
+		}
+	}
+	least := best.uncached
+	for _, c := range admitted[1:] {
+		if c.uncached > least+p.margin || c.uncached < least { // outside the near-tie window
+			continue
+		}
+		if !comparable {
+			continue
+		}
+		d.GuardCompared++
+		if p.materiallyMorePressured(best.obs.Load, c.obs.Load) {
+			best = c
+			d.GuardOverrides++
+		}
+	}
+	return best
+}
+
+// materiallyMorePressured reports whether a is materially more pressured than b
+// (research/sgl-router.md §1.2 resolver step 4).
+func (p *CacheAware) materiallyMorePressured(a, b *loadmon.EngineLoad) bool {
+	rel := p.opts.PressureRelThreshold
+	if p.opts.PressureAbsThreshold > 0 && a.HasPrefillRate && b.HasPrefillRate {
+		da, db := a.EstimatedPrefillQueue, b.EstimatedPrefillQueue
+		return da-db > p.opts.PressureAbsThreshold && float64(da) > float64(db)*rel
+	}
+	ua, ub := a.WaitingUncachedTokens, b.WaitingUncachedTokens
+	return ua > ub && ua-ub > p.opts.PressureAbsThresholdTokens && float64(ua) > float64(ub)*rel
+}
+
+// anyBelowFloor reports whether some group engine has a fresh queue strictly below the saturation
+// floor; an unknown queue is not idle.
+func (p *CacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot) bool {
+	for _, e := range engines {
+		if l, ok := snap.Load(e.ID()); ok && l.WaitingRequests < p.floor {
+			return true
+		}
+	}
+	return false
+}
+
+// fallback samples k engines of the unqueued tier (every engine when the gate is off or nothing
+// is unqueued) and returns the least pressured.
+func (p *CacheAware) fallback(engines []state.Engine, stage state.Stage, snap loadmon.Snapshot) (int, loadmon.Observation, error) {
+	if p.queueCap == 0 {
+		return sampleLeastPressured(&p.cfg, snap, engines, stage, p.opts.MinLoadChoices)
+	}
+	var tbuf [64]int
+	tier := tbuf[:0]
+	for i, e := range engines {
+		if l, ok := snap.Load(e.ID()); !ok || l.WaitingRequests < p.queueCap {
+			tier = append(tier, i)
+		}
+	}
+	if len(tier) == 0 || len(tier) == len(engines) {
+		return sampleLeastPressured(&p.cfg, snap, engines, stage, p.opts.MinLoadChoices)
+	}
+	sub := make([]state.Engine, len(tier))
+	for j, i := range tier {
+		sub[j] = engines[i]
+	}
+	j, o, err := sampleLeastPressured(&p.cfg, snap, sub, stage, p.opts.MinLoadChoices)
+	return tier[j], o, err
+}
+
+func allNative(cs []cacheCandidate) bool {
+	for i := range cs {
+		if !cs[i].obs.HasNative() {
+			return false
+		}
+	}
+	return len(cs) > 0
+}
+
+func asRejection(err error, out **AdmissionRejectedError) bool {
+	r, ok := err.(*AdmissionRejectedError)
+	if ok {
+		*out = r
+	}
+	return ok
+}
+
+// lookup asks the source (through the request's memo when present).
+func (p *CacheAware) lookup(ctx context.Context, req *Request) (kvindex.Result, error) {
+	q := kvindex.Query{TokenIDs: req.TokenIDs}
+	if req.Memo != nil {
+		return req.Memo.Lookup(ctx, p.opts.Source, q)
+	}
+	return p.opts.Source.Lookup(ctx, q)
+}

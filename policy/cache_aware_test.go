@@ -1,0 +1,572 @@
+package policy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+const blockTokens = 16
+
+// prompt returns n deterministic tokens; prompts with the same seed share prefixes.
+func prompt(n int, seed uint32) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = seed*100_000 + uint32(i)
+	}
+	return out
+}
+
+// cacheEnv is an env plus a prefix index.
+type cacheEnv struct {
+	*env
+	index  *kvindex.Index
+	source *countingSource
+	hashes atomic.Uint64
+	dec    *decisions
+}
+
+type countingSource struct {
+	inner kvindex.Source
+	calls atomic.Int32
+}
+
+func (s *countingSource) Lookup(ctx context.Context, q kvindex.Query) (kvindex.Result, error) {
+	s.calls.Add(1)
+	return s.inner.Lookup(ctx, q)
+}
+
+type decisions struct {
+	mu  sync.Mutex
+	all []policy.CacheDecision
+}
+
+func (d *decisions) ObserveCacheDecision(c *policy.CacheDecision) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.all = append(d.all, *c)
+}
+
+func (d *decisions) last() policy.CacheDecision {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.all[len(d.all)-1]
+}
+
+func (d *decisions) count() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.all)
+}
+
+func newCacheEnv(t testing.TB) *cacheEnv {
+	t.Helper()
+	h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: blockTokens})
+	require.NoError(t, err)
+	e := newEnv()
+	idx, err := kvindex.NewIndex(h, kvindex.Options{Now: e.clk.Now})
+	require.NoError(t, err)
+	local, err := kvindex.NewLocalSource(idx)
+	require.NoError(t, err)
+	return &cacheEnv{env: e, index: idx, source: &countingSource{inner: local}, dec: &decisions{}}
+}
+
+// hold records that engine holds the first blocks of tokens.
+func (c *cacheEnv) hold(t testing.TB, engine state.EngineID, tokens []uint32, blocks int) {
+	t.Helper()
+	hs := make([]uint64, blocks)
+	for i := range hs {
+		hs[i] = c.hashes.Add(1)
+	}
+	require.NoError(t, c.index.Store(kvindex.StoreEvent{Engine: engine, BlockHashes: hs,
+		TokenIDs: tokens[:blocks*blockTokens], Tier: kvindex.TierDevice}))
+}
+
+func (c *cacheEnv) policy(t testing.TB, opts policy.CacheAwareOptions) *policy.CacheAware {
+	t.Helper()
+	if opts.Source == nil {
+		opts.Source = c.source
+	}
+	if opts.MinMatchedTokens == 0 {
+		opts.MinMatchedTokens = blockTokens
+	}
+	opts.Observer = c.dec
+	p, err := policy.NewCacheAware(c.cfg(), opts)
+	require.NoError(t, err)
+	return p
+}
+
+func u64(v uint64) *uint64 { return &v }
+
+func creq(tokens []uint32) *policy.Request {
+	return &policy.Request{Model: "m", Stage: state.StagePrefill, BucketID: "b", InputTokens: uint64(len(tokens)), TokenIDs: tokens}
+}
+
+// research/sgl-router.md §7.4 local_prefix_wins_within_group_and_threshold_misses_use_load.
+func TestCacheAwareLocalPrefixWinsWithinGroupAndThresholdMissesUseLoad(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	tok := prompt(10*blockTokens, 1)
+	c.hold(t, "outside", tok, 10) // deepest, but not in the group
+	c.hold(t, "deep", tok, 6)
+	c.hold(t, "shallow", tok, 3)
+	c.native("deep", loadmon.Report{WaitingRequests: 3})
+	c.native("shallow", loadmon.Report{WaitingRequests: 2})
+	c.native("cold", loadmon.Report{WaitingRequests: 0})
+	group := engines(state.StagePrefill, "cold", "deep", "shallow")
+
+	p := c.policy(t, policy.CacheAwareOptions{})
+	pk, err := p.Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID())
+	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+	assert.Equal(t, policy.DecisionCacheHit, c.dec.last().Decision)
+
+	// 6 of 10 blocks of a 160-token prompt = 96 matched tokens.
+	for name, opts := range map[string]policy.CacheAwareOptions{
+		"min matched tokens": {MinMatchedTokens: 97},
+		"min match ratio":    {MinMatchRatio: 0.9},
+	} {
+		p := c.policy(t, opts)
+		c.rnd.vals = []int{0, 1}
+		pk, err := p.Pick(ctx, group, creq(tok))
+		require.NoError(t, err)
+		assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "%s: a miss goes to the less loaded engine", name)
+		assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+		assert.Equal(t, policy.DecisionCacheMiss, c.dec.last().Decision)
+	}
+	// 96 tokens is exactly the gate: it passes.
+	pk, err = c.policy(t, policy.CacheAwareOptions{MinMatchedTokens: 96}).Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID())
+}
+
+func TestCacheAwareMatchedTokensAreProportionalForPartialBlocks(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	tok := prompt(4*blockTokens+8, 2) // 72 tokens: 4 full blocks and a partial one
+	c.hold(t, "a", tok, 2)
+	c.inflight.Acquire("a") // so that a miss falls back to b
+	group := engines(state.StagePrefill, "a", "b")
+	// matched = floor(72 × 2 / 4) = 36 tokens (research/sgl-router.md §2.6).
+	for gate, want := range map[uint64]state.EngineID{36: "a", 37: "b"} {
+		c.rnd.vals = []int{1, 0}
+		pk, err := c.policy(t, policy.CacheAwareOptions{MinMatchedTokens: gate}).Pick(ctx, group, creq(tok))
+		require.NoError(t, err)
+		assert.Equal(t, want, pk.Engine.ID(), "gate %d", gate)
+	}
+}
+
+// research/sgl-router.md §7.4 remote_urls_are_exact_duplicate_depths_merge_and_block_counts_are_capped.
+func TestCacheAwareRemoteEngineIdentityIsExact(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	h, _ := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: blockTokens})
+	remote, err := kvindex.NewRemoteSource(kvindex.RemoteIndexerFunc(func(context.Context, kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+		return []kvindex.EngineMatch{{Engine: "http://b/", Blocks: math.MaxInt32}, {Engine: "http://a", Blocks: 2}, {Engine: "http://a", Blocks: 3}}, nil
+	}), h, kvindex.RemoteOptions{})
+	require.NoError(t, err)
+	tok := prompt(4*blockTokens, 3)
+	p := c.policy(t, policy.CacheAwareOptions{Source: remote})
+	pk, err := p.Pick(ctx, engines(state.StagePrefill, "http://a", "http://b"), creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("http://a"), pk.Engine.ID(), `"http://b/" is not "http://b"; duplicate depths of a merge to 3`)
+	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+}
+
+// research/sgl-router.md §7.4 memo_reuses_io_but_reruns_admission_and_group_selection.
+func TestCacheAwareMemoReusesLookupButRerunsAdmissionAndSelection(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	tok := prompt(8*blockTokens, 4)
+	c.hold(t, "p1", tok, 8)
+	c.hold(t, "p2", tok, 8)
+	p := c.policy(t, policy.CacheAwareOptions{})
+	req := creq(tok)
+	req.Memo = kvindex.NewMemo()
+	for i, group := range [][]state.EngineID{{"p1"}, {"p2"}, {"p1", "p2"}} {
+		pk, err := p.Pick(ctx, engines(state.StagePrefill, group...), req)
+		require.NoError(t, err)
+		assert.Equal(t, group[0], pk.Engine.ID(), "pick %d selects within its own group", i)
+	}
+	assert.Equal(t, int32(1), c.source.calls.Load(), "one lookup for three picks")
+	assert.Equal(t, []state.EngineID{"p1", "p2", "p1", "p2"}, c.check.Calls(), "admission runs on every pick's own holders")
+
+	other := &countingSource{inner: c.source.inner}
+	p2 := c.policy(t, policy.CacheAwareOptions{Source: other})
+	_, err := p2.Pick(ctx, engines(state.StagePrefill, "p1"), req)
+	require.NoError(t, err)
+	assert.Equal(t, int32(1), other.calls.Load(), "another source (namespace) is looked up on its own")
+
+	fresh := creq(tok)
+	fresh.Memo = kvindex.NewMemo()
+	_, err = p.Pick(ctx, engines(state.StagePrefill, "p1"), fresh)
+	require.NoError(t, err)
+	assert.Equal(t, int32(2), c.source.calls.Load(), "a new request looks up again")
+}
+
+func TestCacheAwareConcurrentPicksShareOneLookup(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	tok := prompt(8*blockTokens, 5)
+	c.hold(t, "p1", tok, 8)
+	p := c.policy(t, policy.CacheAwareOptions{})
+	req := creq(tok)
+	req.Memo = kvindex.NewMemo()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			r := *req
+			pk, err := p.Pick(ctx, engines(state.StagePrefill, "p1", "p2"), &r)
+			if assert.NoError(t, err) {
+				assert.Equal(t, state.EngineID("p1"), pk.Engine.ID())
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int32(1), c.source.calls.Load())
+}
+
+// research/sgl-router.md §7.4 unavailable_index_falls_back_but_rejected_queries_fail.
+func TestCacheAwareUnavailableFallsBackButRejectedQueriesFail(t *testing.T) {
+	t.Parallel()
+	h, _ := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: blockTokens})
+	tok := prompt(8*blockTokens, 6)
+	for name, backendErr := range map[string]error{
+		"unreachable": errors.New("connection refused"),
+		"deadline":    context.DeadlineExceeded,
+	} {
+		c := newCacheEnv(t)
+		var calls atomic.Int32
+		remote, err := kvindex.NewRemoteSource(kvindex.RemoteIndexerFunc(func(context.Context, kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+			calls.Add(1)
+			return nil, backendErr
+		}), h, kvindex.RemoteOptions{})
+		require.NoError(t, err)
+		c.native("busy", loadmon.Report{WaitingRequests: 9})
+		c.native("idle", loadmon.Report{WaitingRequests: 0})
+		p := c.policy(t, policy.CacheAwareOptions{Source: remote})
+		req := creq(tok)
+		req.Memo = kvindex.NewMemo()
+		for range 2 {
+			pk, err := p.Pick(ctx, engines(state.StagePrefill, "busy", "idle"), req)
+			require.NoError(t, err, name)
+			assert.Equal(t, state.EngineID("idle"), pk.Engine.ID(), "%s: falls back to the least loaded", name)
+			assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+			assert.Equal(t, kvindex.OutcomeUnavailable, c.dec.last().Lookup)
+		}
+		assert.Equal(t, int32(1), calls.Load(), "%s: unavailability is memoized", name)
+	}
+
+	c := newCacheEnv(t)
+	remote, _ := kvindex.NewRemoteSource(kvindex.RemoteIndexerFunc(func(context.Context, kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+		return nil, fmt.Errorf("bad namespace: %w", state.ErrInvalidSignal)
+	}), h, kvindex.RemoteOptions{})
+	p := c.policy(t, policy.CacheAwareOptions{Source: remote})
+	_, err := p.Pick(ctx, engines(state.StagePrefill, "a"), creq(tok))
+	assert.ErrorIs(t, err, policy.ErrInvalidSignal)
+	assert.Empty(t, c.check.Calls())
+	assert.Zero(t, c.dec.count(), "a failed pick records no decision")
+}
+
+// research/sgl-router.md §7.4 queue_diversion_and_saturation_use_only_this_group.
+func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
+	t.Parallel()
+	tok := prompt(8*blockTokens, 7)
+	group := engines(state.StagePrefill, "cold", "owner")
+	setup := func(ownerWaiting, coldWaiting uint64) *cacheEnv {
+		c := newCacheEnv(t)
+		c.hold(t, "owner", tok, 8)
+		c.native("owner", loadmon.Report{WaitingRequests: ownerWaiting})
+		c.native("cold", loadmon.Report{WaitingRequests: coldWaiting})
+		c.native("idle-outsider", loadmon.Report{WaitingRequests: 0}) // not in the group
+		return c
+	}
+
+	c := setup(4, 0)
+	pk, err := c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "the owner at the limit (4 of 4) is queued: diverted to the idle peer")
+	assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+	d := c.dec.last()
+	assert.Equal(t, policy.DecisionCacheWorkerQueued, d.Decision)
+	assert.Equal(t, 8, d.DivertedBlocks, "the forfeited prefix depth")
+	assert.Equal(t, 1, d.GateRejected)
+	assert.Zero(t, d.Evaluated)
+
+	c = setup(3, 0)
+	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "one below the limit passes the gate")
+	assert.Equal(t, policy.DecisionCacheHit, c.dec.last().Decision)
+
+	c = setup(5, 4)
+	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4), SaturationQueueFloor: u64(4)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "the cold peer queues too: pinned to the owner")
+	assert.Equal(t, policy.ReasonSaturationPin, pk.Reason)
+
+	c = setup(5, 3)
+	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4), SaturationQueueFloor: u64(2)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "floor 2, cold at 3: nothing provably idle, owner pinned")
+	assert.Equal(t, policy.ReasonSaturationPin, pk.Reason)
+
+	c = setup(5, 1)
+	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4), SaturationQueueFloor: u64(2)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "a provably idle group engine (1 < floor 2) vetoes the pin")
+
+	c = setup(5, 4)
+	c.load.Forget("cold") // unknown queue is not idle
+	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4), SaturationQueueFloor: u64(4)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, policy.ReasonSaturationPin, pk.Reason, "an unknown queue is not idle")
+
+	c = setup(4, 9)
+	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "the whole group queues and no floor: the prefix is kept")
+	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+	assert.True(t, c.dec.last().FleetAllQueued)
+
+	c = setup(4, 9)
+	c.load.Forget("cold")
+	c.rnd.vals = []int{0, 1}
+	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "fleet saturation needs a fresh sample everywhere: no re-admission")
+}
+
+// research/sgl-router.md §7.4 hard_rejection_never_becomes_cold_fallback_or_saturation_bypass.
+func TestCacheAwareHardRejectionNeverBecomesColdFallbackOrSaturationBypass(t *testing.T) {
+	t.Parallel()
+	tok := prompt(8*blockTokens, 8)
+	group := engines(state.StagePrefill, "cold", "owner")
+	c := newCacheEnv(t)
+	c.hold(t, "owner", tok, 8)
+	c.native("owner", loadmon.Report{WaitingRequests: 5})
+	c.native("cold", loadmon.Report{WaitingRequests: 0})
+	cfg := c.cfg()
+	lim := admission.Limits{MaxWaitingRequests: admission.Cap(5)}
+	rec := &recorder{}
+	cfg.Admission = checkerFunc(func(e state.Engine, m admission.Metrics) (admission.Verdict, error) {
+		_, _ = rec.Check(e, m)
+		return lim.Check(e, m)
+	})
+	p, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens})
+	require.NoError(t, err)
+	_, err = p.Pick(ctx, group, creq(tok))
+	var none *policy.NoAdmissibleEngineError
+	require.ErrorAs(t, err, &none)
+	require.Len(t, none.Rejections, 1)
+	assert.Equal(t, state.EngineID("owner"), none.Rejections[0].Engine.ID())
+	assert.Equal(t, admission.LimitWaitingRequests, none.Rejections[0].Limit)
+	assert.Equal(t, []state.EngineID{"owner"}, rec.Calls(), "admission once, on the owner; no cold fallback")
+	assert.Equal(t, admission.Known(5), rec.metrics[0].WaitingRequests)
+
+	// The saturation pin cannot bypass admission either.
+	p, _ = policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens,
+		WorkerQueueLimit: u64(1), SaturationQueueFloor: u64(1)})
+	c.native("cold", loadmon.Report{WaitingRequests: 1})
+	_, err = p.Pick(ctx, group, creq(tok))
+	require.ErrorAs(t, err, &none, "the pinned owner is rejected: no fallback")
+
+	// Without a cache hit, a rejected fallback pick is an AdmissionRejected.
+	c.native("cold", loadmon.Report{WaitingRequests: 7})
+	p, _ = policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens})
+	_, err = p.Pick(ctx, group, creq(prompt(8*blockTokens, 99)))
+	var rej *policy.AdmissionRejectedError
+	require.ErrorAs(t, err, &rej)
+	assert.Equal(t, state.EngineID("owner"), rej.Engine.ID(), "the less loaded of 5 and 7 waiting, then rejected")
+}
+
+type checkerFunc func(state.Engine, admission.Metrics) (admission.Verdict, error)
+
+func (f checkerFunc) Check(e state.Engine, m admission.Metrics) (admission.Verdict, error) { return f(e, m) }
+
+// research/sgl-router.md §7.4 guard_switches_near_ties_only_with_complete_fresh_telemetry.
+func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testing.T) {
+	t.Parallel()
+	tok := prompt(10*blockTokens, 9)
+	group := engines(state.StagePrefill, "deep", "shallow")
+	setup := func() *cacheEnv {
+		c := newCacheEnv(t)
+		c.hold(t, "deep", tok, 10)   // 0 uncached
+		c.hold(t, "shallow", tok, 9) // 16 uncached
+		c.native("deep", loadmon.Report{Native: &loadmon.NativeLoad{WaitingUncachedTokens: 5000}})
+		c.native("shallow", loadmon.Report{Native: &loadmon.NativeLoad{WaitingUncachedTokens: 10}})
+		return c
+	}
+	c := setup()
+	pk, _ := c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(0)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "margin 0: the deepest holder wins")
+
+	pk, _ = c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("shallow"), pk.Engine.ID(), "within the margin, the materially more pressured deep holder loses")
+	d := c.dec.last()
+	assert.Equal(t, 1, d.GuardCompared)
+	assert.Equal(t, 1, d.GuardOverrides)
+	assert.Equal(t, policy.PressureSourceNativeQueue, d.PressureSource)
+
+	pk, _ = c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16), DisablePressureGuard: true}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "guard disabled")
+
+	pk, _ = c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16), PressureAbsThresholdTokens: 5000}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "a 4,990-token gap is not above an absolute threshold of 5,000")
+
+	c = setup()
+	require.NoError(t, c.load.Report(loadmon.Report{Engine: "shallow"})) // an old publisher: no native data
+	pk, _ = c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "incomplete telemetry on one side: no switch")
+	assert.Equal(t, policy.PressureSourceRouterLocal, c.dec.last().PressureSource)
+}
+
+// research/sgl-router.md §7.4 candidate_cap_is_applied_before_admission.
+func TestCacheAwareCandidateCapIsAppliedBeforeAdmission(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	tok := prompt(8*blockTokens, 10)
+	c.hold(t, "deep", tok, 8)
+	c.hold(t, "mid", tok, 6)
+	c.hold(t, "low", tok, 4)
+	group := engines(state.StagePrefill, "deep", "low", "mid")
+	_, err := c.policy(t, policy.CacheAwareOptions{CandidateMinEngines: 1, CandidateMaxEngines: 1}).Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, []state.EngineID{"deep"}, c.check.Calls(), "cap 1: only the deep owner is checked, once")
+
+	c.check.calls = nil
+	_, err = c.policy(t, policy.CacheAwareOptions{CandidateMinEngines: 2, CandidateMaxEngines: 2}).Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, []state.EngineID{"deep", "mid"}, c.check.Calls())
+}
+
+// research/sgl-router.md §7.4 decode_group_and_invalid_configuration_are_rejected.
+func TestCacheAwareRejectsDecodeAndInvalidConfiguration(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	for name, opts := range map[string]policy.CacheAwareOptions{
+		"no source":                {},
+		"negative min engines":     {Source: c.source, CandidateMinEngines: -1},
+		"max below min":            {Source: c.source, CandidateMinEngines: 9, CandidateMaxEngines: 8},
+		"NaN ratio":                {Source: c.source, CandidateRatio: math.NaN()},
+		"ratio above 1":            {Source: c.source, CandidateRatio: 1.5},
+		"negative match ratio":     {Source: c.source, MinMatchRatio: -0.1},
+		"match ratio above 1":      {Source: c.source, MinMatchRatio: 1.1},
+		"rel threshold 1":          {Source: c.source, PressureRelThreshold: 1},
+		"rel threshold NaN":        {Source: c.source, PressureRelThreshold: math.NaN()},
+		"rel threshold inf":        {Source: c.source, PressureRelThreshold: math.Inf(1)},
+		"negative abs duration":    {Source: c.source, PressureAbsThreshold: -1},
+		"queue limit 0":            {Source: c.source, WorkerQueueLimit: u64(0)},
+		"floor without limit":      {Source: c.source, SaturationQueueFloor: u64(1)},
+		"floor above limit":        {Source: c.source, WorkerQueueLimit: u64(2), SaturationQueueFloor: u64(3)},
+		"floor 0":                  {Source: c.source, WorkerQueueLimit: u64(2), SaturationQueueFloor: u64(0)},
+		"negative min load choice": {Source: c.source, MinLoadChoices: -2},
+	} {
+		_, err := policy.NewCacheAware(c.cfg(), opts)
+		assert.ErrorIs(t, err, policy.ErrInvalidConfiguration, name)
+	}
+	p := c.policy(t, policy.CacheAwareOptions{})
+	assert.False(t, p.SupportsStage(state.StageDecode))
+	assert.True(t, p.SupportsStage(state.StagePrefill))
+	assert.True(t, p.SupportsStage(state.StagePlain))
+	_, err := p.Pick(ctx, engines(state.StageDecode, "d"), &policy.Request{Stage: state.StageDecode})
+	assert.ErrorIs(t, err, policy.ErrInvalidConfiguration)
+	_, err = p.Pick(ctx, nil, creq(prompt(32, 1)))
+	assert.ErrorIs(t, err, policy.ErrNoCandidates)
+	assert.Zero(t, c.source.calls.Load(), "no candidates: no lookup")
+}
+
+// seeds/worker-queue-limit-PR-report.md, cache_aware_fallback_decision.
+func TestCacheAwareFallbackDecisionLabels(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		rejected, evaluated int
+		allQueued           bool
+		want                string
+	}{
+		{0, 0, false, policy.DecisionCacheMiss},
+		{0, 3, true, policy.DecisionCacheMiss},
+		{2, 2, true, policy.DecisionAllQueued},
+		{2, 0, true, policy.DecisionAllQueued},
+		{2, 1, false, policy.DecisionCacheMiss},
+		{2, 0, false, policy.DecisionCacheWorkerQueued},
+	}
+	for _, tt := range tests {
+		got := policy.CacheAwareFallbackDecision(tt.rejected, tt.evaluated, tt.allQueued)
+		assert.Equal(t, tt.want, got, "(rejected %d, evaluated %d, fleet all queued %v)", tt.rejected, tt.evaluated, tt.allQueued)
+	}
+}
+
+func TestCacheAwareInertQueueGateWarningIsSampled(t *testing.T) {
+	t.Parallel()
+	core, logs := observer.New(zap.WarnLevel)
+	c := newCacheEnv(t)
+	p, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: c.source, WorkerQueueLimit: u64(4), Logger: zap.New(core)})
+	require.NoError(t, err)
+	for range 128 {
+		_, err := p.Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(prompt(32, 1)))
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 2, logs.Len(), "one warning per 64 blind picks")
+	c.native("a", loadmon.Report{})
+	for range 128 {
+		_, _ = p.Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(prompt(32, 1)))
+	}
+	assert.Equal(t, 2, logs.Len(), "no warning while some engine has a fresh sample")
+}
+
+func TestCacheAwareRecordsExactlyOneDecisionPerSelection(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	tok := prompt(8*blockTokens, 11)
+	c.hold(t, "a", tok, 8)
+	p := c.policy(t, policy.CacheAwareOptions{})
+	for range 5 {
+		_, err := p.Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(tok))
+		require.NoError(t, err)
+	}
+	c.check.reject = map[state.EngineID]string{"a": "full", "b": "full"}
+	_, err := p.Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(tok))
+	require.Error(t, err)
+	assert.Equal(t, 5, c.dec.count())
+}
+
+func TestCacheAwareConcurrentPicksRaceEventsAndRemoval(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	p := c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(3)})
+	group := engines(state.StagePrefill, "a", "b", "c")
+	var wg sync.WaitGroup
+	for w := range 3 {
+		wg.Go(func() {
+			for i := range 200 {
+				tok := prompt(4*blockTokens, uint32(i%7))
+				if _, err := p.Pick(ctx, group, creq(tok)); err != nil {
+					t.Error(err)
+				}
+				_ = w
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 200 {
+			id := group[i%3].ID()
+			c.hold(t, id, prompt(4*blockTokens, uint32(i%7)), 4)
+			c.native(id, loadmon.Report{WaitingRequests: uint64(i % 5)})
+			if i%10 == 0 {
+				_ = c.index.RemoveEngine(id)
+				c.load.Forget(id)
+			}
+		}
+	})
+	wg.Wait()
+}
