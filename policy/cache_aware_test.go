@@ -391,7 +391,9 @@ func TestCacheAwareHardRejectionNeverBecomesColdFallbackOrSaturationBypass(t *te
 
 type checkerFunc func(state.Engine, admission.Metrics) (admission.Verdict, error)
 
-func (f checkerFunc) Check(e state.Engine, m admission.Metrics) (admission.Verdict, error) { return f(e, m) }
+func (f checkerFunc) Check(e state.Engine, m admission.Metrics) (admission.Verdict, error) {
+	return f(e, m)
+}
 
 // research/sgl-router.md §7.4 guard_switches_near_ties_only_with_complete_fresh_telemetry.
 func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testing.T) {
