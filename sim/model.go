@@ -1,0 +1,244 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+// Defaults of EngineModel: one Llama-3.1-8B-class model (BF16) served by one H100-SXM-class GPU
+// (80 GB HBM3). Each constant states where it comes from. They are round figures for comparing
+// routing policies, not a benchmark of any engine release.
+const (
+	// DefaultPrefillTokensPerSecond is the prefill throughput for uncached prompt tokens. A
+	// forward pass costs 2 FLOPs per parameter and token: 2 × 8.03 B = 16.1 GFLOP per token
+	// (Llama 3.1 8B model card). The H100 SXM datasheet gives 989 TFLOPS of dense BF16; at about
+	// 40 % model-FLOPs utilization that is 0.40 × 989e12 ÷ 16.1e9 ≈ 24,600 tokens/s, lowered to
+	// 20,000 for the attention over long contexts (the Mooncake conversation prompts average
+	// 12,035 tokens, research/dynamo-traces-events.md §2.1).
+	DefaultPrefillTokensPerSecond = 20_000.0
+
+	// DefaultDecodeStepBase is the part of a decode step that does not depend on the batch:
+	// reading the weights once. 8.03 B parameters × 2 bytes = 16.1 GB over the H100 SXM's
+	// 3.35 TB/s of HBM3 bandwidth (datasheet) at 80 % achieved bandwidth is 16.1e9 ÷ 2.68e12 =
+	// 6.0 ms.
+	DefaultDecodeStepBase = 6 * time.Millisecond
+
+	// DefaultKVBytesPerToken is the KV cache of one token of Llama-3-8B / Llama-3.1-8B in BF16:
+	// 2 (K and V) × 32 layers × 8 KV heads × 128 head dim × 2 bytes = 131,072 bytes (128 KiB),
+	// from the model's config.json (num_hidden_layers 32, num_key_value_heads 8, head_dim 128).
+	DefaultKVBytesPerToken = 2 * 32 * 8 * 128 * 2
+
+	// DefaultMemoryBytesPerSecond is the achieved HBM bandwidth a decode step reads the batch's
+	// KV cache at: 80 % of the H100 SXM's 3.35 TB/s (datasheet). With DefaultKVBytesPerToken a
+	// decode step costs 131,072 ÷ 2.68e12 ≈ 48.9 ns more per token of context in the batch.
+	DefaultMemoryBytesPerSecond = 0.8 * 3.35e12
+
+	// DefaultMaxRunningRequests caps an engine's running batch (vLLM's long-standing
+	// max_num_seqs default, 256). With long prompts the KV capacity binds first.
+	DefaultMaxRunningRequests = 256
+
+	// DefaultChunkedPrefillTokens is the prefill token budget of one step (SGLang
+	// --chunked-prefill-size 8192, its default on GPUs of H100 memory size; vLLM V1 uses the
+	// same 8192 as max_num_batched_tokens for online serving).
+	DefaultChunkedPrefillTokens = 8192
+
+	// DefaultKVCapacityTokens is an engine's KV cache capacity. 80 GiB × 0.90 (vLLM
+	// gpu_memory_utilization default) − 16.1 GB of weights − about 3 GB of activation and CUDA
+	// graph workspace leaves about 58 GB, ÷ 128 KiB per token ≈ 443,000 tokens; rounded to
+	// 440,000. (The Gateway API Inference Extension's prefix plugin assumes 31,250 blocks × 16 =
+	// 500,000 tokens for Llama-3-8B on an H100, research/go-peers.md.)
+	DefaultKVCapacityTokens = 440_000
+
+	// DefaultBlockTokens is the KV block (page) size, in tokens, of the simulated caches and of
+	// the kvindex.Hasher the replay builds. It equals MooncakeBlockTokens, the granularity at
+	// which the Mooncake traces record reuse: the synthetic prompts of two requests coincide
+	// only in whole 512-token blocks (Request.AppendTokenIDs), so smaller pages would find no
+	// more reuse and only multiply the work per request. vLLM's default is 16 and SGLang's 1;
+	// set BlockTokens to model them on traces with finer prefix information.
+	DefaultBlockTokens = MooncakeBlockTokens
+
+	// DefaultMaxContextTokens is the model's context window (Llama 3.1: 131,072 tokens). The
+	// replay's bucket refuses requests whose prompt plus output exceeds it.
+	DefaultMaxContextTokens = 131_072
+
+	// DefaultKVTransferBytesPerSecond is the prefill → decode link in PD mode: one 400 Gb/s
+	// (NDR InfiniBand / ConnectX-7) NIC per GPU, 50 GB/s, the RDMA path Mooncake's transfer
+	// engine and SGLang's PD disaggregation use. A 12,000-token prompt (1.57 GB of KV) moves in
+	// about 31 ms.
+	DefaultKVTransferBytesPerSecond = 50e9
+)
+
+// EngineModel is the documented performance model of one simulated engine. Every engine of a
+// replay follows it; it is deterministic and advances on the replay's virtual clock only.
+//
+// The zero value of each field means its Default… constant; negative values are invalid. Use
+// DefaultEngineModel to see the filled-in values.
+//
+// Scheduling follows SGLang's default scheduler (no mixed chunk): the engine keeps a FIFO waiting
+// queue and a running batch of at most MaxRunningRequests. At each step boundary it forms a
+// prefill batch if it can: first the remaining prompt of a request whose prefill was chunked,
+// then requests from the head of the queue, while the batch has fewer than ChunkedPrefillTokens
+// uncached tokens, the running batch has room and the KV cache can hold the request's prompt and
+// output. The queue is strictly FIFO: a head that does not fit blocks those behind it. A prefill
+// step takes (uncached tokens in the batch) ÷ PrefillTokensPerSecond; the decode batch waits
+// during it. The step that completes a request's prompt produces its first token. Without
+// prefill work the engine runs decode steps, each producing one token for every decoding
+// request, taking
+//
+//	DecodeStepBase + (KV tokens of the decoding requests) × KVBytesPerToken ÷ MemoryBytesPerSecond
+//
+// so step time grows with the batch and its context (a memory-bound step reads the weights once
+// and every request's KV). A request's KV tokens are its prompt plus the tokens it has generated.
+// Between two events the decode batch does not change, so the engine advances whole runs of
+// steps analytically rather than one by one.
+//
+// KV cache: admission reserves the request's uncached prompt plus its whole output, evicting
+// unreferenced cached blocks in LRU order (leaves first, as SGLang's radix cache does) to make
+// room, so a running request is never preempted; SGLang instead reserves an estimate of the
+// output and retracts requests when it runs out. Cached prompt blocks are matched at admission
+// (the last prompt token is always recomputed, as vLLM and SGLang do, to produce logits), and each
+// full block a prefill step computes is inserted into the cache and published to the replay's
+// kvindex.Index as a BlockStored event; evictions publish BlockRemoved. Generated tokens occupy KV
+// while the request runs and are freed at the end, never cached: the traces give them no
+// identity, so they could never be hit.
+//
+// Not modelled: attention cost growing with prompt length during prefill, CUDA graph and
+// scheduling overheads, preemption, speculative decoding, network latency between router and
+// engine.
+type EngineModel struct {
+	// PrefillTokensPerSecond is the throughput of prefill steps, in uncached prompt tokens per
+	// second. 0 means DefaultPrefillTokensPerSecond.
+	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_s"`
+	// DecodeStepBase is the batch-independent time of one decode step. 0 means
+	// DefaultDecodeStepBase.
+	DecodeStepBase time.Duration `json:"decode_step_base_ns"`
+	// KVBytesPerToken is the KV cache size of one token, in bytes; it prices decode steps and PD
+	// transfers. 0 means DefaultKVBytesPerToken.
+	KVBytesPerToken int `json:"kv_bytes_per_token"`
+	// MemoryBytesPerSecond is the achieved memory bandwidth at which a decode step reads the
+	// batch's KV, in bytes per second. 0 means DefaultMemoryBytesPerSecond.
+	MemoryBytesPerSecond float64 `json:"memory_bytes_per_s"`
+	// MaxRunningRequests caps the running batch, in requests. 0 means
+	// DefaultMaxRunningRequests.
+	MaxRunningRequests int `json:"max_running_requests"`
+	// ChunkedPrefillTokens is the uncached-token budget of one prefill step. 0 means
+	// DefaultChunkedPrefillTokens.
+	ChunkedPrefillTokens int `json:"chunked_prefill_tokens"`
+	// KVCapacityTokens is the engine's KV cache capacity, in tokens; it must hold
+	// MaxContextTokens. 0 means DefaultKVCapacityTokens.
+	KVCapacityTokens int `json:"kv_capacity_tokens"`
+	// BlockTokens is the KV block size, in tokens: the unit of caching, eviction and KV events.
+	// Must be at most KVCapacityTokens and kvindex.MaxBlockTokens. 0 means DefaultBlockTokens.
+	BlockTokens int `json:"block_tokens"`
+	// MaxContextTokens is the model's context window, in tokens: the replay's bucket refuses
+	// longer requests (prompt plus output). 0 means DefaultMaxContextTokens.
+	MaxContextTokens int `json:"max_context_tokens"`
+	// KVTransferBytesPerSecond is the prefill → decode link bandwidth in PD mode, in bytes per
+	// second: a transfer takes prompt tokens × KVBytesPerToken ÷ this. 0 means
+	// DefaultKVTransferBytesPerSecond.
+	KVTransferBytesPerSecond float64 `json:"kv_transfer_bytes_per_s"`
+}
+
+// DefaultEngineModel returns the model with every field set to its default.
+func DefaultEngineModel() EngineModel {
+	var m EngineModel
+	m.fill()
+	return m
+}
+
+// fill replaces zero fields with their defaults.
+func (m *EngineModel) fill() {
+	if m.PrefillTokensPerSecond == 0 {
+		m.PrefillTokensPerSecond = DefaultPrefillTokensPerSecond
+	}
+	if m.DecodeStepBase == 0 {
+		m.DecodeStepBase = DefaultDecodeStepBase
+	}
+	if m.KVBytesPerToken == 0 {
+		m.KVBytesPerToken = DefaultKVBytesPerToken
+	}
+	if m.MemoryBytesPerSecond == 0 {
+		m.MemoryBytesPerSecond = DefaultMemoryBytesPerSecond
+	}
+	if m.MaxRunningRequests == 0 {
+		m.MaxRunningRequests = DefaultMaxRunningRequests
+	}
+	if m.ChunkedPrefillTokens == 0 {
+		m.ChunkedPrefillTokens = DefaultChunkedPrefillTokens
+	}
+	if m.KVCapacityTokens == 0 {
+		m.KVCapacityTokens = DefaultKVCapacityTokens
+	}
+	if m.BlockTokens == 0 {
+		m.BlockTokens = DefaultBlockTokens
+	}
+	if m.MaxContextTokens == 0 {
+		m.MaxContextTokens = DefaultMaxContextTokens
+	}
+	if m.KVTransferBytesPerSecond == 0 {
+		m.KVTransferBytesPerSecond = DefaultKVTransferBytesPerSecond
+	}
+}
+
+// validate checks a filled model. Errors wrap state.ErrInvalidConfiguration and name the field.
+func (m *EngineModel) validate() error {
+	bad := func(field string, v any, rule string) error {
+		return fmt.Errorf("sim: EngineModel.%s = %v: %s: %w", field, v, rule, state.ErrInvalidConfiguration)
+	}
+	positive := func(v float64) bool { return v > 0 && !math.IsInf(v, 1) }
+	switch {
+	case !positive(m.PrefillTokensPerSecond):
+		return bad("PrefillTokensPerSecond", m.PrefillTokensPerSecond, "must be finite and > 0")
+	case m.DecodeStepBase < 0:
+		return bad("DecodeStepBase", m.DecodeStepBase, "must be >= 0")
+	case m.KVBytesPerToken < 0:
+		return bad("KVBytesPerToken", m.KVBytesPerToken, "must be >= 0")
+	case !positive(m.MemoryBytesPerSecond):
+		return bad("MemoryBytesPerSecond", m.MemoryBytesPerSecond, "must be finite and > 0")
+	case m.MaxRunningRequests < 0:
+		return bad("MaxRunningRequests", m.MaxRunningRequests, "must be >= 0")
+	case m.ChunkedPrefillTokens < 0:
+		return bad("ChunkedPrefillTokens", m.ChunkedPrefillTokens, "must be >= 0")
+	case m.BlockTokens < 0 || m.BlockTokens > 1<<16:
+		return bad("BlockTokens", m.BlockTokens, "must be in [1, 65536]")
+	case m.MaxContextTokens < 0:
+		return bad("MaxContextTokens", m.MaxContextTokens, "must be >= 0")
+	case m.KVCapacityTokens < m.MaxContextTokens:
+		return bad("KVCapacityTokens", m.KVCapacityTokens, fmt.Sprintf("must hold MaxContextTokens (%d)", m.MaxContextTokens))
+	case m.KVCapacityTokens < m.BlockTokens:
+		return bad("KVCapacityTokens", m.KVCapacityTokens, fmt.Sprintf("must hold one block (%d tokens)", m.BlockTokens))
+	case !positive(m.KVTransferBytesPerSecond):
+		return bad("KVTransferBytesPerSecond", m.KVTransferBytesPerSecond, "must be finite and > 0")
+	}
+	return nil
+}
+
+// prefillTime returns the duration of a prefill step over tokens uncached tokens.
+func (m *EngineModel) prefillTime(tokens int) time.Duration {
+	return secondsToDuration(float64(tokens) / m.PrefillTokensPerSecond)
+}
+
+// transferTime returns the PD transfer time of a prompt of tokens tokens.
+func (m *EngineModel) transferTime(tokens int) time.Duration {
+	return secondsToDuration(float64(tokens) * float64(m.KVBytesPerToken) / m.KVTransferBytesPerSecond)
+}
+
+// kvTokenSeconds is the decode-step cost of one token of context, in seconds.
+func (m *EngineModel) kvTokenSeconds() float64 {
+	return float64(m.KVBytesPerToken) / m.MemoryBytesPerSecond
+}
+
+// secondsToDuration rounds s seconds to the nearest nanosecond, saturating at the Duration range.
+func secondsToDuration(s float64) time.Duration {
+	ns := math.Round(s * 1e9)
+	if ns >= math.MaxInt64 {
+		return time.Duration(math.MaxInt64)
+	}
+	if ns <= 0 {
+		return 0
+	}
+	return time.Duration(ns)
+}

@@ -1,0 +1,337 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/state"
+)
+
+// DefaultReportInterval is how often, in virtual time, every simulated engine reports its load:
+// 100 ms, well inside loadmon.DefaultFreshness (5 s), so the router always has a fresh report that
+// is up to one interval old.
+const DefaultReportInterval = 100 * time.Millisecond
+
+// Errors of Replay and ParsePD for configuration that cannot be replayed. Each wraps
+// state.ErrInvalidConfiguration, so errors.Is matches either the specific sentinel or the general
+// one. Replay returns them before simulating anything: there is no partial report.
+var (
+	// ErrEmptyFleet: the fleet has no engine (Fleet{}), or a count is negative.
+	ErrEmptyFleet = fmt.Errorf("sim: fleet has no engines: %w", state.ErrInvalidConfiguration)
+	// ErrIncompletePD: a PD fleet without prefill engines or without decode engines, or a fleet
+	// that mixes plain and PD engines.
+	ErrIncompletePD = fmt.Errorf("sim: PD fleet needs both prefill and decode engines, and no plain engines: %w", state.ErrInvalidConfiguration)
+	// ErrUnknownPolicy: a policy name has no factory in the table, or is listed twice.
+	ErrUnknownPolicy = fmt.Errorf("sim: unknown policy: %w", state.ErrInvalidConfiguration)
+	// ErrBadPDSpec: ParsePD text is not "P:D" with two positive decimal integers.
+	ErrBadPDSpec = fmt.Errorf("sim: PD spec must be P:D with positive engine counts: %w", state.ErrInvalidConfiguration)
+	// ErrNoTrace: Config.Trace is nil.
+	ErrNoTrace = fmt.Errorf("sim: no trace: %w", state.ErrInvalidConfiguration)
+)
+
+// RequestError reports a request of a hand-built Trace that the readers would have rejected. It
+// wraps ErrEmptyTrace, ErrNegative, ErrOutOfRange, ErrUnsorted or ErrHashIDMismatch.
+type RequestError struct {
+	// Position is the request's 0-based position in Trace.Requests.
+	Position int
+	// Err is the trace sentinel.
+	Err error
+}
+
+func (e *RequestError) Error() string {
+	return fmt.Sprintf("sim: trace request %d: %v", e.Position, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *RequestError) Unwrap() error { return e.Err }
+
+// Fleet is the simulated deployment: Plain engines, or Prefill and Decode engines of one PD
+// bucket. Exactly one of the two shapes must be non-empty; the zero Fleet is an error, not a
+// default, so that a forgotten field cannot pick a fleet silently.
+type Fleet struct {
+	// Plain is the number of plain engines (prefill and decode on one engine).
+	Plain int `json:"plain,omitempty"`
+	// Prefill and Decode are the engine counts of a PD fleet.
+	Prefill int `json:"prefill,omitempty"`
+	Decode  int `json:"decode,omitempty"`
+}
+
+// IsPD reports whether the fleet is prefill/decode disaggregated.
+func (f Fleet) IsPD() bool { return f.Prefill > 0 || f.Decode > 0 }
+
+// String returns "16 plain" or "4P:4D".
+func (f Fleet) String() string {
+	if f.IsPD() {
+		return fmt.Sprintf("%dP:%dD", f.Prefill, f.Decode)
+	}
+	return fmt.Sprintf("%d plain", f.Plain)
+}
+
+func (f Fleet) validate() error {
+	switch {
+	case f.Plain < 0 || f.Prefill < 0 || f.Decode < 0:
+		return fmt.Errorf("%w: %+v has a negative count", ErrEmptyFleet, f)
+	case f.Plain == 0 && f.Prefill == 0 && f.Decode == 0:
+		return ErrEmptyFleet
+	case f.IsPD() && (f.Plain > 0 || f.Prefill == 0 || f.Decode == 0):
+		return fmt.Errorf("%w: got %d plain, %d prefill, %d decode", ErrIncompletePD, f.Plain, f.Prefill, f.Decode)
+	}
+	return nil
+}
+
+// ParsePD parses the "-pd P:D" syntax: two positive decimal integers separated by one colon, for
+// example "4:4". Anything else — a missing part, zero, a sign, spaces — is an error wrapping
+// ErrBadPDSpec; zero decode engines also wraps ErrIncompletePD.
+func ParsePD(text string) (Fleet, error) {
+	ps, ds, ok := strings.Cut(text, ":")
+	if !ok {
+		return Fleet{}, fmt.Errorf("%w: %q has no colon", ErrBadPDSpec, text)
+	}
+	parse := func(s string) (int, error) {
+		if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+			return 0, fmt.Errorf("%w: %q in %q is not a decimal count", ErrBadPDSpec, s, text)
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %q: %w", ErrBadPDSpec, text, err)
+		}
+		return n, nil
+	}
+	p, err := parse(ps)
+	if err != nil {
+		return Fleet{}, err
+	}
+	d, err := parse(ds)
+	if err != nil {
+		return Fleet{}, err
+	}
+	if p == 0 || d == 0 {
+		return Fleet{}, fmt.Errorf("%w: %q: %w", ErrBadPDSpec, text, ErrIncompletePD)
+	}
+	return Fleet{Prefill: p, Decode: d}, nil
+}
+
+// Config is one replay: a trace, a fleet, the engine model and the policies to compare. The zero
+// value of each optional field is its documented default; Trace and Fleet are required.
+type Config struct {
+	// Trace is the request trace to replay. Required; it is only read. Hand-built traces are
+	// validated as the readers validate files (*RequestError).
+	Trace *Trace
+	// Fleet is the simulated deployment. Required (ErrEmptyFleet, ErrIncompletePD).
+	Fleet Fleet
+	// Model is the engines' performance model; zero fields take their defaults (EngineModel).
+	Model EngineModel
+	// Policies names the policies to compare, in report order. Nil means DefaultPolicyNames().
+	// Each name must be a key of Factories (ErrUnknownPolicy); a name may appear once.
+	Policies []string
+	// Factories maps policy names to factories. Nil means DefaultPolicies().
+	Factories map[string]PolicyFactory
+	// Speed compresses time: every arrival offset is divided by it. 0 means 1; it must be finite
+	// and > 0.
+	Speed float64
+	// Limit replays only the first Limit requests. 0 means all; negative is invalid.
+	Limit int
+	// Seed seeds each policy run's PCG random source (math/rand/v2 PCG(Seed, Seed)). The same
+	// Config gives a byte-identical Report.
+	Seed uint64
+	// ReportInterval is the virtual time between two load reports of every engine. 0 means
+	// DefaultReportInterval; negative is invalid.
+	ReportInterval time.Duration
+	// Admission checks every engine a policy returns. Nil means admission.Limits{} (admit all).
+	// A request no bucket admits is dropped and counted in PolicyResult.Rejected.
+	Admission admission.Checker
+	// Parallelism bounds how many policy runs simulate at once; each run is single-threaded and
+	// independent, so the report does not depend on it. 0 means runtime.GOMAXPROCS(0).
+	Parallelism int
+	// Progress, when set, is called with the number of requests finished or dropped so far, over
+	// every policy run, and the total (requests × policies). Runs call it from their own
+	// goroutines, so it must be safe for concurrent use; it is called at most every 256 requests
+	// of a run, and once more when a run ends.
+	Progress func(done, total int)
+
+	// inspect, when set (tests), receives each finished run before its resources are dropped,
+	// and runs keep each cached block's kvindex key for the index check.
+	inspect func(*run) error
+}
+
+// resolved is a validated Config with defaults filled and the trace cut to Limit.
+type resolved struct {
+	Config
+	requests  []Request
+	names     []string
+	factories []PolicyFactory
+}
+
+func (cfg *Config) resolve() (*resolved, error) {
+	if cfg.Trace == nil {
+		return nil, ErrNoTrace
+	}
+	if err := cfg.Fleet.validate(); err != nil {
+		return nil, err
+	}
+	rc := &resolved{Config: *cfg}
+	rc.Model.fill()
+	if err := rc.Model.validate(); err != nil {
+		return nil, err
+	}
+	if rc.Speed == 0 {
+		rc.Speed = 1
+	}
+	if !(rc.Speed > 0) || math.IsInf(rc.Speed, 1) {
+		return nil, fmt.Errorf("sim: Config.Speed = %v: must be finite and > 0: %w", cfg.Speed, state.ErrInvalidConfiguration)
+	}
+	if rc.Limit < 0 {
+		return nil, fmt.Errorf("sim: Config.Limit = %d: must be >= 0: %w", cfg.Limit, state.ErrInvalidConfiguration)
+	}
+	if rc.ReportInterval == 0 {
+		rc.ReportInterval = DefaultReportInterval
+	}
+	if rc.ReportInterval < 0 {
+		return nil, fmt.Errorf("sim: Config.ReportInterval = %v: must be > 0: %w", cfg.ReportInterval, state.ErrInvalidConfiguration)
+	}
+	if rc.Parallelism == 0 {
+		rc.Parallelism = runtime.GOMAXPROCS(0)
+	}
+	if rc.Parallelism < 0 {
+		return nil, fmt.Errorf("sim: Config.Parallelism = %d: must be >= 0: %w", cfg.Parallelism, state.ErrInvalidConfiguration)
+	}
+	if rc.Admission == nil {
+		rc.Admission = admission.Limits{}
+	}
+	rc.names = cfg.Policies
+	if rc.names == nil {
+		rc.names = DefaultPolicyNames()
+	}
+	table := cfg.Factories
+	if table == nil {
+		table = DefaultPolicies()
+	}
+	if len(rc.names) == 0 {
+		return nil, fmt.Errorf("%w: Config.Policies is empty", ErrUnknownPolicy)
+	}
+	for i, name := range rc.names {
+		f := table[name]
+		if f == nil {
+			known := make([]string, 0, len(table))
+			for k, v := range table {
+				if v != nil {
+					known = append(known, k)
+				}
+			}
+			slices.Sort(known)
+			return nil, fmt.Errorf("%w: %q (known: %s)", ErrUnknownPolicy, name, strings.Join(known, ", "))
+		}
+		if slices.Contains(rc.names[:i], name) {
+			return nil, fmt.Errorf("%w: %q is listed twice", ErrUnknownPolicy, name)
+		}
+		rc.factories = append(rc.factories, f)
+	}
+	reqs := cfg.Trace.Requests
+	if rc.Limit > 0 && rc.Limit < len(reqs) {
+		reqs = reqs[:rc.Limit]
+	}
+	if err := validateRequests(reqs); err != nil {
+		return nil, err
+	}
+	rc.requests = reqs
+	return rc, nil
+}
+
+// validateRequests applies the readers' rules to a possibly hand-built request list.
+func validateRequests(reqs []Request) error {
+	if len(reqs) == 0 {
+		return &RequestError{Position: 0, Err: ErrEmptyTrace}
+	}
+	var prev time.Duration
+	for i := range reqs {
+		r := &reqs[i]
+		fail := func(err error) error { return &RequestError{Position: i, Err: err} }
+		switch {
+		case r.InputTokens < 0 || r.OutputTokens < 0 || r.Arrival < 0:
+			return fail(fmt.Errorf("%w: input %d, output %d, arrival %v", ErrNegative, r.InputTokens, r.OutputTokens, r.Arrival))
+		case r.InputTokens > MaxTraceTokens || r.OutputTokens > MaxTraceTokens || r.Arrival > MaxArrival:
+			return fail(fmt.Errorf("%w: input %d, output %d, arrival %v", ErrOutOfRange, r.InputTokens, r.OutputTokens, r.Arrival))
+		case r.Arrival < prev:
+			return fail(fmt.Errorf("%w: %v after %v", ErrUnsorted, r.Arrival, prev))
+		case r.HashIDs != nil && len(r.HashIDs) != ceilBlocks(r.InputTokens):
+			return fail(fmt.Errorf("%w: %d IDs for %d tokens", ErrHashIDMismatch, len(r.HashIDs), r.InputTokens))
+		}
+		prev = r.Arrival
+	}
+	return nil
+}
+
+// Replay replays cfg.Trace once per policy against a fresh simulated fleet and returns the
+// side-by-side Report. Each run is deterministic: a single-goroutine event loop on a virtual
+// clock with a seeded random source, so the same Config yields a byte-identical report whatever
+// cfg.Parallelism is.
+//
+// Errors: ErrNoTrace, ErrEmptyFleet, ErrIncompletePD, ErrUnknownPolicy, *RequestError, or an
+// error wrapping state.ErrInvalidConfiguration for another invalid field, all before anything is
+// simulated; a policy factory's error; ctx's error when it is cancelled; an error wrapping
+// kvindex or loadmon sentinels if the library rejects a simulated event (a bug). No partial
+// report is returned.
+func Replay(ctx context.Context, cfg Config) (*Report, error) {
+	rc, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	total := len(rc.requests) * len(rc.names)
+	var done atomic.Int64
+	progress := func(n int) {
+		d := done.Add(int64(n))
+		if rc.Progress != nil {
+			rc.Progress(int(d), total)
+		}
+	}
+	results := make([]PolicyResult, len(rc.names))
+	errs := make([]error, len(rc.names))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sem := make(chan struct{}, rc.Parallelism)
+	var wg sync.WaitGroup
+	for i := range rc.names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if ctx.Err() != nil {
+				errs[i] = ctx.Err()
+				return
+			}
+			res, err := simulate(ctx, rc, i, progress)
+			if err != nil {
+				errs[i] = fmt.Errorf("sim: policy %s: %w", rc.names[i], err)
+				cancel()
+				return
+			}
+			results[i] = res
+		}()
+	}
+	wg.Wait()
+	// Report the first real failure in policy order, not a cancellation it caused.
+	var first error
+	for _, e := range errs {
+		if e != nil && !errors.Is(e, context.Canceled) {
+			return nil, e
+		}
+		if e != nil && first == nil {
+			first = e
+		}
+	}
+	if first != nil {
+		return nil, first
+	}
+	return newReport(rc, results), nil
+}

@@ -1,0 +1,217 @@
+package sim
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+
+	"gonum.org/v1/gonum/floats"
+	"gonum.org/v1/gonum/stat"
+)
+
+// Report is the outcome of a Replay: the setup and one PolicyResult per policy, in Config.Policies
+// order. Times are in seconds of virtual time. A Report holds no wall-clock reading, so the same
+// Config yields the same Report, byte for byte, in WriteTable and in JSON.
+type Report struct {
+	// Trace is the trace's Name.
+	Trace string `json:"trace"`
+	// Requests is the number of requests replayed (after Config.Limit).
+	Requests int `json:"requests"`
+	// Span is the time from the first to the last arrival after Speed, in seconds.
+	Span float64 `json:"span_s"`
+	// Speed is the time compression applied (arrival offsets were divided by it).
+	Speed float64 `json:"speed"`
+	// Seed is the random seed of every policy run.
+	Seed uint64 `json:"seed"`
+	// Fleet is the simulated deployment.
+	Fleet Fleet `json:"fleet"`
+	// Model is the engines' performance model, defaults filled in.
+	Model EngineModel `json:"model"`
+	// ReportInterval is the engines' load report interval, in seconds.
+	ReportInterval float64 `json:"report_interval_s"`
+	// InfiniteCacheHitRate is the trace's own limit: the fraction of replayed prompt tokens an
+	// infinite prefix cache shared by every engine would hold (Trace.InfiniteCacheTokenHitRatio
+	// over the replayed requests). 0 for a trace without hash IDs.
+	InfiniteCacheHitRate float64 `json:"infinite_cache_hit_rate"`
+	// Results has one entry per policy.
+	Results []PolicyResult `json:"results"`
+}
+
+// Latency summarizes a latency distribution over completed requests, in seconds: empirical
+// quantiles (gonum stat.Quantile, stat.Empirical) and the mean. All zero when no request
+// completed.
+type Latency struct {
+	P50  float64 `json:"p50_s"`
+	P90  float64 `json:"p90_s"`
+	P99  float64 `json:"p99_s"`
+	Mean float64 `json:"mean_s"`
+}
+
+// PolicyResult is one policy's replay.
+type PolicyResult struct {
+	// Policy is the policy name as listed in Config.Policies.
+	Policy string `json:"policy"`
+	// Completed is the number of requests that produced their last token.
+	Completed int `json:"completed"`
+	// Rejected counts requests no bucket would take because admission rejected every engine the
+	// policy chose (HTTP 503 from the router); they are dropped.
+	Rejected int `json:"rejected"`
+	// Unroutable counts requests longer than the bucket's context (prompt plus output above
+	// EngineModel.MaxContextTokens; HTTP 400); they are dropped.
+	Unroutable int `json:"unroutable"`
+	// PromptTokens and CachedTokens sum, over admitted requests, the prompt tokens and those the
+	// plain or prefill engine's cache actually served at admission.
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
+	// HitRate is CachedTokens ÷ PromptTokens (0 when no prompt token was admitted).
+	HitRate float64 `json:"hit_rate"`
+	// TTFT is arrival to first token (PD: until the KV reached the decode engine). E2E is
+	// arrival to last token.
+	TTFT Latency `json:"ttft"`
+	E2E  Latency `json:"e2e"`
+	// Makespan is from the first arrival to the last completion, in seconds.
+	Makespan float64 `json:"makespan_s"`
+	// OutputTokensPerSecond and RequestsPerSecond are completed output tokens and requests per
+	// second of Makespan.
+	OutputTokensPerSecond float64 `json:"output_tokens_per_s"`
+	RequestsPerSecond     float64 `json:"requests_per_s"`
+	// EngineRequests counts the requests routed to each plain (PD: prefill) engine, in engine ID
+	// order.
+	EngineRequests []int `json:"engine_requests"`
+	// Imbalance is max ÷ mean of EngineRequests: 1 is perfectly even (0 when nothing was routed).
+	Imbalance float64 `json:"imbalance"`
+	// PrefillUtilization is the mean, over plain (PD: prefill) engines, of the fraction of
+	// Makespan spent in prefill steps.
+	PrefillUtilization float64 `json:"prefill_utilization"`
+	// BusyUtilization is the same fraction for prefill and decode steps together (plain
+	// engines; PD: prefill engines).
+	BusyUtilization float64 `json:"busy_utilization"`
+	// TTFTSamples is every completed request's TTFT in seconds, sorted ascending, for plots. It
+	// is not part of the JSON form.
+	TTFTSamples []float64 `json:"-"`
+}
+
+// result summarizes a finished run.
+func (r *run) result() PolicyResult {
+	res := PolicyResult{
+		Policy:       r.name,
+		Completed:    r.finished,
+		Rejected:     r.rejected,
+		Unroutable:   r.unroutable,
+		PromptTokens: r.promptTok,
+		CachedTokens: r.cachedTok,
+	}
+	if r.promptTok > 0 {
+		res.HitRate = float64(r.cachedTok) / float64(r.promptTok)
+	}
+	slices.Sort(r.ttft)
+	slices.Sort(r.e2e)
+	res.TTFT, res.E2E = summarize(r.ttft), summarize(r.e2e)
+	res.TTFTSamples = r.ttft
+	span := r.lastFinish - r.reqs[0].arrival
+	res.Makespan = span.Seconds()
+	if span > 0 {
+		res.OutputTokensPerSecond = float64(r.outputTok) / span.Seconds()
+		res.RequestsPerSecond = float64(r.finished) / span.Seconds()
+	}
+	counts := make([]float64, len(r.front))
+	var prefill, busy []float64
+	for k, e := range r.front {
+		res.EngineRequests = append(res.EngineRequests, e.dispatched)
+		counts[k] = float64(e.dispatched)
+		if span > 0 {
+			prefill = append(prefill, e.prefillBusy.Seconds()/span.Seconds())
+			busy = append(busy, (e.prefillBusy+e.decodeBusy).Seconds()/span.Seconds())
+		}
+	}
+	if mean := stat.Mean(counts, nil); mean > 0 {
+		res.Imbalance = floats.Max(counts) / mean
+	}
+	if len(prefill) > 0 {
+		res.PrefillUtilization = stat.Mean(prefill, nil)
+		res.BusyUtilization = stat.Mean(busy, nil)
+	}
+	return res
+}
+
+// summarize computes the quantiles of sorted samples.
+func summarize(sorted []float64) Latency {
+	if len(sorted) == 0 {
+		return Latency{}
+	}
+	return Latency{
+		P50:  stat.Quantile(0.50, stat.Empirical, sorted, nil),
+		P90:  stat.Quantile(0.90, stat.Empirical, sorted, nil),
+		P99:  stat.Quantile(0.99, stat.Empirical, sorted, nil),
+		Mean: stat.Mean(sorted, nil),
+	}
+}
+
+func newReport(rc *resolved, results []PolicyResult) *Report {
+	reqs := rc.requests
+	t := &Trace{Name: rc.Trace.Name, Format: rc.Trace.Format, Requests: reqs}
+	first := float64(reqs[0].Arrival) / rc.Speed
+	last := float64(reqs[len(reqs)-1].Arrival) / rc.Speed
+	return &Report{
+		Trace:                rc.Trace.Name,
+		Requests:             len(reqs),
+		Span:                 (last - first) / 1e9,
+		Speed:                rc.Speed,
+		Seed:                 rc.Seed,
+		Fleet:                rc.Fleet,
+		Model:                rc.Model,
+		ReportInterval:       rc.ReportInterval.Seconds(),
+		InfiniteCacheHitRate: t.InfiniteCacheTokenHitRatio(),
+		Results:              results,
+	}
+}
+
+// Result returns the result of the named policy.
+func (rep *Report) Result(policy string) (PolicyResult, bool) {
+	for _, r := range rep.Results {
+		if r.Policy == policy {
+			return r, true
+		}
+	}
+	return PolicyResult{}, false
+}
+
+// WriteJSON writes the report as indented JSON (TTFTSamples omitted).
+func (rep *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// WriteTable writes the report as a heading and an aligned text table, one row per policy:
+// prefix hit rate, TTFT p50/p90/p99, end-to-end p50/p99 (seconds), output throughput, load
+// imbalance, mean prefill utilization of the engines, and dropped requests.
+func (rep *Report) WriteTable(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	name := rep.Trace
+	if name == "" {
+		name = "(unnamed trace)"
+	}
+	fmt.Fprintf(bw, "trace %s: %d requests over %.0f s (speed %g), fleet %s, seed %d\n",
+		name, rep.Requests, rep.Span, rep.Speed, rep.Fleet, rep.Seed)
+	m := &rep.Model
+	fmt.Fprintf(bw, "engines: prefill %.0f tok/s, decode step %v + %.1f ns/KV token, KV %d tokens in %d-token blocks, max %d running, chunk %d; load reports every %g s\n",
+		m.PrefillTokensPerSecond, m.DecodeStepBase, m.kvTokenSeconds()*1e9, m.KVCapacityTokens, m.BlockTokens,
+		m.MaxRunningRequests, m.ChunkedPrefillTokens, rep.ReportInterval)
+	fmt.Fprintf(bw, "infinite-cache prefix hit limit: %.1f %% of prompt tokens\n\n", 100*rep.InfiniteCacheHitRate)
+	tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "policy\thit rate\tTTFT p50\tp90\tp99\tE2E p50\tp99\tout tok/s\timbalance\tprefill util\tbusy\tdropped")
+	for _, r := range rep.Results {
+		fmt.Fprintf(tw, "%s\t%.1f %%\t%.2f s\t%.2f s\t%.2f s\t%.1f s\t%.1f s\t%.0f\t%.2f\t%.0f %%\t%.0f %%\t%d\n",
+			r.Policy, 100*r.HitRate, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.E2E.P50, r.E2E.P99,
+			r.OutputTokensPerSecond, r.Imbalance, 100*r.PrefillUtilization, 100*r.BusyUtilization,
+			r.Rejected+r.Unroutable)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return bw.Flush()
+}

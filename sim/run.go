@@ -1,0 +1,388 @@
+package sim
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/state"
+)
+
+// simModel is the model name the simulated engines serve.
+const simModel state.ModelID = "llama-3.1-8b"
+
+// simEpoch is the wall-clock instant of virtual time 0. Any fixed instant would do; it never
+// appears in a report.
+var simEpoch = time.Date(2025, time.January, 1, 0, 0, 0, 0, time.UTC)
+
+// progressEvery is how many finished requests a run accumulates before it reports progress.
+const progressEvery = 256
+
+// run is one policy's replay: its fleet, router, state handles and event queue. Everything in it
+// is touched by one goroutine.
+type run struct {
+	rc   *resolved
+	name string
+	ctx  context.Context
+
+	now    time.Duration
+	events eventQueue
+	seq    uint64
+
+	load     *loadmon.Table
+	inflight *loadmon.InFlight
+	index    *kvindex.Index
+	router   *enginepick.Router
+
+	front   []*engine // plain or prefill engines, by ID
+	decode  []*engine // PD decode engines, by ID
+	all     []*engine // front then decode; engine.idx indexes it
+	byID    map[state.EngineID]*engine
+	reqs    []reqState
+	pending int // requests neither finished nor dropped
+
+	progress  func(int)
+	unflushed int
+
+	// Outcomes.
+	rejected   int
+	unroutable int
+	finished   int
+	promptTok  int64
+	cachedTok  int64
+	outputTok  int64
+	ttft       []float64
+	e2e        []float64
+	lastFinish time.Duration
+
+	// Buffers.
+	scratch []byte
+	bufs    [32][][]uint32 // free token buffers by power-of-two capacity class
+	breq    bucket.Request
+}
+
+func (r *run) clock() time.Time { return simEpoch.Add(r.now) }
+
+// simulate runs policy i of rc and returns its result.
+func simulate(ctx context.Context, rc *resolved, i int, progress func(int)) (PolicyResult, error) {
+	r, err := newRun(ctx, rc, i, progress)
+	if err != nil {
+		return PolicyResult{}, err
+	}
+	if err := r.loop(); err != nil {
+		return PolicyResult{}, err
+	}
+	if r.unflushed > 0 {
+		r.progress(r.unflushed)
+	}
+	if rc.inspect != nil {
+		if err := rc.inspect(r); err != nil {
+			return PolicyResult{}, err
+		}
+	}
+	return r.result(), nil
+}
+
+func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run, error) {
+	r := &run{rc: rc, name: rc.names[i], ctx: ctx, progress: progress}
+	r.load = loadmon.NewTable(loadmon.WithClock(r.clock))
+	r.inflight = loadmon.NewInFlight(r.clock)
+	hasher, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: rc.Model.BlockTokens})
+	if err != nil {
+		return nil, err
+	}
+	if r.index, err = kvindex.NewIndex(hasher, kvindex.Options{Now: r.clock}); err != nil {
+		return nil, err
+	}
+	rng := rand.New(rand.NewPCG(rc.Seed, rc.Seed))
+	env := PolicyEnv{Load: r.load, InFlight: r.inflight, Index: r.index, Rand: rng.IntN,
+		Admission: rc.Admission, Now: r.clock}
+
+	reg := &state.StaticRegistry{}
+	r.byID = map[state.EngineID]*engine{}
+	addEngines := func(n int, prefix string, stage state.Stage) ([]*engine, error) {
+		width := len(fmt.Sprint(n - 1))
+		out := make([]*engine, n)
+		for k := range n {
+			id := state.EngineID(fmt.Sprintf("sim://%s-%0*d", prefix, width, k))
+			e := &engine{r: r, idx: int32(len(r.all)), id: id, stage: stage, m: &rc.Model,
+				static: state.NewStaticEngine(id, simModel, stage)}
+			idx := r.index
+			if stage == state.StageDecode {
+				idx = nil // decode engines receive KV by transfer and publish no prefix blocks
+			}
+			e.cache = newKVCache(id, &rc.Model, idx, rc.inspect != nil)
+			if err := reg.Add(e.static); err != nil {
+				return nil, err
+			}
+			out[k] = e
+			r.all = append(r.all, e)
+			r.byID[id] = e
+		}
+		return out, nil
+	}
+	spec := bucket.Spec{ID: "default", MaxContextTokens: uint64(rc.Model.MaxContextTokens)}
+	var b *bucket.Bucket
+	if rc.Fleet.IsPD() {
+		if r.front, err = addEngines(rc.Fleet.Prefill, "prefill", state.StagePrefill); err != nil {
+			return nil, err
+		}
+		if r.decode, err = addEngines(rc.Fleet.Decode, "decode", state.StageDecode); err != nil {
+			return nil, err
+		}
+		pg, err := newGroup(rc.factories[i], env, state.StagePrefill)
+		if err != nil {
+			return nil, err
+		}
+		dg, err := newGroup(powerOfTwo, env, state.StageDecode)
+		if err != nil {
+			return nil, err
+		}
+		if b, err = bucket.NewPDBucket(spec, pg, dg); err != nil {
+			return nil, err
+		}
+	} else {
+		if r.front, err = addEngines(rc.Fleet.Plain, "engine", state.StagePlain); err != nil {
+			return nil, err
+		}
+		g, err := newGroup(rc.factories[i], env, state.StagePlain)
+		if err != nil {
+			return nil, err
+		}
+		if b, err = bucket.NewPlainBucket(spec, g); err != nil {
+			return nil, err
+		}
+	}
+	res, err := bucket.NewResolver([]*bucket.Bucket{b}, bucket.ResolverOptions{})
+	if err != nil {
+		return nil, err
+	}
+	r.router, err = enginepick.NewRouter(enginepick.Options{Registry: reg, InFlight: r.inflight, Load: r.load,
+		Resolvers: map[state.ModelID]*bucket.Resolver{simModel: res}})
+	if err != nil {
+		return nil, err
+	}
+
+	r.reqs = make([]reqState, len(rc.requests))
+	for k := range r.reqs {
+		tr := &rc.requests[k]
+		r.reqs[k] = reqState{pos: int32(k), tr: tr, output: max(tr.OutputTokens, 1),
+			arrival: time.Duration(float64(tr.Arrival) / rc.Speed)}
+	}
+	r.pending = len(r.reqs)
+	r.ttft = make([]float64, 0, len(r.reqs))
+	r.e2e = make([]float64, 0, len(r.reqs))
+	return r, nil
+}
+
+func newGroup(f PolicyFactory, env PolicyEnv, stage state.Stage) (*bucket.EngineGroup, error) {
+	p, err := f(env, stage)
+	if err != nil {
+		return nil, err
+	}
+	if p == nil {
+		return nil, fmt.Errorf("sim: policy factory returned a nil policy for stage %s: %w", stage, state.ErrInvalidConfiguration)
+	}
+	return bucket.NewEngineGroup(p, nil)
+}
+
+// loop runs the event queue dry.
+func (r *run) loop() error {
+	r.schedule(0, evTick, 0, 0)
+	r.schedule(r.reqs[0].arrival, evArrival, 0, 0)
+	for n := 0; r.events.Len() > 0; n++ {
+		if n&0xfff == 0 {
+			if err := r.ctx.Err(); err != nil {
+				return err
+			}
+		}
+		ev := heap.Pop(&r.events).(event)
+		r.now = ev.at
+		var err error
+		switch ev.kind {
+		case evTick:
+			err = r.tick()
+		case evArrival:
+			err = r.arrive(int(ev.arg))
+		case evStep:
+			err = r.all[ev.arg].onStep(ev.ver)
+		case evTransfer:
+			err = r.transferred(&r.reqs[ev.arg])
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if r.pending != 0 {
+		return fmt.Errorf("sim: %d requests never finished (simulator bug)", r.pending)
+	}
+	return nil
+}
+
+// tick makes every engine report its load, then schedules the next tick while work remains.
+func (r *run) tick() error {
+	for _, e := range r.all {
+		if err := e.report(); err != nil {
+			return fmt.Errorf("sim: load report of %q: %w", e.id, err)
+		}
+	}
+	if r.pending > 0 {
+		r.schedule(r.now+r.rc.ReportInterval, evTick, 0, 0)
+	}
+	return nil
+}
+
+// arrive routes request k through the library's Router and hands it to the selected engine.
+func (r *run) arrive(k int) error {
+	if k+1 < len(r.reqs) {
+		r.schedule(r.reqs[k+1].arrival, evArrival, int32(k+1), 0)
+	}
+	q := &r.reqs[k]
+	n := q.tr.InputTokens
+	q.tokens = q.tr.AppendTokenIDs(r.tokenBuf(n))
+	r.breq = bucket.Request{
+		Model:    simModel,
+		TokenIDs: q.tokens,
+		Signals: bucket.Signals{InputTokens: int64(n), ExpectedPeakTokens: int64(n + q.tr.OutputTokens),
+			HasExpectedPeak: true},
+	}
+	d, err := r.router.Select(r.ctx, &r.breq)
+	r.breq = bucket.Request{}
+	if err != nil {
+		switch bucket.StatusCode(err) {
+		case http.StatusServiceUnavailable:
+			r.rejected++
+		case http.StatusBadRequest:
+			r.unroutable++
+		default:
+			return fmt.Errorf("sim: routing request %d: %w", k, err)
+		}
+		r.putTokenBuf(q.tokens)
+		q.tokens = nil
+		r.drop()
+		return nil
+	}
+	q.dispatch = d
+	sel := &d.Selection
+	if sel.IsPD() {
+		q.front, q.decode = r.byID[sel.Prefill.Engine.ID()], r.byID[sel.Decode.Engine.ID()]
+	} else {
+		q.front = r.byID[sel.Plain.Engine.ID()]
+	}
+	if q.front == nil || (sel.IsPD() && q.decode == nil) {
+		return errors.New("sim: router selected an engine outside the fleet")
+	}
+	q.hashes, r.scratch = appendEngineHashes(q.hashes[:0], r.scratch, q.tokens, r.rc.Model.BlockTokens)
+	if r.rc.inspect != nil {
+		q.keys = r.index.Hasher().AppendKeys(nil, q.tokens)
+	}
+	return q.front.enqueue(q)
+}
+
+// observeAdmission accounts a request's cache hit when its front engine admits it.
+func (r *run) observeAdmission(q *reqState) {
+	r.promptTok += int64(q.tr.InputTokens)
+	r.cachedTok += int64(q.cached)
+}
+
+// promptDone handles a request whose prompt its front engine has fully prefilled.
+func (r *run) promptDone(q *reqState) error {
+	r.putTokenBuf(q.tokens)
+	q.tokens = nil
+	e := q.front
+	if q.decode == nil {
+		q.firstToken = r.now
+		if q.output <= 1 {
+			q.generated = 1
+			return r.finish(q)
+		}
+		return e.startDecoding(q)
+	}
+	e.holding++
+	return q.decode.enqueueDecode(q)
+}
+
+// transferred handles a PD request whose KV reached its decode engine: the prefill engine frees
+// the request's KV and the decode engine delivers the first token.
+func (r *run) transferred(q *reqState) error {
+	p, d := q.front, q.decode
+	p.releaseFront(q)
+	p.holding--
+	if err := p.poke(); err != nil {
+		return err
+	}
+	d.transferring--
+	q.firstToken = r.now
+	if q.output <= 1 {
+		q.generated = 1
+		return r.finish(q)
+	}
+	return d.startDecoding(q)
+}
+
+// finish ends a request that produced its last token.
+func (r *run) finish(q *reqState) error {
+	if q.finished {
+		return fmt.Errorf("sim: request %d finished twice (simulator bug)", q.pos)
+	}
+	q.finished = true
+	if q.decode == nil {
+		q.front.releaseFront(q)
+	} else {
+		q.decode.cache.unreserve(q.decPrivate)
+		q.decPrivate = 0
+	}
+	q.dispatch.Release()
+	q.dispatch = nil
+	r.finished++
+	r.outputTok += int64(q.output)
+	r.ttft = append(r.ttft, (q.firstToken - q.arrival).Seconds())
+	r.e2e = append(r.e2e, (r.now - q.arrival).Seconds())
+	r.lastFinish = max(r.lastFinish, r.now)
+	r.drop()
+	if q.decode != nil {
+		return q.decode.admitDecode()
+	}
+	return nil
+}
+
+// drop counts a request as done (finished or refused) for progress and termination.
+func (r *run) drop() {
+	r.pending--
+	r.unflushed++
+	if r.unflushed >= progressEvery {
+		r.progress(r.unflushed)
+		r.unflushed = 0
+	}
+}
+
+// tokenBuf returns an empty buffer with capacity for n token IDs, reusing a freed one.
+func (r *run) tokenBuf(n int) []uint32 {
+	class := bits.Len(uint(max(n, 1) - 1))
+	if free := r.bufs[class]; len(free) > 0 {
+		b := free[len(free)-1]
+		r.bufs[class] = free[:len(free)-1]
+		return b[:0]
+	}
+	return make([]uint32, 0, 1<<class)
+}
+
+func (r *run) putTokenBuf(b []uint32) {
+	if cap(b) == 0 {
+		return
+	}
+	class := bits.Len(uint(cap(b) - 1))
+	if 1<<class != cap(b) || class >= len(r.bufs) {
+		return
+	}
+	r.bufs[class] = append(r.bufs[class], b)
+}
