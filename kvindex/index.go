@@ -27,8 +27,12 @@ const (
 	ApproxPruneFraction = 0.8
 )
 
-// maxHold is the most holding entries one node can carry (24 bits of node.meta).
-const maxHold = 1<<24 - 1
+// maxHold is the most holding entries one node can carry (24 bits of node.meta); maxNodes the
+// most nodes (uint32 indexes, 0 reserved for the root).
+const (
+	maxHold  = 1<<24 - 1
+	maxNodes = 1<<32 - 2
+)
 
 // Options configures an Index. The zero value is the documented default for every field.
 type Options struct {
@@ -36,7 +40,8 @@ type Options struct {
 	// count above it, the least recently used leaves are evicted, for every holder at once, until
 	// it fits; interior blocks are never evicted, so every kept block's prefix stays in the tree.
 	// Recency is the last Store or Assume of the block, with a second chance for a block that a
-	// Match has walked since (CLOCK). 0 means DefaultMaxBlocks; negative is an error.
+	// Match has walked since (CLOCK). 0 means DefaultMaxBlocks; negative or above 2^32−2 is an
+	// error.
 	MaxBlocks int
 	// MaxApproxBlocks caps the approximate (Assume) entries, counted per (block, engine). Above
 	// it, entries are pruned to ApproxPruneFraction of the cap. 0 means DefaultMaxApproxBlocks;
@@ -160,8 +165,8 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 			h.blockTokens, state.ErrInvalidConfiguration)
 	}
 	switch {
-	case opts.MaxBlocks < 0:
-		return nil, fmt.Errorf("kvindex: Options.MaxBlocks: %d, must be >= 0: %w", opts.MaxBlocks, state.ErrInvalidConfiguration)
+	case opts.MaxBlocks < 0 || uint64(opts.MaxBlocks) > maxNodes:
+		return nil, fmt.Errorf("kvindex: Options.MaxBlocks: %d, must be in [0, %d]: %w", opts.MaxBlocks, maxNodes, state.ErrInvalidConfiguration)
 	case opts.MaxApproxBlocks < 0:
 		return nil, fmt.Errorf("kvindex: Options.MaxApproxBlocks: %d, must be >= 0: %w", opts.MaxApproxBlocks, state.ErrInvalidConfiguration)
 	case opts.ApproxTTL < 0:

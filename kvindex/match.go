@@ -65,9 +65,9 @@ const maxQueryBlocks = 1<<31 - 1
 // MatchInto is Match writing into m, which it resets first. With a reused m it allocates nothing
 // once m's buffers have grown to the index's size. It takes the index's read lock for the walk,
 // so any number of MatchInto calls (on different Matches) run in parallel. Cost: one table probe
-// per matched block plus, at a block whose holder set differs from its parent's, a merge of the
-// still-matching holders with that block's holders; a block with the same holders as its parent
-// costs O(1).
+// per matched block; a block whose holder entries equal its parent's costs one byte comparison
+// of the two runs, any other block a merge of the still-matching holders with its own (a binary
+// search per holder when few remain against many); then a sort of the engines found.
 func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	m.Engines = m.Engines[:0]
 	m.slots = m.slots[:0]
