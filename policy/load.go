@@ -114,11 +114,19 @@ func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.En
 		if n > 256 {
 			seen = make([]uint64, (n+63)/64)
 		}
-		for s.n < k {
+		for misses := 0; s.n < k; {
 			j := cfg.Rand(n)
-			if seen[j/64]&(1<<(j%64)) != 0 {
-				continue
+			for seen[j/64]&(1<<(j%64)) != 0 {
+				// A duplicate is redrawn. After maxRedraws duplicates in a row (a degenerate
+				// source; with a uniform one this needs k close to n and bad luck) the next
+				// free index is taken instead, so the loop always ends.
+				if misses++; misses <= maxRedraws {
+					j = cfg.Rand(n)
+				} else {
+					j = (j + 1) % n
+				}
 			}
+			misses = 0
 			seen[j/64] |= 1 << (j % 64)
 			s.offer(j, cfg.observe(snap, engines[j]))
 		}
@@ -126,6 +134,9 @@ func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.En
 	i, o := s.result()
 	return i, o, nil
 }
+
+// maxRedraws bounds consecutive duplicate draws in sampleLeastPressured.
+const maxRedraws = 64
 
 func stageOf(req *Request) state.Stage {
 	if req == nil {

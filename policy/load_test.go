@@ -310,3 +310,18 @@ func TestLeastLoadFallsBackToInFlightWhenAnyReportIsMissing(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("b"), pk.Engine.ID(), "c has no report: all scored by in-flight (a 2, b 0, c 1)")
 }
+
+func TestPowerOfNTerminatesWithADegenerateRandomSource(t *testing.T) {
+	t.Parallel()
+	e := newEnv()
+	for _, id := range []state.EngineID{"a", "b", "c", "d"} {
+		e.native(id, loadmon.Report{WaitingRequests: 1})
+	}
+	e.native("c", loadmon.Report{WaitingRequests: 0})
+	cfg := e.cfg()
+	cfg.Rand = func(int) int { return 0 } // always the same index
+	p, _ := policy.NewPowerOfN(cfg, 3)
+	pk, err := p.Pick(ctx, engines(state.StagePlain, "a", "b", "c", "d"), &policy.Request{})
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("c"), pk.Engine.ID(), "samples a, then b and c by probing; c is least loaded")
+}
