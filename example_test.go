@@ -1,0 +1,52 @@
+package enginepick_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// The README's embedding example, with its output checked.
+func Example() {
+	load, inflight := loadmon.NewTable(), loadmon.NewInFlight(nil)
+	reg := &state.StaticRegistry{}
+	_ = reg.Add(state.NewStaticEngine("http://10.0.0.1:30000", "llama-8b", state.StagePlain))
+	_ = reg.Add(state.NewStaticEngine("http://10.0.0.2:30000", "llama-8b", state.StagePlain))
+
+	p2, _ := policy.NewPowerOfN(policy.Config{Load: load, InFlight: inflight,
+		Admission: admission.Limits{MaxWaitingRequests: admission.Cap(8)}}, 2)
+	all, _ := bucket.NewEngineGroup(p2, nil)
+	short, _ := bucket.NewPlainBucket(bucket.Spec{ID: "short", MaxContextTokens: 32768}, all)
+	resolver, _ := bucket.NewResolver([]*bucket.Bucket{short}, bucket.ResolverOptions{})
+	router, _ := enginepick.NewRouter(enginepick.Options{Registry: reg, Load: load, InFlight: inflight,
+		Resolvers: map[state.ModelID]*bucket.Resolver{"llama-8b": resolver}})
+
+	// Engine 1 reports a prefill queue; engine 2 is idle. With native fields on both, power-of-two
+	// (which samples both of two engines) ranks them by pending prefill work.
+	_ = load.Report(loadmon.Report{Engine: "http://10.0.0.1:30000", RunningRequests: 12, WaitingRequests: 3,
+		KVCapacityTokens: 440_000, Native: &loadmon.NativeLoad{MaxRunningRequests: 256, WaitingUncachedTokens: 9000}})
+	_ = load.Report(loadmon.Report{Engine: "http://10.0.0.2:30000", RunningRequests: 4,
+		KVCapacityTokens: 440_000, Native: &loadmon.NativeLoad{MaxRunningRequests: 256}})
+
+	promptTokens := make([]uint32, 1000)
+	for _, maxTokens := range []int64{500, 40000} {
+		peak, _ := bucket.ExpectedPeak(int64(len(promptTokens)), maxTokens)
+		d, err := router.Select(context.Background(), &bucket.Request{Model: "llama-8b", TokenIDs: promptTokens,
+			Signals: bucket.Signals{InputTokens: int64(len(promptTokens)), ExpectedPeakTokens: peak, HasExpectedPeak: true}})
+		if err != nil {
+			fmt.Println(bucket.StatusCode(err), err)
+			continue
+		}
+		fmt.Println(d.Selection.Bucket.ID(), d.Selection.Plain.Engine.ID(), d.Selection.Plain.Reason)
+		d.Release()
+	}
+	// Output:
+	// short http://10.0.0.2:30000 power_of_two
+	// 400 bucket: input 1000 tokens (peak 41000): no matching bucket
+}
