@@ -16,7 +16,8 @@ import (
 // prune_target_ratio: 0.8").
 const (
 	// DefaultMaxBlocks is the default block cap: 4,194,304 blocks, about 64 Mi tokens at 16
-	// tokens per block, and roughly 400 MiB at one holder per block (see bench_test.go).
+	// tokens per block, and roughly 350 MiB at one holder per block (86 bytes per block and
+	// holder, BenchmarkMemory).
 	DefaultMaxBlocks = 1 << 22
 	// DefaultApproxTTL is how long an Assume entry lives unless the call names another TTL.
 	DefaultApproxTTL = 120 * time.Second
