@@ -109,6 +109,7 @@ type Index struct {
 	seen    table
 	keyBuf  []uint64
 	nodeBuf []uint32
+	known   []bool
 }
 
 // node is one block. It holds no pointers, so the node slab costs the garbage collector nothing.
@@ -286,15 +287,20 @@ func (x *Index) store(ev *StoreEvent) error {
 	if i, ok := x.resolveChain(parent, x.keyBuf); !ok {
 		return fail(ErrKeyConflict, ev.BlockHashes[i])
 	}
+	x.known = x.known[:0]
 	for i, n := range x.nodeBuf {
+		known := false
 		if hok {
-			if m, ok := x.holders[hid].bindings.get(ev.BlockHashes[i]); ok && m != n {
+			m, ok := x.holders[hid].bindings.get(ev.BlockHashes[i])
+			if ok && m != n {
 				return fail(ErrDuplicateHash, ev.BlockHashes[i])
 			}
+			known = ok
 		}
 		if n != 0 && x.nodes[n].nHold() >= maxHold {
 			return fail(ErrTooManyHolders, ev.BlockHashes[i])
 		}
+		x.known = append(x.known, known)
 	}
 
 	// Valid: apply.
@@ -306,7 +312,7 @@ func (x *Index) store(ev *StoreEvent) error {
 		if n == 0 {
 			n = x.newNode(x.keyBuf[i], prev)
 		}
-		x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier))
+		x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
 		x.touch(n)
 		prev = n
 	}
@@ -329,10 +335,9 @@ func (x *Index) resolveChain(parent uint32, keys []uint64) (int, bool) {
 				return i, false
 			}
 		} else {
-			if _, dup := x.seen.get(k); dup {
+			if _, dup := x.seen.add(k, 1); dup {
 				return i, false
 			}
-			x.seen.put(k, 1)
 		}
 		x.nodeBuf = append(x.nodeBuf, n)
 		prev = n
@@ -354,19 +359,19 @@ func (x *Index) firstDuplicate(vs []uint64) (uint64, bool) {
 	}
 	x.seen.clearFor(len(vs))
 	for _, v := range vs {
-		if _, ok := x.seen.get(v); ok {
+		if _, dup := x.seen.add(v, 1); dup {
 			return v, true
 		}
-		x.seen.put(v, 1)
 	}
 	return 0, false
 }
 
-// storeHolding records holder hid's hash at node n in tier t (validated by the caller).
-func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8) {
+// storeHolding records holder hid's hash at node n in tier t (validated by the caller); known
+// reports whether the holder already binds hash (to n).
+func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) {
 	h := &x.holders[hid]
 	lo, hi := x.findHolder(n, hid)
-	if m, ok := h.bindings.get(hash); ok && m == n {
+	if known {
 		for p := lo; p < hi; p++ {
 			if x.hTiers[p]&approxBit == 0 && x.hAux[p] == hash {
 				x.addTiers(h, x.hTiers[p], t)
@@ -438,19 +443,21 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	}
 	h := &x.holders[hid]
 	var unknown []uint64
+	x.nodeBuf = x.nodeBuf[:0]
 	for _, hash := range hashes {
-		if _, ok := h.bindings.get(hash); !ok {
+		n, ok := h.bindings.get(hash)
+		if !ok {
 			unknown = append(unknown, hash)
 		}
+		x.nodeBuf = append(x.nodeBuf, n)
 	}
 	if len(unknown) > 0 {
 		return fail(ErrUnknownHash, unknown...)
 	}
-	for _, hash := range hashes {
-		n, ok := h.bindings.get(hash)
-		if !ok {
-			continue
-		}
+	for i, hash := range hashes {
+		// A hash named twice finds its entry gone (or its node freed: no entries) the second
+		// time; nodes freed here are not reused before Remove returns.
+		n := x.nodeBuf[i]
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
 			if x.hTiers[p]&approxBit != 0 || x.hAux[p] != hash {

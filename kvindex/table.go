@@ -86,6 +86,31 @@ func (t *table) put(k uint64, v uint32) {
 	}
 }
 
+// add inserts k with value v (not 0) unless k is present; it returns the present value and true
+// in that case, leaving it unchanged. One probe sequence serves both the test and the insert.
+func (t *table) add(k uint64, v uint32) (uint32, bool) {
+	if k == 0 {
+		if t.zeroVal != 0 {
+			return t.zeroVal, true
+		}
+		t.zeroVal = v
+		return 0, false
+	}
+	if 4*(t.n+1) > 3*len(t.keys) {
+		t.resize(max(len(t.keys)+len(t.keys)/2, tableMinSlots))
+	}
+	for i := t.slot(k); ; i = t.next(i) {
+		switch t.keys[i] {
+		case k:
+			return t.vals[i], true
+		case 0:
+			t.keys[i], t.vals[i] = k, v
+			t.n++
+			return 0, false
+		}
+	}
+}
+
 // del removes k and reports whether it was present. A table larger than tableShrinkSlots halves
 // when it falls below one-sixteenth full, so a holder that drops most of its blocks gives the
 // memory back, while a small table that fills and empties with every event never reallocates.
