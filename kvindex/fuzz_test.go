@@ -109,13 +109,13 @@ func FuzzHasher(f *testing.F) {
 }
 
 // FuzzTable applies put/del/get operations decoded from the input to the open-addressing table
-// and to a map: each operation is one op byte (even: put, odd: delete) and one key byte (keys
+// and to a map: each operation is one op byte (mod 3: put, add, delete) and one key byte (keys
 // are spread multiples of the byte, 0 included, so probe runs collide and wrap).
 func FuzzTable(f *testing.F) {
 	// Nothing.
 	f.Add([]byte{})
-	// Put keys 0..7, delete them in reverse: growth, key 0, backward shifts.
-	f.Add([]byte{0, 0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 1, 7, 1, 6, 1, 5, 1, 4, 1, 3, 1, 2, 1, 1, 1, 0})
+	// Put keys 0..7, add key 3 again, delete them in reverse: growth, key 0, backward shifts.
+	f.Add([]byte{0, 0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 1, 3, 2, 7, 2, 6, 2, 5, 2, 4, 2, 3, 2, 2, 2, 1, 2, 0})
 	// Random operations.
 	f.Add(pcgBytes(1, 512))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -123,11 +123,20 @@ func FuzzTable(f *testing.F) {
 		ref := map[uint64]uint32{}
 		for i := 0; i+1 < len(data); i += 2 {
 			k := uint64(data[i+1]) * 0x0101010100000000
-			if data[i]%2 == 0 {
-				v := uint32(data[i]) + 1
+			switch v := uint32(data[i]) + 1; data[i] % 3 {
+			case 0:
 				tb.put(k, v)
 				ref[k] = v
-			} else {
+			case 1:
+				old, had := ref[k]
+				got, present := tb.add(k, v)
+				if present != had || got != old {
+					t.Fatalf("add(%#x) = %d, %v; want %d, %v", k, got, present, old, had)
+				}
+				if !had {
+					ref[k] = v
+				}
+			default:
 				_, had := ref[k]
 				if had != tb.del(k) {
 					t.Fatalf("del(%#x) = %v, want %v", k, !had, had)
