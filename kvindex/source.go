@@ -191,6 +191,8 @@ type RemoteIndexer interface {
 // RemoteIndexerFunc adapts a function to RemoteIndexer.
 type RemoteIndexerFunc func(ctx context.Context, q RemoteQuery) ([]EngineMatch, error)
 
+var _ RemoteIndexer = RemoteIndexerFunc(nil)
+
 // MatchPrefix calls f.
 func (f RemoteIndexerFunc) MatchPrefix(ctx context.Context, q RemoteQuery) ([]EngineMatch, error) {
 	return f(ctx, q)
