@@ -40,37 +40,38 @@
 // to every step of every Match. Writes are not the bottleneck: one core applies about 10 M block
 // events per second (below), orders of magnitude above what a fleet publishes.
 //
-// Figures (BenchmarkMatchParallel and BenchmarkMatch512/deep, the 64-engine × 10,000-block
-// tree of bench_test.go, 512-block query; one session on the 2-core development machine, best of
-// six runs; ns per Match, so two goroutines at full speed halve it):
+// Figures (BenchmarkMatchParallel and BenchmarkMatch512/deep: the 64-engine × 10,000-block tree
+// of bench_test.go, 512-block query; ns per Match, so two goroutines at full speed halve it).
+// The Mutex line is an experiment (match.go's RLock replaced by Lock), run in one session with
+// the RWMutex line beside it, best of six:
 //
-//	one goroutine                               15.3 µs   (14.3 µs with the RWMutex)
-//	two goroutines, sync.Mutex (experiment)     15.1 µs   no gain: readers serialise
+//	one goroutine                               14.3 µs   (8.4–11 µs on a quieter machine)
+//	two goroutines, sync.Mutex                  15.1 µs   no gain: readers serialise
 //	two goroutines, sync.RWMutex                 7.5 µs   2.0× the Mutex's throughput
-//	two goroutines and a writer storing and      ~16 µs   the writer applied 0.35–0.85 M
-//	  removing 32-block events non-stop                   blocks/s meanwhile; 0 allocs
 //
-// (That session was slowed by other work on the machine; quiet runs measure 8.4 µs for one
-// goroutine.)
+// A writer storing and removing 32-block events without pause beside two matching goroutines
+// (three busy goroutines on two cores) applied 0.7 M blocks/s while matches ran at 22 µs/op, with
+// no allocation; a real fleet publishes orders of magnitude fewer blocks per second.
 //
 // # Performance
 //
 // The targets came from a reference Go index (328 µs to hash 8,192 tokens, ~990 µs for a
 // 512-block lookup, 0.78 M block-adds/s, 734 bytes per (block, engine)). Measured with
-// go test -run x -bench . -benchmem ./kvindex/ (Go 1.26, 2.3 GHz Xeon, 2 cores shared with other
-// work, so figures vary by up to 2× between runs; best observed, then typical under load):
+// go test -run x -bench . -benchmem -count 3 ./kvindex/ (Go 1.26, 2.3 GHz Xeon, 2 cores shared
+// with other work, which moves figures by up to 2× between runs; best of three, and the best
+// seen in quieter runs in parentheses):
 //
-//	hash 8,192 tokens (512 blocks)        8.1 µs (10–14), 4.1 GB/s, 0 allocs   target ≤ 6.5 µs: missed, 41×
-//	Match 512 blocks, 64 engines × 10 k   8.4 µs (11–15), 0 allocs             target ≤ 20 µs: 118×
-//	Match 512 blocks, Mooncake trace      7.9 µs (11), 0 allocs
-//	store+remove events, one core         9.7 M blocks/s (4–7.9), 0 allocs     target ≥ 7.8 M/s: 12×
-//	store with eviction at 128 Ki blocks  2.3 M blocks/s (1.2–1.7)             cache-miss bound
-//	memory, 1 M blocks, 1 holder each     86 B per (block, holder)             target ≤ 100: 8.5×
+//	hash 8,192 tokens (512 blocks)        7.8 µs, 4.2 GB/s, 0 allocs        target ≤ 6.5 µs: missed (42×, not 50×)
+//	Match 512 blocks, 64 engines × 10 k   11.1 µs (8.4), 0 allocs           target ≤ 20 µs: met (89×)
+//	Match 512 blocks, Mooncake trace      9.7 µs (7.9), 0 allocs
+//	store+remove events, one core         9.2 M blocks/s (9.7), 0 allocs    target ≥ 7.8 M/s: met (12×)
+//	store with eviction at 128 Ki blocks  2.0 M blocks/s (2.3)              cache-miss bound
+//	memory, 1 M blocks, 1 holder each     86 B per (block, holder)          target ≤ 100: met (8.5×)
 //	memory, 1 M blocks, 4 holders each    47 B per (block, holder)
 //
-// Hashing is bound by xxhash itself: one XXH64 of a 64-byte block costs 12–16 ns here, 6.3–8.4 µs
+// Hashing is bound by xxhash itself: one XXH64 of a 64-byte block costs about 13 ns here, 6.6 µs
 // for 512 blocks before any chaining (BenchmarkHashAlternatives/content-only), so the 6.5 µs
 // target is out of reach with one cespare/xxhash call per block on this machine. The chaining
-// step adds about 1.5 µs; the form that hashes le(parent key) ‖ tokens adds about 4.5 µs
+// step adds about 2 µs; the form that hashes le(parent key) ‖ tokens instead costs 12.4 µs in all
 // (BenchmarkHashAlternatives/serial-digest).
 package kvindex

@@ -65,7 +65,7 @@ type HasherConfig struct {
 // fixed block and in content[i] for a fixed parent, so two different blocks under one parent, or
 // one block under two different parents, never share a key; equal keys imply equal prefixes up to
 // a 2^-64 chance. Hashing each block's content independently lets the CPU overlap blocks, which is
-// why this form is used rather than XXH64 over le64(key[i-1]) ‖ tokens (about 1.25× slower in
+// why this form is used rather than XXH64 over le64(key[i-1]) ‖ tokens (about 1.4× slower in
 // BenchmarkHashAlternatives: the whole digest sits on the serial chain). A trailing partial block
 // has no key.
 //
