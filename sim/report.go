@@ -188,7 +188,8 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 
 // WriteTable writes the report as a heading and an aligned text table, one row per policy:
 // prefix hit rate, TTFT p50/p90/p99, end-to-end p50/p99 (seconds), output throughput, load
-// imbalance, mean prefill utilization of the engines, and dropped requests.
+// imbalance, mean prefill utilization of the engines, requests dropped because admission rejected
+// every engine (503), and requests too long for any bucket (400).
 func (rep *Report) WriteTable(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	name := rep.Trace
@@ -203,12 +204,12 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		m.MaxRunningRequests, m.ChunkedPrefillTokens, rep.ReportInterval)
 	fmt.Fprintf(bw, "infinite-cache prefix hit limit: %.1f %% of prompt tokens\n\n", 100*rep.InfiniteCacheHitRate)
 	tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "policy\thit rate\tTTFT p50\tp90\tp99\tE2E p50\tp99\tout tok/s\timbalance\tprefill util\tbusy\tdropped")
+	fmt.Fprintln(tw, "policy\thit rate\tTTFT p50\tp90\tp99\tE2E p50\tp99\tout tok/s\timbalance\tprefill util\tbusy\trejected\ttoo long")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%.1f %%\t%.2f s\t%.2f s\t%.2f s\t%.1f s\t%.1f s\t%.0f\t%.2f\t%.0f %%\t%.0f %%\t%d\n",
+		fmt.Fprintf(tw, "%s\t%.1f %%\t%.2f s\t%.2f s\t%.2f s\t%.1f s\t%.1f s\t%.0f\t%.2f\t%.0f %%\t%.0f %%\t%d\t%d\n",
 			r.Policy, 100*r.HitRate, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.E2E.P50, r.E2E.P99,
 			r.OutputTokensPerSecond, r.Imbalance, 100*r.PrefillUtilization, 100*r.BusyUtilization,
-			r.Rejected+r.Unroutable)
+			r.Rejected, r.Unroutable)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -40,6 +40,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -53,6 +54,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/sim"
 )
 
@@ -93,6 +95,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	seed := fs.Uint64("seed", defaultSeed, "random seed of every policy run")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	plotDir := fs.String("plot", "", "directory to write PNG charts to")
+	limitsJSON := fs.String("admission", "", `per-engine admission caps as JSON, e.g. '{"max_waiting_requests": 32}' (default: admit everything)`)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -114,6 +117,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 		cfg.Fleet = fleet
 	}
 	cfg.Policies = splitList(*policies)
+	if *limitsJSON != "" {
+		var limits admission.Limits
+		if err := json.Unmarshal([]byte(*limitsJSON), &limits); err != nil {
+			return fmt.Errorf("-admission: %w", err)
+		}
+		cfg.Admission = limits
+	}
 	var err error
 	if *tracePath == "" {
 		cfg.Trace, err = sim.MooncakeConversation()

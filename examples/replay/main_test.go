@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/sim"
 	"github.com/enginepick/enginepick/state"
 )
@@ -87,4 +88,21 @@ func TestRunRejectsBadFlags(t *testing.T) {
 			assert.Empty(t, out.String(), "no partial report")
 		})
 	}
+}
+
+func TestRunAdmissionFlag(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	args := []string{"-limit", "1500", "-policies", "round_robin", "-json"}
+	require.NoError(t, run(context.Background(), args, &out, &errOut, false))
+	var open, capped sim.Report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &open))
+	out.Reset()
+	require.NoError(t, run(context.Background(), append(args, "-admission", `{"max_waiting_requests": 1}`), &out, &errOut, false))
+	require.NoError(t, json.Unmarshal(out.Bytes(), &capped))
+	assert.Zero(t, open.Results[0].Rejected, "no caps: nothing rejected")
+	assert.Positive(t, capped.Results[0].Rejected, "a cap of one waiting request rejects some requests")
+
+	err := run(context.Background(), []string{"-admission", `{"max_waitin": 4}`}, &out, &errOut, false)
+	assert.ErrorIs(t, err, admission.ErrUnknownField)
 }
