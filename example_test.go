@@ -7,6 +7,7 @@ import (
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -49,4 +50,49 @@ func Example() {
 	// Output:
 	// short http://10.0.0.2:30000 power_of_two
 	// 400 bucket: input 1000 tokens (peak 41000): no matching bucket
+}
+
+// The README's cache-aware example: one engine publishes the blocks of a 2,048-token prompt, and
+// the next request with that prefix goes to it.
+func Example_cacheAware() {
+	load, inflight := loadmon.NewTable(), loadmon.NewInFlight(nil)
+	reg := &state.StaticRegistry{}
+	for _, id := range []state.EngineID{"http://10.0.0.1:30000", "http://10.0.0.2:30000", "http://10.0.0.3:30000"} {
+		_ = reg.Add(state.NewStaticEngine(id, "llama-8b", state.StagePlain))
+	}
+	hasher, _ := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: 16})
+	index, _ := kvindex.NewIndex(hasher, kvindex.Options{})
+	source, _ := kvindex.NewLocalSource(index)
+	cache, _ := policy.NewCacheAware(policy.Config{Load: load, InFlight: inflight},
+		policy.CacheAwareOptions{Source: source, WorkerQueueLimit: admission.Cap(8)})
+	group, _ := bucket.NewEngineGroup(cache, nil)
+	all, _ := bucket.NewPlainBucket(bucket.Spec{ID: "all"}, group)
+	resolver, _ := bucket.NewResolver([]*bucket.Bucket{all}, bucket.ResolverOptions{})
+	router, _ := enginepick.NewRouter(enginepick.Options{Registry: reg, Load: load, InFlight: inflight,
+		Resolvers: map[state.ModelID]*bucket.Resolver{"llama-8b": resolver}})
+
+	conversation := make([]uint32, 2048)
+	for i := range conversation {
+		conversation[i] = uint32(1000 + i)
+	}
+	engineHashes := make([]uint64, len(conversation)/16) // the engine's own block hashes: opaque IDs
+	for i := range engineHashes {
+		engineHashes[i] = uint64(0xabc000 + i)
+	}
+	err := index.Store(kvindex.StoreEvent{Engine: "http://10.0.0.2:30000", BlockHashes: engineHashes,
+		TokenIDs: conversation, Tier: kvindex.TierDevice})
+	fmt.Println("store:", err)
+
+	nextTurn := append(append([]uint32(nil), conversation...), 7, 8, 9)
+	d, err := router.Select(context.Background(), &bucket.Request{Model: "llama-8b", TokenIDs: nextTurn,
+		Signals: bucket.Signals{InputTokens: int64(len(nextTurn))}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(d.Selection.Plain.Engine.ID(), d.Selection.Plain.Reason)
+	d.Release()
+	// Output:
+	// store: <nil>
+	// http://10.0.0.2:30000 cache_candidate
 }

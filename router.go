@@ -79,8 +79,12 @@ type Dispatch struct {
 	guards    [2]*loadmon.Guard
 }
 
-// Release ends the dispatch's hold on every selected engine's in-flight counter.
+// Release ends the dispatch's hold on every selected engine's in-flight counter. A nil *Dispatch's
+// Release does nothing.
 func (d *Dispatch) Release() {
+	if d == nil {
+		return
+	}
 	for _, g := range d.guards {
 		g.Release()
 	}
@@ -91,8 +95,15 @@ func (d *Dispatch) Release() {
 // acquires one in-flight guard per selected engine: the plain engine, or the prefill and the
 // decode engine. Nothing is acquired on failure.
 //
-// Errors: ErrUnknownModel (404); otherwise bucket.Select's errors (bucket.StatusCode maps them).
+// Errors: a nil req wraps policy.ErrInvalidSignal; ErrUnknownModel (404); otherwise bucket.Select's
+// errors (bucket.StatusCode maps them). A nil ctx means context.Background().
 func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, error) {
+	if req == nil {
+		return nil, fmt.Errorf("enginepick: Select: nil request: %w", policy.ErrInvalidSignal)
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	res, ok := r.resolvers[req.Model]
 	if !ok {
 		return nil, fmt.Errorf("enginepick: model %q: %w", req.Model, ErrUnknownModel)

@@ -174,3 +174,16 @@ func TestNewRouterRejectsMissingPieces(t *testing.T) {
 		assert.ErrorIs(t, err, policy.ErrInvalidConfiguration, name)
 	}
 }
+
+func TestRouterNilInputs(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	_, err := f.router.Select(context.Background(), nil)
+	assert.ErrorIs(t, err, policy.ErrInvalidSignal)
+	//lint:ignore SA1012 a nil context is what this test checks
+	d, err := f.router.Select(nil, &bucket.Request{Model: "plain"}) //nolint:staticcheck
+	require.NoError(t, err, "a nil context means Background")
+	d.Release()
+	var none *enginepick.Dispatch
+	none.Release() // no panic
+}

@@ -39,7 +39,7 @@ func (e *ExhaustedError) Error() string {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		fmt.Fprintf(&b, "%q (%s)", r.Engine.ID(), r.Limit)
+		fmt.Fprintf(&b, "%q (%s: %d of cap %d)", r.Engine.ID(), r.Limit, r.Observed, r.Cap)
 	}
 	return b.String()
 }

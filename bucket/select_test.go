@@ -164,7 +164,7 @@ func TestExhaustionCarriesEveryRejection(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, bucket.StatusCode(err))
 	var rej *policy.AdmissionRejectedError
 	assert.ErrorAs(t, err, &rej)
-	assert.Contains(t, err.Error(), `"d2" (max_running_requests)`)
+	assert.Contains(t, err.Error(), `"d2" (max_running_requests: 1 of cap 1)`)
 }
 
 func TestExhaustionWithoutRejectionsReportsTheLastUnavailableStage(t *testing.T) {

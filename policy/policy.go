@@ -73,7 +73,9 @@ type Pick struct {
 	Reason string
 }
 
-// Reason labels (research/sgl-router.md §6.3, sgl_router_policy_decisions_total).
+// Reason labels (research/sgl-router.md §6.3, sgl_router_policy_decisions_total). The session
+// labels (ReasonSessionPrimary, ReasonAssigned, ReasonNoSession) are reserved for the SessionAware
+// policy, not yet implemented.
 const (
 	ReasonRoundRobin       = "round_robin"
 	ReasonRandom           = "random"
