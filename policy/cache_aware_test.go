@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -568,6 +569,11 @@ func TestCacheAwareConcurrentPicksRaceEventsAndRemoval(t *testing.T) {
 				_ = c.index.RemoveEngine(id)
 				c.load.Forget(id)
 			}
+			// Approximate entries for an engine without events, and their expiry.
+			keys := c.index.Hasher().Keys(prompt(4*blockTokens, uint32(i%7)))
+			_ = c.index.Assume("c", keys, time.Second)
+			c.clk.Advance(100 * time.Millisecond)
+			c.index.Expire(c.clk.Now())
 		}
 	})
 	wg.Wait()
