@@ -36,7 +36,7 @@ func (a approxEntry) before(b approxEntry) bool {
 // (Dynamo's approximate mode, research/dynamo-traces-events.md §1.4): engine's DP rank 0 is taken
 // to hold keys, a prompt's chained keys from the index's Hasher (starting at the prompt's first
 // block), until ttl from now. ttl 0 means Options.ApproxTTL; negative returns an error wrapping
-// state.ErrInvalidConfiguration. Empty keys is a no-op.
+// state.ErrInvalidConfiguration. Empty keys is a no-op (but an empty engine is still refused).
 //
 // Assuming a block again refreshes its expiry to the new one. A block the holder already holds
 // through a real event is left real. A later real Store of the block by (engine, rank 0) turns the
@@ -45,9 +45,9 @@ func (a approxEntry) before(b approxEntry) bool {
 // prunes to ApproxPruneFraction of the cap, earliest expiry first and, within an expiry, deepest
 // block first; then MaxBlocks applies as for Store.
 //
-// Errors (an *EventError with Op "assume"; the index is unchanged): ErrCyclicChain (a key repeats),
-// ErrKeyConflict (a key is in the index under a different parent: keys is not one prompt's chain
-// from this Hasher), ErrTooManyHolders.
+// Errors (an *EventError with Op "assume"; the index is unchanged): ErrInvalidEngine (engine is
+// empty), ErrCyclicChain (a key repeats), ErrKeyConflict (a key is in the index under a different
+// parent: keys is not one prompt's chain from this Hasher), ErrTooManyHolders.
 func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) error {
 	if ttl < 0 {
 		return fmt.Errorf("kvindex: Assume: ttl %v, must be >= 0: %w", ttl, state.ErrInvalidConfiguration)
@@ -55,13 +55,16 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 	if ttl == 0 {
 		ttl = x.ttl
 	}
+	fail := func(err error, hs ...uint64) error {
+		return &EventError{Op: "assume", Engine: engine, Hashes: hs, Err: err}
+	}
+	if engine == "" {
+		return fail(ErrInvalidEngine)
+	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if len(keys) == 0 {
 		return nil
-	}
-	fail := func(err error, hs ...uint64) error {
-		return &EventError{Op: "assume", Engine: engine, Hashes: hs, Err: err}
 	}
 	if dup, ok := x.firstDuplicate(keys); ok {
 		return fail(ErrCyclicChain, dup)

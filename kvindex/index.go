@@ -206,8 +206,8 @@ func (x *Index) Hasher() Hasher { return x.hasher }
 // StoreEvent is one engine's report that it now holds a run of consecutive blocks: vLLM and
 // SGLang BlockStored (research/dynamo-traces-events.md §3.2), already decoded.
 type StoreEvent struct {
-	// Engine and Rank name the holder. Rank is the engine's data-parallel rank (0 when the
-	// engine has no DP); negative is an error.
+	// Engine and Rank name the holder. Engine must not be empty (ErrInvalidEngine). Rank is the
+	// engine's data-parallel rank (0 when the engine has no DP); negative is an error.
 	Engine state.EngineID
 	Rank   int
 	// ParentHash is the engine's hash of the block just before the first stored block, used only
@@ -234,8 +234,9 @@ type StoreEvent struct {
 // supersedes an Assume entry of the same (engine, rank 0) at that block: the entry becomes real
 // and no longer expires.
 //
-// Errors (an *EventError; the index is unchanged): ErrInvalidRank, ErrInvalidTier,
-// ErrBlockSizeMismatch, ErrDuplicateHash (a hash twice in the event, or already held by this
+// Errors (an *EventError; the index is unchanged): ErrInvalidEngine (ev.Engine is empty, even for
+// an event with no blocks), ErrInvalidRank, ErrInvalidTier, ErrBlockSizeMismatch (its Err is a
+// *BlockSizeError with the counts), ErrDuplicateHash (a hash twice in the event, or already held by this
 // holder for another block), ErrCyclicChain (ParentHash among BlockHashes), ErrUnknownParent,
 // ErrKeyConflict, ErrTooManyHolders. Cost: O(blocks) plus any eviction the cap requires.
 func (x *Index) Store(ev StoreEvent) error {
@@ -248,6 +249,9 @@ func (x *Index) store(ev *StoreEvent) error {
 	fail := func(err error, hashes ...uint64) error {
 		return &EventError{Op: "store", Engine: ev.Engine, Rank: ev.Rank, Hashes: hashes, Err: err}
 	}
+	if ev.Engine == "" {
+		return fail(ErrInvalidEngine)
+	}
 	if ev.Rank < 0 {
 		return fail(ErrInvalidRank)
 	}
@@ -256,7 +260,7 @@ func (x *Index) store(ev *StoreEvent) error {
 	}
 	nb := len(ev.BlockHashes)
 	if len(ev.TokenIDs) != nb*x.hasher.blockTokens {
-		return fail(ErrBlockSizeMismatch)
+		return fail(&BlockSizeError{Tokens: len(ev.TokenIDs), Blocks: nb, BlockTokens: x.hasher.blockTokens})
 	}
 	if nb == 0 {
 		return nil
@@ -419,14 +423,17 @@ func (x *Index) subTiers(h *holder, drop uint8) {
 // that holder; a block no holder keeps and with no children leaves the tree, and so does each
 // ancestor that is left empty. A hash named twice is removed once.
 //
-// Errors (an *EventError; the index is unchanged): ErrInvalidRank, ErrInvalidTier, ErrUnknownEngine
-// (the (engine, rank) holds nothing and never did, or was removed), ErrUnknownHash (listing every
+// Errors (an *EventError; the index is unchanged): ErrInvalidEngine (engine is empty),
+// ErrInvalidRank, ErrInvalidTier, ErrUnknownEngine (the (engine, rank) holds nothing and never did, or was removed), ErrUnknownHash (listing every
 // hash the holder does not hold; this includes blocks the index evicted under MaxBlocks).
 func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers Tier) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	fail := func(err error, hs ...uint64) error {
 		return &EventError{Op: "remove", Engine: engine, Rank: rank, Hashes: hs, Err: err}
+	}
+	if engine == "" {
+		return fail(ErrInvalidEngine)
 	}
 	if rank < 0 {
 		return fail(ErrInvalidRank)
@@ -480,11 +487,14 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 // Clear drops every block engine's DP rank holds, real and approximate, in every tier (vLLM and
 // SGLang AllBlocksCleared, scoped to the emitting rank as Dynamo's protocols.rs documents;
 // research/dynamo-traces-events.md §1.2). The holder stays known, so a later Remove for it returns
-// ErrUnknownHash rather than ErrUnknownEngine. Errors (an *EventError): ErrInvalidRank,
-// ErrUnknownEngine. Cost: O(blocks the holder held + approximate entries in the index).
+// ErrUnknownHash rather than ErrUnknownEngine. Errors (an *EventError; the index is unchanged):
+// ErrInvalidEngine (engine is empty), ErrInvalidRank, ErrUnknownEngine. Cost: O(blocks the holder held + approximate entries in the index).
 func (x *Index) Clear(engine state.EngineID, rank int) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if engine == "" {
+		return &EventError{Op: "clear", Engine: engine, Rank: rank, Err: ErrInvalidEngine}
+	}
 	if rank < 0 {
 		return &EventError{Op: "clear", Engine: engine, Rank: rank, Err: ErrInvalidRank}
 	}
@@ -497,11 +507,15 @@ func (x *Index) Clear(engine state.EngineID, rank int) error {
 }
 
 // RemoveEngine forgets engine entirely: every DP rank, every block, real and approximate. Call it
-// when the engine leaves the registry. Errors: an *EventError wrapping ErrUnknownEngine when the
-// engine is not in the index. Cost as Clear, for every rank.
+// when the engine leaves the registry. Errors (an *EventError; the index is unchanged):
+// ErrInvalidEngine when engine is empty, ErrUnknownEngine when the engine is not in the index.
+// Cost as Clear, for every rank.
 func (x *Index) RemoveEngine(engine state.EngineID) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if engine == "" {
+		return &EventError{Op: "remove engine", Engine: engine, Err: ErrInvalidEngine}
+	}
 	e, ok := x.engineByID[engine]
 	if !ok {
 		return &EventError{Op: "remove engine", Engine: engine, Err: ErrUnknownEngine}

@@ -379,6 +379,15 @@ func TestRefusedOperationsChangeNothing(t *testing.T) {
 		}, ErrUnknownParent, "hash 3 is a's, not b's", []uint64{3}},
 		{"store parent of another rank", func() error { return f.x.Store(mod(func(ev *StoreEvent) { ev.Rank = 1 })) }, ErrUnknownParent, "ranks are separate holders", []uint64{3}},
 		{"store parent for a new engine", func() error { return f.x.Store(mod(func(ev *StoreEvent) { ev.Engine = "new" })) }, ErrUnknownParent, "a new engine holds nothing", []uint64{3}},
+		{"store empty engine", func() error { return f.x.Store(mod(func(ev *StoreEvent) { ev.Engine = ""; ev.HasParent = false })) }, ErrInvalidEngine, "every engine has an ID", nil},
+		{"store empty engine without blocks", func() error {
+			return f.x.Store(mod(func(ev *StoreEvent) { ev.Engine = ""; ev.BlockHashes, ev.TokenIDs = nil, nil }))
+		}, ErrInvalidEngine, "refused even where an empty event is a no-op", nil},
+		{"remove empty engine", func() error { return f.x.Remove("", 0, []uint64{1}, 0) }, ErrInvalidEngine, "", nil},
+		{"clear empty engine", func() error { return f.x.Clear("", 0) }, ErrInvalidEngine, "", nil},
+		{"remove empty engine entirely", func() error { return f.x.RemoveEngine("") }, ErrInvalidEngine, "", nil},
+		{"assume empty engine", func() error { return f.x.Assume("", keys, 0) }, ErrInvalidEngine, "", nil},
+		{"assume empty engine without keys", func() error { return f.x.Assume("", nil, 0) }, ErrInvalidEngine, "refused even where empty keys is a no-op", nil},
 		{"remove negative rank", func() error { return f.x.Remove("a", -1, []uint64{1}, 0) }, ErrInvalidRank, "", nil},
 		{"remove unknown tier", func() error { return f.x.Remove("a", 0, []uint64{1}, 0x80) }, ErrInvalidTier, "", nil},
 		{"remove unknown engine", func() error { return f.x.Remove("zz", 0, []uint64{1}, 0) }, ErrUnknownEngine, "", nil},
@@ -405,6 +414,53 @@ func TestRefusedOperationsChangeNothing(t *testing.T) {
 		require.Equal(t, before, dump(f.x), "%s changed the index", c.name)
 		require.NoError(t, checkInvariants(f.x), c.name)
 	}
+}
+
+// TestEmptyEngineIsNeverIndexed checks that an event for the empty engine ID leaves no trace: no
+// block, no engine in Stats, nothing a Match returns, even when the event is otherwise valid.
+func TestEmptyEngineIsNeverIndexed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	err := f.x.Store(f.event("", 0, 1, 0, 3, 0, TierDevice))
+	require.ErrorIs(t, err, ErrInvalidEngine, "Store(Engine: \"\")")
+	var ee *EventError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, "store", ee.Op)
+	require.ErrorIs(t, f.x.Assume("", f.h.Keys(prompt(1, 3)), 0), ErrInvalidEngine, "Assume(\"\")")
+	assert.Zero(t, f.x.Stats().Blocks, "no block indexed")
+	assert.Nil(t, f.x.Stats().Engines, "no engine registered")
+	assert.Empty(t, f.match(1, 3), "Match finds no holder")
+	require.NoError(t, checkInvariants(f.x))
+}
+
+// TestBlockSizeMismatchStatesCounts checks that a refused Store says how many tokens it carried,
+// for how many blocks, and what the index expected.
+func TestBlockSizeMismatchStatesCounts(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{}) // 4-token blocks
+	cases := []struct {
+		name           string
+		tokens, blocks int
+		msg            string
+	}{
+		{"one token short", 7, 2, `kvindex: store engine "a" rank 0: block size mismatch: 7 tokens for 2 blocks, want 8 (2 blocks × 4 tokens per block)`},
+		{"one block too many tokens", 12, 2, `kvindex: store engine "a" rank 0: block size mismatch: 12 tokens for 2 blocks, want 8 (2 blocks × 4 tokens per block)`},
+		{"engine block size is twice the index's", 16, 2, `kvindex: store engine "a" rank 0: block size mismatch: 16 tokens for 2 blocks, want 8 (2 blocks × 4 tokens per block)`},
+		{"tokens without hashes", 4, 0, `kvindex: store engine "a" rank 0: block size mismatch: 4 tokens for 0 blocks, want 0 (0 blocks × 4 tokens per block)`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ev := StoreEvent{Engine: "a", Tier: TierDevice, BlockHashes: hashes(0, c.blocks),
+				TokenIDs: make([]uint32, c.tokens)}
+			err := f.x.Store(ev)
+			require.ErrorIs(t, err, ErrBlockSizeMismatch, "Store(%d tokens, %d blocks)", c.tokens, c.blocks)
+			var bse *BlockSizeError
+			require.ErrorAs(t, err, &bse)
+			assert.Equal(t, BlockSizeError{Tokens: c.tokens, Blocks: c.blocks, BlockTokens: testBlock}, *bse)
+			assert.Equal(t, c.msg, err.Error(), "the message states the counts")
+		})
+	}
+	assert.Zero(t, f.x.Stats().Blocks, "nothing stored")
 }
 
 func TestKeyConflictIsRefused(t *testing.T) {
