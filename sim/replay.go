@@ -31,13 +31,33 @@ var (
 	// ErrIncompletePD: a PD fleet without prefill engines or without decode engines, or a fleet
 	// that mixes plain and PD engines.
 	ErrIncompletePD = fmt.Errorf("sim: PD fleet needs both prefill and decode engines, and no plain engines: %w", state.ErrInvalidConfiguration)
-	// ErrUnknownPolicy: a policy name has no factory in the table, or is listed twice.
+	// ErrUnknownPolicy: Config.Policies cannot be replayed. Alone, it means a name has no factory
+	// in the table; the errors for a name listed twice (ErrDuplicatePolicy) and for an empty list
+	// (ErrNoPolicy) match it too, so testing ErrUnknownPolicy catches every bad policy list.
 	ErrUnknownPolicy = fmt.Errorf("sim: unknown policy: %w", state.ErrInvalidConfiguration)
+	// ErrDuplicatePolicy: Config.Policies names one policy twice. Drop the repeat.
+	ErrDuplicatePolicy = fmt.Errorf("sim: policy listed twice: %w", state.ErrInvalidConfiguration)
+	// ErrNoPolicy: Config.Policies is empty but not nil (nil means DefaultPolicyNames()).
+	ErrNoPolicy = fmt.Errorf("sim: no policy given: %w", state.ErrInvalidConfiguration)
 	// ErrBadPDSpec: ParsePD text is not "P:D" with two positive decimal integers.
 	ErrBadPDSpec = fmt.Errorf("sim: PD spec must be P:D with positive engine counts: %w", state.ErrInvalidConfiguration)
 	// ErrNoTrace: Config.Trace is nil.
 	ErrNoTrace = fmt.Errorf("sim: no trace: %w", state.ErrInvalidConfiguration)
 )
+
+// configError is an invalid configuration value, worded once for the user: Error returns msg
+// (which names the field or input, the value and the rule) followed by
+// state.ErrInvalidConfiguration's text, and errors.Is matches each error in errs: the specific
+// sentinels above, each of which wraps state.ErrInvalidConfiguration, and any underlying cause.
+type configError struct {
+	msg  string
+	errs []error
+}
+
+func (e *configError) Error() string { return e.msg + ": " + state.ErrInvalidConfiguration.Error() }
+
+// Unwrap returns errs.
+func (e *configError) Unwrap() []error { return e.errs }
 
 // RequestError reports a request of a hand-built Trace that the readers would have rejected. It
 // wraps ErrEmptyTrace, ErrNegative, ErrOutOfRange, ErrUnsorted or ErrHashIDMismatch.
@@ -91,32 +111,42 @@ func (f Fleet) validate() error {
 
 // ParsePD parses the "-pd P:D" syntax: two positive decimal integers separated by one colon, for
 // example "4:4". Anything else — a missing part, zero, a sign, spaces — is an error wrapping
-// ErrBadPDSpec; zero decode engines also wraps ErrIncompletePD.
+// ErrBadPDSpec (and state.ErrInvalidConfiguration); zero prefill or decode engines also wraps
+// ErrIncompletePD. The message names the spec and the rule once, for example
+// `sim: PD spec "2:0": decode engines must be >= 1: invalid configuration`.
 func ParsePD(text string) (Fleet, error) {
+	fail := func(rule string, errs ...error) error {
+		return &configError{msg: fmt.Sprintf("sim: PD spec %q: %s", text, rule), errs: append([]error{ErrBadPDSpec}, errs...)}
+	}
 	ps, ds, ok := strings.Cut(text, ":")
 	if !ok {
-		return Fleet{}, fmt.Errorf("%w: %q has no colon", ErrBadPDSpec, text)
+		return Fleet{}, fail("must be P:D, prefill and decode engine counts separated by a colon")
 	}
-	parse := func(s string) (int, error) {
+	parse := func(role, s string) (int, error) {
 		if s == "" || strings.TrimLeft(s, "0123456789") != "" {
-			return 0, fmt.Errorf("%w: %q in %q is not a decimal count", ErrBadPDSpec, s, text)
+			return 0, fail(fmt.Sprintf("%s count %q is not a decimal number", role, s))
 		}
 		n, err := strconv.Atoi(s)
 		if err != nil {
-			return 0, fmt.Errorf("%w: %q: %w", ErrBadPDSpec, text, err)
+			return 0, fail(fmt.Sprintf("%s count %s is out of range", role, s), err)
 		}
 		return n, nil
 	}
-	p, err := parse(ps)
+	p, err := parse("prefill", ps)
 	if err != nil {
 		return Fleet{}, err
 	}
-	d, err := parse(ds)
+	d, err := parse("decode", ds)
 	if err != nil {
 		return Fleet{}, err
 	}
-	if p == 0 || d == 0 {
-		return Fleet{}, fmt.Errorf("%w: %q: %w", ErrBadPDSpec, text, ErrIncompletePD)
+	switch {
+	case p == 0 && d == 0:
+		return Fleet{}, fail("prefill and decode engines must be >= 1", ErrIncompletePD)
+	case p == 0:
+		return Fleet{}, fail("prefill engines must be >= 1", ErrIncompletePD)
+	case d == 0:
+		return Fleet{}, fail("decode engines must be >= 1", ErrIncompletePD)
 	}
 	return Fleet{Prefill: p, Decode: d}, nil
 }
@@ -131,8 +161,9 @@ type Config struct {
 	Fleet Fleet
 	// Model is the engines' performance model; zero fields take their defaults (EngineModel).
 	Model EngineModel
-	// Policies names the policies to compare, in report order. Nil means DefaultPolicyNames().
-	// Each name must be a key of Factories (ErrUnknownPolicy); a name may appear once.
+	// Policies names the policies to compare, in report order. Nil means DefaultPolicyNames();
+	// empty but not nil is an error (ErrNoPolicy). Each name must be a key of Factories
+	// (ErrUnknownPolicy) and may appear once (ErrDuplicatePolicy).
 	Policies []string
 	// Factories maps policy names to factories. Nil means DefaultPolicies().
 	Factories map[string]PolicyFactory
@@ -217,7 +248,7 @@ func (cfg *Config) resolve() (*resolved, error) {
 		table = DefaultPolicies()
 	}
 	if len(rc.names) == 0 {
-		return nil, fmt.Errorf("%w: Config.Policies is empty", ErrUnknownPolicy)
+		return nil, &configError{msg: "sim: Config.Policies: no policy given", errs: []error{ErrNoPolicy, ErrUnknownPolicy}}
 	}
 	for i, name := range rc.names {
 		f := table[name]
@@ -229,10 +260,12 @@ func (cfg *Config) resolve() (*resolved, error) {
 				}
 			}
 			slices.Sort(known)
-			return nil, fmt.Errorf("%w: %q (known: %s)", ErrUnknownPolicy, name, strings.Join(known, ", "))
+			return nil, &configError{msg: fmt.Sprintf("sim: Config.Policies: unknown policy %q (known: %s)", name, strings.Join(known, ", ")),
+				errs: []error{ErrUnknownPolicy}}
 		}
 		if slices.Contains(rc.names[:i], name) {
-			return nil, fmt.Errorf("%w: %q is listed twice", ErrUnknownPolicy, name)
+			return nil, &configError{msg: fmt.Sprintf("sim: Config.Policies: policy %q listed twice", name),
+				errs: []error{ErrDuplicatePolicy, ErrUnknownPolicy}}
 		}
 		rc.factories = append(rc.factories, f)
 	}
@@ -276,7 +309,8 @@ func validateRequests(reqs []Request) error {
 // clock with a seeded random source, so the same Config yields a byte-identical report whatever
 // cfg.Parallelism is.
 //
-// Errors: ErrNoTrace, ErrEmptyFleet, ErrIncompletePD, ErrUnknownPolicy, *RequestError, or an
+// Errors: ErrNoTrace, ErrEmptyFleet, ErrIncompletePD, ErrUnknownPolicy (with ErrDuplicatePolicy or
+// ErrNoPolicy for those cases), *RequestError, or an
 // error wrapping state.ErrInvalidConfiguration for another invalid field, all before anything is
 // simulated; a policy factory's error; ctx's error when it is cancelled; an error wrapping
 // kvindex or loadmon sentinels if the library rejects a simulated event (a bug). No partial

@@ -28,11 +28,14 @@
 //	-policies LIST   comma-separated policies (default
 //	                 round_robin,random,power_of_two,least_load,cache_aware; load_based is accepted
 //	                 for least_load)
-//	-speed X         divide every arrival time by X (default 4)
+//	-speed X         divide every arrival time by X, a positive finite number (default 4)
 //	-limit N         replay only the first N requests (default: all)
 //	-seed N          random seed of every policy run (default 1)
 //	-json            print the report as JSON instead of a table
 //	-plot DIR        also write PNG charts to DIR: ttft_cdf.png, hit_rate.png, imbalance.png
+//
+// The exit status is 0 on success, 2 for a command-line mistake (an unknown flag, a bad flag value
+// or an invalid combination, reported once on stderr) and 1 for any other failure.
 //
 // A progress bar appears on stderr when stderr is a terminal and the replay takes more than a
 // second; the wall time of the replay goes to stderr too, so stdout stays reproducible.
@@ -45,6 +48,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -56,6 +60,7 @@ import (
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/state"
 )
 
 // Defaults of the flags: the documented load point (see the package comment).
@@ -65,24 +70,63 @@ const (
 	defaultSeed    = 1
 )
 
-// errFleetFlags reports -engines and -pd given together.
-var errFleetFlags = errors.New("replay: -engines and -pd are exclusive: give one fleet")
+// Command-line errors of run. main prefixes every message with "replay: ", so none of them does.
+var (
+	// errFleetFlags reports -engines and -pd given together.
+	errFleetFlags = errors.New("-engines and -pd are exclusive: give one fleet")
+	// errBadSpeed reports a -speed that is zero, negative, NaN or infinite. sim.Config.Speed
+	// reads 0 as 1; the flag does not, so that "-speed 0" cannot run at the trace's pace
+	// unnoticed.
+	errBadSpeed = errors.New("must be a positive finite number")
+)
+
+// usageError is a command-line mistake: main exits with status 2 for it, as the flag package
+// does. printed reports that the flag set has already written the error, and the usage, to
+// stderr, so main must not print it again.
+type usageError struct {
+	err     error
+	printed bool
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+
+// Unwrap returns the mistake.
+func (e *usageError) Unwrap() error { return e.err }
+
+// usage marks err as a command-line mistake that main still has to print.
+func usage(err error) error { return &usageError{err: err} }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+// exitCode writes err to stderr, prefixed "replay: ", unless the flag set has printed it already,
+// and returns the exit status: 0 for no error or -help, 2 for a command-line mistake, 1 for any
+// other failure.
+func exitCode(err error, stderr io.Writer) int {
+	var ue *usageError
 	switch {
-	case errors.Is(err, flag.ErrHelp):
-		os.Exit(0)
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "replay:", err)
-		os.Exit(1)
+	case err == nil || errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		if !ue.printed {
+			fmt.Fprintln(stderr, "replay:", err)
+		}
+		return 2
+	default:
+		fmt.Fprintln(stderr, "replay:", err)
+		return 1
 	}
 }
 
 // run parses args, replays and writes the report to stdout. Progress and timing go to stderr; the
-// progress bar only when interactive is true.
+// progress bar only when interactive is true. Command-line mistakes come back as a *usageError:
+// flag syntax errors (already printed by the flag set, with the usage), bad flag values and
+// combinations, and the configuration errors sim.Replay returns for them (those wrapping
+// state.ErrInvalidConfiguration). -help returns flag.ErrHelp.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, interactive bool) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -90,17 +134,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	engines := fs.Int("engines", defaultEngines, "number of plain engines")
 	pd := fs.String("pd", "", "prefill/decode fleet P:D instead of plain engines")
 	policies := fs.String("policies", strings.Join(sim.DefaultPolicyNames(), ","), "comma-separated policies to compare")
-	speed := fs.Float64("speed", defaultSpeed, "time compression: arrival times are divided by this")
+	speed := fs.Float64("speed", defaultSpeed, "time compression: arrival times are divided by this positive, finite number")
 	limit := fs.Int("limit", 0, "replay only the first N requests (0: all)")
 	seed := fs.Uint64("seed", defaultSeed, "random seed of every policy run")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	plotDir := fs.String("plot", "", "directory to write PNG charts to")
 	limitsJSON := fs.String("admission", "", `per-engine admission caps as JSON, e.g. '{"max_waiting_requests": 32}' (default: admit everything)`)
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{err: err, printed: true}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("replay: unexpected arguments %q", fs.Args())
+		return usage(fmt.Errorf("unexpected arguments %q", fs.Args()))
+	}
+	if !(*speed > 0) || math.IsInf(*speed, 1) {
+		return usage(fmt.Errorf("-speed %v: %w", *speed, errBadSpeed))
 	}
 
 	cfg := sim.Config{Speed: *speed, Limit: *limit, Seed: *seed, Fleet: sim.Fleet{Plain: *engines}}
@@ -108,11 +158,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 		engSet := false
 		fs.Visit(func(f *flag.Flag) { engSet = engSet || f.Name == "engines" })
 		if engSet {
-			return errFleetFlags
+			return usage(errFleetFlags)
 		}
 		fleet, err := sim.ParsePD(*pd)
 		if err != nil {
-			return err
+			return usage(err)
 		}
 		cfg.Fleet = fleet
 	}
@@ -120,7 +170,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	if *limitsJSON != "" {
 		var limits admission.Limits
 		if err := json.Unmarshal([]byte(*limitsJSON), &limits); err != nil {
-			return fmt.Errorf("-admission: %w", err)
+			return usage(fmt.Errorf("-admission: %w", err))
 		}
 		cfg.Admission = limits
 	}
@@ -139,6 +189,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	cfg.Progress = prog.update
 	rep, err := sim.Replay(ctx, cfg)
 	prog.finish()
+	if errors.Is(err, state.ErrInvalidConfiguration) {
+		return usage(err) // a flag's value: -engines, -policies, -limit
+	}
 	if err != nil {
 		return err
 	}

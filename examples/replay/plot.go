@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"image/color"
 	"math"
 	"os"
 	"path/filepath"
@@ -9,7 +10,9 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 
 	"github.com/enginepick/enginepick/sim"
 )
@@ -24,31 +27,44 @@ const (
 // minPlotSeconds keeps TTFTs positive on the logarithmic axis.
 const minPlotSeconds = 1e-3
 
+// ceilingColor draws the infinite-cache ceiling, apart from the bars' plotutil colour.
+var ceilingColor = color.RGBA{R: 200, G: 30, B: 30, A: 255}
+
 // writePlots writes the three charts of rep into dir, creating it if needed.
 func writePlots(dir string, rep *sim.Report) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("replay: -plot: %w", err)
+		return fmt.Errorf("-plot: %w", err)
 	}
-	if err := ttftCDF(filepath.Join(dir, plotTTFT), rep); err != nil {
-		return err
+	charts := []struct {
+		name  string
+		build func(*sim.Report) (*plot.Plot, error)
+	}{
+		{plotTTFT, ttftCDF},
+		{plotHitRate, hitRate},
+		{plotImbalance, imbalanceBars},
 	}
-	names := make([]string, len(rep.Results))
-	hits := make(plotter.Values, len(rep.Results))
-	imbalance := make(plotter.Values, len(rep.Results))
-	for i, r := range rep.Results {
-		names[i], hits[i], imbalance[i] = r.Policy, 100*r.HitRate, r.Imbalance
+	for _, c := range charts {
+		p, err := c.build(rep)
+		if err != nil {
+			return err
+		}
+		if err := save(p, filepath.Join(dir, c.name)); err != nil {
+			return err
+		}
 	}
-	if err := bars(filepath.Join(dir, plotHitRate), "Prefix cache hit rate", "% of prompt tokens", names, hits); err != nil {
-		return err
-	}
-	return bars(filepath.Join(dir, plotImbalance), "Load imbalance", "max ÷ mean requests per engine", names, imbalance)
+	return nil
+}
+
+// subtitle names the replay every chart shows: trace, request count, fleet and speed.
+func subtitle(rep *sim.Report) string {
+	return fmt.Sprintf("%s, %d requests on %s (speed %g)", rep.Trace, rep.Requests, rep.Fleet, rep.Speed)
 }
 
 // ttftCDF plots the empirical distribution of time to first token, one line per policy, on a
 // logarithmic time axis.
-func ttftCDF(path string, rep *sim.Report) error {
+func ttftCDF(rep *sim.Report) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("TTFT, %s on %s (speed %g)", rep.Trace, rep.Fleet, rep.Speed)
+	p.Title.Text = "TTFT: " + subtitle(rep)
 	p.X.Label.Text = "time to first token (s)"
 	p.Y.Label.Text = "fraction of requests"
 	p.X.Scale = plot.LogScale{}
@@ -57,6 +73,7 @@ func ttftCDF(path string, rep *sim.Report) error {
 	p.Legend.Top = false
 	p.Legend.Left = false
 	p.Add(plotter.NewGrid())
+	plotted := false
 	for i, r := range rep.Results {
 		n := len(r.TTFTSamples)
 		if n == 0 {
@@ -68,42 +85,134 @@ func ttftCDF(path string, rep *sim.Report) error {
 		}
 		line, err := plotter.NewLine(xys)
 		if err != nil {
-			return fmt.Errorf("replay: TTFT plot of %s: %w", r.Policy, err)
+			return nil, fmt.Errorf("TTFT plot of %s: %w", r.Policy, err)
 		}
 		line.Color = plotutil.Color(i)
 		line.Width = vg.Points(1.5)
 		p.Add(line)
 		p.Legend.Add(r.Policy, line)
+		plotted = true
 	}
-	return save(p, path)
+	if !plotted {
+		// No request completed (admission rejected them all, say): the log axis still needs a
+		// positive range, or gonum panics while drawing.
+		p.X.Min, p.X.Max = minPlotSeconds, 1
+	}
+	return p, nil
 }
 
-// bars plots one value per policy.
-func bars(path, title, unit string, names []string, values plotter.Values) error {
+// hitRate plots each policy's prefix cache hit rate, in percent, with the trace's infinite-cache
+// ceiling (Report.InfiniteCacheHitRate) as a dashed line when the trace has hash IDs.
+func hitRate(rep *sim.Report) (*plot.Plot, error) {
+	names, hits := perPolicy(rep, func(r *sim.PolicyResult) float64 { return 100 * r.HitRate })
+	p, err := bars("Prefix cache hit rate: "+subtitle(rep), "prompt tokens served from cache", names, hits,
+		func(v float64) string { return fmt.Sprintf("%.1f %%", v) })
+	if err != nil {
+		return nil, err
+	}
+	p.Y.Tick.Marker = percentTicks{}
+	p.Y.Min = 0
+	top := math.Max(1, floatsMax(hits))
+	if ceiling := 100 * rep.InfiniteCacheHitRate; ceiling > 0 {
+		line, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: ceiling}, {X: float64(len(names)) - 0.5, Y: ceiling}})
+		if err != nil {
+			return nil, fmt.Errorf("hit rate plot: %w", err)
+		}
+		line.Color = ceilingColor
+		line.Width = vg.Points(1.5)
+		line.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
+		p.Add(line)
+		p.Legend.Add(fmt.Sprintf("infinite-cache ceiling of the trace: %.1f %%", ceiling), line)
+		p.Legend.Top = true
+		top = math.Max(top, ceiling)
+	}
+	p.Y.Max = math.Min(100, 1.25*top) // headroom for the bar labels and the legend
+	return p, nil
+}
+
+// imbalanceBars plots each policy's load imbalance on an axis that starts at 1, the perfectly
+// even value (imbalance is max ÷ mean, never below 1 once a request is routed).
+func imbalanceBars(rep *sim.Report) (*plot.Plot, error) {
+	names, imbalance := perPolicy(rep, func(r *sim.PolicyResult) float64 { return r.Imbalance })
+	p, err := bars("Load imbalance: "+subtitle(rep), "max ÷ mean requests per engine (1 = even)", names, imbalance,
+		func(v float64) string { return fmt.Sprintf("%.2f", v) })
+	if err != nil {
+		return nil, err
+	}
+	top := math.Max(1, floatsMax(imbalance))
+	p.Y.Min = 1
+	p.Y.Max = math.Max(1.1, 1+1.2*(top-1))
+	return p, nil
+}
+
+// perPolicy returns the policy names of rep and value of each result.
+func perPolicy(rep *sim.Report, value func(*sim.PolicyResult) float64) ([]string, plotter.Values) {
+	names := make([]string, len(rep.Results))
+	values := make(plotter.Values, len(rep.Results))
+	for i := range rep.Results {
+		names[i], values[i] = rep.Results[i].Policy, value(&rep.Results[i])
+	}
+	return names, values
+}
+
+// bars returns a chart with one bar per policy, each labelled with its value formatted by label.
+// The caller sets the y range.
+func bars(title, unit string, names []string, values plotter.Values, label func(float64) string) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = title
 	p.Y.Label.Text = unit
-	p.Y.Min = 0
 	chart, err := plotter.NewBarChart(values, vg.Points(30))
 	if err != nil {
-		return fmt.Errorf("replay: %s plot: %w", title, err)
+		return nil, fmt.Errorf("%s plot: %w", title, err)
 	}
 	chart.Color = plotutil.Color(0)
 	chart.LineStyle.Width = 0
-	p.Add(plotter.NewGrid(), chart)
+	xys := make(plotter.XYs, len(values))
+	texts := make([]string, len(values))
+	for i, v := range values {
+		xys[i] = plotter.XY{X: float64(i), Y: v}
+		texts[i] = label(v)
+	}
+	labels, err := plotter.NewLabels(plotter.XYLabels{XYs: xys, Labels: texts})
+	if err != nil {
+		return nil, fmt.Errorf("%s plot: %w", title, err)
+	}
+	for i := range labels.TextStyle {
+		labels.TextStyle[i].XAlign = text.XCenter
+		labels.TextStyle[i].YAlign = draw.YBottom
+	}
+	labels.Offset = vg.Point{Y: vg.Points(3)}
+	p.Add(plotter.NewGrid(), chart, labels)
 	p.NominalX(names...)
 	p.X.Min, p.X.Max = -0.5, float64(len(names))-0.5
-	top := 0.0
-	for _, v := range values {
+	return p, nil
+}
+
+// percentTicks labels a percentage axis: the default ticks, each major label followed by " %".
+type percentTicks struct{}
+
+// Ticks implements plot.Ticker.
+func (percentTicks) Ticks(lo, hi float64) []plot.Tick {
+	ticks := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ticks {
+		if ticks[i].Label != "" {
+			ticks[i].Label += " %"
+		}
+	}
+	return ticks
+}
+
+func floatsMax(vs plotter.Values) float64 {
+	top := math.Inf(-1)
+	for _, v := range vs {
 		top = math.Max(top, v)
 	}
-	p.Y.Max = 1.1 * top
-	return save(p, path)
+	return top
 }
 
 func save(p *plot.Plot, path string) error {
-	if err := p.Save(7*vg.Inch, 4.5*vg.Inch, path); err != nil {
-		return fmt.Errorf("replay: write %s: %w", path, err)
+	if err := p.Save(8*vg.Inch, 4.5*vg.Inch, path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
 }
