@@ -172,6 +172,15 @@ func appendPortable(dst []uint64, parent uint64, tokens []uint32, b int) []uint6
 	return dst
 }
 
+// next returns the key of one full block (len(block) == BlockTokens) chained from parent; it is
+// the key appendFrom would compute for that block.
+func (h Hasher) next(parent uint64, block []uint32) uint64 {
+	if !littleEndian {
+		return appendPortable(nil, parent, block, len(block))[0]
+	}
+	return chain(parent, xxhash.Sum64(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(block))), 4*len(block))))
+}
+
 // chain folds one block's content hash into its parent's key (see Hasher).
 func chain(parent, content uint64) uint64 {
 	r := bits.RotateLeft64(content*prime2, 31) * prime1

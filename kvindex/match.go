@@ -69,14 +69,36 @@ const maxQueryBlocks = 1<<31 - 1
 // of the two runs, any other block a merge of the still-matching holders with its own (a binary
 // search per holder when few remain against many); then a sort of the engines found.
 func (x *Index) MatchInto(keys []uint64, m *Matches) {
-	m.Engines = m.Engines[:0]
-	m.slots = m.slots[:0]
-	m.best = m.best[:0]
 	if len(keys) > maxQueryBlocks {
 		keys = keys[:maxQueryBlocks]
 	}
-	m.QueryBlocks = len(keys)
-	if len(keys) == 0 {
+	x.match(len(keys), func(d int, _ uint64) uint64 { return keys[d] }, m)
+}
+
+// MatchTokensInto is MatchInto for a prompt's token IDs: it hashes them with the index's Hasher,
+// one block at a time during the walk, and stops hashing where the walk stops, so the blocks past
+// the deepest held prefix are never hashed. m.QueryBlocks is still the prompt's full block count.
+// The result equals MatchInto(x.Hasher().Keys(tokens), m).
+func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
+	h := x.hasher
+	b := h.blockTokens
+	n := min(len(tokens)/b, maxQueryBlocks)
+	x.match(n, func(d int, prev uint64) uint64 {
+		if d == 0 {
+			prev = h.root
+		}
+		return h.next(prev, tokens[d*b:(d+1)*b])
+	}, m)
+}
+
+// match walks the first blocks query keys; key(d, prevKey) returns key d given key d−1 (unused for
+// d = 0). It is called at most once per depth, in order, and only while the walk continues.
+func (x *Index) match(blocks int, key func(d int, prev uint64) uint64, m *Matches) {
+	m.Engines = m.Engines[:0]
+	m.slots = m.slots[:0]
+	m.best = m.best[:0]
+	m.QueryBlocks = blocks
+	if blocks == 0 {
 		return
 	}
 	x.mu.RLock()
@@ -95,7 +117,9 @@ func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	same := false // active is exactly the distinct holders of prev, none of them expired
 	prev := uint32(0)
 	matched := 0
-	for d, k := range keys {
+	var k uint64
+	for d := range blocks {
+		k = key(d, k)
 		n, ok := x.byKey.get(k)
 		if !ok {
 			break

@@ -123,8 +123,7 @@ type LocalSource struct {
 }
 
 type localScratch struct {
-	keys []uint64
-	m    Matches
+	m Matches
 }
 
 var _ Source = (*LocalSource)(nil)
@@ -138,7 +137,8 @@ func NewLocalSource(index *Index) (*LocalSource, error) {
 	return &LocalSource{index: index}, nil
 }
 
-// Lookup hashes q.TokenIDs and matches them against the index. A canceled ctx returns
+// Lookup hashes q.TokenIDs and matches them against the index, hashing only as far as some engine
+// holds the prefix (Index.MatchTokensInto). A canceled ctx returns
 // OutcomeUnavailable with ReasonCanceled (or ReasonTimeout for an expired deadline) before any
 // work; a query with no full block is a miss. The result's Engines is a new slice owned by the
 // caller; the hashing and matching buffers are pooled.
@@ -152,9 +152,8 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 		sc = new(localScratch)
 	}
 	defer s.pool.Put(sc)
-	sc.keys = s.index.hasher.AppendKeys(sc.keys[:0], q.TokenIDs)
-	s.index.MatchInto(sc.keys, &sc.m)
-	r := Result{Outcome: OutcomeMiss, QueryBlocks: len(sc.keys), BlockTokens: bt}
+	s.index.MatchTokensInto(q.TokenIDs, &sc.m)
+	r := Result{Outcome: OutcomeMiss, QueryBlocks: sc.m.QueryBlocks, BlockTokens: bt}
 	if len(sc.m.Engines) > 0 {
 		r.Outcome = OutcomeHit
 		r.Engines = slices.Clone(sc.m.Engines)

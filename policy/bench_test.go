@@ -45,8 +45,10 @@ func BenchmarkPick64(b *testing.B) {
 	}
 }
 
-// cacheBench builds 16 engines that each hold a 4,096-token shared system prefix plus their own
-// conversations, and an 8,192-token prompt that one engine holds 6,144 tokens of.
+// cacheBench builds 16 engines that each hold a 4,096-token shared system prefix plus eight
+// 4,096-token conversations after it, published as a real engine does (the system blocks once,
+// each conversation chained to the last system block by its parent hash), and an 8,192-token
+// prompt of which one engine holds 6,144 tokens.
 func cacheBench(b *testing.B) (*cacheEnv, []state.Engine, []uint32) {
 	c := newCacheEnv(b)
 	group := make([]state.Engine, 16)
@@ -55,9 +57,16 @@ func cacheBench(b *testing.B) (*cacheEnv, []state.Engine, []uint32) {
 		id := state.EngineID(fmt.Sprintf("http://prefill-%02d", i))
 		group[i] = state.NewStaticEngine(id, "m", state.StagePrefill)
 		c.native(id, loadmon.Report{WaitingRequests: uint64(i % 3), Native: &loadmon.NativeLoad{WaitingUncachedTokens: uint64(i * 500)}})
+		sys := c.hashesFor(len(system) / blockTokens)
+		if err := c.index.Store(kvindex.StoreEvent{Engine: id, BlockHashes: sys, TokenIDs: system, Tier: kvindex.TierDevice}); err != nil {
+			b.Fatal(err)
+		}
 		for conv := range 8 {
-			tok := append(append([]uint32(nil), system...), prompt(4096, uint32(1+i*8+conv))...)
-			c.hold(b, id, tok, len(tok)/blockTokens)
+			tok := prompt(4096, uint32(1+i*8+conv))
+			if err := c.index.Store(kvindex.StoreEvent{Engine: id, ParentHash: sys[len(sys)-1], HasParent: true,
+				BlockHashes: c.hashesFor(len(tok) / blockTokens), TokenIDs: tok, Tier: kvindex.TierDevice}); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	req := append(append([]uint32(nil), system...), prompt(2048, 1+3*8)...)
@@ -75,17 +84,27 @@ func BenchmarkCacheAwarePick8192(b *testing.B) {
 	var seen countDecisions
 	p, _ := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, WorkerQueueLimit: u64(8), Observer: &seen})
 	p2, _ := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, Observer: &seen})
-	req := creq(tok)
+	systemOnly := append(append([]uint32(nil), tok[:4096]...), prompt(4096, 4242)...)
 	for _, tc := range []struct {
-		name string
-		p    *policy.CacheAware
-	}{{"queue_gate", p}, {"no_gate", p2}} {
+		name   string
+		p      *policy.CacheAware
+		tokens []uint32
+		reason string
+	}{
+		{"queue_gate", p, tok, policy.ReasonCacheCandidate},
+		{"no_gate", p2, tok, policy.ReasonCacheCandidate},
+		// Every engine holds the 4,096-token system prefix only: a hit on 16 tied engines.
+		{"system_prefix_only", p2, systemOnly, policy.ReasonCacheCandidate},
+		// Nobody holds even the first block: a miss; hashing stops after one block.
+		{"cold", p2, prompt(8192, 4243), policy.ReasonNoCacheCandidate},
+	} {
 		b.Run(tc.name, func(b *testing.B) {
+			req := creq(tc.tokens)
 			b.ReportAllocs()
-			b.SetBytes(int64(len(tok) * 4))
+			b.SetBytes(int64(len(tc.tokens) * 4))
 			for b.Loop() {
 				pk, err := tc.p.Pick(ctx, group, req)
-				if err != nil || pk.Reason != policy.ReasonCacheCandidate {
+				if err != nil || pk.Reason != tc.reason {
 					b.Fatal(pk, err)
 				}
 			}

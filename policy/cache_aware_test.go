@@ -87,6 +87,15 @@ func newCacheEnv(t testing.TB) *cacheEnv {
 	return &cacheEnv{env: e, index: idx, source: &countingSource{inner: local}, dec: &decisions{}}
 }
 
+// hashesFor returns n fresh engine block hashes.
+func (c *cacheEnv) hashesFor(n int) []uint64 {
+	hs := make([]uint64, n)
+	for i := range hs {
+		hs[i] = c.hashes.Add(1)
+	}
+	return hs
+}
+
 // hold records that engine holds the first blocks of tokens.
 func (c *cacheEnv) hold(t testing.TB, engine state.EngineID, tokens []uint32, blocks int) {
 	t.Helper()
