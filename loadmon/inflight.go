@@ -20,13 +20,14 @@ const dispatchRing = 64
 // engine, and guards acquired before keep decrementing the counter they incremented, so a re-added
 // engine starts from zero and is never driven negative (research/sgl-router.md §3.2).
 //
-// All methods are safe for concurrent use. Count and DispatchesSince take a read lock on the
-// engine map and otherwise read atomics; they allocate nothing.
+// All methods are safe for concurrent use. Count and DispatchesSince are lock-free: the engine
+// map is an immutable value replaced as a whole when an engine is first seen or removed (rare), and
+// the counters are atomics. They allocate nothing.
 type InFlight struct {
 	now func() time.Time
 
-	mu       sync.RWMutex
-	counters map[state.EngineID]*counter
+	mu       sync.Mutex // serializes map replacement
+	counters atomic.Pointer[map[state.EngineID]*counter]
 }
 
 type counter struct {
@@ -40,7 +41,9 @@ func NewInFlight(now func() time.Time) *InFlight {
 	if now == nil {
 		now = time.Now
 	}
-	return &InFlight{now: now, counters: map[state.EngineID]*counter{}}
+	f := &InFlight{now: now}
+	f.counters.Store(&map[state.EngineID]*counter{})
+	return f
 }
 
 // Guard is one dispatched request's hold on an engine's in-flight counter. Release it when the
@@ -60,10 +63,18 @@ func (g *Guard) Release() {
 }
 
 func (f *InFlight) lookup(engine state.EngineID) *counter {
-	f.mu.RLock()
-	c := f.counters[engine]
-	f.mu.RUnlock()
-	return c
+	return (*f.counters.Load())[engine]
+}
+
+// replace publishes a copy of the engine map changed by edit. Callers hold f.mu.
+func (f *InFlight) replace(edit func(map[state.EngineID]*counter)) {
+	old := *f.counters.Load()
+	next := make(map[state.EngineID]*counter, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	edit(next)
+	f.counters.Store(&next)
 }
 
 // Acquire counts one dispatch to the engine and records its time. Call it at dispatch, before the
@@ -72,9 +83,9 @@ func (f *InFlight) Acquire(engine state.EngineID) *Guard {
 	c := f.lookup(engine)
 	if c == nil {
 		f.mu.Lock()
-		if c = f.counters[engine]; c == nil {
+		if c = f.lookup(engine); c == nil {
 			c = &counter{}
-			f.counters[engine] = c
+			f.replace(func(m map[state.EngineID]*counter) { m[engine] = c })
 		}
 		f.mu.Unlock()
 	}
@@ -120,6 +131,8 @@ func (f *InFlight) DispatchesSince(engine state.EngineID, t time.Time) uint64 {
 // detached counter; the next Acquire starts a fresh one at zero.
 func (f *InFlight) Remove(engine state.EngineID) {
 	f.mu.Lock()
-	delete(f.counters, engine)
+	if f.lookup(engine) != nil {
+		f.replace(func(m map[state.EngineID]*counter) { delete(m, engine) })
+	}
 	f.mu.Unlock()
 }
