@@ -36,10 +36,14 @@ var ErrUnknownField = errors.New("unknown field")
 // ErrUnknownField) or a value that is not a non-negative integer. It also matches
 // state.ErrInvalidConfiguration with errors.Is.
 type FieldError struct {
+	// Field is the offending field name as written in the input; empty when the input is not
+	// an object at all.
 	Field string
-	Err   error
+	// Err is the cause: ErrUnknownField or the decoder's error.
+	Err error
 }
 
+// Error implements error.
 func (e *FieldError) Error() string {
 	return fmt.Sprintf("admission: limits field %q: %v", e.Field, e.Err)
 }
@@ -74,7 +78,9 @@ func Cap(v uint64) *uint64 { return &v }
 // Value is an engine-reported metric that may be unknown. The zero Value is unknown, which is
 // different from a known 0.
 type Value struct {
-	V     uint64
+	// V is the metric, in the unit of the Metrics field holding it; meaningful only when Known.
+	V uint64
+	// Known reports whether the engine reported the metric in a fresh, complete report.
 	Known bool
 }
 
@@ -85,11 +91,15 @@ func Known(v uint64) Value { return Value{V: v, Known: true} }
 // (unknown without a fresh, complete report; KV and pending-prefill also need the native
 // extension) and the live router-local in-flight count, which is always known.
 type Metrics struct {
-	RunningRequests      Value
-	WaitingRequests      Value
-	KVTokens             Value
+	// RunningRequests and WaitingRequests are the reported running and waiting requests.
+	RunningRequests Value
+	WaitingRequests Value
+	// KVTokens is the reported KV cache in use, in tokens (native reports only).
+	KVTokens Value
+	// PendingPrefillTokens is the reported waiting uncached prompt tokens (native reports only).
 	PendingPrefillTokens Value
-	InFlightRequests     uint64
+	// InFlightRequests is this router's in-flight requests to the engine; always known.
+	InFlightRequests uint64
 }
 
 // Observe builds Metrics from an observation (seeds/POLICY_DESIGN.md §4: running and waiting from
@@ -111,8 +121,11 @@ func Observe(o loadmon.Observation) Metrics {
 // Verdict is the outcome of one check. When Admit is false, Limit names the first failing cap in
 // check order, Observed is the engine's metric and Cap the configured cap.
 type Verdict struct {
-	Admit    bool
-	Limit    string
+	// Admit reports whether the engine may take the request.
+	Admit bool
+	// Limit names the first failing cap (a Limit… constant); empty when admitted.
+	Limit string
+	// Observed is the engine's metric and Cap the configured cap of Limit; zero when admitted.
 	Observed uint64
 	Cap      uint64
 }

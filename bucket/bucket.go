@@ -160,11 +160,15 @@ func (s *Selection) Engines() []state.Engine {
 // StageError is a failed pick, with the bucket and stage it happened in. Unwrap returns the
 // policy's error, so errors.Is/As see the policy taxonomy through it.
 type StageError struct {
+	// Bucket is the ID of the bucket whose group failed.
 	Bucket string
-	Stage  state.Stage
-	Err    error
+	// Stage is the stage of the failing group.
+	Stage state.Stage
+	// Err is the group's (usually the policy's) error.
+	Err error
 }
 
+// Error implements error.
 func (e *StageError) Error() string {
 	return fmt.Sprintf("bucket %q: %s: %v", e.Bucket, e.Stage, e.Err)
 }

@@ -25,10 +25,13 @@ var (
 // is the last bucket's failure (a *StageError). Unwrap returns the rejections and Last, so
 // errors.As finds each *policy.AdmissionRejectedError and errors.Is finds policy.ErrNoCandidates.
 type ExhaustedError struct {
+	// Rejections lists every admission rejection, in bucket order.
 	Rejections []*policy.AdmissionRejectedError
-	Last       error
+	// Last is the last bucket's failure (a *StageError).
+	Last error
 }
 
+// Error implements error.
 func (e *ExhaustedError) Error() string {
 	if len(e.Rejections) == 0 {
 		return fmt.Sprintf("bucket: every bucket exhausted: %v", e.Last)

@@ -11,6 +11,7 @@ import (
 // EngineMatch is one engine's answer to a query: it holds the query's first Blocks blocks
 // contiguously, on at least one of its DP ranks and in at least one tier.
 type EngineMatch struct {
+	// Engine is the holder, compared byte for byte with the group's engine IDs.
 	Engine state.EngineID
 	// Blocks is the number of leading query blocks held, in [1, query blocks]. Multiply by the
 	// block size for tokens (research/sgl-router.md §2.6 for proportional conversion when the

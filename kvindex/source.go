@@ -83,6 +83,7 @@ const (
 // Result is a Source's answer. Results may be shared between the callers of one Memo: treat
 // Engines as read-only.
 type Result struct {
+	// Outcome is hit, miss or unavailable; never the zero Outcome.
 	Outcome Outcome
 	// Engines lists, for a hit, every engine holding at least the first block with its matched
 	// block count in [1, QueryBlocks], deepest first, ties by engine ID. nil otherwise.
@@ -201,8 +202,11 @@ func (f RemoteIndexerFunc) MatchPrefix(ctx context.Context, q RemoteQuery) ([]En
 // RemoteSource's Hasher, and the block size. A service keyed by tokens reads TokenIDs; one that
 // shares this package's key scheme reads Keys. Both are read-only.
 type RemoteQuery struct {
-	TokenIDs    []uint32
-	Keys        []uint64
+	// TokenIDs is the prompt, as the host tokenized it.
+	TokenIDs []uint32
+	// Keys are the chained keys of the prompt's full blocks (Hasher.Keys).
+	Keys []uint64
+	// BlockTokens is the block size in tokens.
 	BlockTokens int
 }
 

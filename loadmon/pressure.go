@@ -10,7 +10,10 @@ import (
 // Observation is one candidate engine's load as a pick sees it: the engine's reported load from
 // the pick's Snapshot (nil when unknown) and its router-local in-flight count (always known).
 type Observation struct {
-	Load     *EngineLoad
+	// Load is the engine's fresh, complete load from the snapshot; nil when unknown (never a
+	// zero load). Shared and immutable.
+	Load *EngineLoad
+	// InFlight is this router's in-flight requests to the engine.
 	InFlight uint64
 }
 

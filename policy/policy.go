@@ -69,7 +69,9 @@ type Request struct {
 // Pick is a policy's choice: the engine and a reason label for metrics and tracing (one of the
 // Reason constants).
 type Pick struct {
+	// Engine is one of the exact candidate values handed to the policy.
 	Engine state.Engine
+	// Reason is a Reason… label.
 	Reason string
 }
 
@@ -132,6 +134,7 @@ type AdmissionRejectedError struct {
 	Cap      uint64
 }
 
+// Error implements error.
 func (e *AdmissionRejectedError) Error() string {
 	return fmt.Sprintf("policy: engine %q rejected by admission: %s (observed %d, cap %d)",
 		engineID(e.Engine), e.Limit, e.Observed, e.Cap)
@@ -146,6 +149,7 @@ type NoAdmissibleEngineError struct {
 	Rejections []*AdmissionRejectedError
 }
 
+// Error implements error.
 func (e *NoAdmissibleEngineError) Error() string {
 	var b strings.Builder
 	b.WriteString("policy: no admissible engine: ")
@@ -176,6 +180,7 @@ type OutsideCandidatesError struct {
 	Engine state.EngineID
 }
 
+// Error implements error.
 func (e *OutsideCandidatesError) Error() string {
 	return fmt.Sprintf("policy: picked engine %q is not one of the candidates", e.Engine)
 }
