@@ -66,7 +66,8 @@ type NativeLoad struct {
 }
 
 // EngineLoad is an engine's load summed over all its expected DP ranks, as a Snapshot presents it.
-// It exists only when every expected rank has reported and is fresh.
+// It exists only when every expected rank has reported and is fresh. EngineLoad values a Snapshot
+// returns are shared and immutable: read them, never modify them.
 type EngineLoad struct {
 	// Engine is the engine this load describes.
 	Engine state.EngineID
@@ -95,8 +96,6 @@ type EngineLoad struct {
 	EstimatedPrefillQueue time.Duration
 }
 
-// EngineLoad values a Snapshot returns are shared and immutable: read them, never modify them.
-//
 // KVUsageFraction returns UsedKVTokens ÷ KVCapacityTokens, or 0 and false when capacity is unknown.
 func (l *EngineLoad) KVUsageFraction() (float64, bool) {
 	if l.KVCapacityTokens == 0 {
