@@ -32,10 +32,11 @@ type Matches struct {
 
 	active []uint32 // holder IDs still matching, ascending
 	spare  []uint32
-	pos    []int32  // engine slot → 1 + position in best, 0 when absent
-	best   []uint32 // per engine found: its deepest count
-	slots  []uint32 // per engine found: its slot
-	order  []uint64 // sort keys: (MaxUint32 − blocks) << 32 | engine order
+	pos    []int32   // engine slot → 1 + position in best, 0 when absent
+	best   []uint32  // per engine found: its deepest count
+	slots  []uint32  // per engine found: its slot
+	order  []uint64  // sort keys: (MaxUint32 − blocks) << 32 | engine order
+	walk   matchWalk // the walk in progress, kept here so that it does not escape to the heap
 }
 
 // Blocks returns engine's matched block count, or 0 when it holds not even the first block.
@@ -73,7 +74,17 @@ func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	if len(keys) > maxQueryBlocks {
 		keys = keys[:maxQueryBlocks]
 	}
-	x.match(len(keys), func(d int, _ uint64) uint64 { return keys[d] }, m)
+	w := x.beginMatch(len(keys), m)
+	if w == nil {
+		return
+	}
+	defer x.mu.RUnlock()
+	for d, k := range keys {
+		if !w.step(d, k) {
+			break
+		}
+	}
+	w.finish()
 }
 
 // MatchTokensInto is MatchInto for a prompt's token IDs: it hashes them with the index's Hasher,
@@ -83,65 +94,85 @@ func (x *Index) MatchInto(keys []uint64, m *Matches) {
 func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 	h := x.hasher
 	b := h.blockTokens
-	n := min(len(tokens)/b, maxQueryBlocks)
-	x.match(n, func(d int, prev uint64) uint64 {
-		if d == 0 {
-			prev = h.root
+	w := x.beginMatch(min(len(tokens)/b, maxQueryBlocks), m)
+	if w == nil {
+		return
+	}
+	defer x.mu.RUnlock()
+	k := h.root
+	for d := range m.QueryBlocks {
+		k = h.next(k, tokens[d*b:(d+1)*b])
+		if !w.step(d, k) {
+			break
 		}
-		return h.next(prev, tokens[d*b:(d+1)*b])
-	}, m)
+	}
+	w.finish()
 }
 
-// match walks the first blocks query keys; key(d, prevKey) returns key d given key d−1 (unused for
-// d = 0). It is called at most once per depth, in order, and only while the walk continues.
-func (x *Index) match(blocks int, key func(d int, prev uint64) uint64, m *Matches) {
+// matchWalk is one Match in progress: the holders still matching and the depth reached.
+type matchWalk struct {
+	x       *Index
+	m       *Matches
+	now     int64
+	active  []uint32
+	spare   []uint32
+	same    bool // active is exactly the distinct holders of prev, none of them expired
+	prev    uint32
+	matched int
+}
+
+// beginMatch resets m for a query of blocks blocks and, unless it is empty (nil is returned),
+// takes the read lock, which the caller releases after finish.
+func (x *Index) beginMatch(blocks int, m *Matches) *matchWalk {
 	m.Engines = m.Engines[:0]
 	m.slots = m.slots[:0]
 	m.best = m.best[:0]
 	m.QueryBlocks = blocks
 	if blocks == 0 {
-		return
+		return nil
 	}
 	x.mu.RLock()
-	defer x.mu.RUnlock()
 	if cap(m.pos) < len(x.engines) {
 		m.pos = make([]int32, len(x.engines), cap(x.engines))
 	}
 	m.pos = m.pos[:len(x.engines)]
-	now := int64(-1 << 63)
+	w := &m.walk
+	*w = matchWalk{x: x, m: m, now: int64(-1 << 63), active: m.active[:0], spare: m.spare[:0]}
 	if x.approxCount > 0 {
-		now = x.now().UnixNano()
+		w.now = x.now().UnixNano()
 	}
+	return w
+}
 
-	active := m.active[:0]
-	spare := m.spare[:0]
-	same := false // active is exactly the distinct holders of prev, none of them expired
-	prev := uint32(0)
-	matched := 0
-	var k uint64
-	for d := range blocks {
-		k = key(d, k)
-		n, ok := x.byKey.get(k)
-		if !ok {
-			break
-		}
-		nd := &x.nodes[n]
-		if nd.parent != prev {
-			break
-		}
-		if same && nd.meta&flagApprox == 0 && x.sameRun(n, prev) {
-			// Same holder entries as the parent: nobody drops out here.
-		} else {
-			spare, same = x.intersect(n, d, active, spare[:0], now, m)
-			active, spare = spare, active
-		}
-		if len(active) == 0 {
-			break
-		}
-		x.markRef(n)
-		matched = d + 1
-		prev = n
+// step advances the walk to depth d, whose key is k, and reports whether it may go on.
+func (w *matchWalk) step(d int, k uint64) bool {
+	x := w.x
+	n, ok := x.byKey.get(k)
+	if !ok {
+		return false
 	}
+	nd := &x.nodes[n]
+	if nd.parent != w.prev {
+		return false
+	}
+	if w.same && nd.meta&flagApprox == 0 && x.sameRun(n, w.prev) {
+		// Same holder entries as the parent: nobody drops out here.
+	} else {
+		w.spare, w.same = x.intersect(n, d, w.active, w.spare[:0], w.now, w.m)
+		w.active, w.spare = w.spare, w.active
+	}
+	if len(w.active) == 0 {
+		return false
+	}
+	x.markRef(n)
+	w.matched = d + 1
+	w.prev = n
+	return true
+}
+
+// finish records the holders still matching and orders the result.
+func (w *matchWalk) finish() {
+	x, m, active, spare, matched := w.x, w.m, w.active, w.spare, w.matched
 	for _, h := range active {
 		x.record(m, h, matched)
 	}
