@@ -30,6 +30,9 @@ type Options struct {
 	// Load is the engine-reported load table the policies read. Optional: when set, RemoveEngine
 	// forgets the engine's reports.
 	Load *loadmon.Table
+	// Index is the KV-block prefix index the cache-aware policies read. Optional: when set,
+	// RemoveEngine drops the engine's blocks from it.
+	Index *kvindex.Index
 	// Logger receives debug logs of selection failures. Nil means zap.NewNop().
 	Logger *zap.Logger
 }
@@ -41,6 +44,7 @@ type Router struct {
 	resolvers map[state.ModelID]*bucket.Resolver
 	inflight  *loadmon.InFlight
 	load      *loadmon.Table
+	index     *kvindex.Index
 	log       *zap.Logger
 }
 
@@ -67,7 +71,7 @@ func NewRouter(opts Options) (*Router, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Router{registry: opts.Registry, resolvers: resolvers, inflight: opts.InFlight, load: opts.Load, log: log}, nil
+	return &Router{registry: opts.Registry, resolvers: resolvers, inflight: opts.InFlight, load: opts.Load, index: opts.Index, log: log}, nil
 }
 
 // Dispatch is a complete selection whose engines have been counted as in flight. Forward the
@@ -132,12 +136,16 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 	return d, nil
 }
 
-// RemoveEngine forgets router-side state of an engine the host removed: its load reports (when
-// Options.Load is set) and its in-flight counter. Guards of requests still running release
-// safely into the detached counter.
+// RemoveEngine forgets router-side state of an engine the host removed from its registry: its load
+// reports (when Options.Load is set), its blocks in the prefix index (when Options.Index is set)
+// and its in-flight counter. Guards of requests still running release safely into the detached
+// counter. Removing an engine the router never heard of does nothing.
 func (r *Router) RemoveEngine(id state.EngineID) {
 	if r.load != nil {
 		r.load.Forget(id)
+	}
+	if r.index != nil {
+		_ = r.index.RemoveEngine(id) // an engine with no blocks is not an error here
 	}
 	r.inflight.Remove(id)
 }

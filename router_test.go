@@ -12,12 +12,14 @@ import (
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
 
 type fixture struct {
+	index    *kvindex.Index
 	reg      *state.StaticRegistry
 	load     *loadmon.Table
 	inflight *loadmon.InFlight
@@ -29,6 +31,10 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	f := &fixture{reg: &state.StaticRegistry{}, load: loadmon.NewTable(), inflight: loadmon.NewInFlight(nil)}
+	h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: 16})
+	require.NoError(t, err)
+	f.index, err = kvindex.NewIndex(h, kvindex.Options{})
+	require.NoError(t, err)
 	for _, e := range []*state.StaticEngine{
 		state.NewStaticEngine("a", "plain", state.StagePlain),
 		state.NewStaticEngine("b", "plain", state.StagePlain),
@@ -53,7 +59,7 @@ func newFixture(t *testing.T) *fixture {
 	rd, err := bucket.NewResolver([]*bucket.Bucket{pdB}, bucket.ResolverOptions{})
 	require.NoError(t, err)
 	f.router, err = enginepick.NewRouter(enginepick.Options{
-		Registry: f.reg, InFlight: f.inflight, Load: f.load,
+		Registry: f.reg, InFlight: f.inflight, Load: f.load, Index: f.index,
 		Resolvers: map[state.ModelID]*bucket.Resolver{"plain": rp, "pd": rd},
 	})
 	require.NoError(t, err)
@@ -124,9 +130,12 @@ func TestRouterRemoveEngineIsSafeWithRequestsInFlight(t *testing.T) {
 	require.NoError(t, err)
 	id := d.Selection.Plain.Engine.ID()
 	require.NoError(t, f.load.Report(loadmon.Report{Engine: id, RunningRequests: 3}))
+	require.NoError(t, f.index.Store(kvindex.StoreEvent{Engine: id, BlockHashes: []uint64{1}, TokenIDs: make([]uint32, 16), Tier: kvindex.TierDevice}))
 	f.router.RemoveEngine(id)
 	_, ok := f.load.Snapshot().Load(id)
 	assert.False(t, ok, "the removed engine's reports are forgotten")
+	assert.Empty(t, f.index.Match(f.index.Hasher().Keys(make([]uint32, 16))).Engines, "and its blocks dropped from the index")
+	f.router.RemoveEngine("never-seen") // no-op
 	assert.Zero(t, f.inflight.Count(id))
 	d.Release()
 	assert.Zero(t, f.inflight.Count(id), "a late release never drives the re-added counter negative")

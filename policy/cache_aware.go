@@ -53,7 +53,9 @@ type CacheDecision struct {
 	// Model and BucketID scope the decision.
 	Model    state.ModelID
 	BucketID string
-	// Decision is one of the Decision… labels.
+	// Decision is one of the Decision… labels: DecisionCacheHit when a prefix holder was selected
+	// (ReasonCacheCandidate, including after an all-queued re-admission, or ReasonSaturationPin);
+	// for a fallback pick (ReasonNoCacheCandidate), CacheAwareFallbackDecision's label.
 	Decision string
 	// Reason is the pick's reason label.
 	Reason string
