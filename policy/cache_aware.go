@@ -546,9 +546,10 @@ func (p *CacheAware) fallback(engines []state.Engine, stage state.Stage, snap lo
 	if len(tier) == 0 || len(tier) == len(engines) {
 		return sampleLeastPressured(&p.cfg, snap, engines, stage, p.opts.MinLoadChoices)
 	}
-	sub := make([]state.Engine, len(tier))
-	for j, i := range tier {
-		sub[j] = engines[i]
+	var sbuf [64]state.Engine // stays on the stack for groups of up to 64 engines
+	sub := sbuf[:0]
+	for _, i := range tier {
+		sub = append(sub, engines[i])
 	}
 	j, o, err := sampleLeastPressured(&p.cfg, snap, sub, stage, p.opts.MinLoadChoices)
 	return tier[j], o, err

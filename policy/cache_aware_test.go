@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"context"
+	"slices"
 	"errors"
 	"fmt"
 	"math"
@@ -586,4 +587,42 @@ func TestCacheAwareConcurrentPicksRaceEventsAndRemoval(t *testing.T) {
 		}
 	})
 	wg.Wait()
+}
+
+// A queue-gate diversion allocates no more than a cache hit: the unqueued tier of the fallback is
+// built on the stack, even for a large group.
+func TestCacheAwareDiversionAllocatesLikeAHit(t *testing.T) {
+	c := newCacheEnv(t)
+	tok := prompt(8*blockTokens, 12)
+	c.hold(t, "owner", tok, 8)
+	ids := []state.EngineID{"owner"}
+	for i := range 40 {
+		id := state.EngineID(fmt.Sprintf("cold-%02d", i))
+		ids = append(ids, id)
+		c.native(id, loadmon.Report{WaitingRequests: uint64(i % 3)})
+	}
+	c.native("queued", loadmon.Report{WaitingRequests: 9})
+	ids = append(ids, "queued")
+	slices.Sort(ids) // groups hand policies their candidates sorted by ID
+	group := engines(state.StagePrefill, ids...)
+	cfg := c.cfg()
+	cfg.Admission = admission.Limits{}
+	cfg.Rand = nil
+	p, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens, WorkerQueueLimit: u64(4)})
+	require.NoError(t, err)
+	req := creq(tok)
+	pick := func() policy.Pick {
+		pk, err := p.Pick(ctx, group, req)
+		require.NoError(t, err)
+		return pk
+	}
+
+	c.native("owner", loadmon.Report{WaitingRequests: 0})
+	require.Equal(t, policy.ReasonCacheCandidate, pick().Reason)
+	hitAllocs := testing.AllocsPerRun(100, func() { pick() })
+
+	c.native("owner", loadmon.Report{WaitingRequests: 9})
+	require.Equal(t, policy.ReasonNoCacheCandidate, pick().Reason, "the owner is queued: diverted")
+	divAllocs := testing.AllocsPerRun(100, func() { pick() })
+	assert.LessOrEqual(t, divAllocs, hitAllocs, "a diversion over a 41-engine unqueued tier allocates %v, a hit %v", divAllocs, hitAllocs)
 }
