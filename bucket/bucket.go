@@ -181,12 +181,16 @@ var requestPool = sync.Pool{New: func() any { return new(policy.Request) }}
 // PickEngines implements EnginePicker: the plain group, or the prefill group and then the decode
 // group, each with a stage-specific policy.Request carrying this bucket's ID. A failure of either
 // PD stage returns a *StageError and no selection: a prefill pick is never kept for another bucket
-// (seeds/POLICY_DESIGN.md §2). A request with negative token counts is an error wrapping
-// policy.ErrInvalidSignal.
+// (seeds/POLICY_DESIGN.md §2). A request with negative token counts, or with TokenIDs whose
+// length is not InputTokens, is an error wrapping policy.ErrInvalidSignal.
 func (b *Bucket) PickEngines(ctx context.Context, registry state.Registry, req *Request) (Selection, error) {
 	if req.InputTokens < 0 || (req.HasExpectedPeak && req.ExpectedPeakTokens < 0) {
 		return Selection{}, fmt.Errorf("bucket %q: negative token count (input %d, peak %d): %w",
 			b.spec.ID, req.InputTokens, req.ExpectedPeakTokens, policy.ErrInvalidSignal)
+	}
+	if req.TokenIDs != nil && int64(len(req.TokenIDs)) != req.InputTokens {
+		return Selection{}, fmt.Errorf("bucket %q: input tokens %d but %d token IDs: %w",
+			b.spec.ID, req.InputTokens, len(req.TokenIDs), policy.ErrInvalidSignal)
 	}
 	preq := requestPool.Get().(*policy.Request)
 	defer func() {

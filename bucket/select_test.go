@@ -82,6 +82,14 @@ func TestBucketScopesPlainPickAndPreservesRequestFacts(t *testing.T) {
 
 	_, err = b.PickEngines(ctx, registry(a), &bucket.Request{Model: "m", Signals: bucket.Signals{InputTokens: -1}})
 	assert.ErrorIs(t, err, policy.ErrInvalidSignal)
+
+	// Token IDs that disagree with InputTokens are rejected before any policy runs.
+	calls := len(fp.reqs)
+	for _, n := range []int64{1, 3} {
+		_, err = b.PickEngines(ctx, registry(a), &bucket.Request{Model: "m", TokenIDs: tokens, Signals: bucket.Signals{InputTokens: n}})
+		assert.ErrorIs(t, err, policy.ErrInvalidSignal, "input %d with %d token IDs", n, len(tokens))
+	}
+	assert.Len(t, fp.reqs, calls, "no policy saw the inconsistent request")
 }
 
 func pdFleet() (*state.StaticRegistry, map[string]*state.StaticEngine) {

@@ -151,7 +151,7 @@ func storeChain(x *Index, e int, rank int, parent uint64, parentKey uint64, toke
 	for _, k := range *keyBuf {
 		*hashBuf = append(*hashBuf, k^salt)
 	}
-	ev := StoreEvent{Engine: engineID(e), Rank: rank, BlockHashes: *hashBuf, TokenIDs: tokens, Tier: TierDevice}
+	ev := StoreEvent{Engine: engineID(e), DPRank: rank, BlockHashes: *hashBuf, TokenIDs: tokens, Tier: TierDevice}
 	if parent != 0 {
 		ev.HasParent, ev.ParentHash = true, parent
 	}

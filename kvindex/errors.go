@@ -62,9 +62,9 @@ var (
 type EventError struct {
 	// Op is the Index method: "store", "remove", "clear", "remove engine" or "assume".
 	Op string
-	// Engine and Rank name the holder the operation addressed.
+	// Engine and DPRank name the holder the operation addressed.
 	Engine state.EngineID
-	Rank   int
+	DPRank int
 	// Hashes are the offending engine block hashes (or, for "assume", block keys): every unknown
 	// hash for ErrUnknownHash, the parent for ErrUnknownParent, the repeated value for
 	// ErrDuplicateHash and ErrCyclicChain. Empty when no hash is at fault.
@@ -76,7 +76,7 @@ type EventError struct {
 // Error implements error.
 func (e *EventError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "kvindex: %s engine %q rank %d: %v", e.Op, e.Engine, e.Rank, e.Err)
+	fmt.Fprintf(&b, "kvindex: %s engine %q rank %d: %v", e.Op, e.Engine, e.DPRank, e.Err)
 	const shown = 8
 	for i, h := range e.Hashes {
 		if i == shown {

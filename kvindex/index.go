@@ -206,12 +206,12 @@ func (x *Index) Hasher() Hasher { return x.hasher }
 // StoreEvent is one engine's report that it now holds a run of consecutive blocks: vLLM and
 // SGLang BlockStored (research/dynamo-traces-events.md §3.2), already decoded.
 type StoreEvent struct {
-	// Engine and Rank name the holder. Engine must not be empty (ErrInvalidEngine). Rank is the
+	// Engine and DPRank name the holder. Engine must not be empty (ErrInvalidEngine). DPRank is the
 	// engine's data-parallel rank (0 when the engine has no DP); negative is an error.
 	Engine state.EngineID
-	Rank   int
+	DPRank int
 	// ParentHash is the engine's hash of the block just before the first stored block, used only
-	// when HasParent is true. It must be a hash this (Engine, Rank) holds. HasParent false means
+	// when HasParent is true. It must be a hash this (Engine, DPRank) holds. HasParent false means
 	// the run starts at the beginning of a prompt.
 	ParentHash uint64
 	HasParent  bool
@@ -226,7 +226,7 @@ type StoreEvent struct {
 	Tier Tier
 }
 
-// Store records that ev.Engine's DP rank ev.Rank holds ev's blocks in ev.Tier, attaching the first
+// Store records that ev.Engine's DP rank ev.DPRank holds ev's blocks in ev.Tier, attaching the first
 // block under the parent the engine named (Dynamo radix_tree.rs "Stored",
 // research/dynamo-traces-events.md §1.2). Storing a block the holder already holds under the same
 // hash adds the tier; storing it under a second hash (an alias, as multimodal placeholders produce)
@@ -247,12 +247,12 @@ func (x *Index) Store(ev StoreEvent) error {
 
 func (x *Index) store(ev *StoreEvent) error {
 	fail := func(err error, hashes ...uint64) error {
-		return &EventError{Op: "store", Engine: ev.Engine, Rank: ev.Rank, Hashes: hashes, Err: err}
+		return &EventError{Op: "store", Engine: ev.Engine, DPRank: ev.DPRank, Hashes: hashes, Err: err}
 	}
 	if ev.Engine == "" {
 		return fail(ErrInvalidEngine)
 	}
-	if ev.Rank < 0 {
+	if ev.DPRank < 0 {
 		return fail(ErrInvalidRank)
 	}
 	if ev.Tier == 0 || ev.Tier&^AllTiers != 0 {
@@ -275,7 +275,7 @@ func (x *Index) store(ev *StoreEvent) error {
 			}
 		}
 	}
-	hid, hok := x.lookupHolder(ev.Engine, ev.Rank)
+	hid, hok := x.lookupHolder(ev.Engine, ev.DPRank)
 	parent, parentKey := uint32(0), x.hasher.root
 	if ev.HasParent {
 		p, ok := uint32(0), false
@@ -309,7 +309,7 @@ func (x *Index) store(ev *StoreEvent) error {
 
 	// Valid: apply.
 	if !hok {
-		hid = x.holderFor(ev.Engine, ev.Rank)
+		hid = x.holderFor(ev.Engine, ev.DPRank)
 	}
 	prev := parent
 	for i, n := range x.nodeBuf {
@@ -430,7 +430,7 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	fail := func(err error, hs ...uint64) error {
-		return &EventError{Op: "remove", Engine: engine, Rank: rank, Hashes: hs, Err: err}
+		return &EventError{Op: "remove", Engine: engine, DPRank: rank, Hashes: hs, Err: err}
 	}
 	if engine == "" {
 		return fail(ErrInvalidEngine)
@@ -493,14 +493,14 @@ func (x *Index) Clear(engine state.EngineID, rank int) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if engine == "" {
-		return &EventError{Op: "clear", Engine: engine, Rank: rank, Err: ErrInvalidEngine}
+		return &EventError{Op: "clear", Engine: engine, DPRank: rank, Err: ErrInvalidEngine}
 	}
 	if rank < 0 {
-		return &EventError{Op: "clear", Engine: engine, Rank: rank, Err: ErrInvalidRank}
+		return &EventError{Op: "clear", Engine: engine, DPRank: rank, Err: ErrInvalidRank}
 	}
 	hid, ok := x.lookupHolder(engine, rank)
 	if !ok {
-		return &EventError{Op: "clear", Engine: engine, Rank: rank, Err: ErrUnknownEngine}
+		return &EventError{Op: "clear", Engine: engine, DPRank: rank, Err: ErrUnknownEngine}
 	}
 	x.clearHolder(hid)
 	return nil

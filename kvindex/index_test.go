@@ -67,7 +67,7 @@ func (f *fixture) store(engine state.EngineID, rank, pattern, from, n int, base 
 
 func (f *fixture) event(engine state.EngineID, rank, pattern, from, n int, base uint64, tier Tier) StoreEvent {
 	toks := prompt(pattern, from+n)
-	ev := StoreEvent{Engine: engine, Rank: rank, Tier: tier,
+	ev := StoreEvent{Engine: engine, DPRank: rank, Tier: tier,
 		BlockHashes: hashes(base+uint64(from), n), TokenIDs: toks[from*testBlock:]}
 	if from > 0 {
 		ev.HasParent, ev.ParentHash = true, base+uint64(from)
@@ -352,7 +352,7 @@ func TestRefusedOperationsChangeNothing(t *testing.T) {
 		rule  string
 		hashe []uint64
 	}{
-		{"store negative rank", func() error { return f.x.Store(mod(func(ev *StoreEvent) { ev.Rank = -1 })) }, ErrInvalidRank, "ranks are >= 0", nil},
+		{"store negative rank", func() error { return f.x.Store(mod(func(ev *StoreEvent) { ev.DPRank = -1 })) }, ErrInvalidRank, "ranks are >= 0", nil},
 		{"store no tier", func() error { return f.x.Store(mod(func(ev *StoreEvent) { ev.Tier = 0 })) }, ErrInvalidTier, "a store names its medium", nil},
 		{"store unknown tier bit", func() error { return f.x.Store(mod(func(ev *StoreEvent) { ev.Tier = 0x10 })) }, ErrInvalidTier, "four tiers", nil},
 		{"store one token short", func() error {
@@ -377,7 +377,7 @@ func TestRefusedOperationsChangeNothing(t *testing.T) {
 		{"store parent of another engine", func() error {
 			return f.x.Store(mod(func(ev *StoreEvent) { ev.Engine = "b"; ev.ParentHash = 3 }))
 		}, ErrUnknownParent, "hash 3 is a's, not b's", []uint64{3}},
-		{"store parent of another rank", func() error { return f.x.Store(mod(func(ev *StoreEvent) { ev.Rank = 1 })) }, ErrUnknownParent, "ranks are separate holders", []uint64{3}},
+		{"store parent of another rank", func() error { return f.x.Store(mod(func(ev *StoreEvent) { ev.DPRank = 1 })) }, ErrUnknownParent, "ranks are separate holders", []uint64{3}},
 		{"store parent for a new engine", func() error { return f.x.Store(mod(func(ev *StoreEvent) { ev.Engine = "new" })) }, ErrUnknownParent, "a new engine holds nothing", []uint64{3}},
 		{"store empty engine", func() error { return f.x.Store(mod(func(ev *StoreEvent) { ev.Engine = ""; ev.HasParent = false })) }, ErrInvalidEngine, "every engine has an ID", nil},
 		{"store empty engine without blocks", func() error {

@@ -39,7 +39,7 @@ func TestMatchTokensIntoEqualsMatchIntoOnKeys(t *testing.T) {
 				hs[i] = next
 				next++
 			}
-			require.NoError(t, x.Store(StoreEvent{Engine: state.EngineID(fmt.Sprintf("e%d", e)), Rank: c % 2,
+			require.NoError(t, x.Store(StoreEvent{Engine: state.EngineID(fmt.Sprintf("e%d", e)), DPRank: c % 2,
 				BlockHashes: hs, TokenIDs: tokens, Tier: TierDevice}))
 		}
 	}

@@ -72,7 +72,7 @@ func hasDup(vs []uint64) bool {
 
 func (m *model) store(ev StoreEvent) error {
 	switch {
-	case ev.Rank < 0:
+	case ev.DPRank < 0:
 		return ErrInvalidRank
 	case ev.Tier == 0 || ev.Tier&^AllTiers != 0:
 		return ErrInvalidTier
@@ -85,7 +85,7 @@ func (m *model) store(ev StoreEvent) error {
 	case ev.HasParent && slices.Contains(ev.BlockHashes, ev.ParentHash):
 		return ErrCyclicChain
 	}
-	h := m.holders[hkey{ev.Engine, ev.Rank}]
+	h := m.holders[hkey{ev.Engine, ev.DPRank}]
 	parentKey, root := m.hasher.root, true
 	if ev.HasParent {
 		if h == nil {
@@ -105,7 +105,7 @@ func (m *model) store(ev StoreEvent) error {
 			}
 		}
 	}
-	h = m.holder(hkey{ev.Engine, ev.Rank})
+	h = m.holder(hkey{ev.Engine, ev.DPRank})
 	prev := mparent{key: parentKey, root: root}
 	for i, hash := range ev.BlockHashes {
 		k := keys[i]
@@ -370,7 +370,7 @@ func (w *walk) step() {
 		if w.rng.IntN(10) == 0 {
 			variant = 1
 		}
-		ev := StoreEvent{Engine: engine, Rank: rank, Tier: w.tier(),
+		ev := StoreEvent{Engine: engine, DPRank: rank, Tier: w.tier(),
 			TokenIDs: toks[p*walkBlockTokens : end*walkBlockTokens]}
 		for i := p; i < end; i++ {
 			ev.BlockHashes = append(ev.BlockHashes, engineHash(engine, keys[i], variant))
@@ -388,12 +388,12 @@ func (w *walk) step() {
 		case 2:
 			ev.HasParent, ev.ParentHash = true, ev.BlockHashes[len(ev.BlockHashes)-1]
 		case 3:
-			ev.Rank = -1
+			ev.DPRank = -1
 		case 4:
 			ev.BlockHashes, ev.TokenIDs = nil, nil
 		}
 		desc = fmt.Sprintf("store %s/%d parent=%v:%#x hashes=%#x tier=%v tokens=%v",
-			ev.Engine, ev.Rank, ev.HasParent, ev.ParentHash, ev.BlockHashes, ev.Tier, ev.TokenIDs)
+			ev.Engine, ev.DPRank, ev.HasParent, ev.ParentHash, ev.BlockHashes, ev.Tier, ev.TokenIDs)
 		want, got = w.m.store(ev), w.x.Store(ev)
 	case op < 65:
 		var hashes []uint64

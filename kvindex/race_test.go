@@ -37,7 +37,7 @@ func TestConcurrentMatchRacesWriters(t *testing.T) {
 				pattern, n := rng.IntN(6), 1+rng.IntN(8)
 				toks := prompt(pattern, n)
 				base := uint64(pattern) * 1000
-				err := x.Store(StoreEvent{Engine: id, Rank: i % 2, BlockHashes: hashes(base, n), TokenIDs: toks, Tier: TierDevice})
+				err := x.Store(StoreEvent{Engine: id, DPRank: i % 2, BlockHashes: hashes(base, n), TokenIDs: toks, Tier: TierDevice})
 				assert.NoError(t, err)
 				if rng.IntN(2) == 0 {
 					_ = x.Remove(id, i%2, hashes(base, rng.IntN(n+1)), 0) // may name evicted blocks

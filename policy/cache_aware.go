@@ -276,7 +276,8 @@ type cacheCandidate struct {
 // Pick implements Policy. See the type's documentation for the algorithm.
 //
 // Errors: ErrInvalidConfiguration on a decode request; ErrNoCandidates for no engines (no lookup
-// is made); ErrInvalidSignal when the source rejects the query; *NoAdmissibleEngineError when
+// is made); ErrInvalidSignal when req.TokenIDs is set and its length is not req.InputTokens, or when
+// the source rejects the query; *NoAdmissibleEngineError when
 // admission rejected every evaluated holder; *AdmissionRejectedError when the fallback's pick is
 // rejected; a checker error.
 func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
@@ -285,6 +286,10 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	}
 	if !p.SupportsStage(req.Stage) {
 		return Pick{}, fmt.Errorf("policy: cache_aware: stage %s: %w", req.Stage, ErrInvalidConfiguration)
+	}
+	if req.TokenIDs != nil && uint64(len(req.TokenIDs)) != req.InputTokens {
+		return Pick{}, fmt.Errorf("policy: cache_aware: input tokens %d but %d token IDs: %w",
+			req.InputTokens, len(req.TokenIDs), ErrInvalidSignal)
 	}
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates

@@ -629,3 +629,19 @@ func TestCacheAwareDiversionAllocatesLikeAHit(t *testing.T) {
 	divAllocs := testing.AllocsPerRun(100, func() { pick() })
 	assert.LessOrEqual(t, divAllocs, hitAllocs, "a diversion over a 41-engine unqueued tier allocates %v, a hit %v", divAllocs, hitAllocs)
 }
+
+func TestCacheAwareRejectsTokenIDsThatDisagreeWithInputTokens(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	p := c.policy(t, policy.CacheAwareOptions{})
+	tok := prompt(4*blockTokens, 9)
+	for _, n := range []uint64{0, uint64(len(tok)) - 1, uint64(len(tok)) + 1} {
+		req := creq(tok)
+		req.InputTokens = n
+		_, err := p.Pick(ctx, engines(state.StagePrefill, "a", "b"), req)
+		assert.ErrorIs(t, err, policy.ErrInvalidSignal, "input %d with %d token IDs", n, len(tok))
+	}
+	assert.Zero(t, c.source.calls.Load(), "no lookup for an inconsistent request")
+	_, err := p.Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(tok))
+	assert.NoError(t, err)
+}

@@ -55,7 +55,8 @@ type Request struct {
 	ExpectedPeakTokens uint64
 	HasExpectedPeak    bool
 	// TokenIDs is the tokenized prompt, or nil when the host did not tokenize. Cache-aware
-	// policies need it; others ignore it. Must not be modified during the pick.
+	// policies need it; others ignore it. When set, its length must equal InputTokens (a
+	// cache-aware pick returns ErrInvalidSignal otherwise). Must not be modified during the pick.
 	TokenIDs []uint32
 	// SessionKey and RoutingKey are the session and sticky-routing keys; empty means none.
 	SessionKey string
