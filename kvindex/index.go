@@ -95,7 +95,12 @@ type Index struct {
 	freeNodes []uint32
 	live      int // live nodes, root excluded
 	evicted   uint64
-	lru       lruQueue // eviction order; written by writers only
+	// lru links the eviction candidates, least recently used first. It lives beside the nodes,
+	// not in them: readers never read it, and a chain stored in one event sits contiguously in
+	// it, so moving the chain to the tail costs cache misses only at its two ends.
+	lru     []lruLink
+	lruHead uint32
+	lruTail uint32
 
 	// Holding entries, in runs of 1<<class slots per node, kept sorted by holder ID: hEntry is
 	// holder<<8 | tier byte (Tier bits | approxBit), hAux the engine's block hash for a real
@@ -122,10 +127,11 @@ type Index struct {
 	approxCount int
 
 	// Writer scratch, reused under the writer mutex.
-	seen    table
-	keyBuf  []uint64
-	nodeBuf []uint32
-	known   []bool
+	seen     table
+	warmSink uint32
+	keyBuf   []uint64
+	nodeBuf  []uint32
+	known    []bool
 }
 
 // node is one block. It holds no pointers, so the node slab costs the garbage collector nothing.
@@ -135,7 +141,7 @@ type node struct {
 	children uint32
 	hold     uint32 // first slot of the node's holding run
 	meta     uint32 // nHold (24 bits) | class (5 bits) | flags (3 bits)
-	stamp    uint32 // stamp of the node's valid LRU queue entry
+	_        uint32
 	depth    uint32 // blocks above this one (0 for a prompt's first block), saturating | flagHoley
 }
 
@@ -144,7 +150,6 @@ const (
 	classShift = 24
 	classMask  = 31 << classShift
 	flagLive   = 1 << 29
-	flagQueued = 1 << 30 // the node has a valid entry in the LRU queue
 	flagApprox = 1 << 31 // the node has at least one approximate entry
 
 	depthMask = 1<<31 - 1
@@ -207,6 +212,7 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 		ttl:        opts.ApproxTTL,
 		now:        opts.Now,
 		nodes:      make([]node, 1, 64),
+		lru:        make([]lruLink, 1, 64),
 		refBits:    make([]uint64, 1),
 		engineByID: make(map[state.EngineID]uint32),
 	}
@@ -351,7 +357,11 @@ func (x *Index) store(ev *StoreEvent) error {
 		x.known = append(x.known, known)
 	}
 
-	// Valid: apply, a chunk at a time, excluding readers only while the chunk is applied.
+	// Valid: apply, a chunk at a time, excluding readers only while the chunk changes what they
+	// read. Reading each existing block's holding run first brings it into the cache, so that the
+	// locked part mostly hits it; the bindings and the LRU list are the writers' alone and are
+	// updated after the lock is released.
+	x.warm(x.nodeBuf)
 	prev := parent
 	for from := 0; from < nb; from += storeChunk {
 		to := min(nb, from+storeChunk)
@@ -363,17 +373,38 @@ func (x *Index) store(ev *StoreEvent) error {
 			n := x.nodeBuf[i]
 			if n == 0 {
 				n = x.newNode(x.keyBuf[i], prev)
+				x.nodeBuf[i] = n
 			}
 			x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
-			x.touch(n)
 			prev = n
 		}
-		if to == nb {
-			x.evict()
+		x.mu.Unlock()
+		b := &x.holders[hid].bindings
+		for i := from; i < to; i++ {
+			if !x.known[i] {
+				b.put(ev.BlockHashes[i], x.nodeBuf[i])
+			}
+			x.touch(x.nodeBuf[i])
 		}
+	}
+	if x.live > x.maxBlocks {
+		x.mu.Lock()
+		x.evict()
 		x.mu.Unlock()
 	}
 	return nil
+}
+
+// warm reads the holding run of every existing node of ns, so that applying a Store under the
+// lock finds them in the cache: the loads are independent, so their misses overlap.
+func (x *Index) warm(ns []uint32) {
+	var sink uint32
+	for _, n := range ns {
+		if n != 0 {
+			sink += x.hEntry[x.nodes[n].hold]
+		}
+	}
+	x.warmSink += sink // keeps the loads from being optimised away
 }
 
 // canAddHolder reports whether one more holder fits the 24-bit holder IDs.
@@ -429,7 +460,8 @@ func (x *Index) firstDuplicate(vs []uint64) (uint64, bool) {
 }
 
 // storeHolding records holder hid's hash at node n in tier t (validated by the caller); known
-// reports whether the holder already binds hash (to n).
+// reports whether the holder already binds hash (to n). The caller binds hash to n when it was
+// not known.
 func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) {
 	h := &x.holders[hid]
 	lo, hi := x.findHolder(n, hid)
@@ -449,14 +481,12 @@ func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) {
 		h.approx--
 		x.approxCount--
 		x.addTiers(h, 0, t)
-		h.bindings.put(hash, n)
 		x.refreshApproxFlag(n)
 		x.checkParentReal(n, hid)
 		return
 	}
 	x.insertHolding(n, hi, hid, t, hash)
 	x.addTiers(h, 0, t)
-	h.bindings.put(hash, n)
 }
 
 // addTiers counts the bits of add that old lacks.
@@ -693,7 +723,7 @@ func (x *Index) renumber(pos int) {
 
 // ---- nodes, LRU and eviction ----
 
-// newNode creates the node for key under parent and queues it as the most recently used.
+// newNode creates the node for key under parent. The caller touches it (LRU).
 func (x *Index) newNode(key uint64, parent uint32) uint32 {
 	var n uint32
 	if k := len(x.freeNodes); k > 0 {
@@ -701,7 +731,8 @@ func (x *Index) newNode(key uint64, parent uint32) uint32 {
 		x.freeNodes = x.freeNodes[:k-1]
 	} else {
 		n = uint32(len(x.nodes))
-		x.nodes = append(x.nodes, node{})
+		x.nodes = grow(x.nodes, 1)
+		x.lru = grow(x.lru, 1)
 		if int(n>>6) >= len(x.refBits) {
 			x.refBits = append(x.refBits, 0)
 		}
@@ -715,13 +746,15 @@ func (x *Index) newNode(key uint64, parent uint32) uint32 {
 	x.clearRef(n)
 	x.byKey.insert(key, n)
 	x.live++
-	x.lruPushBack(n)
 	return n
 }
 
-// freeNode removes an empty, childless node from the tree. Its queue entry, if any, goes stale.
+// freeNode removes an empty, childless node from the tree.
 func (x *Index) freeNode(n uint32) {
 	nd := &x.nodes[n]
+	if x.inLRU(n) {
+		x.lruUnlink(n)
+	}
 	x.byKey.remove(nd.key, n)
 	if p := nd.parent; p != 0 {
 		pn := &x.nodes[p]
@@ -741,8 +774,8 @@ func (x *Index) prune(n uint32) {
 	for n != 0 {
 		nd := &x.nodes[n]
 		if nd.nHold() > 0 || nd.children > 0 {
-			if nd.children == 0 && !nd.has(flagQueued) {
-				x.lruPushFront(n)
+			if nd.children == 0 && !x.inLRU(n) {
+				x.lruPushHead(n)
 			}
 			return
 		}
@@ -753,7 +786,15 @@ func (x *Index) prune(n uint32) {
 }
 
 // touch marks n as just used.
-func (x *Index) touch(n uint32) { x.lruPushBack(n) }
+func (x *Index) touch(n uint32) {
+	if x.lruTail == n {
+		return
+	}
+	if x.inLRU(n) {
+		x.lruUnlink(n)
+	}
+	x.lruPushTail(n)
+}
 
 func (x *Index) refSet(n uint32) bool {
 	return atomic.LoadUint64(&x.refBits[n>>6])&(1<<(n&63)) != 0
@@ -776,20 +817,22 @@ func (x *Index) markRef(n uint32) {
 }
 
 // evict removes least recently used leaves until the index fits MaxBlocks. Interior nodes met at
-// the head leave the queue (they rejoin it at the head when their last child goes); a leaf with
+// the head leave the list (they rejoin it at the head when their last child goes); a leaf with
 // its reference bit set gets a second chance at the tail.
 func (x *Index) evict() {
 	for x.live > x.maxBlocks {
-		n, ok := x.lruPopFront()
-		if !ok {
+		n := x.lruHead
+		if n == 0 {
 			return
 		}
 		nd := &x.nodes[n]
 		switch {
 		case nd.children > 0:
+			x.lruUnlink(n)
 		case x.refSet(n):
 			x.clearRef(n)
-			x.lruPushBack(n)
+			x.lruUnlink(n)
+			x.lruPushTail(n)
 		default:
 			x.evictNode(n)
 		}
@@ -821,92 +864,62 @@ func (x *Index) evictNode(n uint32) {
 	x.prune(n)
 }
 
-// ---- the LRU queue ----
+// ---- the LRU list ----
 
-// lruQueue orders nodes by last use: a ring of (node, stamp) entries, oldest at the head. A node
-// is in the queue while it has flagQueued and its stamp equals an entry's; requeueing it gives it
-// a new stamp and leaves the old entry stale, to be skipped when it reaches the head. Appending
-// costs no cache miss on other nodes, which a linked list's unlink does (two per touch). Stale
-// entries are dropped when the ring is full and at least half stale. Stamps are 32 bits: an
-// entry would have to survive 2^32 requeues to be mistaken for a current one, and compaction
-// bounds an entry's life far below that.
-type lruQueue struct {
-	buf        []lruEntry // len is 0 or a power of two
-	head, tail uint64     // positions, buf[pos & (len-1)]
-	stamp      uint32
+// lruLink is a node's place in the LRU list. The list is the writers' alone: Store updates it
+// without excluding readers.
+type lruLink struct{ prev, next uint32 }
+
+// inLRU reports whether n is in the LRU list: the head, or any node with a predecessor.
+func (x *Index) inLRU(n uint32) bool { return x.lruHead == n || x.lru[n].prev != 0 }
+
+func (x *Index) lruUnlink(n uint32) {
+	l := &x.lru[n]
+	if l.prev != 0 {
+		x.lru[l.prev].next = l.next
+	} else {
+		x.lruHead = l.next
+	}
+	if l.next != 0 {
+		x.lru[l.next].prev = l.prev
+	} else {
+		x.lruTail = l.prev
+	}
+	*l = lruLink{}
 }
 
-type lruEntry struct{ node, stamp uint32 }
-
-func (x *Index) lruPushBack(n uint32) {
-	q := &x.lru
-	x.lruReserve()
-	q.stamp++
-	q.buf[q.tail&uint64(len(q.buf)-1)] = lruEntry{n, q.stamp}
-	q.tail++
-	x.nodes[n].stamp = q.stamp
-	x.nodes[n].meta |= flagQueued
+func (x *Index) lruPushTail(n uint32) {
+	x.lru[n] = lruLink{prev: x.lruTail}
+	if x.lruTail != 0 {
+		x.lru[x.lruTail].next = n
+	} else {
+		x.lruHead = n
+	}
+	x.lruTail = n
 }
 
-// lruPushFront queues n as the next eviction candidate: a node that just became a leaf again was
-// pushed out of the queue at its head, so it is among the oldest.
-func (x *Index) lruPushFront(n uint32) {
-	q := &x.lru
-	x.lruReserve()
-	q.stamp++
-	q.head--
-	q.buf[q.head&uint64(len(q.buf)-1)] = lruEntry{n, q.stamp}
-	x.nodes[n].stamp = q.stamp
-	x.nodes[n].meta |= flagQueued
+// lruPushHead links n as the next eviction candidate: a node that just became a leaf again was
+// pushed out of the list at its head, so it is among the oldest.
+func (x *Index) lruPushHead(n uint32) {
+	x.lru[n] = lruLink{next: x.lruHead}
+	if x.lruHead != 0 {
+		x.lru[x.lruHead].prev = n
+	} else {
+		x.lruTail = n
+	}
+	x.lruHead = n
 }
 
-// lruPopFront removes and returns the oldest queued node, skipping stale entries; the node leaves
-// the queue.
-func (x *Index) lruPopFront() (uint32, bool) {
-	q := &x.lru
-	for q.head != q.tail {
-		e := q.buf[q.head&uint64(len(q.buf)-1)]
-		q.head++
-		nd := &x.nodes[e.node]
-		if nd.has(flagQueued) && nd.stamp == e.stamp {
-			nd.meta &^= flagQueued
-			return e.node, true
-		}
+// grow returns s extended by n zero elements, growing its capacity by half when it must grow:
+// the slabs reach hundreds of megabytes, where append's 1.25× growth copies each element about
+// five times over its life; 1.5× copies it about three times and leaves at most a third unused.
+func grow[T any](s []T, n int) []T {
+	if len(s)+n <= cap(s) {
+		return s[:len(s)+n]
 	}
-	return 0, false
-}
-
-// lruReserve makes room for one more entry: it drops stale entries when they are at least half
-// of a full ring, and doubles the ring otherwise.
-func (x *Index) lruReserve() {
-	q := &x.lru
-	size := q.tail - q.head
-	if size < uint64(len(q.buf)) {
-		return
-	}
-	if size > 0 && size >= 2*uint64(x.live) {
-		mask := uint64(len(q.buf) - 1)
-		out := q.head
-		for p := q.head; p != q.tail; p++ {
-			e := q.buf[p&mask]
-			if nd := &x.nodes[e.node]; nd.has(flagQueued) && nd.stamp == e.stamp {
-				q.buf[out&mask] = e
-				out++
-			}
-		}
-		q.tail = out
-		if q.tail-q.head < uint64(len(q.buf)) {
-			return
-		}
-	}
-	buf := make([]lruEntry, max(64, 2*len(q.buf)))
-	mask := uint64(len(q.buf) - 1)
-	for p := q.head; p != q.tail; p++ {
-		buf[p-q.head] = q.buf[p&mask]
-	}
-	q.tail -= q.head
-	q.head = 0
-	q.buf = buf
+	t := make([]T, len(s)+n, max(cap(s)+cap(s)/2, len(s)+n, 64))
+	copy(t, s)
+	return t
 }
 
 // ---- holding runs ----
@@ -1011,9 +1024,9 @@ func (x *Index) allocRun(c uint32) uint32 {
 	}
 	off := uint32(len(x.hEntry))
 	size := 1 << c
-	x.hEntry = append(x.hEntry, make([]uint32, size)...)
-	x.hAux = append(x.hAux, make([]uint64, size)...)
-	x.hKids = append(x.hKids, make([]uint32, size)...)
+	x.hEntry = grow(x.hEntry, size)
+	x.hAux = grow(x.hAux, size)
+	x.hKids = grow(x.hKids, size)
 	return off
 }
 

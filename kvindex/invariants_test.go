@@ -85,7 +85,7 @@ func checkInvariants(x *Index) error {
 		if nd.nHold() == 0 && nd.children == 0 {
 			return fmt.Errorf("node %d is empty and childless", n)
 		}
-		if nd.children == 0 && !nd.has(flagQueued) {
+		if nd.children == 0 && !x.inLRU(n) {
 			return fmt.Errorf("leaf %d is not an eviction candidate", n)
 		}
 	}
@@ -155,31 +155,33 @@ func checkInvariants(x *Index) error {
 	return nil
 }
 
-// checkQueue verifies the LRU queue: every queued node has exactly one valid entry, and every
-// valid entry names a live, queued node.
+// checkQueue verifies the LRU list: well linked from head to tail, exactly the nodes inLRU
+// reports, all live.
 func checkQueue(x *Index) error {
-	q := &x.lru
-	if q.tail-q.head > uint64(len(q.buf)) {
-		return fmt.Errorf("LRU queue holds %d entries in a ring of %d", q.tail-q.head, len(q.buf))
+	if len(x.lru) != len(x.nodes) {
+		return fmt.Errorf("LRU links for %d of %d nodes", len(x.lru), len(x.nodes))
 	}
-	valid := map[uint32]int{}
-	for p := q.head; p != q.tail; p++ {
-		e := q.buf[p&uint64(len(q.buf)-1)]
-		if int(e.node) >= len(x.nodes) {
-			return fmt.Errorf("LRU entry names node %d of %d", e.node, len(x.nodes))
+	inLRU := map[uint32]bool{}
+	prev := uint32(0)
+	for n := x.lruHead; n != 0; n = x.lru[n].next {
+		if inLRU[n] {
+			return fmt.Errorf("LRU cycle at %d", n)
 		}
-		nd := &x.nodes[e.node]
-		if nd.has(flagQueued) && nd.stamp == e.stamp {
-			if !nd.has(flagLive) {
-				return fmt.Errorf("LRU entry for dead node %d", e.node)
-			}
-			valid[e.node]++
+		inLRU[n] = true
+		if x.lru[n].prev != prev || !x.nodes[n].has(flagLive) {
+			return fmt.Errorf("LRU link broken at %d", n)
 		}
+		prev = n
+	}
+	if prev != x.lruTail {
+		return fmt.Errorf("LRU tail %d, walk ends at %d", x.lruTail, prev)
 	}
 	for n := uint32(1); int(n) < len(x.nodes); n++ {
-		nd := &x.nodes[n]
-		if nd.has(flagQueued) && valid[n] != 1 {
-			return fmt.Errorf("queued node %d has %d valid LRU entries", n, valid[n])
+		if x.inLRU(n) != inLRU[n] {
+			return fmt.Errorf("node %d: inLRU disagrees with the list", n)
+		}
+		if l := x.lru[n]; !inLRU[n] && (l.prev != 0 || l.next != 0) {
+			return fmt.Errorf("node %d is not in the LRU list but has links %v", n, l)
 		}
 	}
 	return nil

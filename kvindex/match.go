@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"math"
+	"math/bits"
 	"slices"
 
 	"github.com/enginepick/enginepick/state"
@@ -34,22 +35,27 @@ type Matches struct {
 	slots []uint32 // per engine found: its slot
 	order []uint64 // sort keys: (MaxUint32 − blocks) << 32 | engine order
 
-	// The search (see search).
+	// The search (see search). A set of holders is a bitmap over hs of w words.
 	keys    []uint64 // MatchTokensInto's keys
-	hs, hs2 []uint32 // holder IDs, grouped
+	hs      []uint32 // the holders live at the query's first block, ascending
+	hs2     []uint32 // matchLinearInto's scratch
+	bit     []int32  // holder ID → 1 + its index in hs, 0 when not in hs
+	bitSet  bool     // bit holds hs's indexes (cleared by finishMatch)
+	w       int
 	gs, gs2 []group
+	sets    []uint64 // group i's set: sets[i*w : (i+1)*w]
+	sets2   []uint64
 	probes  []probe
-	masks   []uint16 // per holder of the round: bit j set when live at its group's probe j
-	caps    []int32  // per holder at depth 0: first holey depth where it is not live
+	pmasks  []uint64 // probe j's live holders: pmasks[j*w : (j+1)*w]
+	scratch []uint64
 }
 
-// group is a set of holders (hs[from:to], ascending) that are all live at depth lo (whose node
-// is nlo) and not live at depth hi, where hi may be the query's end.
+// group is a set of holders that are all live at depth lo (whose node is nlo) and not live at
+// depth hi, where hi may be the query's end.
 type group struct {
-	lo, hi   int32
-	from, to int32
-	nlo      uint32
-	p0, np   int32 // the round's probes of this group: probes[p0 : p0+np]
+	lo, hi int32
+	nlo    uint32
+	p0, np int32 // the round's probes of this group: probes[p0 : p0+np]
 }
 
 type probe struct {
@@ -83,11 +89,15 @@ func (x *Index) Match(keys []uint64) *Matches {
 // ignored.
 const maxQueryBlocks = 1<<31 - 1
 
-// searchFanout is the most depths one round of the search probes per group of holders: a round
-// costs the latency of about three dependent cache misses (table slot, node, holding run),
-// whatever its number of probes, since they are independent; 8 answers a 512-block prompt in
-// three rounds.
-const searchFanout = 7
+// Search fanouts: a round of the search probes up to firstFanout depths of the query's whole
+// range, then up to fanout depths inside each group's interval. A round costs the latency of about
+// three dependent cache misses (table slot, node, holding run), whatever its number of probes,
+// since they are independent, and each probe costs about a hundred instructions; 8 then 4 answers
+// a 512-block prompt in four or five rounds of at most a few dozen probes.
+const (
+	firstFanout = 7
+	fanout      = 3
+)
 
 // MatchInto is Match writing into m, which it resets first. With a reused m it allocates nothing
 // once m's buffers have grown to the index's size. It takes the index's read lock, so any number
@@ -95,11 +105,11 @@ const searchFanout = 7
 //
 // Cost: it does not walk the prompt. Because a holder's entries along a prompt form a prefix
 // except at holey blocks (index.go, "holes"), it finds each holder's deepest block by probing
-// depths: the first block, then rounds that split each group of holders' interval at up to
-// searchFanout depths (8-ary search), all probes of a round independent so that their cache
-// misses overlap; about 1 + 3 × (distinct depths) rounds for a 512-block prompt. When the index
-// has holey blocks it also looks every key up in the (small) holey set and caps each holder at
-// the first holey block of the prompt where it is not live. Then a sort of the engines found.
+// depths: the first block, then rounds that split each group of holders' interval at a few
+// depths (k-ary search), all probes of a round independent so that their cache misses overlap;
+// about 1 + 2 × (distinct depths) × log₄(blocks) probes. When the index has holey blocks it also
+// looks every key up in the (small) holey set and caps each holder at the first holey block of
+// the prompt where it is not live. Then a sort of the engines found.
 func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	if len(keys) > maxQueryBlocks {
 		keys = keys[:maxQueryBlocks]
@@ -133,8 +143,7 @@ func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 	keys := growKeys(m.keys[:0], n)
 	keys = append(keys, h.next(h.root, tokens[:b]))
 	m.keys = keys
-	n0, _ := x.lookupDepth(keys[0], 0)
-	if n0 == 0 {
+	if n0, _ := x.lookupDepth(keys[0], 0); n0 == 0 {
 		x.finishMatch(m)
 		return
 	}
@@ -147,15 +156,13 @@ func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 		x.finishMatch(m)
 		return
 	}
-	// Gallop: every holder live at depth 0 starts in one group; at each gallop depth the holders
-	// still live there move on, the others keep the interval between the previous gallop depth
-	// and this one.
-	m.hs = x.liveHolders(n0, now, m.hs[:0])
-	m.gs = append(m.gs[:0], group{lo: 0, hi: int32(n), from: 0, to: int32(len(m.hs)), nlo: n0})
-	if len(m.hs) == 0 {
+	if !x.startGroups(keys[:1], now, m) {
 		x.finishMatch(m)
 		return
 	}
+	m.gs[0].hi = int32(n)
+	// Gallop: the holders live at a gallop depth form the last group; the others keep the
+	// interval between the previous gallop depth and this one.
 	for d := 63; ; d = d*8 + 7 {
 		if d >= n-1 {
 			keys = h.appendFrom(keys, keys[len(keys)-1], tokens[len(keys)*b:n*b])
@@ -171,51 +178,33 @@ func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 	x.finishMatch(m)
 }
 
-// gallopStep probes depth d for the last group of m.gs, whose holders are live at its lo: those
-// live at d form a new last group (d, its hi); the others keep (lo, d). It reports whether some
-// holder is live at d.
+// gallopStep probes depth d for the last group of m.gs: those of its holders live at d form a new
+// last group (d, its hi); the others keep (lo, d). It reports whether some holder is live at d.
 func (x *Index) gallopStep(keys []uint64, d int32, now int64, m *Matches) bool {
-	last := &m.gs[len(m.gs)-1]
+	w := m.w
+	gi := len(m.gs) - 1
 	n, _ := x.lookupDepth(keys[d], int(d))
 	if n == 0 {
-		last.hi = d
+		m.gs[gi].hi = d
 		return false
 	}
-	m.probes = append(m.probes[:0], probe{depth: d, node: n})
-	last.p0, last.np = 0, 1
-	from, to := int(last.from), int(last.to)
-	m.masks = slices.Grow(m.masks[:0], len(m.hs))[:len(m.hs)]
-	clear(m.masks)
-	x.markLive(m, last, now)
-	// Stable partition: holders not live at d first (they keep lo), then the live ones.
-	m.hs2 = append(m.hs2[:0], m.hs[from:to]...)
-	masks := m.masks[from:to]
-	out, live := from, 0
-	for i, h := range m.hs2 {
-		if masks[i] == 0 {
-			m.hs[out] = h
-			out++
-		}
-	}
-	split := out
-	for i, h := range m.hs2 {
-		if masks[i] != 0 {
-			m.hs[out] = h
-			out++
-			live++
-		}
-	}
-	if live == 0 {
-		last.hi = d
+	set := m.sets[gi*w : (gi+1)*w]
+	live := x.liveMask(n, set, now, m, m.scratch[:w])
+	if isZero(live) {
+		m.gs[gi].hi = d
 		return false
 	}
-	if split > from {
-		hi := last.hi
-		last.hi, last.to = d, int32(split)
-		m.gs = append(m.gs, group{lo: d, hi: hi, from: int32(split), to: int32(to), nlo: n})
-	} else {
-		last.lo, last.nlo = d, n
+	if andNotIsZero(set, live) {
+		m.gs[gi].lo, m.gs[gi].nlo = d, n
+		return true
 	}
+	hi := m.gs[gi].hi
+	m.gs[gi].hi = d
+	for i := range w {
+		set[i] &^= live[i]
+	}
+	m.gs = append(m.gs, group{lo: d, hi: hi, nlo: n})
+	m.sets = append(m.sets, live...)
 	return true
 }
 
@@ -226,6 +215,7 @@ func (x *Index) beginMatch(blocks int, m *Matches) bool {
 	m.slots = m.slots[:0]
 	m.best = m.best[:0]
 	m.gs = m.gs[:0]
+	m.sets = m.sets[:0]
 	m.QueryBlocks = blocks
 	if blocks == 0 {
 		return false
@@ -277,9 +267,9 @@ func (x *Index) liveHolders(n uint32, now int64, dst []uint32) []uint32 {
 	return dst
 }
 
-// startGroups finds the holders live at the first block and their search intervals: the query's
-// end, or the first holey block of the query where the holder is not live. It reports whether
-// any holder is live at the first block.
+// startGroups finds the holders live at the first block (m.hs) and their search intervals: the
+// query's end, or the first holey block of the query where the holder is not live. It reports
+// whether any holder is live at the first block.
 func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
 	n0, _ := x.lookupDepth(keys[0], 0)
 	if n0 == 0 {
@@ -289,82 +279,92 @@ func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
 	if len(m.hs) == 0 {
 		return false
 	}
+	if len(m.bit) < len(x.holders) {
+		m.bit = make([]int32, len(x.holders), cap(x.holders))
+	}
+	for i, h := range m.hs {
+		m.bit[h] = int32(i + 1)
+	}
+	m.bitSet = true
+	w := (len(m.hs) + 63) / 64
+	m.w = w
+	m.scratch = slices.Grow(m.scratch[:0], 2*w)[:2*w]
+	all := m.scratch[w : 2*w]
+	for i := range all {
+		all[i] = ^uint64(0)
+	}
+	if r := len(m.hs) % 64; r != 0 {
+		all[w-1] = 1<<r - 1
+	}
 	end := int32(len(keys))
-	if x.holey.len() == 0 {
-		m.gs = append(m.gs[:0], group{lo: 0, hi: end, from: 0, to: int32(len(m.hs)), nlo: n0})
-		return true
-	}
-	// Cap each holder at the first holey block where it is not live: below it, the holder's
-	// entries along this prompt form a prefix (index.go, "holes").
-	m.caps = slices.Grow(m.caps[:0], len(m.hs))[:len(m.hs)]
-	for i := range m.caps {
-		m.caps[i] = end
-	}
-	uncapped := len(m.hs)
-	for d := 1; d < len(keys) && uncapped > 0; d++ {
-		if _, ok := x.holey.get(keys[d]); !ok {
-			continue
-		}
-		n, _ := x.lookupDepth(keys[d], d)
-		if n == 0 {
-			// Not in the tree at this depth: nothing deeper is either.
-			for i := range m.caps {
-				m.caps[i] = min(m.caps[i], int32(d))
+	if x.holey.len() > 0 {
+		// Cap each holder at the first holey block where it is not live: below it, the holder's
+		// entries along this prompt form a prefix (index.go, "holes").
+		for d := 1; d < len(keys) && !isZero(all); d++ {
+			if _, ok := x.holey.get(keys[d]); !ok {
+				continue
 			}
-			break
-		}
-		for i, h := range m.hs {
-			if m.caps[i] == end && !x.liveAt(n, h, now) {
-				m.caps[i] = int32(d)
-				uncapped--
+			n, _ := x.lookupDepth(keys[d], d)
+			capped := m.scratch[:w]
+			if n == 0 {
+				copy(capped, all) // not in the tree at this depth: nothing deeper is either
+			} else {
+				live := x.liveMask(n, all, now, m, m.scratch[:w])
+				for i := range w {
+					capped[i] = all[i] &^ live[i]
+				}
+			}
+			if isZero(capped) {
+				continue
+			}
+			m.gs = append(m.gs, group{lo: 0, hi: int32(d), nlo: n0})
+			m.sets = append(m.sets, capped...)
+			for i := range w {
+				all[i] &^= capped[i]
 			}
 		}
-	}
-	// One group per distinct cap, holders ascending within each.
-	m.hs2 = append(m.hs2[:0], m.hs...)
-	m.hs = m.hs[:0]
-	m.gs = m.gs[:0]
-	for len(m.hs) < len(m.hs2) {
-		c := int32(math.MaxInt32)
-		for i := range m.hs2 {
-			if m.caps[i] >= 0 {
-				c = min(c, m.caps[i])
-			}
+		if isZero(all) {
+			return true
 		}
-		from := int32(len(m.hs))
-		for i, h := range m.hs2 {
-			if m.caps[i] == c {
-				m.hs = append(m.hs, h)
-				m.caps[i] = -1
-			}
-		}
-		m.gs = append(m.gs, group{lo: 0, hi: c, from: from, to: int32(len(m.hs)), nlo: n0})
 	}
+	m.gs = append(m.gs, group{lo: 0, hi: end, nlo: n0})
+	m.sets = append(m.sets, all...)
 	return true
 }
 
 // search narrows every group of m.gs until each holder's deepest live block is known (hi = lo+1),
 // then records the holders.
 func (x *Index) search(keys []uint64, now int64, m *Matches) {
-	for {
-		// Plan the round: up to searchFanout depths strictly inside each open interval.
+	w := m.w
+	for round := 0; ; round++ {
+		// Plan the round: a few depths strictly inside each open interval.
 		m.probes = m.probes[:0]
-		open := false
+		k := int32(fanout)
+		if round == 0 {
+			k = firstFanout
+		}
 		for gi := range m.gs {
 			g := &m.gs[gi]
 			g.p0, g.np = int32(len(m.probes)), 0
-			w := g.hi - g.lo
-			if w <= 1 {
+			span := g.hi - g.lo
+			if span <= 1 {
 				continue
 			}
-			open = true
-			k := min(searchFanout, w-1)
-			for j := int32(1); j <= k; j++ {
-				m.probes = append(m.probes, probe{depth: g.lo + int32(int64(w)*int64(j)/int64(k+1))})
+			np := min(k, span-1)
+			if round == 0 {
+				// The first round's last probe is the interval's last depth, so that holders of
+				// the whole range (a repeated prompt) are done at once.
+				for j := int32(1); j <= np; j++ {
+					m.probes = append(m.probes, probe{depth: g.lo + int32(int64(span-1)*int64(j)/int64(np))})
+				}
+			} else {
+				for j := int32(1); j <= np; j++ {
+					m.probes = append(m.probes, probe{depth: g.lo + int32(int64(span)*int64(j)/int64(np+1))})
+				}
 			}
-			g.np = k
+			g.np = np
 		}
-		if !open {
+		if len(m.probes) == 0 {
 			break
 		}
 		// The probes are independent: issue every lookup before using any, so that their cache
@@ -373,107 +373,133 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 			p := &m.probes[i]
 			p.node, _ = x.lookupDepth(keys[p.depth], int(p.depth))
 		}
-		m.masks = slices.Grow(m.masks[:0], len(m.hs))[:len(m.hs)]
-		clear(m.masks)
+
+		m.pmasks = slices.Grow(m.pmasks[:0], len(m.probes)*w)[:len(m.probes)*w]
 		for gi := range m.gs {
-			if g := &m.gs[gi]; g.np > 0 {
-				x.markLive(m, g, now)
+			g := &m.gs[gi]
+			set := m.sets[gi*w : (gi+1)*w]
+			for j := g.p0; j < g.p0+g.np; j++ {
+				x.liveMask(m.probes[j].node, set, now, m, m.pmasks[j*int32(w):(j+1)*int32(w)])
 			}
 		}
-		// Split each group by its holders' deepest live probe, keeping holders ascending.
-		m.hs2 = m.hs2[:0]
-		m.gs2 = m.gs2[:0]
+		// Split each group by its holders' deepest live probe.
+		m.gs2, m.sets2 = m.gs2[:0], m.sets2[:0]
 		for gi := range m.gs {
 			g := m.gs[gi]
-			if g.np == 0 {
-				from := int32(len(m.hs2))
-				m.hs2 = append(m.hs2, m.hs[g.from:g.to]...)
-				g.from, g.to = from, int32(len(m.hs2))
-				m.gs2 = append(m.gs2, g)
-				continue
-			}
-			for b := int32(0); b <= g.np; b++ {
-				from := int32(len(m.hs2))
-				for i := g.from; i < g.to; i++ {
-					if int32(bitsLen16(m.masks[i])) == b {
-						m.hs2 = append(m.hs2, m.hs[i])
-					}
+			rest := m.scratch[:w]
+			copy(rest, m.sets[gi*w:(gi+1)*w])
+			for j := g.np - 1; j >= 0; j-- {
+				live := m.pmasks[(g.p0+j)*int32(w) : (g.p0+j+1)*int32(w)]
+				from := len(m.sets2)
+				any := uint64(0)
+				for i := range w {
+					b := rest[i] & live[i]
+					m.sets2 = append(m.sets2, b)
+					rest[i] &^= b
+					any |= b
 				}
-				if int32(len(m.hs2)) == from {
+				if any == 0 {
+					m.sets2 = m.sets2[:from]
 					continue
 				}
-				ng := group{lo: g.lo, hi: g.hi, from: from, to: int32(len(m.hs2)), nlo: g.nlo}
-				if b > 0 {
-					p := m.probes[g.p0+b-1]
-					ng.lo, ng.nlo = p.depth, p.node
+				p := m.probes[g.p0+j]
+				hi := g.hi
+				if j+1 < g.np {
+					hi = m.probes[g.p0+j+1].depth
 				}
-				if b < g.np {
-					ng.hi = m.probes[g.p0+b].depth
+				m.gs2 = append(m.gs2, group{lo: p.depth, hi: hi, nlo: p.node})
+			}
+			if !isZero(rest) {
+				if g.np > 0 {
+					g.hi = m.probes[g.p0].depth
 				}
-				m.gs2 = append(m.gs2, ng)
+				m.gs2 = append(m.gs2, g)
+				m.sets2 = append(m.sets2, rest...)
 			}
 		}
-		m.hs, m.hs2 = m.hs2, m.hs
 		m.gs, m.gs2 = m.gs2, m.gs
+		m.sets, m.sets2 = m.sets2, m.sets
 	}
-	for _, g := range m.gs {
+	for gi, g := range m.gs {
 		x.markRef(g.nlo)
-		for _, h := range m.hs[g.from:g.to] {
-			x.record(m, h, int(g.lo)+1)
+		for i, word := range m.sets[gi*w : (gi+1)*w] {
+			for word != 0 {
+				b := bits.TrailingZeros64(word)
+				word &= word - 1
+				x.record(m, m.hs[i*64+b], int(g.lo)+1)
+			}
 		}
 	}
 }
 
-// bitsLen16 is the index of the highest set bit plus one (0 for 0).
-func bitsLen16(v uint16) int {
-	n := 0
-	for v != 0 {
-		v >>= 1
-		n++
+// liveMask writes into dst the holders of set (a bitmap over m.hs) live at node n (none when n
+// is 0) and returns dst.
+func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []uint64) []uint64 {
+	clear(dst)
+	if n == 0 {
+		return dst
 	}
-	return n
-}
-
-// markLive sets bit j of m.masks[i] for every holder hs[i] of g live at g's probe j.
-func (x *Index) markLive(m *Matches, g *group, now int64) {
-	hs := m.hs[g.from:g.to]
-	masks := m.masks[g.from:g.to]
-	for j := range g.np {
-		n := m.probes[g.p0+j].node
-		if n == 0 {
-			continue
-		}
-		bit := uint16(1) << j
-		nd := &x.nodes[n]
-		lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
-		if hi-lo > 8*len(hs) {
-			// Few holders against a crowded block: binary-search each one.
-			for i, h := range hs {
-				a, b := lo, hi
-				for a < b {
-					mid := int(uint(a+b) >> 1)
+	nd := &x.nodes[n]
+	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
+	members := 0
+	for _, word := range set {
+		members += bits.OnesCount64(word)
+	}
+	if hi-lo > 4*members {
+		// Few holders against a crowded block: binary-search each one.
+		for i, word := range set {
+			for word != 0 {
+				b := bits.TrailingZeros64(word)
+				word &= word - 1
+				h := m.hs[i*64+b]
+				a, z := lo, hi
+				for a < z {
+					mid := int(uint(a+z) >> 1)
 					if entryHolder(x.hEntry[mid]) < h {
 						a = mid + 1
 					} else {
-						b = mid
+						z = mid
 					}
 				}
 				if x.holdsLive(a, hi, h, now) {
-					masks[i] |= bit
+					dst[i] |= 1 << b
 				}
 			}
+		}
+		return dst
+	}
+	approx := nd.has(flagApprox)
+	bit := m.bit
+	for p := lo; p < hi; p++ {
+		e := x.hEntry[p]
+		i := bit[entryHolder(e)] - 1
+		if i < 0 || set[i>>6]&(1<<(i&63)) == 0 {
 			continue
 		}
-		p := lo
-		for i, h := range hs {
-			for p < hi && entryHolder(x.hEntry[p]) < h {
-				p++
-			}
-			if x.holdsLive(p, hi, h, now) {
-				masks[i] |= bit
-			}
+		if !approx || e&approxEntryBit == 0 || int64(x.hAux[p]) > now {
+			dst[i>>6] |= 1 << (i & 63)
 		}
 	}
+	return dst
+}
+
+func isZero(s []uint64) bool {
+	for _, v := range s {
+		if v != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// andNotIsZero reports whether a &^ b is empty.
+func andNotIsZero(a, b []uint64) bool {
+	for i := range a {
+		if a[i]&^b[i] != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // liveAt reports whether holder h is live at node n.
@@ -495,6 +521,12 @@ func (x *Index) holdsLive(p, hi int, h uint32, now int64) bool {
 
 // finishMatch orders the engines recorded.
 func (x *Index) finishMatch(m *Matches) {
+	if m.bitSet {
+		for _, h := range m.hs {
+			m.bit[h] = 0
+		}
+		m.bitSet = false
+	}
 	// Deepest first, ties by engine ID: sort integer keys, since the engines' order by ID is
 	// maintained by the writers.
 	m.order = m.order[:0]
