@@ -56,7 +56,9 @@ func storedMap(hashes []uint64, parent any, tokens []uint32, medium any) map[str
 		"token_ids": tokens, "block_size": testBlock, "lora_id": nil, "medium": medium, "lora_name": nil}
 }
 
-func removedArray(hashes []uint64, medium any) []any { return []any{"BlockRemoved", hashes, medium, nil} }
+func removedArray(hashes []uint64, medium any) []any {
+	return []any{"BlockRemoved", hashes, medium, nil}
+}
 
 func clearedArray() []any { return []any{"AllBlocksCleared"} }
 

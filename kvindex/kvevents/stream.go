@@ -80,8 +80,8 @@ func (s *stream) stop() {
 // seqCounters count sequence events; see StreamStats.
 type seqCounters struct {
 	batches, gaps, regressions, duplicates, resyncs, replays, replayFailures, malformed uint64
-	lastSeq                                                                            uint64
-	untrusted                                                                          bool
+	lastSeq                                                                             uint64
+	untrusted                                                                           bool
 }
 
 func newStream(ep Endpoint, o *Options, rep replayer, report func(*StreamError)) *stream {
