@@ -28,8 +28,9 @@ const DynamoOverlapScoreWeight = 1.0
 //	decode_blocks(w)  = active_blocks(w) + the prompt's full blocks not among w's active blocks
 //	cost(w)           = DynamoOverlapScoreWeight · prefill_tokens(w) ÷ B + decode_blocks(w)
 //
-// The lowest cost wins; exact ties are broken uniformly at random (router_temperature 0, the
-// default, takes the argmin of softmax_sample). active_prefill_tokens and active_blocks are the
+// The lowest cost wins (router_temperature 0, the default, takes the argmin of softmax_sample);
+// among exact ties the worker holding the fewest blocks in the index wins, and remaining ties are
+// broken uniformly at random (select_worker's tree-size tie-breaker). active_prefill_tokens and active_blocks are the
 // router's own bookkeeping, not engine reports: a routed request adds its uncached prompt tokens
 // ISL − overlap·B and its prompt's block keys (reference-counted per worker) to the chosen worker,
 // drops the tokens at its first token and the blocks when it ends. Output blocks are not tracked
@@ -48,13 +49,15 @@ type Dynamo struct {
 	hasher kvindex.Hasher
 	bs     int
 
-	mu      sync.Mutex
-	workers map[state.EngineID]*dynamoWorker
-	active  map[int32]*dynamoRequest
-	pending *dynamoRequest
-	keys    []uint64
-	matches kvindex.Matches
-	free    []*dynamoRequest
+	mu        sync.Mutex
+	workers   map[state.EngineID]*dynamoWorker
+	active    map[int32]*dynamoRequest
+	pending   *dynamoRequest
+	keys      []uint64
+	matches   kvindex.Matches
+	costs     []float64
+	newTokens []int
+	free      []*dynamoRequest
 }
 
 var (
@@ -105,9 +108,8 @@ func (d *Dynamo) Pick(_ context.Context, engines []state.Engine, req *policy.Req
 	d.keys = d.hasher.AppendKeys(d.keys[:0], tokens)
 	d.env.Index.MatchInto(d.keys, &d.matches)
 
-	t := tieBreak{rand: d.env.Rand, best: -1}
-	var bestCost float64
-	var bestNew int
+	d.costs, d.newTokens = d.costs[:0], d.newTokens[:0]
+	minCost := 0.0
 	for i, e := range engines {
 		w := d.worker(e.ID())
 		overlap := d.matches.Blocks(e.ID())
@@ -120,11 +122,35 @@ func (d *Dynamo) Pick(_ context.Context, engines []state.Engine, req *policy.Req
 		}
 		cost := DynamoOverlapScoreWeight*float64(w.prefillTokens+newTokens)/float64(d.bs) +
 			float64(len(w.blocks)+newBlocks)
-		t.offer(i, t.best < 0 || cost < bestCost, cost == bestCost)
-		if t.best == i {
-			bestCost, bestNew = cost, newTokens
+		d.costs = append(d.costs, cost)
+		d.newTokens = append(d.newTokens, newTokens)
+		if i == 0 || cost < minCost {
+			minCost = cost
 		}
 	}
+	// Ties: the smallest tree (blocks the worker holds in the index) wins, then a uniform draw.
+	t := tieBreak{rand: d.env.Rand, best: -1}
+	var stats kvindex.Stats
+	ties, bestSize := 0, 0
+	for i, c := range d.costs {
+		if c != minCost {
+			continue
+		}
+		if ties++; ties == 2 {
+			stats = d.env.Index.Stats()
+			bestSize = treeSize(stats, engines[t.best].ID())
+		}
+		if ties == 1 {
+			t.offer(i, true, false)
+			continue
+		}
+		size := treeSize(stats, engines[i].ID())
+		t.offer(i, size < bestSize, size == bestSize)
+		if t.best == i {
+			bestSize = size
+		}
+	}
+	bestNew := d.newTokens[t.best]
 	winner := engines[t.best]
 	if err := d.admit(winner); err != nil {
 		return policy.Pick{}, err
@@ -211,4 +237,11 @@ func (d *Dynamo) finished(id int32) {
 		delete(d.active, id)
 		d.release(q)
 	}
+}
+
+// treeSize returns the blocks engine id holds in the index, over every tier (Dynamo's
+// OverlapScores.tree_sizes).
+func treeSize(s kvindex.Stats, id state.EngineID) int {
+	e := s.Engines[id]
+	return e.DeviceBlocks + e.HostBlocks + e.DiskBlocks + e.ExternalBlocks
 }

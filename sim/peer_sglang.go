@@ -14,12 +14,12 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Defaults of the SGLang legacy baseline (SGLangLegacy): the SGLang router's command-line
-// defaults for cache_aware (sgl-project/sglang `sgl-router/src/main.rs` and the Python launcher's
-// router arguments: --cache-threshold 0.3, --balance-abs-threshold 64, --balance-rel-threshold
-// 1.5, --eviction-interval-secs 120, --max-tree-size 67108864). CacheAwareConfig::default in
+// Defaults of the SGLang legacy baseline (SGLangLegacy): the SGLang router's launcher defaults
+// for cache_aware (sgl-project/sglang `sgl-router/py_src/sglang_router/router_args.py`,
+// RouterArgs: cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5,
+// eviction_interval_secs 120, max_tree_size 2^26). CacheAwareConfig::default in
 // `sgl-router/src/policies/mod.rs` differs (0.5, 32, 1.1, 30 s, 10,000); the router as launched
-// uses the command-line values.
+// uses the launcher's values.
 const (
 	SGLangCacheThreshold       = 0.3
 	SGLangBalanceAbsThreshold  = 64

@@ -103,11 +103,10 @@ func TestDynamoCost(t *testing.T) {
 	}
 	assert.Equal(t, 16, d.workers["a"].prefillTokens)
 	assert.Len(t, d.workers["a"].blocks, 4, "the same 4 blocks, reference-counted")
-	// The 17th is an exact tie (8.25 both): Rand picks among the tied; n-1 keeps the first (a),
-	// 0 replaces it with the later one (b).
-	f.rand = func(int) int { return 0 }
+	// The 17th is an exact tie (8.25 both): the smaller tree wins (b holds no block, a 4),
+	// whatever Rand says.
 	id, _ := pickID(t, d, f, p)
-	assert.Equal(t, state.EngineID("b"), id, "tie broken by Rand")
+	assert.Equal(t, state.EngineID("b"), id, "tie broken by tree size")
 	d.discard()
 	assert.Equal(t, 16, d.workers["a"].prefillTokens, "discard undoes the pick")
 	assert.Equal(t, 0, d.workers["b"].prefillTokens)
@@ -129,7 +128,7 @@ func TestDynamoCost(t *testing.T) {
 	f2 := newPeerFixture(t, "a", "b")
 	d2, err := NewDynamo(f2.env)
 	require.NoError(t, err)
-	f2.rand = func(int) int { return 0 } // ties go to the last (b)
+	f2.rand = func(int) int { return 0 } // equal trees: ties go to the last (b)
 	id, _ = pickID(t, d2, f2, prompt(1000, 160))
 	require.Equal(t, state.EngineID("b"), id)
 	d2.bind(0)
