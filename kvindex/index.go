@@ -72,7 +72,8 @@ type Options struct {
 // long as each engine's events are applied in order by their caller. doc.go records why one
 // RWMutex beats sharding here, with figures.
 type Index struct {
-	mu sync.RWMutex
+	mu    sync.RWMutex
+	trust trustSet // engines whose entries Sources must not trust (trust.go); not guarded by mu
 
 	hasher    Hasher
 	maxBlocks int

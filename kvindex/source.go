@@ -138,7 +138,8 @@ func NewLocalSource(index *Index) (*LocalSource, error) {
 }
 
 // Lookup hashes q.TokenIDs and matches them against the index, hashing only as far as some engine
-// holds the prefix (Index.MatchTokensInto). A canceled ctx returns
+// holds the prefix (Index.MatchTokensInto). Engines marked untrusted (Index.MarkUntrusted) are
+// left out, as if they held nothing; when only they hold the prefix, the result is a miss. A canceled ctx returns
 // OutcomeUnavailable with ReasonCanceled (or ReasonTimeout for an expired deadline) before any
 // work; a query with no full block is a miss. The result's Engines is a new slice owned by the
 // caller; the hashing and matching buffers are pooled.
@@ -155,8 +156,10 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	s.index.MatchTokensInto(q.TokenIDs, &sc.m)
 	r := Result{Outcome: OutcomeMiss, QueryBlocks: sc.m.QueryBlocks, BlockTokens: bt}
 	if len(sc.m.Engines) > 0 {
+		r.Engines = s.index.trustedClone(sc.m.Engines) // untrusted engines hold nothing (trust.go)
+	}
+	if len(r.Engines) > 0 {
 		r.Outcome = OutcomeHit
-		r.Engines = slices.Clone(sc.m.Engines)
 	}
 	return r, nil
 }
