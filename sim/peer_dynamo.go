@@ -15,10 +15,11 @@ import (
 const DynamoOverlapScoreWeight = 1.0
 
 // Dynamo is NVIDIA Dynamo's KV router with its default cost, as a replay baseline. Sources:
-// ai-dynamo/dynamo `lib/llm/src/kv_router/scheduler.rs` (DefaultWorkerSelector.select_worker,
-// softmax_sample) and `lib/llm/src/kv_router/sequence.rs` (ActiveSequences:
-// potential_blocks_and_tokens, new_blocks, new_tokens, add_request, mark_prefill_completed,
-// free); newer trees keep the same cost at their defaults in `lib/kv-router/src/scheduling/`.
+// ai-dynamo/dynamo `lib/llm/src/kv_router/scheduler.rs` and `lib/llm/src/kv_router/sequence.rs`:
+// DefaultWorkerSelector.select_worker and softmax_sample in the first, ActiveSequences
+// (potential_blocks_and_tokens, new_blocks, new_tokens, add_request, mark_prefill_completed, free)
+// in the second. Newer trees keep the same cost at their defaults in ai-dynamo/dynamo
+// `lib/kv-router/src/scheduling/`.
 //
 // For every candidate w, with block size B (EngineModel.BlockTokens), prompt length ISL and
 // overlap(w) the prompt's leading full blocks w holds according to the run's kvindex.Index (the

@@ -11,18 +11,18 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Defaults of the llm-d baseline (LLMD), each from llm-d/llm-d-inference-scheduler.
+// Defaults of the llm-d baseline (LLMD).
 const (
 	// LLMDQueueWeight, LLMDKVCacheWeight and LLMDPrefixWeight are the weights of the queue,
-	// KV-cache-utilization and prefix-cache scorers in the default scheduling profile
-	// (`pkg/epp/config/loader/defaults.go`, loadDefaultConfig: 2, 2 and 3).
+	// KV-cache-utilization and prefix-cache scorers in the default scheduling profile: 2, 2 and 3
+	// in loadDefaultConfig of llm-d/llm-d-inference-scheduler `pkg/epp/config/loader/defaults.go`.
 	LLMDQueueWeight   = 2.0
 	LLMDKVCacheWeight = 2.0
 	LLMDPrefixWeight  = 3.0
 
 	// LLMDMaxPrefixBlocks is how many leading blocks of a prompt the prefix index hashes, records
-	// and matches (`pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/types.go`,
-	// defaultMaxPrefixBlocks 256).
+	// and matches: defaultMaxPrefixBlocks 256 in llm-d/llm-d-inference-scheduler
+	// `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/types.go`.
 	LLMDMaxPrefixBlocks = 256
 
 	// LLMDDefaultLRUCapacity is the per-endpoint capacity of the prefix index, in blocks, when the
@@ -31,12 +31,16 @@ const (
 )
 
 // LLMD is the llm-d inference scheduler's default scheduling profile, as a replay baseline.
-// Sources: llm-d/llm-d-inference-scheduler `pkg/epp/config/loader/defaults.go` (the profile and
-// its weights), `pkg/epp/framework/plugins/scheduling/scorer/queuedepth/` and
-// `…/scorer/kvcacheutilization/` (the two load scorers), `…/scorer/prefix/` with
+// Sources: the profile and its weights in llm-d/llm-d-inference-scheduler
+// `pkg/epp/config/loader/defaults.go`; the scorers in llm-d/llm-d-inference-scheduler
+// `pkg/epp/framework/plugins/scheduling/scorer/queuedepth/`,
+// `pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization/` and
+// `pkg/epp/framework/plugins/scheduling/scorer/prefix/`; the prefix scorer's route-time index in
+// llm-d/llm-d-inference-scheduler
 // `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/plugin.go`,
-// `indexer.go` and `types.go` (the prefix scorer and its route-time index), and
-// `pkg/epp/framework/plugins/scheduling/picker/maxscore/` (the picker).
+// `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/indexer.go` and
+// `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/types.go`; the picker in
+// llm-d/llm-d-inference-scheduler `pkg/epp/framework/plugins/scheduling/picker/maxscore/`.
 //
 // Every candidate gets score = 2·queue + 2·kv + 3·prefix and the highest wins, exact ties
 // uniformly at random (the max-score picker shuffles, then sorts stably):

@@ -17,7 +17,7 @@ import (
 // Defaults of the SGLang legacy baseline (SGLangLegacy): the SGLang router's launcher defaults
 // for cache_aware (sgl-project/sglang `sgl-router/py_src/sglang_router/router_args.py`,
 // RouterArgs: cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5,
-// eviction_interval_secs 120, max_tree_size 2^26). CacheAwareConfig::default in
+// eviction_interval_secs 120, max_tree_size 2^26). CacheAwareConfig::default in sgl-project/sglang
 // `sgl-router/src/policies/mod.rs` differs (0.5, 32, 1.1, 30 s, 10,000); the router as launched
 // uses the launcher's values.
 const (
@@ -32,9 +32,9 @@ const (
 )
 
 // SGLangLegacy is the SGLang router's legacy cache_aware policy, as a replay baseline. Sources:
-// sgl-project/sglang `sgl-router/src/policies/cache_aware.rs` (CacheAwarePolicy.select_worker) and
-// `sgl-router/src/policies/tree.rs` (Tree.insert, prefix_match, get_smallest_tenant,
-// evict_tenant_by_size); defaults as SGLangCacheThreshold and the constants beside it.
+// sgl-project/sglang `sgl-router/src/policies/cache_aware.rs` and `sgl-router/src/policies/tree.rs`:
+// CacheAwarePolicy.select_worker in the first; Tree.insert, prefix_match, get_smallest_tenant and
+// evict_tenant_by_size in the second. Defaults as SGLangCacheThreshold and the constants beside it.
 //
 // Per request, with load(w) the router's in-flight requests to w (the run's loadmon.InFlight,
 // which the Router increments at dispatch and decrements when the request ends, as the SGLang
