@@ -249,7 +249,8 @@ func (a *applier) clear() {
 	}
 }
 
-// markUntrusted and markTrusted set the stream's trust mark in every index (kvindex trust.go).
+// markUntrusted and markTrusted set the stream's trust mark in every index
+// (kvindex.Index.MarkUntrusted).
 func (a *applier) markUntrusted() {
 	for _, x := range a.all {
 		_ = x.MarkUntrusted(a.engine, a.rank)

@@ -250,3 +250,59 @@ func batch64(t testing.TB, form string, blockTokens int) []byte {
 	}
 	return payload(t, 0, ev)
 }
+
+// TestDecodeTokenEncodings: every msgpack integer width a publisher may use for a token ID decodes
+// to the same value (the inline fast path and the library path agree), and the fast path hands
+// over to the library at a bigram cell or an invalid value mid-list.
+func TestDecodeTokenEncodings(t *testing.T) {
+	t.Parallel()
+	enc := func(code byte, v uint64, width int) []byte {
+		out := []byte{code}
+		for i := width - 1; i >= 0; i-- {
+			out = append(out, byte(v>>(8*i)))
+		}
+		return out
+	}
+	cases := []struct {
+		name string
+		cell []byte
+		want uint32
+		ok   bool
+	}{
+		{"fixint 0", []byte{0x00}, 0, true},
+		{"fixint 127", []byte{0x7f}, 127, true},
+		{"uint8 255", enc(0xcc, 255, 1), 255, true},
+		{"int8 5", enc(0xd0, 5, 1), 5, true},
+		{"int8 -1", enc(0xd0, 0xff, 1), 0, false},
+		{"negative fixint", []byte{0xff}, 0, false},
+		{"uint16 65535", enc(0xcd, 65535, 2), 65535, true},
+		{"int16 300", enc(0xd1, 300, 2), 300, true},
+		{"int16 negative", enc(0xd1, 0x8000, 2), 0, false},
+		{"uint32 max", enc(0xce, math.MaxUint32, 4), math.MaxUint32, true},
+		{"int32 70000", enc(0xd2, 70000, 4), 70000, true},
+		{"int32 negative", enc(0xd2, 0x8000_0000, 4), 0, false},
+		{"uint64 max uint32", enc(0xcf, math.MaxUint32, 8), math.MaxUint32, true},
+		{"uint64 2^32", enc(0xcf, 1<<32, 8), 0, false},
+		{"int64 12", enc(0xd3, 12, 8), 12, true},
+		{"int64 -1", enc(0xd3, math.MaxUint64, 8), 0, false},
+		{"bigram pair", []byte{0x92, 0x07, 0x08}, 7, true},
+		{"float", enc(0xcb, 0, 8), 0, false},
+	}
+	d := NewDecoder()
+	for _, tc := range cases {
+		// [1, [["BlockStored", [1], nil, [9, cell, 9, 9]]]]
+		raw := []byte{0x92, 0x01, 0x91, 0x94, 0xab}
+		raw = append(raw, "BlockStored"...)
+		raw = append(raw, 0x91, 0x01, 0xc0, 0x94, 0x09)
+		raw = append(raw, tc.cell...)
+		raw = append(raw, 0x09, 0x09)
+		var b Batch
+		err := d.Decode(raw, &b)
+		if !tc.ok {
+			assert.ErrorIs(t, err, ErrPayload, tc.name)
+			continue
+		}
+		require.NoError(t, err, tc.name)
+		assert.Equal(t, []uint32{9, tc.want, 9, 9}, b.Events[0].TokenIDs, tc.name)
+	}
+}

@@ -55,7 +55,7 @@ func (e *DecodeError) Unwrap() error { return e.Err }
 
 // BlockSizeMismatchError: a BlockStored's block_size differs from the index's block size
 // (kvindex.Hasher.BlockTokens), so its blocks could never match a request: the engine and the
-// index are configured differently (research notes in docs/design.md §13). It unwraps to
+// index are configured differently (docs/design.md §13.1). It unwraps to
 // kvindex.ErrBlockSizeMismatch, the sentinel the index uses for a token count that is not
 // blocks × block size.
 type BlockSizeMismatchError struct {
