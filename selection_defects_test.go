@@ -115,8 +115,9 @@ func nativeReport(id state.EngineID, waiting, uncached uint64) loadmon.Report {
 
 func cacheAwareWith(opts policy.CacheAwareOptions) func(policy.Config, kvindex.Source) (policy.Policy, error) {
 	return func(cfg policy.Config, src kvindex.Source) (policy.Policy, error) {
-		opts.Source = src
-		return policy.NewCacheAware(cfg, opts)
+		o := opts
+		o.Source = src
+		return policy.NewCacheAware(cfg, o)
 	}
 }
 
