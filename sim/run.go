@@ -63,6 +63,9 @@ type run struct {
 	ttft       []float64
 	e2e        []float64
 	lastFinish time.Duration
+	backlog    int           // requests routed to an engine that have not had their first token
+	backlogAll backlogWindow // samples over the whole arrival span
+	backlogEnd backlogWindow // samples over its last OverloadWindow fraction
 
 	// Buffers.
 	scratch []byte
@@ -228,8 +231,10 @@ func (r *run) loop() error {
 	return nil
 }
 
-// tick makes every engine report its load, then schedules the next tick while work remains.
+// tick makes every engine report its load and samples the backlog, then schedules the next tick
+// while work remains.
 func (r *run) tick() error {
+	r.sampleBacklog()
 	for _, e := range r.all {
 		if err := e.report(); err != nil {
 			return fmt.Errorf("sim: load report of %q: %w", e.id, err)
@@ -272,6 +277,7 @@ func (r *run) arrive(k int) error {
 		return nil
 	}
 	q.dispatch = d
+	r.backlog++
 	sel := &d.Selection
 	if sel.IsPD() {
 		q.front, q.decode = r.byID[sel.Prefill.Engine.ID()], r.byID[sel.Decode.Engine.ID()]
@@ -301,6 +307,7 @@ func (r *run) promptDone(q *reqState) error {
 	e := q.front
 	if q.decode == nil {
 		q.firstToken = r.now
+		r.backlog--
 		if q.output <= 1 {
 			q.generated = 1
 			return r.finish(q)
@@ -322,6 +329,7 @@ func (r *run) transferred(q *reqState) error {
 	}
 	d.transferring--
 	q.firstToken = r.now
+	r.backlog--
 	if q.output <= 1 {
 		q.generated = 1
 		return r.finish(q)
