@@ -197,8 +197,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	speed := fs.Float64("speed", defaultSpeed, "time compression: arrival times are divided by this positive, finite number")
 	limit := fs.Int("limit", 0, "replay only the first N requests (0: all)")
 	seed := fs.Uint64("seed", defaultSeed, "random seed of every policy run")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
-	plotDir := fs.String("plot", "", "directory to write PNG charts to")
+	asJSON := fs.Bool("json", false, "print the report as JSON (undefined figures are null; warnings go to stderr)")
+	plotDir := fs.String("plot", "", "directory to write PNG charts to, created if needed (checked before the replay)")
 	limitsJSON := fs.String("admission", "", `per-engine admission caps as JSON, e.g. '{"max_waiting_requests": 32}' (default: admit everything)`)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
