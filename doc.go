@@ -7,7 +7,7 @@
 // The packages underneath can be used on their own: state (vocabulary and the registry
 // interfaces), loadmon (engine load and in-flight counters), kvindex (the KV-block prefix index),
 // admission (per-engine caps), policy (the selection policies), and bucket (length buckets, engine
-// groups and the bucket loop). See ARCHITECTURE.md in the design folder and docs/ in this module.
+// groups and the bucket loop). docs/design.md explains every routing rule.
 //
 // enginepick does not forward requests, tokenize, run health checks or discover engines.
 package enginepick

@@ -15,8 +15,8 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Limit names, as they appear in configuration and in rejection reasons (seeds/POLICY_DESIGN.md
-// §4, AdmissionLimits).
+// Limit names, as they appear in configuration and in rejection reasons (docs/design.md
+// §5).
 const (
 	LimitRunningRequests      = "max_running_requests"
 	LimitWaitingRequests      = "max_waiting_requests"
@@ -29,7 +29,7 @@ const (
 var limitNames = []string{LimitRunningRequests, LimitWaitingRequests, LimitKVTokens, LimitPendingPrefillTokens, LimitInFlightRequests}
 
 // ErrUnknownField is wrapped by *FieldError when a configuration names a field Limits does not
-// have ("Unknown fields are rejected during deserialization", seeds/POLICY_DESIGN.md §4).
+// have (docs/design.md §5).
 var ErrUnknownField = errors.New("unknown field")
 
 // ErrBadValue is wrapped by *FieldError when a field's value is not a non-negative integer (or
@@ -111,7 +111,7 @@ type Metrics struct {
 	InFlightRequests uint64
 }
 
-// Observe builds Metrics from an observation (seeds/POLICY_DESIGN.md §4: running and waiting from
+// Observe builds Metrics from an observation (docs/design.md §5: running and waiting from
 // the fresh basic sample, KV and pending prefill from the fresh native sample, in-flight from the
 // live counter).
 func Observe(o loadmon.Observation) Metrics {
@@ -140,7 +140,7 @@ type Verdict struct {
 }
 
 // Checker decides whether one engine may take a request, given its metrics. Policies call it
-// explicitly, once per engine they are about to return (seeds/POLICY_DESIGN.md §4). A returned
+// explicitly, once per engine they are about to return (docs/design.md §5). A returned
 // error means the check itself could not be made; policies return it to the bucket loop, which
 // stops. Implementations must be safe for concurrent use and must not block.
 type Checker interface {

@@ -1,5 +1,5 @@
 // Package admission decides whether one engine may take one more request: the per-engine caps of
-// seeds/POLICY_DESIGN.md §4 ("Admission"), the Metrics they read (engine-reported values that may
+// docs/design.md §5, the Metrics they read (engine-reported values that may
 // be unknown, plus the always-known router-local in-flight count), and the Checker interface that
 // policies call explicitly where their selection algorithm places the check.
 //

@@ -1,6 +1,6 @@
 // Package bucket turns a request's token-length facts into an ordered list of compatible buckets
 // and a bucket into a complete engine selection: the Resolver (length, context capacity and SLO
-// ordering, seeds/POLICY_DESIGN.md §3), the Bucket (one plain group, or a prefill and a decode
+// ordering, docs/design.md §2), the Bucket (one plain group, or a prefill and a decode
 // group, never mixed), the EngineGroup (model, health, stage and membership filtering, ID sort,
 // exact-candidate validation), the bucket loop Select, and the error → HTTP status mapping.
 //

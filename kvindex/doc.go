@@ -4,8 +4,8 @@
 // memory with LRU eviction of leaves, records approximate, router-predicted placements with a TTL
 // for engines that publish no events (Assume), and answers prefix lookups through the Source
 // interface, from this process's Index (LocalSource) or a remote indexer (RemoteSource), looked
-// up at most once per request (Memo) (ARCHITECTURE.md §2, kvindex; seeds/POLICY_DESIGN.md,
-// "Cache state").
+// up at most once per request (Memo) (docs/design.md §10
+// and §11).
 //
 // It is not a KV cache: it records ownership, never tensors. It does not subscribe to publishers
 // or decode engine event wire formats (vLLM's and SGLang's msgpack KV events over ZMQ). That is
@@ -34,10 +34,9 @@
 // applying that engine's events in order gets per-engine ordering.
 //
 // The alternatives lose here. Sharding by a chain's first block (SGLang's experimental tree
-// uses 32 shards; research/sgl-router.md §2.4) helps only if prompts start differently, and on
+// uses 32 shards, sgl-project/sglang `experimental/sgl-router/src/state/kv_events/tree.rs`) helps only if prompts start differently, and on
 // the Mooncake conversation trace every request starts with the same block
-// (research/dynamo-traces-events.md §2.1: "prefix-depth-1 sharding puts all of this trace on one
-// shard"). Sharding by engine cannot serve a Match, which reads every engine. Copy-on-write would
+// (docs/traces.md). Sharding by engine cannot serve a Match, which reads every engine. Copy-on-write would
 // copy about 86 MB per event at a million blocks, and a persistent tree would add pointer chasing
 // to every step of every Match. Writes are not the bottleneck: one core applies about 10 M block
 // events per second (below), orders of magnitude above what a fleet publishes.

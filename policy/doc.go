@@ -4,7 +4,7 @@
 // the cache-, session- and key-aware ones).
 //
 // A policy owns its selection, its within-group fallback, its admission checks and its state
-// dependencies, which it receives at construction (seeds/POLICY_DESIGN.md, principle 4 and §4).
+// dependencies, which it receives at construction (docs/design.md §1).
 // It never chooses a bucket, crosses a PD role, or substitutes an engine after admission rejects
 // the one it chose.
 package policy

@@ -13,7 +13,7 @@ import (
 
 // engineHashSeed roots the simulated engines' own block hashes. The engines hash blocks their own
 // way, as vLLM and SGLang do; the kvindex never reproduces these hashes and keeps them only as
-// opaque IDs (ARCHITECTURE.md §3, kvindex "Hashing").
+// opaque IDs (docs/design.md §11).
 const engineHashSeed = 0x656e67696e65 // "engine"
 
 // littleEndian reports whether a []uint32 is already the little-endian byte string the engine

@@ -1,7 +1,7 @@
 // Package sim replays real request traces against simulated engines so routing decisions can be
 // measured offline.
 //
-// It reads the public request traces described in the project's traces/README.md: Mooncake JSONL
+// It reads the public request traces described in docs/traces.md: Mooncake JSONL
 // (arrival time, prompt and output lengths in tokens, and chained 512-token prefix-block IDs) and
 // Azure LLM inference CSV (arrival time and lengths only). A Mooncake request turns into
 // deterministic synthetic token IDs in which equal block-ID prefixes become equal token prefixes,
