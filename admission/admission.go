@@ -60,7 +60,7 @@ func (e *FieldError) Error() string {
 // Unwrap returns the cause and state.ErrInvalidConfiguration.
 func (e *FieldError) Unwrap() []error { return []error{e.Err, state.ErrInvalidConfiguration} }
 
-// Limits is a set of optional per-engine caps (the seed's AdmissionLimits). A nil cap is not
+// Limits is a set of optional per-engine caps (AdmissionLimits in SGLang's experimental router). A nil cap is not
 // checked; Limits{} admits everything. A cap admits while the engine's metric is strictly below
 // it, so a cap of 0 rejects every engine whose metric is known. Caps are absolute: they never
 // default to capacities the engine reports.

@@ -7,7 +7,7 @@ import (
 	"sync"
 )
 
-// mooncakeConversationGz is FAST25-release/traces/conversation_trace.jsonl from kvcache-ai/Mooncake
+// mooncakeConversationGz is kvcache-ai/Mooncake `FAST25-release/traces/conversation_trace.jsonl`
 // (Apache-2.0; see the module's NOTICE), compressed with gzip -9 -n. Read-only.
 //
 //go:embed traces/mooncake_conversation.jsonl.gz
