@@ -38,6 +38,9 @@
 //	-routers N       N independent router replicas, each with its own router, in-flight counters
 //	                 and approximate entries; requests go round-robin over them and every engine's
 //	                 KV events and load reports reach all of them (default 1)
+//	-prefill-model M attention (default): an uncached token costs its linear work plus attention
+//	                 over its whole context, cached tokens included; flat: one rate for uncached
+//	                 tokens at any length, the earlier model, for comparison (see sim.EngineModel)
 //	-json            print the report as JSON instead of a table
 //	-admission JSON  per-engine admission caps, e.g. '{"max_waiting_requests": 32}' (default:
 //	                 admit everything); unknown fields and values that are not non-negative
