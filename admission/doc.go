@@ -4,5 +4,7 @@
 // policies call explicitly where their selection algorithm places the check.
 //
 // Admission observes; it never reserves capacity, ranks engines, chooses replacements, changes
-// buckets or touches affinity. Concurrent requests may pass against the same observation.
+// buckets or touches affinity. Concurrent requests may pass against the same observation. It is
+// not a rate limiter or a request queue: a rejected request is not held anywhere, the bucket loop
+// tries the next bucket.
 package admission

@@ -4,6 +4,7 @@
 // group, never mixed), the EngineGroup (model, health, stage and membership filtering, ID sort,
 // exact-candidate validation), the bucket loop Select, and the error → HTTP status mapping.
 //
-// It does not dispatch, hold in-flight guards or read load: hosts (or the root Router) do the
+// It does not choose engines itself (the policy attached to a group does), and it does not
+// dispatch, hold in-flight guards or read load: hosts (or the root Router) do the
 // first two after a complete Selection, and policies read their own state.
 package bucket

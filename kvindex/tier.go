@@ -13,7 +13,7 @@ type Tier uint8
 
 // The four tiers (docs/design.md §11: DEVICE for "GPU" or untagged events, HOST for
 // "CPU_PINNED", DISK, EXTERNAL). Mapping an engine's medium string to a Tier is the event
-// decoder's job (package kvindex/kvevents).
+// decoder's job (docs/design.md §13).
 const (
 	TierDevice Tier = 1 << iota
 	TierHost

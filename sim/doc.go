@@ -11,6 +11,9 @@
 // The package also holds the simulated engines and the replay driver that feed these requests to
 // a router and report what it decided.
 //
+// Its baseline policies (the heuristics of other routers) are measuring sticks for the replay, not
+// production policies; the library's policies live in package policy.
+//
 // It is not a performance-accurate GPU model: simulated engines follow only their documented time
 // and cache model, so replay results compare routing policies against each other and say nothing
 // absolute about latency on real hardware. The synthetic token IDs carry no text and are not

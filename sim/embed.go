@@ -4,11 +4,10 @@ import (
 	"bytes"
 	"compress/gzip"
 	_ "embed"
-	"fmt"
 	"sync"
 )
 
-// mooncakeConversationGz is FAST25-release/traces/conversation_trace.jsonl from kvcache-ai/Mooncake
+// mooncakeConversationGz is kvcache-ai/Mooncake `FAST25-release/traces/conversation_trace.jsonl`
 // (Apache-2.0; see the module's NOTICE), compressed with gzip -9 -n. Read-only.
 //
 //go:embed traces/mooncake_conversation.jsonl.gz
@@ -18,14 +17,14 @@ var mooncakeConversationGz []byte
 var parsedMooncakeConversation = sync.OnceValues(func() (*Trace, error) {
 	zr, err := gzip.NewReader(bytes.NewReader(mooncakeConversationGz))
 	if err != nil {
-		return nil, fmt.Errorf("sim: embedded mooncake_conversation: %w", err)
+		return nil, wrapf(err, "embedded mooncake_conversation")
 	}
 	t, err := ReadMooncake(zr)
 	if err != nil {
-		return nil, fmt.Errorf("sim: embedded mooncake_conversation: %w", err)
+		return nil, wrapf(err, "embedded mooncake_conversation")
 	}
 	if err := zr.Close(); err != nil {
-		return nil, fmt.Errorf("sim: embedded mooncake_conversation: %w", err)
+		return nil, wrapf(err, "embedded mooncake_conversation")
 	}
 	t.Name = "mooncake_conversation"
 	return t, nil

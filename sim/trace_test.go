@@ -72,7 +72,7 @@ func TestMooncakeConversation(t *testing.T) {
 	assert.True(t, tr.Start.IsZero(), "Start = %v, want zero for Mooncake", tr.Start)
 	require.Len(t, tr.Requests, 12031)
 
-	// First and last lines of FAST25-release/traces/conversation_trace.jsonl.
+	// First and last lines of kvcache-ai/Mooncake `FAST25-release/traces/conversation_trace.jsonl`.
 	assert.Equal(t, sim.Request{
 		Index: 0, Line: 1, Arrival: 0, InputTokens: 6758, OutputTokens: 500, HashIDs: seq(0, 13),
 	}, tr.Requests[0])
