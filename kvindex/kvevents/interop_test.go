@@ -34,8 +34,8 @@ func interopPython(t *testing.T) string {
 }
 
 // TestInteropLibzmqPublisher runs the subscriber against a real libzmq publisher (pyzmq) that
-// frames batches exactly as vLLM's ZmqEventPublisher does (the vllm_publisher fixture under testdata/interop):
-// an array-like batch, map batches, unsigned, signed and raw-bytes block hashes, a sliding-window
+// frames batches exactly as vLLM's ZmqEventPublisher does (the vllm_publisher fixture under
+// testdata/interop): an array-like batch, map batches, unsigned, signed and raw-bytes block hashes, a sliding-window
 // group event, a batch lost on the PUB socket and fetched from the ROUTER replay socket, and a
 // restart numbering from 0 again.
 func TestInteropLibzmqPublisher(t *testing.T) {
