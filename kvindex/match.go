@@ -237,17 +237,14 @@ func (x *Index) nowFor() int64 {
 	return math.MinInt64
 }
 
-// lookupDepth returns the node of key k if it is at depth d, and whether it is holey.
-func (x *Index) lookupDepth(k uint64, d int) (uint32, bool) {
+// lookupDepth returns the node of key k, which the caller found at query depth d (unused: a
+// key names its depth), and whether it is holey.
+func (x *Index) lookupDepth(k uint64, _ int) (uint32, bool) {
 	n, ok := x.byKey.get(k, x.nodes)
 	if !ok {
 		return 0, false
 	}
-	dep := x.nodes[n].depth
-	if int(dep&depthMask) != min(d, depthMask) {
-		return 0, false
-	}
-	return n, dep&flagHoley != 0
+	return n, x.nodes[n].holey()
 }
 
 // liveHolders appends the distinct holders live at node n to dst.
@@ -255,9 +252,9 @@ func (x *Index) liveHolders(n uint32, now int64, dst []uint32) []uint32 {
 	nd := &x.nodes[n]
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
 	for p := lo; p < hi; {
-		h := entryHolder(x.hEntry[p])
+		h := entryHolder(x.holds[p].e)
 		live := x.holdsLive(p, hi, h, now)
-		for p < hi && entryHolder(x.hEntry[p]) == h {
+		for p < hi && entryHolder(x.holds[p].e) == h {
 			p++
 		}
 		if live {
@@ -455,7 +452,7 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 				a, z := lo, hi
 				for a < z {
 					mid := int(uint(a+z) >> 1)
-					if entryHolder(x.hEntry[mid]) < h {
+					if entryHolder(x.holds[mid].e) < h {
 						a = mid + 1
 					} else {
 						z = mid
@@ -471,12 +468,12 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 	approx := nd.has(flagApprox)
 	bit := m.bit
 	for p := lo; p < hi; p++ {
-		e := x.hEntry[p]
+		e := x.holds[p].e
 		i := bit[entryHolder(e)] - 1
 		if i < 0 || set[i>>6]&(1<<(i&63)) == 0 {
 			continue
 		}
-		if !approx || e&approxEntryBit == 0 || int64(x.hAux[p]) > now {
+		if !approx || e&approxEntryBit == 0 || int64(x.holds[p].aux) > now {
 			dst[i>>6] |= 1 << (i & 63)
 		}
 	}
@@ -511,8 +508,8 @@ func (x *Index) liveAt(n, h uint32, now int64) bool {
 // holdsLive reports whether the entries from slab position p (before hi) include holder h with a
 // real entry or an unexpired approximate one.
 func (x *Index) holdsLive(p, hi int, h uint32, now int64) bool {
-	for ; p < hi && entryHolder(x.hEntry[p]) == h; p++ {
-		if x.hEntry[p]&approxEntryBit == 0 || int64(x.hAux[p]) > now {
+	for ; p < hi && entryHolder(x.holds[p].e) == h; p++ {
+		if x.holds[p].e&approxEntryBit == 0 || int64(x.holds[p].aux) > now {
 			return true
 		}
 	}

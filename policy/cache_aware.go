@@ -303,6 +303,9 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 
 	d := CacheDecision{Model: req.Model, BucketID: req.BucketID, Lookup: res.Outcome, PressureSource: PressureSourceRouterLocal}
 	if p.queueCap != 0 {
+		// Both answers are known once one engine is fresh and one is not queued (often the
+		// first engine), so the scan stops there: O(1) per pick on a healthy fleet rather than a
+		// load lookup per group engine (docs/performance.md, BenchmarkCacheAwareQueueGate).
 		d.FleetAllQueued = true
 		anyFresh := false
 		for _, e := range engines {
@@ -310,6 +313,9 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			anyFresh = anyFresh || ok
 			if !ok || l.WaitingRequests < p.queueCap {
 				d.FleetAllQueued = false
+			}
+			if anyFresh && !d.FleetAllQueued {
+				break
 			}
 		}
 		if !anyFresh && p.blind.Add(1)%inertWarnSample == 1 {
