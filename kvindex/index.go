@@ -109,6 +109,15 @@ type Index struct {
 	// expire before a block below it, to its node (match.go explains the rule).
 	holey    table
 	clearing bool // clearHolder is dropping every entry of one holder: no hole can result
+	// During a Remove, holes are decided when it is done (pending), so that removing a chain
+	// root first, in one event, leaves no holey block behind.
+	deferHoles bool
+	pending    []pendingHole
+	// hintNode and hintPos name where a Store just put its holder's first entry at a block, so
+	// that the next block's linkChild finds the parent's entry without a search. Valid only
+	// during a Store's apply loop (hintNode 0 otherwise).
+	hintNode uint32
+	hintPos  int
 
 	holders     []holder
 	freeHolders []uint32
@@ -173,6 +182,10 @@ func mkEntry(hid uint32, t uint8) uint32 { return hid<<8 | uint32(t) }
 const approxEntryBit = uint32(approxBit)
 
 // holder is one (engine, DP rank).
+// pendingHole is a block a holder dropped during a Remove while it still held kids of its
+// children.
+type pendingHole struct{ n, hid, kids uint32 }
+
 type holder struct {
 	engine   uint32
 	rank     int
@@ -379,9 +392,11 @@ func (x *Index) store(ev *StoreEvent) error {
 				n = x.newNode(x.keyBuf[i], prev)
 				x.nodeBuf[i] = n
 			}
-			x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
+			x.hintPos = x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
+			x.hintNode = n
 			prev = n
 		}
+		x.hintNode = 0
 		x.mu.Unlock()
 		b := &x.holders[hid].bindings
 		for i := from; i < to; i++ {
@@ -465,8 +480,8 @@ func (x *Index) firstDuplicate(vs []uint64) (uint64, bool) {
 
 // storeHolding records holder hid's hash at node n in tier t (validated by the caller); known
 // reports whether the holder already binds hash (to n). The caller binds hash to n when it was
-// not known.
-func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) {
+// not known. It returns the slab position of the holder's first entry at n.
+func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) int {
 	h := &x.holders[hid]
 	lo, hi := x.findHolder(n, hid)
 	if known {
@@ -474,7 +489,7 @@ func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) {
 			if x.holds[p].e&approxEntryBit == 0 && x.holds[p].aux == hash {
 				x.addTiers(h, uint8(x.holds[p].e), t)
 				x.holds[p].e |= uint32(t)
-				return
+				return lo
 			}
 		}
 	}
@@ -487,10 +502,12 @@ func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) {
 		x.addTiers(h, 0, t)
 		x.refreshApproxFlag(n)
 		x.checkParentReal(n, hid)
-		return
+		return lo
 	}
+	old := x.nodes[n].hold
 	x.insertHolding(n, hi, hid, t, hash)
 	x.addTiers(h, 0, t)
+	return lo + int(x.nodes[n].hold) - int(old) // the run may have moved
 }
 
 // addTiers counts the bits of add that old lacks.
@@ -561,6 +578,8 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.deferHoles = true
+	defer x.settleHoles()
 	for i, hash := range hashes {
 		// A hash named twice finds its entry gone (or its node freed: no entries) the second
 		// time; nodes freed here are not reused before Remove returns.
@@ -976,7 +995,12 @@ func (x *Index) deleteHolding(n uint32, pos int) {
 	groupEnds := pos+1 == end || entryHolder(x.holds[pos+1].e) != hid
 	kids := x.holds[pos].kids
 	if groupStart && groupEnds && kids > 0 && !nd.holey() && !x.clearing {
-		x.markHoley(n) // the holder keeps blocks below one it no longer holds
+		// The holder keeps blocks below one it no longer holds.
+		if x.deferHoles {
+			x.pending = append(x.pending, pendingHole{n, hid, kids})
+		} else {
+			x.markHoley(n)
+		}
 	}
 	copy(x.holds[pos:end-1], x.holds[pos+1:end])
 	if groupStart && !groupEnds {
@@ -1060,7 +1084,12 @@ func (x *Index) linkChild(c, hid uint32, t uint8, aux uint64) {
 	if p == 0 || x.nodes[p].holey() {
 		return
 	}
-	lo, hi := x.findHolder(p, hid)
+	var lo, hi int
+	if x.hintNode == p && entryHolder(x.holds[x.hintPos].e) == hid {
+		lo, hi = x.hintPos, x.hintPos+1 // Store just placed the parent's entry
+	} else {
+		lo, hi = x.findHolder(p, hid)
+	}
 	if lo == hi {
 		x.markHoley(p) // (1)
 		return
@@ -1077,9 +1106,29 @@ func (x *Index) unlinkChild(c, hid uint32) {
 	if p == 0 || x.nodes[p].holey() {
 		return
 	}
-	if lo, hi := x.findHolder(p, hid); lo < hi && x.holds[lo].kids > 0 {
-		x.holds[lo].kids--
+	if lo, hi := x.findHolder(p, hid); lo < hi {
+		if x.holds[lo].kids > 0 {
+			x.holds[lo].kids--
+		}
+		return
 	}
+	for i := len(x.pending) - 1; i >= 0; i-- { // most recent first: a chain removed root first
+		if ph := &x.pending[i]; ph.n == p && ph.hid == hid && ph.kids > 0 {
+			ph.kids--
+			return
+		}
+	}
+}
+
+// settleHoles marks the blocks a Remove left holders holding children of.
+func (x *Index) settleHoles() {
+	for _, ph := range x.pending {
+		if ph.kids > 0 && x.nodes[ph.n].has(flagLive) {
+			x.markHoley(ph.n)
+		}
+	}
+	x.pending = x.pending[:0]
+	x.deferHoles = false
 }
 
 // checkParentReal records case (2) when holder hid's entry at n just became real.
