@@ -40,6 +40,7 @@ type Matches struct {
 	hs      []uint32 // the holders live at the query's first block, ascending
 	hs2     []uint32 // matchLinearInto's scratch
 	bit     []int32  // holder ID → 1 + its index in hs, 0 when not in hs
+	sink    uint32   // keeps search's warming loads
 	bitSet  bool     // bit holds hs's indexes (cleared by finishMatch)
 	w       int
 	gs, gs2 []group
@@ -125,12 +126,12 @@ func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	x.finishMatch(m)
 }
 
-// MatchTokensInto is MatchInto for a prompt's token IDs: it hashes them with the index's Hasher,
-// as far as some engine may hold the prompt: it hashes the first block and stops there when no
-// engine holds it; otherwise it gallops, hashing up to depths 64, 512, 4096, … blocks and probing
-// there, and stops hashing at the first depth no engine holds (when the index has holey blocks it
-// hashes the whole prompt). m.QueryBlocks is still the prompt's full block count. The result
-// equals MatchInto(x.Hasher().Keys(tokens), m).
+// MatchTokensInto is MatchInto for a prompt's token IDs: it hashes the first block with the
+// index's Hasher and stops there when no engine holds it (a cold prompt costs one block's hash);
+// otherwise it hashes the whole prompt first and then searches, so that the search's independent
+// probes overlap their cache misses (hashing a block and probing it in turn would serialise
+// them). m.QueryBlocks is the prompt's full block count. The result equals
+// MatchInto(x.Hasher().Keys(tokens), m).
 func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 	h := x.hasher
 	b := h.blockTokens
@@ -139,73 +140,17 @@ func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 		return
 	}
 	defer x.mu.RUnlock()
-	now := x.nowFor()
 	keys := growKeys(m.keys[:0], n)
 	keys = append(keys, h.next(h.root, tokens[:b]))
-	m.keys = keys
-	if n0, _ := x.lookupDepth(keys[0], 0); n0 == 0 {
-		x.finishMatch(m)
-		return
-	}
-	if x.holey.len() > 0 {
+	if n0, _ := x.lookupDepth(keys[0], 0); n0 != 0 {
 		keys = h.appendFrom(keys, keys[0], tokens[b:n*b])
-		m.keys = keys
+		now := x.nowFor()
 		if x.startGroups(keys, now, m) {
 			x.search(keys, now, m)
 		}
-		x.finishMatch(m)
-		return
-	}
-	if !x.startGroups(keys[:1], now, m) {
-		x.finishMatch(m)
-		return
-	}
-	m.gs[0].hi = int32(n)
-	// Gallop: the holders live at a gallop depth form the last group; the others keep the
-	// interval between the previous gallop depth and this one.
-	for d := 63; ; d = d*8 + 7 {
-		if d >= n-1 {
-			keys = h.appendFrom(keys, keys[len(keys)-1], tokens[len(keys)*b:n*b])
-			break
-		}
-		keys = h.appendFrom(keys, keys[len(keys)-1], tokens[len(keys)*b:(d+1)*b])
-		if !x.gallopStep(keys, int32(d), now, m) {
-			break
-		}
 	}
 	m.keys = keys
-	x.search(keys, now, m)
 	x.finishMatch(m)
-}
-
-// gallopStep probes depth d for the last group of m.gs: those of its holders live at d form a new
-// last group (d, its hi); the others keep (lo, d). It reports whether some holder is live at d.
-func (x *Index) gallopStep(keys []uint64, d int32, now int64, m *Matches) bool {
-	w := m.w
-	gi := len(m.gs) - 1
-	n, _ := x.lookupDepth(keys[d], int(d))
-	if n == 0 {
-		m.gs[gi].hi = d
-		return false
-	}
-	set := m.sets[gi*w : (gi+1)*w]
-	live := x.liveMask(n, set, now, m, m.scratch[:w])
-	if isZero(live) {
-		m.gs[gi].hi = d
-		return false
-	}
-	if andNotIsZero(set, live) {
-		m.gs[gi].lo, m.gs[gi].nlo = d, n
-		return true
-	}
-	hi := m.gs[gi].hi
-	m.gs[gi].hi = d
-	for i := range w {
-		set[i] &^= live[i]
-	}
-	m.gs = append(m.gs, group{lo: d, hi: hi, nlo: n})
-	m.sets = append(m.sets, live...)
-	return true
 }
 
 // beginMatch resets m for a query of blocks blocks and, unless it is empty (false is returned),
@@ -370,6 +315,14 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 			p := &m.probes[i]
 			p.node, _ = x.lookupDepth(keys[p.depth], int(p.depth))
 		}
+		// Then every probed block's holding run, before any is used, for the same reason.
+		sink := uint32(0)
+		for i := range m.probes {
+			if n := m.probes[i].node; n != 0 {
+				sink += x.holds[x.nodes[n].hold].e
+			}
+		}
+		m.sink += sink
 
 		m.pmasks = slices.Grow(m.pmasks[:0], len(m.probes)*w)[:len(m.probes)*w]
 		for gi := range m.gs {

@@ -478,7 +478,7 @@ func (w *walk) check(desc string) {
 			got[e.Engine] = e.Blocks
 		}
 		require.Equal(w.t, want, got, "match %#x after %s\nrecent: %q", keys, desc, w.log)
-		// The token path (which gallops when no block is holey) and the linear walk agree.
+		// The token path and the linear walk agree.
 		w.x.MatchTokensInto(toks, &mt)
 		require.Equal(w.t, ms.Engines, mt.Engines, "MatchTokensInto %v after %s\nrecent: %q", toks, desc, w.log)
 		w.x.matchLinearInto(keys, &ml)
