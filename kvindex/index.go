@@ -129,6 +129,9 @@ type Index struct {
 	heap        []approxEntry
 	approxCount int
 
+	// wideSearch makes Match use its general search for any number of holders (tests only).
+	wideSearch bool
+
 	// Writer scratch, reused under the writer mutex.
 	seen     table
 	warmSink uint32

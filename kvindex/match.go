@@ -41,7 +41,10 @@ type Matches struct {
 	hs2     []uint32 // matchLinearInto's scratch
 	bit     []int32  // holder ID → 1 + its index in hs, 0 when not in hs
 	sink    uint32   // keeps search's warming loads
-	bitSet  bool     // bit holds hs's indexes (cleared by finishMatch)
+	gs1     []group1 // search1's groups
+	gs12    []group1
+	probes1 []probe1
+	bitSet  bool // bit holds hs's indexes (cleared by finishMatch)
 	w       int
 	gs, gs2 []group
 	sets    []uint64 // group i's set: sets[i*w : (i+1)*w]
@@ -60,6 +63,19 @@ type group struct {
 }
 
 type probe struct {
+	depth int32
+	node  uint32
+}
+
+// group1 and probe1 are group and probe for search1: one word per set.
+type group1 struct {
+	lo, hi int32
+	nlo    uint32
+	p0, np int32
+	set    uint64
+}
+
+type probe1 struct {
 	depth int32
 	node  uint32
 }
@@ -277,6 +293,10 @@ func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
 // search narrows every group of m.gs until each holder's deepest live block is known (hi = lo+1),
 // then records the holders.
 func (x *Index) search(keys []uint64, now int64, m *Matches) {
+	if m.w == 1 && !x.wideSearch {
+		x.search1(keys, now, m)
+		return
+	}
 	w := m.w
 	for round := 0; ; round++ {
 		// Plan the round: a few depths strictly inside each open interval.
@@ -380,6 +400,113 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 			}
 		}
 	}
+}
+
+// search1 is search for at most 64 holders (one word per set, the common case), with the sets
+// and live masks held in the groups and probes themselves.
+func (x *Index) search1(keys []uint64, now int64, m *Matches) {
+	gs := m.gs1[:0]
+	for gi, g := range m.gs {
+		gs = append(gs, group1{lo: g.lo, hi: g.hi, nlo: g.nlo, set: m.sets[gi]})
+	}
+	k := int32(firstFanout)
+	for round := 0; ; round++ {
+		probes := m.probes1[:0]
+		for gi := range gs {
+			g := &gs[gi]
+			g.p0, g.np = int32(len(probes)), 0
+			span := g.hi - g.lo
+			if span <= 1 {
+				continue
+			}
+			np := min(k, span-1)
+			for j := int32(1); j <= np; j++ {
+				var d int32
+				if round == 0 {
+					// The first round's last probe is the interval's last depth, so that
+					// holders of the whole range (a repeated prompt) are done at once.
+					d = g.lo + int32(int64(span-1)*int64(j)/int64(np))
+				} else {
+					d = g.lo + int32(int64(span)*int64(j)/int64(np+1))
+				}
+				probes = append(probes, probe1{depth: d})
+			}
+			g.np = np
+		}
+		m.probes1 = probes
+		if len(probes) == 0 {
+			break
+		}
+		k = fanout
+		// Issue every lookup, then every run load, before using any: the probes are
+		// independent, so their cache misses overlap.
+		for i := range probes {
+			p := &probes[i]
+			p.node, _ = x.lookupDepth(keys[p.depth], 0)
+		}
+		sink := uint32(0)
+		for i := range probes {
+			if n := probes[i].node; n != 0 {
+				sink += x.holds[x.nodes[n].hold].e
+			}
+		}
+		m.sink += sink
+		// Split each group by its holders' deepest live probe.
+		gs2 := m.gs12[:0]
+		for _, g := range gs {
+			rest := g.set
+			for j := g.np - 1; j >= 0 && rest != 0; j-- {
+				p := probes[g.p0+j]
+				b := rest & x.liveWord(p.node, rest, now, m)
+				if b == 0 {
+					continue
+				}
+				rest &^= b
+				hi := g.hi
+				if j+1 < g.np {
+					hi = probes[g.p0+j+1].depth
+				}
+				gs2 = append(gs2, group1{lo: p.depth, hi: hi, nlo: p.node, set: b})
+			}
+			if rest != 0 {
+				if g.np > 0 {
+					g.hi = probes[g.p0].depth
+				}
+				g.set = rest
+				gs2 = append(gs2, g)
+			}
+		}
+		m.gs1, m.gs12 = gs2, gs
+		gs = gs2
+	}
+	for _, g := range gs {
+		x.markRef(g.nlo)
+		for word := g.set; word != 0; word &= word - 1 {
+			x.record(m, m.hs[bits.TrailingZeros64(word)], int(g.lo)+1)
+		}
+	}
+}
+
+// liveWord returns the holders of set (one word over m.hs) live at node n (none when n is 0).
+func (x *Index) liveWord(n uint32, set uint64, now int64, m *Matches) uint64 {
+	if n == 0 {
+		return 0
+	}
+	nd := &x.nodes[n]
+	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
+	if nd.has(flagApprox) || hi-lo > 4*bits.OnesCount64(set) {
+		var in, out [1]uint64
+		in[0] = set
+		return x.liveMask(n, in[:], now, m, out[:])[0]
+	}
+	acc := uint64(0)
+	bit := m.bit
+	for _, e := range x.holds[lo:hi] {
+		if b := uint32(bit[e.e>>8]) - 1; b < 64 {
+			acc |= 1 << b
+		}
+	}
+	return acc
 }
 
 // liveMask writes into dst the holders of set (a bitmap over m.hs) live at node n (none when n

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -516,15 +517,11 @@ func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, re
 }
 
 // engineIndex finds id among the ID-sorted engines.
+// One ID() call and one string comparison per step: this runs for every engine of every
+// cache-aware lookup result (docs/performance.md, "kvindex at production scale").
 func engineIndex(engines []state.Engine, id state.EngineID) (int, bool) {
 	return slices.BinarySearchFunc(engines, id, func(e state.Engine, id state.EngineID) int {
-		switch {
-		case e.ID() < id:
-			return -1
-		case e.ID() > id:
-			return 1
-		}
-		return 0
+		return strings.Compare(string(e.ID()), string(id))
 	})
 }
 
