@@ -531,8 +531,14 @@ func (b *builder) start(r *Router) error {
 	}
 	var poller *loadsource.Poller
 	if len(targets) > 0 {
+		client := b.s.client
+		if client == nil {
+			// The Router's own connection pool, so that Close can drop its idle connections.
+			client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+			r.ownClient = client
+		}
 		var err error
-		poller, err = loadsource.NewPoller(b.load, targets, loadsource.Options{Client: b.s.client, Interval: b.cfg.Load.PollInterval.D(),
+		poller, err = loadsource.NewPoller(b.load, targets, loadsource.Options{Client: client, Interval: b.cfg.Load.PollInterval.D(),
 			Timeout: b.cfg.Load.PollTimeout.D(), Jitter: b.cfg.Load.PollJitter, Logger: b.s.log})
 		if err != nil {
 			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: %v", ErrBadValue, err)}

@@ -3,6 +3,7 @@ package enginepick
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -54,15 +55,16 @@ type Router struct {
 	log       *zap.Logger
 
 	// Set by New only.
-	obs      Observer
-	now      func() time.Time
-	labels   map[*bucket.Bucket]groupLabels
-	models   []state.ModelID
-	config   *Config
-	warn     *zap.Logger // rate-limited
-	poller   *loadsource.Poller
-	svc      *services
-	degraded degradedChecks
+	obs       Observer
+	now       func() time.Time
+	labels    map[*bucket.Bucket]groupLabels
+	models    []state.ModelID
+	config    *Config
+	warn      *zap.Logger // rate-limited
+	poller    *loadsource.Poller
+	ownClient *http.Client // the pollers' client when New made it; Close drops its idle connections
+	svc       *services
+	degraded  degradedChecks
 }
 
 // NewRouter validates opts and returns a Router. A nil Registry, nil InFlight, nil Resolvers map or
@@ -250,6 +252,9 @@ func (r *Router) Close() error {
 	r.svc.once.Do(func() {
 		r.svc.cancel()
 		r.svc.wg.Wait()
+		if r.ownClient != nil {
+			r.ownClient.CloseIdleConnections()
+		}
 	})
 	return nil
 }
