@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,7 +47,7 @@ type recPick struct {
 	key string
 }
 
-func (p recPick) ObservePick(pk *policy.Pick, err error) {
+func (p recPick) ObservePick(pk policy.Pick, err error) {
 	p.r.mu.Lock()
 	defer p.r.mu.Unlock()
 	if err != nil {
@@ -71,18 +70,16 @@ func (r *recorder) ObserveGroup(g enginepick.GroupInfo) enginepick.PickObserver 
 	return recPick{r: r, key: fmt.Sprintf("%s/%s/%s", g.Model, g.Bucket, g.Stage)}
 }
 
-func (r *recorder) ObserveSelect(e *enginepick.SelectEvent) {
+func (r *recorder) ObserveSelect(e enginepick.SelectEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.selects = append(r.selects, *e)
+	r.selects = append(r.selects, e)
 }
 
-func (r *recorder) ObserveDone(e *enginepick.DoneEvent) {
+func (r *recorder) ObserveDone(e enginepick.DoneEvent) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ev := *e
-	ev.Engines = slices.Clone(e.Engines)
-	r.dones = append(r.dones, ev)
+	r.dones = append(r.dones, e)
 }
 
 func (r *recorder) ObserveCacheDecision(d *policy.CacheDecision) {
@@ -541,10 +538,11 @@ func TestDispatchDoneReleasesOnceAndReports(t *testing.T) {
 	assert.Equal(t, "short-context", ev.Bucket)
 	assert.Equal(t, enginepick.ReasonError, ev.Reason)
 	assert.Equal(t, 3*time.Second, ev.Duration)
-	assert.Equal(t, []enginepick.DispatchedEngine{
+	assert.Equal(t, [2]enginepick.DispatchedEngine{
 		{ID: p, Stage: state.StagePrefill, Policy: enginepick.TypeCacheAware, Reason: policy.ReasonNoCacheCandidate},
 		{ID: dec, Stage: state.StageDecode, Policy: enginepick.TypePowerOfTwo, Reason: policy.ReasonPowerOfTwo},
 	}, ev.Engines)
+	assert.Equal(t, 2, ev.N)
 	assert.Equal(t, uint64(64), ev.Outcome.CachedTokens)
 
 	d, err = r.Select(context.Background(), selectReq("llama", 100, 200))

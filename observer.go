@@ -26,10 +26,11 @@ type Observer interface {
 	// ObserveGroup is called once per engine group, by New, before the Router serves a request.
 	// The returned PickObserver (nil for none) receives every pick of that group's policy.
 	ObserveGroup(g GroupInfo) PickObserver
-	// ObserveSelect is called once per Router.Select, successful or not.
-	ObserveSelect(e *SelectEvent)
+	// ObserveSelect is called once per Router.Select, successful or not. The event is passed by
+	// value so that reporting allocates nothing; e.Selection is valid only during the call.
+	ObserveSelect(e SelectEvent)
 	// ObserveDone is called once per Dispatch.Done (not for Release).
-	ObserveDone(e *DoneEvent)
+	ObserveDone(e DoneEvent)
 }
 
 // RouterAttacher is an optional interface of an Observer: New calls AttachRouter once, after
@@ -52,7 +53,7 @@ type GroupInfo struct {
 // whose other stage then failed is still a pick. The group does not call its policy, and so its
 // PickObserver, when it has no candidate.
 type PickObserver interface {
-	ObservePick(pk *policy.Pick, err error)
+	ObservePick(pk policy.Pick, err error)
 }
 
 // SelectEvent is one Router.Select.
@@ -93,8 +94,10 @@ type DoneEvent struct {
 	// Model and Bucket are the selection's model and bucket ID.
 	Model  state.ModelID
 	Bucket string
-	// Engines are the dispatched engines: the plain engine, or the prefill then the decode engine.
-	Engines []DispatchedEngine
+	// Engines are the dispatched engines: Engines[0] is the plain or the prefill engine,
+	// Engines[1] the decode engine of a PD dispatch; N is 1 or 2.
+	Engines [2]DispatchedEngine
+	N       int
 	// Outcome is what the host reported; Reason is FailureReason(Outcome.Err), empty on success.
 	Outcome Outcome
 	Reason  string
@@ -176,7 +179,7 @@ var (
 
 func (p *observedPolicy) Pick(ctx context.Context, engines []state.Engine, req *policy.Request) (policy.Pick, error) {
 	pk, err := p.inner.Pick(ctx, engines, req)
-	p.obs.ObservePick(&pk, err)
+	p.obs.ObservePick(pk, err)
 	return pk, err
 }
 

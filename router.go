@@ -143,16 +143,15 @@ func (d *Dispatch) Done(o Outcome) {
 	}
 	ev := DoneEvent{Model: d.model, Bucket: d.Selection.Bucket.ID(), Outcome: o, Reason: FailureReason(o.Err), Duration: r.now().Sub(d.start)}
 	lb := r.labels[d.Selection.Bucket]
-	var buf [2]DispatchedEngine
 	if d.Selection.IsPD() {
-		buf[0] = DispatchedEngine{ID: d.Selection.Prefill.Engine.ID(), Stage: state.StagePrefill, Policy: lb[state.StagePrefill], Reason: d.Selection.Prefill.Reason}
-		buf[1] = DispatchedEngine{ID: d.Selection.Decode.Engine.ID(), Stage: state.StageDecode, Policy: lb[state.StageDecode], Reason: d.Selection.Decode.Reason}
-		ev.Engines = buf[:2]
+		ev.Engines[0] = DispatchedEngine{ID: d.Selection.Prefill.Engine.ID(), Stage: state.StagePrefill, Policy: lb[state.StagePrefill], Reason: d.Selection.Prefill.Reason}
+		ev.Engines[1] = DispatchedEngine{ID: d.Selection.Decode.Engine.ID(), Stage: state.StageDecode, Policy: lb[state.StageDecode], Reason: d.Selection.Decode.Reason}
+		ev.N = 2
 	} else {
-		buf[0] = DispatchedEngine{ID: d.Selection.Plain.Engine.ID(), Stage: state.StagePlain, Policy: lb[state.StagePlain], Reason: d.Selection.Plain.Reason}
-		ev.Engines = buf[:1]
+		ev.Engines[0] = DispatchedEngine{ID: d.Selection.Plain.Engine.ID(), Stage: state.StagePlain, Policy: lb[state.StagePlain], Reason: d.Selection.Plain.Reason}
+		ev.N = 1
 	}
-	r.obs.ObserveDone(&ev)
+	r.obs.ObserveDone(ev)
 }
 
 // Select resolves the request's model, runs the bucket loop (bucket.Select) with a prefix-lookup
@@ -170,17 +169,20 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 	}
 	start := r.now()
 	d, err := r.selectOnce(ctx, req)
-	ev := SelectEvent{Err: err, Reason: FailureReason(err), Duration: r.now().Sub(start)}
-	if req != nil {
-		if _, ok := r.resolvers[req.Model]; ok {
-			ev.Model = req.Model
+	end := r.now()
+	ev := SelectEvent{Duration: end.Sub(start)}
+	if d != nil {
+		ev.Model, ev.Selection = d.model, &d.Selection
+		d.start = end
+	} else {
+		ev.Err, ev.Reason = err, FailureReason(err)
+		if req != nil {
+			if _, ok := r.resolvers[req.Model]; ok {
+				ev.Model = req.Model
+			}
 		}
 	}
-	if d != nil {
-		ev.Selection = &d.Selection
-		d.start = start.Add(ev.Duration)
-	}
-	r.obs.ObserveSelect(&ev)
+	r.obs.ObserveSelect(ev)
 	return d, err
 }
 
@@ -257,6 +259,12 @@ func (r *Router) Close() error {
 		}
 	})
 	return nil
+}
+
+// Resolver returns the model's resolver, or false for a model the Router does not serve.
+func (r *Router) Resolver(model state.ModelID) (*bucket.Resolver, bool) {
+	res, ok := r.resolvers[model]
+	return res, ok
 }
 
 // Registry returns the engine registry the Router selects from.
