@@ -143,6 +143,7 @@ type Decoder struct {
 	str    []byte            // scratch for strings
 	intern map[string]string // interned short strings (media, kinds, adapter names)
 	path   pathInfo
+	noFast bool // tests: decode every token through the library (fastTokens' oracle)
 }
 
 // maxInterned bounds the interned strings, so garbage input cannot grow the table.
@@ -458,7 +459,10 @@ func (d *Decoder) tokens(dst []uint32) ([]uint32, bool, error) {
 		return dst, false, err
 	}
 	dst = dst[:0]
-	dst, done := d.fastTokens(dst, n)
+	done := 0
+	if !d.noFast {
+		dst, done = d.fastTokens(dst, n)
+	}
 	for i := done; i < n; i++ {
 		d.path.elem = i
 		t, err := d.token()

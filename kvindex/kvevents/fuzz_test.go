@@ -15,7 +15,8 @@ import (
 //
 // Properties: no panic; an error is a *DecodeError wrapping ErrPayload; decoding is
 // deterministic and independent of the buffers a reused Decoder and Batch carry from earlier
-// payloads; a decoded batch applied to an index refuses or applies each event whole, so the
+// payloads; the inline token decoding agrees with the library's, value for value and error for
+// error; a decoded batch applied to an index refuses or applies each event whole, so the
 // index stays valid (its Stats can be read and a match run after every event).
 func FuzzDecode(f *testing.F) {
 	toks := prompt(1, 2)
@@ -38,6 +39,16 @@ func FuzzDecode(f *testing.F) {
 		require.NoError(t, reused.Decode(warm, &reusedBatch))
 		err2 := reused.Decode(raw, &reusedBatch)
 		require.Equal(t, err == nil, err2 == nil, "a reused decoder agrees with a fresh one")
+		oracle := NewDecoder()
+		oracle.noFast = true
+		var ob Batch
+		err3 := oracle.Decode(raw, &ob)
+		require.Equal(t, err == nil, err3 == nil, "the inline token path agrees with the library's: %v / %v", err, err3)
+		if err == nil {
+			for i := range b.Events {
+				require.Equal(t, normalize(b.Events[i]), normalize(ob.Events[i]), "event %d, library path", i)
+			}
+		}
 		if err != nil {
 			var de *DecodeError
 			require.True(t, errors.As(err, &de), "error %v is a *DecodeError", err)

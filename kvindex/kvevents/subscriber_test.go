@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +23,9 @@ import (
 // by the tests' publishers, leaves its writer goroutine waiting on a condition variable after
 // Close (go-zeromq/zmq4 pub.go, pubMWriter.run); the subscriber creates no PUB socket.
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(benchPublisherEnv); addr != "" {
+		os.Exit(runBenchPublisher(addr))
+	}
 	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
 }
 
