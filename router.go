@@ -15,7 +15,7 @@ import (
 
 // ErrUnknownModel is returned (wrapped) by Router.Select for a model without a resolver; it is
 // bucket.ErrUnknownModel, so bucket.StatusCode maps it to 404. There is no fallback to another
-// model (seeds/POLICY_DESIGN.md §2: "A missing model in the reorg map returns 404").
+// model (docs/design.md §16).
 var ErrUnknownModel = bucket.ErrUnknownModel
 
 // Options configures a Router. Registry, Resolvers and InFlight are required.
@@ -113,7 +113,7 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 		return nil, fmt.Errorf("enginepick: model %q: %w", req.Model, ErrUnknownModel)
 	}
 	if req.Memo == nil {
-		// One prefix lookup per source for the whole bucket loop (research/sgl-router.md §10).
+		// One prefix lookup per source for the whole bucket loop (docs/design.md §10).
 		withMemo := *req
 		withMemo.Memo = kvindex.NewMemo()
 		req = &withMemo

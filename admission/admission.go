@@ -15,8 +15,8 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Limit names, as they appear in configuration and in rejection reasons (seeds/POLICY_DESIGN.md
-// §4, AdmissionLimits).
+// Limit names, as they appear in configuration and in rejection reasons (docs/design.md
+// §5).
 const (
 	LimitRunningRequests      = "max_running_requests"
 	LimitWaitingRequests      = "max_waiting_requests"
@@ -29,7 +29,7 @@ const (
 var limitNames = []string{LimitRunningRequests, LimitWaitingRequests, LimitKVTokens, LimitPendingPrefillTokens, LimitInFlightRequests}
 
 // ErrUnknownField is wrapped by *FieldError when a configuration names a field Limits does not
-// have ("Unknown fields are rejected during deserialization", seeds/POLICY_DESIGN.md §4).
+// have (docs/design.md §5).
 var ErrUnknownField = errors.New("unknown field")
 
 // FieldError reports a Limits field that could not be decoded: an unknown name (Err wraps
@@ -51,7 +51,7 @@ func (e *FieldError) Error() string {
 // Unwrap returns the cause and state.ErrInvalidConfiguration.
 func (e *FieldError) Unwrap() []error { return []error{e.Err, state.ErrInvalidConfiguration} }
 
-// Limits is a set of optional per-engine caps (the seed's AdmissionLimits). A nil cap is not
+// Limits is a set of optional per-engine caps (AdmissionLimits in SGLang's experimental router). A nil cap is not
 // checked; Limits{} admits everything. A cap admits while the engine's metric is strictly below
 // it, so a cap of 0 rejects every engine whose metric is known. Caps are absolute: they never
 // default to capacities the engine reports.
@@ -102,7 +102,7 @@ type Metrics struct {
 	InFlightRequests uint64
 }
 
-// Observe builds Metrics from an observation (seeds/POLICY_DESIGN.md §4: running and waiting from
+// Observe builds Metrics from an observation (docs/design.md §5: running and waiting from
 // the fresh basic sample, KV and pending prefill from the fresh native sample, in-flight from the
 // live counter).
 func Observe(o loadmon.Observation) Metrics {
@@ -131,7 +131,7 @@ type Verdict struct {
 }
 
 // Checker decides whether one engine may take a request, given its metrics. Policies call it
-// explicitly, once per engine they are about to return (seeds/POLICY_DESIGN.md §4). A returned
+// explicitly, once per engine they are about to return (docs/design.md §5). A returned
 // error means the check itself could not be made; policies return it to the bucket loop, which
 // stops. Implementations must be safe for concurrent use and must not block.
 type Checker interface {

@@ -1,8 +1,10 @@
 // Package admission decides whether one engine may take one more request: the per-engine caps of
-// seeds/POLICY_DESIGN.md §4 ("Admission"), the Metrics they read (engine-reported values that may
+// docs/design.md §5, the Metrics they read (engine-reported values that may
 // be unknown, plus the always-known router-local in-flight count), and the Checker interface that
 // policies call explicitly where their selection algorithm places the check.
 //
 // Admission observes; it never reserves capacity, ranks engines, chooses replacements, changes
-// buckets or touches affinity. Concurrent requests may pass against the same observation.
+// buckets or touches affinity. Concurrent requests may pass against the same observation. It is
+// not a rate limiter or a request queue: a rejected request is not held anywhere, the bucket loop
+// tries the next bucket.
 package admission

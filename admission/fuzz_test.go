@@ -15,7 +15,7 @@ import (
 // the receiver unchanged, and that every success round-trips.
 func FuzzLimitsJSON(f *testing.F) {
 	f.Add(`{}`)                                            // the default
-	f.Add(`{"max_running_requests":64,"max_kv_tokens":1}`) // the seed's example
+	f.Add(`{"max_running_requests":64,"max_kv_tokens":1}`) // a typical configuration
 	f.Add(`{"max_in_flight":64}`)                          // the legacy name: unknown
 	f.Add(`{"max_kv_tokens":-1}`)                          // negative
 	f.Add(`{"max_kv_tokens":18446744073709551616}`)        // overflows uint64

@@ -11,7 +11,7 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Spec is a bucket's identity and length constraints (seeds/POLICY_DESIGN.md §3; token ranges and
+// Spec is a bucket's identity and length constraints (docs/design.md §2; token ranges and
 // rank belong to the bucket, not its groups).
 type Spec struct {
 	// ID identifies the bucket; required and unique within a Resolver.
@@ -26,7 +26,7 @@ type Spec struct {
 	// when known, else the input. 0 means unbounded.
 	MaxContextTokens uint64
 	// TTFTEstimate is the bucket's p95 time to first token at capacity; 0 means no estimate, which
-	// never matches a TTFT target (research/sgl-router.md §7.2).
+	// never matches a TTFT target (docs/design.md §2).
 	TTFTEstimate time.Duration
 	// TPSEstimate is the bucket's p05 decode tokens per second at capacity; 0 means no estimate,
 	// which never matches. Must be finite and non-negative.
@@ -34,7 +34,7 @@ type Spec struct {
 }
 
 // InputCapacity returns min(MaxInputTokens, MaxContextTokens) with 0 (unbounded) read as
-// math.MaxUint64: the primary ordering key (seeds/POLICY_DESIGN.md §3 step 4).
+// math.MaxUint64: the primary ordering key (docs/design.md §2).
 func (s *Spec) InputCapacity() uint64 {
 	return min(unbounded(s.MaxInputTokens), unbounded(s.MaxContextTokens))
 }
@@ -53,8 +53,8 @@ type EnginePicker interface {
 }
 
 // Bucket is either plain (one plain group) or PD (a prefill and a decode group); a PD bucket
-// always has both groups, so a partial PD bucket cannot be built (seeds/POLICY_DESIGN.md, "Data
-// ownership"). Immutable and safe for concurrent use.
+// always has both groups, so a partial PD bucket cannot be built (docs/design.md
+// §3). Immutable and safe for concurrent use.
 type Bucket struct {
 	spec    Spec
 	plain   GroupPicker
@@ -181,7 +181,7 @@ var requestPool = sync.Pool{New: func() any { return new(policy.Request) }}
 // PickEngines implements EnginePicker: the plain group, or the prefill group and then the decode
 // group, each with a stage-specific policy.Request carrying this bucket's ID. A failure of either
 // PD stage returns a *StageError and no selection: a prefill pick is never kept for another bucket
-// (seeds/POLICY_DESIGN.md §2). A request with negative token counts, or with TokenIDs whose
+// (docs/design.md §3). A request with negative token counts, or with TokenIDs whose
 // length is not InputTokens, is an error wrapping policy.ErrInvalidSignal.
 func (b *Bucket) PickEngines(ctx context.Context, registry state.Registry, req *Request) (Selection, error) {
 	if req.InputTokens < 0 || (req.HasExpectedPeak && req.ExpectedPeakTokens < 0) {

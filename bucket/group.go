@@ -18,8 +18,8 @@ type GroupPicker interface {
 	Pick(ctx context.Context, registry state.Registry, req *policy.Request) (policy.Pick, error)
 }
 
-// EngineGroup owns a membership and the policy attached to it (seeds/POLICY_DESIGN.md principle
-// 3). Each pick resolves the registry's live engines for the request's model, keeps the healthy
+// EngineGroup owns a membership and the policy attached to it (docs/design.md
+// §4). Each pick resolves the registry's live engines for the request's model, keeps the healthy
 // ones of the request's stage that are members, sorts them by ID, and asks the policy; the pick it
 // returns must be one of those exact Engine values.
 //

@@ -12,7 +12,7 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// research/sgl-router.md §7.4 groups_isolate_model_health_stage_and_membership.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg.rs` groups_isolate_model_health_stage_and_membership.
 func TestGroupsIsolateModelHealthStageAndMembership(t *testing.T) {
 	t.Parallel()
 	t.Run("versioned registry", func(t *testing.T) { testGroupsIsolate(t, func(r *state.StaticRegistry) state.Registry { return r }) })
@@ -94,7 +94,7 @@ func TestGroupSortsCandidatesByIDWithoutTouchingTheRegistry(t *testing.T) {
 	assert.Equal(t, []state.EngineID{"c", "a", "b"}, order, "the registry's slice is never reordered")
 }
 
-// research/sgl-router.md §7.4 group_propagates_rejections_misses_and_invalid_signals.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg.rs` group_propagates_rejections_misses_and_invalid_signals.
 func TestGroupPropagatesRejectionsMissesAndInvalidSignals(t *testing.T) {
 	t.Parallel()
 	a := eng("a", state.StagePlain)
@@ -106,7 +106,7 @@ func TestGroupPropagatesRejectionsMissesAndInvalidSignals(t *testing.T) {
 	}
 }
 
-// research/sgl-router.md §7.4 group_rejects_foreign_pick_even_with_same_worker_id.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg.rs` group_rejects_foreign_pick_even_with_same_worker_id.
 func TestGroupRejectsForeignPickEvenWithSameID(t *testing.T) {
 	t.Parallel()
 	reg := registry(eng("a", state.StagePlain))

@@ -12,8 +12,8 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// SLOPreference says how a TTFT or TPS target orders buckets (research/sgl-router.md §4.3 and
-// §7.2). The zero value is SLODisabled. Preferences only reorder compatible buckets: they never
+// SLOPreference says how a TTFT or TPS target orders buckets (docs/design.md
+// §2). The zero value is SLODisabled. Preferences only reorder compatible buckets: they never
 // relax length or capacity constraints.
 type SLOPreference uint8
 
@@ -40,7 +40,7 @@ func (p SLOPreference) String() string {
 	return fmt.Sprintf("slo_preference(%d)", uint8(p))
 }
 
-// Signals are the request facts bucket resolution reads (seeds/POLICY_DESIGN.md §3). Token counts
+// Signals are the request facts bucket resolution reads (docs/design.md §2). Token counts
 // are signed so that a host's negative value is caught as an invalid signal instead of wrapping.
 type Signals struct {
 	// InputTokens is the prompt length in tokens; negative is invalid.
@@ -60,8 +60,7 @@ type Signals struct {
 }
 
 // ExpectedPeak returns input + maxOutput tokens, or an error wrapping policy.ErrInvalidSignal when
-// either is negative or the sum overflows int64 (seeds/POLICY_DESIGN.md §3: "The handler checks
-// addition overflow when computing the expected peak").
+// either is negative or the sum overflows int64 (docs/design.md §2).
 func ExpectedPeak(input, maxOutput int64) (int64, error) {
 	if input < 0 || maxOutput < 0 {
 		return 0, fmt.Errorf("bucket: expected peak: negative tokens (input %d, output %d): %w", input, maxOutput, policy.ErrInvalidSignal)
@@ -96,7 +95,7 @@ type ResolverOptions struct {
 }
 
 // Resolver holds one model's buckets and returns, for a request, every length-compatible bucket in
-// preference order (seeds/POLICY_DESIGN.md §3). It inspects no engines, load or policies.
+// preference order (docs/design.md §2). It inspects no engines, load or policies.
 // Immutable and safe for concurrent use.
 type Resolver struct {
 	buckets []*Bucket // sorted by (input capacity, rank, ID)
@@ -144,7 +143,7 @@ func (r *Resolver) Resolve(s Signals) ([]*Bucket, error) {
 // ResolveInto appends the compatible buckets to dst in order and returns it; with a dst of
 // sufficient capacity it allocates nothing.
 //
-// Rules (seeds/POLICY_DESIGN.md §3, research/sgl-router.md §7.2): a negative input or peak, a
+// Rules (docs/design.md §2): a negative input or peak, a
 // known peak below the input, or, for an enabled preference, a TTFT target <= 0 or a TPS target
 // that is not finite and > 0 is an invalid signal. A bucket is compatible when
 // MinInputTokens <= input <= MaxInputTokens and its context capacity holds the peak when known,

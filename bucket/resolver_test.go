@@ -31,7 +31,7 @@ func resolveIDs(t *testing.T, r *bucket.Resolver, s bucket.Signals) []string {
 	return ids(bs)
 }
 
-// research/sgl-router.md §7.4 resolve_orders_all_length_fits_by_capacity_rank_and_id.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg.rs` resolve_orders_all_length_fits_by_capacity_rank_and_id.
 func TestResolveOrdersAllLengthFitsByCapacityRankAndID(t *testing.T) {
 	t.Parallel()
 	r := resolver(t, bucket.ResolverOptions{},
@@ -61,7 +61,7 @@ func TestResolveOrdersAllLengthFitsByCapacityRankAndID(t *testing.T) {
 	}
 }
 
-// research/sgl-router.md §7.4 context_capacity_checks_peak_when_known_and_input_otherwise.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg.rs` context_capacity_checks_peak_when_known_and_input_otherwise.
 func TestContextCapacityChecksPeakWhenKnownAndInputOtherwise(t *testing.T) {
 	t.Parallel()
 	r := resolver(t, bucket.ResolverOptions{},
@@ -154,7 +154,7 @@ func TestBucketRejectsAPolicyOnAStageItCannotServe(t *testing.T) {
 	assert.NoError(t, err)
 }
 
-// research/sgl-router.md §7.4 policies_reorg_slo.rs.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_slo.rs` slo_tiers_keep_length_constraints_and_capacity_rank_order.
 func TestSLOTiersKeepLengthConstraintsAndCapacityRankOrder(t *testing.T) {
 	t.Parallel()
 	specs := []bucket.Spec{

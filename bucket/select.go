@@ -16,7 +16,7 @@ var (
 	ErrNoMatchingBucket = errors.New("no matching bucket")
 
 	// ErrUnknownModel: the router has no resolver for the requested model (HTTP 404). There is no
-	// fallback to another model's buckets (seeds/POLICY_DESIGN.md §2).
+	// fallback to another model's buckets (docs/design.md §16).
 	ErrUnknownModel = errors.New("unknown model")
 )
 
@@ -57,12 +57,12 @@ func (e *ExhaustedError) Unwrap() []error {
 }
 
 // Advances reports whether err lets the bucket loop try the next bucket: no candidates or an
-// admission rejection. Every other error stops the loop (seeds/POLICY_DESIGN.md §3).
+// admission rejection. Every other error stops the loop (docs/design.md §1).
 func Advances(err error) bool {
 	return errors.Is(err, policy.ErrNoCandidates) || errors.Is(err, policy.ErrAdmissionRejected)
 }
 
-// Select is the bucket loop written once (ARCHITECTURE.md §1): resolve, then ask each compatible
+// Select is the bucket loop written once (docs/design.md §1): resolve, then ask each compatible
 // bucket in order for a complete selection. No candidates or an admission rejection advances to
 // the next bucket, where every stage is picked again; an invalid signal or configuration, a
 // foreign pick, a context error or any other error stops at once and is returned.
@@ -127,7 +127,7 @@ func appendRejections(dst []*policy.AdmissionRejectedError, err error) []*policy
 	return dst
 }
 
-// StatusCode maps a selection error to the HTTP status a gateway returns (ARCHITECTURE.md §3):
+// StatusCode maps a selection error to the HTTP status a gateway returns (docs/design.md §16):
 // nil 200; ErrNoMatchingBucket 400; ErrUnknownModel 404; context.Canceled 499 (client closed
 // request); context.DeadlineExceeded 504; exhaustion, no candidates or admission rejection 503;
 // invalid signal, invalid configuration, a foreign pick, or anything else 500.

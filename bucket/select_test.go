@@ -15,7 +15,7 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// research/sgl-router.md §7.4 selected_pd_bucket_owns_both_memberships_and_policies.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg.rs` selected_pd_bucket_owns_both_memberships_and_policies.
 func TestSelectedPDBucketOwnsBothMembershipsAndPolicies(t *testing.T) {
 	t.Parallel()
 	p1, p2 := eng("p1", state.StagePrefill), eng("p2", state.StagePrefill)
@@ -37,7 +37,7 @@ func TestSelectedPDBucketOwnsBothMembershipsAndPolicies(t *testing.T) {
 	assert.Equal(t, state.StageDecode, dp.reqs[0].Stage)
 }
 
-// research/sgl-router.md §7.4 resolver_includes_empty_groups_without_invoking_policies.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg.rs` resolver_includes_empty_groups_without_invoking_policies.
 func TestResolverIncludesEmptyGroupsWithoutInvokingPolicies(t *testing.T) {
 	t.Parallel()
 	reg := registry(eng("a", state.StagePlain))
@@ -58,7 +58,7 @@ func TestResolverIncludesEmptyGroupsWithoutInvokingPolicies(t *testing.T) {
 	assert.Equal(t, "full", sel.Bucket.ID(), "the loop advances past the empty bucket")
 }
 
-// research/sgl-router.md §7.4 bucket_scopes_plain_pick_and_preserves_request_facts.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg.rs` bucket_scopes_plain_pick_and_preserves_request_facts.
 func TestBucketScopesPlainPickAndPreservesRequestFacts(t *testing.T) {
 	t.Parallel()
 	a := eng("a", state.StagePlain)
@@ -106,7 +106,7 @@ func pdFleet() (*state.StaticRegistry, map[string]*state.StaticEngine) {
 	return registry(all...), es
 }
 
-// seeds/POLICY_DESIGN.md §2: a decode failure discards the tentative prefill pick; the next bucket
+// docs/design.md §3: a decode failure discards the tentative prefill pick; the next bucket
 // re-picks both stages.
 func TestDecodeFailureDiscardsPrefillAndNextBucketRepicksBoth(t *testing.T) {
 	t.Parallel()

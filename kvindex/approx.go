@@ -18,8 +18,8 @@ type approxEntry struct {
 }
 
 // before orders the heap: earliest expiry first, then deepest block first so that pruning never
-// leaves a hole in an assumed prefix (Dynamo approx.rs: "on equal expiry the deepest blocks are
-// evicted first", research/dynamo-traces-events.md §1.4), then node and holder for determinism.
+// leaves a hole in an assumed prefix (on equal expiry the deepest blocks are
+// evicted first, as in ai-dynamo/dynamo `lib/kv-router/src/approx.rs`; docs/design.md §11), then node and holder for determinism.
 func (a approxEntry) before(b approxEntry) bool {
 	switch {
 	case a.expiry != b.expiry:
@@ -33,7 +33,7 @@ func (a approxEntry) before(b approxEntry) bool {
 }
 
 // Assume records the router's own placement for an engine that publishes no KV events
-// (Dynamo's approximate mode, research/dynamo-traces-events.md §1.4): engine's DP rank 0 is taken
+// (docs/design.md §11, after Dynamo's approximate mode): engine's DP rank 0 is taken
 // to hold keys, a prompt's chained keys from the index's Hasher (starting at the prompt's first
 // block), until ttl from now. ttl 0 means Options.ApproxTTL; negative returns an error wrapping
 // state.ErrInvalidConfiguration. Empty keys is a no-op (but an empty engine is still refused).

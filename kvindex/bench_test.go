@@ -22,7 +22,7 @@ import (
 //
 //	go test -run x -bench . -benchmem ./kvindex/
 //
-// doc.go records the figures.
+// docs/performance.md records the figures and the exact commands.
 
 const benchBlock = 16
 

@@ -16,8 +16,7 @@ import (
 // What the caller does with them: ErrUnknownParent and ErrUnknownHash mean the index and the
 // engine's event stream disagree (a lost event, a restart, or a block the index evicted under its
 // cap), so an event subscriber should resynchronise that engine's DP rank (replay, or Clear and
-// rebuild) (research/dynamo-traces-events.md §1.8: "Treat ParentBlockNotFound and gaps in the
-// sequence as a trigger for resync"). The others mean a malformed event or a misconfigured
+// rebuild) (docs/design.md §11). The others mean a malformed event or a misconfigured
 // publisher: log it and drop the event.
 var (
 	// ErrInvalidEngine: Store, Assume, Remove, Clear or RemoveEngine named the empty engine ID.
@@ -28,7 +27,7 @@ var (
 	// that has never stored a block (or was removed).
 	ErrUnknownEngine = errors.New("unknown engine")
 	// ErrUnknownParent: a Store named a parent hash the engine's DP rank does not hold
-	// (Dynamo radix_tree.rs ParentBlockNotFound; research/dynamo-traces-events.md §1.2).
+	// (ParentBlockNotFound in ai-dynamo/dynamo `lib/kv-router/src/radix_tree.rs`).
 	ErrUnknownParent = errors.New("unknown parent block hash")
 	// ErrUnknownHash: a Remove named a block hash the engine's DP rank does not hold. The
 	// EventError lists every unknown hash, so the caller may retry with the others.

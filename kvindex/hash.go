@@ -12,8 +12,7 @@ import (
 )
 
 // MaxBlockTokens is the largest block size, in tokens, a Hasher accepts. Engines use 16 to 512
-// tokens per block (vLLM 16 by default, the Mooncake traces 512; research/dynamo-traces-events.md
-// §2.1); the cap only rejects nonsense before it can overflow a byte count.
+// tokens per block (vLLM 16 by default, the Mooncake traces 512; docs/traces.md); the cap only rejects nonsense before it can overflow a byte count.
 const MaxBlockTokens = 1 << 16
 
 // XXH64 primes (the public XXH64 specification), used by the chaining step.
@@ -34,15 +33,14 @@ var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 type HasherConfig struct {
 	// BlockTokens is the block size in tokens: the engine's page size (vLLM block_size, SGLang
 	// page_size). It must be in [1, MaxBlockTokens]; 0 or negative is an error. Every engine whose
-	// events feed one Index must use this block size (research/sgl-router.md §2.4,
-	// BlockSizeOracle).
+	// events feed one Index must use this block size (docs/design.md
+	// §11).
 	BlockTokens int
 	// Seed is the root of every chain. Zero is a valid seed. Two Hashers with different seeds
 	// produce unrelated keys.
 	Seed uint64
 	// Namespace is a cache namespace or LoRA adapter name folded into the root, so that the same
-	// tokens under different namespaces never share a key (research/dynamo-traces-events.md §1.1:
-	// "LoRA name and cache namespace change the seed"). The empty string means no namespace and
+	// tokens under different namespaces never share a key (docs/design.md §11). The empty string means no namespace and
 	// leaves the root equal to Seed.
 	Namespace string
 }
@@ -51,7 +49,7 @@ type HasherConfig struct {
 // are computed: request lookups and KV events are hashed by the same code, so a request's key i
 // equals an engine block's key exactly when both have the same first (i+1)×BlockTokens tokens
 // under the same configuration (up to 64-bit hash collisions). The engine's own block hash is
-// never reproduced (ARCHITECTURE.md §3, kvindex "Hashing").
+// never reproduced (docs/design.md §11).
 //
 // Definition. Let root = Seed when Namespace is empty, otherwise
 // root = XXH64(namespaceTag ‖ le64(Seed) ‖ Namespace) with namespaceTag

@@ -12,8 +12,8 @@ import (
 )
 
 // Defaults for Options. The approximate-entry values are Dynamo's PruneConfig
-// (research/dynamo-traces-events.md §1.4: "ttl: 120 s, max_tree_size: 2^20 = 1,048,576 blocks,
-// prune_target_ratio: 0.8").
+// (ai-dynamo/dynamo `lib/kv-router/src/approx.rs`: TTL 120 s, at most 2^20 =
+// 1,048,576 blocks, pruned to 0.8 of that; docs/design.md §11).
 const (
 	// DefaultMaxBlocks is the default block cap: 4,194,304 blocks, about 64 Mi tokens at 16
 	// tokens per block, and roughly 350 MiB at one holder per block (86 bytes per block and
@@ -58,12 +58,12 @@ type Options struct {
 
 // Index is the prefix index: a radix tree over chained block keys recording, per block, which
 // engines (and which of their DP ranks) hold it and in which storage tiers. It stores ownership,
-// never KV tensors (seeds/POLICY_DESIGN.md, "Cache state").
+// never KV tensors (docs/design.md §11).
 //
 // Because keys are chained (Hasher), a key names a whole prefix, so the tree is kept as one node
 // per key with a parent link: a Match walks the query's keys through a key → node table and checks
 // each node's parent, rather than searching child maps. Engines are addressed by their own block
-// hashes (opaque IDs, research/dynamo-traces-events.md §1.1), which the index maps to nodes per
+// hashes (opaque IDs, docs/design.md §11), which the index maps to nodes per
 // (engine, DP rank) to resolve parents and removals.
 //
 // Concurrency: every method is safe for concurrent use. Match and MatchInto take a read lock and
@@ -72,7 +72,8 @@ type Options struct {
 // long as each engine's events are applied in order by their caller. doc.go records why one
 // RWMutex beats sharding here, with figures.
 type Index struct {
-	mu sync.RWMutex
+	mu    sync.RWMutex
+	trust trustSet // engines whose entries Sources must not trust (trust.go); not guarded by mu
 
 	hasher    Hasher
 	maxBlocks int
@@ -204,7 +205,7 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 func (x *Index) Hasher() Hasher { return x.hasher }
 
 // StoreEvent is one engine's report that it now holds a run of consecutive blocks: vLLM and
-// SGLang BlockStored (research/dynamo-traces-events.md §3.2), already decoded.
+// SGLang BlockStored (docs/design.md §13), already decoded.
 type StoreEvent struct {
 	// Engine and DPRank name the holder. Engine must not be empty (ErrInvalidEngine). DPRank is the
 	// engine's data-parallel rank (0 when the engine has no DP); negative is an error.
@@ -227,8 +228,8 @@ type StoreEvent struct {
 }
 
 // Store records that ev.Engine's DP rank ev.DPRank holds ev's blocks in ev.Tier, attaching the first
-// block under the parent the engine named (Dynamo radix_tree.rs "Stored",
-// research/dynamo-traces-events.md §1.2). Storing a block the holder already holds under the same
+// block under the parent the engine named (docs/design.md §11; Stored in
+// ai-dynamo/dynamo `lib/kv-router/src/radix_tree.rs`). Storing a block the holder already holds under the same
 // hash adds the tier; storing it under a second hash (an alias, as multimodal placeholders produce)
 // adds a second entry, and the holder keeps the block until every alias is removed. A real event
 // supersedes an Assume entry of the same (engine, rank 0) at that block: the entry becomes real
@@ -385,8 +386,8 @@ func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) {
 		}
 	}
 	if lo < hi && x.hTiers[lo]&approxBit != 0 {
-		// A real event supersedes the router's own placement (research/dynamo-traces-events.md
-		// §1.4): the entry becomes real and no longer expires. Its heap entry goes stale.
+		// A real event supersedes the router's own placement (docs/design.md
+		// §11): the entry becomes real and no longer expires. Its heap entry goes stale.
 		x.hTiers[lo], x.hAux[lo] = t, hash
 		h.approx--
 		x.approxCount--
@@ -419,7 +420,7 @@ func (x *Index) subTiers(h *holder, drop uint8) {
 
 // Remove records that engine's DP rank no longer holds the blocks with the given engine hashes in
 // tiers (vLLM/SGLang BlockRemoved). tiers 0 or AllTiers removes every tier, as an event without a
-// medium does (research/sgl-router.md §2.4). A block left with no tier for any alias is dropped for
+// medium does (docs/design.md §11). A block left with no tier for any alias is dropped for
 // that holder; a block no holder keeps and with no children leaves the tree, and so does each
 // ancestor that is left empty. A hash named twice is removed once.
 //
@@ -485,8 +486,8 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 }
 
 // Clear drops every block engine's DP rank holds, real and approximate, in every tier (vLLM and
-// SGLang AllBlocksCleared, scoped to the emitting rank as Dynamo's protocols.rs documents;
-// research/dynamo-traces-events.md §1.2). The holder stays known, so a later Remove for it returns
+// SGLang AllBlocksCleared, scoped to the emitting rank as ai-dynamo/dynamo
+// `lib/kv-router/src/protocols.rs` documents; docs/design.md §11). The holder stays known, so a later Remove for it returns
 // ErrUnknownHash rather than ErrUnknownEngine. Errors (an *EventError; the index is unchanged):
 // ErrInvalidEngine (engine is empty), ErrInvalidRank, ErrUnknownEngine. Cost: O(blocks the holder held + approximate entries in the index).
 func (x *Index) Clear(engine state.EngineID, rank int) error {

@@ -144,7 +144,8 @@ func TestNewIndexValidatesOptions(t *testing.T) {
 	assert.Equal(t, h, x.Hasher())
 }
 
-// The scenarios of SGLang's tree tests (research/sgl-router.md §7.4, state/kv_events/tree.rs).
+// The scenarios of SGLang's tree tests (sgl-project/sglang
+// `experimental/sgl-router/src/state/kv_events/tree.rs`).
 func TestIndexScenarios(t *testing.T) {
 	t.Parallel()
 

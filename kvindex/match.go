@@ -14,7 +14,7 @@ type EngineMatch struct {
 	// Engine is the holder, compared byte for byte with the group's engine IDs.
 	Engine state.EngineID
 	// Blocks is the number of leading query blocks held, in [1, query blocks]. Multiply by the
-	// block size for tokens (research/sgl-router.md §2.6 for proportional conversion when the
+	// block size for tokens (docs/design.md §9.1 for the proportional conversion when the
 	// prompt has a trailing partial block).
 	Blocks int
 }
@@ -50,7 +50,7 @@ func (m *Matches) Blocks(engine state.EngineID) int {
 }
 
 // Match returns, for every engine, the number of leading blocks of keys it holds contiguously,
-// folded over its DP ranks by maximum (research/sgl-router.md §2.4 prefix_depths; a hole stops a
+// folded over its DP ranks by maximum (docs/design.md §11; a hole stops a
 // holder's count). keys are a prompt's chained keys from the index's Hasher; empty keys is a valid
 // query with an empty result. Approximate entries whose expiry has passed (by Options.Now) are not
 // counted. Match allocates its result; MatchInto does not.

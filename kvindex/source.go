@@ -14,8 +14,7 @@ import (
 )
 
 // Source answers prefix lookups for the cache-aware policy: a local Index (LocalSource) or a
-// remote indexer service (RemoteSource) (seeds/POLICY_DESIGN.md, "Cache state": "A small
-// CacheSource adapter ... normalizes local and remote lookups into common prefix results").
+// remote indexer service (RemoteSource) (docs/design.md §10).
 //
 // Lookup returns a Result whose Outcome tells a hit, a confirmed miss and an unavailable backend
 // apart: the last two both let the policy fall back to load-based selection, but stay
@@ -64,8 +63,8 @@ func (o Outcome) String() string {
 // Reason says why a Source was unavailable. The values are metric labels.
 type Reason string
 
-// Unavailability reasons (research/sgl-router.md §2.5 and §7.4,
-// unavailable_index_falls_back_but_rejected_queries_fail: timeout, unreachable, overloaded).
+// Unavailability reasons (docs/design.md §10: timeout,
+// unreachable, overloaded).
 const (
 	// ReasonTimeout: the lookup did not finish within the source's timeout or the caller's
 	// deadline.
@@ -92,7 +91,7 @@ type Result struct {
 	// source was unavailable before hashing).
 	QueryBlocks int
 	// BlockTokens is the source's block size in tokens, so that a policy converts blocks to
-	// tokens only with a valid conversion (seeds/POLICY_DESIGN.md, "Cache state"). Sources set it
+	// tokens only with a valid conversion (docs/design.md §10). Sources set it
 	// for every outcome; it is 0 only in the result a Memo gives a caller that stopped waiting.
 	BlockTokens int
 	// Reason says why, for OutcomeUnavailable; empty otherwise.
@@ -139,7 +138,8 @@ func NewLocalSource(index *Index) (*LocalSource, error) {
 }
 
 // Lookup hashes q.TokenIDs and matches them against the index, hashing only as far as some engine
-// holds the prefix (Index.MatchTokensInto). A canceled ctx returns
+// holds the prefix (Index.MatchTokensInto). Engines marked untrusted (Index.MarkUntrusted) are
+// left out, as if they held nothing; when only they hold the prefix, the result is a miss. A canceled ctx returns
 // OutcomeUnavailable with ReasonCanceled (or ReasonTimeout for an expired deadline) before any
 // work; a query with no full block is a miss. The result's Engines is a new slice owned by the
 // caller; the hashing and matching buffers are pooled.
@@ -156,8 +156,10 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	s.index.MatchTokensInto(q.TokenIDs, &sc.m)
 	r := Result{Outcome: OutcomeMiss, QueryBlocks: sc.m.QueryBlocks, BlockTokens: bt}
 	if len(sc.m.Engines) > 0 {
+		r.Engines = s.index.trustedClone(sc.m.Engines) // untrusted engines hold nothing (trust.go)
+	}
+	if len(r.Engines) > 0 {
 		r.Outcome = OutcomeHit
-		r.Engines = slices.Clone(sc.m.Engines)
 	}
 	return r, nil
 }
@@ -169,9 +171,9 @@ func ctxReason(err error) Reason {
 	return ReasonCanceled
 }
 
-// RemoteIndexer is the host's client for a remote prefix-index service (for example SGLang's
-// sgl-kv-indexer MatchExternalKvPrefix, or Mooncake Conductor's /query; research/sgl-router.md
-// §2.5, research/dynamo-traces-events.md §1.7). The host implements it; RemoteSource wraps it with
+// RemoteIndexer is the host's client for a remote prefix-index service (for example
+// MatchExternalKvPrefix of sgl-project/sglang `experimental/sgl-router/sgl-kv-indexer/proto/kv_indexer.proto`;
+// docs/design.md §10). The host implements it; RemoteSource wraps it with
 // the timeout, the concurrency limit and the outcome mapping.
 //
 // Contract:
@@ -210,8 +212,8 @@ type RemoteQuery struct {
 	BlockTokens int
 }
 
-// Defaults for RemoteOptions (research/sgl-router.md §2.5: "Query deadline 100 ms, 32 concurrent
-// queries").
+// Defaults for RemoteOptions (docs/design.md §10: a 100 ms deadline and 32
+// concurrent queries, as the experimental SGLang router).
 const (
 	DefaultRemoteTimeout       = 100 * time.Millisecond
 	DefaultRemoteMaxConcurrent = 32
@@ -325,8 +327,8 @@ func (s *RemoteSource) Lookup(ctx context.Context, q Query) (Result, error) {
 }
 
 // normalizeRemote validates a remote answer, drops zero counts, merges duplicate engines by
-// maximum, caps counts at the query's block count (research/sgl-router.md §7.4,
-// remote_urls_are_exact_duplicate_depths_merge_and_block_counts_are_capped) and sorts deepest
+// maximum, caps counts at the query's block count (docs/design.md
+// §10) and sorts deepest
 // first. Engine IDs are compared exactly ("http://b/" is not "http://b").
 func normalizeRemote(in []EngineMatch, queryBlocks int) ([]EngineMatch, bool) {
 	out := make([]EngineMatch, 0, len(in))
@@ -355,9 +357,10 @@ func normalizeRemote(in []EngineMatch, queryBlocks int) ([]EngineMatch, bool) {
 
 // Memo makes one lookup per Source per request: the first Lookup of a source runs it, every later
 // or concurrent Lookup of the same source in the same request gets the same Result and error,
-// whatever bucket or group asks (research/sgl-router.md §10: "Memoize prefix lookups per request
-// by source"; §7.4 memo_reuses_io_but_reruns_admission_and_group_selection,
-// concurrent_picks_share_one_query_and_new_requests_query_again). Hits, misses, unavailability and
+// whatever bucket or group asks (docs/design.md §10; the scenarios
+// memo_reuses_io_but_reruns_admission_and_group_selection and
+// concurrent_picks_share_one_query_and_new_requests_query_again of sgl-project/sglang
+// `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs`). Hits, misses, unavailability and
 // rejections are all memoized.
 //
 // The host (or the bucket loop) creates one Memo per request with NewMemo and drops it with the

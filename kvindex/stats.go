@@ -2,8 +2,7 @@ package kvindex
 
 import "github.com/enginepick/enginepick/state"
 
-// Stats is a point-in-time summary of an Index, for metrics (research/sgl-router.md §2.4:
-// sgl_router_kv_tree_nodes, sgl_router_kv_tree_blocks{worker_url,tier}).
+// Stats is a point-in-time summary of an Index, for metrics (docs/design.md §15).
 type Stats struct {
 	// Blocks is the number of blocks (tree nodes) in the index, including blocks no engine holds
 	// any more that are kept because a descendant is held.

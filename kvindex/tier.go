@@ -6,14 +6,14 @@ import (
 )
 
 // Tier is a set of storage tiers, as a bitset. An engine holds a block while any of its bits is
-// set: a block moved from the device to host memory is still held (research/sgl-router.md §2.4,
-// "device eviction after host backup keeps it an owner"). Matching is tier-blind; tiers are kept
+// set: a block moved from the device to host memory is still held (docs/design.md
+// §11). Matching is tier-blind; tiers are kept
 // for statistics and for removals that name one tier.
 type Tier uint8
 
-// The four tiers (research/sgl-router.md §2.4: DEVICE for "GPU" or untagged events, HOST for
+// The four tiers (docs/design.md §11: DEVICE for "GPU" or untagged events, HOST for
 // "CPU_PINNED", DISK, EXTERNAL). Mapping an engine's medium string to a Tier is the event
-// decoder's job (package kvindex/kvevents).
+// decoder's job (docs/design.md §13).
 const (
 	TierDevice Tier = 1 << iota
 	TierHost

@@ -3,7 +3,7 @@
 // the router-local in-flight counters and their dispatch guards, and the stage pressure
 // comparisons the load-aware policies share.
 //
-// Rules come from seeds/POLICY_DESIGN.md §6 ("Load state") and research/sgl-router.md §3.2–§3.3:
+// The rules are docs/design.md §6:
 // missing, stale or rank-incomplete reports are unknown, never zero; a snapshot is taken once per
 // pick and reused by that pick's admission; in-flight guards are acquired at dispatch and released
 // idempotently, safely across engine removal and re-adding.

@@ -14,11 +14,11 @@ const dispatchRing = 64
 
 // InFlight holds router-local in-flight counters: requests this router dispatched to an engine and
 // whose response has not ended. It is always known (never unknown, unlike engine reports) and is
-// the fallback pressure when reports are missing (seeds/POLICY_DESIGN.md §4).
+// the fallback pressure when reports are missing (docs/design.md §6).
 //
 // Each engine's counter lives as long as some guard or the table references it: Remove detaches an
 // engine, and guards acquired before keep decrementing the counter they incremented, so a re-added
-// engine starts from zero and is never driven negative (research/sgl-router.md §3.2).
+// engine starts from zero and is never driven negative (docs/design.md §6).
 //
 // All methods are safe for concurrent use. Count and DispatchesSince are lock-free: the engine
 // map is an immutable value replaced as a whole when an engine is first seen or removed (rare), and
@@ -109,7 +109,7 @@ func (f *InFlight) Count(engine state.EngineID) uint64 {
 
 // DispatchesSince returns how many dispatches to the engine happened strictly after t, counting
 // at most the 64 most recent ones. LeastLoad adds it to a report so that dispatches the report
-// has not seen yet are counted once (research/sgl-router.md §1.2, load_based).
+// has not seen yet are counted once (docs/design.md §8).
 func (f *InFlight) DispatchesSince(engine state.EngineID, t time.Time) uint64 {
 	c := f.lookup(engine)
 	if c == nil {

@@ -31,12 +31,12 @@ func Observe(snap Snapshot, inflight *InFlight, engine state.EngineID) Observati
 }
 
 // HasNative reports whether the observation carries a fresh, complete native report with valid
-// capacity: the condition for comparing it on reported pressure (seeds/POLICY_DESIGN.md §4).
+// capacity: the condition for comparing it on reported pressure (docs/design.md §6).
 func (o *Observation) HasNative() bool { return o.Load != nil && o.Load.Native }
 
 // ComparePressure compares the stage pressure of two candidates: negative when a is less
-// pressured, positive when b is, zero on a complete tie. The rules are ARCHITECTURE.md §3 and
-// research/sgl-router.md §3.3:
+// pressured, positive when b is, zero on a complete tie. The rules are docs/design.md §6
+// (pressure comparisons):
 //
 //   - reported is false: router-local in-flight only. Callers pass false when ANY candidate of the
 //     compared set lacks a fresh, complete native report (the coverage rule), so every engine of

@@ -11,8 +11,8 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// DefaultFreshness is how long an engine report stays usable: research/sgl-router.md §3.2
-// (experimental router `DEFAULT_FRESHNESS`, 5 s).
+// DefaultFreshness is how long an engine report stays usable: docs/design.md §6
+// (5 s, as the experimental SGLang router's `DEFAULT_FRESHNESS`).
 const DefaultFreshness = 5 * time.Second
 
 // MaxRanks bounds the DP ranks one engine may declare. Larger values are rejected as invalid
@@ -30,7 +30,7 @@ var (
 )
 
 // Report is one DP rank's load sample, as an engine publishes it (SGLang `LoadStat`,
-// research/sgl-router.md §3.2). Counts are gauges: the last report of a rank replaces the previous
+// docs/design.md §6 and §13). Counts are gauges: the last report of a rank replaces the previous
 // one. The Table stamps the report with its own clock on arrival.
 type Report struct {
 	// Engine is the reporting engine. Required.
@@ -50,8 +50,8 @@ type Report struct {
 	Native *NativeLoad
 }
 
-// NativeLoad is the optional extension of a load report (LoadStat v3, research/sgl-router.md
-// §3.2). It is all-or-nothing: a publisher sends every field or none.
+// NativeLoad is the optional extension of a load report (LoadStat v3, docs/design.md
+// §13). It is all-or-nothing: a publisher sends every field or none.
 type NativeLoad struct {
 	// WaitingUncachedTokens is the prompt tokens of waiting requests that miss the prefix cache.
 	WaitingUncachedTokens uint64
@@ -72,7 +72,7 @@ type EngineLoad struct {
 	// Engine is the engine this load describes.
 	Engine state.EngineID
 	// ReportedAt is the arrival time of the oldest rank's report: dispatches after it are not
-	// reflected in the counts (research/sgl-router.md §3.2, `captured_at`).
+	// reflected in the counts (docs/design.md §8).
 	ReportedAt time.Time
 	// Ranks is the number of DP ranks summed.
 	Ranks int
@@ -83,7 +83,7 @@ type EngineLoad struct {
 	KVCapacityTokens uint64
 	// Native reports whether every rank sent the native extension with non-zero KV capacity and
 	// non-zero MaxRunningRequests; only then are the fields below meaningful and the engine
-	// comparable on reported pressure (seeds/POLICY_DESIGN.md §4, power-of-two).
+	// comparable on reported pressure (docs/design.md §6).
 	Native                bool
 	WaitingUncachedTokens uint64
 	MaxRunningRequests    uint64
@@ -206,7 +206,7 @@ func (t *Table) Expect(engine state.EngineID, ranks int) error {
 // range wraps ErrRankOutOfRange. On error the table is unchanged.
 //
 // The prefill rate of a rank is derived from this native sample and the previous one when both
-// monotonic counters strictly increased (research/sgl-router.md §3.2); otherwise the rank has no
+// monotonic counters strictly increased (docs/design.md §6); otherwise the rank has no
 // rate until the next such pair.
 func (t *Table) Report(r Report) error {
 	if r.Engine == "" {
@@ -339,7 +339,7 @@ func (t *Table) publish(engine state.EngineID, load *EngineLoad) {
 }
 
 // Snapshot captures the table as it is now. It takes no lock and allocates nothing. A policy
-// captures one Snapshot per pick and reuses it for that pick's admission (seeds/POLICY_DESIGN.md
+// captures one Snapshot per pick and reuses it for that pick's admission (docs/design.md
 // §6); reports arriving later do not change it.
 func (t *Table) Snapshot() Snapshot {
 	return Snapshot{view: t.view.Load(), at: t.now(), freshness: t.freshness}
@@ -366,7 +366,7 @@ func (s Snapshot) CapturedAt() time.Time { return s.at }
 
 // Load returns the engine's load if every expected rank has reported and the oldest report is no
 // older than the table's freshness at capture time. Otherwise it returns false: unknown, never
-// zero (seeds/POLICY_DESIGN.md §6).
+// zero (docs/design.md §6).
 func (s Snapshot) Load(engine state.EngineID) (*EngineLoad, bool) {
 	if s.view == nil {
 		return nil, false

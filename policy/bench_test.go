@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -128,5 +129,53 @@ type countDecisions struct{ hits atomic.Int64 }
 func (c *countDecisions) ObserveCacheDecision(d *policy.CacheDecision) {
 	if d.Decision == policy.DecisionCacheHit {
 		c.hits.Add(1)
+	}
+}
+
+// fixedSource answers every lookup with the same result, so that a benchmark measures the policy
+// alone, without hashing or an index.
+type fixedSource struct{ r kvindex.Result }
+
+func (s fixedSource) Lookup(context.Context, kvindex.Query) (kvindex.Result, error) { return s.r, nil }
+
+// BenchmarkCacheAwareQueueGate measures what the queue gate adds to a cache-aware pick, whose
+// fleet-wide all-queued check reads every group engine's load (docs/design.md §9.4), at 16, 64 and
+// 256 engines: the same hit (one engine holds 400 of 512 blocks; every engine has a fresh report,
+// none queued) picked with the gate on and off. The difference is the gate's cost per pick.
+func BenchmarkCacheAwareQueueGate(b *testing.B) {
+	for _, n := range []int{16, 64, 256} {
+		e := newEnv()
+		cfg := e.cfg()
+		cfg.Rand = nil
+		cfg.Admission = admission.Limits{MaxRunningRequests: admission.Cap(1 << 20)}
+		group := manyEngines(n)
+		for i, c := range group {
+			e.native(c.ID(), loadmon.Report{WaitingRequests: uint64(i % 5), Native: &loadmon.NativeLoad{WaitingUncachedTokens: uint64(i * 100)}})
+		}
+		src := fixedSource{kvindex.Result{Outcome: kvindex.OutcomeHit, QueryBlocks: 512, BlockTokens: blockTokens,
+			Engines: []kvindex.EngineMatch{{Engine: group[n/2].ID(), Blocks: 400}}}}
+		gated, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: src, WorkerQueueLimit: u64(8)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		open, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: src})
+		if err != nil {
+			b.Fatal(err)
+		}
+		req := &policy.Request{Model: "m", Stage: state.StagePlain, BucketID: "b", InputTokens: 512 * blockTokens}
+		for _, tc := range []struct {
+			name string
+			p    *policy.CacheAware
+		}{{"gate", gated}, {"no_gate", open}} {
+			b.Run(fmt.Sprintf("engines=%d/%s", n, tc.name), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					pk, err := tc.p.Pick(ctx, group, req)
+					if err != nil || pk.Engine != group[n/2] {
+						b.Fatal(pk, err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Cache-aware defaults (research/sgl-router.md §1.2, experimental router defaults; seeds/
-// POLICY_DESIGN.md §7 "Preserve cache thresholds and tuning").
+// Cache-aware defaults (docs/design.md §9.1, §9.2, §9.6 and §9.7;
+// the experimental SGLang router's defaults).
 const (
 	DefaultMinMatchedTokens           = 1024
 	DefaultCandidateMinEngines        = 8
@@ -30,7 +30,7 @@ const (
 )
 
 // Cache-aware decision labels, exactly one per cache-aware pick that selected an engine
-// (seeds/worker-queue-limit-PR-report.md, sgl_router_cache_aware_decisions_total). AllQueued is
+// (docs/design.md §9.8). AllQueued is
 // deliberately not spelled cache_hit_*: a hit-rate query must not absorb a saturated fleet.
 const (
 	DecisionCacheHit          = "cache_hit"
@@ -39,8 +39,7 @@ const (
 	DecisionAllQueued         = "all_queued"
 )
 
-// Prefill pressure sources of a cache-aware decision (research/sgl-router.md §6.3,
-// sgl_router_cache_monitor_decisions_total).
+// Prefill pressure sources of a cache-aware decision (docs/design.md §9.8).
 const (
 	PressureSourceQueueTime   = "estimated_prefill_queue_ms"
 	PressureSourceNativeQueue = "native_queue_tokens"
@@ -90,7 +89,7 @@ type CacheAwareOptions struct {
 	Source kvindex.Source
 	// MinMatchedTokens is the hit gate: an engine's matched prefix must reach this many tokens.
 	// 0 means DefaultMinMatchedTokens (1024), an absolute floor because indexer scans can be
-	// truncated (research/sgl-router.md §1.2).
+	// truncated (docs/design.md §9.1).
 	MinMatchedTokens uint64
 	// MinMatchRatio optionally also requires matched ÷ input tokens ≥ this ratio. 0 means unset;
 	// otherwise it must be in (0, 1].
@@ -118,7 +117,7 @@ type CacheAwareOptions struct {
 	PressureAbsThreshold time.Duration
 	// WorkerQueueLimit is the soft queue gate: a prefix holder whose fresh waiting-request count
 	// is ≥ the limit is diverted (unknown passes: the gate fails open). Nil disables the gate; 0
-	// is invalid (seeds/worker-queue-limit-PR-report.md).
+	// is invalid (docs/design.md §9.3).
 	WorkerQueueLimit *uint64
 	// SaturationQueueFloor pins a gate-rejected holder when no group engine has a fresh queue
 	// strictly below the floor (unknown is not idle). Nil disables; requires WorkerQueueLimit and
@@ -134,8 +133,7 @@ type CacheAwareOptions struct {
 }
 
 // CacheAware sends a plain or prefill request to an engine that already holds its prompt prefix,
-// without hot-spotting and without bypassing admission (seeds/POLICY_DESIGN.md §5 "Cache-aware
-// behavior"; research/sgl-router.md §1.2–§1.3). Per pick:
+// without hot-spotting and without bypassing admission (docs/design.md §9). Per pick:
 //
 //  1. Look up prefix ownership (memoized per request through Request.Memo), then capture one load
 //     snapshot.
@@ -174,12 +172,12 @@ var (
 )
 
 // inertWarnSample is the sampling of the "queue gate is inert" warning: one in 64
-// (seeds/worker-queue-limit-PR-report.md, QUEUE_GATE_BLIND_LOG_SAMPLE).
+// (docs/design.md §9.3).
 const inertWarnSample = 64
 
 // NewCacheAware fills defaults, validates every parameter and returns the policy. Any invalid
 // parameter is an error wrapping ErrInvalidConfiguration that names it
-// (research/sgl-router.md §1.3, "Validation at construction").
+// (docs/design.md §9 and §14).
 func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
 	if err := cfg.validate(NameCacheAware); err != nil {
 		return nil, err
@@ -298,7 +296,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if err != nil {
 		return Pick{}, err
 	}
-	snap := p.cfg.Load.Snapshot() // after any remote I/O (research/sgl-router.md §1.3 step 4)
+	snap := p.cfg.Load.Snapshot() // after any remote I/O (docs/design.md §10)
 
 	var buf [DefaultCandidateMaxEngines]cacheCandidate
 	cands := p.candidates(buf[:0], engines, req, &res, snap)
@@ -412,7 +410,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 }
 
 // CacheAwareFallbackDecision maps a cache-aware pick that did not select a prefix holder to its
-// decision label (seeds/worker-queue-limit-PR-report.md, cache_aware_fallback_decision):
+// decision label (docs/design.md §9.8):
 // nothing gate-rejected → cache_miss; the fleet all queued → all_queued (asked before capacity,
 // so a saturated fleet is never read as healthy); holders reached hard admission → cache_miss
 // (a capacity problem, not the gate); otherwise → cache_worker_queued.
@@ -474,7 +472,7 @@ func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, re
 	return dst
 }
 
-// scaleTokens returns floor(input × blocks ÷ query) without overflow (research/sgl-router.md §2.6).
+// scaleTokens returns floor(input × blocks ÷ query) without overflow (docs/design.md §9.1).
 func scaleTokens(input, blocks, query uint64) uint64 {
 	hi, lo := bits.Mul64(input, blocks)
 	if hi >= query {
@@ -513,7 +511,7 @@ func (p *CacheAware) winner(admitted, evaluated []cacheCandidate, stage state.St
 }
 
 // materiallyMorePressured reports whether a is materially more pressured than b
-// (research/sgl-router.md §1.2 resolver step 4).
+// (docs/design.md §9.7).
 func (p *CacheAware) materiallyMorePressured(a, b *loadmon.EngineLoad) bool {
 	rel := p.opts.PressureRelThreshold
 	if p.opts.PressureAbsThreshold > 0 && a.HasPrefillRate && b.HasPrefillRate {

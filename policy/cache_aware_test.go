@@ -128,7 +128,7 @@ func creq(tokens []uint32) *policy.Request {
 	return &policy.Request{Model: "m", Stage: state.StagePrefill, BucketID: "b", InputTokens: uint64(len(tokens)), TokenIDs: tokens}
 }
 
-// research/sgl-router.md §7.4 local_prefix_wins_within_group_and_threshold_misses_use_load.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` local_prefix_wins_within_group_and_threshold_misses_use_load.
 func TestCacheAwareLocalPrefixWinsWithinGroupAndThresholdMissesUseLoad(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
@@ -174,7 +174,7 @@ func TestCacheAwareMatchedTokensAreProportionalForPartialBlocks(t *testing.T) {
 	c.hold(t, "a", tok, 2)
 	c.inflight.Acquire("a") // so that a miss falls back to b
 	group := engines(state.StagePrefill, "a", "b")
-	// matched = floor(72 × 2 / 4) = 36 tokens (research/sgl-router.md §2.6).
+	// matched = floor(72 × 2 / 4) = 36 tokens (docs/design.md §9.1).
 	for gate, want := range map[uint64]state.EngineID{36: "a", 37: "b"} {
 		c.rnd.vals = []int{1, 0}
 		pk, err := c.policy(t, policy.CacheAwareOptions{MinMatchedTokens: gate}).Pick(ctx, group, creq(tok))
@@ -183,7 +183,7 @@ func TestCacheAwareMatchedTokensAreProportionalForPartialBlocks(t *testing.T) {
 	}
 }
 
-// research/sgl-router.md §7.4 remote_urls_are_exact_duplicate_depths_merge_and_block_counts_are_capped.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` remote_urls_are_exact_duplicate_depths_merge_and_block_counts_are_capped.
 func TestCacheAwareRemoteEngineIdentityIsExact(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
@@ -200,7 +200,7 @@ func TestCacheAwareRemoteEngineIdentityIsExact(t *testing.T) {
 	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
 }
 
-// research/sgl-router.md §7.4 memo_reuses_io_but_reruns_admission_and_group_selection.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` memo_reuses_io_but_reruns_admission_and_group_selection.
 func TestCacheAwareMemoReusesLookupButRerunsAdmissionAndSelection(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
@@ -253,7 +253,7 @@ func TestCacheAwareConcurrentPicksShareOneLookup(t *testing.T) {
 	assert.Equal(t, int32(1), c.source.calls.Load())
 }
 
-// research/sgl-router.md §7.4 unavailable_index_falls_back_but_rejected_queries_fail.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` unavailable_index_falls_back_but_rejected_queries_fail.
 func TestCacheAwareUnavailableFallsBackButRejectedQueriesFail(t *testing.T) {
 	t.Parallel()
 	h, _ := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: blockTokens})
@@ -295,7 +295,7 @@ func TestCacheAwareUnavailableFallsBackButRejectedQueriesFail(t *testing.T) {
 	assert.Zero(t, c.dec.count(), "a failed pick records no decision")
 }
 
-// research/sgl-router.md §7.4 queue_diversion_and_saturation_use_only_this_group.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` queue_diversion_and_saturation_use_only_this_group.
 func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	t.Parallel()
 	tok := prompt(8*blockTokens, 7)
@@ -357,7 +357,7 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "fleet saturation needs a fresh sample everywhere: no re-admission")
 }
 
-// research/sgl-router.md §7.4 hard_rejection_never_becomes_cold_fallback_or_saturation_bypass.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` hard_rejection_never_becomes_cold_fallback_or_saturation_bypass.
 func TestCacheAwareHardRejectionNeverBecomesColdFallbackOrSaturationBypass(t *testing.T) {
 	t.Parallel()
 	tok := prompt(8*blockTokens, 8)
@@ -406,7 +406,7 @@ func (f checkerFunc) Check(e state.Engine, m admission.Metrics) (admission.Verdi
 	return f(e, m)
 }
 
-// research/sgl-router.md §7.4 guard_switches_near_ties_only_with_complete_fresh_telemetry.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` guard_switches_near_ties_only_with_complete_fresh_telemetry.
 func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testing.T) {
 	t.Parallel()
 	tok := prompt(10*blockTokens, 9)
@@ -443,7 +443,7 @@ func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testin
 	assert.Equal(t, policy.PressureSourceRouterLocal, c.dec.last().PressureSource)
 }
 
-// research/sgl-router.md §7.4 candidate_cap_is_applied_before_admission.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` candidate_cap_is_applied_before_admission.
 func TestCacheAwareCandidateCapIsAppliedBeforeAdmission(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
@@ -462,7 +462,7 @@ func TestCacheAwareCandidateCapIsAppliedBeforeAdmission(t *testing.T) {
 	assert.Equal(t, []state.EngineID{"deep", "mid"}, c.check.Calls())
 }
 
-// research/sgl-router.md §7.4 decode_group_and_invalid_configuration_are_rejected.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` decode_group_and_invalid_configuration_are_rejected.
 func TestCacheAwareRejectsDecodeAndInvalidConfiguration(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
@@ -498,7 +498,8 @@ func TestCacheAwareRejectsDecodeAndInvalidConfiguration(t *testing.T) {
 	assert.Zero(t, c.source.calls.Load(), "no candidates: no lookup")
 }
 
-// seeds/worker-queue-limit-PR-report.md, cache_aware_fallback_decision.
+// docs/design.md §9.8; sgl-project/sglang `experimental/sgl-router/src/policies/selection.rs`
+// cache_aware_fallback_decision.
 func TestCacheAwareFallbackDecisionLabels(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

@@ -8,8 +8,8 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// DefaultChoices is PowerOfN's default sample size (research/sgl-router.md §1.2,
-// --power-of-n-choices 2).
+// DefaultChoices is PowerOfN's default sample size (docs/design.md §7; the experimental SGLang
+// router's --power-of-n-choices default).
 const DefaultChoices = 2
 
 // pressureScan finds the least pressured of the engines offered to it in one linear pass, under
@@ -53,7 +53,7 @@ func (s *pressureScan) result() (int, loadmon.Observation) {
 // the first sampled. When N covers the candidates it takes the exact minimum by a linear scan in
 // candidate order. Admission is called exactly once, on the winner, with the observation the
 // selection used; a rejection is returned as *AdmissionRejectedError, never resampled and never
-// replaced by the other sampled engine (seeds/POLICY_DESIGN.md §4, "Power-of-two").
+// replaced by the other sampled engine (docs/design.md §7).
 type PowerOfN struct {
 	cfg    Config
 	n      int
@@ -63,7 +63,7 @@ type PowerOfN struct {
 var _ Policy = (*PowerOfN)(nil)
 
 // NewPowerOfN returns a power-of-N policy sampling n candidates. n < 1 is an error wrapping
-// ErrInvalidConfiguration ("N = 0 rejected", research/sgl-router.md §7.4), as is a nil required
+// ErrInvalidConfiguration (docs/design.md §7), as is a nil required
 // Config handle. With n = 2 picks carry ReasonPowerOfTwo, otherwise ReasonPowerOfN.
 func NewPowerOfN(cfg Config, n int) (*PowerOfN, error) {
 	if n < 1 {
@@ -145,8 +145,7 @@ func stageOf(req *Request) state.Stage {
 	return req.Stage
 }
 
-// LeastLoad picks the least loaded candidate (CLI name load_based; research/sgl-router.md §1.2,
-// load_based). When every candidate has a fresh report, an engine's load is waiting + running
+// LeastLoad picks the least loaded candidate (CLI name load_based; docs/design.md §8). When every candidate has a fresh report, an engine's load is waiting + running
 // requests + the dispatches this router made after that report (so dispatches the report has not
 // seen count once); otherwise every candidate is scored by router-local in-flight requests alone.
 // Ties go to the fewer in-flight requests, then to the earliest candidate in ID order. Admission

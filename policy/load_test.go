@@ -25,7 +25,7 @@ func TestPowerOfNRejectsZeroChoices(t *testing.T) {
 	assert.Equal(t, 2, p.Choices())
 }
 
-// research/sgl-router.md §7.4 power_of_n_checks_selected_engine_and_propagates_rejection_without_fallback.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg.rs` power_of_n_checks_selected_engine_and_propagates_rejection_without_fallback.
 func TestPowerOfNChecksTheLessLoadedEngineOnceAndNeverFallsBack(t *testing.T) {
 	t.Parallel()
 	for _, order := range [][]int{{0, 1}, {1, 0}} {
@@ -78,7 +78,7 @@ func TestPowerOfNSingleCandidateStillReadsLoadForAdmission(t *testing.T) {
 	assert.Equal(t, admission.LimitRunningRequests, rej.Limit)
 }
 
-// research/sgl-router.md §7.4 plain_and_prefill_use_pending_work_while_decode_uses_request_pressure.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_power_of_n.rs` plain_and_prefill_use_pending_work_while_decode_uses_request_pressure.
 func TestPowerOfNStagePressure(t *testing.T) {
 	t.Parallel()
 	e := newEnv()
@@ -96,7 +96,7 @@ func TestPowerOfNStagePressure(t *testing.T) {
 	}
 }
 
-// research/sgl-router.md §7.4 unusable_telemetry_falls_back_to_local_load_for_both_candidates.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_power_of_n.rs` unusable_telemetry_falls_back_to_local_load_for_both_candidates.
 func TestPowerOfNUnusableTelemetryFallsBackToLocalLoadForBoth(t *testing.T) {
 	t.Parallel()
 	cases := map[string]func(e *env){
@@ -158,7 +158,7 @@ func TestPowerOfNEqualReportedPressureUsesLocalLoad(t *testing.T) {
 	}
 }
 
-// research/sgl-router.md §7.4 sample_size_bounds_the_winners_load: N distinct samples can never
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_power_of_n.rs` sample_size_bounds_the_winners_load: N distinct samples can never
 // return one of the N−1 busiest engines; with N ≥ candidates it is the exact minimum.
 func TestPowerOfNSampleSizeBoundsTheWinnersLoad(t *testing.T) {
 	t.Parallel()
@@ -208,7 +208,7 @@ func TestPowerOfNSamplesDistinctEngines(t *testing.T) {
 	assert.Equal(t, 4, e.rnd.n, "four draws: b, b (dup), b (dup), c")
 }
 
-// research/sgl-router.md §7.4 selected_load_reaches_admission_and_next_pick_reads_fresh_state.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_load.rs` selected_load_reaches_admission_and_next_pick_reads_fresh_state.
 func TestSelectedLoadReachesAdmissionAndNextPickReadsFreshState(t *testing.T) {
 	t.Parallel()
 	e := newEnv()
@@ -245,7 +245,7 @@ func TestSelectedLoadReachesAdmissionAndNextPickReadsFreshState(t *testing.T) {
 	assert.Equal(t, state.EngineID("b"), pk.Engine.ID(), "the next pick reads the new report")
 }
 
-// research/sgl-router.md §7.4 missing_stale_and_incomplete_reports_reach_admission_as_unknown.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_load.rs` missing_stale_and_incomplete_reports_reach_admission_as_unknown.
 func TestMissingStaleAndIncompleteReportsReachAdmissionAsUnknown(t *testing.T) {
 	t.Parallel()
 	e := newEnv()

@@ -33,13 +33,13 @@ type Policy interface {
 
 // StageSupporter is an optional interface: a policy that cannot serve every stage implements it so
 // that a bucket rejects the attachment at construction (CacheAware on decode,
-// research/sgl-router.md §7.2 "Bucket::validate"). Policies without it serve every stage.
+// docs/design.md §4). Policies without it serve every stage.
 type StageSupporter interface {
 	SupportsStage(s state.Stage) bool
 }
 
 // Request is the routing facts of one pick. It carries no HTTP body, no headers, no state handles
-// and no load observations (seeds/POLICY_DESIGN.md §4). The bucket fills Stage and BucketID for
+// and no load observations (docs/design.md §1). The bucket fills Stage and BucketID for
 // each group it calls; everything else passes through from the host.
 type Request struct {
 	// Model is the requested model.
@@ -76,7 +76,7 @@ type Pick struct {
 	Reason string
 }
 
-// Reason labels (research/sgl-router.md §6.3, sgl_router_policy_decisions_total). The session
+// Reason labels (docs/design.md §15). The session
 // labels (ReasonSessionPrimary, ReasonAssigned, ReasonNoSession) are reserved for the SessionAware
 // policy, not yet implemented.
 const (
@@ -93,7 +93,7 @@ const (
 	ReasonNoSession        = "no_session"
 )
 
-// Configuration names of the policies (ARCHITECTURE.md §3; load_based is the CLI name of
+// Configuration names of the policies (docs/design.md §14; load_based is the CLI name of
 // LeastLoad, power_of_two builds PowerOfN with N = 2).
 const (
 	NameRoundRobin = "round_robin"

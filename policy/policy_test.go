@@ -17,7 +17,7 @@ import (
 
 var ctx = context.Background()
 
-// conformance: every policy satisfies the Policy contract (STYLE.md §9).
+// conformance: every policy satisfies the Policy contract (docs/design.md §4).
 func TestPolicyConformance(t *testing.T) {
 	t.Parallel()
 	builders := map[string]func(policy.Config) (policy.Policy, error){
@@ -173,7 +173,7 @@ func TestErrorTaxonomy(t *testing.T) {
 	assert.ErrorIs(t, policy.ErrInvalidConfiguration, state.ErrInvalidConfiguration)
 }
 
-// Zero-allocation promise of the pick path (issue 2, "Performance"; STYLE.md §9).
+// Zero-allocation promise of the pick path (docs/performance.md).
 func TestSimplePicksDoNotAllocate(t *testing.T) {
 	e := newEnv()
 	cfg := e.cfg()

@@ -7,8 +7,7 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// RoundRobin rotates over the candidates with one cursor per instance (seeds/POLICY_DESIGN.md §7,
-// "Round-robin cursor: one cursor per role-group policy instance"). The cursor counts picks, so
+// RoundRobin rotates over the candidates with one cursor per instance (docs/design.md §7.2). The cursor counts picks, so
 // index = picks mod len(candidates): a change in membership shifts the rotation. Admission is
 // checked once, on the engine the cursor lands on; a rejection is returned, never replaced.
 type RoundRobin struct {

@@ -13,7 +13,7 @@ import (
 
 // engineHashSeed roots the simulated engines' own block hashes. The engines hash blocks their own
 // way, as vLLM and SGLang do; the kvindex never reproduces these hashes and keeps them only as
-// opaque IDs (ARCHITECTURE.md §3, kvindex "Hashing").
+// opaque IDs (docs/design.md §11).
 const engineHashSeed = 0x656e67696e65 // "engine"
 
 // littleEndian reports whether a []uint32 is already the little-endian byte string the engine
@@ -81,12 +81,12 @@ type kvCache struct {
 	private          int // tokens reserved outside the cache
 	peak             int // most tokens ever cached or reserved at once
 
-	index     *kvindex.Index // nil: publish nothing (PD decode engines)
-	recordKey bool           // keep each block's kvindex key for the end-of-run check
-	evicted   []uint64       // scratch for one Remove event
+	indexes   []*kvindex.Index // every router replica's index; none: publish nothing (PD decode engines)
+	recordKey bool             // keep each block's kvindex key for the end-of-run check
+	evicted   []uint64         // scratch for one Remove event
 }
 
-func newKVCache(engine state.EngineID, m *EngineModel, index *kvindex.Index, recordKey bool) *kvCache {
+func newKVCache(engine state.EngineID, m *EngineModel, indexes []*kvindex.Index, recordKey bool) *kvCache {
 	return &kvCache{
 		engine:      engine,
 		blockTokens: m.BlockTokens,
@@ -94,7 +94,7 @@ func newKVCache(engine state.EngineID, m *EngineModel, index *kvindex.Index, rec
 		byHash:      make(map[uint64]int32),
 		lruHead:     -1,
 		lruTail:     -1,
-		index:       index,
+		indexes:     indexes,
 		recordKey:   recordKey,
 	}
 }
@@ -123,9 +123,11 @@ func (c *kvCache) reserve(tokens int) error {
 	}
 	c.private += tokens
 	c.peak = max(c.peak, c.cached*c.blockTokens+c.private)
-	if len(c.evicted) > 0 && c.index != nil {
-		if err := c.index.Remove(c.engine, 0, c.evicted, kvindex.TierDevice); err != nil {
-			return fmt.Errorf("sim: engine %q: publish BlockRemoved: %w", c.engine, err)
+	if len(c.evicted) > 0 {
+		for _, x := range c.indexes {
+			if err := x.Remove(c.engine, 0, c.evicted, kvindex.TierDevice); err != nil {
+				return fmt.Errorf("sim: engine %q: publish BlockRemoved: %w", c.engine, err)
+			}
 		}
 	}
 	return nil
@@ -221,19 +223,21 @@ func (c *kvCache) release(chain []int32) {
 
 // publishStored sends one BlockStored event for a run of newly inserted blocks.
 func (c *kvCache) publishStored(parentHash uint64, hasParent bool, hashes []uint64, tokens []uint32) error {
-	if c.index == nil || len(hashes) == 0 {
+	if len(hashes) == 0 {
 		return nil
 	}
-	err := c.index.Store(kvindex.StoreEvent{
+	ev := kvindex.StoreEvent{
 		Engine:      c.engine,
 		ParentHash:  parentHash,
 		HasParent:   hasParent,
 		BlockHashes: hashes,
 		TokenIDs:    tokens,
 		Tier:        kvindex.TierDevice,
-	})
-	if err != nil {
-		return fmt.Errorf("sim: engine %q: publish BlockStored: %w", c.engine, err)
+	}
+	for _, x := range c.indexes {
+		if err := x.Store(ev); err != nil {
+			return fmt.Errorf("sim: engine %q: publish BlockStored: %w", c.engine, err)
+		}
 	}
 	return nil
 }

@@ -8,7 +8,7 @@ import (
 	"sync"
 )
 
-// mooncakeConversationGz is FAST25-release/traces/conversation_trace.jsonl from kvcache-ai/Mooncake
+// mooncakeConversationGz is kvcache-ai/Mooncake `FAST25-release/traces/conversation_trace.jsonl`
 // (Apache-2.0; see the module's NOTICE), compressed with gzip -9 -n. Read-only.
 //
 //go:embed traces/mooncake_conversation.jsonl.gz
@@ -33,7 +33,7 @@ var parsedMooncakeConversation = sync.OnceValues(func() (*Trace, error) {
 
 // MooncakeConversation returns the Mooncake conversation trace, embedded in the module: 12,031
 // requests over about one hour of a real chat service (Kimi), 512-token prefix blocks, every
-// request starting with hash ID 0, a shared system prompt (traces/README.md; Qin et al.,
+// request starting with hash ID 0, a shared system prompt (docs/traces.md; Qin et al.,
 // "Mooncake: A KVCache-centric Disaggregated Architecture for LLM Serving", FAST 2025;
 // Apache-2.0, see NOTICE). Its Name is "mooncake_conversation" and its Format FormatMooncake.
 //

@@ -14,6 +14,8 @@ import (
 type reqState struct {
 	pos      int32 // position in the replay's request list
 	tr       *Request
+	input    int      // prompt tokens: Config.SystemPromptTokens + tr.InputTokens
+	replica  *replica // the router replica that routed it
 	arrival  time.Duration
 	output   int // tokens to generate, at least 1
 	dispatch *enginepick.Dispatch
@@ -107,6 +109,11 @@ func (e *engine) running() int {
 // queued) plus the rest of any prompt whose prefill is in progress, so that waiting uncached ÷
 // prefill throughput estimates when a new request's prefill could start.
 func (e *engine) report() error {
+	return e.reportTo(e.r.replicas)
+}
+
+// reportTo publishes the engine's load to the tables of reps.
+func (e *engine) reportTo(reps []*replica) error {
 	pending := e.waitingUncached
 	for _, q := range e.prefilling {
 		pending += q.work - q.prefilled
@@ -117,20 +124,26 @@ func (e *engine) report() error {
 		PrefillUncachedTokensTotal: e.prefillTokens,
 		PrefillBusyTime:            e.prefillBusy,
 	}
-	return e.r.load.Report(loadmon.Report{
+	rep := loadmon.Report{
 		Engine:           e.id,
 		RunningRequests:  uint64(e.running()),
 		WaitingRequests:  uint64(e.waitLen()),
 		UsedKVTokens:     uint64(e.cache.used()),
 		KVCapacityTokens: uint64(e.cache.capacity),
 		Native:           &e.native,
-	})
+	}
+	for _, x := range reps {
+		if err := x.load.Report(rep); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // cachedBlocks returns how many leading blocks of q's prompt the front engine would serve from
 // its cache now: the matched blocks, keeping the last prompt token to recompute.
 func (e *engine) cachedBlocks(q *reqState) int {
-	n := q.tr.InputTokens
+	n := q.input
 	if n <= 0 {
 		return 0
 	}
@@ -139,7 +152,7 @@ func (e *engine) cachedBlocks(q *reqState) int {
 
 // enqueue adds a routed request to a plain or prefill engine's queue.
 func (e *engine) enqueue(q *reqState) error {
-	q.estUncached = q.tr.InputTokens - e.cachedBlocks(q)*e.m.BlockTokens
+	q.estUncached = q.input - e.cachedBlocks(q)*e.m.BlockTokens
 	e.waitingUncached += q.estUncached
 	e.waiting = append(e.waiting, q)
 	e.dispatched++
@@ -219,7 +232,7 @@ func (e *engine) planPrefill() error {
 func (e *engine) admit(q *reqState) (bool, error) {
 	blocks := e.cachedBlocks(q)
 	cached := blocks * e.m.BlockTokens
-	work := q.tr.InputTokens - cached
+	work := q.input - cached
 	need := work
 	if e.stage == state.StagePlain {
 		need += q.output
@@ -352,7 +365,7 @@ func (e *engine) planDecode() {
 	kv := 0
 	for _, q := range e.decoding {
 		n = min(n, q.output-q.generated)
-		kv += q.tr.InputTokens + q.generated
+		kv += q.input + q.generated
 	}
 	e.kind = segDecode
 	e.segStart = e.r.now
@@ -479,7 +492,7 @@ func (e *engine) enqueueDecode(q *reqState) error {
 func (e *engine) admitDecode() error {
 	for e.waitLen() > 0 && e.running() < e.m.MaxRunningRequests {
 		q := e.waiting[e.waitHead]
-		need := q.tr.InputTokens + q.output
+		need := q.input + q.output
 		if !e.cache.canReserve(need) {
 			break
 		}
@@ -493,7 +506,7 @@ func (e *engine) admitDecode() error {
 			e.waiting, e.waitHead = e.waiting[:0], 0
 		}
 		e.transferring++
-		e.r.schedule(e.r.now+e.m.transferTime(q.tr.InputTokens), evTransfer, q.pos, 0)
+		e.r.schedule(e.r.now+e.m.transferTime(q.input), evTransfer, q.pos, 0)
 	}
 	return nil
 }

@@ -27,7 +27,7 @@ func newCacheFixture(t *testing.T, capacity int) *cacheFixture {
 	require.NoError(t, err)
 	m := EngineModel{BlockTokens: 4, KVCapacityTokens: capacity, MaxContextTokens: capacity}
 	m.fill()
-	return &cacheFixture{c: newKVCache("e", &m, x, true), index: x, hasher: h}
+	return &cacheFixture{c: newKVCache("e", &m, []*kvindex.Index{x}, true), index: x, hasher: h}
 }
 
 // tokens returns n token IDs in blocks of 4: block i holds 4 copies of ids[i].

@@ -17,7 +17,7 @@ const (
 	// (Llama 3.1 8B model card). The H100 SXM datasheet gives 989 TFLOPS of dense BF16; at about
 	// 40 % model-FLOPs utilization that is 0.40 × 989e12 ÷ 16.1e9 ≈ 24,600 tokens/s, lowered to
 	// 20,000 for the attention over long contexts (the Mooncake conversation prompts average
-	// 12,035 tokens, research/dynamo-traces-events.md §2.1).
+	// 12,035 tokens, docs/traces.md).
 	DefaultPrefillTokensPerSecond = 20_000.0
 
 	// DefaultDecodeStepBase is the part of a decode step that does not depend on the batch:
@@ -49,7 +49,7 @@ const (
 	// gpu_memory_utilization default) − 16.1 GB of weights − about 3 GB of activation and CUDA
 	// graph workspace leaves about 58 GB, ÷ 128 KiB per token ≈ 443,000 tokens; rounded to
 	// 440,000. (The Gateway API Inference Extension's prefix plugin assumes 31,250 blocks × 16 =
-	// 500,000 tokens for Llama-3-8B on an H100, research/go-peers.md.)
+	// 500,000 tokens for Llama-3-8B on an H100.)
 	DefaultKVCapacityTokens = 440_000
 
 	// DefaultBlockTokens is the KV block (page) size, in tokens, of the simulated caches and of

@@ -64,9 +64,10 @@ func DefaultPolicyNames() []string {
 
 // DefaultPolicies returns a new name → factory table with the library's policies: round_robin
 // (policy.NewRoundRobin), random (policy.NewRandom), power_of_two (policy.NewPowerOfN, N = 2),
-// least_load and load_based (policy.NewLeastLoad), and cache_aware (policy.NewCacheAware over a
-// kvindex.LocalSource of the run's index, with the policy's default options). The caller owns the
-// map and may add or replace entries.
+// least_load and load_based (policy.NewLeastLoad), cache_aware (policy.NewCacheAware over a
+// kvindex.LocalSource of the run's index, with the policy's default options), and the peer
+// baselines dynamo (NewDynamo), llmd (NewLLMD) and sglang_legacy (NewSGLangLegacy). The caller owns
+// the map and may add or replace entries.
 func DefaultPolicies() map[string]PolicyFactory {
 	return map[string]PolicyFactory{
 		NameRoundRobin: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
@@ -79,6 +80,15 @@ func DefaultPolicies() map[string]PolicyFactory {
 		NameLeastLoad:  leastLoad,
 		NameLoadBased:  leastLoad,
 		NameCacheAware: cacheAware,
+		NameDynamo: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
+			return NewDynamo(env)
+		},
+		NameLLMD: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
+			return NewLLMD(env)
+		},
+		NameSGLangLegacy: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
+			return NewSGLangLegacy(env)
+		},
 	}
 }
 

@@ -172,6 +172,20 @@ type Config struct {
 	Speed float64
 	// Limit replays only the first Limit requests. 0 means all; negative is invalid.
 	Limit int
+	// SystemPromptTokens prepends one shared prompt of this many tokens to every request: the same
+	// synthetic token IDs (a fixed stream that no trace block produces) come before each
+	// request's own, so every prompt grows by SystemPromptTokens and all of them share that
+	// prefix, as behind a long system prompt. 0 means none; negative or above MaxTraceTokens is
+	// invalid. A request whose prompt plus output then exceeds EngineModel.MaxContextTokens is
+	// refused as too long (PolicyResult.Unroutable).
+	SystemPromptTokens int
+	// Routers is the number of independent router replicas in front of the fleet (MaxRouters at
+	// most): each has its own Router, load table, in-flight counters, prefix index (so its own
+	// approximate entries) and policy instances with their own bookkeeping; request k goes to
+	// replica k mod Routers (round-robin); every engine reports its load to every replica and
+	// publishes its KV events to every replica's index. Replica j's policies draw from
+	// PCG(Seed, Seed+j), so Routers 1 replays exactly as 0. 0 means 1; negative is invalid.
+	Routers int
 	// Seed seeds each policy run's PCG random source (math/rand/v2 PCG(Seed, Seed)). The same
 	// Config gives a byte-identical Report.
 	Seed uint64
@@ -195,12 +209,19 @@ type Config struct {
 	inspect func(*run) error
 }
 
+// MaxRouters bounds Config.Routers.
+const MaxRouters = 64
+
+// systemPromptSeed seeds the token stream of Config.SystemPromptTokens ("system").
+const systemPromptSeed = 0x73797374656d
+
 // resolved is a validated Config with defaults filled and the trace cut to Limit.
 type resolved struct {
 	Config
-	requests  []Request
-	names     []string
-	factories []PolicyFactory
+	systemPrompt []uint32 // the shared prefix of every prompt (SystemPromptTokens IDs)
+	requests     []Request
+	names        []string
+	factories    []PolicyFactory
 }
 
 func (cfg *Config) resolve() (*resolved, error) {
@@ -223,6 +244,19 @@ func (cfg *Config) resolve() (*resolved, error) {
 	}
 	if rc.Limit < 0 {
 		return nil, fmt.Errorf("sim: Config.Limit = %d: must be >= 0: %w", cfg.Limit, state.ErrInvalidConfiguration)
+	}
+	if rc.SystemPromptTokens < 0 || rc.SystemPromptTokens > MaxTraceTokens {
+		return nil, fmt.Errorf("sim: Config.SystemPromptTokens = %d: must be in [0, %d]: %w", cfg.SystemPromptTokens, MaxTraceTokens, state.ErrInvalidConfiguration)
+	}
+	if rc.SystemPromptTokens > 0 {
+		rc.systemPrompt = make([]uint32, rc.SystemPromptTokens)
+		fillStream(rc.systemPrompt, systemPromptSeed)
+	}
+	if rc.Routers == 0 {
+		rc.Routers = 1
+	}
+	if rc.Routers < 0 || rc.Routers > MaxRouters {
+		return nil, fmt.Errorf("sim: Config.Routers = %d: must be in [0, %d]: %w", cfg.Routers, MaxRouters, state.ErrInvalidConfiguration)
 	}
 	if rc.ReportInterval == 0 {
 		rc.ReportInterval = DefaultReportInterval

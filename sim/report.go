@@ -28,13 +28,19 @@ type Report struct {
 	Seed uint64 `json:"seed"`
 	// Fleet is the simulated deployment.
 	Fleet Fleet `json:"fleet"`
+	// SystemPromptTokens is the shared prefix prepended to every prompt (Config.SystemPromptTokens).
+	SystemPromptTokens int `json:"system_prompt_tokens,omitempty"`
+	// Routers is the number of router replicas (Config.Routers, at least 1).
+	Routers int `json:"routers"`
 	// Model is the engines' performance model, defaults filled in.
 	Model EngineModel `json:"model"`
 	// ReportInterval is the engines' load report interval, in seconds.
 	ReportInterval float64 `json:"report_interval_s"`
 	// InfiniteCacheHitRate is the trace's own limit: the fraction of replayed prompt tokens an
 	// infinite prefix cache shared by every engine would hold (Trace.InfiniteCacheTokenHitRatio
-	// over the replayed requests). 0 for a trace without hash IDs.
+	// over the replayed requests). 0 for a trace without hash IDs and no system prompt. With a
+	// system prompt of S tokens, every request but the first also hits its S tokens:
+	// (hit + S·(requests − 1)) ÷ (prompt tokens + S·requests), exact at token granularity.
 	InfiniteCacheHitRate float64 `json:"infinite_cache_hit_rate"`
 	// Results has one entry per policy.
 	Results []PolicyResult `json:"results"`
@@ -153,6 +159,16 @@ func summarize(sorted []float64) Latency {
 func newReport(rc *resolved, results []PolicyResult) *Report {
 	reqs := rc.requests
 	t := &Trace{Name: rc.Trace.Name, Format: rc.Trace.Format, Requests: reqs}
+	stats := t.InfiniteCache()
+	hitRate := stats.TokenHitRatio()
+	if sp := int64(rc.SystemPromptTokens); sp > 0 {
+		var prompt int64
+		for i := range reqs {
+			prompt += int64(reqs[i].InputTokens)
+		}
+		n := int64(len(reqs))
+		hitRate = float64(stats.HitTokens+sp*(n-1)) / float64(prompt+sp*n)
+	}
 	first := float64(reqs[0].Arrival) / rc.Speed
 	last := float64(reqs[len(reqs)-1].Arrival) / rc.Speed
 	return &Report{
@@ -162,9 +178,11 @@ func newReport(rc *resolved, results []PolicyResult) *Report {
 		Speed:                rc.Speed,
 		Seed:                 rc.Seed,
 		Fleet:                rc.Fleet,
+		SystemPromptTokens:   rc.SystemPromptTokens,
+		Routers:              rc.Routers,
 		Model:                rc.Model,
 		ReportInterval:       rc.ReportInterval.Seconds(),
-		InfiniteCacheHitRate: t.InfiniteCacheTokenHitRatio(),
+		InfiniteCacheHitRate: hitRate,
 		Results:              results,
 	}
 }
@@ -196,8 +214,15 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	if name == "" {
 		name = "(unnamed trace)"
 	}
-	fmt.Fprintf(bw, "trace %s: %d requests over %.0f s (speed %g), fleet %s, seed %d\n",
+	fmt.Fprintf(bw, "trace %s: %d requests over %.0f s (speed %g), fleet %s, seed %d",
 		name, rep.Requests, rep.Span, rep.Speed, rep.Fleet, rep.Seed)
+	if rep.SystemPromptTokens > 0 {
+		fmt.Fprintf(bw, ", %d-token system prompt", rep.SystemPromptTokens)
+	}
+	if rep.Routers > 1 {
+		fmt.Fprintf(bw, ", %d router replicas", rep.Routers)
+	}
+	fmt.Fprintln(bw)
 	m := &rep.Model
 	fmt.Fprintf(bw, "engines: prefill %.0f tok/s, decode step %v + %.1f ns/KV token, KV %d tokens in %d-token blocks, max %d running, chunk %d; load reports every %g s\n",
 		m.PrefillTokensPerSecond, m.DecodeStepBase, m.kvTokenSeconds()*1e9, m.KVCapacityTokens, m.BlockTokens,

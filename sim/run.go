@@ -38,10 +38,8 @@ type run struct {
 	events eventQueue
 	seq    uint64
 
-	load     *loadmon.Table
-	inflight *loadmon.InFlight
-	index    *kvindex.Index
-	router   *enginepick.Router
+	replicas []*replica // router replicas; request k goes to replicas[k % len]
+	indexes  []*kvindex.Index
 
 	front   []*engine // plain or prefill engines, by ID
 	decode  []*engine // PD decode engines, by ID
@@ -72,6 +70,17 @@ type run struct {
 
 func (r *run) clock() time.Time { return simEpoch.Add(r.now) }
 
+// replica is one independent router: its own Router, load table, in-flight counters, prefix index
+// (with its own approximate entries) and policy instances. Every engine reports its load to every
+// replica's table and publishes its KV events to every replica's index.
+type replica struct {
+	load     *loadmon.Table
+	inflight *loadmon.InFlight
+	index    *kvindex.Index
+	router   *enginepick.Router
+	trackers []requestTracker // policies that follow their requests' lifecycle
+}
+
 // simulate runs policy i of rc and returns its result.
 func simulate(ctx context.Context, rc *resolved, i int, progress func(int)) (PolicyResult, error) {
 	r, err := newRun(ctx, rc, i, progress)
@@ -94,18 +103,17 @@ func simulate(ctx context.Context, rc *resolved, i int, progress func(int)) (Pol
 
 func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run, error) {
 	r := &run{rc: rc, name: rc.names[i], ctx: ctx, progress: progress}
-	r.load = loadmon.NewTable(loadmon.WithClock(r.clock))
-	r.inflight = loadmon.NewInFlight(r.clock)
 	hasher, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: rc.Model.BlockTokens})
 	if err != nil {
 		return nil, err
 	}
-	if r.index, err = kvindex.NewIndex(hasher, kvindex.Options{Now: r.clock}); err != nil {
-		return nil, err
+	for range rc.Routers {
+		x, err := kvindex.NewIndex(hasher, kvindex.Options{Now: r.clock})
+		if err != nil {
+			return nil, err
+		}
+		r.indexes = append(r.indexes, x)
 	}
-	rng := rand.New(rand.NewPCG(rc.Seed, rc.Seed))
-	env := PolicyEnv{Load: r.load, InFlight: r.inflight, Index: r.index, Rand: rng.IntN,
-		Admission: rc.Admission, Now: r.clock}
 
 	reg := &state.StaticRegistry{}
 	r.byID = map[state.EngineID]*engine{}
@@ -116,7 +124,7 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 			id := state.EngineID(fmt.Sprintf("sim://%s-%0*d", prefix, width, k))
 			e := &engine{r: r, idx: int32(len(r.all)), id: id, stage: stage, m: &rc.Model,
 				static: state.NewStaticEngine(id, simModel, stage)}
-			idx := r.index
+			idx := r.indexes
 			if stage == state.StageDecode {
 				idx = nil // decode engines receive KV by transfer and publish no prefix blocks
 			}
@@ -130,8 +138,6 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 		}
 		return out, nil
 	}
-	spec := bucket.Spec{ID: "default", MaxContextTokens: uint64(rc.Model.MaxContextTokens)}
-	var b *bucket.Bucket
 	if rc.Fleet.IsPD() {
 		if r.front, err = addEngines(rc.Fleet.Prefill, "prefill", state.StagePrefill); err != nil {
 			return nil, err
@@ -139,11 +145,61 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 		if r.decode, err = addEngines(rc.Fleet.Decode, "decode", state.StageDecode); err != nil {
 			return nil, err
 		}
-		pg, err := newGroup(rc.factories[i], env, state.StagePrefill)
+	} else if r.front, err = addEngines(rc.Fleet.Plain, "engine", state.StagePlain); err != nil {
+		return nil, err
+	}
+	for k := range rc.Routers {
+		rep, err := r.newReplica(reg, k, rc.factories[i])
 		if err != nil {
 			return nil, err
 		}
-		dg, err := newGroup(powerOfTwo, env, state.StageDecode)
+		r.replicas = append(r.replicas, rep)
+	}
+
+	r.reqs = make([]reqState, len(rc.requests))
+	for k := range r.reqs {
+		tr := &rc.requests[k]
+		r.reqs[k] = reqState{pos: int32(k), tr: tr, input: len(rc.systemPrompt) + tr.InputTokens,
+			output: max(tr.OutputTokens, 1), arrival: time.Duration(float64(tr.Arrival) / rc.Speed),
+			replica: r.replicas[k%len(r.replicas)]}
+	}
+	r.pending = len(r.reqs)
+	r.ttft = make([]float64, 0, len(r.reqs))
+	r.e2e = make([]float64, 0, len(r.reqs))
+	return r, nil
+}
+
+// newReplica builds router replica k over the run's engines: its own load table, in-flight
+// counters and policy instances, the run's k-th index, and a random source seeded with
+// PCG(Seed, Seed+k), so that one replica replays exactly as a run without replicas.
+func (r *run) newReplica(reg state.Registry, k int, factory PolicyFactory) (*replica, error) {
+	rc := r.rc
+	rep := &replica{load: loadmon.NewTable(loadmon.WithClock(r.clock)), inflight: loadmon.NewInFlight(r.clock),
+		index: r.indexes[k]}
+	rng := rand.New(rand.NewPCG(rc.Seed, rc.Seed+uint64(k)))
+	env := PolicyEnv{Load: rep.load, InFlight: rep.inflight, Index: rep.index, Rand: rng.IntN,
+		Admission: rc.Admission, Now: r.clock}
+	group := func(f PolicyFactory, stage state.Stage) (*bucket.EngineGroup, error) {
+		p, err := f(env, stage)
+		if err != nil {
+			return nil, err
+		}
+		if p == nil {
+			return nil, fmt.Errorf("sim: policy factory returned a nil policy for stage %s: %w", stage, state.ErrInvalidConfiguration)
+		}
+		if t, ok := p.(requestTracker); ok {
+			rep.trackers = append(rep.trackers, t)
+		}
+		return bucket.NewEngineGroup(p, nil)
+	}
+	spec := bucket.Spec{ID: "default", MaxContextTokens: uint64(rc.Model.MaxContextTokens)}
+	var b *bucket.Bucket
+	if rc.Fleet.IsPD() {
+		pg, err := group(factory, state.StagePrefill)
+		if err != nil {
+			return nil, err
+		}
+		dg, err := group(powerOfTwo, state.StageDecode)
 		if err != nil {
 			return nil, err
 		}
@@ -151,10 +207,7 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 			return nil, err
 		}
 	} else {
-		if r.front, err = addEngines(rc.Fleet.Plain, "engine", state.StagePlain); err != nil {
-			return nil, err
-		}
-		g, err := newGroup(rc.factories[i], env, state.StagePlain)
+		g, err := group(factory, state.StagePlain)
 		if err != nil {
 			return nil, err
 		}
@@ -166,33 +219,12 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 	if err != nil {
 		return nil, err
 	}
-	r.router, err = enginepick.NewRouter(enginepick.Options{Registry: reg, InFlight: r.inflight, Load: r.load,
+	rep.router, err = enginepick.NewRouter(enginepick.Options{Registry: reg, InFlight: rep.inflight, Load: rep.load,
 		Resolvers: map[state.ModelID]*bucket.Resolver{simModel: res}})
 	if err != nil {
 		return nil, err
 	}
-
-	r.reqs = make([]reqState, len(rc.requests))
-	for k := range r.reqs {
-		tr := &rc.requests[k]
-		r.reqs[k] = reqState{pos: int32(k), tr: tr, output: max(tr.OutputTokens, 1),
-			arrival: time.Duration(float64(tr.Arrival) / rc.Speed)}
-	}
-	r.pending = len(r.reqs)
-	r.ttft = make([]float64, 0, len(r.reqs))
-	r.e2e = make([]float64, 0, len(r.reqs))
-	return r, nil
-}
-
-func newGroup(f PolicyFactory, env PolicyEnv, stage state.Stage) (*bucket.EngineGroup, error) {
-	p, err := f(env, stage)
-	if err != nil {
-		return nil, err
-	}
-	if p == nil {
-		return nil, fmt.Errorf("sim: policy factory returned a nil policy for stage %s: %w", stage, state.ErrInvalidConfiguration)
-	}
-	return bucket.NewEngineGroup(p, nil)
+	return rep, nil
 }
 
 // loop runs the event queue dry.
@@ -247,16 +279,24 @@ func (r *run) arrive(k int) error {
 		r.schedule(r.reqs[k+1].arrival, evArrival, int32(k+1), 0)
 	}
 	q := &r.reqs[k]
-	n := q.tr.InputTokens
-	q.tokens = q.tr.AppendTokenIDs(r.tokenBuf(n))
+	n := q.input
+	q.tokens = q.tr.AppendTokenIDs(append(r.tokenBuf(n), r.rc.systemPrompt...))
 	r.breq = bucket.Request{
 		Model:    simModel,
 		TokenIDs: q.tokens,
 		Signals: bucket.Signals{InputTokens: int64(n), ExpectedPeakTokens: int64(n + q.tr.OutputTokens),
 			HasExpectedPeak: true},
 	}
-	d, err := r.router.Select(r.ctx, &r.breq)
+	rep := q.replica
+	d, err := rep.router.Select(r.ctx, &r.breq)
 	r.breq = bucket.Request{}
+	for _, t := range rep.trackers {
+		if err == nil {
+			t.bind(q.pos)
+		} else {
+			t.discard()
+		}
+	}
 	if err != nil {
 		switch bucket.StatusCode(err) {
 		case http.StatusServiceUnavailable:
@@ -283,14 +323,14 @@ func (r *run) arrive(k int) error {
 	}
 	q.hashes, r.scratch = appendEngineHashes(q.hashes[:0], r.scratch, q.tokens, r.rc.Model.BlockTokens)
 	if r.rc.inspect != nil {
-		q.keys = r.index.Hasher().AppendKeys(nil, q.tokens)
+		q.keys = r.indexes[0].Hasher().AppendKeys(nil, q.tokens)
 	}
 	return q.front.enqueue(q)
 }
 
 // observeAdmission accounts a request's cache hit when its front engine admits it.
 func (r *run) observeAdmission(q *reqState) {
-	r.promptTok += int64(q.tr.InputTokens)
+	r.promptTok += int64(q.input)
 	r.cachedTok += int64(q.cached)
 }
 
@@ -300,7 +340,7 @@ func (r *run) promptDone(q *reqState) error {
 	q.tokens = nil
 	e := q.front
 	if q.decode == nil {
-		q.firstToken = r.now
+		r.firstToken(q)
 		if q.output <= 1 {
 			q.generated = 1
 			return r.finish(q)
@@ -321,12 +361,20 @@ func (r *run) transferred(q *reqState) error {
 		return err
 	}
 	d.transferring--
-	q.firstToken = r.now
+	r.firstToken(q)
 	if q.output <= 1 {
 		q.generated = 1
 		return r.finish(q)
 	}
 	return d.startDecoding(q)
+}
+
+// firstToken records that q's first token exists now and tells its replica's trackers.
+func (r *run) firstToken(q *reqState) {
+	q.firstToken = r.now
+	for _, t := range q.replica.trackers {
+		t.firstToken(q.pos)
+	}
 }
 
 // finish ends a request that produced its last token.
@@ -343,6 +391,9 @@ func (r *run) finish(q *reqState) error {
 	}
 	q.dispatch.Release()
 	q.dispatch = nil
+	for _, t := range q.replica.trackers {
+		t.finished(q.pos)
+	}
 	r.finished++
 	r.outputTok += int64(q.output)
 	r.ttft = append(r.ttft, (q.firstToken - q.arrival).Seconds())

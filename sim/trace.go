@@ -19,13 +19,13 @@ import (
 
 // MooncakeBlockTokens is the size, in tokens, of the prompt block one Mooncake hash_id names.
 // Every block of a request is full except the last, which holds the remainder of input_length
-// (traces/README.md; kvcache-ai/Mooncake FAST25-release/README.md).
+// (docs/traces.md; kvcache-ai/Mooncake `FAST25-release/README.md`).
 const MooncakeBlockTokens = 512
 
 // MaxTraceTokens is the largest input or output length, in tokens, that the readers accept. Larger
 // values are rejected with ErrOutOfRange so that a corrupt trace cannot overflow block arithmetic
 // or make [Request.AppendTokenIDs] allocate gigabytes. The public traces peak at 126,195 input
-// tokens (traces/README.md statistics).
+// tokens (docs/traces.md).
 const MaxTraceTokens = 10_000_000
 
 // MaxArrival is the largest arrival offset the readers accept: one year after the trace's first
@@ -44,7 +44,7 @@ const VocabSize = 1 << 17
 // Format names the file format a [Trace] was read from.
 type Format string
 
-// The trace formats the readers understand (traces/README.md).
+// The trace formats the readers understand (docs/traces.md).
 const (
 	// FormatMooncake is Mooncake JSONL: one {"timestamp", "input_length", "output_length",
 	// "hash_ids"} object a line; read by [ReadMooncake].
@@ -61,7 +61,7 @@ var (
 	// ErrEmptyTrace reports input without a single request (an empty file, or a CSV header alone).
 	ErrEmptyTrace = errors.New("trace has no requests")
 	// ErrUnsorted reports an arrival earlier than the previous request's. Equal arrivals are
-	// allowed and keep file order (traces/README.md: "timestamps are sorted").
+	// allowed and keep file order (docs/traces.md).
 	ErrUnsorted = errors.New("timestamp decreases")
 	// ErrNegative reports a negative timestamp, length or hash ID.
 	ErrNegative = errors.New("negative value")
@@ -129,7 +129,7 @@ type Request struct {
 	OutputTokens int
 	// HashIDs are the Mooncake prefix-block IDs, one per MooncakeBlockTokens-token block of the
 	// prompt: ceil(InputTokens / MooncakeBlockTokens) of them, chained so that equal IDs at
-	// equal positions mean an equal prompt prefix (traces/README.md). Non-nil (possibly empty)
+	// equal positions mean an equal prompt prefix (docs/traces.md). Non-nil (possibly empty)
 	// for a Mooncake request; nil for an Azure request, which has no prefix information. The
 	// slice shares memory with other requests of its trace: do not append to it.
 	HashIDs []uint64
@@ -166,7 +166,7 @@ func fillStream(out []uint32, seed uint64) {
 // Block i (tokens [512·i, min(512·(i+1), InputTokens))) is the start of a fixed run of 512 IDs
 // that depends on HashIDs[i] alone: a splitmix64 stream seeded by the hash ID. Two Mooncake
 // requests that share their first k hash IDs therefore share exactly their first 512·k token IDs
-// (the last block cut to InputTokens), as traces/README.md prescribes; different hash IDs give
+// (the last block cut to InputTokens), as docs/traces.md describes; different hash IDs give
 // unrelated runs. Tokens that no hash ID covers — all of them for an Azure request — come from a
 // stream seeded by Index, so requests with different Index values share no block. Surplus hash
 // IDs are ignored. InputTokens ≤ 0 appends nothing.
@@ -253,7 +253,7 @@ func (s CacheStats) TokenHitRatio() float64 {
 // too: prefix semantics, the only reuse a prefix cache can exploit. Because Mooncake hash IDs
 // are chained, an ID seen earlier always had the same prefix before it, so on the real traces
 // this equals counting every earlier occurrence; on the conversation trace both give
-// 105,710 of 288,500 blocks = 36.64 %, the figure in traces/README.md.
+// 105,710 of 288,500 blocks = 36.64 %, the figure in docs/traces.md.
 func (t *Trace) InfiniteCache() CacheStats {
 	var s CacheStats
 	total := 0
@@ -287,7 +287,7 @@ func (t *Trace) InfiniteCache() CacheStats {
 
 // InfiniteCacheHitRatio returns the fraction of prompt blocks an infinite prefix cache would
 // already hold (see InfiniteCache): 0.3664 for the Mooncake conversation trace
-// (traces/README.md: 36.64 %), 0 for a trace without hash IDs.
+// (docs/traces.md: 36.64 %), 0 for a trace without hash IDs.
 func (t *Trace) InfiniteCacheHitRatio() float64 { return t.InfiniteCache().BlockHitRatio() }
 
 // InfiniteCacheTokenHitRatio returns the fraction of prompt tokens in blocks an infinite prefix
@@ -321,7 +321,7 @@ func (t *Trace) Clone() *Trace {
 	return &c
 }
 
-// ReadMooncake reads a Mooncake JSONL trace (traces/README.md): one JSON object a line with the
+// ReadMooncake reads a Mooncake JSONL trace (docs/traces.md): one JSON object a line with the
 // integer fields "timestamp" (ms from the trace start), "input_length" and "output_length"
 // (tokens), and "hash_ids" (an array of unsigned integers, one per MooncakeBlockTokens-token
 // prompt block). Arrival is the timestamp as written.
@@ -522,15 +522,15 @@ func parseBounded[T ~string | ~[]byte](s T, limit uint64) (uint64, error) {
 	return v, nil
 }
 
-// azureHeader is the header row of the Azure LLM inference 2023 CSVs (traces/README.md).
+// azureHeader is the header row of the Azure LLM inference 2023 CSVs (docs/traces.md).
 var azureHeader = [...]string{"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
 
 // azureTimeLayout parses "2023-11-16 18:15:46.6805900"; time.Parse accepts a fractional second
 // of any length after the seconds field. The traces carry no zone; times are taken as UTC.
 const azureTimeLayout = time.DateTime
 
-// ReadAzure reads an Azure LLM inference 2023 CSV trace (traces/README.md; Azure/AzurePublicDataset
-// AzureLLMInferenceDataset2023.md): the header TIMESTAMP,ContextTokens,GeneratedTokens, then one
+// ReadAzure reads an Azure LLM inference 2023 CSV trace (docs/traces.md; Azure/AzurePublicDataset
+// `AzureLLMInferenceDataset2023.md`): the header TIMESTAMP,ContextTokens,GeneratedTokens, then one
 // row a request with a wall-clock time like "2023-11-16 18:15:46.6805900", the prompt length and
 // the output length in tokens. Arrival is the row's time minus the first row's, which becomes
 // Trace.Start. HashIDs are nil: the trace has no prefix information.

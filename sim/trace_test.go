@@ -20,8 +20,9 @@ import (
 	"github.com/enginepick/enginepick/sim"
 )
 
-// sharedTraces is ../shared/traces relative to the project root (traces/README.md), seen from
-// the package directory the tests run in.
+// sharedTraces is where the tests look for the Azure traces, which the module does not include
+// (docs/traces.md): a directory shared/traces beside the repository checkout, seen from the package
+// directory the tests run in. Tests that need them skip when it is absent.
 var sharedTraces = filepath.Join("..", "..", "shared", "traces")
 
 // sharedTrace returns the path of a shared trace, or skips the test when it is absent.
@@ -71,7 +72,7 @@ func TestMooncakeConversation(t *testing.T) {
 	assert.True(t, tr.Start.IsZero(), "Start = %v, want zero for Mooncake", tr.Start)
 	require.Len(t, tr.Requests, 12031)
 
-	// First and last lines of FAST25-release/traces/conversation_trace.jsonl.
+	// First and last lines of kvcache-ai/Mooncake `FAST25-release/traces/conversation_trace.jsonl`.
 	assert.Equal(t, sim.Request{
 		Index: 0, Line: 1, Arrival: 0, InputTokens: 6758, OutputTokens: 500, HashIDs: seq(0, 13),
 	}, tr.Requests[0])
@@ -80,7 +81,7 @@ func TestMooncakeConversation(t *testing.T) {
 		HashIDs: append([]uint64{0}, seq(182750, 182789)...),
 	}, tr.Requests[12030])
 
-	// traces/README.md: every conversation request starts with block 0, the shared system prompt.
+	// docs/traces.md: every conversation request starts with block 0, the shared system prompt.
 	for i, r := range tr.Requests {
 		require.NotEmpty(t, r.HashIDs, "request %d", i)
 		require.Zero(t, r.HashIDs[0], "request %d: first hash ID", i)
@@ -149,7 +150,7 @@ func TestInfiniteCacheConversation(t *testing.T) {
 	tr := conversation(t)
 	got := tr.InfiniteCache()
 	assert.Equal(t, sim.CacheStats{Blocks: 288500, HitBlocks: 105710, Tokens: 144793823, HitTokens: 54098411}, got)
-	// traces/README.md: "Infinite-cache prefix hit ratio: 36.64 % of blocks".
+	// docs/traces.md: an infinite cache hits 36.64 % of blocks.
 	assert.InDelta(t, 105710.0/288500.0, tr.InfiniteCacheHitRatio(), 1e-15)
 	assert.Equal(t, 3664.0, math.Round(tr.InfiniteCacheHitRatio()*10000), "block hit ratio %v, README 36.64 %%", tr.InfiniteCacheHitRatio())
 	assert.InDelta(t, 54098411.0/144793823.0, tr.InfiniteCacheTokenHitRatio(), 1e-15)

@@ -11,7 +11,7 @@ type ModelID string
 
 // EngineID is an engine's stable, unique identity, usually its base URL ("http://10.0.0.7:30000").
 // IDs are compared byte for byte: "http://b/" and "http://b" are different engines
-// (research/sgl-router.md §7.4, remote_urls_are_exact).
+// (docs/design.md §4).
 type EngineID string
 
 // Stage is the role an engine plays for a request: Plain (one engine runs prefill and decode),
@@ -19,7 +19,7 @@ type EngineID string
 type Stage uint8
 
 // The three stages. A PD bucket picks one StagePrefill and one StageDecode engine; a plain bucket
-// picks one StagePlain engine (seeds/POLICY_DESIGN.md §2).
+// picks one StagePlain engine (docs/design.md §3).
 const (
 	StagePlain Stage = iota
 	StagePrefill
@@ -92,7 +92,7 @@ func (s *Stage) UnmarshalText(text []byte) error {
 // Implementations must be safe for concurrent use. Identity matters: a pick is valid only if it is
 // one of the exact Engine values handed to the policy (interface equality), so a registry that
 // rebuilds its Engine values makes in-progress picks of the old values invalid
-// (ARCHITECTURE.md §3, "Identity"). Implement Engine with a pointer type.
+// (docs/design.md §4). Implement Engine with a pointer type.
 type Engine interface {
 	// ID returns the engine's stable, unique identity; it never changes for one value.
 	ID() EngineID

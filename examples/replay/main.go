@@ -27,10 +27,17 @@
 //	                 uses the policy under test, decode uses power_of_two
 //	-policies LIST   comma-separated policies (default
 //	                 round_robin,random,power_of_two,least_load,cache_aware; load_based is accepted
-//	                 for least_load)
+//	                 for least_load). The peer baselines dynamo, llmd and sglang_legacy (NVIDIA
+//	                 Dynamo's default cost, llm-d's default scorer profile, SGLang's legacy
+//	                 cache_aware; see sim.Dynamo, sim.LLMD, sim.SGLangLegacy) run when listed
 //	-speed X         divide every arrival time by X, a positive finite number (default 4)
 //	-limit N         replay only the first N requests (default: all)
 //	-seed N          random seed of every policy run (default 1)
+//	-system-prompt N prepend one shared N-token prompt to every request (default 0: none), the
+//	                 case of a long system prompt that every request starts with
+//	-routers N       N independent router replicas, each with its own router, in-flight counters
+//	                 and approximate entries; requests go round-robin over them and every engine's
+//	                 KV events and load reports reach all of them (default 1)
 //	-json            print the report as JSON instead of a table
 //	-plot DIR        also write PNG charts to DIR: ttft_cdf.png, hit_rate.png, imbalance.png
 //
@@ -140,6 +147,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	plotDir := fs.String("plot", "", "directory to write PNG charts to")
 	limitsJSON := fs.String("admission", "", `per-engine admission caps as JSON, e.g. '{"max_waiting_requests": 32}' (default: admit everything)`)
+	scenario := addScenarioFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -167,6 +175,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 		cfg.Fleet = fleet
 	}
 	cfg.Policies = splitList(*policies)
+	if err := scenario.apply(&cfg); err != nil {
+		return err
+	}
 	if *limitsJSON != "" {
 		var limits admission.Limits
 		if err := json.Unmarshal([]byte(*limitsJSON), &limits); err != nil {

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/sim"
+)
+
+func TestRunSystemPromptAndRouters(t *testing.T) {
+	args := []string{"-limit", "120", "-engines", "4", "-policies", "dynamo,llmd,sglang_legacy", "-system-prompt", "2048",
+		"-routers", "2", "-json"}
+	var out, stderr bytes.Buffer
+	require.NoError(t, run(context.Background(), args, &out, &stderr, false))
+	var rep sim.Report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+	assert.Equal(t, 2048, rep.SystemPromptTokens)
+	assert.Equal(t, 2, rep.Routers)
+	require.Len(t, rep.Results, 3)
+	for _, r := range rep.Results {
+		assert.Equal(t, 120, r.Completed, r.Policy)
+		assert.Positive(t, r.CachedTokens, "%s: the shared prompt is reused", r.Policy)
+	}
+}
+
+func TestRunRejectsBadScenarioFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-system-prompt", "-1"},
+		{"-system-prompt", "10000001"},
+		{"-routers", "0"},
+		{"-routers", "65"},
+	} {
+		var out, stderr bytes.Buffer
+		err := run(context.Background(), args, &out, &stderr, false)
+		var ue *usageError
+		assert.True(t, errors.As(err, &ue), "%v: %v is not a usage error", args, err)
+		assert.Equal(t, 2, exitCode(err, &stderr), "%v", args)
+		assert.Empty(t, out.String())
+	}
+}

@@ -1,0 +1,607 @@
+package kvindex_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/state"
+)
+
+// The production-scale workload (docs/performance.md, "kvindex at production scale"): the
+// Mooncake conversation trace embedded in package sim, each 512-token trace block turned into 512
+// token IDs by sim.Request.AppendTokenIDs (a splitmix64 stream seeded by the block's hash_id),
+// 16-token blocks, 16 engines, request i stored for engine i mod 16 in trace order as one
+// StoreEvent carrying the request's full blocks and their token IDs. The queries are the first
+// 8,192 tokens of every request of at least 8,192 tokens, in trace order, after the whole trace
+// is ingested.
+//
+// The full workload takes about a minute to build and 1.5 GB of memory, so it runs only when
+// asked for:
+//
+//	go test -run '^$' -bench BenchmarkScale -benchtime 1x -kvscale full ./kvindex/
+//
+// Without -kvscale full the same benchmarks run on the first scaleSmallRequests requests, and
+// TestScaleSmall checks that workload's results on every go test run.
+var kvScale = flag.String("kvscale", "small",
+	"BenchmarkScale workload: small (the first 400 requests of the Mooncake conversation trace) or full (all 12,031; about a minute and 1.5 GB)")
+
+const (
+	scaleBlockTokens   = 16
+	scaleEngines       = 16
+	scaleQueryTokens   = 8192
+	scaleSmallRequests = 400
+	// scaleMaxBlocks sizes Options.MaxBlocks above the full workload's 5,662,916 blocks, so that
+	// nothing is evicted (docs/performance.md: sizing MaxBlocks).
+	scaleMaxBlocks = 8 << 20
+)
+
+// The full workload's counts (the issue that defined it states them; TestScaleWorkloadCounts
+// recomputes them from the trace's hash IDs).
+const (
+	fullBlockAdds = 9_044_013
+	fullBlocks    = 5_662_916
+	fullPairs     = 8_129_648
+	fullRequests  = 12_031
+	fullQueries   = 5_412
+)
+
+// scaleWorkload is the workload's requests and the fixed parts of every run over them.
+type scaleWorkload struct {
+	name    string
+	reqs    []sim.Request
+	hasher  kvindex.Hasher
+	engines []state.EngineID
+	queries []int // indexes into reqs of the requests with at least scaleQueryTokens tokens
+}
+
+var (
+	scaleOnce  = map[string]*sync.Once{"small": new(sync.Once), "full": new(sync.Once)}
+	scaleLoads = map[string]*scaleWorkload{}
+	scaleErrs  = map[string]error{}
+)
+
+func loadScale(tb testing.TB, name string) *scaleWorkload {
+	tb.Helper()
+	once, ok := scaleOnce[name]
+	if !ok {
+		tb.Fatalf("-kvscale %q: want small or full", name)
+	}
+	once.Do(func() { scaleLoads[name], scaleErrs[name] = buildScaleWorkload(name) })
+	require.NoError(tb, scaleErrs[name])
+	return scaleLoads[name]
+}
+
+func buildScaleWorkload(name string) (*scaleWorkload, error) {
+	tr, err := sim.MooncakeConversation()
+	if err != nil {
+		return nil, err
+	}
+	h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: scaleBlockTokens})
+	if err != nil {
+		return nil, err
+	}
+	w := &scaleWorkload{name: name, reqs: tr.Requests, hasher: h}
+	if name == "small" {
+		w.reqs = w.reqs[:scaleSmallRequests]
+	}
+	for e := range scaleEngines {
+		w.engines = append(w.engines, state.EngineID(fmt.Sprintf("http://10.0.0.%d:8000", e+1)))
+	}
+	for i := range w.reqs {
+		if w.reqs[i].InputTokens >= scaleQueryTokens {
+			w.queries = append(w.queries, i)
+		}
+	}
+	return w, nil
+}
+
+// scaleEvents builds the StoreEvents of a range of requests, reusing its buffers: the engine's
+// own block hashes are the index keys mixed with a per-engine salt (opaque to the index, equal
+// for equal blocks of one engine, so a re-stored block is never an alias).
+type scaleEvents struct {
+	w      *scaleWorkload
+	tokens []uint32
+	keys   []uint64
+	hashes []uint64
+}
+
+func (s *scaleEvents) event(i int) kvindex.StoreEvent {
+	r := &s.w.reqs[i]
+	s.tokens = r.AppendTokenIDs(s.tokens[:0])
+	nb := len(s.tokens) / scaleBlockTokens
+	s.tokens = s.tokens[:nb*scaleBlockTokens]
+	s.keys = s.w.hasher.AppendKeys(s.keys[:0], s.tokens)
+	e := i % scaleEngines
+	salt := uint64(e+1) * 0x9E3779B97F4A7C15
+	s.hashes = s.hashes[:0]
+	for _, k := range s.keys {
+		s.hashes = append(s.hashes, k^salt)
+	}
+	return kvindex.StoreEvent{Engine: s.w.engines[e], BlockHashes: s.hashes, TokenIDs: s.tokens, Tier: kvindex.TierDevice}
+}
+
+// queryTokens writes query q's first scaleQueryTokens token IDs into dst.
+func (w *scaleWorkload) queryTokens(dst []uint32, q int) []uint32 {
+	return w.reqs[w.queries[q]].AppendTokenIDs(dst[:0])[:scaleQueryTokens]
+}
+
+// scaleIngest is the result of storing a range of requests into an index.
+type scaleIngest struct {
+	blockAdds int
+	storeTime time.Duration // inside Store only
+	heapBytes uint64        // heap growth over the build, after GC
+}
+
+// ingest stores requests [from, to) into x, timing each Store call alone.
+func (w *scaleWorkload) ingest(tb testing.TB, x *kvindex.Index, from, to int) scaleIngest {
+	var s scaleEvents
+	s.w = w
+	var r scaleIngest
+	for i := from; i < to; i++ {
+		ev := s.event(i)
+		start := time.Now()
+		err := x.Store(ev)
+		r.storeTime += time.Since(start)
+		if err != nil {
+			tb.Fatalf("request %d: %v", i, err)
+		}
+		r.blockAdds += len(ev.BlockHashes)
+	}
+	return r
+}
+
+func heapAlloc() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// scaleIndex is a built index of the whole workload, shared by the query benchmarks.
+type scaleIndex struct {
+	x      *kvindex.Index
+	ingest scaleIngest
+}
+
+var (
+	scaleIndexOnce = map[string]*sync.Once{"small": new(sync.Once), "full": new(sync.Once)}
+	scaleIndexes   = map[string]*scaleIndex{}
+)
+
+func (w *scaleWorkload) newIndex(tb testing.TB) *kvindex.Index {
+	x, err := kvindex.NewIndex(w.hasher, kvindex.Options{MaxBlocks: scaleMaxBlocks})
+	require.NoError(tb, err)
+	return x
+}
+
+func (w *scaleWorkload) index(tb testing.TB) *scaleIndex {
+	scaleIndexOnce[w.name].Do(func() {
+		before := heapAlloc()
+		x := w.newIndex(tb)
+		in := w.ingest(tb, x, 0, len(w.reqs))
+		in.heapBytes = heapAlloc() - before
+		scaleIndexes[w.name] = &scaleIndex{x: x, ingest: in}
+	})
+	si := scaleIndexes[w.name]
+	if si == nil {
+		tb.Fatal("building the index failed earlier")
+	}
+	return si
+}
+
+// pairs returns the index's (block, engine) pairs: every engine's device blocks.
+func pairs(x *kvindex.Index) int {
+	n := 0
+	for _, es := range x.Stats().Engines {
+		n += es.DeviceBlocks
+	}
+	return n
+}
+
+// queryTimer records one duration per query and reports their distribution. Medians are over
+// the query set, each query once (run with -benchtime 1x for one cold pass).
+type queryTimer struct {
+	durs   []time.Duration
+	allocs uint64
+	ms     runtime.MemStats
+}
+
+func (t *queryTimer) start() {
+	runtime.ReadMemStats(&t.ms)
+	t.allocs = t.ms.Mallocs
+}
+
+func (t *queryTimer) report(b *testing.B) {
+	runtime.ReadMemStats(&t.ms)
+	allocs := t.ms.Mallocs - t.allocs
+	d := slices.Clone(t.durs)
+	slices.Sort(d)
+	q := func(p float64) float64 { return float64(d[min(len(d)-1, int(p*float64(len(d))))].Nanoseconds()) }
+	var sum time.Duration
+	for _, v := range d {
+		sum += v
+	}
+	b.ReportMetric(q(0.5), "ns/op") // the median query replaces the per-iteration mean
+	b.ReportMetric(float64(sum.Nanoseconds())/float64(len(d)), "mean-ns")
+	b.ReportMetric(q(0.9), "p90-ns")
+	b.ReportMetric(q(0.99), "p99-ns")
+	b.ReportMetric(float64(allocs)/float64(len(d)), "allocs/query")
+	b.ReportMetric(float64(len(d)), "queries")
+}
+
+// BenchmarkScale runs the production-scale workload (see kvScale). Every sub-benchmark iteration
+// is one pass over the workload; run it with -benchtime 1x so that each query runs once, cold.
+// ns/op is the median per query (per request for ingest); the other metrics are named.
+func BenchmarkScale(b *testing.B) {
+	w := loadScale(b, *kvScale)
+	b.Run("ingest", func(b *testing.B) {
+		var in scaleIngest
+		var st kvindex.Stats
+		var x *kvindex.Index
+		for b.Loop() {
+			x = nil
+			before := heapAlloc()
+			x = w.newIndex(b)
+			in = w.ingest(b, x, 0, len(w.reqs))
+			in.heapBytes = heapAlloc() - before
+			st = x.Stats()
+		}
+		p := pairs(x)
+		b.ReportMetric(float64(in.storeTime.Nanoseconds())/float64(in.blockAdds), "ns/op")
+		b.ReportMetric(float64(in.blockAdds)/in.storeTime.Seconds()/1e6, "M-blocks/s")
+		b.ReportMetric(float64(in.heapBytes)/float64(p), "B/pair")
+		b.ReportMetric(float64(in.heapBytes)/(1<<20), "heap-MiB")
+		b.ReportMetric(float64(in.blockAdds), "block-adds")
+		b.ReportMetric(float64(st.Blocks), "blocks")
+		b.ReportMetric(float64(p), "pairs")
+		runtime.KeepAlive(x)
+	})
+	queries := func(name string, op func(q int, tokens []uint32, t *queryTimer)) {
+		b.Run(name, func(b *testing.B) {
+			w.index(b)
+			var t queryTimer
+			tokens := make([]uint32, 0, scaleQueryTokens+512)
+			for b.Loop() {
+				t.durs = t.durs[:0]
+				t.start()
+				for q := range w.queries {
+					tokens = w.queryTokens(tokens, q)
+					op(q, tokens, &t)
+				}
+			}
+			t.report(b)
+		})
+	}
+	h := w.hasher
+	keys := make([]uint64, 0, scaleQueryTokens/scaleBlockTokens)
+	var m kvindex.Matches
+	queries("hash", func(_ int, tokens []uint32, t *queryTimer) {
+		start := time.Now()
+		keys = h.AppendKeys(keys[:0], tokens)
+		t.durs = append(t.durs, time.Since(start))
+	})
+	queries("lookup", func(_ int, tokens []uint32, t *queryTimer) {
+		x := w.index(b).x
+		keys = h.AppendKeys(keys[:0], tokens)
+		start := time.Now()
+		x.MatchInto(keys, &m)
+		t.durs = append(t.durs, time.Since(start))
+	})
+	queries("hash+lookup", func(_ int, tokens []uint32, t *queryTimer) {
+		x := w.index(b).x
+		start := time.Now()
+		x.MatchTokensInto(tokens, &m)
+		t.durs = append(t.durs, time.Since(start))
+	})
+	var pk *scalePicker
+	queries("pick", func(_ int, tokens []uint32, t *queryTimer) {
+		if pk == nil {
+			pk = newScalePicker(b, w, w.index(b).x)
+		}
+		req := pk.request(tokens)
+		start := time.Now()
+		_, err := pk.p.Pick(context.Background(), pk.group, req)
+		t.durs = append(t.durs, time.Since(start))
+		if err != nil {
+			b.Fatal(err)
+		}
+	})
+	b.Run("concurrent", func(b *testing.B) {
+		for b.Loop() {
+			r := w.concurrent(b, 2)
+			b.ReportMetric(r.alone, "alone-lookups/s")
+			b.ReportMetric(r.withWriter, "writer-lookups/s")
+			b.ReportMetric(100*r.withWriter/r.alone, "%-of-alone")
+			b.ReportMetric(r.writerBlocks, "writer-M-blocks/s")
+		}
+	})
+}
+
+// scalePicker is a cache-aware policy over the workload's 16 engines, with fresh load reports
+// (waiting queues of 0–3 requests), the queue gate on, and admission caps, as a production
+// prefill group would have.
+type scalePicker struct {
+	p     *policy.CacheAware
+	group []state.Engine
+	req   policy.Request
+}
+
+func newScalePicker(tb testing.TB, w *scaleWorkload, x *kvindex.Index) *scalePicker {
+	load := loadmon.NewTable()
+	sp := &scalePicker{}
+	for i, id := range w.engines {
+		sp.group = append(sp.group, state.NewStaticEngine(id, "m", state.StagePrefill))
+		require.NoError(tb, load.Report(loadmon.Report{Engine: id, WaitingRequests: uint64(i % 4), RunningRequests: 8,
+			KVCapacityTokens: 1 << 20, Native: &loadmon.NativeLoad{MaxRunningRequests: 256, WaitingUncachedTokens: uint64(i * 300)}}))
+	}
+	slices.SortFunc(sp.group, func(a, b state.Engine) int {
+		switch {
+		case a.ID() < b.ID():
+			return -1
+		case a.ID() > b.ID():
+			return 1
+		}
+		return 0
+	})
+	src, err := kvindex.NewLocalSource(x)
+	require.NoError(tb, err)
+	limit := uint64(8)
+	sp.p, err = policy.NewCacheAware(policy.Config{Load: load, InFlight: loadmon.NewInFlight(nil),
+		Admission: admission.Limits{MaxRunningRequests: admission.Cap(256), MaxInFlightRequests: admission.Cap(256)}},
+		policy.CacheAwareOptions{Source: src, WorkerQueueLimit: &limit})
+	require.NoError(tb, err)
+	sp.req = policy.Request{Model: "m", Stage: state.StagePrefill, BucketID: "b"}
+	return sp
+}
+
+func (sp *scalePicker) request(tokens []uint32) *policy.Request {
+	r := sp.req
+	r.TokenIDs = tokens
+	r.InputTokens = uint64(len(tokens))
+	return &r
+}
+
+type concurrentResult struct {
+	alone, withWriter float64 // lookups per second, all readers together
+	writerBlocks      float64 // M block-adds per second
+	lookupsAlone      int64
+	lookupsWithWriter int64
+}
+
+// concurrent builds an index of the first half of the trace, measures readers lookups/s with no
+// writer for a fixed time, then again while one writer stores the second half (the writer's
+// events are prepared beforehand, so it does nothing but Store).
+func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult {
+	half := len(w.reqs) / 2
+	x := w.newIndex(tb)
+	w.ingest(tb, x, 0, half)
+	// Pre-hash the query set.
+	var keys [][]uint64
+	tokens := make([]uint32, 0, scaleQueryTokens+512)
+	for q := range w.queries {
+		tokens = w.queryTokens(tokens, q)
+		keys = append(keys, w.hasher.Keys(tokens))
+	}
+	// Prepare the writer's events.
+	var evs []kvindex.StoreEvent
+	var s scaleEvents
+	s.w = w
+	blocks := 0
+	for i := half; i < len(w.reqs); i++ {
+		ev := s.event(i)
+		ev.TokenIDs = slices.Clone(ev.TokenIDs)
+		ev.BlockHashes = slices.Clone(ev.BlockHashes)
+		evs = append(evs, ev)
+		blocks += len(ev.BlockHashes)
+	}
+	run := func(stop <-chan struct{}) int64 {
+		var n atomic.Int64
+		var wg sync.WaitGroup
+		for r := range readers {
+			wg.Go(func() {
+				var m kvindex.Matches
+				i := r * len(keys) / readers
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					x.MatchInto(keys[i%len(keys)], &m)
+					n.Add(1)
+					i++
+				}
+			})
+		}
+		<-stop
+		wg.Wait()
+		return n.Load()
+	}
+	var r concurrentResult
+	// Readers alone for about as long as the writer will take (at least 0.5 s).
+	d := max(500*time.Millisecond, time.Duration(blocks)*300*time.Nanosecond)
+	stop := make(chan struct{})
+	go func() { time.Sleep(d); close(stop) }()
+	start := time.Now()
+	r.lookupsAlone = run(stop)
+	r.alone = float64(r.lookupsAlone) / time.Since(start).Seconds()
+
+	stop = make(chan struct{})
+	var writerTime time.Duration
+	go func() {
+		ws := time.Now()
+		for _, ev := range evs {
+			if err := x.Store(ev); err != nil {
+				panic(err)
+			}
+		}
+		writerTime = time.Since(ws)
+		close(stop)
+	}()
+	start = time.Now()
+	r.lookupsWithWriter = run(stop)
+	r.withWriter = float64(r.lookupsWithWriter) / time.Since(start).Seconds()
+	r.writerBlocks = float64(blocks) / writerTime.Seconds() / 1e6
+	return r
+}
+
+// TestScaleWorkloadCounts recomputes the full workload's counts from the trace's hash IDs alone
+// (countsFromHashIDs), without building the index, so it runs on every go test.
+func TestScaleWorkloadCounts(t *testing.T) {
+	t.Parallel()
+	tr, err := sim.MooncakeConversation()
+	require.NoError(t, err)
+	require.Len(t, tr.Requests, fullRequests)
+	queries := 0
+	for _, r := range tr.Requests {
+		if r.InputTokens >= scaleQueryTokens {
+			queries++
+		}
+	}
+	assert.Equal(t, [3]int{fullBlockAdds, fullBlocks, fullPairs}, countsFromHashIDs(tr.Requests), "block-adds, unique blocks, (block, engine) pairs")
+	assert.Equal(t, fullQueries, queries, "queries")
+}
+
+// TestScaleIndexCounts builds the workload's index and checks its counts: with -kvscale full the
+// issue's figures, otherwise the small workload's, recomputed from the hash IDs as above.
+func TestScaleIndexCounts(t *testing.T) {
+	w := loadScale(t, *kvScale)
+	if testing.Short() && w.name == "full" {
+		t.Skip("full workload in -short mode")
+	}
+	si := w.index(t)
+	st := si.x.Stats()
+	want := [3]int{fullBlockAdds, fullBlocks, fullPairs}
+	if w.name == "small" {
+		want = countsFromHashIDs(w.reqs)
+	}
+	assert.Equal(t, want[0], si.ingest.blockAdds, "block-adds")
+	assert.Equal(t, want[1], st.Blocks, "unique blocks")
+	assert.Equal(t, want[2], pairs(si.x), "(block, engine) pairs")
+	assert.Zero(t, st.EvictedBlocks)
+}
+
+// countsFromHashIDs returns the block-adds, unique blocks and (block, engine) pairs of storing
+// reqs as the workload does, from their hash IDs alone: a full 16-token block is identified by
+// the hash ID of the 512-token trace block it lies in (hash IDs name whole prefixes) and its
+// position in it.
+func countsFromHashIDs(reqs []sim.Request) [3]int {
+	const per = sim.MooncakeBlockTokens / scaleBlockTokens
+	maxBlocks := map[uint64]int{}
+	maxPairs := map[[2]uint64]int{}
+	adds := 0
+	for i, r := range reqs {
+		nb := r.InputTokens / scaleBlockTokens
+		adds += nb
+		for j, id := range r.HashIDs {
+			k := min(per, nb-j*per)
+			if k <= 0 {
+				break
+			}
+			maxBlocks[id] = max(maxBlocks[id], k)
+			pk := [2]uint64{id, uint64(i % scaleEngines)}
+			maxPairs[pk] = max(maxPairs[pk], k)
+		}
+	}
+	out := [3]int{adds, 0, 0}
+	for _, k := range maxBlocks {
+		out[1] += k
+	}
+	for _, k := range maxPairs {
+		out[2] += k
+	}
+	return out
+}
+
+// TestScaleSmall runs every measured operation of BenchmarkScale on the small workload and checks
+// its results against a brute-force answer: each query's Match, MatchTokensInto and the pick's
+// choice, and the concurrent run's progress.
+func TestScaleSmall(t *testing.T) {
+	w := loadScale(t, "small")
+	x := w.index(t).x
+	ref := newPrefixModel(w)
+	var m, mt kvindex.Matches
+	pk := newScalePicker(t, w, x)
+	tokens := make([]uint32, 0, scaleQueryTokens+512)
+	for q := range w.queries {
+		tokens = w.queryTokens(tokens, q)
+		keys := w.hasher.Keys(tokens)
+		x.MatchInto(keys, &m)
+		want := ref.match(keys)
+		require.Equal(t, want, m.Engines, "query %d", q)
+		x.MatchTokensInto(tokens, &mt)
+		require.Equal(t, want, mt.Engines, "query %d tokens", q)
+		got, err := pk.p.Pick(context.Background(), pk.group, pk.request(tokens))
+		require.NoError(t, err)
+		if len(want) > 0 && want[0].Blocks*scaleBlockTokens >= policy.DefaultMinMatchedTokens {
+			assert.Equal(t, policy.ReasonCacheCandidate, got.Reason, "query %d", q)
+		}
+	}
+	if testing.Short() {
+		return
+	}
+	r := w.concurrent(t, 2)
+	assert.Positive(t, r.lookupsAlone)
+	assert.Positive(t, r.lookupsWithWriter)
+}
+
+// prefixModel answers matches by brute force: per engine, the set of keys it stored.
+type prefixModel struct {
+	held map[state.EngineID]map[uint64]bool
+}
+
+func newPrefixModel(w *scaleWorkload) *prefixModel {
+	pm := &prefixModel{held: map[state.EngineID]map[uint64]bool{}}
+	var s scaleEvents
+	s.w = w
+	for i := range w.reqs {
+		ev := s.event(i)
+		set := pm.held[ev.Engine]
+		if set == nil {
+			set = map[uint64]bool{}
+			pm.held[ev.Engine] = set
+		}
+		for _, k := range s.keys {
+			set[k] = true
+		}
+	}
+	return pm
+}
+
+func (pm *prefixModel) match(keys []uint64) []kvindex.EngineMatch {
+	var out []kvindex.EngineMatch
+	for e, set := range pm.held {
+		n := 0
+		for n < len(keys) && set[keys[n]] {
+			n++
+		}
+		if n > 0 {
+			out = append(out, kvindex.EngineMatch{Engine: e, Blocks: n})
+		}
+	}
+	slices.SortFunc(out, func(a, b kvindex.EngineMatch) int {
+		if a.Blocks != b.Blocks {
+			return b.Blocks - a.Blocks
+		}
+		if a.Engine < b.Engine {
+			return -1
+		}
+		return 1
+	})
+	return out
+}

@@ -1,0 +1,248 @@
+package sim
+
+import (
+	"context"
+	"sync"
+
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// DynamoOverlapScoreWeight is the weight of the prefill term in Dynamo's cost, its default
+// (ai-dynamo/dynamo `lib/llm/src/kv_router.rs` KvRouterConfig, overlap_score_weight 1.0;
+// --kv-overlap-score-weight on the frontend).
+const DynamoOverlapScoreWeight = 1.0
+
+// Dynamo is NVIDIA Dynamo's KV router with its default cost, as a replay baseline. Sources:
+// ai-dynamo/dynamo `lib/llm/src/kv_router/scheduler.rs` and `lib/llm/src/kv_router/sequence.rs`:
+// DefaultWorkerSelector.select_worker and softmax_sample in the first, ActiveSequences
+// (potential_blocks_and_tokens, new_blocks, new_tokens, add_request, mark_prefill_completed, free)
+// in the second. Newer trees keep the same cost at their defaults in ai-dynamo/dynamo
+// `lib/kv-router/src/scheduling/`.
+//
+// For every candidate w, with block size B (EngineModel.BlockTokens), prompt length ISL and
+// overlap(w) the prompt's leading full blocks w holds according to the run's kvindex.Index (the
+// engines' KV events, as Dynamo's indexer receives them):
+//
+//	prefill_tokens(w) = active_prefill_tokens(w) + ISL − overlap(w)·B
+//	decode_blocks(w)  = active_blocks(w) + the prompt's full blocks not among w's active blocks
+//	cost(w)           = DynamoOverlapScoreWeight · prefill_tokens(w) ÷ B + decode_blocks(w)
+//
+// The lowest cost wins (router_temperature 0, the default, takes the argmin of softmax_sample);
+// among exact ties the worker holding the fewest blocks in the index wins, and remaining ties are
+// broken uniformly at random (select_worker's tree-size tie-breaker). active_prefill_tokens and active_blocks are the
+// router's own bookkeeping, not engine reports: a routed request adds its uncached prompt tokens
+// ISL − overlap·B and its prompt's block keys (reference-counted per worker) to the chosen worker,
+// drops the tokens at its first token and the blocks when it ends. Output blocks are not tracked
+// (router_track_output_blocks false by default).
+//
+// Not modelled: the router-side queue that holds requests while every worker is over
+// router_queue_threshold of its batched-token budget (off by default in the sources above), and
+// replica synchronisation between several routers (router_replica_sync, off by default). The
+// engine's admission checker (Config.Admission) runs once on the winner.
+//
+// Dynamo implements policy.Policy and is safe for concurrent use, but its request bookkeeping
+// pairs each pick with the request the replay binds next, so it is meant for the replay's
+// sequential calls.
+type Dynamo struct {
+	peerBase
+	hasher kvindex.Hasher
+	bs     int
+
+	mu        sync.Mutex
+	workers   map[state.EngineID]*dynamoWorker
+	active    map[int32]*dynamoRequest
+	pending   *dynamoRequest
+	keys      []uint64
+	matches   kvindex.Matches
+	costs     []float64
+	newTokens []int
+	free      []*dynamoRequest
+}
+
+var (
+	_ policy.Policy  = (*Dynamo)(nil)
+	_ requestTracker = (*Dynamo)(nil)
+)
+
+// dynamoWorker is the router's view of one worker (ActiveSequences).
+type dynamoWorker struct {
+	prefillTokens int              // active_prefill_tokens
+	blocks        map[uint64]int32 // active prompt blocks, reference-counted (unique_blocks)
+}
+
+// dynamoRequest is one routed request's contribution to its worker.
+type dynamoRequest struct {
+	worker  *dynamoWorker
+	prefill int // tokens still counted in prefillTokens; 0 after the first token
+	keys    []uint64
+}
+
+// NewDynamo returns the Dynamo baseline over env: env.Index supplies the overlap, env.Rand breaks
+// ties, env.Admission checks the winner. A PolicyEnv without Load, InFlight, Index or Rand is an
+// error wrapping state.ErrInvalidConfiguration.
+func NewDynamo(env PolicyEnv) (*Dynamo, error) {
+	base, err := newPeerBase(NameDynamo, env)
+	if err != nil {
+		return nil, err
+	}
+	h := env.Index.Hasher()
+	return &Dynamo{peerBase: base, hasher: h, bs: h.BlockTokens(),
+		workers: map[state.EngineID]*dynamoWorker{}, active: map[int32]*dynamoRequest{}}, nil
+}
+
+// Pick implements policy.Policy. No candidates → policy.ErrNoCandidates. A request without
+// TokenIDs has no overlap and no blocks: only the prefill term of InputTokens counts.
+func (d *Dynamo) Pick(_ context.Context, engines []state.Engine, req *policy.Request) (policy.Pick, error) {
+	if len(engines) == 0 {
+		return policy.Pick{}, policy.ErrNoCandidates
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	isl := 0
+	var tokens []uint32
+	if req != nil {
+		isl = int(req.InputTokens)
+		tokens = req.TokenIDs
+	}
+	d.keys = d.hasher.AppendKeys(d.keys[:0], tokens)
+	d.env.Index.MatchInto(d.keys, &d.matches)
+
+	d.costs, d.newTokens = d.costs[:0], d.newTokens[:0]
+	minCost := 0.0
+	for i, e := range engines {
+		w := d.worker(e.ID())
+		overlap := d.matches.Blocks(e.ID())
+		newTokens := max(isl-overlap*d.bs, 0)
+		newBlocks := 0
+		for _, k := range d.keys {
+			if w.blocks[k] == 0 {
+				newBlocks++
+			}
+		}
+		cost := DynamoOverlapScoreWeight*float64(w.prefillTokens+newTokens)/float64(d.bs) +
+			float64(len(w.blocks)+newBlocks)
+		d.costs = append(d.costs, cost)
+		d.newTokens = append(d.newTokens, newTokens)
+		if i == 0 || cost < minCost {
+			minCost = cost
+		}
+	}
+	// Ties: the smallest tree (blocks the worker holds in the index) wins, then a uniform draw.
+	t := tieBreak{rand: d.env.Rand, best: -1}
+	var stats kvindex.Stats
+	ties, bestSize := 0, 0
+	for i, c := range d.costs {
+		if c != minCost {
+			continue
+		}
+		if ties++; ties == 2 {
+			stats = d.env.Index.Stats()
+			bestSize = treeSize(stats, engines[t.best].ID())
+		}
+		if ties == 1 {
+			t.offer(i, true, false)
+			continue
+		}
+		size := treeSize(stats, engines[i].ID())
+		t.offer(i, size < bestSize, size == bestSize)
+		if t.best == i {
+			bestSize = size
+		}
+	}
+	bestNew := d.newTokens[t.best]
+	winner := engines[t.best]
+	if err := d.admit(winner); err != nil {
+		return policy.Pick{}, err
+	}
+	d.record(d.worker(winner.ID()), bestNew)
+	return policy.Pick{Engine: winner, Reason: ReasonDynamoCost}, nil
+}
+
+func (d *Dynamo) worker(id state.EngineID) *dynamoWorker {
+	w := d.workers[id]
+	if w == nil {
+		w = &dynamoWorker{blocks: map[uint64]int32{}}
+		d.workers[id] = w
+	}
+	return w
+}
+
+// record adds the pick to its worker (add_request) and keeps it until bind or discard.
+func (d *Dynamo) record(w *dynamoWorker, newTokens int) {
+	if d.pending != nil {
+		d.release(d.pending) // a pick the replay never bound: the group did not use it
+	}
+	var q *dynamoRequest
+	if n := len(d.free); n > 0 {
+		q, d.free = d.free[n-1], d.free[:n-1]
+	} else {
+		q = &dynamoRequest{}
+	}
+	q.worker, q.prefill = w, newTokens
+	q.keys = append(q.keys[:0], d.keys...)
+	w.prefillTokens += newTokens
+	for _, k := range q.keys {
+		w.blocks[k]++
+	}
+	d.pending = q
+}
+
+// release removes a request's remaining contribution from its worker and recycles it.
+func (d *Dynamo) release(q *dynamoRequest) {
+	w := q.worker
+	w.prefillTokens -= q.prefill
+	for _, k := range q.keys {
+		if w.blocks[k]--; w.blocks[k] <= 0 {
+			delete(w.blocks, k)
+		}
+	}
+	*q = dynamoRequest{keys: q.keys[:0]}
+	d.free = append(d.free, q)
+}
+
+func (d *Dynamo) bind(id int32) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.pending != nil {
+		d.active[id] = d.pending
+		d.pending = nil
+	}
+}
+
+func (d *Dynamo) discard() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.pending != nil {
+		d.release(d.pending)
+		d.pending = nil
+	}
+}
+
+// firstToken drops the request's prefill tokens (mark_prefill_completed).
+func (d *Dynamo) firstToken(id int32) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if q := d.active[id]; q != nil {
+		q.worker.prefillTokens -= q.prefill
+		q.prefill = 0
+	}
+}
+
+// finished drops the request's blocks (free).
+func (d *Dynamo) finished(id int32) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if q := d.active[id]; q != nil {
+		delete(d.active, id)
+		d.release(q)
+	}
+}
+
+// treeSize returns the blocks engine id holds in the index, over every tier (Dynamo's
+// OverlapScores.tree_sizes).
+func treeSize(s kvindex.Stats, id state.EngineID) int {
+	e := s.Engines[id]
+	return e.DeviceBlocks + e.HostBlocks + e.DiskBlocks + e.ExternalBlocks
+}

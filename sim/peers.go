@@ -1,0 +1,111 @@
+package sim
+
+import (
+	"fmt"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// Names of the peer baselines: independent Go implementations of the engine-selection rule of
+// three public routers at their defaults, so that a replay can measure enginepick's policies
+// against them on the same trace, fleet and seed. They are measuring sticks, not production
+// policies: they live in sim, not in policy, and the root Config cannot name them.
+const (
+	// NameDynamo is NVIDIA Dynamo's KV router with its default cost (see Dynamo).
+	NameDynamo = "dynamo"
+	// NameLLMD is the llm-d inference scheduler's default scorer profile (see LLMD).
+	NameLLMD = "llmd"
+	// NameSGLangLegacy is the SGLang router's legacy cache_aware policy (see SGLangLegacy).
+	NameSGLangLegacy = "sglang_legacy"
+)
+
+// Reason labels of the peer baselines' picks (policy.Pick.Reason). SGLangLegacy reuses
+// policy.ReasonCacheCandidate, policy.ReasonNoCacheCandidate and policy.ReasonLeastLoad for its
+// three branches.
+const (
+	// ReasonDynamoCost labels a Dynamo pick: the lowest cost.
+	ReasonDynamoCost = "dynamo_cost"
+	// ReasonLLMDMaxScore labels an LLMD pick: the highest weighted score.
+	ReasonLLMDMaxScore = "llmd_max_score"
+)
+
+// PeerPolicyNames returns the peer baselines' names in report order: dynamo, llmd,
+// sglang_legacy. The slice is new on every call. DefaultPolicies has a factory for each; they are
+// not in DefaultPolicyNames, so a replay runs them only when Config.Policies names them.
+func PeerPolicyNames() []string { return []string{NameDynamo, NameLLMD, NameSGLangLegacy} }
+
+// requestTracker is implemented by baselines that keep per-request bookkeeping of their own, as
+// Dynamo's router does (its ActiveSequences): they must learn when a request they routed produces
+// its first token and when it ends. The replay calls these methods on its own goroutine, one
+// request at a time: after every Router.Select it calls bind with the request's position when the
+// selection succeeded and discard when it failed, so a tracker pairs its most recent pick with the
+// request; firstToken and finished follow for every bound request. A pick that the group did not
+// end up using (another bucket's engine was chosen) is discarded too.
+type requestTracker interface {
+	bind(id int32)
+	discard()
+	firstToken(id int32)
+	finished(id int32)
+}
+
+// peerBase holds what every peer baseline reads: the run's state handles and random source.
+type peerBase struct {
+	name string
+	env  PolicyEnv
+}
+
+func newPeerBase(name string, env PolicyEnv) (peerBase, error) {
+	switch {
+	case env.Load == nil || env.InFlight == nil || env.Index == nil || env.Rand == nil:
+		return peerBase{}, fmt.Errorf("sim: %s: PolicyEnv needs Load, InFlight, Index and Rand: %w", name, state.ErrInvalidConfiguration)
+	}
+	if env.Admission == nil {
+		env.Admission = admission.Limits{}
+	}
+	return peerBase{name: name, env: env}, nil
+}
+
+// admit runs the admission checker once on the engine a baseline chose, as PowerOfN does for its
+// winner (none of the three peers has a per-engine admission cap of its own; Config.Admission
+// applies to them as to every replayed policy). It returns nil, a *policy.AdmissionRejectedError
+// or the checker's error.
+func (b *peerBase) admit(e state.Engine) error {
+	o := loadmon.Observe(b.env.Load.Snapshot(), b.env.InFlight, e.ID())
+	v, err := b.env.Admission.Check(e, admission.Observe(o))
+	if err != nil {
+		return fmt.Errorf("sim: %s: admission check of %q: %w", b.name, e.ID(), err)
+	}
+	if !v.Admit {
+		return &policy.AdmissionRejectedError{Engine: e, Limit: v.Limit, Observed: v.Observed, Cap: v.Cap}
+	}
+	return nil
+}
+
+// tieBreak keeps a uniformly random one of the candidates that tie for the best value, in one
+// pass without allocating (reservoir sampling over the ties).
+type tieBreak struct {
+	rand func(int) int
+	best int // index of the kept candidate, -1 before the first offer
+	ties int
+}
+
+// offer records candidate i: better displaces the kept one; equal joins the ties and replaces
+// the kept one with probability 1/ties.
+func (t *tieBreak) offer(i int, better, equal bool) {
+	switch {
+	case t.best < 0 || better:
+		t.best, t.ties = i, 1
+	case equal:
+		t.ties++
+		if t.rand(t.ties) == 0 {
+			t.best = i
+		}
+	}
+}
+
+func errNoClock(name string) error {
+	return fmt.Errorf("sim: %s: PolicyEnv.Now is nil: %w", name, state.ErrInvalidConfiguration)
+}
