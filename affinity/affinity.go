@@ -10,8 +10,8 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Defaults of the stores (docs/design.md §12; sgl-project/sglang
-// sgl-router/src/config/types.rs, session and sticky idle timeout and eviction interval).
+// Defaults of the stores (docs/design.md §12): the session and sticky idle timeout and eviction
+// interval of sgl-project/sglang `experimental/sgl-router/src/config/types.rs`.
 const (
 	// DefaultIdleTimeout is how long a binding lives without a hit: 600 s.
 	DefaultIdleTimeout = 600 * time.Second
@@ -96,9 +96,9 @@ func (s *Scope) Validate() error {
 // AppendEncoded appends the scope's canonical byte encoding to dst: each string field as its
 // decimal length, ':' and its bytes, in the order Namespace, Model, BucketID, Key, with the
 // stage's digit between BucketID and Key. The encoding is prefix-free field by field, so two
-// scopes have equal encodings exactly when they are equal (the scheme of sgl-project/sglang
-// sgl-router/src/policies_reorg/session_aware.rs, extended to every field). Remote stores use it
-// as the key name.
+// scopes have equal encodings exactly when they are equal (the length-prefix scheme of
+// sgl-project/sglang `experimental/sgl-router/src/policies_reorg/session_aware.rs`, extended to
+// every field). Remote stores use it as the key name.
 func (s *Scope) AppendEncoded(dst []byte) []byte {
 	field := func(dst []byte, v string) []byte {
 		dst = strconv.AppendInt(dst, int64(len(v)), 10)

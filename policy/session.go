@@ -67,8 +67,9 @@ type SessionAwareOptions struct {
 }
 
 // SessionAware keeps each session on one engine per (model, bucket, stage) scope
-// (docs/design.md §12; sgl-project/sglang sgl-router/src/policies_reorg/session_aware.rs). Per
-// pick, with the session key from Request.SessionKey:
+// (docs/design.md §12; sgl-project/sglang
+// `experimental/sgl-router/src/policies_reorg/session_aware.rs`). Per pick, with the session key
+// from Request.SessionKey:
 //
 //  1. No candidates → ErrNoCandidates; nothing is read, admission is not called.
 //  2. No (empty) session key → power-of-N with admission.Limits{}, then this policy's admission

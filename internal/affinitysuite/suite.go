@@ -2,8 +2,8 @@
 // (policy.SessionAware and policy.Sticky with a Store), written once and run against every
 // affinity.Store of the module: the memory store (package policy's tests) and Redis, standalone
 // and clustered (package redisstore's tests). The scenarios are those of the session-aware policy
-// of sgl-project/sglang (sgl-router tests/component/policies_reorg_session_aware.rs), named the
-// same, plus store failure and replica agreement (docs/design.md §12).
+// of sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_session_aware.rs`,
+// named the same, plus store failure and replica agreement (docs/design.md §12).
 package affinitysuite
 
 import (
