@@ -13,7 +13,9 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// The README's embedding example, with its output checked.
+// The router of the README's Embedding section (newRouter), run with hand-written load reports: a
+// request that fits the bucket goes to the less pressured engine, and one whose output budget does
+// not fit any bucket is refused with 400.
 func Example() {
 	load, inflight := loadmon.NewTable(), loadmon.NewInFlight(nil)
 	reg := &state.StaticRegistry{}

@@ -97,7 +97,9 @@ func (d *Dispatch) Release() {
 // Select resolves the request's model, runs the bucket loop (bucket.Select) with a prefix-lookup
 // memo for the request (a new kvindex.Memo when req.Memo is nil; req is not modified) and, on success,
 // acquires one in-flight guard per selected engine: the plain engine, or the prefill and the
-// decode engine. Nothing is acquired on failure.
+// decode engine. The plain or prefill guard records the dispatch's prefill tokens
+// (Pick.PrefillTokens, else the input tokens) so that pressure comparisons count them until the
+// engine's next load report (docs/design.md §6). Nothing is acquired on failure.
 //
 // Errors: a nil req wraps policy.ErrInvalidSignal; ErrUnknownModel (404); otherwise bucket.Select's
 // errors (bucket.StatusCode maps them). A nil ctx means context.Background().
@@ -128,12 +130,20 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 	}
 	d := &Dispatch{Selection: sel}
 	if sel.IsPD() {
-		d.guards[0] = r.inflight.Acquire(sel.Prefill.Engine.ID())
+		d.guards[0] = r.inflight.AcquirePrefill(sel.Prefill.Engine.ID(), prefillTokens(&sel.Prefill, req))
 		d.guards[1] = r.inflight.Acquire(sel.Decode.Engine.ID())
 	} else {
-		d.guards[0] = r.inflight.Acquire(sel.Plain.Engine.ID())
+		d.guards[0] = r.inflight.AcquirePrefill(sel.Plain.Engine.ID(), prefillTokens(&sel.Plain, req))
 	}
 	return d, nil
+}
+
+// prefillTokens is the prefill work a dispatch brings: the policy's estimate, else the whole input.
+func prefillTokens(p *policy.Pick, req *bucket.Request) uint64 {
+	if p.PrefillTokens > 0 {
+		return p.PrefillTokens
+	}
+	return uint64(max(req.InputTokens, 0))
 }
 
 // RemoveEngine forgets router-side state of an engine the host removed from its registry: its load

@@ -31,9 +31,10 @@ type InFlight struct {
 }
 
 type counter struct {
-	n    atomic.Int64
-	head atomic.Uint64              // number of dispatches recorded
-	ring [dispatchRing]atomic.Int64 // unix nanos of recent dispatches
+	n      atomic.Int64
+	head   atomic.Uint64               // number of dispatches recorded
+	ring   [dispatchRing]atomic.Int64  // unix nanos of recent dispatches
+	tokens [dispatchRing]atomic.Uint64 // prefill tokens of the same dispatches
 }
 
 // NewInFlight returns empty counters that timestamp dispatches with now (nil: time.Now).
@@ -79,7 +80,14 @@ func (f *InFlight) replace(edit func(map[state.EngineID]*counter)) {
 
 // Acquire counts one dispatch to the engine and records its time. Call it at dispatch, before the
 // request is sent (sglang PR #27547: counting only once decode streams starts hot-spots prefill).
-func (f *InFlight) Acquire(engine state.EngineID) *Guard {
+// It is AcquirePrefill with no prefill work.
+func (f *InFlight) Acquire(engine state.EngineID) *Guard { return f.AcquirePrefill(engine, 0) }
+
+// AcquirePrefill is Acquire for a dispatch that brings prefillTokens of prompt to prefill on the
+// engine (its uncached prompt tokens, as the policy estimated them; 0 for a decode dispatch or
+// unknown work). DispatchedSince sums them, so that pressure comparisons count the prefill work
+// dispatched after an engine's last report (docs/design.md §6).
+func (f *InFlight) AcquirePrefill(engine state.EngineID, prefillTokens uint64) *Guard {
 	c := f.lookup(engine)
 	if c == nil {
 		f.mu.Lock()
@@ -91,6 +99,9 @@ func (f *InFlight) Acquire(engine state.EngineID) *Guard {
 	}
 	c.n.Add(1)
 	i := c.head.Add(1) - 1
+	// Tokens before the time: a reader that sees the new time sees these tokens, unless a later
+	// dispatch has already reused the slot (64 dispatches between a reader's two loads).
+	c.tokens[i%dispatchRing].Store(prefillTokens)
 	c.ring[i%dispatchRing].Store(f.now().UnixNano())
 	return &Guard{c: c}
 }
@@ -111,20 +122,31 @@ func (f *InFlight) Count(engine state.EngineID) uint64 {
 // at most the 64 most recent ones. LeastLoad adds it to a report so that dispatches the report
 // has not seen yet are counted once (docs/design.md §8).
 func (f *InFlight) DispatchesSince(engine state.EngineID, t time.Time) uint64 {
+	n, _ := f.DispatchedSince(engine, t)
+	return n
+}
+
+// DispatchedSince returns how many dispatches to the engine happened strictly after t and the
+// prefill tokens they brought (AcquirePrefill), over at most the 64 most recent dispatches. It
+// allocates nothing and takes no lock; under concurrent acquires the token sum may miss or
+// include a dispatch the count does not.
+func (f *InFlight) DispatchedSince(engine state.EngineID, t time.Time) (requests, prefillTokens uint64) {
 	c := f.lookup(engine)
 	if c == nil {
-		return 0
+		return 0, 0
 	}
 	head := c.head.Load()
 	since := t.UnixNano()
-	var n uint64
+	var n, tok uint64
 	for n < head && n < dispatchRing {
-		if c.ring[(head-1-n)%dispatchRing].Load() <= since {
+		i := (head - 1 - n) % dispatchRing
+		if c.ring[i].Load() <= since {
 			break
 		}
+		tok = satAdd(tok, c.tokens[i].Load())
 		n++
 	}
-	return n
+	return n, tok
 }
 
 // Remove detaches the engine's counter (engine removal). Outstanding guards still release into the

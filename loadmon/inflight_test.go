@@ -82,3 +82,25 @@ func TestDispatchesSince(t *testing.T) {
 	}
 	assert.Equal(t, uint64(64), f.DispatchesSince("e", start), "saturates at the ring size")
 }
+
+func TestDispatchedSinceSumsPrefillTokens(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	f := loadmon.NewInFlight(clk.Now)
+	start := clk.Now()
+	for i := range 3 {
+		clk.Advance(time.Millisecond)
+		f.AcquirePrefill("e", uint64(100*(i+1))).Release()
+	}
+	n, tok := f.DispatchedSince("e", start)
+	assert.Equal(t, [2]uint64{3, 600}, [2]uint64{n, tok})
+	n, tok = f.DispatchedSince("e", start.Add(time.Millisecond))
+	assert.Equal(t, [2]uint64{2, 500}, [2]uint64{n, tok}, "strictly after t")
+	n, tok = f.DispatchedSince("none", start)
+	assert.Equal(t, [2]uint64{0, 0}, [2]uint64{n, tok})
+	for range 100 {
+		f.AcquirePrefill("e", 1)
+	}
+	n, tok = f.DispatchedSince("e", start)
+	assert.Equal(t, [2]uint64{64, 64}, [2]uint64{n, tok}, "the 64 most recent dispatches")
+}

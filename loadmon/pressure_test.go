@@ -23,6 +23,12 @@ func nat(l loadmon.EngineLoad, inflight uint64) loadmon.Observation {
 	return loadmon.Observation{Load: &l, InFlight: inflight}
 }
 
+// since adds dispatches made after the observation's report.
+func since(o loadmon.Observation, n, tokens uint64) loadmon.Observation {
+	o.Dispatched, o.DispatchedTokens = n, tokens
+	return o
+}
+
 func withQueue(d time.Duration) loadmon.EngineLoad {
 	return loadmon.EngineLoad{HasPrefillRate: true, PrefillTokensPerSecond: 1, EstimatedPrefillQueue: d}
 }
@@ -89,6 +95,18 @@ func TestComparePressure(t *testing.T) {
 		{"one side unknown: in-flight only", decode,
 			nat(loadmon.EngineLoad{WaitingRequests: 0}, 5),
 			loadmon.Observation{InFlight: 3}, true, 1},
+		{"prefill: dispatched tokens add to the reported uncached tokens", prefill,
+			since(nat(loadmon.EngineLoad{WaitingUncachedTokens: 0}, 1), 1, 600),
+			nat(loadmon.EngineLoad{WaitingUncachedTokens: 512, WaitingRequests: 1}, 0), true, 1},
+		{"prefill: dispatched tokens add to the queue time at the engine's rate", prefill,
+			since(nat(withQueue(10*time.Millisecond), 0), 1, 1), // 1 token at 1 token/s: +1 s
+			nat(withQueue(20*time.Millisecond), 0), true, 1},
+		{"prefill: dispatch count adds to waiting requests", prefill,
+			since(nat(loadmon.EngineLoad{WaitingRequests: 1}, 0), 2, 0),
+			nat(loadmon.EngineLoad{WaitingRequests: 2}, 0), true, 1},
+		{"decode: dispatch count adds to waiting requests", decode,
+			since(nat(loadmon.EngineLoad{WaitingRequests: 0}, 0), 1, 0),
+			nat(loadmon.EngineLoad{WaitingRequests: 0, RunningRequests: 9}, 0), true, 1},
 		{"one side not native: in-flight only", plain,
 			loadmon.Observation{Load: &loadmon.EngineLoad{WaitingRequests: 0}, InFlight: 5},
 			nat(loadmon.EngineLoad{WaitingRequests: 100}, 3), true, 1},
@@ -125,9 +143,55 @@ func TestObserve(t *testing.T) {
 		assert.Equal(t, uint64(3), o.Load.WaitingRequests)
 	}
 	assert.False(t, o.HasNative())
+	assert.Zero(t, o.Dispatched, "the dispatch came before the report")
 	o = loadmon.Observe(tab.Snapshot(), nil, "b")
 	assert.Nil(t, o.Load)
 	assert.Zero(t, o.InFlight)
+}
+
+func TestObserveCountsDispatchesSinceTheReport(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
+	f := loadmon.NewInFlight(clk.Now)
+	f.AcquirePrefill("a", 100) // before the report: the report reflects it
+	clk.Advance(time.Millisecond)
+	_ = tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 1, KVCapacityTokens: 1000,
+		Native: &loadmon.NativeLoad{MaxRunningRequests: 8, WaitingUncachedTokens: 100}})
+	clk.Advance(time.Millisecond)
+	f.AcquirePrefill("a", 300)
+	f.Acquire("a") // no prefill work (a decode dispatch)
+	f.AcquirePrefill("unknown", 50)
+	o := loadmon.Observe(tab.Snapshot(), f, "a")
+	assert.Equal(t, uint64(3), o.InFlight)
+	assert.Equal(t, uint64(2), o.Dispatched)
+	assert.Equal(t, uint64(300), o.DispatchedTokens)
+	w, ok := o.WaitingRequests()
+	assert.True(t, ok)
+	assert.Equal(t, uint64(3), w)
+	pending, ok := o.PendingPrefillTokens()
+	assert.True(t, ok)
+	assert.Equal(t, uint64(400), pending)
+	_, ok = o.PendingPrefillTime()
+	assert.False(t, ok, "no prefill rate yet")
+
+	u := loadmon.Observe(tab.Snapshot(), f, "unknown")
+	assert.Equal(t, loadmon.Observation{InFlight: 1}, u, "no report: nothing is counted since it")
+	_, ok = u.PendingPrefillTokens()
+	assert.False(t, ok)
+	_, ok = u.WaitingRequests()
+	assert.False(t, ok)
+}
+
+func TestPendingPrefillTimeAddsDispatchedTokensAtTheMeasuredRate(t *testing.T) {
+	t.Parallel()
+	o := since(nat(loadmon.EngineLoad{HasPrefillRate: true, PrefillTokensPerSecond: 1000,
+		WaitingUncachedTokens: 500, EstimatedPrefillQueue: 500 * time.Millisecond}, 0), 1, 250)
+	d, ok := o.PendingPrefillTime()
+	assert.True(t, ok)
+	assert.Equal(t, 750*time.Millisecond, d)
+	assert.Equal(t, time.Duration(math.MaxInt64), o.Load.TokensTime(math.MaxUint64), "saturates")
+	assert.Zero(t, (&loadmon.EngineLoad{}).TokensTime(10), "no rate")
 }
 
 func BenchmarkSnapshotObserve64(b *testing.B) {

@@ -328,7 +328,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		gated = gbuf[:0]
 		kept := cands[:0]
 		for _, c := range cands {
-			if c.obs.Load != nil && c.obs.Load.WaitingRequests >= p.queueCap {
+			if p.queued(&c.obs) {
 				gated = append(gated, c)
 				bestGatedBlocks = max(bestGatedBlocks, c.blocks)
 			} else {
@@ -435,26 +435,24 @@ func (p *CacheAware) finish(e state.Engine, reason, decision string, d *CacheDec
 }
 
 // candidates lists the group engines that hold a prefix passing the hit gate, ranked by uncached
-// tokens (the source returns deepest first, ties by ID) and cut to the candidate limit.
+// tokens (the source returns deepest first, ties by ID) and cut to the candidate limit. When more
+// holders than the limit lie within the switch margin of the least uncached one, the cut keeps the
+// least pressured of them (loadmon.ComparePressure under the coverage rule over those holders, ID
+// last) rather than the lowest IDs (docs/design.md §9.2).
 func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, req *Request, res *kvindex.Result, snap loadmon.Snapshot) []cacheCandidate {
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return dst
 	}
 	n := len(engines)
 	limit := min(n, p.opts.CandidateMaxEngines, max(p.opts.CandidateMinEngines, int(math.Ceil(p.opts.CandidateRatio*float64(n)))))
+	var abuf [64]cacheCandidate
+	all := abuf[:0]
+	window := 0 // holders within the switch margin of the least uncached: a prefix of all
 	for _, m := range res.Engines {
-		if len(dst) >= limit {
-			break
+		if len(all) >= limit && window < len(all) {
+			break // the cut is full and, ranked by depth, nothing later can enter the margin window
 		}
-		idx, ok := slices.BinarySearchFunc(engines, m.Engine, func(e state.Engine, id state.EngineID) int {
-			switch {
-			case e.ID() < id:
-				return -1
-			case e.ID() > id:
-				return 1
-			}
-			return 0
-		})
+		idx, ok := engineIndex(engines, m.Engine)
 		if !ok || m.Blocks <= 0 {
 			continue
 		}
@@ -466,10 +464,62 @@ func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, re
 		if p.opts.MinMatchRatio > 0 && float64(matched) < p.opts.MinMatchRatio*float64(req.InputTokens) {
 			continue
 		}
-		dst = append(dst, cacheCandidate{idx: idx, blocks: blocks, uncached: req.InputTokens - matched,
-			obs: p.cfg.observe(snap, engines[idx])})
+		c := cacheCandidate{idx: idx, blocks: blocks, uncached: req.InputTokens - matched}
+		inWindow := len(all) == 0 || c.uncached <= all[0].uncached+p.margin
+		if !inWindow && window >= limit {
+			break
+		}
+		if inWindow {
+			window++
+		}
+		c.obs = p.cfg.observe(snap, engines[idx])
+		all = append(all, c)
+	}
+	if window <= limit {
+		return append(dst, all[:min(len(all), limit)]...)
+	}
+	// More holders within the margin than the limit: keep the limit least pressured of them, by
+	// repeated linear scans (never a sort: the comparison is not a total order), in rank order.
+	w := all[:window]
+	native := allNative(w)
+	var tbuf [64]bool
+	taken := tbuf[:0]
+	if window > len(tbuf) {
+		taken = make([]bool, window)
+	} else {
+		taken = tbuf[:window]
+	}
+	for range limit {
+		best := -1
+		for i := range w {
+			if taken[i] {
+				continue
+			}
+			if best < 0 || loadmon.ComparePressure(req.Stage, &w[i].obs, &w[best].obs, native) < 0 {
+				best = i
+			}
+		}
+		taken[best] = true
+	}
+	for i := range w {
+		if taken[i] {
+			dst = append(dst, w[i])
+		}
 	}
 	return dst
+}
+
+// engineIndex finds id among the ID-sorted engines.
+func engineIndex(engines []state.Engine, id state.EngineID) (int, bool) {
+	return slices.BinarySearchFunc(engines, id, func(e state.Engine, id state.EngineID) int {
+		switch {
+		case e.ID() < id:
+			return -1
+		case e.ID() > id:
+			return 1
+		}
+		return 0
+	})
 }
 
 // scaleTokens returns floor(input × blocks ÷ query) without overflow (docs/design.md §9.1).
@@ -482,11 +532,18 @@ func scaleTokens(input, blocks, query uint64) uint64 {
 	return q
 }
 
-// winner applies the switch margin and the pressure guard among admitted holders (ranked by
-// uncached tokens).
+// winner chooses among admitted holders (ranked by uncached tokens, then ID) within the switch
+// margin of the least uncached one (docs/design.md §9.6, §9.7):
+//   - holders with as many uncached tokens as the incumbent are ordered by stage pressure
+//     (loadmon.ComparePressure under the coverage rule over the evaluated holders), ID last;
+//   - a holder with more uncached tokens (still within the margin) replaces the incumbent when
+//     every evaluated holder has fresh native data and the guard is on, if the incumbent is
+//     materially more pressured (the pressure guard); when some holder lacks native data, if it
+//     has fewer router-local in-flight requests.
 func (p *CacheAware) winner(admitted, evaluated []cacheCandidate, stage state.Stage, d *CacheDecision) cacheCandidate {
 	best := admitted[0]
-	comparable := !p.opts.DisablePressureGuard && allNative(evaluated)
+	native := allNative(evaluated)
+	comparable := !p.opts.DisablePressureGuard && native
 	if comparable {
 		d.PressureSource = PressureSourceNativeQueue
 		if p.opts.PressureAbsThreshold > 0 {
@@ -495,31 +552,54 @@ func (p *CacheAware) winner(admitted, evaluated []cacheCandidate, stage state.St
 	}
 	least := best.uncached
 	for _, c := range admitted[1:] {
-		if c.uncached > least+p.margin || c.uncached < least { // outside the near-tie window
-			continue
+		if c.uncached > least+p.margin {
+			break // ranked by uncached tokens: the rest are outside the near-tie window too
 		}
-		if !comparable {
-			continue
-		}
-		d.GuardCompared++
-		if p.materiallyMorePressured(best.obs.Load, c.obs.Load) {
-			best = c
-			d.GuardOverrides++
+		switch {
+		case c.uncached == best.uncached:
+			if loadmon.ComparePressure(stage, &c.obs, &best.obs, native) < 0 {
+				best = c
+			}
+		case comparable:
+			d.GuardCompared++
+			if p.materiallyMorePressured(&best.obs, &c.obs) {
+				best = c
+				d.GuardOverrides++
+			}
+		case !native:
+			if loadmon.ComparePressure(stage, &c.obs, &best.obs, false) < 0 {
+				best = c
+			}
 		}
 	}
 	return best
 }
 
 // materiallyMorePressured reports whether a is materially more pressured than b
-// (docs/design.md §9.7).
-func (p *CacheAware) materiallyMorePressured(a, b *loadmon.EngineLoad) bool {
+// (docs/design.md §9.7), counting the prefill work dispatched since each report.
+func (p *CacheAware) materiallyMorePressured(a, b *loadmon.Observation) bool {
 	rel := p.opts.PressureRelThreshold
-	if p.opts.PressureAbsThreshold > 0 && a.HasPrefillRate && b.HasPrefillRate {
-		da, db := a.EstimatedPrefillQueue, b.EstimatedPrefillQueue
-		return da-db > p.opts.PressureAbsThreshold && float64(da) > float64(db)*rel
+	if p.opts.PressureAbsThreshold > 0 {
+		if da, ok := a.PendingPrefillTime(); ok {
+			if db, ok := b.PendingPrefillTime(); ok {
+				return da-db > p.opts.PressureAbsThreshold && float64(da) > float64(db)*rel
+			}
+		}
 	}
-	ua, ub := a.WaitingUncachedTokens, b.WaitingUncachedTokens
+	ua, _ := a.PendingPrefillTokens()
+	ub, _ := b.PendingPrefillTokens()
 	return ua > ub && ua-ub > p.opts.PressureAbsThresholdTokens && float64(ua) > float64(ub)*rel
+}
+
+// queued reports whether the soft queue gate sets the engine aside: its fresh waiting count is at or
+// over WorkerQueueLimit, or, without a fresh report, its router-local in-flight count is. Unknown
+// load fails open only while this router has fewer requests in flight there than the limit: it
+// is never taken for idle (docs/design.md §9.3).
+func (p *CacheAware) queued(o *loadmon.Observation) bool {
+	if o.Load == nil {
+		return o.InFlight >= p.queueCap
+	}
+	return o.Load.WaitingRequests >= p.queueCap
 }
 
 // anyBelowFloor reports whether some group engine has a fresh queue strictly below the saturation
@@ -542,7 +622,7 @@ func (p *CacheAware) fallback(engines []state.Engine, stage state.Stage, snap lo
 	var tbuf [64]int
 	tier := tbuf[:0]
 	for i, e := range engines {
-		if l, ok := snap.Load(e.ID()); !ok || l.WaitingRequests < p.queueCap {
+		if o := p.cfg.observe(snap, e); !p.queued(&o) {
 			tier = append(tier, i)
 		}
 	}

@@ -646,3 +646,115 @@ func TestCacheAwareRejectsTokenIDsThatDisagreeWithInputTokens(t *testing.T) {
 	_, err := p.Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(tok))
 	assert.NoError(t, err)
 }
+
+// docs/design.md §9.6: holders with equal uncached tokens are ordered by stage pressure, ID last;
+// without complete native data, holders within the switch margin are ordered by router-local
+// in-flight requests.
+func TestCacheAwareHoldersWithinTheMarginAreOrderedByPressure(t *testing.T) {
+	t.Parallel()
+	tok := prompt(10*blockTokens, 21)
+	t.Run("equal holders, native: less pending prefill wins without a material gap", func(t *testing.T) {
+		t.Parallel()
+		c := newCacheEnv(t)
+		c.hold(t, "a", tok, 10)
+		c.hold(t, "b", tok, 10)
+		c.native("a", loadmon.Report{Native: &loadmon.NativeLoad{WaitingUncachedTokens: 100}})
+		c.native("b", loadmon.Report{Native: &loadmon.NativeLoad{WaitingUncachedTokens: 50}})
+		pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(tok))
+		require.NoError(t, err)
+		assert.Equal(t, state.EngineID("b"), pk.Engine.ID())
+		assert.Zero(t, c.dec.last().GuardCompared, "an exact tie in uncached tokens is not a guard comparison")
+	})
+	t.Run("equal holders, complete tie: lowest ID", func(t *testing.T) {
+		t.Parallel()
+		c := newCacheEnv(t)
+		c.hold(t, "a", tok, 10)
+		c.hold(t, "b", tok, 10)
+		pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(tok))
+		require.NoError(t, err)
+		assert.Equal(t, state.EngineID("a"), pk.Engine.ID())
+	})
+	t.Run("no native data: fewer in-flight within the margin wins", func(t *testing.T) {
+		t.Parallel()
+		c := newCacheEnv(t)
+		c.hold(t, "deep", tok, 10)   // 0 uncached
+		c.hold(t, "shallow", tok, 9) // 16 uncached
+		for range 3 {
+			c.inflight.Acquire("deep")
+		}
+		c.inflight.Acquire("shallow")
+		group := engines(state.StagePrefill, "deep", "shallow")
+		pk, _ := c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16)}).Pick(ctx, group, creq(tok))
+		assert.Equal(t, state.EngineID("shallow"), pk.Engine.ID())
+		pk, _ = c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(15)}).Pick(ctx, group, creq(tok))
+		assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "16 more uncached tokens is outside a 15-token margin")
+	})
+}
+
+// docs/design.md §9.2: when more holders than the candidate limit lie within the switch margin, the
+// cut keeps the least pressured of them, not the lowest IDs; the rest of the ranking is unchanged.
+func TestCacheAwareCandidateCutKeepsTheLeastPressuredWithinTheMargin(t *testing.T) {
+	t.Parallel()
+	tok := prompt(10*blockTokens, 22)
+	group := engines(state.StagePrefill, "e0", "e1", "e2", "e3", "far")
+	setup := func() *cacheEnv {
+		c := newCacheEnv(t)
+		for _, id := range []state.EngineID{"e0", "e1", "e2", "e3"} {
+			c.hold(t, id, tok, 10)
+		}
+		c.hold(t, "far", tok, 2) // 128 uncached: outside the margin
+		return c
+	}
+	c := setup()
+	for id, pending := range map[state.EngineID]uint64{"e0": 300, "e1": 0, "e2": 200, "e3": 100, "far": 0} {
+		c.native(id, loadmon.Report{Native: &loadmon.NativeLoad{WaitingUncachedTokens: pending}})
+	}
+	opts := policy.CacheAwareOptions{CandidateMinEngines: 2, CandidateMaxEngines: 2, SwitchMarginTokens: u64(64)}
+	pk, err := c.policy(t, opts).Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, []state.EngineID{"e1", "e3"}, c.check.Calls(), "native: the two least pending, in ID order")
+	assert.Equal(t, state.EngineID("e1"), pk.Engine.ID())
+
+	c = setup()
+	c.inflight.Acquire("e0")
+	c.inflight.Acquire("e1")
+	c.inflight.Acquire("e1")
+	_, err = c.policy(t, opts).Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, []state.EngineID{"e2", "e3"}, c.check.Calls(), "no reports: the two fewest in flight, ID last")
+
+	c = setup()
+	_, err = c.policy(t, policy.CacheAwareOptions{CandidateMinEngines: 5, CandidateMaxEngines: 5}).Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, []state.EngineID{"e0", "e1", "e2", "e3", "far"}, c.check.Calls(), "under the limit: rank order")
+}
+
+// docs/design.md §9.3: an engine without a fresh report passes the queue gate only while its
+// router-local in-flight count is below the limit, for holders and for the fallback's tier.
+func TestCacheAwareUnknownLoadPassesTheGateOnlyBelowTheLimitInFlight(t *testing.T) {
+	t.Parallel()
+	tok := prompt(10*blockTokens, 23)
+	c := newCacheEnv(t)
+	c.hold(t, "holder", tok, 10) // never reports
+	c.native("cold", loadmon.Report{WaitingRequests: 0})
+	group := engines(state.StagePrefill, "cold", "holder")
+	p := c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(2)})
+	c.inflight.Acquire("holder")
+	pk, err := p.Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("holder"), pk.Engine.ID(), "1 in flight < limit 2: unknown fails open")
+	c.inflight.Acquire("holder")
+	pk, err = p.Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "2 in flight: set aside")
+	d := c.dec.last()
+	assert.Equal(t, policy.DecisionCacheWorkerQueued, d.Decision)
+	assert.Equal(t, 1, d.GateRejected)
+	assert.False(t, d.FleetAllQueued, "unknown is never proof of a queue")
+
+	// Miss: the unqueued tier excludes the unknown engine at the limit, whatever the sample says.
+	c.rnd.vals = []int{1, 0}
+	pk, err = p.Pick(ctx, group, creq(prompt(10*blockTokens, 24)))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID())
+}

@@ -15,28 +15,45 @@ const DefaultChoices = 2
 // pressureScan finds the least pressured of the engines offered to it in one linear pass, under
 // the coverage rule: it tracks the best by reported pressure and the best by in-flight alone, and
 // reports the former only if every offered engine had fresh native data. Only a strict improvement
-// displaces the incumbent, so a complete tie keeps the first offered.
+// displaces the incumbent; a complete tie keeps the first offered, or, when rand is set, is broken
+// uniformly at random among the tied engines (reservoir sampling: the j-th tied engine replaces the
+// incumbent with probability 1/j), which needs no allocation.
 type pressureScan struct {
 	stage        state.Stage
+	rand         func(n int) int // nil: ties keep the first offered
 	n            int
 	allNative    bool
 	bestR, bestL int
+	tieR, tieL   int // engines tied with the incumbent so far, the incumbent included
 	obsR, obsL   loadmon.Observation
 }
 
 func (s *pressureScan) offer(i int, o loadmon.Observation) {
 	if s.n == 0 {
 		s.bestR, s.bestL, s.obsR, s.obsL, s.allNative = i, i, o, o, o.HasNative()
+		s.tieR, s.tieL = 1, 1
 		s.n = 1
 		return
 	}
 	s.n++
 	s.allNative = s.allNative && o.HasNative()
-	if s.allNative && loadmon.ComparePressure(s.stage, &o, &s.obsR, true) < 0 {
-		s.bestR, s.obsR = i, o
+	if s.allNative {
+		switch c := loadmon.ComparePressure(s.stage, &o, &s.obsR, true); {
+		case c < 0:
+			s.bestR, s.obsR, s.tieR = i, o, 1
+		case c == 0 && s.rand != nil:
+			if s.tieR++; s.rand(s.tieR) == 0 {
+				s.bestR, s.obsR = i, o
+			}
+		}
 	}
-	if o.InFlight < s.obsL.InFlight {
-		s.bestL, s.obsL = i, o
+	switch {
+	case o.InFlight < s.obsL.InFlight:
+		s.bestL, s.obsL, s.tieL = i, o, 1
+	case o.InFlight == s.obsL.InFlight && s.rand != nil:
+		if s.tieL++; s.rand(s.tieL) == 0 {
+			s.bestL, s.obsL = i, o
+		}
 	}
 }
 
@@ -49,9 +66,10 @@ func (s *pressureScan) result() (int, loadmon.Observation) {
 }
 
 // PowerOfN samples N distinct candidates uniformly and picks the one with the lower stage
-// pressure (loadmon.ComparePressure, with the coverage rule over the sample); a complete tie keeps
-// the first sampled. When N covers the candidates it takes the exact minimum by a linear scan in
-// candidate order. Admission is called exactly once, on the winner, with the observation the
+// pressure (loadmon.ComparePressure, with the coverage rule over the sample, counting the
+// dispatches since each engine's report); a complete tie keeps the first sampled, itself uniformly
+// random. When N covers the candidates it takes the exact minimum by a linear scan, breaking
+// complete ties uniformly at random (docs/design.md §7). Admission is called exactly once, on the winner, with the observation the
 // selection used; a rejection is returned as *AdmissionRejectedError, never resampled and never
 // replaced by the other sampled engine (docs/design.md §7).
 type PowerOfN struct {
@@ -97,7 +115,7 @@ func (p *PowerOfN) Pick(_ context.Context, engines []state.Engine, req *Request)
 }
 
 // sampleLeastPressured returns the least pressured of k distinct uniformly sampled engines, or of
-// all engines (exact minimum, candidate order) when k >= len(engines).
+// all engines (exact minimum, complete ties broken uniformly at random) when k >= len(engines).
 func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.Engine, stage state.Stage, k int) (int, loadmon.Observation, error) {
 	n := len(engines)
 	if n == 0 {
@@ -105,6 +123,7 @@ func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.En
 	}
 	s := pressureScan{stage: stage}
 	if k >= n {
+		s.rand = cfg.Rand
 		for i, e := range engines {
 			s.offer(i, cfg.observe(snap, e))
 		}
@@ -148,8 +167,9 @@ func stageOf(req *Request) state.Stage {
 // LeastLoad picks the least loaded candidate (CLI name load_based; docs/design.md §8). When every candidate has a fresh report, an engine's load is waiting + running
 // requests + the dispatches this router made after that report (so dispatches the report has not
 // seen count once); otherwise every candidate is scored by router-local in-flight requests alone.
-// Ties go to the fewer in-flight requests, then to the earliest candidate in ID order. Admission
-// is checked once, on the winner; a rejection is returned, never replaced.
+// Ties go to the fewer in-flight requests; complete ties are broken uniformly at random, without
+// allocating (docs/design.md §8). Admission is checked once, on the winner; a rejection is
+// returned, never replaced.
 type LeastLoad struct {
 	cfg Config
 }
@@ -172,21 +192,30 @@ func (p *LeastLoad) Pick(_ context.Context, engines []state.Engine, _ *Request) 
 	}
 	snap := p.cfg.Load.Snapshot()
 	allFresh := true
-	var bestR, bestL int
+	var bestR, bestL, tieR, tieL int
 	var scoreR uint64
 	var obsR, obsL loadmon.Observation
 	for i, e := range engines {
 		o := p.cfg.observe(snap, e)
 		allFresh = allFresh && o.Load != nil
 		if allFresh {
-			score := satAdd(satAdd(o.Load.WaitingRequests, o.Load.RunningRequests),
-				p.cfg.InFlight.DispatchesSince(e.ID(), o.Load.ReportedAt))
-			if i == 0 || score < scoreR || (score == scoreR && o.InFlight < obsR.InFlight) {
-				bestR, scoreR, obsR = i, score, o
+			score := satAdd(satAdd(o.Load.WaitingRequests, o.Load.RunningRequests), o.Dispatched)
+			switch {
+			case i == 0 || score < scoreR || (score == scoreR && o.InFlight < obsR.InFlight):
+				bestR, scoreR, obsR, tieR = i, score, o, 1
+			case score == scoreR && o.InFlight == obsR.InFlight:
+				if tieR++; p.cfg.Rand(tieR) == 0 {
+					bestR, obsR = i, o
+				}
 			}
 		}
-		if i == 0 || o.InFlight < obsL.InFlight {
-			bestL, obsL = i, o
+		switch {
+		case i == 0 || o.InFlight < obsL.InFlight:
+			bestL, obsL, tieL = i, o, 1
+		case o.InFlight == obsL.InFlight:
+			if tieL++; p.cfg.Rand(tieL) == 0 {
+				bestL, obsL = i, o
+			}
 		}
 	}
 	best, obs := bestL, obsL

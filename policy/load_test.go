@@ -281,12 +281,17 @@ func TestLeastLoadScoresReportsPlusDispatchesSinceThem(t *testing.T) {
 	assert.Equal(t, state.EngineID("a"), pk.Engine.ID())
 	assert.Equal(t, policy.ReasonLeastLoad, pk.Reason)
 
-	// Two dispatches to a after its report: 3 + 2 = 5 > 4. b and c tie at 4; b comes first.
+	// Two dispatches to a after its report: 3 + 2 = 5 > 4. b and c tie at 4: the tie is broken by
+	// one draw of Rand(2), where 0 lets the second tied engine replace the first (reservoir).
 	e.clk.Advance(time.Millisecond)
 	e.inflight.Acquire("a")
 	e.inflight.Acquire("a").Release()
+	e.rnd.vals = []int{1}
 	pk, _ = p.Pick(ctx, cands, nil)
-	assert.Equal(t, state.EngineID("b"), pk.Engine.ID(), "dispatches since the report count; ties go to ID order")
+	assert.Equal(t, state.EngineID("b"), pk.Engine.ID(), "dispatches since the report count; draw 1 keeps b")
+	e.rnd.vals = []int{0}
+	pk, _ = p.Pick(ctx, cands, nil)
+	assert.Equal(t, state.EngineID("c"), pk.Engine.ID(), "draw 0 replaces b with c")
 
 	// b gains an in-flight request dispatched BEFORE its next report: the report covers it, so it
 	// is not counted twice, but the tie with c now goes to the fewer in-flight requests.

@@ -74,6 +74,11 @@ type Pick struct {
 	Engine state.Engine
 	// Reason is a Reason… label.
 	Reason string
+	// PrefillTokens is the policy's estimate of the prompt tokens the engine will prefill for
+	// this request (input tokens minus the prefix it was seen to hold; at least 1, since engines
+	// recompute the last prompt token). 0 means the policy made no estimate: the host counts the
+	// whole input. The Router passes it to loadmon.InFlight.AcquirePrefill (docs/design.md §6).
+	PrefillTokens uint64
 }
 
 // Reason labels (docs/design.md §15). The session labels (ReasonSessionPrimary, ReasonAssigned,
