@@ -222,8 +222,9 @@ func Example_cacheAwareMinMatchedTokens() {
 
 // The queue gate is off by default: the engine holding the prefix wins however long its queue.
 // With WorkerQueueLimit set, a holder whose fresh report shows at least that many waiting requests
-// is passed over for an unqueued engine (decision cache_worker_queued); a holder without a fresh
-// report passes the gate (unknown is not "queued").
+// is passed over for an unqueued engine (decision cache_worker_queued; a and c tie, and the scripted
+// random source breaks the tie to c); a holder without a fresh report passes the gate while this
+// router has fewer requests in flight to it than the limit (unknown is not "queued", nor idle).
 func Example_cacheAwareQueueGate() {
 	for _, c := range []struct {
 		name   string
@@ -255,7 +256,7 @@ func Example_cacheAwareQueueGate() {
 	//   http://b:30000
 	// limit 8, b has 10 waiting
 	//   no_cache_candidate cache_worker_queued
-	//   http://a:30000
+	//   http://c:30000
 	// limit 8, no report from b
 	//   cache_candidate cache_hit
 	//   http://b:30000

@@ -3,6 +3,8 @@ package enginepick_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -44,7 +46,15 @@ func newPlainRouter(t *testing.T, ids []state.EngineID, mk func(cfg policy.Confi
 	for _, id := range ids {
 		require.NoError(t, reg.Add(state.NewStaticEngine(id, "m", state.StagePlain)))
 	}
-	p, err := mk(policy.Config{Load: r.load, InFlight: r.inflight}, r.source)
+	// A seeded source keeps the random tie-breaks and samples reproducible.
+	var mu sync.Mutex
+	rnd := rand.New(rand.NewPCG(1, 2))
+	intN := func(n int) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return rnd.IntN(n)
+	}
+	p, err := mk(policy.Config{Load: r.load, InFlight: r.inflight, Rand: intN}, r.source)
 	require.NoError(t, err)
 	g, err := bucket.NewEngineGroup(p, nil)
 	require.NoError(t, err)

@@ -192,7 +192,7 @@ func (e *engine) plan() error {
 func (e *engine) planPrefill() error {
 	budget := e.m.ChunkedPrefillTokens
 	e.batch = e.batch[:0]
-	total := 0
+	seconds := 0.0
 	for _, q := range e.prefilling {
 		if budget == 0 {
 			break
@@ -200,7 +200,7 @@ func (e *engine) planPrefill() error {
 		take := min(q.work-q.prefilled, budget)
 		e.batch = append(e.batch, batchItem{q, take})
 		budget -= take
-		total += take
+		seconds += e.m.prefillSeconds(take, q.cached+q.prefilled)
 	}
 	for budget > 0 && e.waitLen() > 0 && e.running() < e.m.MaxRunningRequests {
 		q := e.waiting[e.waitHead]
@@ -214,14 +214,14 @@ func (e *engine) planPrefill() error {
 		take := min(q.work, budget)
 		e.batch = append(e.batch, batchItem{q, take})
 		budget -= take
-		total += take
+		seconds += e.m.prefillSeconds(take, q.cached)
 	}
 	if len(e.batch) == 0 {
 		return nil
 	}
 	e.kind = segPrefill
 	e.segStart = e.r.now
-	e.segEnd = e.r.now + e.m.prefillTime(total)
+	e.segEnd = e.r.now + secondsToDuration(seconds)
 	e.version++
 	e.r.schedule(e.segEnd, evStep, e.idx, e.version)
 	return nil

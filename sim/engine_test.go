@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -171,5 +172,49 @@ func TestEngineModelDefaultsAndValidation(t *testing.T) {
 	} {
 		bad.fill()
 		assert.ErrorIs(t, bad.validate(), state.ErrInvalidConfiguration, name)
+	}
+}
+
+// TestPrefillSeconds checks both prefill time models on exact values: the flat model charges
+// uncached tokens only, at one rate; the attention model charges each uncached token its linear
+// work plus attention over every token at or before it, cached ones included.
+func TestPrefillSeconds(t *testing.T) {
+	m := EngineModel{PrefillLinearTokensPerSecond: 1000, PrefillAttentionPairsPerSecond: 1e6, PrefillTokensPerSecond: 500}
+	m.fill()
+	require.Equal(t, PrefillAttention, m.PrefillModel, "the attention model is the default")
+	cases := []struct {
+		name            string
+		tokens, context int
+		want            float64
+	}{
+		{"cold 1000", 1000, 0, 1000.0/1000 + (1000.0*1001/2)/1e6},
+		{"100 after 4000 cached", 100, 4000, 100.0/1000 + (100.0*4000+100.0*101/2)/1e6},
+		{"one token after 10000", 1, 10_000, 1.0/1000 + 10_001.0/1e6},
+		{"nothing", 0, 5000, 0},
+	}
+	for _, tc := range cases {
+		assert.InDelta(t, tc.want, m.prefillSeconds(tc.tokens, tc.context), 1e-12, "attention %s", tc.name)
+	}
+	// A hit saves its own tokens' work but the tokens after it still attend over it: 1,000
+	// tokens with 4,000 cached cost more than 1,000 cold ones.
+	assert.Greater(t, m.prefillSeconds(1000, 4000), m.prefillSeconds(1000, 0))
+
+	flat := m
+	flat.PrefillModel = PrefillFlat
+	for _, tc := range cases {
+		assert.InDelta(t, float64(tc.tokens)/500, flat.prefillSeconds(tc.tokens, tc.context), 1e-12, "flat %s", tc.name)
+	}
+
+	bad := EngineModel{PrefillModel: "quadratic"}
+	bad.fill()
+	assert.ErrorIs(t, bad.validate(), state.ErrInvalidConfiguration)
+	for _, f := range []func(*EngineModel){
+		func(m *EngineModel) { m.PrefillLinearTokensPerSecond = -1 },
+		func(m *EngineModel) { m.PrefillAttentionPairsPerSecond = math.Inf(1) },
+	} {
+		m := EngineModel{}
+		f(&m)
+		m.fill()
+		assert.ErrorIs(t, m.validate(), state.ErrInvalidConfiguration)
 	}
 }

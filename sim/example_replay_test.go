@@ -47,6 +47,6 @@ func ExampleReplay() {
 	}
 	// Output:
 	// infinite cache: 51.9 %
-	// round_robin hit 14.8 %  TTFT p50 0.102 s  requests per engine [3 3]
-	// cache_aware hit 48.1 %  TTFT p50 0.026 s  requests per engine [4 2]
+	// round_robin hit 14.8 %  TTFT p50 0.085 s  requests per engine [3 3]
+	// cache_aware hit 48.1 %  TTFT p50 0.022 s  requests per engine [4 2]
 }

@@ -12,13 +12,33 @@ import (
 // (80 GB HBM3). Each constant states where it comes from. They are round figures for comparing
 // routing policies, not a benchmark of any engine release.
 const (
-	// DefaultPrefillTokensPerSecond is the prefill throughput for uncached prompt tokens. A
-	// forward pass costs 2 FLOPs per parameter and token: 2 × 8.03 B = 16.1 GFLOP per token
-	// (Llama 3.1 8B model card). The H100 SXM datasheet gives 989 TFLOPS of dense BF16; at about
-	// 40 % model-FLOPs utilization that is 0.40 × 989e12 ÷ 16.1e9 ≈ 24,600 tokens/s, lowered to
-	// 20,000 for the attention over long contexts (the Mooncake conversation prompts average
+	// DefaultPrefillTokensPerSecond is the flat prefill model's throughput (PrefillFlat), for
+	// uncached prompt tokens at any context length: the linear rate below lowered to 20,000 to
+	// stand in for the attention over long contexts (the Mooncake conversation prompts average
 	// 12,035 tokens, docs/traces.md).
 	DefaultPrefillTokensPerSecond = 20_000.0
+
+	// DefaultPrefillLinearTokensPerSecond is the context-independent part of prefill in the
+	// attention model (PrefillAttention): the projections and MLP of one token. A forward pass
+	// costs 2 FLOPs per parameter and token, 2 × 8.03 B = 16.1 GFLOP (Llama 3.1 8B model card);
+	// at 40 % of the H100 SXM's 989 TFLOPS of dense BF16 (datasheet) that is
+	// 0.40 × 989e12 ÷ 16.06e9 ≈ 24,600 tokens/s. Check against a published end-to-end figure: a
+	// 500-token prefix "adds ~20-40 ms" to every request of Llama-8B on one H100 (Georgia Tech
+	// agentic-AI infrastructure course, week 15, "LMCache" lab,
+	// hungchun0201.github.io/agentic-ai-survey); the model gives 20.4 ms (attention included).
+	DefaultPrefillLinearTokensPerSecond = 24_600.0
+
+	// DefaultPrefillAttentionPairsPerSecond is the attention part of prefill in the attention
+	// model: how many (query token, context token) pairs per second the attention kernels
+	// process. One pair costs 4 FLOPs per head dimension and query head per layer (QKᵀ and PV):
+	// 4 × 128 × 32 heads × 32 layers = 524,288 FLOPs (Llama 3.1 8B config.json). FlashAttention-3
+	// measures 638–648 TFLOPS of causal forward attention with head dimension 128 at 4k–16k tokens
+	// on an H100 80GB SXM5 in BF16 (Shah et al., "FlashAttention-3", arXiv:2407.08608, Figure 5;
+	// the same kernel the vLLM and SGLang Hopper backends use): 640e12 ÷ 524,288 ≈ 1.22e9 pairs/s,
+	// 0.82 ns per pair. A 12,035-token prompt from scratch then takes 0.489 s of linear work and
+	// 0.059 s of attention (0.549 s, an effective 21,940 tokens/s); 100,000 tokens take 4.07 s and
+	// 4.10 s, so attention dominates past about 100k tokens of context.
+	DefaultPrefillAttentionPairsPerSecond = 640e12 / (4 * 128 * 32 * 32)
 
 	// DefaultDecodeStepBase is the part of a decode step that does not depend on the batch:
 	// reading the weights once. 8.03 B parameters × 2 bytes = 16.1 GB over the H100 SXM's
@@ -83,8 +103,19 @@ const (
 // then requests from the head of the queue, while the batch has fewer than ChunkedPrefillTokens
 // uncached tokens, the running batch has room and the KV cache can hold the request's prompt and
 // output. The queue is strictly FIFO: a head that does not fit blocks those behind it. A prefill
-// step takes (uncached tokens in the batch) ÷ PrefillTokensPerSecond; the decode batch waits
-// during it. The step that completes a request's prompt produces its first token. Without
+// step's time depends on PrefillModel. Under PrefillAttention (the default) every uncached token
+// costs its context-independent work plus attention over every token at or before it in its
+// prompt, cached and uncached alike:
+//
+//	Σ over the batch's chunks of  t ÷ PrefillLinearTokensPerSecond
+//	                            + (t·c + t·(t+1)/2) ÷ PrefillAttentionPairsPerSecond
+//
+// for a chunk of t uncached tokens whose prompt already holds c tokens before it (cached tokens
+// plus earlier chunks), so a cache hit saves the hit tokens' own work but not the attention the
+// following tokens pay over them. Under PrefillFlat (the model of earlier releases, kept for
+// comparison) a step takes (uncached tokens in the batch) ÷ PrefillTokensPerSecond at any context
+// length, so a cached token costs nothing and an uncached one the same everywhere, which
+// overstates the value of hits on long prompts. The decode batch waits during a prefill step. The step that completes a request's prompt produces its first token. Without
 // prefill work the engine runs decode steps, each producing one token for every decoding
 // request, taking
 //
@@ -105,13 +136,22 @@ const (
 // while the request runs and are freed at the end, never cached: the traces give them no
 // identity, so they could never be hit.
 //
-// Not modelled: attention cost growing with prompt length during prefill, CUDA graph and
-// scheduling overheads, preemption, speculative decoding, network latency between router and
-// engine.
+// Not modelled: CUDA graph and scheduling overheads, preemption, speculative decoding, network
+// latency between router and engine, and kernel efficiency varying with batch shape (the prefill
+// coefficients are for long chunks).
 type EngineModel struct {
-	// PrefillTokensPerSecond is the throughput of prefill steps, in uncached prompt tokens per
-	// second. 0 means DefaultPrefillTokensPerSecond.
+	// PrefillModel selects the prefill time model: PrefillAttention or PrefillFlat. "" means
+	// PrefillAttention; another value is invalid.
+	PrefillModel PrefillModel `json:"prefill_model"`
+	// PrefillTokensPerSecond is PrefillFlat's throughput, in uncached prompt tokens per second;
+	// unused under PrefillAttention. 0 means DefaultPrefillTokensPerSecond.
 	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_s"`
+	// PrefillLinearTokensPerSecond is PrefillAttention's context-independent rate, in uncached
+	// tokens per second. 0 means DefaultPrefillLinearTokensPerSecond.
+	PrefillLinearTokensPerSecond float64 `json:"prefill_linear_tokens_per_s"`
+	// PrefillAttentionPairsPerSecond is PrefillAttention's attention rate, in (query token,
+	// context token) pairs per second. 0 means DefaultPrefillAttentionPairsPerSecond.
+	PrefillAttentionPairsPerSecond float64 `json:"prefill_attention_pairs_per_s"`
 	// DecodeStepBase is the batch-independent time of one decode step. 0 means
 	// DefaultDecodeStepBase.
 	DecodeStepBase time.Duration `json:"decode_step_base_ns"`
@@ -142,6 +182,19 @@ type EngineModel struct {
 	KVTransferBytesPerSecond float64 `json:"kv_transfer_bytes_per_s"`
 }
 
+// PrefillModel names a prefill time model (EngineModel.PrefillModel).
+type PrefillModel string
+
+// The prefill time models.
+const (
+	// PrefillAttention charges every uncached token its linear work and attention over its whole
+	// context, cached tokens included (the default).
+	PrefillAttention PrefillModel = "attention"
+	// PrefillFlat charges every uncached token the same time at any context length and cached
+	// tokens nothing: the model of earlier releases, for comparison.
+	PrefillFlat PrefillModel = "flat"
+)
+
 // DefaultEngineModel returns the model with every field set to its default.
 func DefaultEngineModel() EngineModel {
 	var m EngineModel
@@ -151,8 +204,17 @@ func DefaultEngineModel() EngineModel {
 
 // fill replaces zero fields with their defaults.
 func (m *EngineModel) fill() {
+	if m.PrefillModel == "" {
+		m.PrefillModel = PrefillAttention
+	}
 	if m.PrefillTokensPerSecond == 0 {
 		m.PrefillTokensPerSecond = DefaultPrefillTokensPerSecond
+	}
+	if m.PrefillLinearTokensPerSecond == 0 {
+		m.PrefillLinearTokensPerSecond = DefaultPrefillLinearTokensPerSecond
+	}
+	if m.PrefillAttentionPairsPerSecond == 0 {
+		m.PrefillAttentionPairsPerSecond = DefaultPrefillAttentionPairsPerSecond
 	}
 	if m.DecodeStepBase == 0 {
 		m.DecodeStepBase = DefaultDecodeStepBase
@@ -190,8 +252,14 @@ func (m *EngineModel) validate() error {
 	}
 	positive := func(v float64) bool { return v > 0 && !math.IsInf(v, 1) }
 	switch {
+	case m.PrefillModel != PrefillAttention && m.PrefillModel != PrefillFlat:
+		return bad("PrefillModel", fmt.Sprintf("%q", m.PrefillModel), fmt.Sprintf("must be %q or %q", PrefillAttention, PrefillFlat))
 	case !positive(m.PrefillTokensPerSecond):
 		return bad("PrefillTokensPerSecond", m.PrefillTokensPerSecond, "must be finite and > 0")
+	case !positive(m.PrefillLinearTokensPerSecond):
+		return bad("PrefillLinearTokensPerSecond", m.PrefillLinearTokensPerSecond, "must be finite and > 0")
+	case !positive(m.PrefillAttentionPairsPerSecond):
+		return bad("PrefillAttentionPairsPerSecond", m.PrefillAttentionPairsPerSecond, "must be finite and > 0")
 	case m.DecodeStepBase < 0:
 		return bad("DecodeStepBase", m.DecodeStepBase, "must be >= 0")
 	case m.KVBytesPerToken < 0:
@@ -216,9 +284,16 @@ func (m *EngineModel) validate() error {
 	return nil
 }
 
-// prefillTime returns the duration of a prefill step over tokens uncached tokens.
-func (m *EngineModel) prefillTime(tokens int) time.Duration {
-	return secondsToDuration(float64(tokens) / m.PrefillTokensPerSecond)
+// prefillSeconds returns the time, in seconds, of prefilling a chunk of tokens uncached tokens
+// whose prompt holds context tokens before it (see EngineModel). A step's time is the sum over its
+// chunks.
+func (m *EngineModel) prefillSeconds(tokens, context int) float64 {
+	t := float64(tokens)
+	if m.PrefillModel == PrefillFlat {
+		return t / m.PrefillTokensPerSecond
+	}
+	pairs := t*float64(context) + t*(t+1)/2
+	return t/m.PrefillLinearTokensPerSecond + pairs/m.PrefillAttentionPairsPerSecond
 }
 
 // transferTime returns the PD transfer time of a prompt of tokens tokens.

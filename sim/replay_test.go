@@ -409,3 +409,31 @@ func replayLogged(t *testing.T, cfg Config) *Report {
 	t.Logf("\n%s", buf.Bytes())
 	return rep
 }
+
+// TestReplayPrefillModel checks the prefill model end to end: with a 1,024-token system prompt
+// the second of two requests finds it cached, and its TTFT on an idle engine is exactly the
+// model's time for 100 uncached tokens attending over 1,124 — under the flat model, exactly
+// 100 tokens at the flat rate.
+func TestReplayPrefillModel(t *testing.T) {
+	tr := &Trace{Name: "two", Requests: []Request{
+		{Index: 0, InputTokens: 100, OutputTokens: 1},
+		{Index: 1, Arrival: 10 * time.Second, InputTokens: 100, OutputTokens: 1},
+	}}
+	for _, pm := range []PrefillModel{PrefillAttention, PrefillFlat} {
+		t.Run(string(pm), func(t *testing.T) {
+			cfg := Config{Trace: tr, Fleet: Fleet{Plain: 1}, Policies: []string{NameRoundRobin}, SystemPromptTokens: 1024,
+				Model: EngineModel{PrefillModel: pm}}
+			rep, err := Replay(context.Background(), cfg)
+			require.NoError(t, err)
+			m := rep.Model
+			// The last prompt token is always recomputed: the first request caches 2 blocks, the
+			// second matches both and computes the remaining 100 tokens after 1,024.
+			want := []float64{
+				secondsToDuration(m.prefillSeconds(100, 1024)).Seconds(),
+				secondsToDuration(m.prefillSeconds(1124, 0)).Seconds(),
+			}
+			assert.InDeltaSlice(t, want, rep.Results[0].TTFTSamples, 1e-9)
+			assert.Equal(t, int64(1024), rep.Results[0].CachedTokens)
+		})
+	}
+}

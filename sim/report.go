@@ -224,8 +224,13 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintln(bw)
 	m := &rep.Model
-	fmt.Fprintf(bw, "engines: prefill %.0f tok/s, decode step %v + %.1f ns/KV token, KV %d tokens in %d-token blocks, max %d running, chunk %d; load reports every %g s\n",
-		m.PrefillTokensPerSecond, m.DecodeStepBase, m.kvTokenSeconds()*1e9, m.KVCapacityTokens, m.BlockTokens,
+	prefill := fmt.Sprintf("prefill %.0f tok/s + %.2f ns per attended token pair", m.PrefillLinearTokensPerSecond,
+		1e9/m.PrefillAttentionPairsPerSecond)
+	if m.PrefillModel == PrefillFlat {
+		prefill = fmt.Sprintf("flat prefill %.0f tok/s", m.PrefillTokensPerSecond)
+	}
+	fmt.Fprintf(bw, "engines: %s, decode step %v + %.1f ns/KV token, KV %d tokens in %d-token blocks, max %d running, chunk %d; load reports every %g s\n",
+		prefill, m.DecodeStepBase, m.kvTokenSeconds()*1e9, m.KVCapacityTokens, m.BlockTokens,
 		m.MaxRunningRequests, m.ChunkedPrefillTokens, rep.ReportInterval)
 	fmt.Fprintf(bw, "infinite-cache prefix hit limit: %.1f %% of prompt tokens\n\n", 100*rep.InfiniteCacheHitRate)
 	tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)

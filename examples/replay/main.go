@@ -43,6 +43,9 @@
 //	                 and approximate entries; requests go round-robin over them and every engine's
 //	                 KV events and load reports reach all of them; the affinity policies of all
 //	                 replicas share one affinity store, as replicas share Redis (default 1)
+//	-prefill-model M attention (default): an uncached token costs its linear work plus attention
+//	                 over its whole context, cached tokens included; flat: one rate for uncached
+//	                 tokens at any length, the earlier model, for comparison (see sim.EngineModel)
 //	-json            print the report as JSON instead of a table
 //	-plot DIR        also write PNG charts to DIR: ttft_cdf.png, hit_rate.png, imbalance.png
 //

@@ -35,6 +35,7 @@ func TestRunRejectsBadScenarioFlags(t *testing.T) {
 		{"-system-prompt", "10000001"},
 		{"-routers", "0"},
 		{"-routers", "65"},
+		{"-prefill-model", "quadratic"},
 	} {
 		var out, stderr bytes.Buffer
 		err := run(context.Background(), args, &out, &stderr, false)
@@ -42,5 +43,16 @@ func TestRunRejectsBadScenarioFlags(t *testing.T) {
 		assert.True(t, errors.As(err, &ue), "%v: %v is not a usage error", args, err)
 		assert.Equal(t, 2, exitCode(err, &stderr), "%v", args)
 		assert.Empty(t, out.String())
+	}
+}
+
+func TestRunPrefillModel(t *testing.T) {
+	for _, pm := range []sim.PrefillModel{sim.PrefillAttention, sim.PrefillFlat} {
+		var out, stderr bytes.Buffer
+		require.NoError(t, run(context.Background(), []string{"-limit", "60", "-engines", "2", "-policies", "round_robin",
+			"-prefill-model", string(pm), "-json"}, &out, &stderr, false))
+		var rep sim.Report
+		require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+		assert.Equal(t, pm, rep.Model.PrefillModel)
 	}
 }
