@@ -63,6 +63,9 @@ type run struct {
 	ttft       []float64
 	e2e        []float64
 	lastFinish time.Duration
+	backlog    int           // requests routed to an engine that have not had their first token
+	backlogAll backlogWindow // samples over the whole arrival span
+	backlogEnd backlogWindow // samples over its last OverloadWindow fraction
 
 	// Buffers.
 	scratch []byte
@@ -265,8 +268,10 @@ func (r *run) loop() error {
 	return nil
 }
 
-// tick makes every engine report its load, then schedules the next tick while work remains.
+// tick makes every engine report its load and samples the backlog, then schedules the next tick
+// while work remains.
 func (r *run) tick() error {
+	r.sampleBacklog()
 	for _, e := range r.all {
 		if err := e.report(); err != nil {
 			return fmt.Errorf("sim: load report of %q: %w", e.id, err)
@@ -320,6 +325,7 @@ func (r *run) arrive(k int) error {
 		return nil
 	}
 	q.dispatch = d
+	r.backlog++
 	sel := &d.Selection
 	if sel.IsPD() {
 		q.front, q.decode = r.byID[sel.Prefill.Engine.ID()], r.byID[sel.Decode.Engine.ID()]
@@ -377,9 +383,11 @@ func (r *run) transferred(q *reqState) error {
 	return d.startDecoding(q)
 }
 
-// firstToken records that q's first token exists now and tells its replica's trackers.
+// firstToken records that q's first token exists now, takes it out of the backlog and tells its
+// replica's trackers.
 func (r *run) firstToken(q *reqState) {
 	q.firstToken = r.now
+	r.backlog--
 	for _, t := range q.replica.trackers {
 		t.firstToken(q.pos)
 	}
