@@ -84,6 +84,7 @@ type replica struct {
 	index    *kvindex.Index
 	router   *enginepick.Router
 	trackers []requestTracker // policies that follow their requests' lifecycle
+	routed   int              // requests this replica routed (selected an engine for)
 }
 
 // simulate runs policy i of rc and returns its result.
@@ -309,6 +310,9 @@ func (r *run) arrive(k int) error {
 		} else {
 			t.discard()
 		}
+	}
+	if err == nil {
+		rep.routed++
 	}
 	if err != nil {
 		switch bucket.StatusCode(err) {

@@ -46,6 +46,11 @@
 //	-prefill-model M attention (default): an uncached token costs its linear work plus attention
 //	                 over its whole context, cached tokens included; flat: one rate for uncached
 //	                 tokens at any length, the earlier model, for comparison (see sim.EngineModel)
+//	-sweep           instead of one replay at -speed, find for each policy the highest speed at
+//	                 which TTFT p99 stays at or under -slo, by bisection to 5 % (sim.Sweep), and
+//	                 print it as a table: the capacity a policy buys. Each policy takes about 8
+//	                 replays, so under -sweep -limit defaults to 3000 requests (-limit 0: all)
+//	-slo D           TTFT p99 target of -sweep (default 10s)
 //	-json            print the report as JSON instead of a table
 //	-admission JSON  per-engine admission caps, e.g. '{"max_waiting_requests": 32}' (default:
 //	                 admit everything); unknown fields and values that are not non-negative
@@ -279,6 +284,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 		replayStarting()
 	}
 
+	if *scenario.sweep {
+		return scenario.runSweep(ctx, fs, cfg, *asJSON, stdout, stderr)
+	}
 	start := time.Now()
 	prog := &progress{out: stderr, start: start, enabled: interactive}
 	cfg.Progress = prog.update
