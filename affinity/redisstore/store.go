@@ -59,24 +59,31 @@ type Options struct {
 	IdleTimeout time.Duration
 	// Now is the clock of the expiry rule. Nil means time.Now.
 	Now func() time.Time
+	// TTLSlack is how long the server keeps an idle binding's keys beyond its expiry before it
+	// frees them: a whole number of milliseconds, ≥ 0. 0 (the default) frees them at the expiry.
+	// The expiry itself does not move: a binding past it is absent to every operation. A slack
+	// keeps bindings inspectable for a while, and keeps them on the server when Now runs behind
+	// the real clock (a test clock, or a replica whose clock lags).
+	TTLSlack time.Duration
 }
 
 // Store is an affinity.Store on Redis. It is safe for concurrent use and keeps no binding state
 // in the process.
 type Store struct {
-	c      redis.UniversalClient
-	prefix string
-	shards uint64
-	idleMS int64
-	now    func() time.Time
+	c       redis.UniversalClient
+	prefix  string
+	shards  uint64
+	idleMS  int64
+	slackMS int64
+	now     func() time.Time
 }
 
 var _ affinity.Store = (*Store)(nil)
 
 // New validates opts and returns a Store. It does not contact Redis. Errors wrap
 // state.ErrInvalidConfiguration and name the field: a nil Client, a Prefix with '{' or '}',
-// Shards outside [0, MaxShards], or an IdleTimeout that is negative or not a whole number of
-// milliseconds.
+// Shards outside [0, MaxShards], or an IdleTimeout or TTLSlack that is negative or not a whole
+// number of milliseconds.
 func New(opts Options) (*Store, error) {
 	fail := func(format string, args ...any) (*Store, error) {
 		return nil, fmt.Errorf("redisstore: "+format+": %w", append(args, state.ErrInvalidConfiguration)...)
@@ -102,11 +109,14 @@ func New(opts Options) (*Store, error) {
 	if opts.IdleTimeout < time.Millisecond || opts.IdleTimeout%time.Millisecond != 0 {
 		return fail("Options.IdleTimeout %v: must be a positive whole number of milliseconds", opts.IdleTimeout)
 	}
+	if opts.TTLSlack < 0 || opts.TTLSlack%time.Millisecond != 0 {
+		return fail("Options.TTLSlack %v: must be a whole number of milliseconds >= 0", opts.TTLSlack)
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
 	return &Store{c: opts.Client, prefix: opts.Prefix, shards: uint64(opts.Shards),
-		idleMS: opts.IdleTimeout.Milliseconds(), now: opts.Now}, nil
+		idleMS: opts.IdleTimeout.Milliseconds(), slackMS: opts.TTLSlack.Milliseconds(), now: opts.Now}, nil
 }
 
 // keys returns the scope's binding key and its shard's reverse-set key prefix. Both carry the
@@ -132,7 +142,7 @@ func (s *Store) Lookup(ctx context.Context, scope affinity.Scope) (state.EngineI
 		return "", false, err
 	}
 	key, rev := s.keys(&scope)
-	v, err := scriptLookup.Run(ctx, s.c, []string{key}, s.nowMS(), s.idleMS, rev).Text()
+	v, err := scriptLookup.Run(ctx, s.c, []string{key}, s.nowMS(), s.idleMS, rev, s.slackMS).Text()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return "", false, nil
@@ -160,7 +170,8 @@ func (s *Store) set(ctx context.Context, op string, scope affinity.Scope, engine
 		return "", affinity.ErrInvalidEngine
 	}
 	key, rev := s.keys(&scope)
-	v, err := scriptSet.Run(ctx, s.c, []string{key}, s.nowMS(), s.idleMS, rev, string(engine), mode, string(expected)).Text()
+	v, err := scriptSet.Run(ctx, s.c, []string{key}, s.nowMS(), s.idleMS, rev, string(engine), mode,
+		string(expected), s.slackMS).Text()
 	if err != nil {
 		return "", unavailable(op, err)
 	}
