@@ -11,9 +11,9 @@
 //
 // The default load point is 16 engines with arrivals compressed 4× (-speed 4): the trace's one
 // hour plays in about 15 minutes of virtual time. At the trace's own pace 16 such engines idle,
-// with round-robin keeping them about 12 % busy prefilling, so no policy has anything to avoid;
-// at 4× round-robin keeps them about 47 % busy prefilling and busy almost all the time once
-// decoding is counted, so requests queue behind long prompts and its TTFT tail doubles. Time
+// with round-robin keeping them about 13 % busy prefilling, so no policy has anything to avoid;
+// at 4× round-robin keeps them about 51 % busy prefilling and busy almost all the time once
+// decoding is counted, so requests queue behind long prompts and its TTFT p99 nearly triples. Time
 // compression keeps the order and mix of requests, and with it the cache reuse of every policy,
 // which depends on how many requests come between two turns of a conversation, not on how many
 // seconds.
