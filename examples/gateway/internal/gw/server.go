@@ -570,3 +570,6 @@ func (s *Server) prefillError(w http.ResponseWriter, p *prefillLeg) {
 	}
 	writeError(w, http.StatusBadGateway, "prefill_failed", "the prefill engine failed")
 }
+
+// Metrics returns the server's metrics (nil when none were configured).
+func (s *Server) Metrics() *Metrics { return s.opts.Metrics }
