@@ -175,6 +175,9 @@ func fromYAML(n *yaml.Node, budget *int, depth int) (*cnode, error) {
 		out := &cnode{kind: kindMap, line: n.Line}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
+			if k.Tag == "!!merge" {
+				return nil, cfgErr("", k.Line, ErrBadValue, "YAML merge keys (<<) are not supported: write the fields out, or use default_policy and stage_policies")
+			}
 			if k.Kind != yaml.ScalarNode || (k.Tag != "!!str" && k.Tag != "!!int" && k.Tag != "!!bool" && k.Tag != "!!float") {
 				return nil, cfgErr("", k.Line, ErrBadValue, "mapping key at column %d is not a plain name", k.Column)
 			}

@@ -2,6 +2,7 @@ package enginepick_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -20,6 +21,17 @@ type malformedCase struct {
 	path   string // ConfigError.Path
 	msg    string // the whole Error()
 }
+
+// aliasBomb expands to 10^8 values through nested YAML aliases.
+var aliasBomb = func() string {
+	s := "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+	prev := "a"
+	for _, n := range []string{"b", "c", "d", "e", "f", "g", "h"} {
+		s += n + ": &" + n + " [" + strings.TrimSuffix(strings.Repeat("*"+prev+", ", 10), ", ") + "]\n"
+		prev = n
+	}
+	return s + "models: *h\n"
+}()
 
 // plainModel is a valid model prefix the cases extend.
 const plainModel = `models:
@@ -48,6 +60,12 @@ var malformedCases = []malformedCase{
 		path: "kv.block_tokens", msg: `config: line 1: kv.block_tokens: field set twice`},
 	{name: "custom YAML tag", input: "models: !custom []\n", cause: enginepick.ErrBadValue,
 		path: "", msg: `config: line 1: list has tag !custom: want a plain list`},
+	{name: "alias expansion bomb", input: aliasBomb, cause: enginepick.ErrBadValue,
+		path: "", msg: `config: line 1: document has more than 200000 values`},
+	{name: "YAML merge key", input: "base: &b {type: round_robin}\nmodels:\n  - id: m\n    default_policy: {<<: *b}\n", cause: enginepick.ErrBadValue,
+		path: "", msg: `config: line 4: YAML merge keys (<<) are not supported: write the fields out, or use default_policy and stage_policies`},
+	{name: "nesting too deep", input: "models: " + strings.Repeat("[", 100) + strings.Repeat("]", 100) + "\n", cause: enginepick.ErrBadValue,
+		path: "", msg: `config: line 1: document nests deeper than 64 levels`},
 	{name: "no models", input: "models: []\n", cause: enginepick.ErrMissingField,
 		path: "models", msg: `config: line 1: models: at least one model is required`},
 	{name: "model without id", input: "models:\n  - buckets: []\n", cause: enginepick.ErrMissingField,
