@@ -27,7 +27,7 @@ import (
 
 // startGateway builds the gateway from flags, serves it on loopback and runs its background work
 // until the test ends.
-func startGateway(t *testing.T, args ...string) (*gateway, *httptest.Server) {
+func startGateway(t testing.TB, args ...string) (*gateway, *httptest.Server) {
 	t.Helper()
 	var o options
 	fs := newFlagSet(&o, io.Discard)
@@ -47,7 +47,7 @@ func startGateway(t *testing.T, args ...string) (*gateway, *httptest.Server) {
 	return g, srv
 }
 
-func newEngine(t *testing.T) *fakeengine.Engine {
+func newEngine(t testing.TB) *fakeengine.Engine {
 	e := fakeengine.New()
 	t.Cleanup(e.Close)
 	return e
