@@ -17,6 +17,7 @@ import (
 
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -43,14 +44,16 @@ func stressDuration() time.Duration {
 // The stress fleet: two models, each with a bounded bucket tried first and an unbounded one after
 // it, so that exhaustion of the first spills into the second and exhaustion of both is a 503.
 //
-//	model "chat": bucket "short" (≤ 256 tokens) c0..c3, power-of-two;
+//	model "chat": bucket "short" (≤ 256 tokens) c0..c3, session-aware (power-of-two for new sessions);
 //	              bucket "long" (unbounded)     c4..c7, cache-aware (queue gate 6)
 //	model "pd":   bucket "pd-a" (≤ 512 tokens)  prefill pa0 (x), pa1 (y), cache-aware with a
 //	                                            saturation floor; decode da0 (x), da1 (y), da2 (x), load-based
-//	              bucket "pd-b" (unbounded)     prefill pb0, pb1 round-robin; decode db0, db1 power-of-two
+//	              bucket "pd-b" (unbounded)     prefill pb0, pb1 sticky (round-robin fallback); decode db0, db1 power-of-two
 //
 // Letters in parentheses are PD compatibility labels. c1, c5, pa1 and da2 have two DP ranks.
-// Every group admits with in-flight cap 3 and waiting cap 8.
+// Every group admits with in-flight cap 3 and waiting cap 8. The session-aware and sticky groups
+// share one affinity.MemoryStore on the injected clock, whose bindings expire after
+// stressIdleTimeout without a hit.
 type stressSlot struct {
 	id     state.EngineID
 	model  state.ModelID
@@ -89,6 +92,8 @@ const (
 	stressMaxBlocks   = 256
 	stressPickers     = 8
 	stressMaxHeld     = 3
+	stressIdleTimeout = 3 * time.Second
+	stressKeys        = 24
 )
 
 // stressEngine is one incarnation of a slot: removing a slot and adding it again builds a new
@@ -138,6 +143,7 @@ type stress struct {
 	inflight *loadmon.InFlight
 	index    *kvindex.Index
 	router   *enginepick.Router
+	affinity *affinity.MemoryStore
 	clock    atomic.Int64 // unix nanoseconds of the injected clock
 	members  map[string]map[state.Stage]map[state.EngineID]bool
 	specs    map[string]bucket.Spec
@@ -152,7 +158,7 @@ type stress struct {
 
 	failures atomic.Int64
 	stats    struct {
-		picks, pd, exhausted, events, canceled, windowSkipped, inflightChecked, inflightTight atomic.Int64
+		picks, pd, exhausted, events, bound, swept, canceled, windowSkipped, inflightChecked, inflightTight atomic.Int64
 	}
 }
 
@@ -181,6 +187,7 @@ func newStress(t *testing.T) *stress {
 	h := must[kvindex.Hasher](t)(kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: stressBlockTokens, Seed: 3}))
 	s.index = must[*kvindex.Index](t)(kvindex.NewIndex(h, kvindex.Options{MaxBlocks: stressMaxBlocks, Now: s.now}))
 	src := must[*kvindex.LocalSource](t)(kvindex.NewLocalSource(s.index))
+	s.affinity = must[*affinity.MemoryStore](t)(affinity.NewMemoryStore(affinity.Options{IdleTimeout: stressIdleTimeout, Now: s.now}))
 
 	limits := admission.Limits{MaxInFlightRequests: admission.Cap(stressInFlightCap), MaxWaitingRequests: admission.Cap(stressWaitingCap)}
 	cfg := policy.Config{Load: s.load, InFlight: s.inflight, Admission: limits}
@@ -213,13 +220,13 @@ func newStress(t *testing.T) *stress {
 		"pd-b":  {ID: "pd-b"},
 	}
 	mb := must[*bucket.Bucket](t)
-	short := mb(bucket.NewPlainBucket(s.specs["short"], group(policy.NewPowerOfN(cfg, 2))("short", state.StagePlain)))
+	short := mb(bucket.NewPlainBucket(s.specs["short"], group(policy.NewSessionAware(cfg, policy.SessionAwareOptions{Store: s.affinity}))("short", state.StagePlain)))
 	long := mb(bucket.NewPlainBucket(s.specs["long"], group(policy.NewCacheAware(cfg, cacheOpts(nil)))("long", state.StagePlain)))
 	pdA := mb(bucket.NewPDBucket(s.specs["pd-a"],
 		group(policy.NewCacheAware(cfg, cacheOpts(admission.Cap(2))))("pd-a", state.StagePrefill),
 		group(policy.NewLeastLoad(cfg))("pd-a", state.StageDecode)))
 	pdB := mb(bucket.NewPDBucket(s.specs["pd-b"],
-		group(policy.NewRoundRobin(cfg))("pd-b", state.StagePrefill),
+		group(policy.NewSticky(cfg, policy.StickyOptions{Store: s.affinity}))("pd-b", state.StagePrefill),
 		group(policy.NewPowerOfN(cfg, 2))("pd-b", state.StageDecode)))
 	mr := must[*bucket.Resolver](t)
 	s.router = must[*enginepick.Router](t)(enginepick.NewRouter(enginepick.Options{
@@ -310,6 +317,7 @@ func (s *stress) mutate(ctx context.Context, seed uint64) {
 			next.overCap = overCap(at)
 			publish(next)
 			s.clock.Store(at.UnixNano())
+			s.stats.swept.Add(int64(s.affinity.Sweep()))
 		case registered && ((op < 66 && e.healthy.Load()) || (op < 80 && !e.healthy.Load())): // health flips
 			healthy := !e.healthy.Load()
 			next.healthy ^= 1 << slot
@@ -323,6 +331,9 @@ func (s *stress) mutate(ctx context.Context, seed uint64) {
 			publish(next)
 			s.reg.Remove(e.ID())
 			s.router.RemoveEngine(e.ID())
+			if _, err := s.affinity.InvalidateEngine(ctx, e.ID()); err != nil {
+				s.failf("invalidate the bindings of %v: %v", e, err)
+			}
 		case op >= 84 && !registered: // and adds it back as a new value
 			n := s.newIncarnation(slot)
 			next.live[slot] = n.inc
@@ -440,6 +451,12 @@ func (s *stress) pick(ctx context.Context, seed uint64, p *stressPrompts) {
 		if rng.IntN(4) == 0 {
 			req.ExpectedPeakTokens, req.HasExpectedPeak = int64(n+rng.IntN(256)), true
 		}
+		switch k := rng.IntN(2 * stressKeys); {
+		case k < stressKeys/2:
+			req.SessionKey = fmt.Sprintf("session-%d", k)
+		case k < stressKeys:
+			req.RoutingKey = fmt.Sprintf("route-%d", k)
+		}
 		selCtx := context.Background()
 		if rng.IntN(50) == 0 { // the client is already gone
 			selCtx = canceled
@@ -500,10 +517,10 @@ func (s *stress) checkSelection(req *bucket.Request, sel bucket.Selection, engin
 	if req.InputTokens < int64(spec.MinInputTokens) || (spec.MaxInputTokens != 0 && req.InputTokens > int64(spec.MaxInputTokens)) {
 		s.failf("bucket %q chosen for %d input tokens, outside its range", bid, req.InputTokens)
 	}
-	wantStages := []state.Stage{state.StagePlain}
+	wantStages, picks := []state.Stage{state.StagePlain}, []policy.Pick{sel.Plain}
 	if sel.IsPD() {
 		s.stats.pd.Add(1)
-		wantStages = []state.Stage{state.StagePrefill, state.StageDecode}
+		wantStages, picks = []state.Stage{state.StagePrefill, state.StageDecode}, []policy.Pick{sel.Prefill, sel.Decode}
 	}
 	if len(engines) != len(wantStages) {
 		s.failf("bucket %q: %d engines selected, want %d", bid, len(engines), len(wantStages))
@@ -525,6 +542,7 @@ func (s *stress) checkSelection(req *bucket.Request, sel bucket.Selection, engin
 		window = append(window, st)
 	}
 	for i, e := range engines {
+		s.checkBindings(req, bid, wantStages[i], picks[i])
 		if e.spec.model != req.Model || e.spec.stage != wantStages[i] || !s.members[bid][wantStages[i]][e.spec.id] {
 			s.failf("bucket %q stage %s picked %v (model %s, stage %s, bucket %s): not one of its candidates",
 				bid, wantStages[i], e, e.spec.model, e.spec.stage, e.spec.bucket)
@@ -564,6 +582,45 @@ func (s *stress) checkSelection(req *bucket.Request, sel bucket.Selection, engin
 	}
 }
 
+// affinityGroups names the groups that bind, per store namespace.
+var affinityGroups = map[string]struct {
+	bucket string
+	stage  state.Stage
+}{
+	policy.SessionNamespace: {"short", state.StagePlain},
+	policy.StickyNamespace:  {"pd-b", state.StagePrefill},
+}
+
+// checkBindings checks the affinity scopes of one pick: a binding exists only in the scope of a
+// group that binds, it names a member of that group, and a pick whose reason says it reused or
+// made a binding is counted.
+func (s *stress) checkBindings(req *bucket.Request, bid string, stage state.Stage, pk policy.Pick) {
+	for ns, key := range map[string]string{policy.SessionNamespace: req.SessionKey, policy.StickyNamespace: req.RoutingKey} {
+		if key == "" {
+			continue
+		}
+		scope := affinity.Scope{Namespace: ns, Model: req.Model, BucketID: bid, Stage: stage, Key: key}
+		id, ok, err := s.affinity.Lookup(context.Background(), scope)
+		if err != nil {
+			s.failf("lookup %+v: %v", scope, err)
+			continue
+		}
+		g := affinityGroups[ns]
+		if !ok {
+			continue
+		}
+		if g.bucket != bid || g.stage != stage {
+			s.failf("binding %+v → %s in a group that does not bind", scope, id)
+		} else if !s.members[bid][stage][id] {
+			s.failf("binding %+v → %s names an engine outside the group", scope, id)
+		}
+	}
+	switch pk.Reason {
+	case policy.ReasonSessionPrimary, policy.ReasonAssigned, policy.ReasonStickyPrimary, policy.ReasonStickyAssigned:
+		s.stats.bound.Add(1)
+	}
+}
+
 // TestStressRouter runs 8 pickers through the Router across plain and PD buckets while KV events
 // stream into the index, load reports arrive and go stale under an injected clock, engines flap
 // health and are removed (Router.RemoveEngine) and re-added as new values. Every selection is
@@ -588,8 +645,8 @@ func TestStressRouter(t *testing.T) {
 	wg.Wait()
 
 	st := &s.stats
-	t.Logf("picks %d (PD %d), exhausted %d, canceled %d, KV events %d, states %d, window skipped %d, in-flight checks %d (at cap-1: %d)",
-		st.picks.Load(), st.pd.Load(), st.exhausted.Load(), st.canceled.Load(), st.events.Load(), s.seq.Load(),
+	t.Logf("picks %d (PD %d, affinity-bound %d), exhausted %d, canceled %d, KV events %d, bindings swept %d, states %d, window skipped %d, in-flight checks %d (at cap-1: %d)",
+		st.picks.Load(), st.pd.Load(), st.bound.Load(), st.exhausted.Load(), st.canceled.Load(), st.events.Load(), st.swept.Load(), s.seq.Load(),
 		st.windowSkipped.Load(), st.inflightChecked.Load(), st.inflightTight.Load())
 
 	// Every guard released: each incarnation's dispatches were all released, and the router's
@@ -612,4 +669,6 @@ func TestStressRouter(t *testing.T) {
 	assert.Positive(t, st.inflightTight.Load(), "selections checked one below the in-flight cap")
 	assert.Less(t, st.windowSkipped.Load(), st.picks.Load()/2+1, "selections whose window fell out of the ring")
 	assert.Positive(t, stats.EvictedBlocks, "index evictions under the cap")
+	assert.Positive(t, st.bound.Load(), "selections that reused or made an affinity binding")
+	assert.Positive(t, st.swept.Load(), "affinity bindings expired and swept")
 }

@@ -362,7 +362,7 @@ func (s *Subscriber) Close() error {
 	s.mu.Unlock()
 	s.wg.Wait()
 	for _, st := range streams {
-		st.app.markTrusted()
+		st.stop() // its goroutine has returned: this only clears the mark for good
 	}
 	return nil
 }
