@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +23,9 @@ import (
 // by the tests' publishers, leaves its writer goroutine waiting on a condition variable after
 // Close (go-zeromq/zmq4 pub.go, pubMWriter.run); the subscriber creates no PUB socket.
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(benchPublisherEnv); addr != "" {
+		os.Exit(runBenchPublisher(addr))
+	}
 	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
 }
 
@@ -299,4 +303,28 @@ func TestSubscriberLifecycle(t *testing.T) {
 	require.NoError(t, sub.Close())
 	assert.True(t, errors.Is(sub.Add(Endpoint{Engine: "g", Address: addr}), ErrClosed))
 	assert.True(t, errors.Is(sub.Start(ctx), ErrClosed))
+}
+
+// TestSubscriberStopsOnContext: canceling Start's context stops every goroutine the subscriber
+// started, without Close.
+func TestSubscriberStopsOnContext(t *testing.T) {
+	addr := freeAddr(t)
+	pub := newGoPublisher(t, addr, true, "")
+	defer pub.close()
+	sub, err := New(Options{Index: newIndex(t, ""), ReconnectMin: 10 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, sub.Add(Endpoint{Engine: eng, Address: addr}))
+	require.NoError(t, sub.Add(Endpoint{Engine: "http://b", Address: freeAddr(t)})) // nobody there: reconnect loop
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, sub.Start(ctx))
+	handshake(t, sub, pub)
+	cancel()
+	done := make(chan struct{})
+	go func() { sub.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("goroutines still running 10 s after the context was canceled")
+	}
+	require.NoError(t, sub.Close())
 }
