@@ -582,16 +582,6 @@ func isZero(s []uint64) bool {
 	return true
 }
 
-// andNotIsZero reports whether a &^ b is empty.
-func andNotIsZero(a, b []uint64) bool {
-	for i := range a {
-		if a[i]&^b[i] != 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // liveAt reports whether holder h is live at node n.
 func (x *Index) liveAt(n, h uint32, now int64) bool {
 	lo, hi := x.findHolder(n, h)
