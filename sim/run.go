@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -38,7 +39,8 @@ type run struct {
 	events eventQueue
 	seq    uint64
 
-	replicas []*replica // router replicas; request k goes to replicas[k % len]
+	replicas []*replica     // router replicas; request k goes to replicas[k % len]
+	affinity affinity.Store // shared by every replica
 	indexes  []*kvindex.Index
 
 	front   []*engine // plain or prefill engines, by ID
@@ -152,6 +154,9 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 	} else if r.front, err = addEngines(rc.Fleet.Plain, "engine", state.StagePlain); err != nil {
 		return nil, err
 	}
+	if r.affinity, err = newAffinityStore(r); err != nil {
+		return nil, err
+	}
 	for k := range rc.Routers {
 		rep, err := r.newReplica(reg, k, rc.factories[i])
 		if err != nil {
@@ -182,7 +187,7 @@ func (r *run) newReplica(reg state.Registry, k int, factory PolicyFactory) (*rep
 		index: r.indexes[k]}
 	rng := rand.New(rand.NewPCG(rc.Seed, rc.Seed+uint64(k)))
 	env := PolicyEnv{Load: rep.load, InFlight: rep.inflight, Index: rep.index, Rand: rng.IntN,
-		Admission: rc.Admission, Now: r.clock}
+		Admission: rc.Admission, Now: r.clock, Affinity: r.affinity}
 	group := func(f PolicyFactory, stage state.Stage) (*bucket.EngineGroup, error) {
 		p, err := f(env, stage)
 		if err != nil {
@@ -287,9 +292,12 @@ func (r *run) arrive(k int) error {
 	q := &r.reqs[k]
 	n := q.input
 	q.tokens = q.tr.AppendTokenIDs(append(r.tokenBuf(n), r.rc.systemPrompt...))
+	key := q.tr.SessionKey()
 	r.breq = bucket.Request{
-		Model:    simModel,
-		TokenIDs: q.tokens,
+		Model:      simModel,
+		TokenIDs:   q.tokens,
+		SessionKey: key,
+		RoutingKey: key,
 		Signals: bucket.Signals{InputTokens: int64(n), ExpectedPeakTokens: int64(n + q.tr.OutputTokens),
 			HasExpectedPeak: true},
 	}

@@ -29,7 +29,11 @@
 //	                 round_robin,random,power_of_two,least_load,cache_aware; load_based is accepted
 //	                 for least_load). The peer baselines dynamo, llmd and sglang_legacy (NVIDIA
 //	                 Dynamo's default cost, llm-d's default scorer profile, SGLang's legacy
-//	                 cache_aware; see sim.Dynamo, sim.LLMD, sim.SGLangLegacy) run when listed
+//	                 cache_aware; see sim.Dynamo, sim.LLMD, sim.SGLangLegacy) run when listed,
+//	                 and so do the affinity policies session_aware, sticky (over one in-memory
+//	                 affinity store per run) and sticky_rendezvous (stateless, load factor 1.25),
+//	                 keyed by the request's conversation chain (sim.Request.SessionKey; an Azure
+//	                 trace has none, so they route every request as keyless)
 //	-speed X         divide every arrival time by X, a positive finite number (default 4)
 //	-limit N         replay only the first N requests (default: all)
 //	-seed N          random seed of every policy run (default 1)
@@ -37,7 +41,8 @@
 //	                 case of a long system prompt that every request starts with
 //	-routers N       N independent router replicas, each with its own router, in-flight counters
 //	                 and approximate entries; requests go round-robin over them and every engine's
-//	                 KV events and load reports reach all of them (default 1)
+//	                 KV events and load reports reach all of them; the affinity policies of all
+//	                 replicas share one affinity store, as replicas share Redis (default 1)
 //	-prefill-model M attention (default): an uncached token costs its linear work plus attention
 //	                 over its whole context, cached tokens included; flat: one rate for uncached
 //	                 tokens at any length, the earlier model, for comparison (see sim.EngineModel)

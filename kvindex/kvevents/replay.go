@@ -33,7 +33,7 @@ func (r *zmqReplayer) replay(ctx context.Context, start uint64, fn func(seq uint
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	sock := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(r.timeout), zmq4.WithLogger(r.log))
-	defer sock.Close()
+	defer closeAndDrain(sock)
 	if err := sock.Dial(r.addr); err != nil {
 		return fmt.Errorf("kvevents: replay from %s: %w", r.addr, err)
 	}

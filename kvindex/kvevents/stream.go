@@ -47,7 +47,8 @@ type stream struct {
 	queue    chan item
 	kick     chan struct{} // the receiver overflowed the queue
 	overflow atomic.Bool   // set by the receiver on overflow; cleared by the applier before resync
-	trustMu  sync.Mutex    // orders the receiver's overflow mark against the applier's trust()
+	trustMu  sync.Mutex    // orders the receiver's overflow mark against trust() and stop()
+	stopped  bool          // guarded by trustMu: stop has cleared the mark for good
 	drops    atomic.Uint64
 	frames   atomic.Uint64 // messages for this topic with bad frames
 
@@ -74,7 +75,10 @@ func (s *stream) stop() {
 		s.cancel()
 		<-s.done
 	}
+	s.trustMu.Lock()
+	s.stopped = true
 	s.app.markTrusted()
+	s.trustMu.Unlock()
 }
 
 // seqCounters count sequence events; see StreamStats.
@@ -106,7 +110,9 @@ func (s *stream) enqueue(it item) {
 		s.drops.Add(1)
 		s.trustMu.Lock()
 		s.overflow.Store(true)
-		s.app.markUntrusted()
+		if !s.stopped { // a receiver may still hold the routes of a removed stream
+			s.app.markUntrusted()
+		}
 		s.trustMu.Unlock()
 		select {
 		case s.kick <- struct{}{}:

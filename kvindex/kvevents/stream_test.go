@@ -403,3 +403,16 @@ func TestStreamOverflow(t *testing.T) {
 	assert.Zero(t, f.held(1, 1), "cleared after the overflow")
 	assert.Equal(t, 1, f.held(2, 1), "the first batch after the resync rebased the stream")
 }
+
+// TestStreamStoppedStaysTrusted: once a stream is stopped (its engine removed), a receiver still
+// holding its route cannot mark the engine untrusted again by overflowing the dead queue.
+func TestStreamStoppedStaysTrusted(t *testing.T) {
+	t.Parallel()
+	f := newStreamFixture(t, nil, func(o *Options) { o.QueueBatches = 1 })
+	f.s.stop()
+	for i := range 3 {
+		f.s.enqueue(item{seq: uint64(i), payload: payload(t, 0, block(1, i))})
+	}
+	assert.EqualValues(t, 2, f.s.drops.Load())
+	assert.True(t, f.x.Trusted(eng))
+}

@@ -362,7 +362,7 @@ func (s *Subscriber) Close() error {
 	s.mu.Unlock()
 	s.wg.Wait()
 	for _, st := range streams {
-		st.app.markTrusted()
+		st.stop() // its goroutine has returned: this only clears the mark for good
 	}
 	return nil
 }
@@ -475,7 +475,7 @@ func (s *Subscriber) receive(ctx context.Context, so *socket) {
 			s.route(so, msg.Frames)
 		}
 		so.connected.Store(false)
-		_ = sock.Close()
+		closeAndDrain(sock)
 		scancel()
 		if !sleep(ctx, jitter(backoff)) {
 			return
@@ -504,6 +504,23 @@ func (s *Subscriber) route(so *socket, frames [][]byte) {
 		return
 	}
 	st.enqueue(item{seq: m.Seq, payload: m.Payload})
+}
+
+// closeAndDrain closes sock and then receives until the socket has reported its closure 64 times
+// in a row. zmq4's per-connection reader goroutine hands each message to the socket through an
+// unbuffered send that does not watch the socket's context (go-zeromq/zmq4 msgio.go,
+// qreader.listen), so a message in flight when the socket closes would leave that goroutine
+// blocked for ever; after Close, each Recv takes a pending message or reports the closure with
+// equal chance, so 64 closures in a row leave a pending message with probability 2^-64.
+func closeAndDrain(sock zmq4.Socket) {
+	_ = sock.Close()
+	for closed := 0; closed < 64; {
+		if _, err := sock.Recv(); err != nil {
+			closed++
+		} else {
+			closed = 0
+		}
+	}
 }
 
 // jitter adds up to 25% to d.

@@ -304,3 +304,27 @@ func TestSubscriberLifecycle(t *testing.T) {
 	assert.True(t, errors.Is(sub.Add(Endpoint{Engine: "g", Address: addr}), ErrClosed))
 	assert.True(t, errors.Is(sub.Start(ctx), ErrClosed))
 }
+
+// TestSubscriberStopsOnContext: canceling Start's context stops every goroutine the subscriber
+// started, without Close.
+func TestSubscriberStopsOnContext(t *testing.T) {
+	addr := freeAddr(t)
+	pub := newGoPublisher(t, addr, true, "")
+	defer pub.close()
+	sub, err := New(Options{Index: newIndex(t, ""), ReconnectMin: 10 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, sub.Add(Endpoint{Engine: eng, Address: addr}))
+	require.NoError(t, sub.Add(Endpoint{Engine: "http://b", Address: freeAddr(t)})) // nobody there: reconnect loop
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, sub.Start(ctx))
+	handshake(t, sub, pub)
+	cancel()
+	done := make(chan struct{})
+	go func() { sub.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("goroutines still running 10 s after the context was canceled")
+	}
+	require.NoError(t, sub.Close())
+}
