@@ -84,7 +84,7 @@ func TestPollRecordsEachFormat(t *testing.T) {
 			require.NoError(t, tab.Expect("e", 2))
 			eng := newEngine(t, tc.body)
 			p, err := loadsource.NewPoller(tab, []loadsource.Target{{Engine: "e", URL: eng.srv.URL + tc.format.Path(), Format: tc.format, Ranks: 2}},
-				loadsource.Options{Client: eng.srv.Client()})
+				loadsource.Options{Client: eng.srv.Client(), Interval: 5 * time.Second, Timeout: 5 * time.Second})
 			require.NoError(t, err)
 			require.NoError(t, p.Poll(context.Background(), "e"))
 			l, ok := tab.Snapshot().Load("e")
@@ -176,7 +176,7 @@ func TestMissingRankMakesTheEngineUnknown(t *testing.T) {
 	const rank2 = `{"dp_rank": 2, "num_reqs": 3, "num_waiting_reqs": 1}`
 	eng := newEngine(t, "["+rank0+","+rank2+"]")
 	p, err := loadsource.NewPoller(tab, []loadsource.Target{{Engine: "e", URL: eng.srv.URL + "/get_load", Format: loadsource.FormatSGLangGetLoad, Ranks: 3}},
-		loadsource.Options{Client: eng.srv.Client()})
+		loadsource.Options{Client: eng.srv.Client(), Interval: 5 * time.Second, Timeout: 5 * time.Second})
 	require.NoError(t, err)
 
 	err = p.Poll(context.Background(), "e")
@@ -218,7 +218,7 @@ func TestRunPollsUntilStopped(t *testing.T) {
 	p, err := loadsource.NewPoller(tab, []loadsource.Target{
 		{Engine: "a", URL: a.srv.URL + "/get_load", Format: loadsource.FormatSGLangGetLoad},
 		{Engine: "b", URL: b.srv.URL + "/metrics", Format: loadsource.FormatVLLMMetrics},
-	}, loadsource.Options{Client: client, Interval: 10 * time.Millisecond, Jitter: 0.5,
+	}, loadsource.Options{Client: client, Interval: 100 * time.Millisecond, Timeout: 100 * time.Millisecond, Jitter: 0.5,
 		Observe: func(e state.EngineID, err error) {
 			polls.Add(1)
 			if err == nil && e == "a" {
@@ -250,7 +250,7 @@ func TestRunPollsUntilStopped(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, uint64(5), lb.WaitingRequests)
 	n := polls.Load()
-	time.Sleep(30 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
 	assert.Equal(t, n, polls.Load(), "no poll after Run returned")
 }
 
