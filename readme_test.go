@@ -701,7 +701,7 @@ func TestREADMEDependencies(t *testing.T) {
 		tableFirstColumn(readmeSection(t, readREADME(t), "Dependencies")))
 }
 
-// TestREADMEReferences checks that every Example function and every examples/ program the README
+// TestREADMEReferences checks that every Example function and every examples/ directory the README
 // names exists, so that "run Example_x" never points at nothing.
 func TestREADMEReferences(t *testing.T) {
 	md := readREADME(t)
@@ -727,8 +727,10 @@ func TestREADMEReferences(t *testing.T) {
 	for _, name := range named {
 		assert.True(t, examples[name], "README.md names %s, which no _test.go file declares", name)
 	}
-	for _, dir := range regexp.MustCompile("`(examples/[a-z0-9]+)`").FindAllStringSubmatch(md, -1) {
-		_, err := os.Stat(filepath.Join(dir[1], "main.go"))
-		assert.NoError(t, err, "README.md names the program %s", dir[1])
+	for _, dir := range regexp.MustCompile("`(examples/[a-z0-9/]+)`").FindAllStringSubmatch(md, -1) {
+		info, err := os.Stat(dir[1])
+		if assert.NoError(t, err, "README.md names %s", dir[1]) {
+			assert.True(t, info.IsDir(), "README.md names %s as a directory", dir[1])
+		}
 	}
 }
