@@ -133,7 +133,7 @@ type Index struct {
 	wideSearch bool
 
 	// Writer scratch, reused under the writer mutex.
-	seen     table
+	seen     u64Set
 	warmSink uint32
 	keyBuf   []uint64
 	nodeBuf  []uint32
@@ -452,7 +452,7 @@ func (x *Index) resolveChain(parent uint32, keys []uint64) (int, bool) {
 			if (i > 0 && prev == 0) || x.nodes[n].parent != prev {
 				return i, false
 			}
-		} else if _, dup := x.seen.add(keys[i], 1); dup {
+		} else if !x.seen.add(keys[i]) {
 			return i, false
 		}
 		prev = n
@@ -474,7 +474,7 @@ func (x *Index) firstDuplicate(vs []uint64) (uint64, bool) {
 	}
 	x.seen.clearFor(len(vs))
 	for _, v := range vs {
-		if _, dup := x.seen.add(v, 1); dup {
+		if !x.seen.add(v) {
 			return v, true
 		}
 	}

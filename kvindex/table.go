@@ -204,3 +204,43 @@ func (t *table) each(fn func(k uint64, v uint32)) {
 		}
 	}
 }
+
+// u64Set is a scratch set of uint64 for duplicate checks within one event: open addressing with
+// linear probing, sized once per use by clearFor (at most half full), never resized or deleted
+// from, so add is a handful of instructions. The zero u64Set must be cleared before use.
+type u64Set struct {
+	keys  []uint64 // 0 marks an empty slot; the value 0 is kept in zero
+	shift uint
+	zero  bool
+}
+
+// clearFor empties s and sizes it for n values.
+func (s *u64Set) clearFor(n int) {
+	want := max(16, 1<<bits.Len(uint(2*n)))
+	if len(s.keys) < want || len(s.keys) > 8*want {
+		s.keys = make([]uint64, want)
+		s.shift = uint(64 - bits.TrailingZeros(uint(want)))
+	} else {
+		clear(s.keys)
+	}
+	s.zero = false
+}
+
+// add inserts v and reports whether it was absent.
+func (s *u64Set) add(v uint64) bool {
+	if v == 0 {
+		had := s.zero
+		s.zero = true
+		return !had
+	}
+	mask := len(s.keys) - 1
+	for i := int((v * fib) >> s.shift); ; i = (i + 1) & mask {
+		switch s.keys[i] {
+		case 0:
+			s.keys[i] = v
+			return true
+		case v:
+			return false
+		}
+	}
+}

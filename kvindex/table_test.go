@@ -76,3 +76,20 @@ func TestTableClearForReusesArrays(t *testing.T) {
 	tb.clearFor(10_000)
 	require.GreaterOrEqual(t, 3*len(tb.keys), 4*10_000)
 }
+
+// TestU64SetFindsDuplicates checks the scratch set against a map: every value reported absent
+// exactly once, 0 included, across reuses of different sizes.
+func TestU64SetFindsDuplicates(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(5, 5))
+	var s u64Set
+	for _, n := range []int{0, 1, 16, 17, 1000, 3, 5000} {
+		s.clearFor(n)
+		ref := map[uint64]bool{}
+		for range n {
+			v := rng.Uint64N(uint64(n)+1) * 0x100000000 // collide in the low bits, 0 included
+			require.Equal(t, !ref[v], s.add(v), "add(%#x), n=%d", v, n)
+			ref[v] = true
+		}
+	}
+}

@@ -1,0 +1,8 @@
+//go:build !unix
+
+package kvindex_test
+
+import "time"
+
+// processCPU is unknown here: 0.
+func processCPU() time.Duration { return 0 }
