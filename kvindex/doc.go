@@ -19,27 +19,43 @@
 //
 // A block is BlockTokens consecutive tokens of a prompt; only full blocks have keys. Key i depends
 // on key i−1 and block i's tokens (hash.go states the exact function), so equal keys mean equal
-// prefixes and the tree needs one node per key with a parent link: Match walks a query's keys
-// through a key → node table. Counts returned by Match and Source are in blocks; multiply by
-// Result.BlockTokens for tokens.
+// prefixes and the tree needs one node per key with a parent link, found through a key → node
+// table. Counts returned by Match and Source are in blocks; multiply by Result.BlockTokens for
+// tokens.
 //
-// # Concurrency: one RWMutex
+// # Matching without a walk
 //
-// The Index is guarded by a single sync.RWMutex. Match takes the read lock, so any number of
-// matches run in parallel; its only shared write is the CLOCK reference bit of each matched
-// block, an atomic OR skipped when the bit is already set, so matches of a hot prefix do not
-// bounce cache lines. Every write (one event, Assume, Expire) takes the write lock for its own
-// duration, so a match waits for at most one event's application, and one caller per engine
-// applying that engine's events in order gets per-engine ordering.
+// A query's chained keys name every prefix of it, and a holder's entries along a prompt form a
+// prefix (held at depth d+1 implies held at depth d) except at blocks the index records as holey
+// (index.go, "holes": a holder dropped a block it still holds children of, or an approximate
+// entry may expire before one below it). So Match does not walk the prompt block by block: it
+// probes a few depths in rounds (an 8-ary, then 4-ary, search per group of holders still at the
+// same interval), issuing every probe of a round before using any so that their cache misses
+// overlap, and caps each holder at the first holey block of the prompt it is not live at. On the
+// production-scale workload of docs/performance.md (5.66 M blocks, 16 engines) a 512-block lookup
+// takes about 16 probes instead of up to 512, and hashing the prompt costs more than finding its
+// holders.
+//
+// # Concurrency
+//
+// Readers share a sync.RWMutex's read lock, so any number of matches run in parallel; their only
+// shared write is the CLOCK reference bit of the deepest block each found, an atomic OR skipped
+// when the bit is already set. Writers are serialised by a separate mutex, which gives one caller
+// per engine, applying that engine's events in order, per-engine ordering. A Store hashes its
+// tokens, resolves its chain and validates the whole event holding only the writer mutex, since
+// readers do not change what it reads; it takes the read-excluding lock only to apply the event,
+// at most storeChunk blocks at a time, and updates what readers never read (the engine-hash
+// bindings, the LRU links) after releasing it. A match therefore waits for at most one chunk's
+// application, and sees an event's blocks in prompt order. Other writes (Remove, Clear,
+// RemoveEngine, Assume, Expire) hold the lock for their own duration.
 //
 // The alternatives lose here. Sharding by a chain's first block (SGLang's experimental tree
 // uses 32 shards, sgl-project/sglang `experimental/sgl-router/src/state/kv_events/tree.rs`) helps
 // only if prompts start differently, and on the Mooncake conversation trace every request starts
 // with the same block (docs/traces.md). Sharding by engine cannot serve a Match, which reads every
 // engine. Copy-on-write would copy the whole table (tens of megabytes at a million blocks) per
-// event, and a persistent tree would add pointer chasing to every step of every Match. Writes are
-// not the bottleneck: one core applies millions of block events per second, orders of magnitude
-// above what a fleet publishes. docs/performance.md has the measurements behind these claims
-// (hashing, matching, parallel matching with and without a writer, event rates, memory per block)
-// and the commands that reproduce them.
+// event, and a persistent tree would add pointer chasing to every probe. docs/performance.md
+// ("kvindex at production scale") has the measurements (hashing, lookup, the complete cache-aware
+// decision, ingest, memory per (block, engine), lookups beside a writer) and the commands that
+// reproduce them, and says how to size Options.MaxBlocks.
 package kvindex
