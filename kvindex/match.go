@@ -92,6 +92,12 @@ func (x *Index) MatchInto(keys []uint64, m *Matches) {
 // the deepest held prefix are never hashed. m.QueryBlocks is still the prompt's full block count.
 // The result equals MatchInto(x.Hasher().Keys(tokens), m).
 func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
+	x.matchTokens(tokens, m, nil)
+}
+
+// matchTokens is MatchTokensInto that also appends every key it computed (a prefix of the
+// prompt's chain, one block past the deepest held prefix) to *keys when keys is not nil.
+func (x *Index) matchTokens(tokens []uint32, m *Matches, keys *[]uint64) {
 	h := x.hasher
 	b := h.blockTokens
 	w := x.beginMatch(min(len(tokens)/b, maxQueryBlocks), m)
@@ -102,6 +108,9 @@ func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 	k := h.root
 	for d := range m.QueryBlocks {
 		k = h.next(k, tokens[d*b:(d+1)*b])
+		if keys != nil {
+			*keys = append(*keys, k)
+		}
 		if !w.step(d, k) {
 			break
 		}
