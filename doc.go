@@ -8,8 +8,9 @@
 // per-request prefix-lookup memo, the in-flight guards of a successful selection, and the removal
 // of an engine's router-side state (RemoveEngine). The packages underneath can be used on their
 // own: state (vocabulary and the registry interfaces), loadmon (engine load and in-flight
-// counters), kvindex (the KV-block prefix index), admission (per-engine caps), policy (the
-// selection policies), and bucket (length buckets, engine groups and the bucket loop).
+// counters), kvindex (the KV-block prefix index), affinity (session and sticky bindings, in memory
+// or, through affinity/redisstore, in Redis), admission (per-engine caps), policy (the selection
+// policies), and bucket (length buckets, engine groups and the bucket loop).
 // docs/design.md states every routing rule; docs/performance.md the measured costs.
 //
 // enginepick is not a proxy or a gateway: it does not forward requests, retry them, tokenize

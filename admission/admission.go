@@ -32,19 +32,28 @@ var limitNames = []string{LimitRunningRequests, LimitWaitingRequests, LimitKVTok
 // have (docs/design.md §5).
 var ErrUnknownField = errors.New("unknown field")
 
+// ErrBadValue is wrapped by *FieldError when a field's value is not a non-negative integer (or
+// null), or when the input is not an object of fields at all.
+var ErrBadValue = errors.New("bad value")
+
 // FieldError reports a Limits field that could not be decoded: an unknown name (Err wraps
-// ErrUnknownField) or a value that is not a non-negative integer. It also matches
-// state.ErrInvalidConfiguration with errors.Is.
+// ErrUnknownField and lists the known names) or a value that is not a non-negative integer (Err
+// wraps ErrBadValue and quotes the value). It also matches state.ErrInvalidConfiguration with
+// errors.Is. Its message names no Go type.
 type FieldError struct {
 	// Field is the offending field name as written in the input; empty when the input is not
 	// an object at all.
 	Field string
-	// Err is the cause: ErrUnknownField or the decoder's error.
+	// Err is the cause, wrapping ErrUnknownField or ErrBadValue.
 	Err error
 }
 
-// Error implements error.
+// Error implements error: `admission: limits field "max_kv_tokens": bad value "10": want a
+// non-negative integer`, or `admission: limits: …` when Field is empty.
 func (e *FieldError) Error() string {
+	if e.Field == "" {
+		return fmt.Sprintf("admission: limits: %v", e.Err)
+	}
 	return fmt.Sprintf("admission: limits field %q: %v", e.Field, e.Err)
 }
 
@@ -174,28 +183,41 @@ type limitsFields Limits
 func (l *Limits) UnmarshalJSON(data []byte) error {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(data, &raw); err != nil {
-		return &FieldError{Field: "", Err: err}
+		return &FieldError{Err: fmt.Errorf("%w %.32s: want a JSON object with fields %s",
+			ErrBadValue, bytes.TrimSpace(data), strings.Join(limitNames, ", "))}
 	}
-	if err := checkFields(slices.Collect(maps.Keys(raw))); err != nil {
+	keys := slices.Sorted(maps.Keys(raw))
+	if err := checkFields(keys); err != nil {
 		return err
+	}
+	for _, k := range keys {
+		var v uint64
+		if v := raw[k]; string(v) == "null" {
+			continue // a nil cap
+		}
+		if err := json.Unmarshal(raw[k], &v); err != nil {
+			return badValue(k, string(raw[k]))
+		}
 	}
 	var out limitsFields
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&out); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return &FieldError{Field: te.Field, Err: err}
-		}
-		return &FieldError{Err: err}
+		return &FieldError{Err: fmt.Errorf("%w: %v", ErrBadValue, err)} // unreachable: every field was checked
 	}
 	*l = Limits(out)
 	return nil
 }
 
+// badValue reports a field whose value is not a non-negative integer, quoting at most 32 bytes of
+// the value as written.
+func badValue(field, value string) error {
+	return &FieldError{Field: field, Err: fmt.Errorf("%w %.32s: want a non-negative integer", ErrBadValue, value)}
+}
+
 // UnmarshalYAML decodes Limits strictly, with the same rules as UnmarshalJSON.
 func (l *Limits) UnmarshalYAML(node *yaml.Node) error {
 	if node.Kind != yaml.MappingNode {
-		return &FieldError{Err: fmt.Errorf("line %d: want a mapping", node.Line)}
+		return &FieldError{Err: fmt.Errorf("%w at line %d: want a mapping with fields %s", ErrBadValue, node.Line, strings.Join(limitNames, ", "))}
 	}
 	keys := make([]string, 0, len(node.Content)/2)
 	for i := 0; i+1 < len(node.Content); i += 2 {
@@ -208,7 +230,7 @@ func (l *Limits) UnmarshalYAML(node *yaml.Node) error {
 	for i := 0; i+1 < len(node.Content); i += 2 {
 		var v uint64
 		if err := node.Content[i+1].Decode(&v); err != nil {
-			return &FieldError{Field: node.Content[i].Value, Err: err}
+			return badValue(node.Content[i].Value, node.Content[i+1].Value)
 		}
 	}
 	if err := node.Decode(&out); err != nil {

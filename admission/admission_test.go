@@ -196,3 +196,41 @@ func ExampleLimits() {
 	// waiting=4 admit=false limit="max_waiting_requests"
 	// unknown admit=true
 }
+
+// TestLimitsErrorMessagesNameFieldAndRule pins what a user reads: the bad field and what is
+// allowed (the field names, or a non-negative integer), never a Go type name such as uint64,
+// limitsFields or json.RawMessage.
+func TestLimitsErrorMessagesNameFieldAndRule(t *testing.T) {
+	t.Parallel()
+	const fields = "max_running_requests, max_waiting_requests, max_kv_tokens, max_pending_prefill_tokens, max_inflight_requests"
+	cases := []struct {
+		in, want string
+		sentinel error
+	}{
+		{`{"max_waitin": 4}`, `admission: limits field "max_waitin": unknown field: want one of ` + fields, admission.ErrUnknownField},
+		{`{"max_kv_tokens": "10"}`, `admission: limits field "max_kv_tokens": bad value "10": want a non-negative integer`, admission.ErrBadValue},
+		{`{"max_kv_tokens": -1}`, `admission: limits field "max_kv_tokens": bad value -1: want a non-negative integer`, admission.ErrBadValue},
+		{`{"max_kv_tokens": 1.5}`, `admission: limits field "max_kv_tokens": bad value 1.5: want a non-negative integer`, admission.ErrBadValue},
+		{`{"max_running_requests": 1, "max_kv_tokens": [2]}`, `admission: limits field "max_kv_tokens": bad value [2]: want a non-negative integer`, admission.ErrBadValue},
+		{`[1]`, `admission: limits: bad value [1]: want a JSON object with fields ` + fields, admission.ErrBadValue},
+		{`7`, `admission: limits: bad value 7: want a JSON object with fields ` + fields, admission.ErrBadValue},
+	}
+	for _, tc := range cases {
+		var l admission.Limits
+		err := json.Unmarshal([]byte(tc.in), &l)
+		require.Error(t, err, tc.in)
+		assert.Equal(t, tc.want, err.Error(), tc.in)
+		assert.ErrorIs(t, err, tc.sentinel, tc.in)
+		assert.ErrorIs(t, err, state.ErrInvalidConfiguration, tc.in)
+	}
+	var l admission.Limits
+	require.NoError(t, json.Unmarshal([]byte(`{"max_kv_tokens": null}`), &l), "null is a nil cap")
+	assert.True(t, l.IsZero())
+
+	err := yaml.Unmarshal([]byte("max_kv_tokens: ten\n"), &l)
+	require.Error(t, err)
+	assert.Equal(t, `admission: limits field "max_kv_tokens": bad value ten: want a non-negative integer`, err.Error())
+	err = yaml.Unmarshal([]byte("- 1\n"), &l)
+	require.Error(t, err)
+	assert.Equal(t, "admission: limits: bad value at line 1: want a mapping with fields "+fields, err.Error())
+}

@@ -60,6 +60,9 @@ type Bucket struct {
 	plain   GroupPicker
 	prefill GroupPicker
 	decode  GroupPicker
+	// decodeCompat is decode as a CompatibleGroupPicker, or nil when it is not one (detected once,
+	// at construction).
+	decodeCompat CompatibleGroupPicker
 }
 
 var _ EnginePicker = (*Bucket)(nil)
@@ -91,7 +94,9 @@ func NewPDBucket(spec Spec, prefill, decode GroupPicker) (*Bucket, error) {
 	if err := checkGroup(spec.ID, "decode", decode, state.StageDecode); err != nil {
 		return nil, err
 	}
-	return &Bucket{spec: spec, prefill: prefill, decode: decode}, nil
+	b := &Bucket{spec: spec, prefill: prefill, decode: decode}
+	b.decodeCompat, _ = decode.(CompatibleGroupPicker)
+	return b, nil
 }
 
 func (s *Spec) validate() error {
@@ -221,8 +226,16 @@ func (b *Bucket) PickEngines(ctx context.Context, registry state.Registry, req *
 	if sel.Prefill, err = b.prefill.Pick(ctx, registry, preq); err != nil {
 		return Selection{}, &StageError{Bucket: b.spec.ID, Stage: state.StagePrefill, Err: err}
 	}
+	// The decode engine must be compatible with the prefill engine just picked (docs/design.md §3).
+	label := state.PDCompatibilityOf(sel.Prefill.Engine)
 	preq.Stage = state.StageDecode
-	if sel.Decode, err = b.decode.Pick(ctx, registry, preq); err != nil {
+	if b.decodeCompat != nil {
+		sel.Decode, err = b.decodeCompat.PickCompatible(ctx, registry, preq, label)
+	} else if sel.Decode, err = b.decode.Pick(ctx, registry, preq); err == nil && state.PDCompatibilityOf(sel.Decode.Engine) != label {
+		err = fmt.Errorf("decode engine %q is not compatible with prefill engine %q: %w",
+			sel.Decode.Engine.ID(), sel.Prefill.Engine.ID(), ErrNoCompatibleEngine)
+	}
+	if err != nil {
 		return Selection{}, &StageError{Bucket: b.spec.ID, Stage: state.StageDecode, Err: err}
 	}
 	return sel, nil

@@ -42,6 +42,24 @@ type groupCache struct {
 }
 
 var _ GroupPicker = (*EngineGroup)(nil)
+var _ CompatibleGroupPicker = (*EngineGroup)(nil)
+
+// CompatibleGroupPicker is an optional GroupPicker capability: pick only among the candidates
+// whose PD compatibility label (state.PDCompatibilityOf) equals label. A PD bucket detects it on
+// its decode group at construction and uses it for every decode pick (docs/design.md §3); a decode
+// group without it is called with Pick and its result checked instead. *EngineGroup implements it.
+//
+// PickCompatible returns ErrNoCompatibleEngine when healthy candidates exist but none carries the
+// label, and otherwise the errors of Pick.
+type CompatibleGroupPicker interface {
+	GroupPicker
+	PickCompatible(ctx context.Context, registry state.Registry, req *policy.Request, label string) (policy.Pick, error)
+}
+
+// ErrNoCompatibleEngine: a PD bucket's decode group has healthy engines, but none is compatible
+// with the prefill engine just picked (docs/design.md §3). It wraps policy.ErrNoCandidates, so the
+// bucket loop advances to the next bucket as for any missing candidate.
+var ErrNoCompatibleEngine = fmt.Errorf("bucket: no engine compatible with the prefill pick: %w", policy.ErrNoCandidates)
 
 // NewEngineGroup attaches p to a membership. members == nil means every healthy engine of the
 // model and stage; an empty, non-nil slice means none (every pick returns policy.ErrNoCandidates
@@ -85,6 +103,16 @@ var candidateBuf = sync.Pool{New: func() any { s := make([]state.Engine, 0, 64);
 //
 // The candidate slice handed to the policy is only valid during the call.
 func (g *EngineGroup) Pick(ctx context.Context, registry state.Registry, req *policy.Request) (policy.Pick, error) {
+	return g.pick(ctx, registry, req, "", false)
+}
+
+// PickCompatible implements CompatibleGroupPicker: Pick, with the candidates further restricted to
+// the engines whose PD compatibility label equals label. The policy sees only those.
+func (g *EngineGroup) PickCompatible(ctx context.Context, registry state.Registry, req *policy.Request, label string) (policy.Pick, error) {
+	return g.pick(ctx, registry, req, label, true)
+}
+
+func (g *EngineGroup) pick(ctx context.Context, registry state.Registry, req *policy.Request, label string, compat bool) (policy.Pick, error) {
 	if registry == nil {
 		return policy.Pick{}, fmt.Errorf("bucket: engine group: nil registry: %w", policy.ErrInvalidConfiguration)
 	}
@@ -120,6 +148,18 @@ func (g *EngineGroup) Pick(ctx context.Context, registry state.Registry, req *po
 	}
 	if len(cands) == 0 {
 		return policy.Pick{}, policy.ErrNoCandidates
+	}
+	if compat {
+		kept := cands[:0]
+		for _, e := range cands {
+			if state.PDCompatibilityOf(e) == label {
+				kept = append(kept, e)
+			}
+		}
+		clear(cands[len(kept):])
+		if cands = kept; len(cands) == 0 {
+			return policy.Pick{}, ErrNoCompatibleEngine
+		}
 	}
 	pk, err := g.policy.Pick(ctx, cands, req)
 	if err != nil {

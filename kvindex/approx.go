@@ -61,6 +61,8 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 	if engine == "" {
 		return fail(ErrInvalidEngine)
 	}
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if len(keys) == 0 {
@@ -78,6 +80,9 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 		if n != 0 && x.nodes[n].nHold() >= maxHold {
 			return fail(ErrTooManyHolders, keys[i])
 		}
+	}
+	if _, ok := x.lookupHolder(engine, 0); !ok && !x.canAddHolder() {
+		return fail(ErrTooManyHolders, keys[0])
 	}
 	expiry := now + int64(ttl)
 	if expiry < now { // overflow: never expires in practice
@@ -98,7 +103,21 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 			x.approxCount++
 			x.nodes[n].meta |= flagApprox
 			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(i)})
-		case x.hTiers[lo]&approxBit != 0:
+		case x.hEntry[lo]&approxEntryBit != 0:
+			if int64(x.hAux[lo]) > expiry && !x.nodes[n].holey() {
+				// A shorter TTL: a child of n the holder holds, other than the chain's next
+				// block (refreshed to the same expiry next), may now outlive n (hole case (3),
+				// index.go).
+				others := x.hKids[lo]
+				if i+1 < len(keys) && x.nodeBuf[i+1] != 0 {
+					if a, b := x.findHolder(x.nodeBuf[i+1], hid); a < b {
+						others--
+					}
+				}
+				if others > 0 {
+					x.markHoley(n)
+				}
+			}
 			x.hAux[lo] = uint64(expiry)
 			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(i)})
 		}
@@ -124,6 +143,8 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 // periodically (for example from the host's maintenance loop) or rely on Assume, which expires
 // due entries before adding. Cost: O(expired × log entries).
 func (x *Index) Expire(now time.Time) int {
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	n := x.expireUntil(now.UnixNano())
@@ -149,7 +170,7 @@ func (x *Index) approxAt(e approxEntry) (int, bool) {
 		return 0, false
 	}
 	lo, hi := x.findHolder(e.node, e.holder)
-	if lo < hi && x.hTiers[lo]&approxBit != 0 && int64(x.hAux[lo]) == e.expiry {
+	if lo < hi && x.hEntry[lo]&approxEntryBit != 0 && int64(x.hAux[lo]) == e.expiry {
 		return lo, true
 	}
 	return 0, false
@@ -157,7 +178,7 @@ func (x *Index) approxAt(e approxEntry) (int, bool) {
 
 // dropApprox removes the approximate entry at slab position p of node n.
 func (x *Index) dropApprox(n uint32, p int) {
-	h := &x.holders[x.hHolder[p]]
+	h := &x.holders[entryHolder(x.hEntry[p])]
 	h.approx--
 	x.approxCount--
 	x.deleteHolding(n, p)

@@ -7,9 +7,10 @@
 // up at most once per request (Memo) (docs/design.md §10 and §11).
 //
 // It is not a KV cache: it records ownership, never tensors. It does not subscribe to publishers
-// or decode engine event wire formats (vLLM's and SGLang's msgpack KV events over ZMQ): the host
-// decodes each event, maps the engine's medium string to a Tier, and feeds the decoded events
-// through Store, Remove and Clear (docs/design.md §13).
+// or decode engine event wire formats (vLLM's and SGLang's msgpack KV events over ZMQ): package
+// kvindex/kvevents does, mapping each engine's medium string to a Tier and feeding the decoded
+// events through Store, Remove and Clear, and marking an engine untrusted (MarkUntrusted) while
+// its event stream is out of step (docs/design.md §13.1).
 // It never reproduces an engine's own block hashes, which it keeps only as opaque IDs for parent
 // links and removals; and it does not choose engines: the cache-aware policy reads per-engine
 // match depths from a Source and decides. Its memory bound is a block cap, not a byte budget.

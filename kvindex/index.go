@@ -16,8 +16,8 @@ import (
 // 1,048,576 blocks, pruned to 0.8 of that; docs/design.md §11).
 const (
 	// DefaultMaxBlocks is the default block cap: 4,194,304 blocks, about 64 Mi tokens at 16
-	// tokens per block, and roughly 350 MiB at one holder per block (86 bytes per block and
-	// holder, BenchmarkMemory).
+	// tokens per block, and roughly 400 MiB at 1.4 holders per block (docs/performance.md,
+	// "Sizing MaxBlocks", says how to size it for a fleet).
 	DefaultMaxBlocks = 1 << 22
 	// DefaultApproxTTL is how long an Assume entry lives unless the call names another TTL.
 	DefaultApproxTTL = 120 * time.Second
@@ -29,10 +29,12 @@ const (
 )
 
 // maxHold is the most holding entries one node can carry (24 bits of node.meta); maxNodes the
-// most nodes (uint32 indexes, 0 reserved for the root).
+// most nodes (uint32 indexes, 0 reserved for the root); maxHolders the most (engine, DP rank)
+// holders (24 bits of a holding entry).
 const (
-	maxHold  = 1<<24 - 1
-	maxNodes = 1<<32 - 2
+	maxHold    = 1<<24 - 1
+	maxNodes   = 1<<32 - 2
+	maxHolders = 1<<24 - 1
 )
 
 // Options configures an Index. The zero value is the documented default for every field.
@@ -41,8 +43,10 @@ type Options struct {
 	// count above it, the least recently used leaves are evicted, for every holder at once, until
 	// it fits; interior blocks are never evicted, so every kept block's prefix stays in the tree.
 	// Recency is the last Store or Assume of the block, with a second chance for a block that a
-	// Match has walked since (CLOCK). 0 means DefaultMaxBlocks; negative or above 2^32−2 is an
-	// error.
+	// Match has found as some engine's deepest block since (CLOCK). While one Store is being
+	// applied the count may exceed the cap by that event's own new blocks; the cap holds again
+	// when Store returns. 0 means DefaultMaxBlocks; negative or above 2^32−2 is an error.
+	// docs/performance.md ("Sizing MaxBlocks") says how to size it.
 	MaxBlocks int
 	// MaxApproxBlocks caps the approximate (Assume) entries, counted per (block, engine). Above
 	// it, entries are pruned to ApproxPruneFraction of the cap. 0 means DefaultMaxApproxBlocks;
@@ -61,19 +65,23 @@ type Options struct {
 // never KV tensors (docs/design.md §11).
 //
 // Because keys are chained (Hasher), a key names a whole prefix, so the tree is kept as one node
-// per key with a parent link: a Match walks the query's keys through a key → node table and checks
-// each node's parent, rather than searching child maps. Engines are addressed by their own block
-// hashes (opaque IDs, docs/design.md §11), which the index maps to nodes per
-// (engine, DP rank) to resolve parents and removals.
+// per key with a parent link, found through a key → node table, rather than as child maps.
+// Engines are addressed by their own block hashes (opaque IDs, docs/design.md §11), which the
+// index maps to nodes per (engine, DP rank) to resolve parents and removals. A Match finds each
+// engine's deepest held block with a handful of table probes rather than one per block
+// (match.go), because a holder's entries along a prompt are prefix-closed except at blocks the
+// index keeps in a small "holey" set.
 //
 // Concurrency: every method is safe for concurrent use. Match and MatchInto take a read lock and
-// run in parallel with each other; writes (Store, Remove, Clear, RemoveEngine, Assume, Expire)
-// take the write lock and are serialised, which gives "one writer per engine" ordering for free as
-// long as each engine's events are applied in order by their caller. doc.go records why one
-// RWMutex beats sharding here, with figures.
+// run in parallel with each other. Writes (Store, Remove, Clear, RemoveEngine, Assume, Expire) are
+// serialised by a writer mutex, which gives "one writer per engine" ordering for free as long as
+// each engine's events are applied in order by their caller; a Store hashes and validates its
+// event without blocking readers and takes the read-excluding lock only to apply it, in chunks
+// of at most storeChunk blocks. doc.go records the choice, with figures.
 type Index struct {
-	mu    sync.RWMutex
-	trust trustSet // engines whose entries Sources must not trust (trust.go); not guarded by mu
+	wmu   sync.Mutex   // serialises writers
+	mu    sync.RWMutex // readers share it; a writer holds it while it changes what readers read
+	trust trustSet     // engines whose entries Sources must not trust (trust.go); not guarded by mu
 
 	hasher    Hasher
 	maxBlocks int
@@ -81,20 +89,32 @@ type Index struct {
 	ttl       time.Duration
 	now       func() time.Time
 
-	nodes     []node   // nodes[0] is the root sentinel; 0 also means "no node"
-	refBits   []uint64 // CLOCK reference bit per node; Match sets bits atomically
-	byKey     table    // block key → node
+	nodes     []node    // nodes[0] is the root sentinel; 0 also means "no node"
+	refBits   []uint64  // CLOCK reference bit per node; Match sets bits atomically
+	byKey     nodeTable // block key → node
 	freeNodes []uint32
 	live      int // live nodes, root excluded
-	lruHead   uint32
-	lruTail   uint32
 	evicted   uint64
+	// lru links the eviction candidates, least recently used first. It lives beside the nodes,
+	// not in them: readers never read it, and a chain stored in one event sits contiguously in
+	// it, so moving the chain to the tail costs cache misses only at its two ends.
+	lru     []lruLink
+	lruHead uint32
+	lruTail uint32
 
-	// Holding entries, in runs of 1<<class slots per node, kept sorted by holder ID.
-	hHolder []uint32
-	hTiers  []uint8 // Tier bits | approxBit
-	hAux    []uint64
-	hFree   [25][]uint32 // free runs per class
+	// Holding entries, in runs of 1<<class slots per node, kept sorted by holder ID: hEntry is
+	// holder<<8 | tier byte (Tier bits | approxBit), hAux the engine's block hash for a real
+	// entry or the expiry (Unix ns) for an approximate one, hKids, on a holder's first entry at a
+	// node, how many children of that node the holder holds (exact unless the node is holey).
+	hEntry []uint32
+	hAux   []uint64
+	hKids  []uint32
+	hFree  [25][]uint32 // free runs per class
+
+	// holey maps the key of every block where some holder's held prefix may have a hole, or may
+	// expire before a block below it, to its node (match.go explains the rule).
+	holey    table
+	clearing bool // clearHolder is dropping every entry of one holder: no hole can result
 
 	holders     []holder
 	freeHolders []uint32
@@ -106,22 +126,23 @@ type Index struct {
 	heap        []approxEntry
 	approxCount int
 
-	// Writer scratch, reused under the write lock.
-	seen    table
-	keyBuf  []uint64
-	nodeBuf []uint32
-	known   []bool
+	// Writer scratch, reused under the writer mutex.
+	seen     table
+	warmSink uint32
+	keyBuf   []uint64
+	nodeBuf  []uint32
+	known    []bool
 }
 
 // node is one block. It holds no pointers, so the node slab costs the garbage collector nothing.
 type node struct {
 	key      uint64
 	parent   uint32
-	prev     uint32 // LRU list
-	next     uint32
 	children uint32
 	hold     uint32 // first slot of the node's holding run
 	meta     uint32 // nHold (24 bits) | class (5 bits) | flags (3 bits)
+	_        uint32
+	depth    uint32 // blocks above this one (0 for a prompt's first block), saturating | flagHoley
 }
 
 const (
@@ -129,13 +150,22 @@ const (
 	classShift = 24
 	classMask  = 31 << classShift
 	flagLive   = 1 << 29
-	flagInLRU  = 1 << 30
 	flagApprox = 1 << 31 // the node has at least one approximate entry
+
+	depthMask = 1<<31 - 1
+	flagHoley = 1 << 31 // in depth: the node is in Index.holey
 )
 
 func (n *node) nHold() int        { return int(n.meta & nHoldMask) }
 func (n *node) class() uint32     { return (n.meta & classMask) >> classShift }
 func (n *node) has(f uint32) bool { return n.meta&f != 0 }
+func (n *node) holey() bool       { return n.depth&flagHoley != 0 }
+
+// Holding entry layout.
+func entryHolder(e uint32) uint32        { return e >> 8 }
+func mkEntry(hid uint32, t uint8) uint32 { return hid<<8 | uint32(t) }
+
+const approxEntryBit = uint32(approxBit)
 
 // holder is one (engine, DP rank).
 type holder struct {
@@ -182,6 +212,7 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 		ttl:        opts.ApproxTTL,
 		now:        opts.Now,
 		nodes:      make([]node, 1, 64),
+		lru:        make([]lruLink, 1, 64),
 		refBits:    make([]uint64, 1),
 		engineByID: make(map[state.EngineID]uint32),
 	}
@@ -227,6 +258,10 @@ type StoreEvent struct {
 	Tier Tier
 }
 
+// storeChunk is the most blocks a Store applies under one hold of the read-excluding lock, so a
+// Match waits for at most about this many blocks' application (doc.go, "Concurrency").
+const storeChunk = 128
+
 // Store records that ev.Engine's DP rank ev.DPRank holds ev's blocks in ev.Tier, attaching the first
 // block under the parent the engine named (docs/design.md §11; Stored in
 // ai-dynamo/dynamo `lib/kv-router/src/radix_tree.rs`). Storing a block the holder already holds under the same
@@ -235,17 +270,24 @@ type StoreEvent struct {
 // supersedes an Assume entry of the same (engine, rank 0) at that block: the entry becomes real
 // and no longer expires.
 //
+// Store hashes and validates the whole event before it changes anything, without blocking
+// Match; it then applies the blocks in prompt order, storeChunk at a time, so a concurrent Match
+// may see the first blocks of an event before the last ones (never a later block without the
+// earlier ones), and evicts under MaxBlocks once the event is applied.
+//
 // Errors (an *EventError; the index is unchanged): ErrInvalidEngine (ev.Engine is empty, even for
 // an event with no blocks), ErrInvalidRank, ErrInvalidTier, ErrBlockSizeMismatch (its Err is a
 // *BlockSizeError with the counts), ErrDuplicateHash (a hash twice in the event, or already held by this
 // holder for another block), ErrCyclicChain (ParentHash among BlockHashes), ErrUnknownParent,
-// ErrKeyConflict, ErrTooManyHolders. Cost: O(blocks) plus any eviction the cap requires.
+// ErrKeyConflict, ErrTooManyHolders (also when the event's (engine, rank) would be holder number
+// 2^24). Cost: O(blocks) plus any eviction the cap requires.
 func (x *Index) Store(ev StoreEvent) error {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
 	return x.store(&ev)
 }
 
+// store runs under wmu. Until it takes mu it only reads, which is safe beside readers.
 func (x *Index) store(ev *StoreEvent) error {
 	fail := func(err error, hashes ...uint64) error {
 		return &EventError{Op: "store", Engine: ev.Engine, DPRank: ev.DPRank, Hashes: hashes, Err: err}
@@ -277,6 +319,9 @@ func (x *Index) store(ev *StoreEvent) error {
 		}
 	}
 	hid, hok := x.lookupHolder(ev.Engine, ev.DPRank)
+	if !hok && !x.canAddHolder() {
+		return fail(ErrTooManyHolders, ev.BlockHashes[0])
+	}
 	parent, parentKey := uint32(0), x.hasher.root
 	if ev.HasParent {
 		p, ok := uint32(0), false
@@ -293,10 +338,14 @@ func (x *Index) store(ev *StoreEvent) error {
 		return fail(ErrKeyConflict, ev.BlockHashes[i])
 	}
 	x.known = x.known[:0]
+	var bindings *table
+	if hok {
+		bindings = &x.holders[hid].bindings
+	}
 	for i, n := range x.nodeBuf {
 		known := false
-		if hok {
-			m, ok := x.holders[hid].bindings.get(ev.BlockHashes[i])
+		if bindings != nil {
+			m, ok := bindings.get(ev.BlockHashes[i])
 			if ok && m != n {
 				return fail(ErrDuplicateHash, ev.BlockHashes[i])
 			}
@@ -308,21 +357,59 @@ func (x *Index) store(ev *StoreEvent) error {
 		x.known = append(x.known, known)
 	}
 
-	// Valid: apply.
-	if !hok {
-		hid = x.holderFor(ev.Engine, ev.DPRank)
-	}
+	// Valid: apply, a chunk at a time, excluding readers only while the chunk changes what they
+	// read. Reading each existing block's holding run first brings it into the cache, so that the
+	// locked part mostly hits it; the bindings and the LRU list are the writers' alone and are
+	// updated after the lock is released.
+	x.warm(x.nodeBuf)
 	prev := parent
-	for i, n := range x.nodeBuf {
-		if n == 0 {
-			n = x.newNode(x.keyBuf[i], prev)
+	for from := 0; from < nb; from += storeChunk {
+		to := min(nb, from+storeChunk)
+		x.mu.Lock()
+		if !hok {
+			hid, hok = x.holderFor(ev.Engine, ev.DPRank), true
 		}
-		x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
-		x.touch(n)
-		prev = n
+		for i := from; i < to; i++ {
+			n := x.nodeBuf[i]
+			if n == 0 {
+				n = x.newNode(x.keyBuf[i], prev)
+				x.nodeBuf[i] = n
+			}
+			x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
+			prev = n
+		}
+		x.mu.Unlock()
+		b := &x.holders[hid].bindings
+		for i := from; i < to; i++ {
+			if !x.known[i] {
+				b.put(ev.BlockHashes[i], x.nodeBuf[i])
+			}
+			x.touch(x.nodeBuf[i])
+		}
 	}
-	x.evict()
+	if x.live > x.maxBlocks {
+		x.mu.Lock()
+		x.evict()
+		x.mu.Unlock()
+	}
 	return nil
+}
+
+// warm reads the holding run of every existing node of ns, so that applying a Store under the
+// lock finds them in the cache: the loads are independent, so their misses overlap.
+func (x *Index) warm(ns []uint32) {
+	var sink uint32
+	for _, n := range ns {
+		if n != 0 {
+			sink += x.hEntry[x.nodes[n].hold]
+		}
+	}
+	x.warmSink += sink // keeps the loads from being optimised away
+}
+
+// canAddHolder reports whether one more holder fits the 24-bit holder IDs.
+func (x *Index) canAddHolder() bool {
+	return len(x.freeHolders) > 0 || len(x.holders) < maxHolders
 }
 
 // resolveChain fills x.nodeBuf with the existing node of each key (0 for a new one), checking
@@ -331,20 +418,21 @@ func (x *Index) store(ev *StoreEvent) error {
 // repeats a new key.
 func (x *Index) resolveChain(parent uint32, keys []uint64) (int, bool) {
 	x.nodeBuf = x.nodeBuf[:0]
+	// Find every key's node first: the probes are independent, so their cache misses overlap.
+	for _, k := range keys {
+		n, _ := x.byKey.get(k, x.nodes)
+		x.nodeBuf = append(x.nodeBuf, n)
+	}
 	x.seen.clearFor(len(keys))
 	prev := parent
-	for i, k := range keys {
-		n, ok := x.byKey.get(k)
-		if ok {
+	for i, n := range x.nodeBuf {
+		if n != 0 {
 			if (i > 0 && prev == 0) || x.nodes[n].parent != prev {
 				return i, false
 			}
-		} else {
-			if _, dup := x.seen.add(k, 1); dup {
-				return i, false
-			}
+		} else if _, dup := x.seen.add(keys[i], 1); dup {
+			return i, false
 		}
-		x.nodeBuf = append(x.nodeBuf, n)
 		prev = n
 	}
 	return 0, true
@@ -372,33 +460,33 @@ func (x *Index) firstDuplicate(vs []uint64) (uint64, bool) {
 }
 
 // storeHolding records holder hid's hash at node n in tier t (validated by the caller); known
-// reports whether the holder already binds hash (to n).
+// reports whether the holder already binds hash (to n). The caller binds hash to n when it was
+// not known.
 func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) {
 	h := &x.holders[hid]
 	lo, hi := x.findHolder(n, hid)
 	if known {
 		for p := lo; p < hi; p++ {
-			if x.hTiers[p]&approxBit == 0 && x.hAux[p] == hash {
-				x.addTiers(h, x.hTiers[p], t)
-				x.hTiers[p] |= t
+			if x.hEntry[p]&approxEntryBit == 0 && x.hAux[p] == hash {
+				x.addTiers(h, uint8(x.hEntry[p]), t)
+				x.hEntry[p] |= uint32(t)
 				return
 			}
 		}
 	}
-	if lo < hi && x.hTiers[lo]&approxBit != 0 {
-		// A real event supersedes the router's own placement (docs/design.md
-		// §11): the entry becomes real and no longer expires. Its heap entry goes stale.
-		x.hTiers[lo], x.hAux[lo] = t, hash
+	if lo < hi && x.hEntry[lo]&approxEntryBit != 0 {
+		// A real event supersedes the router's own placement (docs/design.md §11): the entry
+		// becomes real and no longer expires. Its heap entry goes stale.
+		x.hEntry[lo], x.hAux[lo] = mkEntry(hid, t), hash
 		h.approx--
 		x.approxCount--
 		x.addTiers(h, 0, t)
-		h.bindings.put(hash, n)
 		x.refreshApproxFlag(n)
+		x.checkParentReal(n, hid)
 		return
 	}
 	x.insertHolding(n, hi, hid, t, hash)
 	x.addTiers(h, 0, t)
-	h.bindings.put(hash, n)
 }
 
 // addTiers counts the bits of add that old lacks.
@@ -424,12 +512,17 @@ func (x *Index) subTiers(h *holder, drop uint8) {
 // that holder; a block no holder keeps and with no children leaves the tree, and so does each
 // ancestor that is left empty. A hash named twice is removed once.
 //
+// Removing a block the holder still holds blocks below (a hole in its prefix) also records the
+// block as holey, which costs every later Match of a prompt through it a few table probes until
+// the block has no children left (match.go, docs/performance.md); engines evict their deepest
+// blocks first, so this is rare.
+//
 // Errors (an *EventError; the index is unchanged): ErrInvalidEngine (engine is empty),
 // ErrInvalidRank, ErrInvalidTier, ErrUnknownEngine (the (engine, rank) holds nothing and never did, or was removed), ErrUnknownHash (listing every
 // hash the holder does not hold; this includes blocks the index evicted under MaxBlocks).
 func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers Tier) error {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
 	fail := func(err error, hs ...uint64) error {
 		return &EventError{Op: "remove", Engine: engine, DPRank: rank, Hashes: hs, Err: err}
 	}
@@ -462,19 +555,21 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	if len(unknown) > 0 {
 		return fail(ErrUnknownHash, unknown...)
 	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
 	for i, hash := range hashes {
 		// A hash named twice finds its entry gone (or its node freed: no entries) the second
 		// time; nodes freed here are not reused before Remove returns.
 		n := x.nodeBuf[i]
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
-			if x.hTiers[p]&approxBit != 0 || x.hAux[p] != hash {
+			if x.hEntry[p]&approxEntryBit != 0 || x.hAux[p] != hash {
 				continue
 			}
-			drop := x.hTiers[p] & uint8(tiers)
+			drop := uint8(x.hEntry[p]) & uint8(tiers)
 			x.subTiers(h, drop)
-			x.hTiers[p] &^= drop
-			if x.hTiers[p] == 0 {
+			x.hEntry[p] &^= uint32(drop)
+			if uint8(x.hEntry[p]) == 0 {
 				x.deleteHolding(n, p)
 				h.bindings.del(hash)
 				x.prune(n)
@@ -491,18 +586,20 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 // ErrUnknownHash rather than ErrUnknownEngine. Errors (an *EventError; the index is unchanged):
 // ErrInvalidEngine (engine is empty), ErrInvalidRank, ErrUnknownEngine. Cost: O(blocks the holder held + approximate entries in the index).
 func (x *Index) Clear(engine state.EngineID, rank int) error {
-	x.mu.Lock()
-	defer x.mu.Unlock()
 	if engine == "" {
 		return &EventError{Op: "clear", Engine: engine, DPRank: rank, Err: ErrInvalidEngine}
 	}
 	if rank < 0 {
 		return &EventError{Op: "clear", Engine: engine, DPRank: rank, Err: ErrInvalidRank}
 	}
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
 	hid, ok := x.lookupHolder(engine, rank)
 	if !ok {
 		return &EventError{Op: "clear", Engine: engine, DPRank: rank, Err: ErrUnknownEngine}
 	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
 	x.clearHolder(hid)
 	return nil
 }
@@ -512,15 +609,17 @@ func (x *Index) Clear(engine state.EngineID, rank int) error {
 // ErrInvalidEngine when engine is empty, ErrUnknownEngine when the engine is not in the index.
 // Cost as Clear, for every rank.
 func (x *Index) RemoveEngine(engine state.EngineID) error {
-	x.mu.Lock()
-	defer x.mu.Unlock()
 	if engine == "" {
 		return &EventError{Op: "remove engine", Engine: engine, Err: ErrInvalidEngine}
 	}
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
 	e, ok := x.engineByID[engine]
 	if !ok {
 		return &EventError{Op: "remove engine", Engine: engine, Err: ErrUnknownEngine}
 	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
 	for _, rh := range x.engines[e].ranks {
 		x.clearHolder(rh.holder)
 		x.holders[rh.holder] = holder{}
@@ -535,13 +634,16 @@ func (x *Index) RemoveEngine(engine state.EngineID) error {
 	return nil
 }
 
-// clearHolder drops every entry of holder hid.
+// clearHolder drops every entry of holder hid. No hole can result (every block the holder held
+// goes), so it skips the hole bookkeeping for the holder.
 func (x *Index) clearHolder(hid uint32) {
+	x.clearing = true
+	defer func() { x.clearing = false }()
 	h := &x.holders[hid]
 	h.bindings.each(func(hash uint64, n uint32) {
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
-			if x.hTiers[p]&approxBit == 0 && x.hAux[p] == hash {
+			if x.hEntry[p]&approxEntryBit == 0 && x.hAux[p] == hash {
 				x.deleteHolding(n, p)
 				x.prune(n)
 				break
@@ -575,7 +677,8 @@ func (x *Index) lookupHolder(id state.EngineID, rank int) (uint32, bool) {
 	return 0, false
 }
 
-// holderFor returns the holder ID of (engine, rank), creating the engine and holder if needed.
+// holderFor returns the holder ID of (engine, rank), creating the engine and holder if needed
+// (the caller checked canAddHolder). Called under mu.
 func (x *Index) holderFor(id state.EngineID, rank int) uint32 {
 	if hid, ok := x.lookupHolder(id, rank); ok {
 		return hid
@@ -620,7 +723,7 @@ func (x *Index) renumber(pos int) {
 
 // ---- nodes, LRU and eviction ----
 
-// newNode creates the node for key under parent and links it as the most recently used leaf.
+// newNode creates the node for key under parent. The caller touches it (LRU).
 func (x *Index) newNode(key uint64, parent uint32) uint32 {
 	var n uint32
 	if k := len(x.freeNodes); k > 0 {
@@ -628,31 +731,37 @@ func (x *Index) newNode(key uint64, parent uint32) uint32 {
 		x.freeNodes = x.freeNodes[:k-1]
 	} else {
 		n = uint32(len(x.nodes))
-		x.nodes = append(x.nodes, node{})
+		x.nodes = grow(x.nodes, 1)
+		x.lru = grow(x.lru, 1)
 		if int(n>>6) >= len(x.refBits) {
 			x.refBits = append(x.refBits, 0)
 		}
 	}
-	x.nodes[n] = node{key: key, parent: parent, meta: flagLive}
-	x.clearRef(n)
-	x.byKey.put(key, n)
+	depth := uint32(0)
 	if parent != 0 {
 		x.nodes[parent].children++
+		depth = min(x.nodes[parent].depth&depthMask+1, depthMask)
 	}
+	x.nodes[n] = node{key: key, parent: parent, meta: flagLive, depth: depth}
+	x.clearRef(n)
+	x.byKey.insert(key, n)
 	x.live++
-	x.lruPushTail(n)
 	return n
 }
 
 // freeNode removes an empty, childless node from the tree.
 func (x *Index) freeNode(n uint32) {
 	nd := &x.nodes[n]
-	if nd.has(flagInLRU) {
+	if x.inLRU(n) {
 		x.lruUnlink(n)
 	}
-	x.byKey.del(nd.key)
+	x.byKey.remove(nd.key, n)
 	if p := nd.parent; p != 0 {
-		x.nodes[p].children--
+		pn := &x.nodes[p]
+		pn.children--
+		if pn.children == 0 && pn.holey() {
+			x.unmarkHoley(p)
+		}
 	}
 	*nd = node{}
 	x.live--
@@ -665,7 +774,7 @@ func (x *Index) prune(n uint32) {
 	for n != 0 {
 		nd := &x.nodes[n]
 		if nd.nHold() > 0 || nd.children > 0 {
-			if nd.children == 0 && !nd.has(flagInLRU) {
+			if nd.children == 0 && !x.inLRU(n) {
 				x.lruPushHead(n)
 			}
 			return
@@ -676,54 +785,12 @@ func (x *Index) prune(n uint32) {
 	}
 }
 
-func (x *Index) lruUnlink(n uint32) {
-	nd := &x.nodes[n]
-	if nd.prev != 0 {
-		x.nodes[nd.prev].next = nd.next
-	} else {
-		x.lruHead = nd.next
-	}
-	if nd.next != 0 {
-		x.nodes[nd.next].prev = nd.prev
-	} else {
-		x.lruTail = nd.prev
-	}
-	nd.prev, nd.next = 0, 0
-	nd.meta &^= flagInLRU
-}
-
-func (x *Index) lruPushTail(n uint32) {
-	nd := &x.nodes[n]
-	nd.prev, nd.next = x.lruTail, 0
-	if x.lruTail != 0 {
-		x.nodes[x.lruTail].next = n
-	} else {
-		x.lruHead = n
-	}
-	x.lruTail = n
-	nd.meta |= flagInLRU
-}
-
-// lruPushHead links n as the next eviction candidate: a node that just became a leaf again was
-// pushed out of the list at its head, so it is among the oldest.
-func (x *Index) lruPushHead(n uint32) {
-	nd := &x.nodes[n]
-	nd.prev, nd.next = 0, x.lruHead
-	if x.lruHead != 0 {
-		x.nodes[x.lruHead].prev = n
-	} else {
-		x.lruTail = n
-	}
-	x.lruHead = n
-	nd.meta |= flagInLRU
-}
-
 // touch marks n as just used.
 func (x *Index) touch(n uint32) {
 	if x.lruTail == n {
 		return
 	}
-	if x.nodes[n].has(flagInLRU) {
+	if x.inLRU(n) {
 		x.lruUnlink(n)
 	}
 	x.lruPushTail(n)
@@ -740,7 +807,8 @@ func (x *Index) clearRef(n uint32) {
 	}
 }
 
-// markRef records that a Match walked n. Called under the read lock, concurrently.
+// markRef records that a Match found n as some engine's deepest block. Called under the read
+// lock, concurrently.
 func (x *Index) markRef(n uint32) {
 	w := &x.refBits[n>>6]
 	if atomic.LoadUint64(w)&(1<<(n&63)) == 0 {
@@ -749,8 +817,8 @@ func (x *Index) markRef(n uint32) {
 }
 
 // evict removes least recently used leaves until the index fits MaxBlocks. Interior nodes met at
-// the head leave the list (they rejoin it at the head when their last child goes); a leaf with its
-// reference bit set gets a second chance at the tail.
+// the head leave the list (they rejoin it at the head when their last child goes); a leaf with
+// its reference bit set gets a second chance at the tail.
 func (x *Index) evict() {
 	for x.live > x.maxBlocks {
 		n := x.lruHead
@@ -774,20 +842,84 @@ func (x *Index) evict() {
 // evictNode drops every entry of leaf n, for every holder, and prunes upwards.
 func (x *Index) evictNode(n uint32) {
 	nd := &x.nodes[n]
+	last := ^uint32(0)
 	for p := int(nd.hold) + nd.nHold() - 1; p >= int(nd.hold); p-- {
-		h := &x.holders[x.hHolder[p]]
-		if x.hTiers[p]&approxBit != 0 {
+		hid := entryHolder(x.hEntry[p])
+		h := &x.holders[hid]
+		if x.hEntry[p]&approxEntryBit != 0 {
 			h.approx--
 			x.approxCount--
 		} else {
-			x.subTiers(h, x.hTiers[p])
+			x.subTiers(h, uint8(x.hEntry[p]))
 			h.bindings.del(x.hAux[p])
+		}
+		if hid != last {
+			x.unlinkChild(n, hid) // a leaf: no hole can result
+			last = hid
 		}
 	}
 	x.freeRun(nd.hold, nd.class())
 	nd.meta &^= nHoldMask | classMask | flagApprox
 	x.evicted++
 	x.prune(n)
+}
+
+// ---- the LRU list ----
+
+// lruLink is a node's place in the LRU list. The list is the writers' alone: Store updates it
+// without excluding readers.
+type lruLink struct{ prev, next uint32 }
+
+// inLRU reports whether n is in the LRU list: the head, or any node with a predecessor.
+func (x *Index) inLRU(n uint32) bool { return x.lruHead == n || x.lru[n].prev != 0 }
+
+func (x *Index) lruUnlink(n uint32) {
+	l := &x.lru[n]
+	if l.prev != 0 {
+		x.lru[l.prev].next = l.next
+	} else {
+		x.lruHead = l.next
+	}
+	if l.next != 0 {
+		x.lru[l.next].prev = l.prev
+	} else {
+		x.lruTail = l.prev
+	}
+	*l = lruLink{}
+}
+
+func (x *Index) lruPushTail(n uint32) {
+	x.lru[n] = lruLink{prev: x.lruTail}
+	if x.lruTail != 0 {
+		x.lru[x.lruTail].next = n
+	} else {
+		x.lruHead = n
+	}
+	x.lruTail = n
+}
+
+// lruPushHead links n as the next eviction candidate: a node that just became a leaf again was
+// pushed out of the list at its head, so it is among the oldest.
+func (x *Index) lruPushHead(n uint32) {
+	x.lru[n] = lruLink{next: x.lruHead}
+	if x.lruHead != 0 {
+		x.lru[x.lruHead].prev = n
+	} else {
+		x.lruTail = n
+	}
+	x.lruHead = n
+}
+
+// grow returns s extended by n zero elements, growing its capacity by half when it must grow:
+// the slabs reach hundreds of megabytes, where append's 1.25× growth copies each element about
+// five times over its life; 1.5× copies it about three times and leaves at most a third unused.
+func grow[T any](s []T, n int) []T {
+	if len(s)+n <= cap(s) {
+		return s[:len(s)+n]
+	}
+	t := make([]T, len(s)+n, max(cap(s)+cap(s)/2, len(s)+n, 64))
+	copy(t, s)
+	return t
 }
 
 // ---- holding runs ----
@@ -799,7 +931,7 @@ func (x *Index) findHolder(n, hid uint32) (int, int) {
 	// Binary search for the first entry >= hid.
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if x.hHolder[mid] < hid {
+		if entryHolder(x.hEntry[mid]) < hid {
 			lo = mid + 1
 		} else {
 			hi = mid
@@ -807,16 +939,18 @@ func (x *Index) findHolder(n, hid uint32) (int, int) {
 	}
 	end := lo
 	last := int(nd.hold) + nd.nHold()
-	for end < last && x.hHolder[end] == hid {
+	for end < last && entryHolder(x.hEntry[end]) == hid {
 		end++
 	}
 	return lo, end
 }
 
-// insertHolding inserts an entry at slab position pos of node n's run, growing the run if full.
+// insertHolding inserts holder hid's entry at slab position pos of node n's run, growing the run
+// if full. pos is the end of hid's entries there; when it has none, the holder now holds n.
 func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64) {
 	nd := &x.nodes[n]
 	k := nd.nHold()
+	first := pos == int(nd.hold) || entryHolder(x.hEntry[pos-1]) != hid
 	if k == 0 {
 		nd.hold = x.allocRun(0)
 		nd.meta &^= classMask
@@ -833,22 +967,35 @@ func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64
 		pos = int(off) + rel
 	}
 	end := int(nd.hold) + k
-	copy(x.hHolder[pos+1:end+1], x.hHolder[pos:end])
-	copy(x.hTiers[pos+1:end+1], x.hTiers[pos:end])
+	copy(x.hEntry[pos+1:end+1], x.hEntry[pos:end])
 	copy(x.hAux[pos+1:end+1], x.hAux[pos:end])
-	x.hHolder[pos], x.hTiers[pos], x.hAux[pos] = hid, t, aux
+	copy(x.hKids[pos+1:end+1], x.hKids[pos:end])
+	x.hEntry[pos], x.hAux[pos], x.hKids[pos] = mkEntry(hid, t), aux, 0
 	nd.meta++
+	if first {
+		x.linkChild(n, hid, t, aux)
+	}
 }
 
 // deleteHolding removes the entry at slab position pos of node n's run, shrinking the run when it
-// is a quarter full.
+// is a quarter full. When it was the holder's last entry there, the holder no longer holds n.
 func (x *Index) deleteHolding(n uint32, pos int) {
 	nd := &x.nodes[n]
+	hid := entryHolder(x.hEntry[pos])
 	k := nd.nHold()
 	end := int(nd.hold) + k
-	copy(x.hHolder[pos:end-1], x.hHolder[pos+1:end])
-	copy(x.hTiers[pos:end-1], x.hTiers[pos+1:end])
+	groupStart := pos == int(nd.hold) || entryHolder(x.hEntry[pos-1]) != hid
+	groupEnds := pos+1 == end || entryHolder(x.hEntry[pos+1]) != hid
+	kids := x.hKids[pos]
+	if groupStart && groupEnds && kids > 0 && !nd.holey() && !x.clearing {
+		x.markHoley(n) // the holder keeps blocks below one it no longer holds
+	}
+	copy(x.hEntry[pos:end-1], x.hEntry[pos+1:end])
 	copy(x.hAux[pos:end-1], x.hAux[pos+1:end])
+	copy(x.hKids[pos:end-1], x.hKids[pos+1:end])
+	if groupStart && !groupEnds {
+		x.hKids[pos] = kids // the holder's next entry there carries its child count now
+	}
 	nd.meta--
 	k--
 	c := nd.class()
@@ -864,6 +1011,9 @@ func (x *Index) deleteHolding(n uint32, pos int) {
 		nd.hold = off
 		nd.meta = nd.meta&^classMask | (c-1)<<classShift
 	}
+	if groupStart && groupEnds {
+		x.unlinkChild(n, hid)
+	}
 }
 
 func (x *Index) allocRun(c uint32) uint32 {
@@ -872,20 +1022,20 @@ func (x *Index) allocRun(c uint32) uint32 {
 		x.hFree[c] = x.hFree[c][:k-1]
 		return off
 	}
-	off := uint32(len(x.hHolder))
+	off := uint32(len(x.hEntry))
 	size := 1 << c
-	x.hHolder = append(x.hHolder, make([]uint32, size)...)
-	x.hTiers = append(x.hTiers, make([]uint8, size)...)
-	x.hAux = append(x.hAux, make([]uint64, size)...)
+	x.hEntry = grow(x.hEntry, size)
+	x.hAux = grow(x.hAux, size)
+	x.hKids = grow(x.hKids, size)
 	return off
 }
 
 func (x *Index) freeRun(off, c uint32) { x.hFree[c] = append(x.hFree[c], off) }
 
 func (x *Index) moveRun(from, to uint32, k int) {
-	copy(x.hHolder[to:int(to)+k], x.hHolder[from:int(from)+k])
-	copy(x.hTiers[to:int(to)+k], x.hTiers[from:int(from)+k])
+	copy(x.hEntry[to:int(to)+k], x.hEntry[from:int(from)+k])
 	copy(x.hAux[to:int(to)+k], x.hAux[from:int(from)+k])
+	copy(x.hKids[to:int(to)+k], x.hKids[from:int(from)+k])
 }
 
 // refreshApproxFlag recomputes whether node n carries an approximate entry.
@@ -893,9 +1043,88 @@ func (x *Index) refreshApproxFlag(n uint32) {
 	nd := &x.nodes[n]
 	nd.meta &^= flagApprox
 	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
-		if x.hTiers[p]&approxBit != 0 {
+		if x.hEntry[p]&approxEntryBit != 0 {
 			nd.meta |= flagApprox
 			return
 		}
 	}
+}
+
+// ---- holes ----
+//
+// A Match finds a holder's deepest block by probing a few depths (match.go), which is exact only
+// if, along the prompt, the holder's live entries form a prefix: held at depth d+1 implies held
+// at depth d. Let "h holds c" mean h has an entry at c, real or approximate, expired or not.
+// Holding at depth d+1 (block c) but not at depth d (its parent p) at some time needs one of
+//
+//	(1) h holds c but not p: a hole;
+//	(2) h's entry at p is approximate and its entry at c is real: p may expire first;
+//	(3) both are approximate and c expires after p.
+//
+// The index keeps every such p in the holey set (Index.holey, flagHoley), and Match caps each
+// holder's search at the first holey block of the prompt where the holder is not live. To
+// mark without scanning children, each holder's first entry at a node counts the node's children
+// the holder holds (hKids); the count is kept exactly while the node is not holey, and reset when
+// a holey node's last child goes, which is also when it leaves the set. None of the three arises
+// from events applied in order by engines that evict their deepest blocks first, nor from
+// Assume with one TTL: a real event attaches under a block its holder holds really, an Assume
+// covers a whole chain from the root with one expiry, and a refresh only raises it. They arise
+// from removing a block the holder still holds children of, from a shorter TTL refreshing a
+// block the holder holds other children of, or from an event re-establishing a hole's parent.
+// The set shrinks as its blocks lose their children.
+
+// linkChild records that holder hid now holds c (its first entry there, tier byte t and aux).
+func (x *Index) linkChild(c, hid uint32, t uint8, aux uint64) {
+	p := x.nodes[c].parent
+	if p == 0 || x.nodes[p].holey() {
+		return
+	}
+	lo, hi := x.findHolder(p, hid)
+	if lo == hi {
+		x.markHoley(p) // (1)
+		return
+	}
+	x.hKids[lo]++
+	if x.hEntry[lo]&approxEntryBit != 0 && (t&approxBit == 0 || aux > x.hAux[lo]) {
+		x.markHoley(p) // (2) or (3)
+	}
+}
+
+// unlinkChild records that holder hid no longer holds c.
+func (x *Index) unlinkChild(c, hid uint32) {
+	p := x.nodes[c].parent
+	if p == 0 || x.nodes[p].holey() {
+		return
+	}
+	if lo, hi := x.findHolder(p, hid); lo < hi && x.hKids[lo] > 0 {
+		x.hKids[lo]--
+	}
+}
+
+// checkParentReal records case (2) when holder hid's entry at n just became real.
+func (x *Index) checkParentReal(n, hid uint32) {
+	p := x.nodes[n].parent
+	if p == 0 || x.nodes[p].holey() {
+		return
+	}
+	if lo, hi := x.findHolder(p, hid); lo < hi && x.hEntry[lo]&approxEntryBit != 0 {
+		x.markHoley(p)
+	}
+}
+
+func (x *Index) markHoley(n uint32) {
+	nd := &x.nodes[n]
+	if nd.holey() {
+		return
+	}
+	nd.depth |= flagHoley
+	x.holey.put(nd.key, n)
+}
+
+// unmarkHoley takes childless node n out of the holey set; its holders hold no children.
+func (x *Index) unmarkHoley(n uint32) {
+	nd := &x.nodes[n]
+	nd.depth &^= flagHoley
+	x.holey.del(nd.key)
+	clear(x.hKids[nd.hold : int(nd.hold)+nd.nHold()])
 }

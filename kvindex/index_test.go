@@ -99,8 +99,8 @@ func dump(x *Index) string {
 		}
 		var es []string
 		for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
-			h := x.holders[x.hHolder[p]]
-			es = append(es, fmt.Sprintf("%s/%d:%#x:%#x", x.engines[h.engine].id, h.rank, x.hTiers[p], x.hAux[p]))
+			h := x.holders[entryHolder(x.hEntry[p])]
+			es = append(es, fmt.Sprintf("%s/%d:%#x:%#x", x.engines[h.engine].id, h.rank, uint8(x.hEntry[p]), x.hAux[p]))
 		}
 		sort.Strings(es)
 		lines = append(lines, fmt.Sprintf("%#x<-%#x %v", nd.key, x.nodes[nd.parent].key, es))
@@ -474,10 +474,10 @@ func TestKeyConflictIsRefused(t *testing.T) {
 	require.NoError(t, f.x.Assume("c", other[:1], 0))
 	next := f.h.appendFrom(nil, keys[1], prompt(1, 3)[8:])
 	f.x.mu.Lock()
-	n, _ := f.x.byKey.get(other[0])
-	f.x.byKey.del(other[0])
+	n, _ := f.x.byKey.get(other[0], f.x.nodes)
+	f.x.byKey.remove(other[0], n)
 	f.x.nodes[n].key = next[0]
-	f.x.byKey.put(next[0], n)
+	f.x.byKey.insert(next[0], n)
 	f.x.mu.Unlock()
 	before := dump(f.x)
 	err := f.x.Store(StoreEvent{Engine: "a", HasParent: true, ParentHash: 2, BlockHashes: []uint64{3},
@@ -601,7 +601,7 @@ func bruteMatch(x *Index, keys []uint64, now int64) []EngineMatch {
 		depth := 0
 		prev := uint32(0)
 		for _, k := range keys {
-			n, ok := x.byKey.get(k)
+			n, ok := x.byKey.get(k, x.nodes)
 			if !ok || x.nodes[n].parent != prev {
 				break
 			}

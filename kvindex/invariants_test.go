@@ -19,7 +19,7 @@ func checkInvariants(x *Index) error {
 			continue
 		}
 		live++
-		if got, ok := x.byKey.get(nd.key); !ok || got != n {
+		if got, ok := x.byKey.get(nd.key, x.nodes); !ok || got != n {
 			return fmt.Errorf("node %d key %#x maps to %d, %v", n, nd.key, got, ok)
 		}
 		if nd.parent != 0 {
@@ -27,29 +27,35 @@ func checkInvariants(x *Index) error {
 				return fmt.Errorf("node %d has dead parent %d", n, nd.parent)
 			}
 			children[nd.parent]++
+			if want := min(x.nodes[nd.parent].depth&depthMask+1, depthMask); nd.depth&depthMask != want {
+				return fmt.Errorf("node %d depth %d, parent's + 1 is %d", n, nd.depth&depthMask, want)
+			}
+		} else if nd.depth&depthMask != 0 {
+			return fmt.Errorf("root child %d has depth %d", n, nd.depth&depthMask)
 		}
 		if k := nd.nHold(); k > 1<<nd.class() {
 			return fmt.Errorf("node %d holds %d entries in a class-%d run", n, k, nd.class())
 		}
 		lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
-		if !slices.IsSorted(x.hHolder[lo:hi]) {
-			return fmt.Errorf("node %d holders not sorted: %v", n, x.hHolder[lo:hi])
+		if !slices.IsSortedFunc(x.hEntry[lo:hi], func(a, b uint32) int { return int(entryHolder(a)) - int(entryHolder(b)) }) {
+			return fmt.Errorf("node %d holders not sorted: %v", n, x.hEntry[lo:hi])
 		}
 		hasApprox := false
 		for p := lo; p < hi; p++ {
-			h := &x.holders[x.hHolder[p]]
+			hid := entryHolder(x.hEntry[p])
+			h := &x.holders[hid]
 			if !h.live {
-				return fmt.Errorf("node %d entry %d names dead holder %d", n, p, x.hHolder[p])
+				return fmt.Errorf("node %d entry %d names dead holder %d", n, p, hid)
 			}
-			if x.hTiers[p]&approxBit != 0 {
+			if x.hEntry[p]&approxEntryBit != 0 {
 				hasApprox = true
-				if p+1 < hi && x.hHolder[p+1] == x.hHolder[p] || p > lo && x.hHolder[p-1] == x.hHolder[p] {
-					return fmt.Errorf("node %d: approximate entry of holder %d is not alone", n, x.hHolder[p])
+				if p+1 < hi && entryHolder(x.hEntry[p+1]) == hid || p > lo && entryHolder(x.hEntry[p-1]) == hid {
+					return fmt.Errorf("node %d: approximate entry of holder %d is not alone", n, hid)
 				}
 				continue
 			}
-			if x.hTiers[p] == 0 || Tier(x.hTiers[p])&^AllTiers != 0 {
-				return fmt.Errorf("node %d entry %d has tiers %#x", n, p, x.hTiers[p])
+			if t := uint8(x.hEntry[p]); t == 0 || Tier(t)&^AllTiers != 0 {
+				return fmt.Errorf("node %d entry %d has tiers %#x", n, p, t)
 			}
 			if m, ok := h.bindings.get(x.hAux[p]); !ok || m != n {
 				return fmt.Errorf("node %d entry hash %#x: binding %d, %v", n, x.hAux[p], m, ok)
@@ -65,20 +71,8 @@ func checkInvariants(x *Index) error {
 	if x.byKey.len() != live {
 		return fmt.Errorf("key table has %d entries for %d nodes", x.byKey.len(), live)
 	}
-	inLRU := make(map[uint32]bool)
-	prev := uint32(0)
-	for n := x.lruHead; n != 0; n = x.nodes[n].next {
-		if inLRU[n] {
-			return fmt.Errorf("LRU cycle at %d", n)
-		}
-		inLRU[n] = true
-		if x.nodes[n].prev != prev || !x.nodes[n].has(flagInLRU) {
-			return fmt.Errorf("LRU link broken at %d", n)
-		}
-		prev = n
-	}
-	if prev != x.lruTail {
-		return fmt.Errorf("LRU tail %d, walk ends at %d", x.lruTail, prev)
+	if err := checkQueue(x); err != nil {
+		return err
 	}
 	for n := uint32(1); int(n) < len(x.nodes); n++ {
 		nd := &x.nodes[n]
@@ -91,15 +85,15 @@ func checkInvariants(x *Index) error {
 		if nd.nHold() == 0 && nd.children == 0 {
 			return fmt.Errorf("node %d is empty and childless", n)
 		}
-		if nd.children == 0 && !inLRU[n] {
+		if nd.children == 0 && !x.inLRU(n) {
 			return fmt.Errorf("leaf %d is not an eviction candidate", n)
-		}
-		if nd.has(flagInLRU) != inLRU[n] {
-			return fmt.Errorf("node %d LRU flag disagrees with the list", n)
 		}
 	}
 	if live > x.maxBlocks {
 		return fmt.Errorf("%d blocks over the cap %d", live, x.maxBlocks)
+	}
+	if err := checkHoles(x); err != nil {
+		return err
 	}
 
 	approx := 0
@@ -116,9 +110,9 @@ func checkInvariants(x *Index) error {
 			}
 			lo, hi := x.findHolder(n, uint32(hid))
 			for p := lo; p < hi; p++ {
-				if x.hTiers[p]&approxBit == 0 && x.hAux[p] == hash {
+				if x.hEntry[p]&approxEntryBit == 0 && x.hAux[p] == hash {
 					for i := range tiers {
-						if x.hTiers[p]&(1<<i) != 0 {
+						if x.hEntry[p]&(1<<i) != 0 {
 							tiers[i]++
 						}
 					}
@@ -139,10 +133,10 @@ func checkInvariants(x *Index) error {
 	for n := uint32(1); int(n) < len(x.nodes); n++ {
 		nd := &x.nodes[n]
 		for p := int(nd.hold); nd.has(flagLive) && p < int(nd.hold)+nd.nHold(); p++ {
-			if x.hTiers[p]&approxBit != 0 {
+			if x.hEntry[p]&approxEntryBit != 0 {
 				recount++
-				if !heapHas(x, approxEntry{expiry: int64(x.hAux[p]), node: n, holder: x.hHolder[p]}) {
-					return fmt.Errorf("approximate entry node %d holder %d has no heap entry", n, x.hHolder[p])
+				if !heapHas(x, approxEntry{expiry: int64(x.hAux[p]), node: n, holder: entryHolder(x.hEntry[p])}) {
+					return fmt.Errorf("approximate entry node %d holder %d has no heap entry", n, entryHolder(x.hEntry[p]))
 				}
 			}
 		}
@@ -159,6 +153,111 @@ func checkInvariants(x *Index) error {
 		}
 	}
 	return nil
+}
+
+// checkQueue verifies the LRU list: well linked from head to tail, exactly the nodes inLRU
+// reports, all live.
+func checkQueue(x *Index) error {
+	if len(x.lru) != len(x.nodes) {
+		return fmt.Errorf("LRU links for %d of %d nodes", len(x.lru), len(x.nodes))
+	}
+	inLRU := map[uint32]bool{}
+	prev := uint32(0)
+	for n := x.lruHead; n != 0; n = x.lru[n].next {
+		if inLRU[n] {
+			return fmt.Errorf("LRU cycle at %d", n)
+		}
+		inLRU[n] = true
+		if x.lru[n].prev != prev || !x.nodes[n].has(flagLive) {
+			return fmt.Errorf("LRU link broken at %d", n)
+		}
+		prev = n
+	}
+	if prev != x.lruTail {
+		return fmt.Errorf("LRU tail %d, walk ends at %d", x.lruTail, prev)
+	}
+	for n := uint32(1); int(n) < len(x.nodes); n++ {
+		if x.inLRU(n) != inLRU[n] {
+			return fmt.Errorf("node %d: inLRU disagrees with the list", n)
+		}
+		if l := x.lru[n]; !inLRU[n] && (l.prev != 0 || l.next != 0) {
+			return fmt.Errorf("node %d is not in the LRU list but has links %v", n, l)
+		}
+	}
+	return nil
+}
+
+// checkHoles verifies the prefix rule Match relies on (index.go, "holes"): the holey set is
+// exactly the nodes with flagHoley, each with children; every (holder, block) pair whose
+// holder's prefix may break at the parent (cases (1)–(3)) has a holey parent; and a holder's
+// child count (hKids) at a block that is not holey equals its held children there.
+func checkHoles(x *Index) error {
+	flagged := 0
+	kids := map[[2]uint32]uint32{} // (parent, holder) → held children
+	for n := uint32(1); int(n) < len(x.nodes); n++ {
+		nd := &x.nodes[n]
+		if !nd.has(flagLive) {
+			continue
+		}
+		if nd.holey() {
+			flagged++
+			if got, ok := x.holey.get(nd.key); !ok || got != n {
+				return fmt.Errorf("holey node %d not in the holey set (%d, %v)", n, got, ok)
+			}
+			if nd.children == 0 {
+				return fmt.Errorf("holey node %d has no children", n)
+			}
+		}
+		p := nd.parent
+		if p == 0 {
+			continue
+		}
+		for _, hid := range holdersAt(x, n) {
+			kids[[2]uint32{p, hid}]++
+			if x.nodes[p].holey() {
+				continue
+			}
+			plo, phi := x.findHolder(p, hid)
+			clo, _ := x.findHolder(n, hid)
+			switch {
+			case plo == phi:
+				return fmt.Errorf("holder %d holds node %d but not its parent %d, which is not holey", hid, n, p)
+			case x.hEntry[plo]&approxEntryBit == 0:
+			case x.hEntry[clo]&approxEntryBit == 0:
+				return fmt.Errorf("holder %d holds node %d really under its approximate parent %d, which is not holey", hid, n, p)
+			case x.hAux[clo] > x.hAux[plo]:
+				return fmt.Errorf("holder %d's node %d expires after its parent %d, which is not holey", hid, n, p)
+			}
+		}
+	}
+	if flagged != x.holey.len() {
+		return fmt.Errorf("%d holey nodes, holey set has %d", flagged, x.holey.len())
+	}
+	for n := uint32(1); int(n) < len(x.nodes); n++ {
+		nd := &x.nodes[n]
+		if !nd.has(flagLive) || nd.holey() {
+			continue
+		}
+		for _, hid := range holdersAt(x, n) {
+			lo, _ := x.findHolder(n, hid)
+			if want := kids[[2]uint32{n, hid}]; x.hKids[lo] != want {
+				return fmt.Errorf("node %d holder %d child count %d, recount %d", n, hid, x.hKids[lo], want)
+			}
+		}
+	}
+	return nil
+}
+
+// holdersAt returns the distinct holders with an entry at n.
+func holdersAt(x *Index, n uint32) []uint32 {
+	nd := &x.nodes[n]
+	var out []uint32
+	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
+		if h := entryHolder(x.hEntry[p]); len(out) == 0 || out[len(out)-1] != h {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 func heapHas(x *Index, want approxEntry) bool {

@@ -2,8 +2,8 @@ package kvindex
 
 import (
 	"math"
+	"math/bits"
 	"slices"
-	"unsafe"
 
 	"github.com/enginepick/enginepick/state"
 )
@@ -30,13 +30,37 @@ type Matches struct {
 	// QueryBlocks is the number of keys matched against (the query's full blocks).
 	QueryBlocks int
 
-	active []uint32 // holder IDs still matching, ascending
-	spare  []uint32
-	pos    []int32   // engine slot → 1 + position in best, 0 when absent
-	best   []uint32  // per engine found: its deepest count
-	slots  []uint32  // per engine found: its slot
-	order  []uint64  // sort keys: (MaxUint32 − blocks) << 32 | engine order
-	walk   matchWalk // the walk in progress, kept here so that it does not escape to the heap
+	pos   []int32  // engine slot → 1 + position in best, 0 when absent
+	best  []uint32 // per engine found: its deepest count
+	slots []uint32 // per engine found: its slot
+	order []uint64 // sort keys: (MaxUint32 − blocks) << 32 | engine order
+
+	// The search (see search). A set of holders is a bitmap over hs of w words.
+	keys    []uint64 // MatchTokensInto's keys
+	hs      []uint32 // the holders live at the query's first block, ascending
+	hs2     []uint32 // matchLinearInto's scratch
+	bit     []int32  // holder ID → 1 + its index in hs, 0 when not in hs
+	bitSet  bool     // bit holds hs's indexes (cleared by finishMatch)
+	w       int
+	gs, gs2 []group
+	sets    []uint64 // group i's set: sets[i*w : (i+1)*w]
+	sets2   []uint64
+	probes  []probe
+	pmasks  []uint64 // probe j's live holders: pmasks[j*w : (j+1)*w]
+	scratch []uint64
+}
+
+// group is a set of holders that are all live at depth lo (whose node is nlo) and not live at
+// depth hi, where hi may be the query's end.
+type group struct {
+	lo, hi int32
+	nlo    uint32
+	p0, np int32 // the round's probes of this group: probes[p0 : p0+np]
+}
+
+type probe struct {
+	depth int32
+	node  uint32
 }
 
 // Blocks returns engine's matched block count, or 0 when it holds not even the first block.
@@ -51,9 +75,10 @@ func (m *Matches) Blocks(engine state.EngineID) int {
 
 // Match returns, for every engine, the number of leading blocks of keys it holds contiguously,
 // folded over its DP ranks by maximum (docs/design.md §11; a hole stops a
-// holder's count). keys are a prompt's chained keys from the index's Hasher; empty keys is a valid
-// query with an empty result. Approximate entries whose expiry has passed (by Options.Now) are not
-// counted. Match allocates its result; MatchInto does not.
+// holder's count). keys are a prompt's chained keys from the index's Hasher (other keys give an
+// unspecified but well-formed result); empty keys is a valid query with an empty result.
+// Approximate entries whose expiry has passed (by Options.Now) are not counted. Match allocates
+// its result; MatchInto does not.
 func (x *Index) Match(keys []uint64) *Matches {
 	m := new(Matches)
 	x.MatchInto(keys, m)
@@ -64,132 +89,446 @@ func (x *Index) Match(keys []uint64) *Matches {
 // ignored.
 const maxQueryBlocks = 1<<31 - 1
 
+// Search fanouts: a round of the search probes up to firstFanout depths of the query's whole
+// range, then up to fanout depths inside each group's interval. A round costs the latency of about
+// three dependent cache misses (table slot, node, holding run), whatever its number of probes,
+// since they are independent, and each probe costs about a hundred instructions; 8 then 4 answers
+// a 512-block prompt in four or five rounds of at most a few dozen probes.
+const (
+	firstFanout = 7
+	fanout      = 3
+)
+
 // MatchInto is Match writing into m, which it resets first. With a reused m it allocates nothing
-// once m's buffers have grown to the index's size. It takes the index's read lock for the walk,
-// so any number of MatchInto calls (on different Matches) run in parallel. Cost: one table probe
-// per matched block; a block whose holder entries equal its parent's costs one byte comparison
-// of the two runs, any other block a merge of the still-matching holders with its own (a binary
-// search per holder when few remain against many); then a sort of the engines found.
+// once m's buffers have grown to the index's size. It takes the index's read lock, so any number
+// of MatchInto calls (on different Matches) run in parallel.
+//
+// Cost: it does not walk the prompt. Because a holder's entries along a prompt form a prefix
+// except at holey blocks (index.go, "holes"), it finds each holder's deepest block by probing
+// depths: the first block, then rounds that split each group of holders' interval at a few
+// depths (k-ary search), all probes of a round independent so that their cache misses overlap;
+// about 1 + 2 × (distinct depths) × log₄(blocks) probes. When the index has holey blocks it also
+// looks every key up in the (small) holey set and caps each holder at the first holey block of
+// the prompt where it is not live. Then a sort of the engines found.
 func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	if len(keys) > maxQueryBlocks {
 		keys = keys[:maxQueryBlocks]
 	}
-	w := x.beginMatch(len(keys), m)
-	if w == nil {
+	if !x.beginMatch(len(keys), m) {
 		return
 	}
 	defer x.mu.RUnlock()
-	for d, k := range keys {
-		if !w.step(d, k) {
-			break
-		}
+	now := x.nowFor()
+	if x.startGroups(keys, now, m) {
+		x.search(keys, now, m)
 	}
-	w.finish()
+	x.finishMatch(m)
 }
 
 // MatchTokensInto is MatchInto for a prompt's token IDs: it hashes them with the index's Hasher,
-// one block at a time during the walk, and stops hashing where the walk stops, so the blocks past
-// the deepest held prefix are never hashed. m.QueryBlocks is still the prompt's full block count.
-// The result equals MatchInto(x.Hasher().Keys(tokens), m).
+// as far as some engine may hold the prompt: it hashes the first block and stops there when no
+// engine holds it; otherwise it gallops, hashing up to depths 64, 512, 4096, … blocks and probing
+// there, and stops hashing at the first depth no engine holds (when the index has holey blocks it
+// hashes the whole prompt). m.QueryBlocks is still the prompt's full block count. The result
+// equals MatchInto(x.Hasher().Keys(tokens), m).
 func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
-	x.matchTokens(tokens, m, nil)
-}
-
-// matchTokens is MatchTokensInto that also appends every key it computed (a prefix of the
-// prompt's chain, one block past the deepest held prefix) to *keys when keys is not nil.
-func (x *Index) matchTokens(tokens []uint32, m *Matches, keys *[]uint64) {
 	h := x.hasher
 	b := h.blockTokens
-	w := x.beginMatch(min(len(tokens)/b, maxQueryBlocks), m)
-	if w == nil {
+	n := min(len(tokens)/b, maxQueryBlocks)
+	if !x.beginMatch(n, m) {
 		return
 	}
 	defer x.mu.RUnlock()
-	k := h.root
-	for d := range m.QueryBlocks {
-		k = h.next(k, tokens[d*b:(d+1)*b])
-		if keys != nil {
-			*keys = append(*keys, k)
+	now := x.nowFor()
+	keys := growKeys(m.keys[:0], n)
+	keys = append(keys, h.next(h.root, tokens[:b]))
+	m.keys = keys
+	if n0, _ := x.lookupDepth(keys[0], 0); n0 == 0 {
+		x.finishMatch(m)
+		return
+	}
+	if x.holey.len() > 0 {
+		keys = h.appendFrom(keys, keys[0], tokens[b:n*b])
+		m.keys = keys
+		if x.startGroups(keys, now, m) {
+			x.search(keys, now, m)
 		}
-		if !w.step(d, k) {
+		x.finishMatch(m)
+		return
+	}
+	if !x.startGroups(keys[:1], now, m) {
+		x.finishMatch(m)
+		return
+	}
+	m.gs[0].hi = int32(n)
+	// Gallop: the holders live at a gallop depth form the last group; the others keep the
+	// interval between the previous gallop depth and this one.
+	for d := 63; ; d = d*8 + 7 {
+		if d >= n-1 {
+			keys = h.appendFrom(keys, keys[len(keys)-1], tokens[len(keys)*b:n*b])
+			break
+		}
+		keys = h.appendFrom(keys, keys[len(keys)-1], tokens[len(keys)*b:(d+1)*b])
+		if !x.gallopStep(keys, int32(d), now, m) {
 			break
 		}
 	}
-	w.finish()
+	m.keys = keys
+	x.search(keys, now, m)
+	x.finishMatch(m)
 }
 
-// matchWalk is one Match in progress: the holders still matching and the depth reached.
-type matchWalk struct {
-	x       *Index
-	m       *Matches
-	now     int64
-	active  []uint32
-	spare   []uint32
-	same    bool // active is exactly the distinct holders of prev, none of them expired
-	prev    uint32
-	matched int
+// gallopStep probes depth d for the last group of m.gs: those of its holders live at d form a new
+// last group (d, its hi); the others keep (lo, d). It reports whether some holder is live at d.
+func (x *Index) gallopStep(keys []uint64, d int32, now int64, m *Matches) bool {
+	w := m.w
+	gi := len(m.gs) - 1
+	n, _ := x.lookupDepth(keys[d], int(d))
+	if n == 0 {
+		m.gs[gi].hi = d
+		return false
+	}
+	set := m.sets[gi*w : (gi+1)*w]
+	live := x.liveMask(n, set, now, m, m.scratch[:w])
+	if isZero(live) {
+		m.gs[gi].hi = d
+		return false
+	}
+	if andNotIsZero(set, live) {
+		m.gs[gi].lo, m.gs[gi].nlo = d, n
+		return true
+	}
+	hi := m.gs[gi].hi
+	m.gs[gi].hi = d
+	for i := range w {
+		set[i] &^= live[i]
+	}
+	m.gs = append(m.gs, group{lo: d, hi: hi, nlo: n})
+	m.sets = append(m.sets, live...)
+	return true
 }
 
-// beginMatch resets m for a query of blocks blocks and, unless it is empty (nil is returned),
-// takes the read lock, which the caller releases after finish.
-func (x *Index) beginMatch(blocks int, m *Matches) *matchWalk {
+// beginMatch resets m for a query of blocks blocks and, unless it is empty (false is returned),
+// takes the read lock, which the caller releases after finishMatch.
+func (x *Index) beginMatch(blocks int, m *Matches) bool {
 	m.Engines = m.Engines[:0]
 	m.slots = m.slots[:0]
 	m.best = m.best[:0]
+	m.gs = m.gs[:0]
+	m.sets = m.sets[:0]
 	m.QueryBlocks = blocks
 	if blocks == 0 {
-		return nil
+		return false
 	}
 	x.mu.RLock()
 	if cap(m.pos) < len(x.engines) {
 		m.pos = make([]int32, len(x.engines), cap(x.engines))
 	}
 	m.pos = m.pos[:len(x.engines)]
-	w := &m.walk
-	*w = matchWalk{x: x, m: m, now: int64(-1 << 63), active: m.active[:0], spare: m.spare[:0]}
-	if x.approxCount > 0 {
-		w.now = x.now().UnixNano()
-	}
-	return w
-}
-
-// step advances the walk to depth d, whose key is k, and reports whether it may go on.
-func (w *matchWalk) step(d int, k uint64) bool {
-	x := w.x
-	n, ok := x.byKey.get(k)
-	if !ok {
-		return false
-	}
-	nd := &x.nodes[n]
-	if nd.parent != w.prev {
-		return false
-	}
-	if w.same && nd.meta&flagApprox == 0 && x.sameRun(n, w.prev) {
-		// Same holder entries as the parent: nobody drops out here.
-	} else {
-		w.spare, w.same = x.intersect(n, d, w.active, w.spare[:0], w.now, w.m)
-		w.active, w.spare = w.spare, w.active
-	}
-	if len(w.active) == 0 {
-		return false
-	}
-	x.markRef(n)
-	w.matched = d + 1
-	w.prev = n
 	return true
 }
 
-// finish records the holders still matching and orders the result.
-func (w *matchWalk) finish() {
-	x, m, active, spare, matched := w.x, w.m, w.active, w.spare, w.matched
-	for _, h := range active {
-		x.record(m, h, matched)
+// nowFor returns the clock in Unix ns when approximate entries exist, else the smallest time
+// (every approximate entry would be live; there is none).
+func (x *Index) nowFor() int64 {
+	if x.approxCount > 0 {
+		return x.now().UnixNano()
 	}
-	m.active, m.spare = active[:0], spare[:0]
+	return math.MinInt64
+}
+
+// lookupDepth returns the node of key k if it is at depth d, and whether it is holey.
+func (x *Index) lookupDepth(k uint64, d int) (uint32, bool) {
+	n, ok := x.byKey.get(k, x.nodes)
+	if !ok {
+		return 0, false
+	}
+	dep := x.nodes[n].depth
+	if int(dep&depthMask) != min(d, depthMask) {
+		return 0, false
+	}
+	return n, dep&flagHoley != 0
+}
+
+// liveHolders appends the distinct holders live at node n to dst.
+func (x *Index) liveHolders(n uint32, now int64, dst []uint32) []uint32 {
+	nd := &x.nodes[n]
+	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
+	for p := lo; p < hi; {
+		h := entryHolder(x.hEntry[p])
+		live := x.holdsLive(p, hi, h, now)
+		for p < hi && entryHolder(x.hEntry[p]) == h {
+			p++
+		}
+		if live {
+			dst = append(dst, h)
+		}
+	}
+	return dst
+}
+
+// startGroups finds the holders live at the first block (m.hs) and their search intervals: the
+// query's end, or the first holey block of the query where the holder is not live. It reports
+// whether any holder is live at the first block.
+func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
+	n0, _ := x.lookupDepth(keys[0], 0)
+	if n0 == 0 {
+		return false
+	}
+	m.hs = x.liveHolders(n0, now, m.hs[:0])
+	if len(m.hs) == 0 {
+		return false
+	}
+	if len(m.bit) < len(x.holders) {
+		m.bit = make([]int32, len(x.holders), cap(x.holders))
+	}
+	for i, h := range m.hs {
+		m.bit[h] = int32(i + 1)
+	}
+	m.bitSet = true
+	w := (len(m.hs) + 63) / 64
+	m.w = w
+	m.scratch = slices.Grow(m.scratch[:0], 2*w)[:2*w]
+	all := m.scratch[w : 2*w]
+	for i := range all {
+		all[i] = ^uint64(0)
+	}
+	if r := len(m.hs) % 64; r != 0 {
+		all[w-1] = 1<<r - 1
+	}
+	end := int32(len(keys))
+	if x.holey.len() > 0 {
+		// Cap each holder at the first holey block where it is not live: below it, the holder's
+		// entries along this prompt form a prefix (index.go, "holes").
+		for d := 1; d < len(keys) && !isZero(all); d++ {
+			if _, ok := x.holey.get(keys[d]); !ok {
+				continue
+			}
+			n, _ := x.lookupDepth(keys[d], d)
+			capped := m.scratch[:w]
+			if n == 0 {
+				copy(capped, all) // not in the tree at this depth: nothing deeper is either
+			} else {
+				live := x.liveMask(n, all, now, m, m.scratch[:w])
+				for i := range w {
+					capped[i] = all[i] &^ live[i]
+				}
+			}
+			if isZero(capped) {
+				continue
+			}
+			m.gs = append(m.gs, group{lo: 0, hi: int32(d), nlo: n0})
+			m.sets = append(m.sets, capped...)
+			for i := range w {
+				all[i] &^= capped[i]
+			}
+		}
+		if isZero(all) {
+			return true
+		}
+	}
+	m.gs = append(m.gs, group{lo: 0, hi: end, nlo: n0})
+	m.sets = append(m.sets, all...)
+	return true
+}
+
+// search narrows every group of m.gs until each holder's deepest live block is known (hi = lo+1),
+// then records the holders.
+func (x *Index) search(keys []uint64, now int64, m *Matches) {
+	w := m.w
+	for round := 0; ; round++ {
+		// Plan the round: a few depths strictly inside each open interval.
+		m.probes = m.probes[:0]
+		k := int32(fanout)
+		if round == 0 {
+			k = firstFanout
+		}
+		for gi := range m.gs {
+			g := &m.gs[gi]
+			g.p0, g.np = int32(len(m.probes)), 0
+			span := g.hi - g.lo
+			if span <= 1 {
+				continue
+			}
+			np := min(k, span-1)
+			if round == 0 {
+				// The first round's last probe is the interval's last depth, so that holders of
+				// the whole range (a repeated prompt) are done at once.
+				for j := int32(1); j <= np; j++ {
+					m.probes = append(m.probes, probe{depth: g.lo + int32(int64(span-1)*int64(j)/int64(np))})
+				}
+			} else {
+				for j := int32(1); j <= np; j++ {
+					m.probes = append(m.probes, probe{depth: g.lo + int32(int64(span)*int64(j)/int64(np+1))})
+				}
+			}
+			g.np = np
+		}
+		if len(m.probes) == 0 {
+			break
+		}
+		// The probes are independent: issue every lookup before using any, so that their cache
+		// misses overlap.
+		for i := range m.probes {
+			p := &m.probes[i]
+			p.node, _ = x.lookupDepth(keys[p.depth], int(p.depth))
+		}
+
+		m.pmasks = slices.Grow(m.pmasks[:0], len(m.probes)*w)[:len(m.probes)*w]
+		for gi := range m.gs {
+			g := &m.gs[gi]
+			set := m.sets[gi*w : (gi+1)*w]
+			for j := g.p0; j < g.p0+g.np; j++ {
+				x.liveMask(m.probes[j].node, set, now, m, m.pmasks[j*int32(w):(j+1)*int32(w)])
+			}
+		}
+		// Split each group by its holders' deepest live probe.
+		m.gs2, m.sets2 = m.gs2[:0], m.sets2[:0]
+		for gi := range m.gs {
+			g := m.gs[gi]
+			rest := m.scratch[:w]
+			copy(rest, m.sets[gi*w:(gi+1)*w])
+			for j := g.np - 1; j >= 0; j-- {
+				live := m.pmasks[(g.p0+j)*int32(w) : (g.p0+j+1)*int32(w)]
+				from := len(m.sets2)
+				any := uint64(0)
+				for i := range w {
+					b := rest[i] & live[i]
+					m.sets2 = append(m.sets2, b)
+					rest[i] &^= b
+					any |= b
+				}
+				if any == 0 {
+					m.sets2 = m.sets2[:from]
+					continue
+				}
+				p := m.probes[g.p0+j]
+				hi := g.hi
+				if j+1 < g.np {
+					hi = m.probes[g.p0+j+1].depth
+				}
+				m.gs2 = append(m.gs2, group{lo: p.depth, hi: hi, nlo: p.node})
+			}
+			if !isZero(rest) {
+				if g.np > 0 {
+					g.hi = m.probes[g.p0].depth
+				}
+				m.gs2 = append(m.gs2, g)
+				m.sets2 = append(m.sets2, rest...)
+			}
+		}
+		m.gs, m.gs2 = m.gs2, m.gs
+		m.sets, m.sets2 = m.sets2, m.sets
+	}
+	for gi, g := range m.gs {
+		x.markRef(g.nlo)
+		for i, word := range m.sets[gi*w : (gi+1)*w] {
+			for word != 0 {
+				b := bits.TrailingZeros64(word)
+				word &= word - 1
+				x.record(m, m.hs[i*64+b], int(g.lo)+1)
+			}
+		}
+	}
+}
+
+// liveMask writes into dst the holders of set (a bitmap over m.hs) live at node n (none when n
+// is 0) and returns dst.
+func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []uint64) []uint64 {
+	clear(dst)
+	if n == 0 {
+		return dst
+	}
+	nd := &x.nodes[n]
+	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
+	members := 0
+	for _, word := range set {
+		members += bits.OnesCount64(word)
+	}
+	if hi-lo > 4*members {
+		// Few holders against a crowded block: binary-search each one.
+		for i, word := range set {
+			for word != 0 {
+				b := bits.TrailingZeros64(word)
+				word &= word - 1
+				h := m.hs[i*64+b]
+				a, z := lo, hi
+				for a < z {
+					mid := int(uint(a+z) >> 1)
+					if entryHolder(x.hEntry[mid]) < h {
+						a = mid + 1
+					} else {
+						z = mid
+					}
+				}
+				if x.holdsLive(a, hi, h, now) {
+					dst[i] |= 1 << b
+				}
+			}
+		}
+		return dst
+	}
+	approx := nd.has(flagApprox)
+	bit := m.bit
+	for p := lo; p < hi; p++ {
+		e := x.hEntry[p]
+		i := bit[entryHolder(e)] - 1
+		if i < 0 || set[i>>6]&(1<<(i&63)) == 0 {
+			continue
+		}
+		if !approx || e&approxEntryBit == 0 || int64(x.hAux[p]) > now {
+			dst[i>>6] |= 1 << (i & 63)
+		}
+	}
+	return dst
+}
+
+func isZero(s []uint64) bool {
+	for _, v := range s {
+		if v != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// andNotIsZero reports whether a &^ b is empty.
+func andNotIsZero(a, b []uint64) bool {
+	for i := range a {
+		if a[i]&^b[i] != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// liveAt reports whether holder h is live at node n.
+func (x *Index) liveAt(n, h uint32, now int64) bool {
+	lo, hi := x.findHolder(n, h)
+	return x.holdsLive(lo, hi, h, now)
+}
+
+// holdsLive reports whether the entries from slab position p (before hi) include holder h with a
+// real entry or an unexpired approximate one.
+func (x *Index) holdsLive(p, hi int, h uint32, now int64) bool {
+	for ; p < hi && entryHolder(x.hEntry[p]) == h; p++ {
+		if x.hEntry[p]&approxEntryBit == 0 || int64(x.hAux[p]) > now {
+			return true
+		}
+	}
+	return false
+}
+
+// finishMatch orders the engines recorded.
+func (x *Index) finishMatch(m *Matches) {
+	if m.bitSet {
+		for _, h := range m.hs {
+			m.bit[h] = 0
+		}
+		m.bitSet = false
+	}
 	// Deepest first, ties by engine ID: sort integer keys, since the engines' order by ID is
 	// maintained by the writers.
-	// Holders were recorded as they dropped out, shallowest first: walking backwards hands the
-	// sort an almost sorted input.
 	m.order = m.order[:0]
 	for i := len(m.slots) - 1; i >= 0; i-- {
 		e := m.slots[i]
@@ -201,89 +540,6 @@ func (w *matchWalk) finish() {
 		e := x.byID[uint32(k)]
 		m.Engines = append(m.Engines, EngineMatch{Engine: x.engines[e].id, Blocks: int(math.MaxUint32 - uint32(k>>32))})
 	}
-}
-
-// intersect computes the holders of active that still hold node n (at query depth d), appending
-// them to out; holders that drop out are recorded with depth d. At depth 0 every live holder of n
-// starts. It reports whether out equals n's complete set of distinct holders.
-func (x *Index) intersect(n uint32, d int, active, out []uint32, now int64, m *Matches) ([]uint32, bool) {
-	nd := &x.nodes[n]
-	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
-	if d > 0 && hi-lo > 8*len(active) {
-		// Few holders left against a crowded block: binary-search each one.
-		for _, h := range active {
-			a, b := lo, hi
-			for a < b {
-				mid := int(uint(a+b) >> 1)
-				if x.hHolder[mid] < h {
-					a = mid + 1
-				} else {
-					b = mid
-				}
-			}
-			if x.holdsLive(a, hi, h, now) {
-				out = append(out, h)
-			} else {
-				x.record(m, h, d)
-			}
-		}
-		return out, false
-	}
-	distinct := 0
-	i := 0
-	for p := lo; p < hi; {
-		h := x.hHolder[p]
-		live := x.holdsLive(p, hi, h, now)
-		for p < hi && x.hHolder[p] == h {
-			p++
-		}
-		distinct++
-		if !live {
-			continue
-		}
-		if d == 0 {
-			out = append(out, h)
-			continue
-		}
-		for i < len(active) && active[i] < h {
-			x.record(m, active[i], d)
-			i++
-		}
-		if i < len(active) && active[i] == h {
-			out = append(out, h)
-			i++
-		}
-	}
-	for ; i < len(active); i++ {
-		x.record(m, active[i], d)
-	}
-	return out, len(out) == distinct
-}
-
-// sameRun reports whether nodes a and b carry the same holder IDs in the same order, which implies
-// the same holder set. It compares the runs as bytes (vectorised memequal), so a block shared by
-// 64 engines costs one 256-byte comparison rather than a merge.
-func (x *Index) sameRun(a, b uint32) bool {
-	na, nb := &x.nodes[a], &x.nodes[b]
-	k := na.nHold()
-	if k != nb.nHold() {
-		return false
-	}
-	ra := x.hHolder[na.hold : int(na.hold)+k]
-	rb := x.hHolder[nb.hold : int(nb.hold)+k]
-	return string(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ra))), 4*k)) ==
-		string(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(rb))), 4*k))
-}
-
-// holdsLive reports whether the entries from slab position p (before hi) include holder h with a
-// real entry or an unexpired approximate one.
-func (x *Index) holdsLive(p, hi int, h uint32, now int64) bool {
-	for ; p < hi && x.hHolder[p] == h; p++ {
-		if x.hTiers[p]&approxBit == 0 || int64(x.hAux[p]) > now {
-			return true
-		}
-	}
-	return false
 }
 
 // record folds holder h's contiguous depth into its engine's result (maximum over DP ranks).
@@ -299,4 +555,51 @@ func (x *Index) record(m *Matches, h uint32, depth int) {
 	m.best = append(m.best, uint32(depth))
 	m.slots = append(m.slots, e)
 	m.pos[e] = int32(len(m.slots))
+}
+
+// matchLinearInto is the walk Match used before the probing search: one table probe per block,
+// checking each node's parent, merging the still-matching holders with each block's entries. It
+// answers exactly what MatchInto answers (tests use it as an oracle, and BenchmarkScale as the
+// baseline), and marks nothing for CLOCK.
+func (x *Index) matchLinearInto(keys []uint64, m *Matches) {
+	if len(keys) > maxQueryBlocks {
+		keys = keys[:maxQueryBlocks]
+	}
+	if !x.beginMatch(len(keys), m) {
+		return
+	}
+	defer x.mu.RUnlock()
+	now := x.nowFor()
+	active, next := m.hs[:0], m.hs2[:0]
+	prev := uint32(0)
+	matched := 0
+	for d, k := range keys {
+		n, ok := x.byKey.get(k, x.nodes)
+		if !ok || x.nodes[n].parent != prev {
+			break
+		}
+		next = next[:0]
+		if d == 0 {
+			next = x.liveHolders(n, now, next)
+		} else {
+			for _, h := range active {
+				if x.liveAt(n, h, now) {
+					next = append(next, h)
+				} else {
+					x.record(m, h, d)
+				}
+			}
+		}
+		active, next = next, active
+		if len(active) == 0 {
+			break
+		}
+		matched = d + 1
+		prev = n
+	}
+	for _, h := range active {
+		x.record(m, h, matched)
+	}
+	m.hs, m.hs2 = active[:0], next[:0]
+	x.finishMatch(m)
 }

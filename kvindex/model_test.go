@@ -467,9 +467,10 @@ func (w *walk) check(desc string) {
 	require.Equal(w.t, blocks, st.Blocks, "blocks after %s\nrecent: %q", desc, w.log)
 	require.Equal(w.t, approx, st.ApproximateBlocks, "approximate blocks after %s", desc)
 	require.Equal(w.t, engines, st.Engines, "engine stats after %s\nrecent: %q", desc, w.log)
-	var ms Matches
+	var ms, mt, ml Matches
 	for range 3 {
-		keys := w.x.hasher.Keys(w.prompt())
+		toks := w.prompt()
+		keys := w.x.hasher.Keys(toks)
 		want := w.m.match(keys)
 		w.x.MatchInto(keys, &ms)
 		got := map[state.EngineID]int{}
@@ -477,6 +478,11 @@ func (w *walk) check(desc string) {
 			got[e.Engine] = e.Blocks
 		}
 		require.Equal(w.t, want, got, "match %#x after %s\nrecent: %q", keys, desc, w.log)
+		// The token path (which gallops when no block is holey) and the linear walk agree.
+		w.x.MatchTokensInto(toks, &mt)
+		require.Equal(w.t, ms.Engines, mt.Engines, "MatchTokensInto %v after %s\nrecent: %q", toks, desc, w.log)
+		w.x.matchLinearInto(keys, &ml)
+		require.Equal(w.t, ms.Engines, ml.Engines, "linear walk %#x after %s\nrecent: %q", keys, desc, w.log)
 		require.True(w.t, slices.IsSortedFunc(ms.Engines, func(a, b EngineMatch) int {
 			if a.Blocks != b.Blocks {
 				return b.Blocks - a.Blocks
@@ -522,4 +528,23 @@ func TestRandomWalkAgreesWithModel(t *testing.T) {
 			assert.NotZero(t, w.x.Stats().Blocks+len(w.m.holders), "the walk should leave some state")
 		})
 	}
+}
+
+// TestRandomWalkMakesHoles checks that the random walk reaches the states the hole rule is for
+// (index.go, "holes"), so that TestRandomWalkAgreesWithModel tests Match across them: some step
+// leaves a holey block while Match runs.
+func TestRandomWalkMakesHoles(t *testing.T) {
+	t.Parallel()
+	h, err := NewHasher(HasherConfig{BlockTokens: walkBlockTokens, Seed: 3})
+	require.NoError(t, err)
+	w := newWalk(t, h, rand.New(rand.NewPCG(3, 0x5eed)))
+	holey, steps := 0, 0
+	for range 1000 {
+		w.step()
+		steps++
+		if w.x.holey.len() > 0 {
+			holey++
+		}
+	}
+	assert.Greater(t, holey, steps/20, "steps with a holey block")
 }

@@ -160,11 +160,11 @@ func NewLocalSource(index *Index) (*LocalSource, error) {
 }
 
 // Lookup hashes q.TokenIDs and matches them against the index, hashing only as far as some engine
-// holds the prefix (Index.MatchTokensInto). A canceled ctx returns OutcomeUnavailable with
+// may hold the prefix (Index.MatchTokensInto). A canceled ctx returns OutcomeUnavailable with
 // ReasonCanceled (or ReasonTimeout for an expired deadline) before any work; a query with no full
 // block is a miss. The result's Engines is a new slice owned by the caller; the result also keeps
-// the keys the walk computed, for Place (one allocation of 8 bytes per block of the prompt); the
-// matching buffers are pooled.
+// a copy of the keys the match hashed, for Place (one allocation of 8 bytes per hashed block);
+// the matching buffers are pooled.
 func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	bt := s.index.hasher.BlockTokens()
 	if err := ctx.Err(); err != nil {
@@ -175,12 +175,11 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 		sc = new(localScratch)
 	}
 	defer s.pool.Put(sc)
-	var keys []uint64
-	if n := s.index.hasher.Blocks(len(q.TokenIDs)); n > 0 {
-		keys = make([]uint64, 0, n)
+	s.index.MatchTokensInto(q.TokenIDs, &sc.m)
+	r := Result{Outcome: OutcomeMiss, QueryBlocks: sc.m.QueryBlocks, BlockTokens: bt, source: s}
+	if r.QueryBlocks > 0 && len(sc.m.keys) <= r.QueryBlocks {
+		r.keys = slices.Clone(sc.m.keys) // the keys the match hashed, kept for Place
 	}
-	s.index.matchTokens(q.TokenIDs, &sc.m, &keys)
-	r := Result{Outcome: OutcomeMiss, QueryBlocks: sc.m.QueryBlocks, BlockTokens: bt, keys: keys, source: s}
 	if len(sc.m.Engines) > 0 {
 		r.Engines = s.index.trustedClone(sc.m.Engines) // untrusted engines hold nothing (trust.go)
 	}

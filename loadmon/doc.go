@@ -8,6 +8,7 @@
 // pick and reused by that pick's admission; in-flight guards are acquired at dispatch and released
 // idempotently, safely across engine removal and re-adding.
 //
-// Package loadmon does not poll or subscribe to engines: the host (or a transport package) feeds
+// Package loadmon does not poll or subscribe to engines: the host, or the subpackage
+// loadmon/loadsource (which polls vLLM's and SGLang's load endpoints, docs/design.md §13.1), feeds
 // reports into a Table. It does not rank engines either; policies do, with the comparisons here.
 package loadmon

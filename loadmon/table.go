@@ -209,6 +209,68 @@ func (t *Table) Expect(engine state.EngineID, ranks int) error {
 // monotonic counters strictly increased (docs/design.md §6); otherwise the rank has no
 // rate until the next such pair.
 func (t *Table) Report(r Report) error {
+	if err := checkReport(&r); err != nil {
+		return err
+	}
+	now := t.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.checkRankLocked(&r); err != nil {
+		return err
+	}
+	e := t.applyLocked(&r, now)
+	t.recompute(r.Engine, e)
+	return nil
+}
+
+// ReportBatch records several samples at once, all stamped with one clock reading: one poll of an
+// engine's load endpoint, for example, which reports every DP rank together. It is all or
+// nothing: if any report is invalid (the errors of Report), or two reports name the same engine
+// and rank (ErrInvalidReport), none is recorded and the table is unchanged. Each touched engine's
+// load is published once. An empty batch does nothing.
+func (t *Table) ReportBatch(reports []Report) error {
+	for i := range reports {
+		if err := checkReport(&reports[i]); err != nil {
+			return err
+		}
+		for j := range i {
+			if reports[j].Engine == reports[i].Engine && reports[j].DPRank == reports[i].DPRank {
+				return fmt.Errorf("%w: engine %q rank %d reported twice in one batch",
+					ErrInvalidReport, reports[i].Engine, reports[i].DPRank)
+			}
+		}
+	}
+	if len(reports) == 0 {
+		return nil
+	}
+	now := t.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range reports {
+		if err := t.checkRankLocked(&reports[i]); err != nil {
+			return err
+		}
+	}
+	for i := range reports {
+		t.applyLocked(&reports[i], now)
+	}
+	for i := range reports {
+		first := true
+		for j := range i {
+			if reports[j].Engine == reports[i].Engine {
+				first = false
+				break
+			}
+		}
+		if first {
+			t.recompute(reports[i].Engine, t.entries[reports[i].Engine])
+		}
+	}
+	return nil
+}
+
+// checkReport validates what a report says about itself; it takes no lock.
+func checkReport(r *Report) error {
 	if r.Engine == "" {
 		return fmt.Errorf("%w: empty engine ID", ErrInvalidReport)
 	}
@@ -220,23 +282,32 @@ func (t *Table) Report(r Report) error {
 		return fmt.Errorf("%w: engine %q rank %d: negative prefill busy time %v",
 			ErrInvalidReport, r.Engine, r.DPRank, r.Native.PrefillBusyTime)
 	}
-	now := t.now()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e := t.entries[r.Engine]
+	return nil
+}
+
+// checkRankLocked checks the report's rank against the engine's expected ranks (one for an engine
+// never declared). Callers hold t.mu.
+func (t *Table) checkRankLocked(r *Report) error {
 	ranks := 1
-	if e != nil {
+	if e := t.entries[r.Engine]; e != nil {
 		ranks = len(e.ranks)
 	}
 	if r.DPRank < 0 || r.DPRank >= ranks {
 		return fmt.Errorf("%w: engine %q rank %d, expected ranks %d", ErrRankOutOfRange, r.Engine, r.DPRank, ranks)
 	}
+	return nil
+}
+
+// applyLocked stores a checked report stamped now and returns its engine entry; the caller
+// recomputes the engine. Callers hold t.mu.
+func (t *Table) applyLocked(r *Report, now time.Time) *engineEntry {
+	e := t.entries[r.Engine]
 	if e == nil {
 		e = &engineEntry{ranks: make([]rankSample, 1)}
 		t.entries[r.Engine] = e
 	}
 	s := &e.ranks[r.DPRank]
-	next := rankSample{set: true, report: r, at: now}
+	next := rankSample{set: true, report: *r, at: now}
 	next.report.Native = nil // never retain the caller's pointer
 	if r.Native != nil {
 		next.native = *r.Native
@@ -255,8 +326,7 @@ func (t *Table) Report(r Report) error {
 		}
 	}
 	*s = next
-	t.recompute(r.Engine, e)
-	return nil
+	return e
 }
 
 // Forget removes every rank of the engine (engine removal). Its load becomes unknown; a later

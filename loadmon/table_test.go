@@ -286,3 +286,66 @@ func TestTableConcurrentReportsSnapshotsAndForget(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+func TestReportBatchIsAllOrNothing(t *testing.T) {
+	t.Parallel()
+	good := func(rank int, running uint64) loadmon.Report {
+		return loadmon.Report{Engine: "e", DPRank: rank, RunningRequests: running}
+	}
+	cases := []struct {
+		name  string
+		batch []loadmon.Report
+		want  error
+	}{
+		{"rank_out_of_range_last", []loadmon.Report{good(0, 7), good(1, 7), good(2, 7)}, loadmon.ErrRankOutOfRange},
+		{"rank_out_of_range_first", []loadmon.Report{good(2, 7), good(0, 7), good(1, 7)}, loadmon.ErrRankOutOfRange},
+		{"used_above_capacity", []loadmon.Report{good(0, 7), {Engine: "e", DPRank: 1, UsedKVTokens: 11, KVCapacityTokens: 10}}, loadmon.ErrInvalidReport},
+		{"empty_engine", []loadmon.Report{good(0, 7), {DPRank: 1}}, loadmon.ErrInvalidReport},
+		{"duplicate_rank", []loadmon.Report{good(0, 7), good(1, 7), good(0, 8)}, loadmon.ErrInvalidReport},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			clk := newClock()
+			tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
+			require.NoError(t, tab.Expect("e", 2))
+			require.NoError(t, tab.ReportBatch([]loadmon.Report{good(0, 1), good(1, 2)}))
+			before := tab.Snapshot()
+
+			err := tab.ReportBatch(tc.batch)
+			require.ErrorIs(t, err, tc.want)
+			assert.ErrorIs(t, err, state.ErrInvalidSignal)
+			after := tab.Snapshot()
+			assert.Equal(t, before.Version(), after.Version(), "a rejected batch publishes nothing")
+			l, ok := after.Load("e")
+			require.True(t, ok)
+			assert.Equal(t, uint64(3), l.RunningRequests, "the earlier batch's sums stand")
+		})
+	}
+}
+
+func TestReportBatchPublishesEveryRankAtOnce(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
+	require.NoError(t, tab.Expect("a", 2))
+	v0 := tab.Snapshot().Version()
+	require.NoError(t, tab.ReportBatch([]loadmon.Report{
+		{Engine: "a", DPRank: 1, RunningRequests: 2, WaitingRequests: 5},
+		{Engine: "b", RunningRequests: 9},
+		{Engine: "a", DPRank: 0, RunningRequests: 1, WaitingRequests: 4},
+	}))
+	s := tab.Snapshot()
+	assert.Equal(t, v0+2, s.Version(), "one publication per touched engine")
+	a, ok := s.Load("a")
+	require.True(t, ok, "both ranks arrived in one batch: the engine is known at once")
+	assert.Equal(t, uint64(3), a.RunningRequests)
+	assert.Equal(t, uint64(9), a.WaitingRequests)
+	assert.Equal(t, clk.Now(), a.ReportedAt)
+	b, ok := s.Load("b")
+	require.True(t, ok)
+	assert.Equal(t, uint64(9), b.RunningRequests)
+
+	require.NoError(t, tab.ReportBatch(nil))
+	assert.Equal(t, s.Version(), tab.Snapshot().Version(), "an empty batch does nothing")
+}

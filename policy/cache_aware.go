@@ -724,7 +724,7 @@ func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, re
 	w := all[:window]
 	native := allNative(w)
 	var tbuf [64]bool
-	taken := tbuf[:0]
+	var taken []bool
 	if window > len(tbuf) {
 		taken = make([]bool, window)
 	} else {

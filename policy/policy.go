@@ -81,9 +81,9 @@ type Pick struct {
 	PrefillTokens uint64
 }
 
-// Reason labels (docs/design.md §15). The session
-// labels (ReasonSessionPrimary, ReasonAssigned, ReasonNoSession) are reserved for the SessionAware
-// policy, not yet implemented.
+// Reason labels (docs/design.md §15). The session labels (ReasonSessionPrimary, ReasonAssigned,
+// ReasonNoSession) are SessionAware's; Sticky's and the store-failure label are in session.go
+// (docs/design.md §12).
 const (
 	ReasonRoundRobin       = "round_robin"
 	ReasonRandom           = "random"

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	_ "embed"
-	"fmt"
 	"sync"
 )
 
@@ -18,14 +17,14 @@ var mooncakeConversationGz []byte
 var parsedMooncakeConversation = sync.OnceValues(func() (*Trace, error) {
 	zr, err := gzip.NewReader(bytes.NewReader(mooncakeConversationGz))
 	if err != nil {
-		return nil, fmt.Errorf("sim: embedded mooncake_conversation: %w", err)
+		return nil, wrapf(err, "embedded mooncake_conversation")
 	}
 	t, err := ReadMooncake(zr)
 	if err != nil {
-		return nil, fmt.Errorf("sim: embedded mooncake_conversation: %w", err)
+		return nil, wrapf(err, "embedded mooncake_conversation")
 	}
 	if err := zr.Close(); err != nil {
-		return nil, fmt.Errorf("sim: embedded mooncake_conversation: %w", err)
+		return nil, wrapf(err, "embedded mooncake_conversation")
 	}
 	t.Name = "mooncake_conversation"
 	return t, nil

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -30,6 +31,10 @@ type PolicyEnv struct {
 	Admission admission.Checker
 	// Now is the virtual clock.
 	Now func() time.Time
+	// Affinity is the run's affinity store (an affinity.MemoryStore on the virtual clock), one
+	// per policy run and shared by every router replica of the run, as replicas share one Redis
+	// store in production.
+	Affinity affinity.Store
 }
 
 // PolicyConfig returns the policy.Config every built-in policy takes: Load, InFlight, Admission and
@@ -66,8 +71,9 @@ func DefaultPolicyNames() []string {
 // (policy.NewRoundRobin), random (policy.NewRandom), power_of_two (policy.NewPowerOfN, N = 2),
 // least_load and load_based (policy.NewLeastLoad), cache_aware (policy.NewCacheAware over a
 // kvindex.LocalSource of the run's index, with the policy's default options), and the peer
-// baselines dynamo (NewDynamo), llmd (NewLLMD) and sglang_legacy (NewSGLangLegacy). The caller owns
-// the map and may add or replace entries.
+// baselines dynamo (NewDynamo), llmd (NewLLMD) and sglang_legacy (NewSGLangLegacy), and the
+// affinity policies session_aware and sticky (over PolicyEnv.Affinity) and sticky_rendezvous (see
+// Request.SessionKey for their keys). The caller owns the map and may add or replace entries.
 func DefaultPolicies() map[string]PolicyFactory {
 	return map[string]PolicyFactory{
 		NameRoundRobin: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
@@ -89,6 +95,9 @@ func DefaultPolicies() map[string]PolicyFactory {
 		NameSGLangLegacy: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
 			return NewSGLangLegacy(env)
 		},
+		NameSessionAware:     sessionAware,
+		NameSticky:           sticky,
+		NameStickyRendezvous: stickyRendezvous,
 	}
 }
 

@@ -59,6 +59,28 @@ func (e *configError) Error() string { return e.msg + ": " + state.ErrInvalidCon
 // Unwrap returns errs.
 func (e *configError) Unwrap() []error { return e.errs }
 
+// prefixedError words a wrapped error with the package prefix once: Error returns msg, and
+// Unwrap returns err, so errors.Is and errors.As see through it.
+type prefixedError struct {
+	msg string
+	err error
+}
+
+func (e *prefixedError) Error() string { return e.msg }
+
+// Unwrap returns the wrapped error.
+func (e *prefixedError) Unwrap() error { return e.err }
+
+// wrapf wraps err with the context format describes, for example wrapf(err, "policy %s", name),
+// and words the result "sim: <context>: <err>" with err's own leading "sim: " removed, so the
+// package prefix appears once however deeply sim wraps its own errors.
+func wrapf(err error, format string, args ...any) error {
+	return &prefixedError{
+		msg: "sim: " + fmt.Sprintf(format, args...) + ": " + strings.TrimPrefix(err.Error(), "sim: "),
+		err: err,
+	}
+}
+
 // RequestError reports a request of a hand-built Trace that the readers would have rejected. It
 // wraps ErrEmptyTrace, ErrNegative, ErrOutOfRange, ErrUnsorted or ErrHashIDMismatch.
 type RequestError struct {
@@ -380,7 +402,7 @@ func Replay(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			res, err := simulate(ctx, rc, i, progress)
 			if err != nil {
-				errs[i] = fmt.Errorf("sim: policy %s: %w", rc.names[i], err)
+				errs[i] = wrapf(err, "policy %s", rc.names[i])
 				cancel()
 				return
 			}

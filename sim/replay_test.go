@@ -368,6 +368,9 @@ func TestReplaySystemPrompt(t *testing.T) {
 // every prefix-aware router's hit rate. The full tables are logged; issue-level targets for
 // cache_aware against the peers are reported by examples/replay, not asserted here.
 func TestReplayPeers(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sim: TestReplayPeers replays on one goroutine; .ci/run runs it without -race")
+	}
 	tr, err := MooncakeConversation()
 	require.NoError(t, err)
 	names := append(DefaultPolicyNames(), PeerPolicyNames()...)
@@ -435,5 +438,56 @@ func TestReplayPrefillModel(t *testing.T) {
 			assert.InDeltaSlice(t, want, rep.Results[0].TTFTSamples, 1e-9)
 			assert.Equal(t, int64(1024), rep.Results[0].CachedTokens)
 		})
+	}
+}
+
+// TestReplayRouters checks Config.Routers: one replica replays exactly as the default; with three,
+// requests go round-robin over the replicas, every replica's index holds exactly what the engines
+// cache (events reach all of them), every replica's in-flight guards and Dynamo's per-replica
+// bookkeeping drain to zero.
+func TestReplayRouters(t *testing.T) {
+	tr, err := MooncakeConversation()
+	require.NoError(t, err)
+	cfg := Config{Trace: tr, Fleet: Fleet{Plain: 4}, Speed: 4, Limit: 301, Seed: 3,
+		Policies: []string{NameCacheAware, NameDynamo}}
+	_, one := replayTable(t, cfg)
+	cfg.Routers = 1
+	_, explicit := replayTable(t, cfg)
+	assert.Equal(t, string(one), string(explicit), "Routers 1 is the default")
+
+	cfg.Routers = 3
+	var mu sync.Mutex
+	seen := 0
+	cfg.inspect = func(r *run) error {
+		checkConservation(t, r)
+		var routed []int
+		for _, rep := range r.replicas {
+			routed = append(routed, rep.routed)
+			for _, tk := range rep.trackers {
+				d := tk.(*Dynamo)
+				assert.Empty(t, d.active, "%s: requests left in Dynamo's bookkeeping", r.name)
+				for id, w := range d.workers {
+					assert.Zero(t, w.prefillTokens, "%s: %s prefill tokens left", r.name, id)
+					assert.Empty(t, w.blocks, "%s: %s active blocks left", r.name, id)
+				}
+			}
+		}
+		assert.Equal(t, []int{101, 100, 100}, routed, "%s: round-robin over the replicas", r.name)
+		mu.Lock()
+		seen++
+		mu.Unlock()
+		return nil
+	}
+	rep, err := Replay(context.Background(), cfg)
+	require.NoError(t, err)
+	assert.Equal(t, 2, seen)
+	assert.Equal(t, 3, rep.Routers)
+	for _, r := range rep.Results {
+		assert.Equal(t, 301, r.Completed, r.Policy)
+	}
+	for _, bad := range []int{-1, MaxRouters + 1} {
+		cfg.Routers = bad
+		_, err := Replay(context.Background(), cfg)
+		assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "Routers %d", bad)
 	}
 }

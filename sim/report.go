@@ -57,6 +57,12 @@ type Latency struct {
 }
 
 // PolicyResult is one policy's replay.
+//
+// A figure that no request defines is undefined, not zero: when no request completed (admission
+// rejected them all, say), TTFT, E2E, OutputTokensPerSecond, RequestsPerSecond, Imbalance,
+// PrefillUtilization and BusyUtilization, and HitRate when no prompt token was admitted, hold 0
+// in Go (see Defined and HitRateDefined), print as "n/a" in WriteTable and are null in the JSON
+// form (MarshalJSON).
 type PolicyResult struct {
 	// Policy is the policy name as listed in Config.Policies.
 	Policy string `json:"policy"`
@@ -95,9 +101,47 @@ type PolicyResult struct {
 	// BusyUtilization is the same fraction for prefill and decode steps together (plain
 	// engines; PD: prefill engines).
 	BusyUtilization float64 `json:"busy_utilization"`
+	// Overload tells whether the fleet kept up with the trace under this policy.
+	Overload Overload `json:"overload"`
 	// TTFTSamples is every completed request's TTFT in seconds, sorted ascending, for plots. It
 	// is not part of the JSON form.
 	TTFTSamples []float64 `json:"-"`
+}
+
+// Defined reports whether the latency, throughput, imbalance and utilization figures of r are
+// defined: some request completed.
+func (r *PolicyResult) Defined() bool { return r.Completed > 0 }
+
+// HitRateDefined reports whether HitRate is defined: some prompt token was admitted.
+func (r *PolicyResult) HitRateDefined() bool { return r.PromptTokens > 0 }
+
+// MarshalJSON encodes r with the field names of its tags, and null for each undefined figure
+// (see PolicyResult): "ttft", "e2e", "output_tokens_per_s", "requests_per_s", "imbalance",
+// "prefill_utilization" and "busy_utilization" when no request completed, "hit_rate" when no
+// prompt token was admitted. Decoding null leaves the Go zero value.
+func (r PolicyResult) MarshalJSON() ([]byte, error) {
+	type fields PolicyResult // without methods, so encoding does not recurse
+	out := struct {
+		fields
+		HitRate               *float64 `json:"hit_rate"`
+		TTFT                  *Latency `json:"ttft"`
+		E2E                   *Latency `json:"e2e"`
+		OutputTokensPerSecond *float64 `json:"output_tokens_per_s"`
+		RequestsPerSecond     *float64 `json:"requests_per_s"`
+		Imbalance             *float64 `json:"imbalance"`
+		PrefillUtilization    *float64 `json:"prefill_utilization"`
+		BusyUtilization       *float64 `json:"busy_utilization"`
+	}{fields: fields(r)}
+	if r.HitRateDefined() {
+		out.HitRate = &r.HitRate
+	}
+	if r.Defined() {
+		out.TTFT, out.E2E = &r.TTFT, &r.E2E
+		out.OutputTokensPerSecond, out.RequestsPerSecond = &r.OutputTokensPerSecond, &r.RequestsPerSecond
+		out.Imbalance = &r.Imbalance
+		out.PrefillUtilization, out.BusyUtilization = &r.PrefillUtilization, &r.BusyUtilization
+	}
+	return json.Marshal(out)
 }
 
 // result summarizes a finished run.
@@ -123,6 +167,7 @@ func (r *run) result() PolicyResult {
 		res.OutputTokensPerSecond = float64(r.outputTok) / span.Seconds()
 		res.RequestsPerSecond = float64(r.finished) / span.Seconds()
 	}
+	res.Overload = r.overload()
 	counts := make([]float64, len(r.front))
 	var prefill, busy []float64
 	for k, e := range r.front {
@@ -207,7 +252,9 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 // WriteTable writes the report as a heading and an aligned text table, one row per policy:
 // prefix hit rate, TTFT p50/p90/p99, end-to-end p50/p99 (seconds), output throughput, load
 // imbalance, mean prefill utilization of the engines, requests dropped because admission rejected
-// every engine (503), and requests too long for any bucket (400).
+// every engine (503), and requests too long for any bucket (400). An undefined figure (see
+// PolicyResult) prints as "n/a". After the table, one warning line per overloaded policy run (see
+// Overload), starting "warning: ".
 func (rep *Report) WriteTable(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	name := rep.Trace
@@ -235,14 +282,46 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(bw, "infinite-cache prefix hit limit: %.1f %% of prompt tokens\n\n", 100*rep.InfiniteCacheHitRate)
 	tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "policy\thit rate\tTTFT p50\tp90\tp99\tE2E p50\tp99\tout tok/s\timbalance\tprefill util\tbusy\trejected\ttoo long")
-	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%.1f %%\t%.2f s\t%.2f s\t%.2f s\t%.1f s\t%.1f s\t%.0f\t%.2f\t%.0f %%\t%.0f %%\t%d\t%d\n",
-			r.Policy, 100*r.HitRate, r.TTFT.P50, r.TTFT.P90, r.TTFT.P99, r.E2E.P50, r.E2E.P99,
-			r.OutputTokensPerSecond, r.Imbalance, 100*r.PrefillUtilization, 100*r.BusyUtilization,
+	for i := range rep.Results {
+		r := &rep.Results[i]
+		def := r.Defined()
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", r.Policy,
+			figure(r.HitRateDefined(), "%.1f %%", 100*r.HitRate),
+			figure(def, "%.2f s", r.TTFT.P50), figure(def, "%.2f s", r.TTFT.P90), figure(def, "%.2f s", r.TTFT.P99),
+			figure(def, "%.1f s", r.E2E.P50), figure(def, "%.1f s", r.E2E.P99),
+			figure(def, "%.0f", r.OutputTokensPerSecond), figure(def, "%.2f", r.Imbalance),
+			figure(def, "%.0f %%", 100*r.PrefillUtilization), figure(def, "%.0f %%", 100*r.BusyUtilization),
 			r.Rejected, r.Unroutable)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	for _, warning := range rep.Warnings() {
+		fmt.Fprintln(bw, warning)
+	}
 	return bw.Flush()
+}
+
+// NotApplicable is how WriteTable prints an undefined figure (see PolicyResult).
+const NotApplicable = "n/a"
+
+// figure formats v, or returns NotApplicable when it is not defined.
+func figure(defined bool, format string, v float64) string {
+	if !defined {
+		return NotApplicable
+	}
+	return fmt.Sprintf(format, v)
+}
+
+// Warnings returns one line per overloaded policy run (Overload.Overloaded), in Results order,
+// each starting "warning: " and without a trailing newline; none when every run kept up.
+func (rep *Report) Warnings() []string {
+	var out []string
+	for _, r := range rep.Results {
+		if o := r.Overload; o.Overloaded {
+			out = append(out, fmt.Sprintf("warning: %s: overloaded: requests awaiting their first token grew from %.0f on average to %.0f over the last %.0f %% of the arrivals; the latencies measure queueing behind that backlog, not routing (add engines or lower the speed)",
+				r.Policy, o.MeanBacklog, o.EndBacklog, 100*OverloadWindow))
+		}
+	}
+	return out
 }

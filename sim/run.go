@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -38,7 +39,8 @@ type run struct {
 	events eventQueue
 	seq    uint64
 
-	replicas []*replica // router replicas; request k goes to replicas[k % len]
+	replicas []*replica     // router replicas; request k goes to replicas[k % len]
+	affinity affinity.Store // shared by every replica
 	indexes  []*kvindex.Index
 
 	front   []*engine // plain or prefill engines, by ID
@@ -61,6 +63,9 @@ type run struct {
 	ttft       []float64
 	e2e        []float64
 	lastFinish time.Duration
+	backlog    int           // requests routed to an engine that have not had their first token
+	backlogAll backlogWindow // samples over the whole arrival span
+	backlogEnd backlogWindow // samples over its last OverloadWindow fraction
 
 	// Buffers.
 	scratch []byte
@@ -79,6 +84,7 @@ type replica struct {
 	index    *kvindex.Index
 	router   *enginepick.Router
 	trackers []requestTracker // policies that follow their requests' lifecycle
+	routed   int              // requests this replica routed (selected an engine for)
 }
 
 // simulate runs policy i of rc and returns its result.
@@ -148,6 +154,9 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 	} else if r.front, err = addEngines(rc.Fleet.Plain, "engine", state.StagePlain); err != nil {
 		return nil, err
 	}
+	if r.affinity, err = newAffinityStore(r); err != nil {
+		return nil, err
+	}
 	for k := range rc.Routers {
 		rep, err := r.newReplica(reg, k, rc.factories[i])
 		if err != nil {
@@ -178,7 +187,7 @@ func (r *run) newReplica(reg state.Registry, k int, factory PolicyFactory) (*rep
 		index: r.indexes[k]}
 	rng := rand.New(rand.NewPCG(rc.Seed, rc.Seed+uint64(k)))
 	env := PolicyEnv{Load: rep.load, InFlight: rep.inflight, Index: rep.index, Rand: rng.IntN,
-		Admission: rc.Admission, Now: r.clock}
+		Admission: rc.Admission, Now: r.clock, Affinity: r.affinity}
 	group := func(f PolicyFactory, stage state.Stage) (*bucket.EngineGroup, error) {
 		p, err := f(env, stage)
 		if err != nil {
@@ -260,8 +269,10 @@ func (r *run) loop() error {
 	return nil
 }
 
-// tick makes every engine report its load, then schedules the next tick while work remains.
+// tick makes every engine report its load and samples the backlog, then schedules the next tick
+// while work remains.
 func (r *run) tick() error {
+	r.sampleBacklog()
 	for _, e := range r.all {
 		if err := e.report(); err != nil {
 			return fmt.Errorf("sim: load report of %q: %w", e.id, err)
@@ -281,9 +292,12 @@ func (r *run) arrive(k int) error {
 	q := &r.reqs[k]
 	n := q.input
 	q.tokens = q.tr.AppendTokenIDs(append(r.tokenBuf(n), r.rc.systemPrompt...))
+	key := q.tr.SessionKey()
 	r.breq = bucket.Request{
-		Model:    simModel,
-		TokenIDs: q.tokens,
+		Model:      simModel,
+		TokenIDs:   q.tokens,
+		SessionKey: key,
+		RoutingKey: key,
 		Signals: bucket.Signals{InputTokens: int64(n), ExpectedPeakTokens: int64(n + q.tr.OutputTokens),
 			HasExpectedPeak: true},
 	}
@@ -296,6 +310,9 @@ func (r *run) arrive(k int) error {
 		} else {
 			t.discard()
 		}
+	}
+	if err == nil {
+		rep.routed++
 	}
 	if err != nil {
 		switch bucket.StatusCode(err) {
@@ -312,6 +329,7 @@ func (r *run) arrive(k int) error {
 		return nil
 	}
 	q.dispatch = d
+	r.backlog++
 	sel := &d.Selection
 	if sel.IsPD() {
 		q.front, q.decode = r.byID[sel.Prefill.Engine.ID()], r.byID[sel.Decode.Engine.ID()]
@@ -369,9 +387,11 @@ func (r *run) transferred(q *reqState) error {
 	return d.startDecoding(q)
 }
 
-// firstToken records that q's first token exists now and tells its replica's trackers.
+// firstToken records that q's first token exists now, takes it out of the backlog and tells its
+// replica's trackers.
 func (r *run) firstToken(q *reqState) {
 	q.firstToken = r.now
+	r.backlog--
 	for _, t := range q.replica.trackers {
 		t.firstToken(q.pos)
 	}

@@ -645,7 +645,7 @@ func ReadTraceFile(path string) (*Trace, error) {
 	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			return nil, fmt.Errorf("sim: read trace %s: %w", path, err)
+			return nil, wrapf(err, "read trace %s", path)
 		}
 		defer zr.Close()
 		br = bufio.NewReaderSize(zr, 64<<10)
@@ -677,7 +677,7 @@ func ReadTraceFile(path string) (*Trace, error) {
 		t, err = ReadAzure(br)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sim: read trace %s: %w", path, err)
+		return nil, wrapf(err, "read trace %s", path)
 	}
 	t.Name = strings.TrimSuffix(name, ext)
 	return t, nil

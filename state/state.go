@@ -124,3 +124,23 @@ type VersionedRegistry interface {
 	Registry
 	EnginesVersion(model ModelID) uint64
 }
+
+// PDCompatible is an optional Engine capability: a compatibility label the host sets, for
+// example the KV-transfer backend and transfer group an engine belongs to ("mooncake/rack-3"). In a
+// PD bucket the decode engine is picked only among decode engines whose label equals the chosen
+// prefill engine's (docs/design.md §3). An engine without the capability, or whose label is "", is
+// unlabelled: unlabelled engines are compatible with each other and with no labelled engine, so a
+// fleet that labels nothing pairs as if there were no rule. The label must not change for one
+// Engine value, and PDCompatibility must be safe for concurrent use.
+type PDCompatible interface {
+	PDCompatibility() string
+}
+
+// PDCompatibilityOf returns e's PD compatibility label: PDCompatibility() when e implements
+// PDCompatible, else "" (unlabelled).
+func PDCompatibilityOf(e Engine) string {
+	if c, ok := e.(PDCompatible); ok {
+		return c.PDCompatibility()
+	}
+	return ""
+}

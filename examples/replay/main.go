@@ -11,9 +11,9 @@
 //
 // The default load point is 16 engines with arrivals compressed 4× (-speed 4): the trace's one
 // hour plays in about 15 minutes of virtual time. At the trace's own pace 16 such engines idle,
-// with round-robin keeping them about 12 % busy prefilling, so no policy has anything to avoid;
-// at 4× round-robin keeps them about 47 % busy prefilling and busy almost all the time once
-// decoding is counted, so requests queue behind long prompts and its TTFT tail doubles. Time
+// with round-robin keeping them about 13 % busy prefilling, so no policy has anything to avoid;
+// at 4× round-robin keeps them about 51 % busy prefilling and busy almost all the time once
+// decoding is counted, so requests queue behind long prompts and its TTFT p99 nearly triples. Time
 // compression keeps the order and mix of requests, and with it the cache reuse of every policy,
 // which depends on how many requests come between two turns of a conversation, not on how many
 // seconds.
@@ -29,7 +29,11 @@
 //	                 round_robin,random,power_of_two,least_load,cache_aware; load_based is accepted
 //	                 for least_load). The peer baselines dynamo, llmd and sglang_legacy (NVIDIA
 //	                 Dynamo's default cost, llm-d's default scorer profile, SGLang's legacy
-//	                 cache_aware; see sim.Dynamo, sim.LLMD, sim.SGLangLegacy) run when listed
+//	                 cache_aware; see sim.Dynamo, sim.LLMD, sim.SGLangLegacy) run when listed,
+//	                 and so do the affinity policies session_aware, sticky (over one in-memory
+//	                 affinity store per run) and sticky_rendezvous (stateless, load factor 1.25),
+//	                 keyed by the request's conversation chain (sim.Request.SessionKey; an Azure
+//	                 trace has none, so they route every request as keyless)
 //	-speed X         divide every arrival time by X, a positive finite number (default 4)
 //	-limit N         replay only the first N requests (default: all)
 //	-seed N          random seed of every policy run (default 1)
@@ -37,15 +41,33 @@
 //	                 case of a long system prompt that every request starts with
 //	-routers N       N independent router replicas, each with its own router, in-flight counters
 //	                 and approximate entries; requests go round-robin over them and every engine's
-//	                 KV events and load reports reach all of them (default 1)
+//	                 KV events and load reports reach all of them; the affinity policies of all
+//	                 replicas share one affinity store, as replicas share Redis (default 1)
 //	-prefill-model M attention (default): an uncached token costs its linear work plus attention
 //	                 over its whole context, cached tokens included; flat: one rate for uncached
 //	                 tokens at any length, the earlier model, for comparison (see sim.EngineModel)
+//	-sweep           instead of one replay at -speed, find for each policy the highest speed at
+//	                 which TTFT p99 stays at or under -slo, by bisection to 5 % (sim.Sweep), and
+//	                 print it as a table: the capacity a policy buys. Each policy takes about 8
+//	                 replays, so under -sweep -limit defaults to 3000 requests (-limit 0: all)
+//	-slo D           TTFT p99 target of -sweep (default 10s)
 //	-json            print the report as JSON instead of a table
+//	-admission JSON  per-engine admission caps, e.g. '{"max_waiting_requests": 32}' (default:
+//	                 admit everything); unknown fields and values that are not non-negative
+//	                 integers are errors that name the field and what is allowed
 //	-plot DIR        also write PNG charts to DIR: ttft_cdf.png, hit_rate.png, imbalance.png
 //
+// A figure no request defines (every request of a policy rejected by admission, say) prints as
+// "n/a", and is null in -json output. After the table, a line starting "warning:" flags each
+// policy whose run was overloaded: its backlog of requests awaiting their first token was still
+// growing when the trace ended (the criterion is sim.Overload's), so its latencies measure that
+// backlog rather than routing; with -json the same lines go to stderr.
+//
 // The exit status is 0 on success, 2 for a command-line mistake (an unknown flag, a bad flag value
-// or an invalid combination, reported once on stderr) and 1 for any other failure.
+// or an invalid combination, a -trace that is missing, a directory or empty, a -plot directory
+// that cannot be created or written; reported once on stderr, before anything is replayed), 130
+// when interrupted (SIGINT, Ctrl-C: the replay stops at once and "replay: interrupted" is
+// printed; a second Ctrl-C kills the process) and 1 for any other failure.
 //
 // A progress bar appears on stderr when stderr is a terminal and the replay takes more than a
 // second; the wall time of the replay goes to stderr too, so stdout stays reproducible.
@@ -61,6 +83,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -88,7 +111,42 @@ var (
 	// reads 0 as 1; the flag does not, so that "-speed 0" cannot run at the trace's pace
 	// unnoticed.
 	errBadSpeed = errors.New("must be a positive finite number")
+	// errInterrupted reports a replay stopped by SIGINT; main exits with exitInterrupted.
+	errInterrupted = errors.New("interrupted")
+	// errEmptyTrace reports a -trace file of zero bytes.
+	errEmptyTrace = errors.New("file is empty")
+	// errTraceIsDir reports a -trace that names a directory.
+	errTraceIsDir = errors.New("is a directory, want a trace file")
+	// errPlotNotDir reports a -plot that names something other than a directory.
+	errPlotNotDir = errors.New("is not a directory")
 )
+
+// exitInterrupted is the exit status after SIGINT: 128 + 2, as a shell reports a process killed
+// by it.
+const exitInterrupted = 130
+
+// usageText is the paragraph -h prints before the flags.
+const usageText = `Usage: replay [flags]
+
+replay shows, offline, what a routing configuration does to real traffic: it replays a request
+trace (by default the embedded Mooncake conversation trace, 12,031 requests of a production chat
+service) against a simulated fleet of inference engines once per routing policy, with the
+enginepick library as the router, and prints one row per policy: the share of prompt tokens the
+engines' prefix caches served (hit rate; the heading gives the trace's infinite-cache limit),
+time to first token (TTFT) and end-to-end (E2E) latency quantiles in seconds of virtual time,
+output tokens per second, load imbalance (max ÷ mean requests per engine, 1 is even), the
+engines' mean share of time spent prefilling (prefill util) and prefilling or decoding (busy),
+and the requests dropped because admission rejected every engine (rejected, HTTP 503) or no
+bucket fits them (too long, HTTP 400). "n/a" marks a figure no request defines; a "warning:" line
+after the table marks a policy whose run was overloaded (queues still growing when the trace
+ended), whose latencies measure that backlog, not routing. The same flags print the same bytes.
+
+Flags:
+`
+
+// replayStarting, when set (tests), is called once the flags and the trace are checked, just before
+// the replay starts.
+var replayStarting func()
 
 // usageError is a command-line mistake: main exits with status 2 for it, as the flag package
 // does. printed reports that the flag set has already written the error, and the usage, to
@@ -108,19 +166,25 @@ func usage(err error) error { return &usageError{err: err} }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// After the first SIGINT, restore the default action, so that a second one kills the process
+	// even if something does not stop.
+	context.AfterFunc(ctx, stop)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, term.IsTerminal(int(os.Stderr.Fd())))
 	stop()
 	os.Exit(exitCode(err, os.Stderr))
 }
 
 // exitCode writes err to stderr, prefixed "replay: ", unless the flag set has printed it already,
-// and returns the exit status: 0 for no error or -help, 2 for a command-line mistake, 1 for any
-// other failure.
+// and returns the exit status: 0 for no error or -help, 2 for a command-line mistake, 130
+// (exitInterrupted) for errInterrupted, 1 for any other failure.
 func exitCode(err error, stderr io.Writer) int {
 	var ue *usageError
 	switch {
 	case err == nil || errors.Is(err, flag.ErrHelp):
 		return 0
+	case errors.Is(err, errInterrupted):
+		fmt.Fprintln(stderr, "replay:", errInterrupted)
+		return exitInterrupted
 	case errors.As(err, &ue):
 		if !ue.printed {
 			fmt.Fprintln(stderr, "replay:", err)
@@ -132,14 +196,20 @@ func exitCode(err error, stderr io.Writer) int {
 	}
 }
 
-// run parses args, replays and writes the report to stdout. Progress and timing go to stderr; the
-// progress bar only when interactive is true. Command-line mistakes come back as a *usageError:
-// flag syntax errors (already printed by the flag set, with the usage), bad flag values and
-// combinations, and the configuration errors sim.Replay returns for them (those wrapping
-// state.ErrInvalidConfiguration). -help returns flag.ErrHelp.
+// run parses args, replays and writes the report to stdout. Progress, timing and, with -json, the
+// overload warnings go to stderr; the progress bar only when interactive is true. Command-line
+// mistakes come back as a *usageError: flag syntax errors (already printed by the flag set, with
+// the usage), bad flag values and combinations, -trace and -plot paths that cannot be used, and the
+// configuration errors sim.Replay returns for them (those wrapping
+// state.ErrInvalidConfiguration). -help returns flag.ErrHelp; a cancelled ctx returns
+// errInterrupted.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, interactive bool) error {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageText)
+		fs.PrintDefaults()
+	}
 	tracePath := fs.String("trace", "", "Mooncake JSONL or Azure CSV trace file, optionally gzipped (default: embedded Mooncake conversation trace)")
 	engines := fs.Int("engines", defaultEngines, "number of plain engines")
 	pd := fs.String("pd", "", "prefill/decode fleet P:D instead of plain engines")
@@ -147,8 +217,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	speed := fs.Float64("speed", defaultSpeed, "time compression: arrival times are divided by this positive, finite number")
 	limit := fs.Int("limit", 0, "replay only the first N requests (0: all)")
 	seed := fs.Uint64("seed", defaultSeed, "random seed of every policy run")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
-	plotDir := fs.String("plot", "", "directory to write PNG charts to")
+	asJSON := fs.Bool("json", false, "print the report as JSON (undefined figures are null; warnings go to stderr)")
+	plotDir := fs.String("plot", "", "directory to write PNG charts to, created if needed (checked before the replay)")
 	limitsJSON := fs.String("admission", "", `per-engine admission caps as JSON, e.g. '{"max_waiting_requests": 32}' (default: admit everything)`)
 	scenario := addScenarioFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -184,9 +254,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	if *limitsJSON != "" {
 		var limits admission.Limits
 		if err := json.Unmarshal([]byte(*limitsJSON), &limits); err != nil {
-			return usage(fmt.Errorf("-admission: %w", err))
+			return usage(admissionError(err))
 		}
 		cfg.Admission = limits
+	}
+	if *tracePath != "" {
+		if err := checkTrace(*tracePath); err != nil {
+			return usage(err)
+		}
+	}
+	if *plotDir != "" {
+		if err := checkPlotDir(*plotDir); err != nil {
+			return usage(err)
+		}
 	}
 	var err error
 	if *tracePath == "" {
@@ -197,16 +277,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	if err != nil {
 		return err
 	}
+	if ctx.Err() != nil {
+		return errInterrupted
+	}
+	if replayStarting != nil {
+		replayStarting()
+	}
 
+	if *scenario.sweep {
+		return scenario.runSweep(ctx, fs, cfg, *asJSON, stdout, stderr)
+	}
 	start := time.Now()
 	prog := &progress{out: stderr, start: start, enabled: interactive}
 	cfg.Progress = prog.update
 	rep, err := sim.Replay(ctx, cfg)
 	prog.finish()
-	if errors.Is(err, state.ErrInvalidConfiguration) {
+	switch {
+	case ctx.Err() != nil:
+		return errInterrupted
+	case errors.Is(err, state.ErrInvalidConfiguration):
 		return usage(err) // a flag's value: -engines, -policies, -limit
-	}
-	if err != nil {
+	case err != nil:
 		return err
 	}
 	fmt.Fprintf(stderr, "replayed %d requests × %d policies in %.1f s\n", rep.Requests, len(rep.Results),
@@ -218,9 +309,82 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 		}
 	}
 	if *asJSON {
+		for _, w := range rep.Warnings() {
+			fmt.Fprintln(stderr, w)
+		}
 		return rep.WriteJSON(stdout)
 	}
 	return rep.WriteTable(stdout)
+}
+
+// flagError is a bad flag value worded once: Error returns msg, Unwrap the cause, so errors.Is
+// still finds os.ErrNotExist, admission.ErrUnknownField and the like.
+type flagError struct {
+	msg string
+	err error
+}
+
+func (e *flagError) Error() string { return e.msg }
+
+// Unwrap returns the cause.
+func (e *flagError) Unwrap() error { return e.err }
+
+// admissionError words an -admission decoding error without repeating the admission package's
+// prefix: `-admission: limits field "max_waitin": unknown field: want one of …`.
+func admissionError(err error) error {
+	return &flagError{msg: "-admission: " + strings.TrimPrefix(err.Error(), "admission: "), err: err}
+}
+
+// checkTrace reports a -trace path that cannot be a trace: missing or unreadable, a directory, or
+// an empty file. The trace's content is checked when it is read.
+func checkTrace(path string) error {
+	fail := func(err error) error { return &flagError{msg: fmt.Sprintf("-trace %s: %v", path, err), err: err} }
+	f, err := os.Open(path)
+	if err != nil {
+		return fail(pathCause(err, path))
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	switch {
+	case err != nil:
+		return fail(pathCause(err, path))
+	case st.IsDir():
+		return fail(errTraceIsDir)
+	case st.Size() == 0:
+		return fail(errEmptyTrace)
+	}
+	return nil
+}
+
+// checkPlotDir creates the -plot directory if needed and checks that a file can be written in it,
+// so that a replay is not lost to an unwritable directory at the end.
+func checkPlotDir(dir string) error {
+	fail := func(err error) error { return &flagError{msg: fmt.Sprintf("-plot %s: %v", dir, err), err: err} }
+	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
+		return fail(errPlotNotDir)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fail(pathCause(err, dir))
+	}
+	f, err := os.CreateTemp(dir, ".replay-write-check-*")
+	if err != nil {
+		return fail(fmt.Errorf("cannot write: %w", pathCause(err, "")))
+	}
+	name := f.Name()
+	if err := errors.Join(f.Close(), os.Remove(name)); err != nil {
+		return fail(fmt.Errorf("cannot write: %w", pathCause(err, "")))
+	}
+	return nil
+}
+
+// pathCause returns the cause of an *fs.PathError about path itself (any path when path is
+// empty), whose message would repeat a path the caller already names, or err itself.
+func pathCause(err error, path string) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) && (path == "" || filepath.Clean(pe.Path) == filepath.Clean(path)) {
+		return pe.Err
+	}
+	return err
 }
 
 // splitList splits a comma-separated list, trimming spaces. An empty string yields an empty,

@@ -93,7 +93,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"negative infinite speed", []string{"-speed", "-Inf"}, errBadSpeed, 2},
 		{"stray argument", []string{"extra"}, nil, 2},
 		{"unsorted trace file", []string{"-trace", unsorted}, sim.ErrUnsorted, 1},
-		{"missing trace file", []string{"-trace", filepath.Join(t.TempDir(), "nope.jsonl")}, os.ErrNotExist, 1},
+		{"missing trace file", []string{"-trace", filepath.Join(t.TempDir(), "nope.jsonl")}, os.ErrNotExist, 2},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -129,6 +129,10 @@ func TestErrorMessages(t *testing.T) {
 		{[]string{"-speed", "0"}, "replay: -speed 0: must be a positive finite number\n"},
 		{[]string{"-speed", "NaN"}, "replay: -speed NaN: must be a positive finite number\n"},
 		{[]string{"a", "b"}, `replay: unexpected arguments ["a" "b"]` + "\n"},
+		{[]string{"-admission", `{"max_waitin": 4}`}, `replay: -admission: limits field "max_waitin": unknown field: want one of max_running_requests, max_waiting_requests, max_kv_tokens, max_pending_prefill_tokens, max_inflight_requests` + "\n"},
+		{[]string{"-admission", `{"max_waiting_requests": "x"}`}, `replay: -admission: limits field "max_waiting_requests": bad value "x": want a non-negative integer` + "\n"},
+		{[]string{"-admission", `{"max_kv_tokens": -1}`}, `replay: -admission: limits field "max_kv_tokens": bad value -1: want a non-negative integer` + "\n"},
+		{[]string{"-admission", `[1]`}, `replay: -admission: limits: bad value [1]: want a JSON object with fields max_running_requests, max_waiting_requests, max_kv_tokens, max_pending_prefill_tokens, max_inflight_requests` + "\n"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -161,7 +165,7 @@ func TestFlagSyntaxErrorsPrintOnce(t *testing.T) {
 			require.ErrorAs(t, err, &ue, "run(%q) = %v", tc.args, err)
 			assert.Equal(t, 2, exitCode(err, &stderr), "exit status")
 			assert.Equal(t, 1, strings.Count(stderr.String(), tc.want), "printed once:\n%s", stderr.String())
-			assert.Contains(t, stderr.String(), "Usage of replay:", "with the usage")
+			assert.Contains(t, stderr.String(), "Usage: replay [flags]", "with the usage")
 			assert.Empty(t, out.String())
 		})
 	}
@@ -174,6 +178,9 @@ func TestExitCode(t *testing.T) {
 	assert.Empty(t, stderr.String(), "nothing printed for success or -help")
 	assert.Equal(t, 1, exitCode(context.Canceled, &stderr), "a failure that is not a usage error")
 	assert.Equal(t, "replay: context canceled\n", stderr.String())
+	stderr.Reset()
+	assert.Equal(t, 130, exitCode(errInterrupted, &stderr), "interrupted")
+	assert.Equal(t, "replay: interrupted\n", stderr.String())
 }
 
 func TestRunAdmissionFlag(t *testing.T) {
@@ -258,11 +265,18 @@ func TestCharts(t *testing.T) {
 		assert.Zero(t, pixelsOf(t, none, ceilingColor), "no ceiling line for a trace without hash IDs")
 	})
 
-	t.Run("imbalance: the axis starts at 1", func(t *testing.T) {
-		p, err := imbalanceBars(rep)
-		require.NoError(t, err)
-		assert.Equal(t, 1.0, p.Y.Min)
-		assert.Greater(t, p.Y.Max, 1.2, "the largest imbalance fits")
+	t.Run("imbalance: the axis starts at 0, with distinct labels", func(t *testing.T) {
+		for _, top := range []float64{1, 1.02, 1.08, 1.2, 2.5, 14} {
+			rep := chartReport(0.3)
+			rep.Results[2].Imbalance = top
+			p, err := imbalanceBars(rep)
+			require.NoError(t, err)
+			assert.Equal(t, 0.0, p.Y.Min, "top %v", top)
+			assert.Greater(t, p.Y.Max, top, "the largest imbalance fits")
+			ticks := p.Y.Tick.Marker.Ticks(p.Y.Min, p.Y.Max)
+			checkTicks(t, p.Y.Min, p.Y.Max, ticks)
+			assert.Equal(t, "0", ticks[0].Label, "top %v", top)
+		}
 	})
 
 	t.Run("a report with nothing routed still plots", func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -130,8 +131,9 @@ func hitRate(rep *sim.Report) (*plot.Plot, error) {
 	return p, nil
 }
 
-// imbalanceBars plots each policy's load imbalance on an axis that starts at 1, the perfectly
-// even value (imbalance is max ÷ mean, never below 1 once a request is routed).
+// imbalanceBars plots each policy's load imbalance on a value axis that starts at 0, so that bar
+// heights compare as the values do (imbalance is max ÷ mean, 1 once the load is even), with
+// linearTicks labels.
 func imbalanceBars(rep *sim.Report) (*plot.Plot, error) {
 	names, imbalance := perPolicy(rep, func(r *sim.PolicyResult) float64 { return r.Imbalance })
 	p, err := bars("Load imbalance: "+subtitle(rep), "max ÷ mean requests per engine (1 = even)", names, imbalance,
@@ -139,10 +141,43 @@ func imbalanceBars(rep *sim.Report) (*plot.Plot, error) {
 	if err != nil {
 		return nil, err
 	}
-	top := math.Max(1, floatsMax(imbalance))
-	p.Y.Min = 1
-	p.Y.Max = math.Max(1.1, 1+1.2*(top-1))
+	p.Y.Min = 0
+	p.Y.Max = 1.15 * math.Max(1, floatsMax(imbalance)) // headroom for the bar labels
+	p.Y.Tick.Marker = linearTicks{}
 	return p, nil
+}
+
+// linearTicks marks a linear axis with 4 to 10 major ticks at multiples of 1, 2 or 5 × 10^k, each
+// labelled with as many decimals as the step needs and no more, so that labels are distinct and
+// each reads as its exact value. plot.DefaultTicks is not used because on a narrow range such as
+// [1, 1.1] it labels 1.05 and 1.1 both "1.1".
+type linearTicks struct{}
+
+// Ticks implements plot.Ticker. An empty or inverted range gets one tick at lo.
+func (linearTicks) Ticks(lo, hi float64) []plot.Tick {
+	if !(hi > lo) {
+		return []plot.Tick{{Value: lo, Label: strconv.FormatFloat(lo, 'g', -1, 64)}}
+	}
+	// (hi-lo)/unit is in [4, 40): a step of 1, 2 or 5 units gives 4 to 10 intervals.
+	exp := math.Floor(math.Log10((hi - lo) / 4))
+	unit := math.Pow(10, exp)
+	step := unit
+	for _, m := range []float64{1, 2, 5} {
+		if step = m * unit; (hi-lo)/step <= 10 {
+			break
+		}
+	}
+	decimals := max(0, int(-exp))
+	var ticks []plot.Tick
+	for k := math.Ceil(lo/step - 1e-9); k*step <= hi+1e-9*step; k++ {
+		v := k * step
+		label := strconv.FormatFloat(v, 'f', decimals, 64)
+		if v == 0 {
+			label = "0"
+		}
+		ticks = append(ticks, plot.Tick{Value: v, Label: label})
+	}
+	return ticks
 }
 
 // perPolicy returns the policy names of rep and value of each result.

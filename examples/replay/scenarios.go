@@ -1,11 +1,22 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"time"
 
 	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/state"
 )
+
+// defaultSweepLimit is -limit under -sweep when -limit is not given: every probe replays the
+// first 3,000 requests (about a quarter of the embedded trace), so that a sweep of the eight
+// policies (about 8 replays each) runs in a minute or two on two cores. -limit 0 sweeps the
+// whole trace.
+const defaultSweepLimit = 3000
 
 // scenarioFlags are the replay's scenario flags, kept apart from the basic ones: a shared system
 // prompt in front of every request (-system-prompt), router replicas (-routers) and the engines'
@@ -14,6 +25,8 @@ type scenarioFlags struct {
 	systemPrompt *int
 	routers      *int
 	prefillModel *string
+	sweep        *bool
+	slo          *time.Duration
 }
 
 // addScenarioFlags defines the scenario flags on fs.
@@ -25,6 +38,9 @@ func addScenarioFlags(fs *flag.FlagSet) *scenarioFlags {
 		prefillModel: fs.String("prefill-model", string(sim.PrefillAttention), fmt.Sprintf(
 			"prefill time model: %q (attention over the whole context, cached tokens included) or %q (one rate for uncached tokens, the earlier model)",
 			sim.PrefillAttention, sim.PrefillFlat)),
+		sweep: fs.Bool("sweep", false, fmt.Sprintf("instead of one replay, find per policy the highest -speed with TTFT p99 <= -slo, "+
+			"by bisection to 5 %% (each probe replays -limit requests, default %d under -sweep)", defaultSweepLimit)),
+		slo: fs.Duration("slo", sim.DefaultSweepSLO, "TTFT p99 target of -sweep"),
 	}
 }
 
@@ -42,7 +58,44 @@ func (s *scenarioFlags) apply(cfg *sim.Config) error {
 	default:
 		return usage(fmt.Errorf("-prefill-model %q: must be %q or %q", *s.prefillModel, sim.PrefillAttention, sim.PrefillFlat))
 	}
+	if *s.slo <= 0 {
+		return usage(fmt.Errorf("-slo %v: must be > 0", *s.slo))
+	}
 	cfg.SystemPromptTokens = *s.systemPrompt
 	cfg.Routers = *s.routers
 	return nil
+}
+
+// runSweep runs the capacity sweep of cfg's policies and writes its table (or JSON) to stdout.
+// -limit defaults to defaultSweepLimit unless given; -plot does not apply.
+func (s *scenarioFlags) runSweep(ctx context.Context, fs *flag.FlagSet, cfg sim.Config, asJSON bool, stdout, stderr io.Writer) error {
+	limitSet, plotSet := false, false
+	fs.Visit(func(f *flag.Flag) {
+		limitSet = limitSet || f.Name == "limit"
+		plotSet = plotSet || f.Name == "plot"
+	})
+	if plotSet {
+		return usage(errors.New("-plot does not apply to -sweep"))
+	}
+	if !limitSet {
+		cfg.Limit = defaultSweepLimit
+	}
+	start := time.Now()
+	rep, err := sim.Sweep(ctx, sim.SweepConfig{Config: cfg, SLO: *s.slo})
+	if errors.Is(err, state.ErrInvalidConfiguration) {
+		return usage(err)
+	}
+	if err != nil {
+		return err
+	}
+	probes := 0
+	for _, r := range rep.Results {
+		probes += r.Probes
+	}
+	fmt.Fprintf(stderr, "swept %d policies over %d requests in %d replays, %.1f s\n", len(rep.Results), rep.Requests, probes,
+		time.Since(start).Seconds())
+	if asJSON {
+		return rep.WriteJSON(stdout)
+	}
+	return rep.WriteTable(stdout)
 }

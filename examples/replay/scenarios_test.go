@@ -36,6 +36,8 @@ func TestRunRejectsBadScenarioFlags(t *testing.T) {
 		{"-routers", "0"},
 		{"-routers", "65"},
 		{"-prefill-model", "quadratic"},
+		{"-sweep", "-slo", "0s"},
+		{"-sweep", "-plot", "/tmp/x"},
 	} {
 		var out, stderr bytes.Buffer
 		err := run(context.Background(), args, &out, &stderr, false)
@@ -54,5 +56,24 @@ func TestRunPrefillModel(t *testing.T) {
 		var rep sim.Report
 		require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
 		assert.Equal(t, pm, rep.Model.PrefillModel)
+	}
+}
+
+func TestRunSweep(t *testing.T) {
+	var out, stderr bytes.Buffer
+	args := []string{"-sweep", "-slo", "20s", "-limit", "200", "-engines", "4", "-speed", "1", "-policies", "round_robin,dynamo"}
+	require.NoError(t, run(context.Background(), args, &out, &stderr, false))
+	assert.Contains(t, out.String(), "highest speed with TTFT p99 <= 20 s")
+	assert.Contains(t, out.String(), "dynamo")
+	assert.Contains(t, stderr.String(), "swept 2 policies over 200 requests")
+
+	out.Reset()
+	require.NoError(t, run(context.Background(), append(args, "-json"), &out, &stderr, false))
+	var rep sim.SweepReport
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+	require.Len(t, rep.Results, 2)
+	assert.Equal(t, 200, rep.Requests)
+	for _, r := range rep.Results {
+		assert.Positive(t, r.Speed, r.Policy)
 	}
 }

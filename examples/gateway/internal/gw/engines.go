@@ -1,0 +1,330 @@
+package gw
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+// Kind is the inference server software behind an engine; it decides how a DP rank and the PD
+// bootstrap fields are sent.
+type Kind uint8
+
+// The engine kinds.
+const (
+	// KindVLLM is a vLLM OpenAI-compatible server.
+	KindVLLM Kind = iota + 1
+	// KindSGLang is an SGLang server.
+	KindSGLang
+)
+
+// ParseKind parses "vllm" or "sglang".
+func ParseKind(s string) (Kind, error) {
+	switch s {
+	case "vllm":
+		return KindVLLM, nil
+	case "sglang":
+		return KindSGLang, nil
+	}
+	return 0, fmt.Errorf("gw: engine kind %q: want vllm or sglang: %w", s, state.ErrInvalidConfiguration)
+}
+
+// String returns "vllm" or "sglang".
+func (k Kind) String() string {
+	switch k {
+	case KindVLLM:
+		return "vllm"
+	case KindSGLang:
+		return "sglang"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// EngineConfig describes one engine.
+type EngineConfig struct {
+	// URL is the engine's base URL ("http://10.0.0.7:8000"); it is also the engine's ID, without a
+	// trailing slash. Required.
+	URL string
+	// Model is the model it serves. Required.
+	Model state.ModelID
+	// Kind is the server software. Required.
+	Kind Kind
+	// Stage is its role: plain, prefill or decode.
+	Stage state.Stage
+	// DPRanks is its data-parallel rank count; 0 means 1.
+	DPRanks int
+	// BootstrapPort is a prefill engine's PD bootstrap port (SGLang --disaggregation-bootstrap-port);
+	// 0 means none is configured and bootstrap_port is sent as null.
+	BootstrapPort int
+	// PDCompatibility is the PD compatibility label (docs/design.md §3); "" is unlabelled.
+	PDCompatibility string
+}
+
+// BreakerConfig configures every engine's circuit breaker.
+type BreakerConfig struct {
+	// FailureStreak is how many consecutive 5xx answers open the breaker; 0 means 3. A connection
+	// failure opens it at once; a 4xx answer is the client's error and never counts.
+	FailureStreak int
+}
+
+// Engine is one engine of the registry: a state.Engine and state.PDCompatible whose health is its
+// circuit breaker. Safe for concurrent use.
+type Engine struct {
+	cfg  EngineConfig
+	id   state.EngineID
+	base *url.URL
+
+	threshold int
+	mu        sync.Mutex // serializes breaker transitions
+	open      atomic.Bool
+	streak    int
+	opens     atomic.Uint64
+}
+
+var (
+	_ state.Engine       = (*Engine)(nil)
+	_ state.PDCompatible = (*Engine)(nil)
+)
+
+// ID implements state.Engine: the base URL.
+func (e *Engine) ID() state.EngineID { return e.id }
+
+// Model implements state.Engine.
+func (e *Engine) Model() state.ModelID { return e.cfg.Model }
+
+// Stage implements state.Engine.
+func (e *Engine) Stage() state.Stage { return e.cfg.Stage }
+
+// Healthy implements state.Engine: the breaker is closed.
+func (e *Engine) Healthy() bool { return !e.open.Load() }
+
+// PDCompatibility implements state.PDCompatible.
+func (e *Engine) PDCompatibility() string { return e.cfg.PDCompatibility }
+
+// Config returns the engine's configuration.
+func (e *Engine) Config() EngineConfig { return e.cfg }
+
+// Host returns the host name of the engine's URL (the PD bootstrap host of a prefill engine).
+func (e *Engine) Host() string { return e.base.Hostname() }
+
+// Opens counts how often the breaker opened.
+func (e *Engine) Opens() uint64 { return e.opens.Load() }
+
+// Outcome classifies one exchange with an engine for its breaker.
+type Outcome uint8
+
+// The outcomes.
+const (
+	// OutcomeOK: a 2xx, 3xx or 4xx answer (a 4xx is the client's error, not the engine's).
+	OutcomeOK Outcome = iota
+	// OutcomeServerError: a 5xx answer, or a response body cut off by the engine.
+	OutcomeServerError
+	// OutcomeConnError: no answer at all (refused, reset, timed out before headers).
+	OutcomeConnError
+)
+
+// OutcomeOf classifies an HTTP status.
+func OutcomeOf(status int) Outcome {
+	if status >= 500 {
+		return OutcomeServerError
+	}
+	return OutcomeOK
+}
+
+// Record feeds an outcome to the breaker: OK resets the 5xx streak; a streak of FailureStreak 5xx
+// answers, or one connection failure, opens the breaker (the engine turns unhealthy and the
+// Router stops picking it until a probe closes it).
+func (e *Engine) Record(o Outcome) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch o {
+	case OutcomeOK:
+		e.streak = 0
+		return
+	case OutcomeServerError:
+		e.streak++
+		if e.streak < e.threshold {
+			return
+		}
+	}
+	if !e.open.Load() {
+		e.open.Store(true)
+		e.opens.Add(1)
+	}
+}
+
+// close closes the breaker after a successful probe.
+func (e *Engine) close() {
+	e.mu.Lock()
+	e.streak = 0
+	e.open.Store(false)
+	e.mu.Unlock()
+}
+
+// Registry is the gateway's engine list: a state.VersionedRegistry whose engines never change
+// after construction (health is the breakers', which the version does not cover). Safe for
+// concurrent use.
+type Registry struct {
+	engines []*Engine
+	byID    map[state.EngineID]*Engine
+	byModel map[state.ModelID][]state.Engine
+}
+
+var _ state.VersionedRegistry = (*Registry)(nil)
+
+// NewRegistry validates the engines and builds the registry. An empty or non-http(s) URL, an
+// empty model, an invalid kind or stage, DPRanks outside [0, 1024], a negative or too large
+// bootstrap port, or two engines with one URL is an error wrapping state.ErrInvalidConfiguration.
+func NewRegistry(configs []EngineConfig, breaker BreakerConfig) (*Registry, error) {
+	threshold := breaker.FailureStreak
+	if threshold == 0 {
+		threshold = 3
+	}
+	if threshold < 0 {
+		return nil, fmt.Errorf("gw: breaker failure streak %d is negative: %w", threshold, state.ErrInvalidConfiguration)
+	}
+	r := &Registry{byID: map[state.EngineID]*Engine{}, byModel: map[state.ModelID][]state.Engine{}}
+	for i, c := range configs {
+		bad := func(format string, args ...any) (*Registry, error) {
+			return nil, fmt.Errorf("gw: engine %d (%s): "+format+": %w", append([]any{i, c.URL}, append(args, state.ErrInvalidConfiguration)...)...)
+		}
+		c.URL = strings.TrimRight(c.URL, "/")
+		u, err := url.Parse(c.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			return bad("URL must be an absolute http(s) base URL without a path")
+		}
+		if c.Model == "" {
+			return bad("empty model")
+		}
+		if c.Kind != KindVLLM && c.Kind != KindSGLang {
+			return bad("invalid kind %v", c.Kind)
+		}
+		if !c.Stage.Valid() {
+			return bad("invalid stage %v", c.Stage)
+		}
+		if c.DPRanks == 0 {
+			c.DPRanks = 1
+		}
+		if c.DPRanks < 0 || c.DPRanks > 1024 {
+			return bad("DP ranks %d outside [1, 1024]", c.DPRanks)
+		}
+		if c.BootstrapPort < 0 || c.BootstrapPort > 65535 {
+			return bad("bootstrap port %d outside [0, 65535]", c.BootstrapPort)
+		}
+		id := state.EngineID(c.URL)
+		if r.byID[id] != nil {
+			return bad("duplicate engine")
+		}
+		e := &Engine{cfg: c, id: id, base: u, threshold: threshold}
+		r.engines = append(r.engines, e)
+		r.byID[id] = e
+		r.byModel[c.Model] = append(r.byModel[c.Model], e)
+	}
+	return r, nil
+}
+
+// Engines implements state.Registry.
+func (r *Registry) Engines(m state.ModelID) []state.Engine { return r.byModel[m] }
+
+// EnginesVersion implements state.VersionedRegistry: the engine set never changes.
+func (r *Registry) EnginesVersion(state.ModelID) uint64 { return 1 }
+
+// All returns every engine in configuration order. The slice is shared: do not modify it.
+func (r *Registry) All() []*Engine { return r.engines }
+
+// Lookup returns the engine with the given ID.
+func (r *Registry) Lookup(id state.EngineID) (*Engine, bool) {
+	e, ok := r.byID[id]
+	return e, ok
+}
+
+// Models returns the served models, sorted.
+func (r *Registry) Models() []state.ModelID {
+	out := make([]state.ModelID, 0, len(r.byModel))
+	for m := range r.byModel {
+		out = append(out, m)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Prober brings engines with an open breaker back: every Interval it sends GET Path to each of
+// them and closes the breaker of those that answer 200 within Timeout.
+type Prober struct {
+	// Registry holds the engines. Required.
+	Registry *Registry
+	// Client sends the probes. Nil means http.DefaultClient.
+	Client *http.Client
+	// Interval between probe rounds; 0 means 5 s.
+	Interval time.Duration
+	// Timeout bounds one probe; 0 means 2 s.
+	Timeout time.Duration
+	// Path is the health endpoint; "" means "/health" (vLLM and SGLang both serve it).
+	Path string
+}
+
+// Run probes until ctx is done, then returns nil.
+func (p *Prober) Run(ctx context.Context) error {
+	interval := p.Interval
+	if interval <= 0 {
+		interval = 5 * time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			p.Round(ctx)
+		}
+	}
+}
+
+// Round probes every engine whose breaker is open, once, concurrently, and returns when all
+// probes ended.
+func (p *Prober) Round(ctx context.Context) {
+	client := p.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	timeout := p.Timeout
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	path := p.Path
+	if path == "" {
+		path = "/health"
+	}
+	var wg sync.WaitGroup
+	for _, e := range p.Registry.engines {
+		if e.Healthy() {
+			continue
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.cfg.URL+path, nil)
+			if err != nil {
+				return
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				e.close()
+			}
+		})
+	}
+	wg.Wait()
+}

@@ -1,0 +1,575 @@
+package gw
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// Defaults of Options.
+const (
+	// DefaultMaxBodyBytes is the request body limit: 32 MiB, as SGLang's experimental router
+	// (docs/design.md §1).
+	DefaultMaxBodyBytes = 32 << 20
+	// DefaultBytesPerToken is the body-size estimate's bytes per token.
+	DefaultBytesPerToken = 4
+	// DefaultPrefillTimeout bounds a PD prefill leg, which runs on after the client leaves.
+	DefaultPrefillTimeout = 10 * time.Minute
+)
+
+// VLLMRankHeader is the request header vLLM's OpenAI server reads for the data-parallel rank to
+// serve a request on (vllm-project/vllm vllm/entrypoints/openai/serving_engine.py,
+// _get_data_parallel_rank).
+const VLLMRankHeader = "X-data-parallel-rank"
+
+// SGLang request fields (sgl-project/sglang python/sglang/srt/entrypoints/openai/protocol.py):
+// the DP rank to serve on (routed_dp_rank, formerly data_parallel_rank), the prefill rank holding a
+// PD request's KV (disagg_prefill_dp_rank, sent to decode), and the PD bootstrap triple.
+const (
+	sglangRankField        = "routed_dp_rank"
+	sglangPrefillRankField = "disagg_prefill_dp_rank"
+)
+
+// Options configures a Server.
+type Options struct {
+	// Router selects engines. Required; its registry must be Registry.
+	Router *enginepick.Router
+	// Registry holds the engines the Router picks from. Required.
+	Registry *Registry
+	// Tokenizer tokenizes prompts. Nil means every prompt's length is estimated from its body
+	// size, and cache-aware groups fall back to load for every request.
+	Tokenizer Tokenizer
+	// BytesPerToken is the body-size estimate's ratio; 0 means DefaultBytesPerToken.
+	BytesPerToken int
+	// SessionHeader and RoutingKeyHeader name the request headers read into the session and
+	// sticky-routing keys; "" reads none.
+	SessionHeader    string
+	RoutingKeyHeader string
+	// MaxBodyBytes bounds a request body; 0 means DefaultMaxBodyBytes. A longer body is a 413.
+	MaxBodyBytes int64
+	// Client sends requests to engines. Nil means a client whose transport does not negotiate
+	// compression, so that bodies are relayed byte for byte.
+	Client *http.Client
+	// PrefillTimeout bounds a PD prefill leg; 0 means DefaultPrefillTimeout.
+	PrefillTimeout time.Duration
+	// RankOf returns the DP rank a pick names, if any. Nil means no pick names one: the engine
+	// chooses the rank itself. (policy.Pick does not carry a rank yet; see docs/design-notes.md.)
+	RankOf func(policy.Pick) (int, bool)
+	// Rand returns uniform 64-bit values for PD bootstrap rooms. Nil means math/rand/v2.Uint64.
+	Rand func() uint64
+	// Metrics records the gateway's series; nil records none.
+	Metrics *Metrics
+	// Logger receives upstream failures at debug level. Nil means zap.NewNop().
+	Logger *zap.Logger
+}
+
+// Server is the OpenAI-compatible handler: POST /v1/chat/completions and /v1/completions, GET
+// /healthz and, with Metrics, GET /metrics. Safe for concurrent use.
+type Server struct {
+	opts Options
+	mux  *http.ServeMux
+	log  *zap.Logger
+}
+
+// NewServer validates opts and returns the handler. A nil Router or Registry is an error wrapping
+// state.ErrInvalidConfiguration.
+func NewServer(opts Options) (*Server, error) {
+	if opts.Router == nil || opts.Registry == nil {
+		return nil, fmt.Errorf("gw: server needs a Router and a Registry: %w", state.ErrInvalidConfiguration)
+	}
+	if opts.BytesPerToken <= 0 {
+		opts.BytesPerToken = DefaultBytesPerToken
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.Client == nil {
+		opts.Client = &http.Client{Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 256}}
+	}
+	if opts.PrefillTimeout <= 0 {
+		opts.PrefillTimeout = DefaultPrefillTimeout
+	}
+	if opts.RankOf == nil {
+		opts.RankOf = func(policy.Pick) (int, bool) { return 0, false }
+	}
+	if opts.Rand == nil {
+		opts.Rand = rand.Uint64
+	}
+	s := &Server{opts: opts, mux: http.NewServeMux(), log: opts.Logger}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.inference(w, r, true) })
+	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.inference(w, r, false) })
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	if opts.Metrics != nil {
+		s.mux.Handle("GET /metrics", opts.Metrics.Handler())
+	}
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// requestHead is what the gateway reads of an OpenAI request body; the body itself is forwarded.
+type requestHead struct {
+	Model               *string         `json:"model"`
+	Stream              bool            `json:"stream"`
+	Messages            json.RawMessage `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	MaxTokens           *int64          `json:"max_tokens"`
+	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
+}
+
+// statusWriter records the status written, for the request metric.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's Flush.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) inference(rw http.ResponseWriter, r *http.Request, chat bool) {
+	w := &statusWriter{ResponseWriter: rw}
+	defer func() {
+		code := w.status
+		if code == 0 {
+			code = 499 // the client left before anything was written
+		}
+		s.opts.Metrics.request(r.URL.Path, code)
+	}()
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error",
+				fmt.Sprintf("request body is larger than %d bytes", s.opts.MaxBodyBytes))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "could not read the request body")
+		return
+	}
+	var head requestHead
+	if err := json.Unmarshal(body, &head); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "the request body is not a JSON object")
+		return
+	}
+	if head.Model == nil || *head.Model == "" {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "model is required")
+		return
+	}
+	prompt := Prompt{Model: state.ModelID(*head.Model)}
+	if chat {
+		if len(head.Messages) == 0 || bytes.Equal(head.Messages, []byte("null")) {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "messages is required")
+			return
+		}
+		prompt.Messages = head.Messages
+	} else {
+		if len(head.Prompt) == 0 || bytes.Equal(head.Prompt, []byte("null")) {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "prompt is required")
+			return
+		}
+		prompt.Text = head.Prompt
+	}
+
+	req := &bucket.Request{Model: prompt.Model}
+	if s.opts.Tokenizer != nil {
+		tokens, err := s.opts.Tokenizer.Tokenize(r.Context(), prompt)
+		if err == nil {
+			req.TokenIDs = tokens
+			req.InputTokens = int64(len(tokens))
+		} else if ce := s.log.Check(zap.DebugLevel, "tokenization unavailable; estimating"); ce != nil {
+			ce.Write(zap.Error(err))
+		}
+	}
+	if req.TokenIDs == nil {
+		// docs/design.md §1: without tokens the length is estimated and cache-aware routing falls
+		// back to load for this request (no token IDs, no prefix lookup).
+		req.InputTokens = EstimateTokens(len(body), s.opts.BytesPerToken)
+		s.opts.Metrics.estimate()
+	}
+	out := head.MaxCompletionTokens
+	if out == nil {
+		out = head.MaxTokens
+	}
+	if out != nil {
+		peak, err := bucket.ExpectedPeak(req.InputTokens, *out)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "max_tokens must be a non-negative integer")
+			return
+		}
+		req.ExpectedPeakTokens, req.HasExpectedPeak = peak, true
+	}
+	if s.opts.SessionHeader != "" {
+		req.SessionKey = r.Header.Get(s.opts.SessionHeader)
+	}
+	if s.opts.RoutingKeyHeader != "" {
+		req.RoutingKey = r.Header.Get(s.opts.RoutingKeyHeader)
+	}
+
+	d, err := s.opts.Router.Select(r.Context(), req)
+	if err != nil {
+		s.selectionError(w, err)
+		return
+	}
+	if d.Selection.IsPD() {
+		s.dispatchPD(w, r, body, head.Stream, d)
+		return
+	}
+	s.dispatchPlain(w, r, body, d)
+}
+
+// selectionError answers a failed selection with bucket.StatusCode's status and an OpenAI-style
+// error whose message never names an engine (docs/design.md §16: error texts carry engine URLs).
+func (s *Server) selectionError(w http.ResponseWriter, err error) {
+	code := bucket.StatusCode(err)
+	s.opts.Metrics.selectionFailure(code)
+	if ce := s.log.Check(zap.DebugLevel, "selection failed"); ce != nil {
+		ce.Write(zap.Int("status", code), zap.Error(err))
+	}
+	var typ, msg string
+	switch code {
+	case http.StatusBadRequest:
+		typ, msg = "invalid_request_error", "no engine group accepts a request of this length"
+	case http.StatusNotFound:
+		typ, msg = "model_not_found", "the model is not served here"
+	case http.StatusServiceUnavailable:
+		typ, msg = "engine_unavailable", "no engine can take the request now"
+	case 499:
+		return // the client went away; nobody reads an answer
+	case http.StatusGatewayTimeout:
+		typ, msg = "timeout", "the request timed out before an engine was chosen"
+	default:
+		typ, msg = "internal_error", "the request could not be routed"
+	}
+	writeError(w, code, typ, msg)
+}
+
+// writeError writes an OpenAI-style error body.
+func writeError(w http.ResponseWriter, code int, typ, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": code}})
+}
+
+func (s *Server) engineOf(p policy.Pick) *Engine { return p.Engine.(*Engine) }
+
+// withFields returns body with the given top-level fields set (replaced when present).
+func withFields(body []byte, fields map[string]any) ([]byte, error) {
+	if len(fields) == 0 {
+		return body, nil
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		return nil, err
+	}
+	for k, v := range fields {
+		raw, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		obj[k] = raw
+	}
+	return json.Marshal(obj)
+}
+
+// hopHeaders are the hop-by-hop headers a proxy never forwards (RFC 9110 §7.6.1).
+var hopHeaders = map[string]bool{"Connection": true, "Proxy-Connection": true, "Keep-Alive": true,
+	"Proxy-Authenticate": true, "Proxy-Authorization": true, "Te": true, "Trailer": true,
+	"Transfer-Encoding": true, "Upgrade": true}
+
+// send posts body to the engine at the client request's path. A connection failure that is not the
+// client's own cancellation opens the engine's breaker; a 5xx counts toward its streak.
+func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []byte, rank int, hasRank bool) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.cfg.URL+r.URL.Path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range r.Header {
+		if hopHeaders[k] || k == "Content-Length" || k == "Host" {
+			continue
+		}
+		req.Header[k] = vs
+	}
+	if req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if hasRank && e.cfg.Kind == KindVLLM {
+		req.Header.Set(VLLMRankHeader, strconv.Itoa(rank))
+	}
+	resp, err := s.opts.Client.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.Record(OutcomeConnError)
+			s.opts.Metrics.upstreamFailure(e, "connection")
+			if ce := s.log.Check(zap.DebugLevel, "engine unreachable"); ce != nil {
+				ce.Write(zap.String("engine", string(e.ID())), zap.Error(err))
+			}
+		}
+		return nil, err
+	}
+	if o := OutcomeOf(resp.StatusCode); o != OutcomeOK {
+		s.opts.Metrics.upstreamFailure(e, "server_error")
+		e.Record(o)
+	} else {
+		e.Record(o)
+	}
+	return resp, nil
+}
+
+var copyBuf = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// relay writes the engine's response to the client as it arrives: headers (hop-by-hop ones
+// excepted), status, then every chunk read from the body, flushed at once, so server-sent events
+// reach the client byte for byte and without delay. It returns when the body ends, the client
+// leaves (a failed write) or the engine cuts the body off (counted against its breaker).
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *http.Response) {
+	h := w.Header()
+	for k, vs := range resp.Header {
+		if !hopHeaders[k] {
+			h[k] = vs
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	bp := copyBuf.Get().(*[]byte)
+	defer copyBuf.Put(bp)
+	buf := *bp
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return // the client left; the request context cancels the engine request
+			}
+			_ = rc.Flush()
+		}
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			if r.Context().Err() == nil {
+				e.Record(OutcomeServerError)
+				s.opts.Metrics.upstreamFailure(e, "cut")
+			}
+			return
+		}
+	}
+}
+
+func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []byte, d *enginepick.Dispatch) {
+	defer d.Release() // the guard is held until the response or stream ends, or the client leaves
+	pick := d.Selection.Plain
+	e := s.engineOf(pick)
+	s.opts.Metrics.dispatch(state.StagePlain, pick)
+	rank, hasRank := s.opts.RankOf(pick)
+	if hasRank && e.cfg.Kind == KindSGLang {
+		var err error
+		if body, err = withFields(body, map[string]any{sglangRankField: rank}); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "the request body is not a JSON object")
+			return
+		}
+	}
+	resp, err := s.send(r.Context(), r, e, body, rank, hasRank)
+	if err != nil {
+		if r.Context().Err() == nil {
+			writeError(w, http.StatusBadGateway, "engine_unavailable", "the selected engine could not be reached")
+		}
+		return
+	}
+	defer resp.Body.Close()
+	s.relay(w, r, e, resp)
+}
+
+// BootstrapRoom draws a PD bootstrap room in [0, 2^63) from u. When the prefill engine has
+// dpRanks > 1 and the pick names its rank, the room is the nearest value below u's with
+// room mod dpRanks = rank: SGLang's prefill DP controller and its decode side both find the
+// prefill DP rank as bootstrap_room mod the prefill DP size unless told otherwise
+// (sgl-project/sglang python/sglang/srt/managers/data_parallel_controller.py), so the room agrees
+// with the rank sent.
+func BootstrapRoom(u uint64, dpRanks int, rank int, hasRank bool) uint64 {
+	room := u & (1<<63 - 1)
+	if hasRank && dpRanks > 1 && rank >= 0 && rank < dpRanks {
+		d := uint64(dpRanks)
+		room = room - room%d + uint64(rank)
+		if room >= 1<<63 {
+			room -= d
+		}
+	}
+	return room
+}
+
+// prefillLeg is the outcome of a PD prefill request, set before done is closed.
+type prefillLeg struct {
+	done   chan struct{}
+	err    error
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (p *prefillLeg) failed() bool { return p.err != nil || p.status >= 400 }
+
+// dispatchPD sends the request to the prefill and the decode engine concurrently, each with the
+// same bootstrap host, port and room (and each leg's DP rank when known), and relays the decode
+// engine's response. The prefill leg is detached from the client: it runs to completion (or
+// PrefillTimeout) even if the client leaves, because the decode engine waits for its KV. The
+// in-flight guards are released when both legs have ended.
+func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte, stream bool, d *enginepick.Dispatch) {
+	sel := d.Selection
+	pe, de := s.engineOf(sel.Prefill), s.engineOf(sel.Decode)
+	s.opts.Metrics.dispatch(state.StagePrefill, sel.Prefill)
+	s.opts.Metrics.dispatch(state.StageDecode, sel.Decode)
+	prank, pok := s.opts.RankOf(sel.Prefill)
+	drank, dok := s.opts.RankOf(sel.Decode)
+	room := BootstrapRoom(s.opts.Rand(), pe.cfg.DPRanks, prank, pok)
+	var port any // null when the prefill engine has no bootstrap port configured
+	if pe.cfg.BootstrapPort != 0 {
+		port = pe.cfg.BootstrapPort
+	}
+	common := func() map[string]any {
+		return map[string]any{"bootstrap_host": pe.Host(), "bootstrap_port": port, "bootstrap_room": room}
+	}
+	pf, df := common(), common()
+	if pok && pe.cfg.Kind == KindSGLang {
+		pf[sglangRankField] = prank
+	}
+	if dok && de.cfg.Kind == KindSGLang {
+		df[sglangRankField] = drank
+	}
+	if pok && de.cfg.Kind == KindSGLang {
+		df[sglangPrefillRankField] = prank
+	}
+	pbody, err := withFields(body, pf)
+	if err != nil {
+		d.Release()
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "the request body is not a JSON object")
+		return
+	}
+	dbody, _ := withFields(body, df)
+
+	p := &prefillLeg{done: make(chan struct{})}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.opts.PrefillTimeout)
+	go func() {
+		defer close(p.done)
+		defer cancel()
+		resp, err := s.send(pctx, r, pe, pbody, prank, pok)
+		if err != nil {
+			p.err = err
+			return
+		}
+		defer resp.Body.Close()
+		p.status, p.header = resp.StatusCode, resp.Header
+		if resp.StatusCode >= 400 {
+			p.body, _ = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			return
+		}
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			pe.Record(OutcomeServerError)
+			s.opts.Metrics.upstreamFailure(pe, "cut")
+			p.err = err
+		}
+	}()
+	defer func() {
+		select {
+		case <-p.done:
+			d.Release()
+		default:
+			go func() { <-p.done; d.Release() }()
+		}
+	}()
+
+	resp, err := s.send(r.Context(), r, de, dbody, drank, dok)
+	if err != nil {
+		if r.Context().Err() == nil {
+			writeError(w, http.StatusBadGateway, "engine_unavailable", "the selected decode engine could not be reached")
+		}
+		return
+	}
+	defer resp.Body.Close()
+	select {
+	case <-p.done:
+		if p.failed() {
+			s.prefillError(w, p)
+			return
+		}
+	default:
+	}
+	if stream || resp.StatusCode >= 400 {
+		s.relay(w, r, de, resp)
+		return
+	}
+	// A complete answer waits for the prefill leg: a decode result without its prefill is not
+	// trustworthy, and a prefill error (a 4xx is the client's) is the one to report.
+	full, err := io.ReadAll(resp.Body)
+	if err != nil {
+		if r.Context().Err() == nil {
+			de.Record(OutcomeServerError)
+			writeError(w, http.StatusBadGateway, "engine_unavailable", "the decode engine cut its answer off")
+		}
+		return
+	}
+	select {
+	case <-p.done:
+	case <-r.Context().Done():
+		return
+	}
+	if p.failed() {
+		s.prefillError(w, p)
+		return
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(full))
+	s.relay(w, r, de, resp)
+}
+
+// prefillError reports a failed prefill leg: an engine's 4xx answer is relayed as it is (the
+// request is the client's error); anything else is a 502.
+func (s *Server) prefillError(w http.ResponseWriter, p *prefillLeg) {
+	if p.err == nil && p.status < 500 {
+		for k, vs := range p.header {
+			if !hopHeaders[k] && k != "Content-Length" {
+				w.Header()[k] = vs
+			}
+		}
+		w.WriteHeader(p.status)
+		_, _ = w.Write(p.body)
+		return
+	}
+	writeError(w, http.StatusBadGateway, "prefill_failed", "the prefill engine failed")
+}
+
+// Metrics returns the server's metrics (nil when none were configured).
+func (s *Server) Metrics() *Metrics { return s.opts.Metrics }

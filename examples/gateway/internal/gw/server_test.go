@@ -1,0 +1,272 @@
+package gw_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/examples/gateway/internal/fakeengine"
+	"github.com/enginepick/enginepick/examples/gateway/internal/gw"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// recorder is a policy that picks the first candidate and records each request.
+type recorder struct {
+	mu   sync.Mutex
+	reqs []policy.Request
+}
+
+func (r *recorder) Pick(_ context.Context, es []state.Engine, req *policy.Request) (policy.Pick, error) {
+	r.mu.Lock()
+	r.reqs = append(r.reqs, *req)
+	r.mu.Unlock()
+	return policy.Pick{Engine: es[0], Reason: "first"}, nil
+}
+
+func (r *recorder) last() policy.Request {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reqs[len(r.reqs)-1]
+}
+
+type fixture struct {
+	srv      *httptest.Server
+	rec      *recorder
+	registry *gw.Registry
+	inflight *loadmon.InFlight
+}
+
+// newFixture serves a gateway over the given engines (plain, or one prefill and one decode),
+// with every group picking its first candidate.
+func newFixture(t *testing.T, configs []gw.EngineConfig, opts gw.Options) *fixture {
+	t.Helper()
+	reg, err := gw.NewRegistry(configs, gw.BreakerConfig{})
+	require.NoError(t, err)
+	rec := &recorder{}
+	group := func() *bucket.EngineGroup {
+		g, err := bucket.NewEngineGroup(rec, nil)
+		require.NoError(t, err)
+		return g
+	}
+	var b *bucket.Bucket
+	if configs[0].Stage == state.StagePlain {
+		b, err = bucket.NewPlainBucket(bucket.Spec{ID: "plain"}, group())
+	} else {
+		b, err = bucket.NewPDBucket(bucket.Spec{ID: "pd"}, group(), group())
+	}
+	require.NoError(t, err)
+	res, err := bucket.NewResolver([]*bucket.Bucket{b}, bucket.ResolverOptions{})
+	require.NoError(t, err)
+	inflight := loadmon.NewInFlight(nil)
+	router, err := enginepick.NewRouter(enginepick.Options{Registry: reg, InFlight: inflight,
+		Resolvers: map[state.ModelID]*bucket.Resolver{"m": res}})
+	require.NoError(t, err)
+	opts.Router, opts.Registry = router, reg
+	s, err := gw.NewServer(opts)
+	require.NoError(t, err)
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	return &fixture{srv: srv, rec: rec, registry: reg, inflight: inflight}
+}
+
+func (f *fixture) post(t *testing.T, path, body string, header map[string]string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, f.srv.URL+path, strings.NewReader(body))
+	require.NoError(t, err)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func engine(t *testing.T) *fakeengine.Engine {
+	e := fakeengine.New()
+	t.Cleanup(e.Close)
+	return e
+}
+
+func TestSessionAndRoutingKeyHeadersReachThePolicy(t *testing.T) {
+	t.Parallel()
+	e := engine(t)
+	f := newFixture(t, []gw.EngineConfig{{URL: e.URL(), Model: "m", Kind: gw.KindVLLM}},
+		gw.Options{SessionHeader: "x-session-id", RoutingKeyHeader: "x-sgl-routing-key"})
+	code, _ := f.post(t, "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":10}`,
+		map[string]string{"X-Session-Id": "s-1", "X-Sgl-Routing-Key": "tenant-7"})
+	require.Equal(t, http.StatusOK, code)
+	req := f.rec.last()
+	assert.Equal(t, "s-1", req.SessionKey)
+	assert.Equal(t, "tenant-7", req.RoutingKey)
+	assert.Nil(t, req.TokenIDs, "no tokenizer: the length is estimated")
+	assert.Equal(t, uint64(gw.EstimateTokens(len(`{"model":"m","prompt":"hi","max_tokens":10}`), 4)), req.InputTokens)
+	assert.True(t, req.HasExpectedPeak)
+	assert.Equal(t, req.InputTokens+10, req.ExpectedPeakTokens)
+}
+
+func TestTokenizedPromptReachesThePolicy(t *testing.T) {
+	t.Parallel()
+	e := engine(t)
+	reg, err := gw.NewRegistry([]gw.EngineConfig{{URL: e.URL(), Model: "m", Kind: gw.KindVLLM}}, gw.BreakerConfig{})
+	require.NoError(t, err)
+	f := newFixture(t, []gw.EngineConfig{{URL: e.URL(), Model: "m", Kind: gw.KindVLLM}},
+		gw.Options{Tokenizer: &gw.EngineTokenizer{Registry: reg}})
+	code, _ := f.post(t, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"abc"}]}`, nil)
+	require.Equal(t, http.StatusOK, code)
+	req := f.rec.last()
+	assert.Equal(t, fakeengine.Tokens("abc"), req.TokenIDs)
+	assert.Equal(t, uint64(3), req.InputTokens)
+	assert.False(t, req.HasExpectedPeak, "no max_tokens: the peak is unknown, not the input")
+
+	code, _ = f.post(t, "/v1/completions", `{"model":"m","prompt":[5,6,7,8]}`, nil)
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, []uint32{5, 6, 7, 8}, f.rec.last().TokenIDs, "a token-ID prompt is used as is")
+}
+
+// The DP rank a pick names reaches the engine the way each engine reads it: vLLM the
+// X-data-parallel-rank header, SGLang the routed_dp_rank body field.
+func TestPickRankReachesTheEngine(t *testing.T) {
+	t.Parallel()
+	rankOf := func(p policy.Pick) (int, bool) { return 3, true }
+	v, s := engine(t), engine(t)
+	fv := newFixture(t, []gw.EngineConfig{{URL: v.URL(), Model: "m", Kind: gw.KindVLLM, DPRanks: 4}}, gw.Options{RankOf: rankOf})
+	fs := newFixture(t, []gw.EngineConfig{{URL: s.URL(), Model: "m", Kind: gw.KindSGLang, DPRanks: 4}}, gw.Options{RankOf: rankOf})
+	for _, f := range []*fixture{fv, fs} {
+		code, _ := f.post(t, "/v1/completions", `{"model":"m","prompt":"hi"}`, nil)
+		require.Equal(t, http.StatusOK, code)
+	}
+	require.Len(t, v.Requests(), 1)
+	assert.Equal(t, "3", v.Requests()[0].Header.Get(gw.VLLMRankHeader))
+	_, inBody := v.Requests()[0].Body["routed_dp_rank"]
+	assert.False(t, inBody)
+	require.Len(t, s.Requests(), 1)
+	assert.JSONEq(t, `3`, string(s.Requests()[0].Body["routed_dp_rank"]))
+	assert.Empty(t, s.Requests()[0].Header.Get(gw.VLLMRankHeader))
+
+	// Without a rank nothing is added.
+	w := engine(t)
+	fw := newFixture(t, []gw.EngineConfig{{URL: w.URL(), Model: "m", Kind: gw.KindSGLang}}, gw.Options{})
+	code, _ := fw.post(t, "/v1/completions", `{"model":"m","prompt":"hi"}`, nil)
+	require.Equal(t, http.StatusOK, code)
+	_, inBody = w.Requests()[0].Body["routed_dp_rank"]
+	assert.False(t, inBody)
+}
+
+// In PD the bootstrap room agrees with the prefill rank sent (room mod prefill DP size = rank),
+// the decode leg learns the prefill rank, and each leg carries its own rank.
+func TestPDRanksAndRoom(t *testing.T) {
+	t.Parallel()
+	p, d := engine(t), engine(t)
+	ranks := map[string]int{p.URL(): 2, d.URL(): 5}
+	f := newFixture(t, []gw.EngineConfig{
+		{URL: p.URL(), Model: "m", Kind: gw.KindSGLang, Stage: state.StagePrefill, DPRanks: 4, BootstrapPort: 8998},
+		{URL: d.URL(), Model: "m", Kind: gw.KindSGLang, Stage: state.StageDecode, DPRanks: 8},
+	}, gw.Options{RankOf: func(pk policy.Pick) (int, bool) { return ranks[string(pk.Engine.ID())], true }})
+	for range 20 {
+		code, body := f.post(t, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+		require.Equal(t, http.StatusOK, code, body)
+	}
+	for i, pr := range p.Requests() {
+		dr := d.Requests()[i]
+		var room uint64
+		require.NoError(t, json.Unmarshal(pr.Body["bootstrap_room"], &room))
+		assert.Equal(t, uint64(2), room%4, "room mod prefill DP size is the prefill rank")
+		assert.Less(t, room, uint64(1)<<63)
+		assert.JSONEq(t, string(pr.Body["bootstrap_room"]), string(dr.Body["bootstrap_room"]))
+		assert.JSONEq(t, `2`, string(pr.Body["routed_dp_rank"]))
+		assert.JSONEq(t, `5`, string(dr.Body["routed_dp_rank"]))
+		assert.JSONEq(t, `2`, string(dr.Body["disagg_prefill_dp_rank"]))
+		_, ok := pr.Body["disagg_prefill_dp_rank"]
+		assert.False(t, ok)
+	}
+}
+
+func TestBootstrapRoom(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		u       uint64
+		dp      int
+		rank    int
+		hasRank bool
+		want    uint64
+	}{
+		{"top_bit_cleared", 1<<63 | 12345, 1, 0, false, 12345},
+		{"no_rank_keeps_random", 1000, 4, 0, false, 1000},
+		{"rank_aligned_down", 1001, 4, 2, true, 1002},
+		{"single_rank_ignores_rank", 1001, 1, 0, true, 1001},
+		{"near_the_top", 1<<63 - 1, 10, 9, true, (1<<63 - 1) - (1<<63-1)%10 + 9 - 10},
+		{"rank_out_of_range_ignored", 77, 4, 9, true, 77},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got := gw.BootstrapRoom(tc.u, tc.dp, tc.rank, tc.hasRank)
+			assert.Equal(t, tc.want, got)
+			assert.Less(t, got, uint64(1)<<63)
+			if tc.hasRank && tc.dp > 1 && tc.rank < tc.dp {
+				assert.Equal(t, uint64(tc.rank), got%uint64(tc.dp))
+			}
+		})
+	}
+}
+
+func TestBreaker(t *testing.T) {
+	t.Parallel()
+	reg, err := gw.NewRegistry([]gw.EngineConfig{{URL: "http://127.0.0.1:1", Model: "m", Kind: gw.KindVLLM}}, gw.BreakerConfig{FailureStreak: 2})
+	require.NoError(t, err)
+	e := reg.All()[0]
+	e.Record(gw.OutcomeServerError)
+	e.Record(gw.OutcomeOK)
+	e.Record(gw.OutcomeServerError)
+	assert.True(t, e.Healthy(), "an OK answer resets the streak")
+	e.Record(gw.OutcomeServerError)
+	assert.False(t, e.Healthy(), "two 5xx in a row open the breaker")
+	assert.Equal(t, uint64(1), e.Opens())
+	reg2, _ := gw.NewRegistry([]gw.EngineConfig{{URL: "http://127.0.0.1:1", Model: "m", Kind: gw.KindVLLM}}, gw.BreakerConfig{})
+	reg2.All()[0].Record(gw.OutcomeConnError)
+	assert.False(t, reg2.All()[0].Healthy(), "one connection failure opens it")
+	assert.Equal(t, gw.OutcomeOK, gw.OutcomeOf(404))
+	assert.Equal(t, gw.OutcomeServerError, gw.OutcomeOf(503))
+}
+
+func TestNewRegistryValidates(t *testing.T) {
+	t.Parallel()
+	ok := gw.EngineConfig{URL: "http://h:1", Model: "m", Kind: gw.KindVLLM}
+	for name, c := range map[string]gw.EngineConfig{
+		"relative_url":  {URL: "h:1", Model: "m", Kind: gw.KindVLLM},
+		"url_with_path": {URL: "http://h:1/v1", Model: "m", Kind: gw.KindVLLM},
+		"no_model":      {URL: "http://h:1", Kind: gw.KindVLLM},
+		"no_kind":       {URL: "http://h:1", Model: "m"},
+		"bad_stage":     {URL: "http://h:1", Model: "m", Kind: gw.KindVLLM, Stage: 7},
+		"bad_ranks":     {URL: "http://h:1", Model: "m", Kind: gw.KindVLLM, DPRanks: 2000},
+		"bad_port":      {URL: "http://h:1", Model: "m", Kind: gw.KindVLLM, BootstrapPort: 70000},
+	} {
+		_, err := gw.NewRegistry([]gw.EngineConfig{c}, gw.BreakerConfig{})
+		assert.ErrorIs(t, err, state.ErrInvalidConfiguration, name)
+	}
+	_, err := gw.NewRegistry([]gw.EngineConfig{ok, {URL: "http://h:1/", Model: "m", Kind: gw.KindVLLM}}, gw.BreakerConfig{})
+	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "the same engine twice (trailing slash trimmed)")
+}
+
+func TestEstimateTokens(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, int64(1), gw.EstimateTokens(0, 4))
+	assert.Equal(t, int64(1), gw.EstimateTokens(4, 4))
+	assert.Equal(t, int64(2), gw.EstimateTokens(5, 4))
+	assert.Equal(t, int64(7), gw.EstimateTokens(7, 0), "a ratio below 1 reads as 1")
+}

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/enginepick/enginepick/examples/gateway/internal/fakeengine"
+	"github.com/enginepick/enginepick/state"
+)
+
+// publisher is a vLLM-style KV-event publisher: a bound PUB socket sending
+// [topic, 8-byte big-endian sequence, msgpack [ts, events, dp_rank]] and a ROUTER replay socket
+// answering [identity, "", start] with the buffered batches from start and the −1 end marker.
+type publisher struct {
+	pub, router zmq4.Socket
+	mu          sync.Mutex
+	batches     [][]byte
+	wg          sync.WaitGroup
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func newPublisher(t *testing.T) (p *publisher, addr, replay string) {
+	p = &publisher{pub: zmq4.NewPub(context.Background()), router: zmq4.NewRouter(context.Background())}
+	addr = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	replay = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	require.NoError(t, p.pub.Listen(addr))
+	require.NoError(t, p.router.Listen(replay))
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			msg, err := p.router.Recv()
+			if err != nil {
+				return
+			}
+			if len(msg.Frames) != 3 {
+				continue
+			}
+			start := binary.BigEndian.Uint64(msg.Frames[2])
+			p.mu.Lock()
+			for seq := start; seq < uint64(len(p.batches)); seq++ {
+				_ = p.router.SendMulti(zmq4.NewMsgFrom(msg.Frames[0], []byte{}, be64(seq), p.batches[seq]))
+			}
+			p.mu.Unlock()
+			_ = p.router.SendMulti(zmq4.NewMsgFrom(msg.Frames[0], []byte{}, be64(^uint64(0)), []byte{}))
+		}
+	}()
+	t.Cleanup(func() {
+		_ = p.pub.Close()
+		_ = p.router.Close()
+		p.wg.Wait()
+	})
+	return p, addr, replay
+}
+
+func be64(v uint64) []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint64(b, v)
+	return b
+}
+
+// publish sends one batch with the next sequence number.
+func (p *publisher) publish(t *testing.T, events ...any) {
+	raw, err := msgpack.Marshal([]any{float64(time.Now().UnixNano()) / 1e9, events, 0})
+	require.NoError(t, err)
+	p.mu.Lock()
+	seq := uint64(len(p.batches))
+	p.batches = append(p.batches, raw)
+	p.mu.Unlock()
+	require.NoError(t, p.pub.SendMulti(zmq4.NewMsgFrom([]byte(""), be64(seq), raw)))
+}
+
+// blockStored is vLLM's BlockStored in its current map form.
+func blockStored(hashes []uint64, tokens []uint32, blockSize int) map[string]any {
+	return map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": nil,
+		"token_ids": tokens, "block_size": blockSize, "lora_id": nil, "medium": "GPU"}
+}
+
+// A repeated long prompt lands on the engine that published its blocks over ZMQ: the gateway
+// tokenizes the prompt through /tokenize, hashes it like the events' tokens and the cache-aware
+// policy picks the holder every time.
+func TestRepeatedPromptLandsOnTheEngineThatPublishedItsBlocks(t *testing.T) {
+	t.Parallel()
+	a, b := newEngine(t), newEngine(t)
+	pub, addr, replay := newPublisher(t)
+	const block = 4
+	text := strings.Repeat("the quick brown fox jumps over the lazy dog. ", 3) // 135 bytes → 33 full blocks
+	g, gwSrv := startGateway(t,
+		"--engine=url="+a.URL()+",model=m,kind=vllm,load=none",
+		"--engine=url="+b.URL()+",model=m,kind=vllm,load=none,kv_events="+addr+",kv_replay="+replay,
+		"--block-tokens=4", "--min-matched-tokens=64")
+	tokens := fakeengine.Tokens(text)
+	full := len(tokens) / block * block
+	hashes := make([]uint64, full/block)
+	for i := range hashes {
+		hashes[i] = uint64(1000 + i)
+	}
+	keys := g.index.Hasher().Keys(tokens)
+	require.Eventually(t, func() bool {
+		pub.publish(t, blockStored(hashes, tokens[:full], block))
+		st := g.kv.sub.Stats().Streams
+		return len(st) == 1 && st[0].Trusted && g.index.Match(keys).Blocks(state.EngineID(b.URL())) == len(hashes)
+	}, 10*time.Second, 20*time.Millisecond, "the gateway's index learns b's blocks from its events")
+
+	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":8}`, text)
+	for range 6 {
+		resp := post(t, context.Background(), gwSrv.URL+"/v1/chat/completions", body, nil)
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	assert.Len(t, b.Requests(), 6, "every repeat goes to the holder")
+	assert.Empty(t, a.Requests())
+	assert.Equal(t, float64(6), dispatches(t, g, b.URL(), "cache_candidate"))
+
+	// A short, unrelated prompt has no holder: the load fallback may pick either engine.
+	resp := post(t, context.Background(), gwSrv.URL+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+	resp.Body.Close()
+	assert.Equal(t, float64(1), dispatches(t, g, a.URL(), "no_cache_candidate")+dispatches(t, g, b.URL(), "no_cache_candidate"))
+}
+
+// dispatches reads gateway_dispatches_total for a plain engine and reason.
+func dispatches(t *testing.T, g *gateway, engine, reason string) float64 {
+	t.Helper()
+	mfs, err := g.server.Metrics().Registry().Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "gateway_dispatches_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			if l["engine"] == engine && l["reason"] == reason {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,188 @@
+// Command gateway is an OpenAI-compatible HTTP gateway that routes requests to vLLM and SGLang
+// engines with an enginepick.Router: POST /v1/chat/completions and /v1/completions (streams
+// relayed as they arrive), plain and PD (prefill/decode) engines, load polled from the engines'
+// own endpoints, GET /metrics and GET /healthz. Run
+//
+//	go run ./examples/gateway --engine url=http://127.0.0.1:8000,model=llama,kind=vllm
+//
+// and see --help for every flag, or give the engines in a YAML file with --config.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+// engineFlags collects repeated --engine flags.
+type engineFlags []string
+
+func (e *engineFlags) String() string     { return strings.Join(*e, " ") }
+func (e *engineFlags) Set(v string) error { *e = append(*e, v); return nil }
+
+// options are the command's flags.
+type options struct {
+	listen           string
+	config           string
+	engines          engineFlags
+	policy           string
+	decodePolicy     string
+	blockTokens      int
+	workerQueueLimit uint64
+	minMatched       uint64
+	sessionHeader    string
+	routingKeyHeader string
+	tokenize         bool
+	tokenizeTimeout  time.Duration
+	bytesPerToken    int
+	maxBodyBytes     int64
+	loadInterval     time.Duration
+	loadTimeout      time.Duration
+	loadJitter       float64
+	freshness        time.Duration
+	breakerFailures  int
+	probeInterval    time.Duration
+	probePath        string
+	prefillTimeout   time.Duration
+	debug            bool
+}
+
+// newFlagSet declares every flag with its documentation; --help prints them.
+func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `gateway: an OpenAI-compatible HTTP gateway routing to vLLM and SGLang engines with enginepick.
+
+Usage: gateway [flags]
+
+Engines come from --engine flags and/or a --config file (YAML or JSON: "engines:" followed by a
+list with the same keys as --engine). An --engine value is comma-separated key=value pairs:
+  url=BASE_URL            the engine's base URL, also its ID (required)
+  model=NAME              the model name clients send (required)
+  kind=vllm|sglang        the server software (required)
+  stage=plain|prefill|decode   its role (default plain); a model with prefill and decode engines
+                          gets a PD bucket, one with plain engines a plain bucket
+  dp_ranks=N              data-parallel ranks (default 1)
+  bootstrap_port=PORT     a prefill engine's PD bootstrap port (SGLang); none sends null
+  pd_compatibility=LABEL  PD compatibility label: decode engines pair only with prefill engines
+                          of the same label (docs/design.md §3)
+  load=FORMAT             load source: vllm_metrics (GET /metrics), sglang_get_load (GET
+                          /get_load), sglang_loads (GET /v1/loads) or none; default vllm_metrics
+                          for vllm, sglang_loads for sglang
+  load_url=URL            the load endpoint, if not base URL + the format's path
+  kv_events=ZMQ_ENDPOINT  the KV-event publisher of rank 0 (e.g. tcp://host:5557); rank r uses
+                          the port + r
+  kv_topic=TOPIC          the publisher's topic (default "")
+  kv_replay=ZMQ_ENDPOINT  the publisher's replay socket of rank 0 (default none)
+  kv_bind=true            bind kv_events instead of dialing it (publishers that connect out)
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on (host:port)")
+	fs.StringVar(&o.config, "config", "", "YAML or JSON file with the engine list (engines: [...])")
+	fs.Var(&o.engines, "engine", "an engine, as comma-separated key=value pairs (repeat for each engine; keys above)")
+	fs.StringVar(&o.policy, "policy", "cache_aware", "policy of plain and prefill groups: round_robin, random, power_of_two, load_based or cache_aware")
+	fs.StringVar(&o.decodePolicy, "decode-policy", "power_of_two", "policy of decode groups: round_robin, random, power_of_two or load_based")
+	fs.IntVar(&o.blockTokens, "block-tokens", 16, "KV block size in tokens of the engines (vLLM block_size, SGLang page_size); the prefix index hashes prompts with it")
+	fs.Uint64Var(&o.workerQueueLimit, "worker-queue-limit", 0, "cache-aware soft queue gate: divert from a prefix holder with this many waiting requests (0: off)")
+	fs.Uint64Var(&o.minMatched, "min-matched-tokens", 0, "cache-aware hit gate in tokens (0: the library default, 1024)")
+	fs.StringVar(&o.sessionHeader, "session-header", "x-session-id", "request header read as the session key (empty: none)")
+	fs.StringVar(&o.routingKeyHeader, "routing-key-header", "x-sgl-routing-key", "request header read as the sticky routing key (empty: none)")
+	fs.BoolVar(&o.tokenize, "tokenize", true, "tokenize prompts through an engine's POST /tokenize (false: estimate every prompt from its body size)")
+	fs.DurationVar(&o.tokenizeTimeout, "tokenize-timeout", 2*time.Second, "bound on one /tokenize request; on failure the length is estimated")
+	fs.IntVar(&o.bytesPerToken, "bytes-per-token", 4, "body bytes per token of the length estimate used when tokenization is unavailable")
+	fs.Int64Var(&o.maxBodyBytes, "max-body-bytes", 32<<20, "request body limit in bytes (larger: 413)")
+	fs.DurationVar(&o.loadInterval, "load-interval", time.Second, "time between two load polls of one engine")
+	fs.DurationVar(&o.loadTimeout, "load-timeout", 500*time.Millisecond, "bound on one load poll (an engine that hangs goes stale)")
+	fs.Float64Var(&o.loadJitter, "load-jitter", 0.1, "random extra wait between load polls, as a fraction of --load-interval, in [0, 1]")
+	fs.DurationVar(&o.freshness, "freshness", 5*time.Second, "how long a load report stays usable; older reports make the engine's load unknown")
+	fs.IntVar(&o.breakerFailures, "breaker-failures", 3, "consecutive 5xx answers that mark an engine unhealthy (a connection failure does at once; 4xx never count)")
+	fs.DurationVar(&o.probeInterval, "probe-interval", 5*time.Second, "time between health probes of unhealthy engines")
+	fs.StringVar(&o.probePath, "probe-path", "/health", "health endpoint probed to bring an unhealthy engine back")
+	fs.DurationVar(&o.prefillTimeout, "prefill-timeout", 10*time.Minute, "bound on a PD prefill request, which completes even if the client leaves")
+	fs.BoolVar(&o.debug, "debug", false, "log at debug level (selection failures, upstream errors, failed polls)")
+	return fs
+}
+
+// run parses args, builds the gateway and serves until ctx is done. ready, when set, is called
+// with the listening address once the server accepts connections.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(addr string)) error {
+	var o options
+	fs := newFlagSet(&o, stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			fs.Usage()
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	log := zap.NewNop()
+	if o.debug {
+		var err error
+		if log, err = zap.NewDevelopment(); err != nil {
+			return err
+		}
+	}
+	g, err := build(o, log)
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: g.handler, ReadHeaderTimeout: 30 * time.Second}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- g.runBackground(ctx) }()
+	go func() {
+		<-ctx.Done()
+		shutdown, done := context.WithTimeout(context.Background(), 10*time.Second)
+		defer done()
+		_ = srv.Shutdown(shutdown)
+	}()
+	fmt.Fprintf(stdout, "gateway: serving %d engines on http://%s\n", len(g.registry.All()), ln.Addr())
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	err = srv.Serve(ln)
+	cancel()
+	if bgErr := <-errc; bgErr != nil && err == nil {
+		err = bgErr
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}

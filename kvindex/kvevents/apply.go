@@ -1,0 +1,264 @@
+package kvevents
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/state"
+)
+
+// DefaultMedia maps the media vLLM and SGLang publish to index tiers: "GPU" (vLLM
+// MEDIUM_GPU, and SGLang's device tier) to the device; "CPU" (vLLM's CPU offloading) and
+// "CPU_PINNED" (SGLang HiCache host memory) to host memory; "DISK" and "EXTERNAL" (SGLang HiCache
+// storage tiers) to disk and external storage (vllm-project/vllm vllm/distributed/kv_events.py;
+// the tiers of sgl-project/sglang's experimental router, docs/design.md §13). An event without a
+// medium is a device event. Lookups are case-insensitive.
+var DefaultMedia = map[string]kvindex.Tier{
+	"GPU":        kvindex.TierDevice,
+	"CPU":        kvindex.TierHost,
+	"CPU_PINNED": kvindex.TierHost,
+	"DISK":       kvindex.TierDisk,
+	"EXTERNAL":   kvindex.TierExternal,
+}
+
+// counters are one stream's event counts; see StreamStats.
+type counters struct {
+	events, stored, removed, cleared, ignored, rejected, unknownRemovals uint64
+}
+
+// applier turns decoded events into index operations for one stream. It is owned by the stream's
+// apply goroutine.
+type applier struct {
+	engine state.EngineID
+	rank   int
+	base   *kvindex.Index
+	all    []*kvindex.Index // base first, then adapters by name, then by ID; each once
+	byName map[string]*kvindex.Index
+	byID   map[int64]*kvindex.Index
+	media  map[string]kvindex.Tier // upper-case keys
+	bt     int
+
+	remaining, unknown, known []uint64 // Remove scratch
+}
+
+func newApplier(engine state.EngineID, rank int, o *Options) *applier {
+	a := &applier{engine: engine, rank: rank, base: o.Index, byName: o.Adapters, byID: o.AdapterIDs,
+		media: o.media, bt: o.Index.Hasher().BlockTokens()}
+	a.all = o.indexes
+	return a
+}
+
+// normalizeMedia upper-cases the keys of m (nil: DefaultMedia) and validates the tiers.
+func normalizeMedia(m map[string]kvindex.Tier) (map[string]kvindex.Tier, error) {
+	if m == nil {
+		m = DefaultMedia
+	}
+	out := make(map[string]kvindex.Tier, len(m))
+	for k, t := range m {
+		if t == 0 || t&^kvindex.AllTiers != 0 {
+			return nil, fmt.Errorf("kvevents: Options.Media[%q]: tier %v, want one or more of kvindex.AllTiers: %w", k, t, state.ErrInvalidConfiguration)
+		}
+		out[strings.ToUpper(k)] = t
+	}
+	return out, nil
+}
+
+// indexes lists every distinct index of o, base first, and checks that they share a block size
+// and that no two share a Hasher (which would mean a namespace was forgotten).
+func indexes(o *Options) ([]*kvindex.Index, error) {
+	all := []*kvindex.Index{o.Index}
+	seen := map[*kvindex.Index]string{o.Index: "Index"}
+	add := func(x *kvindex.Index, name string) error {
+		if x == nil {
+			return fmt.Errorf("kvevents: %s: nil index: %w", name, state.ErrInvalidConfiguration)
+		}
+		if prev, ok := seen[x]; ok {
+			if prev == "Index" {
+				return fmt.Errorf("kvevents: %s is Options.Index; an adapter needs its own index hashed under its namespace (kvindex.HasherConfig.Namespace): %w", name, state.ErrInvalidConfiguration)
+			}
+			return nil // one adapter known by name and by ID
+		}
+		if x.Hasher().BlockTokens() != o.Index.Hasher().BlockTokens() {
+			return fmt.Errorf("kvevents: %s: block size %d tokens, Options.Index has %d: %w", name, x.Hasher().BlockTokens(), o.Index.Hasher().BlockTokens(), state.ErrInvalidConfiguration)
+		}
+		for y, other := range seen {
+			if y.Hasher() == x.Hasher() {
+				return fmt.Errorf("kvevents: %s and %s hash identically; set kvindex.HasherConfig.Namespace to the adapter name: %w", name, other, state.ErrInvalidConfiguration)
+			}
+		}
+		seen[x] = name
+		all = append(all, x)
+		return nil
+	}
+	for _, name := range slices.Sorted(maps.Keys(o.Adapters)) {
+		if err := add(o.Adapters[name], fmt.Sprintf("Options.Adapters[%q]", name)); err != nil {
+			return nil, err
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(o.AdapterIDs)) {
+		if err := add(o.AdapterIDs[id], fmt.Sprintf("Options.AdapterIDs[%d]", id)); err != nil {
+			return nil, err
+		}
+	}
+	return all, nil
+}
+
+// apply applies every event of b in order. Each event is applied whole or not at all (the index
+// validates before it changes anything); a refused event is counted and reported and the others
+// go on.
+func (a *applier) apply(b *Batch, seq uint64, c *counters, report func(*StreamError)) {
+	for i := range b.Events {
+		ev := &b.Events[i]
+		c.events++
+		if err := a.event(ev, c); err != nil {
+			c.rejected++
+			report(&StreamError{Engine: a.engine, DPRank: a.rank, Seq: seq, Err: err})
+		}
+	}
+}
+
+func (a *applier) event(ev *Event, c *counters) error {
+	switch ev.Kind {
+	case KindStored:
+		return a.store(ev, c)
+	case KindRemoved:
+		return a.remove(ev, c)
+	case KindCleared:
+		a.clear()
+		c.cleared++
+		return nil
+	}
+	c.ignored++ // an event type this package does not know
+	return nil
+}
+
+func (a *applier) store(ev *Event, c *counters) error {
+	if !ev.MainGroup() || len(ev.BlockHashes) == 0 || (len(ev.TokenIDs) == 0 && ev.BlockSize == 0) {
+		// Another KV-cache group, an empty event, or a CPU-offload placeholder (no tokens, block
+		// size 0): nothing the index can key.
+		c.ignored++
+		return nil
+	}
+	if ev.BlockSize != 0 && ev.BlockSize != a.bt {
+		return &BlockSizeMismatchError{EventBlockSize: ev.BlockSize, IndexBlockSize: a.bt}
+	}
+	tier := kvindex.TierDevice
+	if ev.Medium != "" {
+		t, ok := a.tier(ev.Medium)
+		if !ok {
+			return fmt.Errorf("%w %q", ErrUnknownMedium, ev.Medium)
+		}
+		tier = t
+	}
+	x, err := a.indexFor(ev)
+	if err != nil {
+		return err
+	}
+	err = x.Store(kvindex.StoreEvent{Engine: a.engine, DPRank: a.rank, ParentHash: ev.ParentHash,
+		HasParent: ev.HasParent, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, Tier: tier})
+	if err == nil {
+		c.stored += uint64(len(ev.BlockHashes))
+	}
+	return err
+}
+
+func (a *applier) tier(medium string) (kvindex.Tier, bool) {
+	if t, ok := a.media[medium]; ok {
+		return t, true
+	}
+	t, ok := a.media[strings.ToUpper(medium)]
+	return t, ok
+}
+
+// indexFor returns the index of ev's adapter: lora_name first, then lora_id, else the base index.
+func (a *applier) indexFor(ev *Event) (*kvindex.Index, error) {
+	switch {
+	case ev.LoRAName != "":
+		if x, ok := a.byName[ev.LoRAName]; ok {
+			return x, nil
+		}
+		return nil, fmt.Errorf("%w: lora_name %q", ErrUnknownAdapter, ev.LoRAName)
+	case ev.HasLoRAID:
+		if x, ok := a.byID[ev.LoRAID]; ok {
+			return x, nil
+		}
+		return nil, fmt.Errorf("%w: lora_id %d", ErrUnknownAdapter, ev.LoRAID)
+	}
+	return a.base, nil
+}
+
+// remove removes ev's hashes from whichever index holds them: BlockRemoved names no adapter, and
+// the engine's hashes differ between adapters (vLLM folds lora_name into extra_keys), so each
+// index removes the hashes it holds. Hashes no index holds (blocks the index evicted under its
+// cap, or stored under a group or adapter this subscriber drops) are counted, not reported.
+func (a *applier) remove(ev *Event, c *counters) error {
+	if !ev.MainGroup() || len(ev.BlockHashes) == 0 {
+		c.ignored++
+		return nil
+	}
+	var tier kvindex.Tier // 0: every tier, for no medium or an unknown one (SGLang's rule)
+	if ev.Medium != "" {
+		tier, _ = a.tier(ev.Medium)
+	}
+	a.remaining = append(a.remaining[:0], ev.BlockHashes...)
+	for _, x := range a.all {
+		if len(a.remaining) == 0 {
+			break
+		}
+		err := x.Remove(a.engine, a.rank, a.remaining, tier)
+		if err == nil {
+			c.removed += uint64(len(a.remaining))
+			a.remaining = a.remaining[:0]
+			break
+		}
+		var ee *kvindex.EventError
+		switch {
+		case errors.Is(err, kvindex.ErrUnknownEngine):
+			continue
+		case errors.Is(err, kvindex.ErrUnknownHash) && errors.As(err, &ee):
+			a.unknown = append(a.unknown[:0], ee.Hashes...)
+			a.known = a.known[:0]
+			for _, h := range a.remaining {
+				if !slices.Contains(a.unknown, h) {
+					a.known = append(a.known, h)
+				}
+			}
+			if len(a.known) > 0 {
+				if err := x.Remove(a.engine, a.rank, a.known, tier); err != nil {
+					return err
+				}
+				c.removed += uint64(len(a.known))
+			}
+			a.remaining = append(a.remaining[:0], a.unknown...)
+		default:
+			return err
+		}
+	}
+	c.unknownRemovals += uint64(len(a.remaining))
+	return nil
+}
+
+// clear drops every block of the stream's (engine, rank) in every index.
+func (a *applier) clear() {
+	for _, x := range a.all {
+		_ = x.Clear(a.engine, a.rank) // ErrUnknownEngine: it holds nothing there
+	}
+}
+
+// markUntrusted and markTrusted set the stream's trust mark in every index
+// (kvindex.Index.MarkUntrusted).
+func (a *applier) markUntrusted() {
+	for _, x := range a.all {
+		_ = x.MarkUntrusted(a.engine, a.rank)
+	}
+}
+
+func (a *applier) markTrusted() {
+	for _, x := range a.all {
+		_ = x.MarkTrusted(a.engine, a.rank)
+	}
+}

@@ -1,0 +1,20 @@
+// Package kvevents decodes vLLM's and SGLang's KV-cache events and follows their ZMQ publishers,
+// applying each (engine, DP rank) stream to a kvindex.Index in order: the message framing
+// [topic, sequence, msgpack payload] (ParseMessage), the payload in every encoding the engines
+// have published (Decoder: tagged arrays of any length and tagged maps; signed, unsigned and
+// bytes block hashes), and a Subscriber that dials or binds per endpoint, reconnects with
+// backoff, detects gaps and publisher restarts by sequence number, refills gaps from the
+// publisher's replay socket or clears the rank, bounds each stream's queue, and marks an engine
+// untrusted in the index (kvindex.Index.MarkUntrusted) while its view may be torn. The wire
+// formats and recovery rules are docs/design.md §13.1; the sources are vllm-project/vllm
+// vllm/distributed/kv_events.py and sgl-project/sglang
+// python/sglang/srt/disaggregation/kv_events.py.
+//
+// It does not reproduce engine block hashes (the index keys blocks by their token IDs, which
+// BlockStored events carry), does not poll engine load (package loadmon), and does not discover
+// engines: the host adds and removes endpoints.
+//
+// # Performance
+//
+// Figures are in docs/performance.md ("KV events").
+package kvevents

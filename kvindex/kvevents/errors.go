@@ -1,0 +1,97 @@
+package kvevents
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/state"
+)
+
+// Sentinel errors. Decoding errors are returned wrapped in a *DecodeError, event refusals in a
+// *StreamError (through Options.OnError); test with errors.Is.
+var (
+	// ErrFrames: a message does not have the three frames [topic, sequence, payload], or its
+	// sequence frame is not 8 bytes (vllm-project/vllm vllm/distributed/kv_events.py,
+	// ZmqEventPublisher._publisher_thread). A replay reply that is neither a batch nor the end
+	// marker is also ErrFrames.
+	ErrFrames = errors.New("kvevents: malformed message frames")
+	// ErrPayload: the msgpack payload is not a batch: garbage or truncated msgpack, a value of the
+	// wrong type, a token ID outside [0, 2^32), a block hash that is neither an integer nor
+	// non-empty bytes, or a BlockStored / BlockRemoved without its block_hashes (or token_ids).
+	ErrPayload = errors.New("kvevents: malformed KV-event payload")
+	// ErrUnknownMedium: a BlockStored named a medium that Options.Media does not map to a tier.
+	// The event is dropped (SGLang's experimental router drops such stores too).
+	ErrUnknownMedium = errors.New("kvevents: unknown medium")
+	// ErrUnknownAdapter: a BlockStored named a LoRA adapter (lora_name, or lora_id without a
+	// name) that Options.Adapters / Options.AdapterIDs do not map to an index. The event is
+	// dropped: its blocks would only match requests for that adapter.
+	ErrUnknownAdapter = errors.New("kvevents: unknown LoRA adapter")
+	// ErrRankMismatch: a batch carries a DP rank other than the one its Endpoint was configured
+	// with. The batch is dropped; the endpoint is misconfigured.
+	ErrRankMismatch = errors.New("kvevents: batch DP rank differs from the endpoint's")
+)
+
+// DecodeError is a malformed message or payload. Err is ErrFrames or ErrPayload, possibly with
+// the msgpack library's error joined for detail; Path names the element at fault, such as
+// "events[2].token_ids[17]".
+type DecodeError struct {
+	// Path is the element being decoded when the error was found; empty for frame errors.
+	Path string
+	// Err wraps ErrFrames or ErrPayload.
+	Err error
+}
+
+// Error implements error.
+func (e *DecodeError) Error() string {
+	if e.Path == "" {
+		return e.Err.Error()
+	}
+	return fmt.Sprintf("%v at %s", e.Err, e.Path)
+}
+
+// Unwrap returns Err.
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// BlockSizeMismatchError: a BlockStored's block_size differs from the index's block size
+// (kvindex.Hasher.BlockTokens), so its blocks could never match a request: the engine and the
+// index are configured differently (docs/design.md §13.1). It unwraps to
+// kvindex.ErrBlockSizeMismatch, the sentinel the index uses for a token count that is not
+// blocks × block size.
+type BlockSizeMismatchError struct {
+	// EventBlockSize is the event's block_size field, in tokens.
+	EventBlockSize int
+	// IndexBlockSize is the index's block size, in tokens.
+	IndexBlockSize int
+}
+
+// Error states both sizes.
+func (e *BlockSizeMismatchError) Error() string {
+	return fmt.Sprintf("kvevents: event block_size %d tokens, index block size %d tokens: %v",
+		e.EventBlockSize, e.IndexBlockSize, kvindex.ErrBlockSizeMismatch)
+}
+
+// Unwrap returns kvindex.ErrBlockSizeMismatch.
+func (e *BlockSizeMismatchError) Unwrap() error { return kvindex.ErrBlockSizeMismatch }
+
+// StreamError reports a batch or event of one (engine, DP rank) stream that was refused, passed
+// to Options.OnError. The stream goes on: a refused event is counted and dropped; a refused batch
+// is counted, and the loss is recovered by the stream's sequence rules (docs/design.md §13).
+type StreamError struct {
+	// Engine and DPRank name the stream.
+	Engine state.EngineID
+	DPRank int
+	// Seq is the batch's sequence number (0 for errors outside a batch, such as a failed replay).
+	Seq uint64
+	// Err is a *DecodeError, a *BlockSizeMismatchError, ErrUnknownMedium, ErrUnknownAdapter,
+	// ErrRankMismatch, an index *kvindex.EventError, or a replay failure.
+	Err error
+}
+
+// Error implements error.
+func (e *StreamError) Error() string {
+	return fmt.Sprintf("kvevents: engine %q rank %d seq %d: %v", e.Engine, e.DPRank, e.Seq, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *StreamError) Unwrap() error { return e.Err }

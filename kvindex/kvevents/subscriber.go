@@ -1,0 +1,544 @@
+package kvevents
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"go.uber.org/zap"
+
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/state"
+)
+
+// Defaults for Options fields left zero.
+const (
+	// DefaultQueueBatches is the queue length per stream, in batches. vLLM publishes about one
+	// batch per scheduler step, so this is seconds of backlog.
+	DefaultQueueBatches = 1024
+	// DefaultReplayTimeout bounds one replay exchange (SGLang's experimental router uses 2 s).
+	DefaultReplayTimeout = 2 * time.Second
+	// DefaultReconnectMin and DefaultReconnectMax bound the reconnect backoff, which doubles
+	// after each failure, with up to 25% jitter, and restarts from the minimum once a message
+	// arrives.
+	DefaultReconnectMin = 100 * time.Millisecond
+	DefaultReconnectMax = 5 * time.Second
+)
+
+// Options configures a Subscriber. Index is required; every other field has a documented default.
+type Options struct {
+	// Index receives the events of the base model (no LoRA adapter). Its Hasher's block size
+	// must be the engines' (vLLM block_size, SGLang page_size): a BlockStored with another
+	// block_size is refused with a *BlockSizeMismatchError.
+	Index *kvindex.Index
+	// Adapters maps a LoRA adapter's name (the events' lora_name) to the index holding its
+	// blocks, and AdapterIDs an adapter's integer ID (lora_id, for publishers that send no name).
+	// Each adapter index must be built with kvindex.HasherConfig.Namespace set to the adapter, so
+	// that a request for the adapter, looked up in its own index, matches only blocks stored
+	// under it. The same index may appear under a name and an ID. Events of an adapter absent
+	// from both maps are refused with ErrUnknownAdapter. nil maps: no adapters.
+	Adapters   map[string]*kvindex.Index
+	AdapterIDs map[int64]*kvindex.Index
+	// Media maps an event's medium to a storage tier, case-insensitively. nil means
+	// DefaultMedia. A BlockStored whose medium is not in it is refused with ErrUnknownMedium;
+	// a BlockRemoved with an unknown medium removes the blocks from every tier.
+	Media map[string]kvindex.Tier
+	// QueueBatches is each stream's queue length, in batches; 0 means DefaultQueueBatches. When
+	// it is full, batches are dropped (StreamStats.Drops) until the stream has caught up and
+	// resynchronised. Negative is an error.
+	QueueBatches int
+	// ReplayTimeout bounds one replay exchange; 0 means DefaultReplayTimeout. Negative is an
+	// error.
+	ReplayTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the backoff between connection attempts; 0 means
+	// DefaultReconnectMin / DefaultReconnectMax. Negative, or Min > Max, is an error.
+	ReconnectMin, ReconnectMax time.Duration
+	// Logger receives connection changes and refused batches and events. nil means zap.NewNop().
+	Logger *zap.Logger
+	// OnError, when set, is called with every refused batch or event and every failed replay,
+	// from the stream's apply goroutine; it must not block. nil: they are only counted and logged
+	// at debug level.
+	OnError func(*StreamError)
+
+	media   map[string]kvindex.Tier
+	indexes []*kvindex.Index
+}
+
+// Endpoint is one (engine, DP rank) event stream: where its publisher is, and how to tell its
+// messages apart.
+type Endpoint struct {
+	// Engine is the engine's ID, as the host's registry names it (state.Engine.ID). Required.
+	Engine state.EngineID
+	// DPRank is the engine's data-parallel rank this stream publishes (vLLM and SGLang run one
+	// publisher per rank, on the base port + rank). A batch carrying another rank is refused with
+	// ErrRankMismatch. Negative is an error.
+	DPRank int
+	// Address is the publisher's ZMQ endpoint. By default the subscriber dials it, for an engine
+	// that binds (vLLM and SGLang bind "tcp://*:5557" by default, so dial "tcp://host:5557"
+	// (+ rank)). Required; "tcp://", "ipc://" or "inproc://".
+	Address string
+	// Bind makes the subscriber bind Address instead, for engines configured to dial out (an
+	// endpoint without "*" makes vLLM's publisher connect). Several engines may dial one bound
+	// address; they are told apart by Topic.
+	Bind bool
+	// Topic is the publisher's topic (vLLM and SGLang KVEventsConfig.topic, "" by default),
+	// compared exactly: the subscriber subscribes to every topic and routes each message by its
+	// whole topic frame. Two endpoints on one Address (and Bind) must have different topics.
+	Topic string
+	// ReplayAddress is the publisher's replay socket (KVEventsConfig.replay_endpoint, offset by
+	// the rank as the publisher does), dialed to refill a gap. "" means none: a gap clears the
+	// rank instead.
+	ReplayAddress string
+}
+
+// StreamStats are one stream's counters since it was added. Counts are cumulative.
+type StreamStats struct {
+	Engine state.EngineID
+	DPRank int
+	// Connected: the stream's socket is connected to its publisher (dialing), or bound
+	// (listening).
+	Connected bool
+	// Trusted: the stream is in step with its publisher; false from a detected loss until it
+	// has resynchronised (the engine is then also untrusted in the index: kvindex
+	// Index.MarkUntrusted).
+	Trusted bool
+	// LastSeq is the sequence number of the last batch handled.
+	LastSeq uint64
+	// Batches handled; Events decoded from them; StoredBlocks and RemovedBlocks applied; Clears
+	// (AllBlocksCleared events) applied.
+	Batches, Events, StoredBlocks, RemovedBlocks, Clears uint64
+	// Ignored events: other KV-cache groups, placeholders without tokens, unknown event types.
+	// Rejected events: refused by the decoder's rules or the index (OnError has each).
+	// UnknownRemovals: removed hashes no index held.
+	Ignored, Rejected, UnknownRemovals uint64
+	// Gaps: forward jumps in the sequence (including a first batch after 0 or 1, and a queue
+	// overflow). Regressions: the sequence went back (a publisher restart). Duplicates: batches
+	// already applied from a replay. Drops: batches dropped because the queue was full.
+	Gaps, Regressions, Duplicates, Drops uint64
+	// Resyncs: recoveries started (after a gap, a regression, an overflow or a lost batch);
+	// Replays and ReplayFailures: replay exchanges that completed or failed; Malformed: messages
+	// or payloads that did not decode, or named another DP rank.
+	Resyncs, Replays, ReplayFailures, Malformed uint64
+}
+
+// Stats is a point-in-time summary of a Subscriber.
+type Stats struct {
+	// Streams has one entry per endpoint, sorted by engine then rank.
+	Streams []StreamStats
+	// UnknownTopics counts messages whose topic no endpoint of their socket names.
+	UnknownTopics uint64
+	// MalformedMessages counts messages without three frames or with a sequence frame that is not
+	// 8 bytes.
+	MalformedMessages uint64
+}
+
+// Subscriber follows the KV events of a set of engine DP ranks and applies them to the index
+// (docs/design.md §13). Build it with New, add endpoints with Add, then Start it; Close stops
+// every goroutine it started and waits for them. Every method is safe for concurrent use.
+//
+// Per stream, one goroutine applies batches in sequence order; each socket has one receive
+// goroutine that never blocks on a stream. Matches never wait for ingestion beyond the index's
+// own write lock, held for one event at a time.
+type Subscriber struct {
+	opts Options
+
+	mu      sync.Mutex
+	ctx     context.Context // nil until Start
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	closed  bool
+	sockets map[sockKey]*socket
+	streams map[streamKey]*stream
+
+	unknownTopics atomic.Uint64
+	malformed     atomic.Uint64
+}
+
+type sockKey struct {
+	addr string
+	bind bool
+}
+
+type streamKey struct {
+	engine state.EngineID
+	rank   int
+}
+
+// socket is one ZMQ SUB socket and the streams routed from it by topic.
+type socket struct {
+	key       sockKey
+	routes    atomic.Pointer[map[string]*stream] // immutable; replaced on Add/Remove
+	cancel    context.CancelFunc                 // nil until started
+	connected atomic.Bool
+}
+
+// New validates opts and returns a Subscriber with no endpoints. Invalid options return an error
+// wrapping state.ErrInvalidConfiguration that names the field. It starts no goroutine.
+func New(opts Options) (*Subscriber, error) {
+	if opts.Index == nil {
+		return nil, fmt.Errorf("kvevents: Options.Index: nil: %w", state.ErrInvalidConfiguration)
+	}
+	switch {
+	case opts.QueueBatches < 0:
+		return nil, fmt.Errorf("kvevents: Options.QueueBatches: %d, must be >= 0: %w", opts.QueueBatches, state.ErrInvalidConfiguration)
+	case opts.ReplayTimeout < 0:
+		return nil, fmt.Errorf("kvevents: Options.ReplayTimeout: %v, must be >= 0: %w", opts.ReplayTimeout, state.ErrInvalidConfiguration)
+	case opts.ReconnectMin < 0 || opts.ReconnectMax < 0:
+		return nil, fmt.Errorf("kvevents: Options.ReconnectMin/Max: %v/%v, must be >= 0: %w", opts.ReconnectMin, opts.ReconnectMax, state.ErrInvalidConfiguration)
+	}
+	if opts.QueueBatches == 0 {
+		opts.QueueBatches = DefaultQueueBatches
+	}
+	if opts.ReplayTimeout == 0 {
+		opts.ReplayTimeout = DefaultReplayTimeout
+	}
+	if opts.ReconnectMin == 0 {
+		opts.ReconnectMin = DefaultReconnectMin
+	}
+	if opts.ReconnectMax == 0 {
+		opts.ReconnectMax = max(DefaultReconnectMax, opts.ReconnectMin)
+	}
+	if opts.ReconnectMin > opts.ReconnectMax {
+		return nil, fmt.Errorf("kvevents: Options.ReconnectMin %v > ReconnectMax %v: %w", opts.ReconnectMin, opts.ReconnectMax, state.ErrInvalidConfiguration)
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	var err error
+	if opts.media, err = normalizeMedia(opts.Media); err != nil {
+		return nil, err
+	}
+	if opts.indexes, err = indexes(&opts); err != nil {
+		return nil, err
+	}
+	return &Subscriber{opts: opts, sockets: make(map[sockKey]*socket), streams: make(map[streamKey]*stream)}, nil
+}
+
+// ErrClosed is returned by Add and Start after Close.
+var ErrClosed = errors.New("kvevents: subscriber closed")
+
+// Add registers an endpoint; if the subscriber is started, it is followed at once. Errors: an
+// invalid endpoint (empty engine, negative rank, empty or unsupported address) or one that
+// repeats an (engine, rank) or an (address, bind, topic) already added wraps
+// state.ErrInvalidConfiguration; ErrClosed after Close.
+func (s *Subscriber) Add(ep Endpoint) error {
+	switch {
+	case ep.Engine == "":
+		return fmt.Errorf("kvevents: Endpoint.Engine: empty: %w", state.ErrInvalidConfiguration)
+	case ep.DPRank < 0:
+		return fmt.Errorf("kvevents: Endpoint.DPRank: %d, must be >= 0: %w", ep.DPRank, state.ErrInvalidConfiguration)
+	case !validAddress(ep.Address):
+		return fmt.Errorf("kvevents: Endpoint.Address: %q, want tcp://, ipc:// or inproc://: %w", ep.Address, state.ErrInvalidConfiguration)
+	case ep.ReplayAddress != "" && !validAddress(ep.ReplayAddress):
+		return fmt.Errorf("kvevents: Endpoint.ReplayAddress: %q, want tcp://, ipc:// or inproc://: %w", ep.ReplayAddress, state.ErrInvalidConfiguration)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	sk := streamKey{ep.Engine, ep.DPRank}
+	if _, dup := s.streams[sk]; dup {
+		return fmt.Errorf("kvevents: engine %q rank %d added twice: %w", ep.Engine, ep.DPRank, state.ErrInvalidConfiguration)
+	}
+	key := sockKey{ep.Address, ep.Bind}
+	so := s.sockets[key]
+	if so != nil {
+		if _, dup := (*so.routes.Load())[ep.Topic]; dup {
+			return fmt.Errorf("kvevents: topic %q on %s used twice: %w", ep.Topic, ep.Address, state.ErrInvalidConfiguration)
+		}
+	}
+	var rep replayer
+	if ep.ReplayAddress != "" {
+		rep = &zmqReplayer{addr: ep.ReplayAddress, timeout: s.opts.ReplayTimeout, log: zap.NewStdLog(s.opts.Logger.Named("zmq4"))}
+	}
+	st := newStream(ep, &s.opts, rep, s.reporter(ep))
+	s.streams[sk] = st
+	newSocket := so == nil
+	if newSocket {
+		so = &socket{key: key}
+		so.routes.Store(&map[string]*stream{})
+		s.sockets[key] = so
+	}
+	routes := make(map[string]*stream, len(*so.routes.Load())+1)
+	for k, v := range *so.routes.Load() {
+		routes[k] = v
+	}
+	routes[ep.Topic] = st
+	so.routes.Store(&routes)
+	if s.ctx != nil {
+		s.startStream(st)
+		if newSocket {
+			s.startSocket(so)
+		}
+	}
+	return nil
+}
+
+func validAddress(a string) bool {
+	for _, p := range []string{"tcp://", "ipc://", "inproc://"} {
+		if strings.HasPrefix(a, p) && len(a) > len(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Remove stops following every stream of engine and forgets them; their untrusted marks are
+// cleared, their blocks stay in the index (call Index.RemoveEngine, or the Router's RemoveEngine,
+// to drop them). A socket left with no stream is closed. Removing an unknown engine is a no-op.
+func (s *Subscriber) Remove(engine state.EngineID) {
+	s.mu.Lock()
+	var stopped []*stream
+	for key, so := range s.sockets {
+		routes := map[string]*stream{}
+		for topic, st := range *so.routes.Load() {
+			if st.ep.Engine == engine {
+				stopped = append(stopped, st)
+				continue
+			}
+			routes[topic] = st
+		}
+		so.routes.Store(&routes)
+		if len(routes) == 0 {
+			if so.cancel != nil {
+				so.cancel()
+			}
+			delete(s.sockets, key)
+		}
+	}
+	for _, st := range stopped {
+		delete(s.streams, streamKey{st.ep.Engine, st.ep.DPRank})
+	}
+	s.mu.Unlock()
+	for _, st := range stopped {
+		st.stop()
+	}
+}
+
+// Start starts following every endpoint added so far (and those added later) until ctx is done
+// or Close is called. Errors: ErrClosed after Close; calling it twice wraps
+// state.ErrInvalidConfiguration.
+func (s *Subscriber) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if s.ctx != nil {
+		return fmt.Errorf("kvevents: Start called twice: %w", state.ErrInvalidConfiguration)
+	}
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	for _, st := range s.streams {
+		s.startStream(st)
+	}
+	for _, so := range s.sockets {
+		s.startSocket(so)
+	}
+	return nil
+}
+
+// Close stops every goroutine the subscriber started, closes its sockets and waits for them. The
+// streams' untrusted marks are cleared (the subscriber no longer claims anything about them).
+// Idempotent.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	if s.cancel != nil {
+		s.cancel()
+	}
+	streams := make([]*stream, 0, len(s.streams))
+	for _, st := range s.streams {
+		streams = append(streams, st)
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	for _, st := range streams {
+		st.stop() // its goroutine has returned: this only clears the mark for good
+	}
+	return nil
+}
+
+// Stats returns every stream's counters.
+func (s *Subscriber) Stats() Stats {
+	s.mu.Lock()
+	out := Stats{Streams: make([]StreamStats, 0, len(s.streams))}
+	for _, so := range s.sockets {
+		for _, st := range *so.routes.Load() {
+			ss := st.stats()
+			ss.Connected = so.connected.Load()
+			out.Streams = append(out.Streams, ss)
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out.Streams, func(a, b StreamStats) int {
+		return cmp.Or(cmp.Compare(a.Engine, b.Engine), cmp.Compare(a.DPRank, b.DPRank))
+	})
+	out.UnknownTopics = s.unknownTopics.Load()
+	out.MalformedMessages = s.malformed.Load()
+	return out
+}
+
+func (s *Subscriber) reporter(ep Endpoint) func(*StreamError) {
+	log := s.opts.Logger
+	on := s.opts.OnError
+	return func(err *StreamError) {
+		if ce := log.Check(zap.DebugLevel, "kvevents: refused"); ce != nil {
+			ce.Write(zap.String("engine", string(ep.Engine)), zap.Int("dp_rank", ep.DPRank), zap.Uint64("seq", err.Seq), zap.Error(err.Err))
+		}
+		if on != nil {
+			on(err)
+		}
+	}
+}
+
+// startStream starts st's apply goroutine. Callers hold s.mu and s.ctx is set.
+func (s *Subscriber) startStream(st *stream) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	st.cancel = cancel
+	st.done = make(chan struct{})
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(st.done)
+		st.run(ctx)
+	}()
+}
+
+// startSocket starts so's receive goroutine. Callers hold s.mu and s.ctx is set.
+func (s *Subscriber) startSocket(so *socket) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	so.cancel = cancel
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.receive(ctx, so)
+	}()
+}
+
+// receive owns one ZMQ SUB socket: it dials (or binds) with backoff, subscribes to every topic,
+// and routes each message to its stream's queue without blocking.
+func (s *Subscriber) receive(ctx context.Context, so *socket) {
+	log := s.opts.Logger.With(zap.String("address", so.key.addr), zap.Bool("bind", so.key.bind))
+	stdlog := zap.NewStdLog(s.opts.Logger.Named("zmq4"))
+	backoff := s.opts.ReconnectMin
+	for ctx.Err() == nil {
+		sctx, scancel := context.WithCancel(ctx)
+		sock := zmq4.NewSub(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.opts.ReconnectMax), zmq4.WithLogger(stdlog))
+		err := sock.SetOption(zmq4.OptionSubscribe, "")
+		if err == nil {
+			if so.key.bind {
+				err = sock.Listen(so.key.addr)
+			} else {
+				err = sock.Dial(so.key.addr)
+			}
+		}
+		if err != nil {
+			_ = sock.Close()
+			scancel()
+			if ce := log.Check(zap.DebugLevel, "kvevents: connect failed"); ce != nil {
+				ce.Write(zap.Error(err), zap.Duration("retry_in", backoff))
+			}
+			if !sleep(ctx, jitter(backoff)) {
+				return
+			}
+			backoff = min(2*backoff, s.opts.ReconnectMax)
+			continue
+		}
+		so.connected.Store(true)
+		log.Debug("kvevents: connected")
+		for errs := 0; ; {
+			msg, err := sock.Recv()
+			if err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				// A bound socket outlives its peers: one peer leaving is not the socket's end.
+				if errs++; so.key.bind && errs < 100 {
+					continue
+				}
+				if ce := log.Check(zap.DebugLevel, "kvevents: connection lost"); ce != nil {
+					ce.Write(zap.Error(err))
+				}
+				break
+			}
+			errs = 0
+			backoff = s.opts.ReconnectMin
+			s.route(so, msg.Frames)
+		}
+		so.connected.Store(false)
+		closeAndDrain(sock)
+		scancel()
+		if !sleep(ctx, jitter(backoff)) {
+			return
+		}
+		backoff = min(2*backoff, s.opts.ReconnectMax)
+	}
+}
+
+// route hands one message to its stream.
+func (s *Subscriber) route(so *socket, frames [][]byte) {
+	routes := *so.routes.Load()
+	m, err := ParseMessage(frames)
+	if err != nil {
+		s.malformed.Add(1)
+		if len(frames) > 0 {
+			if st := routes[string(frames[0])]; st != nil {
+				st.frames.Add(1)
+				st.report(&StreamError{Engine: st.ep.Engine, DPRank: st.ep.DPRank, Err: err})
+			}
+		}
+		return
+	}
+	st := routes[string(m.Topic)]
+	if st == nil {
+		s.unknownTopics.Add(1)
+		return
+	}
+	st.enqueue(item{seq: m.Seq, payload: m.Payload})
+}
+
+// closeAndDrain closes sock and then receives until the socket has reported its closure 64 times
+// in a row. zmq4's per-connection reader goroutine hands each message to the socket through an
+// unbuffered send that does not watch the socket's context (go-zeromq/zmq4 msgio.go,
+// qreader.listen), so a message in flight when the socket closes would leave that goroutine
+// blocked for ever; after Close, each Recv takes a pending message or reports the closure with
+// equal chance, so 64 closures in a row leave a pending message with probability 2^-64.
+func closeAndDrain(sock zmq4.Socket) {
+	_ = sock.Close()
+	for closed := 0; closed < 64; {
+		if _, err := sock.Recv(); err != nil {
+			closed++
+		} else {
+			closed = 0
+		}
+	}
+}
+
+// jitter adds up to 25% to d.
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	return d + time.Duration(rand.Int64N(int64(d)/4+1))
+}
+
+// sleep waits d or until ctx is done; it reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

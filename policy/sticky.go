@@ -1,0 +1,187 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/affinity"
+	"github.com/enginepick/enginepick/state"
+)
+
+// StickyOptions configures Sticky. Exactly one mode: a Store (bindings shared through it), or
+// Rendezvous (stateless hashing, no Store).
+type StickyOptions struct {
+	// Store holds the routing-key bindings. Required unless Rendezvous; must be nil with it.
+	Store affinity.Store
+	// Fallback names the policy for new, unbound and keyless routing keys: NameRoundRobin
+	// (default, also ""), NameRandom, NamePowerOfTwo or NameLoadBased. It is built with
+	// admission.Limits{}; Sticky checks its pick with its own admission. In Rendezvous mode it
+	// serves only keyless requests.
+	Fallback string
+	// Rendezvous selects the stateless mode: rendezvous (highest random weight) hashing of the
+	// routing key over the candidates, with xxhash. Every router replica computes the same
+	// engine without coordination, and a membership change moves only the keys of the engine
+	// that left or joined.
+	Rendezvous bool
+	// LoadFactor, in Rendezvous mode, bounds load: a candidate is skipped when its router-local
+	// in-flight count has reached ⌈LoadFactor × (total in-flight + 1) ÷ candidates⌉, so that
+	// after this request no engine holds more than LoadFactor times the mean (consistent
+	// hashing with bounded loads, Mirrokni, Thorup and Zadimoghaddam, SODA 2018). The key
+	// then goes to its highest-weight engine below the bound; one always exists. 0 means
+	// unbounded; otherwise it must be finite and ≥ 1. Invalid without Rendezvous.
+	LoadFactor float64
+	// FallbackOnUnavailable: as SessionAwareOptions.FallbackOnUnavailable.
+	FallbackOnUnavailable bool
+}
+
+// Sticky keeps each routing key (Request.RoutingKey) on one engine (docs/design.md §12).
+//
+// With a Store it follows SessionAware's rules exactly — reuse of an admitted binding whatever its
+// pressure, binding only after admission, concurrent winners checked, rejections never rebinding
+// — with its own namespace, the configured fallback, and the labels ReasonStickyPrimary,
+// ReasonStickyAssigned and ReasonNoRoutingKey.
+//
+// In Rendezvous mode it keeps no state: the engine is the candidate with the highest
+// xxhash(engine ID, seed = xxhash(routing key)), optionally below the load bound, and admission
+// is checked once on it (ReasonRendezvous, or ReasonRendezvousBounded when the bound moved the
+// key); a rejection is returned, never replaced. A keyless request takes the fallback's pick,
+// checked (ReasonNoRoutingKey).
+type Sticky struct {
+	core       affinityCore // store mode
+	rendezvous bool
+	loadFactor float64
+}
+
+var _ Policy = (*Sticky)(nil)
+
+// NewSticky returns a sticky policy. Errors wrap ErrInvalidConfiguration: neither or both of
+// Store and Rendezvous, an unknown Fallback, a LoadFactor that is negative, below 1, not finite
+// or set without Rendezvous, or a nil required Config handle.
+func NewSticky(cfg Config, opts StickyOptions) (*Sticky, error) {
+	fail := func(format string, args ...any) (*Sticky, error) {
+		return nil, fmt.Errorf("policy: %s: "+format+": %w", append([]any{NameSticky}, append(args, ErrInvalidConfiguration)...)...)
+	}
+	if err := cfg.validate(NameSticky); err != nil {
+		return nil, err
+	}
+	switch {
+	case opts.Rendezvous && opts.Store != nil:
+		return fail("StickyOptions.Store is set with Rendezvous: choose one mode")
+	case !opts.Rendezvous && opts.Store == nil:
+		return fail("StickyOptions.Store is nil and Rendezvous is off: choose one mode")
+	case opts.LoadFactor != 0 && !opts.Rendezvous:
+		return fail("StickyOptions.LoadFactor %v needs Rendezvous", opts.LoadFactor)
+	case opts.LoadFactor != 0 && !(opts.LoadFactor >= 1 && !math.IsInf(opts.LoadFactor, 1)):
+		return fail("StickyOptions.LoadFactor %v: must be 0 or a finite number >= 1", opts.LoadFactor)
+	}
+	fb := cfg
+	fb.Admission = admission.Limits{}
+	var fallback Policy
+	var err error
+	switch opts.Fallback {
+	case "", NameRoundRobin:
+		fallback, err = NewRoundRobin(fb)
+	case NameRandom:
+		fallback, err = NewRandom(fb)
+	case NamePowerOfTwo:
+		fallback, err = NewPowerOfN(fb, 2)
+	case NameLoadBased:
+		fallback, err = NewLeastLoad(fb)
+	default:
+		return fail("StickyOptions.Fallback %q: want %s, %s, %s or %s", opts.Fallback,
+			NameRoundRobin, NameRandom, NamePowerOfTwo, NameLoadBased)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Sticky{
+		core: affinityCore{
+			cfg: cfg, store: opts.Store, namespace: StickyNamespace, fallback: fallback,
+			failOpen: opts.FallbackOnUnavailable, name: NameSticky,
+			primary: ReasonStickyPrimary, assigned: ReasonStickyAssigned, noKey: ReasonNoRoutingKey,
+		},
+		rendezvous: opts.Rendezvous,
+		loadFactor: opts.LoadFactor,
+	}, nil
+}
+
+// Pick implements Policy. Errors: as SessionAware.Pick. Rendezvous mode allocates nothing.
+func (p *Sticky) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
+	key := ""
+	if req != nil {
+		key = req.RoutingKey
+	}
+	if !p.rendezvous {
+		return p.core.pick(ctx, engines, req, key)
+	}
+	if len(engines) == 0 {
+		return Pick{}, ErrNoCandidates
+	}
+	if key == "" {
+		return p.core.fallbackPick(ctx, engines, req, ReasonNoRoutingKey)
+	}
+	if len(key) > affinity.MaxKeyBytes {
+		return Pick{}, fmt.Errorf("policy: %s: %w: key of %d bytes, limit %d", NameSticky, affinity.ErrInvalidKey, len(key), affinity.MaxKeyBytes)
+	}
+	i, reason := p.rendezvousIndex(engines, key)
+	return p.core.cfg.pickChecked(engines[i], reason)
+}
+
+// rendezvousWindow is how many candidates' in-flight counts rendezvousIndex keeps on the stack
+// between its two passes; larger groups read the counters twice.
+const rendezvousWindow = 64
+
+// rendezvousIndex returns the index of the key's engine and the reason label.
+func (p *Sticky) rendezvousIndex(engines []state.Engine, key string) (int, string) {
+	seed := xxhash.Sum64String(key)
+	bounded := p.loadFactor > 0
+	var counts [rendezvousWindow]uint64
+	var limit uint64
+	if bounded {
+		var total uint64
+		for i, e := range engines {
+			c := p.core.cfg.InFlight.Count(e.ID())
+			if i < rendezvousWindow {
+				counts[i] = c
+			}
+			total += c
+		}
+		limit = uint64(math.Ceil(p.loadFactor * float64(total+1) / float64(len(engines))))
+	}
+	best, top := -1, -1
+	var bestW, topW uint64
+	var d xxhash.Digest
+	for i, e := range engines {
+		d.ResetWithSeed(seed)
+		_, _ = d.WriteString(string(e.ID()))
+		w := d.Sum64()
+		if top < 0 || w > topW {
+			top, topW = i, w
+		}
+		if bounded {
+			c := counts[min(i, rendezvousWindow-1)]
+			if i >= rendezvousWindow {
+				c = p.core.cfg.InFlight.Count(e.ID())
+			}
+			if c >= limit {
+				continue
+			}
+		}
+		if best < 0 || w > bestW {
+			best, bestW = i, w
+		}
+	}
+	if best < 0 {
+		// Counters moved between the passes (concurrent dispatches) so that every engine
+		// reached the bound: the key's own engine.
+		return top, ReasonRendezvousBounded
+	}
+	if best != top {
+		return best, ReasonRendezvousBounded
+	}
+	return best, ReasonRendezvous
+}
