@@ -88,3 +88,33 @@ func TestLocalSourcePlaceReusesTheLookupsKeys(t *testing.T) {
 	without := testing.AllocsPerRun(50, func() { _ = src.Place("http://a", q, nil) })
 	assert.Less(t, with, without, "with the lookup's keys %v allocations, hashing again %v", with, without)
 }
+
+// When the engine holds a prefix through real events, Place records only the blocks after it;
+// when the prefix is gone by then, it records the whole prompt.
+func TestLocalSourcePlaceSkipsARealPrefix(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	src, err := NewLocalSource(f.x)
+	require.NoError(t, err)
+	f.store("http://a", 0, 7, 0, 4, 0, TierDevice)
+	q := Query{TokenIDs: prompt(7, 10)}
+	res, err := src.Lookup(context.Background(), q)
+	require.NoError(t, err)
+	require.Equal(t, 4, res.Blocks("http://a"))
+	require.NoError(t, src.Place("http://a", q, &res))
+	assert.Equal(t, 6, f.x.Stats().ApproximateBlocks, "blocks 5–10 only")
+	assert.Equal(t, 10, f.x.Match(f.h.Keys(q.TokenIDs)).Blocks("http://a"))
+	require.NoError(t, checkInvariants(f.x))
+
+	g := newFixture(t, Options{})
+	gs, err := NewLocalSource(g.x)
+	require.NoError(t, err)
+	g.store("http://a", 0, 7, 0, 4, 0, TierDevice)
+	res, err = gs.Lookup(context.Background(), q)
+	require.NoError(t, err)
+	require.NoError(t, g.x.Clear("http://a", 0)) // the engine dropped its cache meanwhile
+	require.NoError(t, gs.Place("http://a", q, &res))
+	assert.Equal(t, 10, g.x.Stats().ApproximateBlocks, "no real prefix left: every block")
+	assert.Equal(t, 10, g.x.Match(g.h.Keys(q.TokenIDs)).Blocks("http://a"))
+	require.NoError(t, checkInvariants(g.x))
+}

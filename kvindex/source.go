@@ -191,17 +191,23 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 
 // Place implements Placer: Index.Assume(engine, keys of q's full blocks, 0) on the source's
 // index, so the entries live Options.ApproxTTL and a real BlockStored from the engine supersedes
-// them. Blocks the engine holds already are refreshed (approximate) or left as they are (real);
-// when r says the engine holds every block, nothing is recorded. The keys r carries are reused
-// when r is this source's result for a prompt of q's length.
+// them. Blocks the engine holds already are refreshed (approximate) or left as they are (real):
+// when r says the engine holds every block, nothing is recorded, and when the last block r says
+// it holds is held through a real event, the prefix up to it is skipped and only the rest is
+// recorded, so a conversation's next turn costs the new blocks only. The keys r carries are
+// reused when r is this source's result for a prompt of q's length.
 func (s *LocalSource) Place(engine state.EngineID, q Query, r *Result) error {
 	n := s.index.hasher.Blocks(len(q.TokenIDs))
 	if n == 0 {
 		return nil
 	}
 	var keys []uint64
+	held := 0
 	if r != nil && r.source == Source(s) && r.QueryBlocks == n {
-		if r.Outcome == OutcomeHit && r.Blocks(engine) >= n {
+		if r.Outcome == OutcomeHit {
+			held = r.Blocks(engine)
+		}
+		if held >= n {
 			return nil
 		}
 		keys = r.keys
@@ -210,7 +216,7 @@ func (s *LocalSource) Place(engine state.EngineID, q Query, r *Result) error {
 		b := s.index.hasher.BlockTokens()
 		keys = s.index.hasher.appendFrom(slices.Clip(keys), lastKey(keys, s.index.hasher), q.TokenIDs[len(keys)*b:n*b])
 	}
-	return s.index.Assume(engine, keys, 0)
+	return s.index.assume(engine, keys, held, 0)
 }
 
 // lastKey is the key a continuation of keys chains from: the last key, or the Hasher's root.
