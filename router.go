@@ -3,12 +3,18 @@ package enginepick
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"slices"
+	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/loadmon/loadsource"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -38,7 +44,8 @@ type Options struct {
 }
 
 // Router selects engines for requests of several models and accounts for the dispatches that
-// follow. It is safe for concurrent use; its resolver map is fixed at construction.
+// follow. It is safe for concurrent use; its resolver map is fixed at construction. Build it with
+// New from a Config, or with NewRouter from parts built in code; call Close when done.
 type Router struct {
 	registry  state.Registry
 	resolvers map[state.ModelID]*bucket.Resolver
@@ -46,6 +53,18 @@ type Router struct {
 	load      *loadmon.Table
 	index     *kvindex.Index
 	log       *zap.Logger
+
+	// Set by New only.
+	obs       Observer
+	now       func() time.Time
+	labels    map[*bucket.Bucket]groupLabels
+	models    []state.ModelID
+	config    *Config
+	warn      *zap.Logger // rate-limited
+	poller    *loadsource.Poller
+	ownClient *http.Client // the pollers' client when New made it; Close drops its idle connections
+	svc       *services
+	degraded  degradedChecks
 }
 
 // NewRouter validates opts and returns a Router. A nil Registry, nil InFlight, nil Resolvers map or
@@ -71,27 +90,68 @@ func NewRouter(opts Options) (*Router, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Router{registry: opts.Registry, resolvers: resolvers, inflight: opts.InFlight, load: opts.Load, index: opts.Index, log: log}, nil
+	models := make([]state.ModelID, 0, len(resolvers))
+	for m := range resolvers {
+		models = append(models, m)
+	}
+	slices.Sort(models)
+	return &Router{registry: opts.Registry, resolvers: resolvers, inflight: opts.InFlight, load: opts.Load, index: opts.Index,
+		log: log, warn: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+			return zapcore.NewSamplerWithOptions(c, DefaultWarnInterval, 1, 0)
+		})), now: time.Now, models: models}, nil
 }
 
 // Dispatch is a complete selection whose engines have been counted as in flight. Forward the
-// request to the selected engines, then call Release when the response (or stream) ends, however
-// it ends. Release is idempotent and safe for concurrent use.
+// request to the selected engines, then call Done with its outcome (or Release, when there is no
+// outcome to report) when the response (or stream) ends, however it ends. The first call of Done or
+// Release ends the dispatch; later calls do nothing. Both are safe for concurrent use.
 type Dispatch struct {
 	// Selection is the bucket's complete choice.
 	Selection bucket.Selection
 	guards    [2]*loadmon.Guard
+	r         *Router
+	model     state.ModelID
+	start     time.Time
+	ended     atomic.Bool
 }
 
-// Release ends the dispatch's hold on every selected engine's in-flight counter. A nil *Dispatch's
-// Release does nothing.
+// Release ends the dispatch's hold on every selected engine's in-flight counter without reporting
+// an outcome. A nil *Dispatch's Release does nothing.
 func (d *Dispatch) Release() {
-	if d == nil {
+	if d == nil || !d.ended.CompareAndSwap(false, true) {
 		return
 	}
 	for _, g := range d.guards {
 		g.Release()
 	}
+}
+
+// Done ends the dispatch as Release does, and reports its outcome to the Router's Observer
+// (docs/design.md §15), grpc-go style: the host calls it once the response has ended, with the
+// error (nil on success), time to first token and token counts it learned. A nil *Dispatch's
+// Done does nothing; so does a Done after Done or Release.
+func (d *Dispatch) Done(o Outcome) {
+	if d == nil || !d.ended.CompareAndSwap(false, true) {
+		return
+	}
+	for _, g := range d.guards {
+		g.Release()
+	}
+	r := d.r
+	if r == nil || r.obs == nil {
+		return
+	}
+	ev := DoneEvent{Model: d.model, Bucket: d.Selection.Bucket.ID(), Outcome: o, Reason: FailureReason(o.Err), Duration: r.now().Sub(d.start)}
+	lb := r.labels[d.Selection.Bucket]
+	if d.Selection.IsPD() {
+		ev.Engines[0] = DispatchedEngine{ID: d.Selection.Prefill.Engine.ID(), Stage: state.StagePrefill, Policy: lb[state.StagePrefill], Reason: d.Selection.Prefill.Reason}
+		ev.Engines[1] = DispatchedEngine{ID: d.Selection.Decode.Engine.ID(), Stage: state.StageDecode, Policy: lb[state.StageDecode], Reason: d.Selection.Decode.Reason}
+		ev.N = 2
+	} else {
+		ev.Engines[0] = DispatchedEngine{ID: d.Selection.Plain.Engine.ID(), Stage: state.StagePlain, Policy: lb[state.StagePlain], Reason: d.Selection.Plain.Reason}
+		ev.N = 1
+	}
+	r.obs.ObserveDone(ev)
 }
 
 // Select resolves the request's model, runs the bucket loop (bucket.Select) with a prefix-lookup
@@ -104,6 +164,29 @@ func (d *Dispatch) Release() {
 // Errors: a nil req wraps policy.ErrInvalidSignal; ErrUnknownModel (404); otherwise bucket.Select's
 // errors (bucket.StatusCode maps them). A nil ctx means context.Background().
 func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, error) {
+	if r.obs == nil {
+		return r.selectOnce(ctx, req)
+	}
+	start := r.now()
+	d, err := r.selectOnce(ctx, req)
+	end := r.now()
+	ev := SelectEvent{Duration: end.Sub(start)}
+	if d != nil {
+		ev.Model, ev.Selection = d.model, &d.Selection
+		d.start = end
+	} else {
+		ev.Err, ev.Reason = err, FailureReason(err)
+		if req != nil {
+			if _, ok := r.resolvers[req.Model]; ok {
+				ev.Model = req.Model
+			}
+		}
+	}
+	r.obs.ObserveSelect(ev)
+	return d, err
+}
+
+func (r *Router) selectOnce(ctx context.Context, req *bucket.Request) (*Dispatch, error) {
 	if req == nil {
 		return nil, fmt.Errorf("enginepick: Select: nil request: %w", policy.ErrInvalidSignal)
 	}
@@ -128,7 +211,7 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 		}
 		return nil, err
 	}
-	d := &Dispatch{Selection: sel}
+	d := &Dispatch{Selection: sel, r: r, model: req.Model}
 	if sel.IsPD() {
 		d.guards[0] = r.inflight.AcquirePrefill(sel.Prefill.Engine.ID(), prefillTokens(&sel.Prefill, req))
 		d.guards[1] = r.inflight.Acquire(sel.Decode.Engine.ID())
@@ -158,4 +241,58 @@ func (r *Router) RemoveEngine(id state.EngineID) {
 		_ = r.index.RemoveEngine(id) // an engine with no blocks is not an error here
 	}
 	r.inflight.Remove(id)
+}
+
+// Close stops every service New started (load pollers, degraded-state checks) and waits for their
+// goroutines to exit. The Router keeps selecting with the state it has: loads go stale (unknown,
+// never zero). Close is idempotent and returns nil; a Router built with NewRouter has nothing to
+// stop.
+func (r *Router) Close() error {
+	if r.svc == nil {
+		return nil
+	}
+	r.svc.once.Do(func() {
+		r.svc.cancel()
+		r.svc.wg.Wait()
+		if r.ownClient != nil {
+			r.ownClient.CloseIdleConnections()
+		}
+	})
+	return nil
+}
+
+// Resolver returns the model's resolver, or false for a model the Router does not serve.
+func (r *Router) Resolver(model state.ModelID) (*bucket.Resolver, bool) {
+	res, ok := r.resolvers[model]
+	return res, ok
+}
+
+// Registry returns the engine registry the Router selects from.
+func (r *Router) Registry() state.Registry { return r.registry }
+
+// Models returns the served models, in configuration order (sorted by ID for NewRouter). The slice
+// is shared; do not modify it.
+func (r *Router) Models() []state.ModelID { return r.models }
+
+// LoadTable returns the shared engine-reported load table; nil for a NewRouter without one. Hosts
+// report load into it (Table.Report) unless New polls it.
+func (r *Router) LoadTable() *loadmon.Table { return r.load }
+
+// InFlight returns the router-local in-flight counters.
+func (r *Router) InFlight() *loadmon.InFlight { return r.inflight }
+
+// Index returns the shared KV-block index; nil when no policy looks prefixes up locally. Hosts
+// apply their engines' KV events to it.
+func (r *Router) Index() *kvindex.Index { return r.index }
+
+// Config returns the configuration New built the Router from; nil for NewRouter. Do not modify it.
+func (r *Router) Config() *Config { return r.config }
+
+// LoadPollStats returns the counters of New's load poller, one entry per engine with a load
+// endpoint; nil when there is none.
+func (r *Router) LoadPollStats() []loadsource.TargetStats {
+	if r.poller == nil {
+		return nil
+	}
+	return r.poller.Stats()
 }

@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"bufio"
+	"compress/gzip"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -296,13 +297,18 @@ func BenchmarkMatchParallel(b *testing.B) {
 
 // BenchmarkMatchMooncake loads the Mooncake conversation trace into 16 engines (requests
 // round-robin; each hash_id is 512 deterministic tokens, 32 blocks of 16) and matches a
-// 512-block query taken from a late request.
+// 512-block query taken from a late request. The trace is the one embedded in package sim
+// (sim/traces/mooncake_conversation.jsonl.gz), read from the file because sim imports kvindex.
 func BenchmarkMatchMooncake(b *testing.B) {
-	file, err := os.Open("../../shared/traces/mooncake_conversation.jsonl")
+	f, err := os.Open("../sim/traces/mooncake_conversation.jsonl.gz")
 	if err != nil {
-		b.Skipf("trace not available: %v", err)
+		b.Fatal(err)
 	}
-	defer file.Close()
+	defer f.Close()
+	file, err := gzip.NewReader(f)
+	if err != nil {
+		b.Fatal(err)
+	}
 	h := benchHasher(b)
 	x, err := NewIndex(h, Options{MaxBlocks: 1 << 24})
 	if err != nil {

@@ -448,6 +448,18 @@ func (s Snapshot) Load(engine state.EngineID) (*EngineLoad, bool) {
 	return l, true
 }
 
+// Reported returns the engine's last complete load (every expected rank has reported) whether or
+// not it is still fresh, for diagnostics and metrics: its ReportedAt tells how stale it is. Routing
+// must use Load, which never returns a stale load. False when the engine never completed a report
+// (or was forgotten).
+func (s Snapshot) Reported(engine state.EngineID) (*EngineLoad, bool) {
+	if s.view == nil {
+		return nil, false
+	}
+	l := s.view.loads[engine]
+	return l, l != nil
+}
+
 func satAdd(a, b uint64) uint64 {
 	sum, carry := bits.Add64(a, b, 0)
 	if carry != 0 {

@@ -349,3 +349,30 @@ func TestReportBatchPublishesEveryRankAtOnce(t *testing.T) {
 	require.NoError(t, tab.ReportBatch(nil))
 	assert.Equal(t, s.Version(), tab.Snapshot().Version(), "an empty batch does nothing")
 }
+
+// TestReportedIgnoresFreshness checks Snapshot.Reported: the last complete load stays readable
+// with its arrival time after it went stale (for metrics), while Load no longer returns it.
+func TestReportedIgnoresFreshness(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	tab := loadmon.NewTable(loadmon.WithClock(clk.Now), loadmon.WithFreshness(time.Second))
+	require.NoError(t, tab.Expect("e", 2))
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "e", DPRank: 0, WaitingRequests: 2}))
+	_, ok := tab.Snapshot().Reported("e")
+	assert.False(t, ok, "rank-incomplete: never reported")
+	at := clk.Now()
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "e", DPRank: 1, WaitingRequests: 1}))
+	clk.Advance(10 * time.Second)
+	snap := tab.Snapshot()
+	_, fresh := snap.Load("e")
+	assert.False(t, fresh)
+	l, ok := snap.Reported("e")
+	require.True(t, ok)
+	assert.Equal(t, at, l.ReportedAt)
+	assert.Equal(t, uint64(3), l.WaitingRequests)
+	tab.Forget("e")
+	_, ok = tab.Snapshot().Reported("e")
+	assert.False(t, ok)
+	_, ok = loadmon.Snapshot{}.Reported("e")
+	assert.False(t, ok)
+}

@@ -73,6 +73,11 @@ type CacheDecision struct {
 	// DivertedBlocks is the deepest prefix, in blocks, that the queue gate gave up; set only for
 	// DecisionCacheWorkerQueued (sgl_router_diverted_overlap_blocks), 0 otherwise.
 	DivertedBlocks int
+	// ForfeitedBlocks is the prefix, in blocks, that a partial diversion gave up: on a
+	// DecisionCacheHit whose winner holds fewer blocks than the deepest holder the queue gate set
+	// aside, that holder's blocks minus the winner's; 0 otherwise. A hit-rate panel cannot see
+	// these diversions (docs/design.md §9.8, §15).
+	ForfeitedBlocks int
 	// Evaluated counts the candidates that reached hard admission; GateRejected those the queue
 	// gate removed (disjoint).
 	Evaluated    int
@@ -377,6 +382,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	// Queue gate: partition in place, evaluated first, keeping rank order in both parts.
 	evaluated, gated := cands, cands[:0:0]
 	bestGatedBlocks := 0
+	readmitted := false
 	if p.queueCap != 0 {
 		var gbuf [DefaultCandidateMaxEngines]cacheCandidate
 		gated = gbuf[:0]
@@ -392,6 +398,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		evaluated = kept
 		if len(evaluated) == 0 && len(gated) > 0 && d.FleetAllQueued && p.floor == 0 {
 			evaluated = append(evaluated, gated...) // all-queued re-admission
+			readmitted = true
 		}
 	}
 	d.Evaluated, d.GateRejected = len(evaluated), len(gated)
@@ -415,6 +422,11 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 
 	if len(admitted) > 0 {
 		w := p.winner(admitted, evaluated, req.Stage, &d)
+		forfeit := func(blocks int) {
+			if !readmitted && bestGatedBlocks > blocks {
+				d.ForfeitedBlocks = bestGatedBlocks - blocks
+			}
+		}
 		if !p.opts.DisableCostComparison {
 			alt, err := p.cheaper(engines, req, &res, v.matched, snap, w, admitted, evaluated, &d)
 			if err != nil {
@@ -423,12 +435,14 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			if alt.idx >= 0 {
 				d.CostOverride = true
 				if alt.holder {
+					forfeit(alt.blocks)
 					return p.finish(engines[alt.idx], ReasonCacheCandidate, DecisionCacheHit, alt.uncached, req, &res, &d), nil
 				}
 				d.DivertedBlocks = w.blocks - alt.blocks
 				return p.finish(engines[alt.idx], ReasonCostDiverted, DecisionCostDiverted, alt.uncached, req, &res, &d), nil
 			}
 		}
+		forfeit(w.blocks)
 		return p.finish(engines[w.idx], ReasonCacheCandidate, DecisionCacheHit, w.uncached, req, &res, &d), nil
 	}
 

@@ -759,3 +759,47 @@ func TestCacheAwareUnknownLoadPassesTheGateOnlyBelowTheLimitInFlight(t *testing.
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID())
 }
+
+// TestCacheAwarePartialDiversionRecordsForfeitedBlocks checks CacheDecision.ForfeitedBlocks
+// (docs/design.md §9.8): when the queue gate sets the deepest holder aside and a shallower holder
+// wins, the decision is a cache_hit that records the prefix given up; a winner at full depth, an
+// all-queued re-admission and a full diversion record none.
+func TestCacheAwarePartialDiversionRecordsForfeitedBlocks(t *testing.T) {
+	t.Parallel()
+	tok := prompt(8*blockTokens, 11)
+	group := engines(state.StagePrefill, "cold", "deep", "shallow")
+	for _, tc := range []struct {
+		name                       string
+		deep, shallow, cold        uint64 // waiting requests
+		deepUncached               uint64 // deep's waiting uncached tokens
+		winner                     state.EngineID
+		decision                   string
+		forfeited, diverted, gated int
+	}{
+		{"deepest holder queued, shallower wins", 4, 0, 0, 0, "shallow", policy.DecisionCacheHit, 5, 0, 1},
+		{"nothing queued", 0, 0, 0, 0, "deep", policy.DecisionCacheHit, 0, 0, 0},
+		{"shallower holder queued", 0, 4, 0, 0, "deep", policy.DecisionCacheHit, 0, 0, 1},
+		{"every holder queued", 4, 4, 0, 0, "cold", policy.DecisionCacheWorkerQueued, 0, 8, 2},
+		{"all queued: re-admitted, nothing forfeited", 4, 5, 6, 0, "deep", policy.DecisionCacheHit, 0, 0, 2},
+		// Re-admitted, then the pressure guard (not the gate) prefers the shallower holder.
+		{"all queued: the guard's choice is not a diversion", 4, 5, 6, 100_000, "shallow", policy.DecisionCacheHit, 0, 0, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			c.hold(t, "deep", tok, 8)
+			c.hold(t, "shallow", tok, 3)
+			c.native("deep", loadmon.Report{WaitingRequests: tc.deep, Native: &loadmon.NativeLoad{WaitingUncachedTokens: tc.deepUncached}})
+			c.native("shallow", loadmon.Report{WaitingRequests: tc.shallow})
+			c.native("cold", loadmon.Report{WaitingRequests: tc.cold})
+			pk, err := c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+			require.NoError(t, err)
+			assert.Equal(t, tc.winner, pk.Engine.ID())
+			d := c.dec.last()
+			assert.Equal(t, tc.decision, d.Decision)
+			assert.Equal(t, tc.forfeited, d.ForfeitedBlocks, "forfeited blocks")
+			assert.Equal(t, tc.diverted, d.DivertedBlocks, "diverted blocks")
+			assert.Equal(t, tc.gated, d.GateRejected)
+		})
+	}
+}

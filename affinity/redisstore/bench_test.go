@@ -10,7 +10,8 @@ import (
 
 // BenchmarkSessionPick measures a SessionAware pick over 16 engines on Redis (one server, and a
 // three-master cluster), on loopback: a hit (one of 10,000 bound sessions, cycled) and a new
-// session (lookup and bind). It reports Redis round trips per pick (roundtrips/op).
+// session (lookup and bind), against a bare PING as the baseline. It reports Redis round trips per
+// pick (roundtrips/op).
 func BenchmarkSessionPick(b *testing.B) {
 	for _, srv := range servers() {
 		b.Run(srv.name, func(b *testing.B) {
@@ -26,6 +27,14 @@ func BenchmarkSessionPick(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			b.Run("ping", func(b *testing.B) { // the baseline: one bare round trip to a node
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := c.Ping(bg).Err(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 			b.Run("hit", func(b *testing.B) {
 				b.ReportAllocs()
 				start := cnt.n.Load()

@@ -27,7 +27,7 @@ import (
 
 // startGateway builds the gateway from flags, serves it on loopback and runs its background work
 // until the test ends.
-func startGateway(t *testing.T, args ...string) (*gateway, *httptest.Server) {
+func startGateway(t testing.TB, args ...string) (*gateway, *httptest.Server) {
 	t.Helper()
 	var o options
 	fs := newFlagSet(&o, io.Discard)
@@ -47,7 +47,7 @@ func startGateway(t *testing.T, args ...string) (*gateway, *httptest.Server) {
 	return g, srv
 }
 
-func newEngine(t *testing.T) *fakeengine.Engine {
+func newEngine(t testing.TB) *fakeengine.Engine {
 	e := fakeengine.New()
 	t.Cleanup(e.Close)
 	return e
@@ -367,12 +367,12 @@ func TestLoadPolledFromEngines(t *testing.T) {
 	v.SetLoad("vllm:num_requests_running{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"0\"} 7\n")
 	s.SetLoad(`{"loads":[{"dp_rank":0,"num_running_reqs":1,"num_waiting_reqs":2},{"dp_rank":1,"num_running_reqs":4,"num_waiting_reqs":0}]}`)
 	g, _ := startGateway(t, "--engine=url="+v.URL()+",model=m,kind=vllm",
-		"--engine=url="+s.URL()+",model=m,kind=sglang,dp_ranks=2", "--load-interval=10ms", "--load-timeout=10ms")
+		"--engine=url="+s.URL()+",model=m,kind=sglang,dp_ranks=2", "--load-interval=100ms", "--load-timeout=100ms")
 	require.Eventually(t, func() bool {
 		_, a := g.table.Snapshot().Load(state.EngineID(v.URL()))
 		_, b := g.table.Snapshot().Load(state.EngineID(s.URL()))
 		return a && b
-	}, 5*time.Second, 5*time.Millisecond)
+	}, 20*time.Second, 5*time.Millisecond)
 	lv, _ := g.table.Snapshot().Load(state.EngineID(v.URL()))
 	assert.Equal(t, uint64(7), lv.WaitingRequests)
 	ls, _ := g.table.Snapshot().Load(state.EngineID(s.URL()))

@@ -120,6 +120,15 @@ func TestRepeatedPromptLandsOnTheEngineThatPublishedItsBlocks(t *testing.T) {
 		st := g.kv.sub.Stats().Streams
 		return len(st) == 1 && st[0].Trusted && g.index.Match(keys).Blocks(state.EngineID(b.URL())) == len(hashes)
 	}, 10*time.Second, 20*time.Millisecond, "the gateway's index learns b's blocks from its events")
+	// Publishing has stopped: wait until the subscriber has handled the last batch and is in step,
+	// so no late batch or resync changes the index during the requests.
+	pub.mu.Lock()
+	last := uint64(len(pub.batches) - 1)
+	pub.mu.Unlock()
+	require.Eventually(t, func() bool {
+		st := g.kv.sub.Stats().Streams[0]
+		return st.LastSeq == last && st.Trusted && g.index.Match(keys).Blocks(state.EngineID(b.URL())) == len(hashes)
+	}, 10*time.Second, 10*time.Millisecond)
 
 	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":8}`, text)
 	for range 6 {

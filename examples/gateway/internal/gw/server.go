@@ -320,7 +320,8 @@ func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []by
 		return nil, err
 	}
 	for k, vs := range r.Header {
-		if hopHeaders[k] || k == "Content-Length" || k == "Host" {
+		// The DP rank is the gateway's to set: a client's own rank header is not forwarded.
+		if hopHeaders[k] || k == "Content-Length" || k == "Host" || http.CanonicalHeaderKey(k) == http.CanonicalHeaderKey(VLLMRankHeader) {
 			continue
 		}
 		req.Header[k] = vs

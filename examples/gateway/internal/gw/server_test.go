@@ -160,10 +160,11 @@ func TestPickRankReachesTheEngine(t *testing.T) {
 	// Without a rank nothing is added.
 	w := engine(t)
 	fw := newFixture(t, []gw.EngineConfig{{URL: w.URL(), Model: "m", Kind: gw.KindSGLang}}, gw.Options{})
-	code, _ := fw.post(t, "/v1/completions", `{"model":"m","prompt":"hi"}`, nil)
+	code, _ := fw.post(t, "/v1/completions", `{"model":"m","prompt":"hi"}`, map[string]string{gw.VLLMRankHeader: "7"})
 	require.Equal(t, http.StatusOK, code)
 	_, inBody = w.Requests()[0].Body["routed_dp_rank"]
 	assert.False(t, inBody)
+	assert.Empty(t, w.Requests()[0].Header.Get(gw.VLLMRankHeader), "a client's own rank header is not forwarded")
 }
 
 // In PD the bootstrap room agrees with the prefill rank sent (room mod prefill DP size = rank),

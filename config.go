@@ -1,0 +1,276 @@
+package enginepick
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/enginepick/enginepick/admission"
+)
+
+// Config is the whole routing configuration of a Router: the served models with their buckets,
+// engine groups and policies, an optional description of the engine fleet, and the settings of
+// the state every policy shares (docs/design.md §14). It is loaded from YAML or JSON with
+// LoadConfig or ParseConfig, which reject unknown fields and every invalid value with a
+// *ConfigError naming the field's path; New builds a Router from it.
+//
+// The zero value of every optional field is its documented default. A Config is plain data: New
+// copies what it needs and never modifies it.
+type Config struct {
+	// Models lists the served models; at least one, IDs unique and non-empty. A request for a
+	// model that is not listed is unknown (HTTP 404, docs/design.md §16).
+	Models []ModelConfig `json:"models"`
+	// Engines optionally describes the fleet: each engine's ID, model, stage, DP ranks and load
+	// endpoint. New builds a static registry from it when the host passes no registry, starts one
+	// load poller for the engines with a load endpoint, and examples/replay simulates exactly
+	// these engines. Empty means the host's registry is the only source of engines.
+	Engines []EngineConfig `json:"engines,omitempty"`
+	// Load configures the engine-reported load table and its pollers.
+	Load LoadSettings `json:"load,omitzero"`
+	// KV configures block hashing and the KV-block prefix index that cache_aware policies with a
+	// local prefix source share.
+	KV KVSettings `json:"kv,omitzero"`
+	// Affinity holds the settings of session and routing-key affinity that hosts read (the
+	// header names) and that the affinity store uses.
+	Affinity AffinitySettings `json:"affinity,omitzero"`
+
+	// lines maps field paths to their lines in the parsed input, for error messages; nil for a
+	// Config built in code.
+	lines map[string]int
+}
+
+// ModelConfig is one served model: its buckets and the default policies its groups inherit.
+type ModelConfig struct {
+	// ID is the model name requests carry (state.ModelID). Required, unique.
+	ID string `json:"id"`
+	// DefaultPolicy is the policy of every group of this model that sets none and has no stage
+	// default. Nil means the built-in default, power_of_two (docs/design.md §14).
+	DefaultPolicy *PolicyConfig `json:"default_policy,omitempty"`
+	// StagePolicies are per-stage defaults: they override DefaultPolicy for groups of their stage.
+	// An explicit group policy overrides both.
+	StagePolicies StagePolicies `json:"stage_policies,omitzero"`
+	// SLO sets how TTFT and TPS targets order this model's buckets (docs/design.md §2). The zero
+	// value disables both.
+	SLO SLOConfig `json:"slo,omitzero"`
+	// Buckets lists the model's buckets; at least one, IDs unique and non-empty within the model.
+	Buckets []BucketConfig `json:"buckets"`
+}
+
+// StagePolicies holds one optional default policy per stage.
+type StagePolicies struct {
+	Plain   *PolicyConfig `json:"plain,omitempty"`
+	Prefill *PolicyConfig `json:"prefill,omitempty"`
+	Decode  *PolicyConfig `json:"decode,omitempty"`
+}
+
+// SLOConfig sets the SLO preferences of a model's resolver: each is "disabled" (the default,
+// also the empty string), "best_effort" or "slo_first" (bucket.SLOPreference).
+type SLOConfig struct {
+	TTFTPreference string `json:"ttft_preference,omitempty"`
+	TPSPreference  string `json:"tps_preference,omitempty"`
+}
+
+// BucketConfig is one bucket: identity, length constraints, SLO estimates and its groups
+// (bucket.Spec; docs/design.md §2).
+type BucketConfig struct {
+	// ID identifies the bucket within its model. Required, unique within the model.
+	ID string `json:"id"`
+	// Rank orders buckets of equal input capacity: lower first.
+	Rank int `json:"rank,omitempty"`
+	// Limits is the inclusive input-token range. Its zero value accepts every length.
+	Limits TokenRange `json:"limits,omitzero"`
+	// MaxContextTokens is the context capacity in tokens; 0 means unbounded.
+	MaxContextTokens uint64 `json:"max_context_tokens,omitempty"`
+	// TTFTEstimate and TPSEstimate are the bucket's p95 time to first token and p05 decode tokens
+	// per second at capacity, for SLO ordering; zero means no estimate (never meets a target).
+	TTFTEstimate Duration `json:"ttft_estimate,omitzero"`
+	TPSEstimate  float64  `json:"tps_estimate,omitempty"`
+	// Groups holds exactly one of a plain group or a PD pair of groups.
+	Groups GroupsConfig `json:"groups"`
+}
+
+// TokenRange is an inclusive range of input tokens. Max 0 means no upper bound.
+type TokenRange struct {
+	Min uint64 `json:"min,omitempty"`
+	Max uint64 `json:"max,omitempty"`
+}
+
+// GroupsConfig holds a bucket's groups: exactly one of Plain and PD.
+type GroupsConfig struct {
+	Plain *GroupConfig `json:"plain,omitempty"`
+	PD    *PDConfig    `json:"pd,omitempty"`
+}
+
+// PDConfig is a PD bucket's two groups; both are required (docs/design.md §3).
+type PDConfig struct {
+	Prefill *GroupConfig `json:"prefill"`
+	Decode  *GroupConfig `json:"decode"`
+}
+
+// GroupConfig is one engine group: its membership and, optionally, its policy.
+type GroupConfig struct {
+	// WorkerIDs is the membership. Absent (nil) means every healthy engine of the model and the
+	// group's stage; an empty list means none (docs/design.md §4).
+	WorkerIDs *[]string `json:"worker_ids,omitempty"`
+	// Policy is the group's policy. Nil inherits the model's stage default, else its default
+	// policy, else power_of_two.
+	Policy *PolicyConfig `json:"policy,omitempty"`
+}
+
+// PolicyConfig is one policy attachment: the policy type, its admission caps and its parameters.
+// A parameter set for a type that does not use it is an error, never ignored (docs/design.md
+// §14.2). Pointer fields distinguish unset from an explicit zero.
+type PolicyConfig struct {
+	// Type is the policy name: round_robin, random, power_of_two, power_of_n, least_load (legacy
+	// spelling load_based), cache_aware. Required.
+	Type string `json:"type"`
+	// Admission is the per-engine caps the policy checks (docs/design.md §5). The zero value
+	// admits everything.
+	Admission admission.Limits `json:"admission,omitzero"`
+
+	// Choices is N of power_of_n (required there, >= 1). power_of_two is power_of_n with N = 2.
+	Choices *int `json:"choices,omitempty"`
+
+	// PrefixSource is where cache_aware looks prefixes up: "local" (the default: the shared
+	// KV-block index) or "remote" (the remote indexer the host passes with WithRemoteIndexer,
+	// bounded by KVSettings.RemoteTimeout and RemoteMaxConcurrent).
+	PrefixSource string `json:"prefix_source,omitempty"`
+	// The cache_aware parameters (policy.CacheAwareOptions; docs/design.md §9). Unset means the
+	// policy's default.
+	MinMatchedTokens           *uint64  `json:"min_matched_tokens,omitempty"`
+	MinMatchRatio              *float64 `json:"min_match_ratio,omitempty"`
+	CandidateMinWorkers        *int     `json:"candidate_min_workers,omitempty"`
+	CandidateRatio             *float64 `json:"candidate_ratio,omitempty"`
+	CandidateMaxWorkers        *int     `json:"candidate_max_workers,omitempty"`
+	SwitchMarginTokens         *uint64  `json:"switch_margin_tokens,omitempty"`
+	PressureGuard              *bool    `json:"pressure_guard,omitempty"`
+	PressureAbsThresholdTokens *uint64  `json:"pressure_abs_threshold_tokens,omitempty"`
+	PressureAbsThresholdMs     *uint64  `json:"pressure_abs_threshold_ms,omitempty"`
+	PressureRelThreshold       *float64 `json:"pressure_rel_threshold,omitempty"`
+	WorkerQueueLimit           *uint64  `json:"worker_queue_limit,omitempty"`
+	SaturationQueueFloor       *uint64  `json:"saturation_queue_floor,omitempty"`
+	MinLoadChoices             *int     `json:"min_load_choices,omitempty"`
+	// RoutePlacements (default true) records each pick's prompt for its engine as approximate
+	// entries (docs/design.md §9.10); false sets policy.CacheAwareOptions.DisableRoutePlacements.
+	// It applies to the local prefix source only.
+	RoutePlacements *bool `json:"route_placements,omitempty"`
+	// CostComparison (default true) and its thresholds CostMarginTokens (1,024) and
+	// RecomputeFactor (2, > 0) are the cost comparison (docs/design.md §9.11).
+	CostComparison   *bool    `json:"cost_comparison,omitempty"`
+	CostMarginTokens *uint64  `json:"cost_margin_tokens,omitempty"`
+	RecomputeFactor  *float64 `json:"recompute_factor,omitempty"`
+
+	// Filter and MaxInFlight are the legacy spelling of an in-flight cap: filter "overloaded"
+	// with max_in_flight N is admission.max_inflight_requests N (docs/design.md §14.3).
+	Filter      StringList `json:"filter,omitempty"`
+	MaxInFlight *uint64    `json:"max_in_flight,omitempty"`
+}
+
+// EngineConfig describes one engine of the fleet.
+type EngineConfig struct {
+	// ID is the engine's stable, unique ID (state.EngineID), usually its base URL. Required.
+	ID string `json:"id"`
+	// Model is the model the engine serves; it must be one of Config.Models. Required.
+	Model string `json:"model"`
+	// Stage is "plain" (the default, also the empty string), "prefill" or "decode".
+	Stage string `json:"stage,omitempty"`
+	// DPRanks is the engine's data-parallel rank count (loadmon.Table.Expect). 0 means 1; at most
+	// loadmon.MaxRanks.
+	DPRanks int `json:"dp_ranks,omitempty"`
+	// Load is the engine's load endpoint, polled by New. Nil means none: the host reports load.
+	Load *LoadEndpoint `json:"load,omitempty"`
+}
+
+// LoadEndpoint is an engine's load page (docs/design.md §13.1).
+type LoadEndpoint struct {
+	// URL is the absolute http or https URL of the page. Required.
+	URL string `json:"url"`
+	// Format is vllm_metrics, sglang_get_load or sglang_loads. Required.
+	Format string `json:"format"`
+}
+
+// LoadSettings configures the shared load table (docs/design.md §6) and the pollers.
+type LoadSettings struct {
+	// Freshness is how long a report stays usable. Zero means loadmon.DefaultFreshness (5 s).
+	Freshness Duration `json:"freshness,omitzero"`
+	// PollInterval, PollTimeout and PollJitter configure the load pollers (loadsource.Options):
+	// zero means 1 s, 500 ms and no jitter. The timeout must not exceed the interval; jitter is a
+	// fraction in [0, 1].
+	PollInterval Duration `json:"poll_interval,omitzero"`
+	PollTimeout  Duration `json:"poll_timeout,omitzero"`
+	PollJitter   float64  `json:"poll_jitter,omitempty"`
+}
+
+// KVSettings configures block hashing and the shared KV-block index (docs/design.md §11).
+type KVSettings struct {
+	// BlockTokens is the engines' KV block size in tokens. Zero means 16 (vLLM's default); at
+	// most kvindex.MaxBlockTokens.
+	BlockTokens int `json:"block_tokens,omitempty"`
+	// HashSeed is the root of every block-key chain (kvindex.HasherConfig.Seed).
+	HashSeed uint64 `json:"hash_seed,omitempty"`
+	// Namespace is folded into every block key (kvindex.HasherConfig.Namespace); empty means none.
+	Namespace string `json:"namespace,omitempty"`
+	// MaxBlocks, MaxApproxBlocks and ApproxTTL are the index caps (kvindex.Options): zero means
+	// 4,194,304 blocks, 1,048,576 approximate entries and 120 s.
+	MaxBlocks       int      `json:"max_blocks,omitempty"`
+	MaxApproxBlocks int      `json:"max_approx_blocks,omitempty"`
+	ApproxTTL       Duration `json:"approx_ttl,omitzero"`
+	// RemoteTimeout and RemoteMaxConcurrent bound the lookups of the one remote prefix source
+	// every cache_aware policy with prefix_source remote shares: zero means 100 ms and 32
+	// (docs/design.md §10).
+	RemoteTimeout       Duration `json:"remote_timeout,omitzero"`
+	RemoteMaxConcurrent int      `json:"remote_max_concurrent,omitempty"`
+}
+
+// AffinitySettings are the shared settings of session and routing-key affinity (docs/design.md
+// §12 and §14).
+type AffinitySettings struct {
+	// SessionHeader is the HTTP header a host reads the session key from. Empty means
+	// DefaultSessionHeader.
+	SessionHeader string `json:"session_header,omitempty"`
+	// RoutingKeyHeader is the HTTP header a host reads the sticky routing key from. Empty means
+	// DefaultRoutingKeyHeader.
+	RoutingKeyHeader string `json:"routing_key_header,omitempty"`
+	// IdleTimeout is how long a binding lives without a hit. Zero means DefaultAffinityIdle.
+	IdleTimeout Duration `json:"idle_timeout,omitzero"`
+	// SweepInterval is how often expired bindings are swept. Zero means DefaultAffinitySweep.
+	SweepInterval Duration `json:"sweep_interval,omitzero"`
+	// Mode is "strict" or empty: an admitted binding is reused. The former "soft" mode is rejected
+	// (docs/design.md §14.3).
+	Mode string `json:"affinity_mode,omitempty"`
+}
+
+// Defaults of the shared settings (docs/design.md §14; the experimental SGLang router's
+// defaults).
+const (
+	DefaultSessionHeader    = "x-session-id"
+	DefaultRoutingKeyHeader = "x-sgl-routing-key"
+	DefaultAffinityIdle     = 600 * time.Second
+	DefaultAffinitySweep    = 60 * time.Second
+	// DefaultBlockTokens is KVSettings.BlockTokens's default, vLLM's block size.
+	DefaultBlockTokens = 16
+	// DefaultPolicy is the policy of a group that sets none and inherits none.
+	DefaultPolicy = "power_of_two"
+)
+
+// Duration is a time.Duration written as a Go duration string ("5s", "250ms") in YAML and JSON.
+type Duration time.Duration
+
+// D returns the time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// MarshalText writes the duration as time.Duration.String does.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
+
+// UnmarshalText parses a Go duration string (time.ParseDuration).
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%w %s: want a duration such as 5s or 250ms", ErrBadValue, strconv.Quote(string(b)))
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// StringList is a list of strings that may also be written as a single string.
+type StringList []string

@@ -1,0 +1,234 @@
+package enginepick_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/state"
+)
+
+// malformedCase is one invalid configuration and the exact error it must produce.
+type malformedCase struct {
+	name   string
+	format enginepick.Format
+	input  string
+	cause  error  // the sentinel the *ConfigError wraps
+	path   string // ConfigError.Path
+	msg    string // the whole Error()
+}
+
+// aliasBomb expands to 10^8 values through nested YAML aliases.
+var aliasBomb = func() string {
+	s := "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+	prev := "a"
+	for _, n := range []string{"b", "c", "d", "e", "f", "g", "h"} {
+		s += n + ": &" + n + " [" + strings.TrimSuffix(strings.Repeat("*"+prev+", ", 10), ", ") + "]\n"
+		prev = n
+	}
+	return s + "models: *h\n"
+}()
+
+// plainModel is a valid model prefix the cases extend.
+const plainModel = `models:
+  - id: m
+    buckets:
+`
+
+var malformedCases = []malformedCase{
+	{name: "empty document", input: "", cause: enginepick.ErrMissingField,
+		path: "", msg: `config: empty document: want a mapping with models`},
+	{name: "not YAML", input: "models: [\n", cause: enginepick.ErrBadValue,
+		path: "", msg: `config: not valid YAML: line 1: did not find expected node content`},
+	{name: "not JSON", format: enginepick.FormatJSON, input: `{"models": [}`, cause: enginepick.ErrBadValue,
+		path: "", msg: `config: line 1: not valid JSON: invalid character '}' looking for beginning of value`},
+	{name: "two YAML documents", input: "models: []\n---\nmodels: []\n", cause: enginepick.ErrBadValue,
+		path: "", msg: `config: line 2: more than one YAML document`},
+	{name: "root is a list", input: "- models\n", cause: enginepick.ErrBadValue,
+		path: "", msg: `config: line 1: the document is a list: want a mapping with models`},
+	{name: "unknown top-level field", input: "modles: []\n", cause: enginepick.ErrUnknownField,
+		path: "modles", msg: `config: line 1: modles: unknown field: want one of affinity, engines, kv, load, models`},
+	{name: "unknown field in JSON names its line", format: enginepick.FormatJSON, input: "{\n  \"models\": [\n    {\"id\": \"m\", \"buckest\": []}\n  ]\n}\n", cause: enginepick.ErrUnknownField,
+		path: "models[0].buckest", msg: `config: line 3: models[0].buckest: unknown field: want one of buckets, default_policy, id, slo, stage_policies`},
+	{name: "YAML key set twice", input: "models: []\nmodels: []\n", cause: enginepick.ErrDuplicate,
+		path: "models", msg: `config: line 2: models: field set twice`},
+	{name: "JSON key set twice", format: enginepick.FormatJSON, input: `{"kv": {"block_tokens": 16, "block_tokens": 32}, "models": []}`, cause: enginepick.ErrDuplicate,
+		path: "kv.block_tokens", msg: `config: line 1: kv.block_tokens: field set twice`},
+	{name: "custom YAML tag", input: "models: !custom []\n", cause: enginepick.ErrBadValue,
+		path: "", msg: `config: line 1: list has tag !custom: want a plain list`},
+	{name: "alias expansion bomb", input: aliasBomb, cause: enginepick.ErrBadValue,
+		path: "", msg: `config: line 1: document has more than 200000 values`},
+	{name: "YAML merge key", input: "base: &b {type: round_robin}\nmodels:\n  - id: m\n    default_policy: {<<: *b}\n", cause: enginepick.ErrBadValue,
+		path: "", msg: `config: line 4: YAML merge keys (<<) are not supported: write the fields out, or use default_policy and stage_policies`},
+	{name: "nesting too deep", input: "models: " + strings.Repeat("[", 100) + strings.Repeat("]", 100) + "\n", cause: enginepick.ErrBadValue,
+		path: "", msg: `config: line 1: document nests deeper than 64 levels`},
+	{name: "no models", input: "models: []\n", cause: enginepick.ErrMissingField,
+		path: "models", msg: `config: line 1: models: at least one model is required`},
+	{name: "model without id", input: "models:\n  - buckets: []\n", cause: enginepick.ErrMissingField,
+		path: "models[0].id", msg: `config: line 2: models[0].id: a model needs an id`},
+	{name: "duplicate model id", input: "models:\n  - id: m\n    buckets: [{id: a, groups: {plain: {}}}]\n  - id: m\n    buckets: [{id: a, groups: {plain: {}}}]\n", cause: enginepick.ErrDuplicate,
+		path: "models[1].id", msg: `config: line 4: models[1].id: duplicate model ID "m" (also models[0])`},
+	{name: "model without buckets", input: "models:\n  - id: m\n", cause: enginepick.ErrMissingField,
+		path: "models[0].buckets", msg: `config: line 2: models[0].buckets: model "m" needs at least one bucket`},
+	{name: "bucket without id", input: plainModel + "      - groups: {plain: {}}\n", cause: enginepick.ErrMissingField,
+		path: "models[0].buckets[0].id", msg: `config: line 4: models[0].buckets[0].id: a bucket needs an id`},
+	{name: "bucket id is a number", input: plainModel + "      - id: 7\n        groups: {plain: {}}\n", cause: enginepick.ErrBadValue,
+		path: "models[0].buckets[0].id", msg: `config: line 4: models[0].buckets[0].id: an integer 7: want a string (quote it)`},
+	{name: "duplicate bucket id", input: plainModel + "      - {id: a, groups: {plain: {}}}\n      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrDuplicate,
+		path: "models[0].buckets[1].id", msg: `config: line 5: models[0].buckets[1].id: duplicate bucket ID "a" in model "m" (also models[0].buckets[0])`},
+	{name: "inverted input range", input: plainModel + "      - id: a\n        limits: {min: 5000, max: 4096}\n        groups: {plain: {}}\n", cause: enginepick.ErrOutOfRange,
+		path: "models[0].buckets[0].limits", msg: `config: line 5: models[0].buckets[0].limits: inverted range: min 5000 is above max 4096`},
+	{name: "min input above context capacity", input: plainModel + "      - id: a\n        limits: {min: 9000}\n        max_context_tokens: 8192\n        groups: {plain: {}}\n", cause: enginepick.ErrOutOfRange,
+		path: "models[0].buckets[0].limits.min", msg: `config: line 5: models[0].buckets[0].limits.min: min 9000 is above max_context_tokens 8192: no request fits`},
+	{name: "negative context capacity", input: plainModel + "      - id: a\n        max_context_tokens: -1\n        groups: {plain: {}}\n", cause: enginepick.ErrBadValue,
+		path: "models[0].buckets[0].max_context_tokens", msg: `config: line 5: models[0].buckets[0].max_context_tokens: an integer -1: want a non-negative integer`},
+	{name: "rank does not fit", input: plainModel + "      - id: a\n        rank: 99999999999999999999\n        groups: {plain: {}}\n", cause: enginepick.ErrOutOfRange,
+		path: "models[0].buckets[0].rank", msg: `config: line 5: models[0].buckets[0].rank: 99999999999999999999 does not fit in 64 bits`},
+	{name: "TPS estimate is NaN", input: plainModel + "      - id: a\n        tps_estimate: .nan\n        groups: {plain: {}}\n", cause: enginepick.ErrBadValue,
+		path: "models[0].buckets[0].tps_estimate", msg: `config: line 5: models[0].buckets[0].tps_estimate: a number NaN: want a finite number`},
+	{name: "TTFT estimate is not a duration", input: plainModel + "      - id: a\n        ttft_estimate: 500\n        groups: {plain: {}}\n", cause: enginepick.ErrBadValue,
+		path: "models[0].buckets[0].ttft_estimate", msg: `config: line 5: models[0].buckets[0].ttft_estimate: an integer 500: want a duration such as 5s or 250ms`},
+	{name: "plain and pd together", input: plainModel + "      - id: a\n        groups: {plain: {}, pd: {prefill: {}, decode: {}}}\n", cause: enginepick.ErrConflict,
+		path: "models[0].buckets[0].groups", msg: `config: line 5: models[0].buckets[0].groups: a bucket is plain or PD: set plain or pd, not both`},
+	{name: "no group", input: plainModel + "      - id: a\n        groups: {}\n", cause: enginepick.ErrMissingField,
+		path: "models[0].buckets[0].groups", msg: `config: line 5: models[0].buckets[0].groups: set plain or pd`},
+	{name: "PD bucket without decode", input: plainModel + "      - id: a\n        groups:\n          pd:\n            prefill: {worker_ids: [p1]}\n", cause: enginepick.ErrMissingField,
+		path: "models[0].buckets[0].groups.pd.decode", msg: `config: line 6: models[0].buckets[0].groups.pd.decode: a PD bucket needs both a prefill and a decode group`},
+	{name: "PD bucket without prefill", input: plainModel + "      - id: a\n        groups:\n          pd:\n            decode: {worker_ids: [d1]}\n", cause: enginepick.ErrMissingField,
+		path: "models[0].buckets[0].groups.pd.prefill", msg: `config: line 6: models[0].buckets[0].groups.pd.prefill: a PD bucket needs both a prefill and a decode group`},
+	{name: "unknown group field", input: plainModel + "      - id: a\n        groups: {plain: {workers: [e1]}}\n", cause: enginepick.ErrUnknownField,
+		path: "models[0].buckets[0].groups.plain.workers", msg: `config: line 5: models[0].buckets[0].groups.plain.workers: unknown field: want one of policy, worker_ids`},
+	{name: "worker_ids is not a list", input: plainModel + "      - id: a\n        groups: {plain: {worker_ids: e1}}\n", cause: enginepick.ErrBadValue,
+		path: "models[0].buckets[0].groups.plain.worker_ids", msg: `config: line 5: models[0].buckets[0].groups.plain.worker_ids: string "e1": want a list`},
+	{name: "empty worker ID", input: plainModel + "      - id: a\n        groups: {plain: {worker_ids: [e1, \"\"]}}\n", cause: enginepick.ErrMissingField,
+		path: "models[0].buckets[0].groups.plain.worker_ids[1]", msg: `config: line 5: models[0].buckets[0].groups.plain.worker_ids[1]: empty engine ID`},
+	{name: "worker listed twice", input: plainModel + "      - id: a\n        groups: {plain: {worker_ids: [e1, e1]}}\n", cause: enginepick.ErrDuplicate,
+		path: "models[0].buckets[0].groups.plain.worker_ids[1]", msg: `config: line 5: models[0].buckets[0].groups.plain.worker_ids[1]: engine "e1" listed twice`},
+	{name: "engine in both PD roles", input: plainModel + "      - id: a\n        groups:\n          pd:\n            prefill: {worker_ids: [x, p1]}\n            decode: {worker_ids: [d1, x]}\n", cause: enginepick.ErrWrongStage,
+		path: "models[0].buckets[0].groups.pd.decode.worker_ids[1]", msg: `config: line 8: models[0].buckets[0].groups.pd.decode.worker_ids[1]: engine "x" is also a member of the prefill group: an engine has one stage`},
+	{name: "policy without type", input: plainModel + "      - id: a\n        groups: {plain: {policy: {admission: {max_running_requests: 8}}}}\n", cause: enginepick.ErrMissingField,
+		path: "models[0].buckets[0].groups.plain.policy.type", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.type: want one of cache_aware, least_load, power_of_n, power_of_two, random, round_robin`},
+	{name: "unknown policy type", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: least_loaded}}}\n", cause: enginepick.ErrBadValue,
+		path: "models[0].buckets[0].groups.plain.policy.type", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.type: unknown policy type "least_loaded": want one of cache_aware, least_load, power_of_n, power_of_two, random, round_robin (load_based is least_load)`},
+	{name: "fused_score removed", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: fused_score}}}\n", cause: enginepick.ErrRemovedOption,
+		path: "models[0].buckets[0].groups.plain.policy.type", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.type: policy type "fused_score" was removed: use cache_aware, which weighs prefix hits against load, instead`},
+	{name: "score_policy removed", input: "models:\n  - id: m\n    default_policy: {type: score_policy}\n    buckets: [{id: a, groups: {plain: {}}}]\n", cause: enginepick.ErrRemovedOption,
+		path: "models[0].default_policy.type", msg: `config: line 3: models[0].default_policy.type: policy type "score_policy" was removed: use cache_aware, which weighs prefix hits against load, instead`},
+	{name: "fuse terms removed", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, fuse_terms: [prefix_cache, load_based]}}}\n", cause: enginepick.ErrRemovedOption,
+		path: "models[0].buckets[0].groups.plain.policy.fuse_terms", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.fuse_terms: "fuse_terms" was removed with the fused_score policy: use policy type cache_aware instead`},
+	{name: "fuse weights removed", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, fuse_weights: [1, 2]}}}\n", cause: enginepick.ErrRemovedOption,
+		path: "models[0].buckets[0].groups.plain.policy.fuse_weights", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.fuse_weights: "fuse_weights" was removed with the fused_score policy: use policy type cache_aware instead`},
+	{name: "legacy_host_affinity removed", input: plainModel + "      - id: a\n        groups:\n          pd:\n            prefill: {}\n            decode: {policy: {type: legacy_host_affinity}}\n", cause: enginepick.ErrRemovedOption,
+		path: "models[0].buckets[0].groups.pd.decode.policy.type", msg: `config: line 8: models[0].buckets[0].groups.pd.decode.policy.type: policy type "legacy_host_affinity" was removed: use power_of_two on the decode group instead`},
+	{name: "stable_pair removed", input: "stable_pair: true\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrRemovedOption,
+		path: "stable_pair", msg: `config: line 1: stable_pair: "stable_pair" was removed: both engines of a PD pair always come from one bucket; use policy type session_aware on the prefill and decode groups instead`},
+	{name: "soft affinity mode removed", input: "affinity: {affinity_mode: soft}\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrRemovedOption,
+		path: "affinity.affinity_mode", msg: `config: line 1: affinity.affinity_mode: affinity mode "soft" was removed: an admitted binding is always reused; use strict (or omit affinity_mode) instead`},
+	{name: "unknown affinity mode", input: "affinity: {affinity_mode: global}\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrBadValue,
+		path: "affinity.affinity_mode", msg: `config: line 1: affinity.affinity_mode: "global": want strict`},
+	{name: "prefix_cache filter removed", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: round_robin, filter: [overloaded, prefix_cache], max_in_flight: 4}}}\n", cause: enginepick.ErrRemovedOption,
+		path: "models[0].buckets[0].groups.plain.policy.filter[1]", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.filter[1]: filter "prefix_cache" was removed: it is not equivalent to cache_aware's hit gate; use policy type cache_aware (with min_matched_tokens or min_match_ratio) instead`},
+	{name: "prefix_cache_min_share removed", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: round_robin, prefix_cache_min_share: 0.5}}}\n", cause: enginepick.ErrRemovedOption,
+		path: "models[0].buckets[0].groups.plain.policy.prefix_cache_min_share", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.prefix_cache_min_share: "prefix_cache_min_share" was removed with filter prefix_cache, and cache_aware's gate is not equivalent to it: use policy type cache_aware with min_match_ratio instead`},
+	{name: "cache_aware on a decode group", input: plainModel + "      - id: a\n        groups:\n          pd:\n            prefill: {policy: {type: cache_aware}}\n            decode: {policy: {type: cache_aware}}\n", cause: enginepick.ErrWrongStage,
+		path: "models[0].buckets[0].groups.pd.decode.policy.type", msg: `config: line 8: models[0].buckets[0].groups.pd.decode.policy.type: "cache_aware" cannot serve the decode stage: use power_of_two, power_of_n, least_load, round_robin or random`},
+	{name: "decode group inherits cache_aware", input: "models:\n  - id: m\n    default_policy: {type: cache_aware}\n    buckets:\n      - id: a\n        groups: {pd: {prefill: {}, decode: {}}}\n", cause: enginepick.ErrWrongStage,
+		path: "models[0].buckets[0].groups.pd.decode", msg: `config: line 6: models[0].buckets[0].groups.pd.decode: the decode group inherits "cache_aware" from models[0].default_policy, which cannot serve the decode stage: set a policy on the group or in stage_policies.decode`},
+	{name: "cache_aware as the decode stage default", input: "models:\n  - id: m\n    stage_policies: {decode: {type: cache_aware}}\n    buckets: [{id: a, groups: {plain: {}}}]\n", cause: enginepick.ErrWrongStage,
+		path: "models[0].stage_policies.decode.type", msg: `config: line 3: models[0].stage_policies.decode.type: "cache_aware" cannot serve the decode stage: use power_of_two, power_of_n, least_load, round_robin or random`},
+	{name: "saturation floor without queue limit", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, saturation_queue_floor: 2}}}\n", cause: enginepick.ErrConflict,
+		path: "models[0].buckets[0].groups.plain.policy.saturation_queue_floor", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.saturation_queue_floor: saturation_queue_floor needs worker_queue_limit`},
+	{name: "saturation floor above queue limit", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, worker_queue_limit: 4, saturation_queue_floor: 5}}}\n", cause: enginepick.ErrOutOfRange,
+		path: "models[0].buckets[0].groups.plain.policy.saturation_queue_floor", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.saturation_queue_floor: 5: must be in [1, worker_queue_limit 4]`},
+	{name: "queue limit zero", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, worker_queue_limit: 0}}}\n", cause: enginepick.ErrOutOfRange,
+		path: "models[0].buckets[0].groups.plain.policy.worker_queue_limit", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.worker_queue_limit: 0: must be >= 1 (unset turns the queue gate off)`},
+	{name: "match ratio above one", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, min_match_ratio: 1.5}}}\n", cause: enginepick.ErrOutOfRange,
+		path: "models[0].buckets[0].groups.plain.policy.min_match_ratio", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.min_match_ratio: 1.5: must be in (0, 1]`},
+	{name: "candidate max below default min", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, candidate_max_workers: 4}}}\n", cause: enginepick.ErrOutOfRange,
+		path: "models[0].buckets[0].groups.plain.policy.candidate_max_workers", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.candidate_max_workers: candidate_max_workers 4 is below candidate_min_workers 8 (unset candidate_min_workers is its default)`},
+	{name: "pressure rel threshold not above one", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, pressure_rel_threshold: 1}}}\n", cause: enginepick.ErrOutOfRange,
+		path: "models[0].buckets[0].groups.plain.policy.pressure_rel_threshold", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.pressure_rel_threshold: 1: must be > 1`},
+	{name: "pressure tuning with the guard off", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, pressure_guard: false, pressure_abs_threshold_tokens: 2048}}}\n", cause: enginepick.ErrConflict,
+		path: "models[0].buckets[0].groups.plain.policy.pressure_abs_threshold_tokens", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.pressure_abs_threshold_tokens: pressure_abs_threshold_tokens tunes the pressure guard, which pressure_guard false turns off`},
+	{name: "cost tuning with the comparison off", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, cost_comparison: false, recompute_factor: 3}}}\n", cause: enginepick.ErrConflict,
+		path: "models[0].buckets[0].groups.plain.policy.recompute_factor", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.recompute_factor: recompute_factor tunes the cost comparison, which cost_comparison false turns off`},
+	{name: "recompute factor not above zero", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, recompute_factor: 0}}}\n", cause: enginepick.ErrOutOfRange,
+		path: "models[0].buckets[0].groups.plain.policy.recompute_factor", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.recompute_factor: 0: must be finite and > 0`},
+	{name: "route placements on power_of_two", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: power_of_two, route_placements: false}}}\n", cause: enginepick.ErrConflict,
+		path: "models[0].buckets[0].groups.plain.policy.route_placements", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.route_placements: route_placements applies to cache_aware only, not power_of_two`},
+	{name: "cache parameter on power_of_two", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: power_of_two, min_matched_tokens: 512}}}\n", cause: enginepick.ErrConflict,
+		path: "models[0].buckets[0].groups.plain.policy.min_matched_tokens", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.min_matched_tokens: min_matched_tokens applies to cache_aware only, not power_of_two`},
+	{name: "bad prefix source", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, prefix_source: redis}}}\n", cause: enginepick.ErrBadValue,
+		path: "models[0].buckets[0].groups.plain.policy.prefix_source", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.prefix_source: "redis": want local or remote`},
+	{name: "power_of_n with zero choices", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: power_of_n, choices: 0}}}\n", cause: enginepick.ErrOutOfRange,
+		path: "models[0].buckets[0].groups.plain.policy.choices", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.choices: 0: must be >= 1`},
+	{name: "overloaded filter without max_in_flight", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: round_robin, filter: overloaded}}}\n", cause: enginepick.ErrMissingField,
+		path: "models[0].buckets[0].groups.plain.policy.max_in_flight", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.max_in_flight: filter overloaded needs max_in_flight`},
+	{name: "max_in_flight without filter", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: round_robin, max_in_flight: 8}}}\n", cause: enginepick.ErrConflict,
+		path: "models[0].buckets[0].groups.plain.policy.max_in_flight", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.max_in_flight: max_in_flight needs filter overloaded; or use admission.max_inflight_requests`},
+	{name: "legacy and new in-flight caps together", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: load_based, filter: overloaded, max_in_flight: 8, admission: {max_inflight_requests: 8}}}}\n", cause: enginepick.ErrConflict,
+		path: "models[0].buckets[0].groups.plain.policy.max_in_flight", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.max_in_flight: filter overloaded with max_in_flight is the legacy spelling of admission.max_inflight_requests: set one of them`},
+	{name: "unknown filter", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: round_robin, filter: healthy}}}\n", cause: enginepick.ErrBadValue,
+		path: "models[0].buckets[0].groups.plain.policy.filter", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.filter: unknown filter "healthy": want overloaded (with max_in_flight)`},
+	{name: "unknown admission limit", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: round_robin, admission: {max_queue: 8}}}}\n", cause: enginepick.ErrUnknownField,
+		path: "models[0].buckets[0].groups.plain.policy.admission.max_queue", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.admission.max_queue: unknown field: want one of max_inflight_requests, max_kv_tokens, max_pending_prefill_tokens, max_running_requests, max_waiting_requests`},
+	{name: "negative admission cap", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: round_robin, admission: {max_kv_tokens: -5}}}}\n", cause: enginepick.ErrBadValue,
+		path: "models[0].buckets[0].groups.plain.policy.admission.max_kv_tokens", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.admission.max_kv_tokens: an integer -5: want a non-negative integer`},
+	{name: "admission cap as a string", format: enginepick.FormatJSON, input: `{"models": [{"id": "m", "buckets": [{"id": "a", "groups": {"plain": {"policy": {"type": "random", "admission": {"max_running_requests": "64"}}}}}]}]}`, cause: enginepick.ErrBadValue,
+		path: "models[0].buckets[0].groups.plain.policy.admission.max_running_requests", msg: `config: line 1: models[0].buckets[0].groups.plain.policy.admission.max_running_requests: string "64": want a non-negative integer`},
+	{name: "unknown SLO preference", input: "models:\n  - id: m\n    slo: {ttft_preference: fastest}\n    buckets: [{id: a, groups: {plain: {}}}]\n", cause: enginepick.ErrBadValue,
+		path: "models[0].slo.ttft_preference", msg: `config: line 3: models[0].slo.ttft_preference: "fastest": want disabled, best_effort or slo_first`},
+	{name: "freshness is not a duration", input: "load: {freshness: 5}\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrBadValue,
+		path: "load.freshness", msg: `config: line 1: load.freshness: an integer 5: want a duration such as 5s or 250ms`},
+	{name: "negative freshness", input: "load: {freshness: -1s}\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrOutOfRange,
+		path: "load.freshness", msg: `config: line 1: load.freshness: -1s is negative`},
+	{name: "poll timeout above interval", input: "load: {poll_interval: 200ms}\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrOutOfRange,
+		path: "load.poll_timeout", msg: `config: line 1: load.poll_timeout: 500ms is longer than poll_interval 200ms`},
+	{name: "block size too large", input: "kv: {block_tokens: 100000}\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrOutOfRange,
+		path: "kv.block_tokens", msg: `config: line 1: kv.block_tokens: 100000: must be in [1, 65536] (unset means 16)`},
+	{name: "session header is not a header name", input: "affinity: {session_header: \"x session\"}\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrBadValue,
+		path: "affinity.session_header", msg: `config: line 1: affinity.session_header: "x session" is not an HTTP header name`},
+	{name: "engine of an unknown model", input: "engines: [{id: e1, model: other}]\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrBadValue,
+		path: "engines[0].model", msg: `config: line 1: engines[0].model: model "other" is not one of models`},
+	{name: "engine with a bad stage", input: "engines: [{id: e1, model: m, stage: Prefill}]\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrBadValue,
+		path: "engines[0].stage", msg: `config: line 1: engines[0].stage: "Prefill": want plain, prefill or decode`},
+	{name: "duplicate engine id", input: "engines: [{id: e1, model: m}, {id: e1, model: m}]\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrDuplicate,
+		path: "engines[1].id", msg: `config: line 1: engines[1].id: duplicate engine ID "e1" (also engines[0])`},
+	{name: "relative load URL", input: "engines: [{id: e1, model: m, load: {url: /metrics, format: vllm_metrics}}]\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrBadValue,
+		path: "engines[0].load.url", msg: `config: line 1: engines[0].load.url: "/metrics": want an absolute http or https URL`},
+	{name: "unknown load format", input: "engines: [{id: e1, model: m, load: {url: \"http://e1/metrics\", format: prometheus}}]\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrBadValue,
+		path: "engines[0].load.format", msg: `config: line 1: engines[0].load.format: "prometheus": want vllm_metrics, sglang_get_load or sglang_loads`},
+	{name: "member of the wrong role", input: "engines: [{id: p1, model: m, stage: prefill}, {id: d1, model: m, stage: decode}]\n" + plainModel + "      - id: a\n        groups: {pd: {prefill: {worker_ids: [d1]}, decode: {worker_ids: [p1]}}}\n", cause: enginepick.ErrWrongStage,
+		path: "models[0].buckets[0].groups.pd.prefill.worker_ids[0]", msg: `config: line 6: models[0].buckets[0].groups.pd.prefill.worker_ids[0]: engine "d1" is a decode engine, not prefill`},
+	{name: "member of another model", input: "engines: [{id: e1, model: m}, {id: e2, model: n}]\nmodels:\n  - {id: m, buckets: [{id: a, groups: {plain: {worker_ids: [e2]}}}]}\n  - {id: n, buckets: [{id: a, groups: {plain: {}}}]}\n", cause: enginepick.ErrWrongStage,
+		path: "models[0].buckets[0].groups.plain.worker_ids[0]", msg: `config: line 3: models[0].buckets[0].groups.plain.worker_ids[0]: engine "e2" serves model "n", not "m"`},
+}
+
+// TestConfigMalformed checks every malformed configuration's exact error: its cause, its path and
+// its whole message (docs/design.md §14.4). Each would be accepted, or rejected with a vaguer
+// error, without the rule it names.
+func TestConfigMalformed(t *testing.T) {
+	t.Parallel()
+	require.GreaterOrEqual(t, len(malformedCases), 30)
+	names := map[string]bool{}
+	for _, tc := range malformedCases {
+		require.False(t, names[tc.name], "duplicate case name %q", tc.name)
+		names[tc.name] = true
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := enginepick.ParseConfig([]byte(tc.input), tc.format)
+			require.Error(t, err, "ParseConfig(%q) accepted it", tc.input)
+			assert.Nil(t, cfg)
+			var ce *enginepick.ConfigError
+			require.True(t, errors.As(err, &ce), "ParseConfig = %T %v, want *ConfigError", err, err)
+			assert.ErrorIs(t, err, tc.cause)
+			assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
+			assert.Equal(t, tc.path, ce.Path)
+			assert.Equal(t, tc.msg, err.Error())
+		})
+	}
+}

@@ -1,0 +1,700 @@
+package enginepick
+
+import (
+	"fmt"
+	"math"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/loadmon/loadsource"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// Policy type names of the configuration (docs/design.md §14.2). TypeLoadBased is the legacy
+// spelling of TypeLeastLoad; TypePowerOfTwo is TypePowerOfN with choices 2.
+const (
+	TypeRoundRobin = policy.NameRoundRobin
+	TypeRandom     = policy.NameRandom
+	TypePowerOfTwo = policy.NamePowerOfTwo
+	TypePowerOfN   = "power_of_n"
+	TypeLeastLoad  = "least_load"
+	TypeLoadBased  = policy.NameLoadBased
+	TypeCacheAware = policy.NameCacheAware
+)
+
+// policyTypes lists the accepted types, sorted, for messages.
+var policyTypes = []string{TypeCacheAware, TypeLeastLoad, TypePowerOfN, TypePowerOfTwo, TypeRandom, TypeRoundRobin}
+
+// removedTypes maps each dropped policy type to what to use instead (docs/design.md §14.3).
+var removedTypes = map[string]string{
+	"fused_score":          `policy type "fused_score" was removed: use cache_aware, which weighs prefix hits against load, instead`,
+	"score_policy":         `policy type "score_policy" was removed: use cache_aware, which weighs prefix hits against load, instead`,
+	"legacy_host_affinity": `policy type "legacy_host_affinity" was removed: use power_of_two on the decode group instead`,
+}
+
+// canonicalType returns the policy's canonical type name (load_based → least_load).
+func canonicalType(t string) string {
+	if t == TypeLoadBased {
+		return TypeLeastLoad
+	}
+	return t
+}
+
+// stageSupports reports whether a policy type can serve stage s (docs/design.md §4).
+func stageSupports(typ string, s state.Stage) bool {
+	return !(canonicalType(typ) == TypeCacheAware && s == state.StageDecode)
+}
+
+// Validate checks every rule of docs/design.md §14.4 that needs no engine registry and returns
+// the first violation, in document order, as a *ConfigError naming the field. ParseConfig and New
+// call it; call it yourself on a Config built in code.
+func (c *Config) Validate() error {
+	v := validator{lines: c.lines}
+	v.config(c)
+	return v.err
+}
+
+// validator accumulates the first error.
+type validator struct {
+	lines map[string]int
+	err   error
+}
+
+// fail records the first error; later calls are ignored.
+func (v *validator) fail(path string, sentinel error, format string, args ...any) {
+	if v.err == nil {
+		v.err = cfgErr(path, v.lineOf(path), sentinel, format, args...)
+	}
+}
+
+// lineOf returns the line of path, or of its nearest recorded ancestor (a missing field is
+// reported at the line of the mapping that lacks it); 0 when none is known.
+func (v *validator) lineOf(path string) int {
+	for path != "" {
+		if l, ok := v.lines[path]; ok {
+			return l
+		}
+		i := strings.LastIndexAny(path, ".[")
+		if i < 0 {
+			break
+		}
+		path = path[:i]
+	}
+	return 0
+}
+
+func join(path, field string) string {
+	if path == "" {
+		return field
+	}
+	return path + "." + field
+}
+
+func (v *validator) config(c *Config) {
+	if len(c.Models) == 0 {
+		v.fail("models", ErrMissingField, "at least one model is required")
+		return
+	}
+	models := map[string]int{}
+	for i := range c.Models {
+		v.model(&c.Models[i], fmt.Sprintf("models[%d]", i), models, i)
+		if v.err != nil {
+			return
+		}
+	}
+	v.engines(c)
+	v.load(&c.Load)
+	v.kv(&c.KV)
+	v.affinity(&c.Affinity)
+	if v.err != nil {
+		return
+	}
+	v.membership(c)
+}
+
+func (v *validator) model(m *ModelConfig, path string, seen map[string]int, i int) {
+	if m.ID == "" {
+		v.fail(join(path, "id"), ErrMissingField, "a model needs an id")
+		return
+	}
+	if j, dup := seen[m.ID]; dup {
+		v.fail(join(path, "id"), ErrDuplicate, "duplicate model ID %q (also models[%d])", m.ID, j)
+		return
+	}
+	seen[m.ID] = i
+	v.sloPreference(join(path, "slo.ttft_preference"), m.SLO.TTFTPreference)
+	v.sloPreference(join(path, "slo.tps_preference"), m.SLO.TPSPreference)
+	if m.DefaultPolicy != nil {
+		v.policy(m.DefaultPolicy, join(path, "default_policy"))
+	}
+	for _, sp := range []struct {
+		p     *PolicyConfig
+		stage state.Stage
+	}{{m.StagePolicies.Plain, state.StagePlain}, {m.StagePolicies.Prefill, state.StagePrefill}, {m.StagePolicies.Decode, state.StageDecode}} {
+		if sp.p == nil {
+			continue
+		}
+		p := join(path, "stage_policies."+sp.stage.String())
+		v.policy(sp.p, p)
+		if v.err == nil && !stageSupports(sp.p.Type, sp.stage) {
+			v.fail(join(p, "type"), ErrWrongStage, "%q cannot serve the %s stage: use %s", sp.p.Type, sp.stage, decodeTypes)
+		}
+	}
+	if v.err != nil {
+		return
+	}
+	if len(m.Buckets) == 0 {
+		v.fail(join(path, "buckets"), ErrMissingField, "model %q needs at least one bucket", m.ID)
+		return
+	}
+	buckets := map[string]int{}
+	for j := range m.Buckets {
+		v.bucket(m, &m.Buckets[j], fmt.Sprintf("%s.buckets[%d]", path, j), buckets, j, path)
+		if v.err != nil {
+			return
+		}
+	}
+}
+
+// decodeTypes is the list of policies a decode group may use, for messages.
+const decodeTypes = "power_of_two, power_of_n, least_load, round_robin or random"
+
+func (v *validator) sloPreference(path, s string) {
+	if _, err := parseSLOPreference(s); err != nil {
+		v.fail(path, ErrBadValue, "%q: want disabled, best_effort or slo_first", s)
+	}
+}
+
+func parseSLOPreference(s string) (bucket.SLOPreference, error) {
+	for _, p := range []bucket.SLOPreference{bucket.SLODisabled, bucket.SLOBestEffort, bucket.SLOFirst} {
+		if s == p.String() {
+			return p, nil
+		}
+	}
+	if s == "" {
+		return bucket.SLODisabled, nil
+	}
+	return 0, ErrBadValue
+}
+
+func (v *validator) bucket(m *ModelConfig, b *BucketConfig, path string, seen map[string]int, j int, mpath string) {
+	if b.ID == "" {
+		v.fail(join(path, "id"), ErrMissingField, "a bucket needs an id")
+		return
+	}
+	if k, dup := seen[b.ID]; dup {
+		v.fail(join(path, "id"), ErrDuplicate, "duplicate bucket ID %q in model %q (also %s.buckets[%d])", b.ID, m.ID, mpath, k)
+		return
+	}
+	seen[b.ID] = j
+	if b.Limits.Max != 0 && b.Limits.Min > b.Limits.Max {
+		v.fail(join(path, "limits"), ErrOutOfRange, "inverted range: min %d is above max %d", b.Limits.Min, b.Limits.Max)
+		return
+	}
+	if b.MaxContextTokens != 0 && b.Limits.Min > b.MaxContextTokens {
+		v.fail(join(path, "limits.min"), ErrOutOfRange, "min %d is above max_context_tokens %d: no request fits", b.Limits.Min, b.MaxContextTokens)
+		return
+	}
+	if b.TTFTEstimate < 0 {
+		v.fail(join(path, "ttft_estimate"), ErrOutOfRange, "%v is negative", b.TTFTEstimate.D())
+		return
+	}
+	if b.TPSEstimate < 0 {
+		v.fail(join(path, "tps_estimate"), ErrOutOfRange, "%v is negative", b.TPSEstimate)
+		return
+	}
+	gpath := join(path, "groups")
+	g := &b.Groups
+	switch {
+	case g.Plain != nil && g.PD != nil:
+		v.fail(gpath, ErrConflict, "a bucket is plain or PD: set plain or pd, not both")
+	case g.Plain == nil && g.PD == nil:
+		v.fail(gpath, ErrMissingField, "set plain or pd")
+	case g.Plain != nil:
+		v.group(m, g.Plain, join(gpath, "plain"), state.StagePlain, mpath)
+	default:
+		switch {
+		case g.PD.Prefill == nil:
+			v.fail(join(gpath, "pd.prefill"), ErrMissingField, "a PD bucket needs both a prefill and a decode group")
+		case g.PD.Decode == nil:
+			v.fail(join(gpath, "pd.decode"), ErrMissingField, "a PD bucket needs both a prefill and a decode group")
+		default:
+			v.group(m, g.PD.Prefill, join(gpath, "pd.prefill"), state.StagePrefill, mpath)
+			v.group(m, g.PD.Decode, join(gpath, "pd.decode"), state.StageDecode, mpath)
+			if v.err == nil && g.PD.Prefill.WorkerIDs != nil && g.PD.Decode.WorkerIDs != nil {
+				for k, id := range *g.PD.Decode.WorkerIDs {
+					if slices.Contains(*g.PD.Prefill.WorkerIDs, id) {
+						v.fail(fmt.Sprintf("%s.pd.decode.worker_ids[%d]", gpath, k), ErrWrongStage,
+							"engine %q is also a member of the prefill group: an engine has one stage", id)
+						return
+					}
+				}
+			}
+		}
+	}
+}
+
+// group checks one group's membership and its effective policy for stage s.
+func (v *validator) group(m *ModelConfig, g *GroupConfig, path string, s state.Stage, mpath string) {
+	if g.WorkerIDs != nil {
+		seen := map[string]bool{}
+		for k, id := range *g.WorkerIDs {
+			p := fmt.Sprintf("%s.worker_ids[%d]", path, k)
+			if id == "" {
+				v.fail(p, ErrMissingField, "empty engine ID")
+				return
+			}
+			if seen[id] {
+				v.fail(p, ErrDuplicate, "engine %q listed twice", id)
+				return
+			}
+			seen[id] = true
+		}
+	}
+	if g.Policy != nil {
+		pp := join(path, "policy")
+		v.policy(g.Policy, pp)
+		if v.err == nil && !stageSupports(g.Policy.Type, s) {
+			v.fail(join(pp, "type"), ErrWrongStage, "%q cannot serve the %s stage: use %s", g.Policy.Type, s, decodeTypes)
+		}
+		return
+	}
+	if p, from := effectivePolicy(m, g, s, mpath); from != "" && !stageSupports(p.Type, s) {
+		v.fail(path, ErrWrongStage, "the %s group inherits %q from %s, which cannot serve the %s stage: set a policy on the group or in stage_policies.%s",
+			s, p.Type, from, s, s)
+	}
+}
+
+// effectivePolicy returns the policy a group runs and where it comes from: the group's own, the
+// model's stage default, the model's default, or the built-in power_of_two (from is "" for the
+// group's own and for the built-in).
+func effectivePolicy(m *ModelConfig, g *GroupConfig, s state.Stage, mpath string) (*PolicyConfig, string) {
+	if g.Policy != nil {
+		return g.Policy, ""
+	}
+	var stageDefault *PolicyConfig
+	switch s {
+	case state.StagePlain:
+		stageDefault = m.StagePolicies.Plain
+	case state.StagePrefill:
+		stageDefault = m.StagePolicies.Prefill
+	case state.StageDecode:
+		stageDefault = m.StagePolicies.Decode
+	}
+	if stageDefault != nil {
+		return stageDefault, join(mpath, "stage_policies."+s.String())
+	}
+	if m.DefaultPolicy != nil {
+		return m.DefaultPolicy, join(mpath, "default_policy")
+	}
+	return &PolicyConfig{Type: DefaultPolicy}, ""
+}
+
+// paramsOf lists which policy types use each parameter (docs/design.md §14.2).
+var paramsOf = []struct {
+	name  string
+	types []string
+	set   func(p *PolicyConfig) bool
+}{
+	{"choices", []string{TypePowerOfN}, func(p *PolicyConfig) bool { return p.Choices != nil }},
+	{"prefix_source", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PrefixSource != "" }},
+	{"min_matched_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinMatchedTokens != nil }},
+	{"min_match_ratio", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinMatchRatio != nil }},
+	{"candidate_min_workers", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CandidateMinWorkers != nil }},
+	{"candidate_ratio", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CandidateRatio != nil }},
+	{"candidate_max_workers", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CandidateMaxWorkers != nil }},
+	{"switch_margin_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.SwitchMarginTokens != nil }},
+	{"pressure_guard", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureGuard != nil }},
+	{"pressure_abs_threshold_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureAbsThresholdTokens != nil }},
+	{"pressure_abs_threshold_ms", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureAbsThresholdMs != nil }},
+	{"pressure_rel_threshold", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureRelThreshold != nil }},
+	{"worker_queue_limit", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.WorkerQueueLimit != nil }},
+	{"saturation_queue_floor", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.SaturationQueueFloor != nil }},
+	{"min_load_choices", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinLoadChoices != nil }},
+	{"route_placements", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.RoutePlacements != nil }},
+	{"cost_comparison", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CostComparison != nil }},
+	{"cost_margin_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CostMarginTokens != nil }},
+	{"recompute_factor", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.RecomputeFactor != nil }},
+}
+
+// policy checks one policy attachment at path.
+func (v *validator) policy(p *PolicyConfig, path string) {
+	tpath := join(path, "type")
+	if p.Type == "" {
+		v.fail(tpath, ErrMissingField, "want one of %s", strings.Join(policyTypes, ", "))
+		return
+	}
+	if msg, ok := removedTypes[p.Type]; ok {
+		v.err = &ConfigError{Path: tpath, Line: v.lineOf(tpath), Err: &causeError{sentinel: ErrRemovedOption, msg: msg}}
+		return
+	}
+	typ := canonicalType(p.Type)
+	if !slices.Contains(policyTypes, typ) {
+		v.fail(tpath, ErrBadValue, "unknown policy type %q: want one of %s (load_based is least_load)", p.Type, strings.Join(policyTypes, ", "))
+		return
+	}
+	for _, prm := range paramsOf {
+		if prm.set(p) && !slices.Contains(prm.types, typ) {
+			v.fail(join(path, prm.name), ErrConflict, "%s applies to %s only, not %s", prm.name, strings.Join(prm.types, ", "), p.Type)
+			return
+		}
+	}
+	v.legacyFilter(p, path)
+	if v.err != nil {
+		return
+	}
+	switch typ {
+	case TypePowerOfN:
+		if p.Choices != nil && *p.Choices < 1 {
+			v.fail(join(path, "choices"), ErrOutOfRange, "%d: must be >= 1", *p.Choices)
+		}
+	case TypeCacheAware:
+		v.cacheAware(p, path)
+	}
+}
+
+// legacyFilter checks the legacy filter/max_in_flight pair (docs/design.md §14.3).
+func (v *validator) legacyFilter(p *PolicyConfig, path string) {
+	overloaded := false
+	for k, f := range p.Filter {
+		fp := fmt.Sprintf("%s.filter[%d]", path, k)
+		if len(p.Filter) == 1 {
+			fp = join(path, "filter")
+		}
+		switch f {
+		case "overloaded":
+			overloaded = true
+		case "prefix_cache":
+			v.err = &ConfigError{Path: fp, Line: v.lineOf(fp), Err: &causeError{sentinel: ErrRemovedOption,
+				msg: `filter "prefix_cache" was removed: it is not equivalent to cache_aware's hit gate; use policy type cache_aware (with min_matched_tokens or min_match_ratio) instead`}}
+			return
+		default:
+			v.fail(fp, ErrBadValue, "unknown filter %q: want overloaded (with max_in_flight)", f)
+			return
+		}
+	}
+	switch {
+	case overloaded && p.MaxInFlight == nil:
+		v.fail(join(path, "max_in_flight"), ErrMissingField, "filter overloaded needs max_in_flight")
+	case !overloaded && p.MaxInFlight != nil:
+		v.fail(join(path, "max_in_flight"), ErrConflict, "max_in_flight needs filter overloaded; or use admission.max_inflight_requests")
+	case overloaded && p.Admission.MaxInFlightRequests != nil:
+		v.fail(join(path, "max_in_flight"), ErrConflict, "filter overloaded with max_in_flight is the legacy spelling of admission.max_inflight_requests: set one of them")
+	}
+}
+
+func (v *validator) cacheAware(p *PolicyConfig, path string) {
+	f := func(name string) string { return join(path, name) }
+	if p.PrefixSource != "" && p.PrefixSource != "local" && p.PrefixSource != "remote" {
+		v.fail(f("prefix_source"), ErrBadValue, "%q: want local or remote", p.PrefixSource)
+		return
+	}
+	if p.MinMatchedTokens != nil && *p.MinMatchedTokens < 1 {
+		v.fail(f("min_matched_tokens"), ErrOutOfRange, "0: must be >= 1 (unset means %d)", policy.DefaultMinMatchedTokens)
+		return
+	}
+	if r := p.MinMatchRatio; r != nil && !(*r > 0 && *r <= 1) {
+		v.fail(f("min_match_ratio"), ErrOutOfRange, "%v: must be in (0, 1]", *r)
+		return
+	}
+	minW, maxW := policy.DefaultCandidateMinEngines, policy.DefaultCandidateMaxEngines
+	if p.CandidateMinWorkers != nil {
+		if minW = *p.CandidateMinWorkers; minW < 1 {
+			v.fail(f("candidate_min_workers"), ErrOutOfRange, "%d: must be >= 1", minW)
+			return
+		}
+	}
+	if p.CandidateMaxWorkers != nil {
+		maxW = *p.CandidateMaxWorkers
+	}
+	if maxW < minW {
+		name, other := "candidate_max_workers", "candidate_min_workers"
+		if p.CandidateMaxWorkers == nil {
+			name, other = other, name
+		}
+		v.fail(f(name), ErrOutOfRange, "candidate_max_workers %d is below candidate_min_workers %d (unset %s is its default)", maxW, minW, other)
+		return
+	}
+	if r := p.CandidateRatio; r != nil && !(*r > 0 && *r <= 1) {
+		v.fail(f("candidate_ratio"), ErrOutOfRange, "%v: must be in (0, 1]", *r)
+		return
+	}
+	guardOff := p.PressureGuard != nil && !*p.PressureGuard
+	for _, t := range []struct {
+		name string
+		set  bool
+	}{{"pressure_abs_threshold_tokens", p.PressureAbsThresholdTokens != nil}, {"pressure_abs_threshold_ms", p.PressureAbsThresholdMs != nil}, {"pressure_rel_threshold", p.PressureRelThreshold != nil}} {
+		if t.set && guardOff {
+			v.fail(f(t.name), ErrConflict, "%s tunes the pressure guard, which pressure_guard false turns off", t.name)
+			return
+		}
+	}
+	if p.PressureAbsThresholdTokens != nil && *p.PressureAbsThresholdTokens < 1 {
+		v.fail(f("pressure_abs_threshold_tokens"), ErrOutOfRange, "0: must be >= 1 (unset means %d)", policy.DefaultPressureAbsThresholdTokens)
+		return
+	}
+	if p.PressureAbsThresholdMs != nil && *p.PressureAbsThresholdMs < 1 {
+		v.fail(f("pressure_abs_threshold_ms"), ErrOutOfRange, "0: must be >= 1 (unset compares tokens only)")
+		return
+	}
+	if p.PressureAbsThresholdMs != nil && *p.PressureAbsThresholdMs > math.MaxInt64/uint64(time.Millisecond) {
+		v.fail(f("pressure_abs_threshold_ms"), ErrOutOfRange, "%d: too large", *p.PressureAbsThresholdMs)
+		return
+	}
+	if r := p.PressureRelThreshold; r != nil && !(*r > 1) {
+		v.fail(f("pressure_rel_threshold"), ErrOutOfRange, "%v: must be > 1", *r)
+		return
+	}
+	if p.WorkerQueueLimit != nil && *p.WorkerQueueLimit < 1 {
+		v.fail(f("worker_queue_limit"), ErrOutOfRange, "0: must be >= 1 (unset turns the queue gate off)")
+		return
+	}
+	if fl := p.SaturationQueueFloor; fl != nil {
+		if p.WorkerQueueLimit == nil {
+			v.fail(f("saturation_queue_floor"), ErrConflict, "saturation_queue_floor needs worker_queue_limit")
+			return
+		}
+		if *fl < 1 || *fl > *p.WorkerQueueLimit {
+			v.fail(f("saturation_queue_floor"), ErrOutOfRange, "%d: must be in [1, worker_queue_limit %d]", *fl, *p.WorkerQueueLimit)
+			return
+		}
+	}
+	if p.MinLoadChoices != nil && *p.MinLoadChoices < 1 {
+		v.fail(f("min_load_choices"), ErrOutOfRange, "%d: must be >= 1", *p.MinLoadChoices)
+		return
+	}
+	costOff := p.CostComparison != nil && !*p.CostComparison
+	for _, t := range []struct {
+		name string
+		set  bool
+	}{{"cost_margin_tokens", p.CostMarginTokens != nil}, {"recompute_factor", p.RecomputeFactor != nil}} {
+		if t.set && costOff {
+			v.fail(f(t.name), ErrConflict, "%s tunes the cost comparison, which cost_comparison false turns off", t.name)
+			return
+		}
+	}
+	if r := p.RecomputeFactor; r != nil && !(*r > 0 && !math.IsInf(*r, 1)) {
+		v.fail(f("recompute_factor"), ErrOutOfRange, "%v: must be finite and > 0", *r)
+	}
+}
+
+func (v *validator) engines(c *Config) {
+	if v.err != nil {
+		return
+	}
+	seen := map[string]int{}
+	for i := range c.Engines {
+		e := &c.Engines[i]
+		path := fmt.Sprintf("engines[%d]", i)
+		if e.ID == "" {
+			v.fail(join(path, "id"), ErrMissingField, "an engine needs an id")
+			return
+		}
+		if j, dup := seen[e.ID]; dup {
+			v.fail(join(path, "id"), ErrDuplicate, "duplicate engine ID %q (also engines[%d])", e.ID, j)
+			return
+		}
+		seen[e.ID] = i
+		if e.Model == "" {
+			v.fail(join(path, "model"), ErrMissingField, "engine %q needs a model", e.ID)
+			return
+		}
+		if !slices.ContainsFunc(c.Models, func(m ModelConfig) bool { return m.ID == e.Model }) {
+			v.fail(join(path, "model"), ErrBadValue, "model %q is not one of models", e.Model)
+			return
+		}
+		if _, err := parseStage(e.Stage); err != nil {
+			v.fail(join(path, "stage"), ErrBadValue, "%q: want plain, prefill or decode", e.Stage)
+			return
+		}
+		if e.DPRanks < 0 || e.DPRanks > loadmon.MaxRanks {
+			v.fail(join(path, "dp_ranks"), ErrOutOfRange, "%d: must be in [0, %d]", e.DPRanks, loadmon.MaxRanks)
+			return
+		}
+		if e.Load != nil {
+			lp := join(path, "load")
+			if e.Load.URL == "" {
+				v.fail(join(lp, "url"), ErrMissingField, "a load endpoint needs a url")
+				return
+			}
+			if u, err := url.Parse(e.Load.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				v.fail(join(lp, "url"), ErrBadValue, "%q: want an absolute http or https URL", e.Load.URL)
+				return
+			}
+			if _, err := loadsource.ParseFormat(e.Load.Format); err != nil {
+				v.fail(join(lp, "format"), ErrBadValue, "%q: want vllm_metrics, sglang_get_load or sglang_loads", e.Load.Format)
+				return
+			}
+		}
+	}
+}
+
+// parseStage reads an engine's stage; empty is plain.
+func parseStage(s string) (state.Stage, error) {
+	if s == "" {
+		return state.StagePlain, nil
+	}
+	return state.ParseStage(s)
+}
+
+func (v *validator) load(l *LoadSettings) {
+	if v.err != nil {
+		return
+	}
+	for _, d := range []struct {
+		name string
+		d    Duration
+	}{{"freshness", l.Freshness}, {"poll_interval", l.PollInterval}, {"poll_timeout", l.PollTimeout}} {
+		if d.d < 0 {
+			v.fail("load."+d.name, ErrOutOfRange, "%v is negative", d.d.D())
+			return
+		}
+	}
+	interval, timeout := l.PollInterval.D(), l.PollTimeout.D()
+	if interval == 0 {
+		interval = loadsource.DefaultInterval
+	}
+	if timeout == 0 {
+		timeout = loadsource.DefaultTimeout
+	}
+	if timeout > interval {
+		v.fail("load.poll_timeout", ErrOutOfRange, "%v is longer than poll_interval %v", timeout, interval)
+		return
+	}
+	if !(l.PollJitter >= 0 && l.PollJitter <= 1) {
+		v.fail("load.poll_jitter", ErrOutOfRange, "%v: must be in [0, 1]", l.PollJitter)
+	}
+}
+
+func (v *validator) kv(k *KVSettings) {
+	if v.err != nil {
+		return
+	}
+	switch {
+	case k.BlockTokens < 0 || k.BlockTokens > kvindex.MaxBlockTokens:
+		v.fail("kv.block_tokens", ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.BlockTokens, kvindex.MaxBlockTokens, DefaultBlockTokens)
+	case k.MaxBlocks < 0 || int64(k.MaxBlocks) > 1<<32-2:
+		v.fail("kv.max_blocks", ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.MaxBlocks, int64(1<<32-2), kvindex.DefaultMaxBlocks)
+	case k.MaxApproxBlocks < 0:
+		v.fail("kv.max_approx_blocks", ErrOutOfRange, "%d is negative", k.MaxApproxBlocks)
+	case k.ApproxTTL < 0:
+		v.fail("kv.approx_ttl", ErrOutOfRange, "%v is negative", k.ApproxTTL.D())
+	case k.RemoteTimeout < 0:
+		v.fail("kv.remote_timeout", ErrOutOfRange, "%v is negative", k.RemoteTimeout.D())
+	case k.RemoteMaxConcurrent < 0:
+		v.fail("kv.remote_max_concurrent", ErrOutOfRange, "%d is negative", k.RemoteMaxConcurrent)
+	}
+}
+
+func (v *validator) affinity(a *AffinitySettings) {
+	if v.err != nil {
+		return
+	}
+	switch a.Mode {
+	case "", "strict":
+	case "soft":
+		p := "affinity.affinity_mode"
+		v.err = &ConfigError{Path: p, Line: v.lineOf(p), Err: &causeError{sentinel: ErrRemovedOption,
+			msg: `affinity mode "soft" was removed: an admitted binding is always reused; use strict (or omit affinity_mode) instead`}}
+		return
+	default:
+		v.fail("affinity.affinity_mode", ErrBadValue, "%q: want strict", a.Mode)
+		return
+	}
+	for _, h := range []struct{ name, v string }{{"session_header", a.SessionHeader}, {"routing_key_header", a.RoutingKeyHeader}} {
+		if h.v != "" && !validHeaderName(h.v) {
+			v.fail("affinity."+h.name, ErrBadValue, "%s is not an HTTP header name", strconv.Quote(h.v))
+			return
+		}
+	}
+	if a.IdleTimeout < 0 {
+		v.fail("affinity.idle_timeout", ErrOutOfRange, "%v is negative", a.IdleTimeout.D())
+	} else if a.SweepInterval < 0 {
+		v.fail("affinity.sweep_interval", ErrOutOfRange, "%v is negative", a.SweepInterval.D())
+	}
+}
+
+// validHeaderName reports whether s is an HTTP field name (RFC 9110 token).
+func validHeaderName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// membership checks group members against the engines the configuration lists: an engine of
+// another model or stage cannot be a member (docs/design.md §14.4).
+func (v *validator) membership(c *Config) {
+	if len(c.Engines) == 0 {
+		return
+	}
+	byID := map[string]*EngineConfig{}
+	for i := range c.Engines {
+		byID[c.Engines[i].ID] = &c.Engines[i]
+	}
+	lookup := func(model string, id string) (string, state.Stage, bool) {
+		e, ok := byID[id]
+		if !ok {
+			return "", 0, false
+		}
+		s, _ := parseStage(e.Stage)
+		return e.Model, s, true
+	}
+	v.checkMembers(c, lookup)
+}
+
+// checkMembers reports the first member whose engine lookup names another model or stage.
+func (v *validator) checkMembers(c *Config, lookup func(model, id string) (string, state.Stage, bool)) {
+	for i := range c.Models {
+		m := &c.Models[i]
+		for j := range m.Buckets {
+			for _, g := range groupsOf(&m.Buckets[j], fmt.Sprintf("models[%d].buckets[%d].groups", i, j)) {
+				if g.g.WorkerIDs == nil {
+					continue
+				}
+				for k, id := range *g.g.WorkerIDs {
+					model, stage, ok := lookup(m.ID, id)
+					if !ok {
+						continue
+					}
+					p := fmt.Sprintf("%s.worker_ids[%d]", g.path, k)
+					if model != m.ID {
+						v.fail(p, ErrWrongStage, "engine %q serves model %q, not %q", id, model, m.ID)
+						return
+					}
+					if stage != g.stage {
+						v.fail(p, ErrWrongStage, "engine %q is a %s engine, not %s", id, stage, g.stage)
+						return
+					}
+				}
+			}
+		}
+	}
+}
+
+type groupRef struct {
+	g     *GroupConfig
+	stage state.Stage
+	path  string
+}
+
+// groupsOf returns a valid bucket's groups with their stages and paths.
+func groupsOf(b *BucketConfig, path string) []groupRef {
+	if b.Groups.Plain != nil {
+		return []groupRef{{b.Groups.Plain, state.StagePlain, path + ".plain"}}
+	}
+	if b.Groups.PD != nil {
+		return []groupRef{{b.Groups.PD.Prefill, state.StagePrefill, path + ".pd.prefill"}, {b.Groups.PD.Decode, state.StageDecode, path + ".pd.decode"}}
+	}
+	return nil
+}

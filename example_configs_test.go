@@ -1,0 +1,107 @@
+package enginepick_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/state"
+)
+
+// offline is an http.RoundTripper that fails every request at once, so that the example
+// configurations' load pollers never leave the machine.
+type offline struct{}
+
+func (offline) RoundTrip(*http.Request) (*http.Response, error) { return nil, errors.New("offline") }
+
+// TestExampleConfigs loads every file under examples/configs, builds a Router from it with New and
+// routes a request that shows what the file is for (docs/design.md §14).
+func TestExampleConfigs(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("examples/configs/*")
+	require.NoError(t, err)
+	checks := map[string]func(t *testing.T, r *enginepick.Router){
+		"plain-round-robin.yaml": func(t *testing.T, r *enginepick.Router) {
+			var got []state.EngineID
+			for range 4 {
+				d := mustSelect(t, r, &bucket.Request{Model: "llama-3.1-8b", Signals: bucket.Signals{InputTokens: 100}})
+				got = append(got, d.Selection.Plain.Engine.ID())
+				d.Release()
+			}
+			assert.Equal(t, []state.EngineID{"http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000", "http://10.0.0.4:8000"}, got)
+		},
+		"pd-cache-aware.yaml": func(t *testing.T, r *enginepick.Router) {
+			assert.Equal(t, 64, r.Index().Hasher().BlockTokens())
+			for _, tc := range []struct {
+				peak   int64
+				bucket string
+			}{{16384, "long-context"}, {8192, "short-context"}} {
+				d := mustSelect(t, r, &bucket.Request{Model: "qwen3-32b", TokenIDs: make([]uint32, 4096),
+					Signals: bucket.Signals{InputTokens: 4096, ExpectedPeakTokens: tc.peak, HasExpectedPeak: true}})
+				assert.Equal(t, tc.bucket, d.Selection.Bucket.ID(), "peak %d", tc.peak)
+				assert.True(t, d.Selection.IsPD())
+				d.Release()
+			}
+			assert.Len(t, r.LoadPollStats(), 8, "one poll target per engine")
+		},
+		"length-buckets-slo.json": func(t *testing.T, r *enginepick.Router) {
+			for _, tc := range []struct {
+				input  int64
+				ttft   time.Duration
+				tps    float64
+				bucket string
+			}{
+				{1000, 0, 0, "interactive"},           // no target: capacity, then rank
+				{1000, time.Second, 0, "interactive"}, // slo_first: the bucket that meets 1 s first
+				{1000, 0, 50, "batch"},                // best_effort: keep the 60 tok/s bucket free
+				{1000, time.Second, 50, "interactive"},
+				{1000, 5 * time.Second, 50, "batch"},
+				{9000, 0, 0, "long"}, // only the long bucket accepts 9k tokens
+			} {
+				req := &bucket.Request{Model: "llama-3.1-70b", Signals: bucket.Signals{InputTokens: tc.input,
+					TTFTTarget: tc.ttft, HasTTFTTarget: tc.ttft > 0, TPSTarget: tc.tps, HasTPSTarget: tc.tps > 0}}
+				d := mustSelect(t, r, req)
+				assert.Equal(t, tc.bucket, d.Selection.Bucket.ID(), "input %d, TTFT target %v, TPS target %v", tc.input, tc.ttft, tc.tps)
+				d.Release()
+			}
+		},
+	}
+	var seen []string
+	for _, f := range files {
+		name := filepath.Base(f)
+		seen = append(seen, name)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := enginepick.LoadConfig(f)
+			require.NoError(t, err)
+			r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithHTTPClient(&http.Client{Transport: offline{}}))
+			require.NoError(t, err)
+			defer r.Close()
+			check, ok := checks[name]
+			require.True(t, ok, "add a check for examples/configs/%s", name)
+			check(t, r)
+		})
+	}
+	for name := range checks {
+		assert.True(t, slices.Contains(seen, name), "examples/configs/%s is gone", name)
+	}
+	_, err = os.Stat("examples/configs")
+	require.NoError(t, err)
+}
+
+func mustSelect(t *testing.T, r *enginepick.Router, req *bucket.Request) *enginepick.Dispatch {
+	t.Helper()
+	d, err := r.Select(context.Background(), req)
+	require.NoError(t, err)
+	return d
+}

@@ -1,0 +1,116 @@
+package metrics
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/kvindex"
+)
+
+// stateCollector reads the attached Router's shared state at scrape time. It reports nothing
+// until a Router is attached.
+type stateCollector struct {
+	router atomic.Pointer[enginepick.Router]
+
+	inflight     *prometheus.Desc
+	loadFresh    *prometheus.Desc
+	loadAge      *prometheus.Desc
+	polls        *prometheus.Desc
+	pollFailures *prometheus.Desc
+	indexBlocks  *prometheus.Desc
+	indexApprox  *prometheus.Desc
+	indexEvicted *prometheus.Desc
+	engineBlocks *prometheus.Desc
+	trusted      *prometheus.Desc
+}
+
+func newStateCollector(ns string) *stateCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(ns, "", name), help, labels, nil)
+	}
+	return &stateCollector{
+		inflight: d("inflight_requests",
+			"Requests this router dispatched to the engine whose Dispatch has not ended, per engine of the registry.", "model_id", "engine"),
+		loadFresh: d("load_report_fresh",
+			"1 when the engine has a fresh, complete load report (every DP rank within the freshness), else 0: its load is unknown.", "model_id", "engine"),
+		loadAge: d("load_report_age_seconds",
+			"Age of the engine's last complete load report (its oldest rank's), fresh or not; absent when it never completed one.", "model_id", "engine"),
+		polls: d("load_polls_total",
+			"Polls of the engine's load endpoint by the router's poller.", "engine"),
+		pollFailures: d("load_poll_failures_total",
+			"Failed polls of the engine's load endpoint (transport, status, malformed page, missing ranks).", "engine"),
+		indexBlocks: d("kv_index_blocks",
+			"Blocks (tree nodes) in the KV-block prefix index, including interior blocks kept for a held descendant."),
+		indexApprox: d("kv_index_approximate_blocks",
+			"Approximate (route-time) block entries in the KV-block index."),
+		indexEvicted: d("kv_index_evicted_blocks_total",
+			"Blocks the KV-block index evicted under its block cap."),
+		engineBlocks: d("kv_index_engine_blocks",
+			"Blocks the index records the engine holding, over its DP ranks, by tier (device, host, disk, external, approximate).", "engine", "tier"),
+		trusted: d("kv_index_engine_trusted",
+			"1 when the index trusts the engine's blocks, 0 while its KV-event stream is resynchronising (lookups ignore its blocks).", "engine"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.inflight, c.loadFresh, c.loadAge, c.polls, c.pollFailures, c.indexBlocks,
+		c.indexApprox, c.indexEvicted, c.engineBlocks, c.trusted} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	r := c.router.Load()
+	if r == nil {
+		return
+	}
+	if tab := r.LoadTable(); tab != nil {
+		s := tab.Snapshot()
+		now := s.CapturedAt()
+		for _, m := range r.Models() {
+			for _, e := range r.Registry().Engines(m) {
+				if e == nil {
+					continue
+				}
+				id := string(e.ID())
+				ch <- prometheus.MustNewConstMetric(c.inflight, prometheus.GaugeValue, float64(r.InFlight().Count(e.ID())), string(m), id)
+				fresh := 0.0
+				if _, ok := s.Load(e.ID()); ok {
+					fresh = 1
+				}
+				ch <- prometheus.MustNewConstMetric(c.loadFresh, prometheus.GaugeValue, fresh, string(m), id)
+				if l, ok := s.Reported(e.ID()); ok {
+					ch <- prometheus.MustNewConstMetric(c.loadAge, prometheus.GaugeValue, now.Sub(l.ReportedAt).Seconds(), string(m), id)
+				}
+			}
+		}
+	}
+	for _, st := range r.LoadPollStats() {
+		ch <- prometheus.MustNewConstMetric(c.polls, prometheus.CounterValue, float64(st.Polls), string(st.Engine))
+		ch <- prometheus.MustNewConstMetric(c.pollFailures, prometheus.CounterValue, float64(st.Failures), string(st.Engine))
+	}
+	if x := r.Index(); x != nil {
+		st := x.Stats()
+		ch <- prometheus.MustNewConstMetric(c.indexBlocks, prometheus.GaugeValue, float64(st.Blocks))
+		ch <- prometheus.MustNewConstMetric(c.indexApprox, prometheus.GaugeValue, float64(st.ApproximateBlocks))
+		ch <- prometheus.MustNewConstMetric(c.indexEvicted, prometheus.CounterValue, float64(st.EvictedBlocks))
+		for id, es := range st.Engines {
+			for _, t := range []struct {
+				tier string
+				n    int
+			}{{kvindex.TierDevice.String(), es.DeviceBlocks}, {kvindex.TierHost.String(), es.HostBlocks}, {kvindex.TierDisk.String(), es.DiskBlocks},
+				{kvindex.TierExternal.String(), es.ExternalBlocks}, {"approximate", es.ApproximateBlocks}} {
+				ch <- prometheus.MustNewConstMetric(c.engineBlocks, prometheus.GaugeValue, float64(t.n), string(id), t.tier)
+			}
+			trusted := 0.0
+			if x.Trusted(id) {
+				trusted = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.trusted, prometheus.GaugeValue, trusted, string(id))
+		}
+	}
+}

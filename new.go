@@ -1,0 +1,611 @@
+package enginepick
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/loadmon/loadsource"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// Option configures New.
+type Option func(*settings)
+
+type settings struct {
+	log            *zap.Logger
+	obs            Observer
+	now            func() time.Time
+	rand           func(n int) int
+	load           *loadmon.Table
+	inflight       *loadmon.InFlight
+	index          *kvindex.Index
+	remote         kvindex.RemoteIndexer
+	client         *http.Client
+	healthInterval time.Duration
+	warnEvery      time.Duration
+}
+
+// Defaults of the degraded-state checks (docs/design.md §15).
+const (
+	// DefaultHealthInterval is how often the Router checks for degraded state (stale loads, an
+	// untrusted index).
+	DefaultHealthInterval = 10 * time.Second
+	// DefaultWarnInterval is the least time between two warnings with the same message.
+	DefaultWarnInterval = time.Minute
+)
+
+// WithLogger sets the logger. Nil (and the default) is zap.NewNop(). New logs a configuration
+// summary at Info; the Router warns about degraded state at most once per DefaultWarnInterval per
+// message (docs/design.md §15).
+func WithLogger(l *zap.Logger) Option { return func(s *settings) { s.log = l } }
+
+// WithObserver sets the Observer that receives the Router's decisions and dispatch outcomes (for
+// example a *metrics.Prometheus). Nil (and the default) is none.
+func WithObserver(o Observer) Option { return func(s *settings) { s.obs = o } }
+
+// WithClock sets the clock of every freshness, expiry and latency measurement New sets up. Nil
+// (and the default) is time.Now.
+func WithClock(now func() time.Time) Option { return func(s *settings) { s.now = now } }
+
+// WithRand sets the random source of every policy (policy.Config.Rand): it returns a uniform
+// integer in [0, n) and must be safe for concurrent use unless the Router is used from one
+// goroutine. Nil (and the default) is math/rand/v2's IntN.
+func WithRand(rand func(n int) int) Option { return func(s *settings) { s.rand = rand } }
+
+// WithLoadTable makes the Router use the host's load table instead of building one; its freshness
+// must then equal load.freshness when the configuration sets it. The host keeps reporting to it.
+func WithLoadTable(t *loadmon.Table) Option { return func(s *settings) { s.load = t } }
+
+// WithInFlight makes the Router use the host's in-flight counters instead of building them.
+func WithInFlight(f *loadmon.InFlight) Option { return func(s *settings) { s.inflight = f } }
+
+// WithIndex makes the Router use the host's KV-block index instead of building one; its block size
+// must then equal kv.block_tokens when the configuration sets it.
+func WithIndex(x *kvindex.Index) Option { return func(s *settings) { s.index = x } }
+
+// WithRemoteIndexer sets the remote indexer that cache_aware policies with prefix_source remote
+// query, through one shared kvindex.RemoteSource. Required when such a policy is configured.
+func WithRemoteIndexer(ri kvindex.RemoteIndexer) Option { return func(s *settings) { s.remote = ri } }
+
+// WithHTTPClient sets the client of the load pollers. Nil (and the default) is a new http.Client.
+func WithHTTPClient(c *http.Client) Option { return func(s *settings) { s.client = c } }
+
+// WithHealthInterval sets how often the Router checks for degraded state; 0 turns the checks off.
+// The default is DefaultHealthInterval. Negative is an error.
+func WithHealthInterval(d time.Duration) Option { return func(s *settings) { s.healthInterval = d } }
+
+// WithWarnInterval sets the least time between two degraded-state warnings with the same
+// message. The default is DefaultWarnInterval; 0 or negative is an error.
+func WithWarnInterval(d time.Duration) Option { return func(s *settings) { s.warnEvery = d } }
+
+// services are the goroutines New started; Close stops them.
+type services struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// groupLabels are the policy names of one bucket's groups, by stage.
+type groupLabels [3]string
+
+// New builds a Router from cfg (docs/design.md §14). It validates cfg (Config.Validate), checks
+// every group's members against registry (an engine of another model or stage is an error), then
+// builds the state every policy shares, once: one load table, one in-flight counter set, one
+// KV-block index and one local prefix source when a cache_aware policy looks prefixes up locally,
+// one remote prefix source when one looks them up remotely. Each policy receives only the handles
+// it needs. New then starts the shared services: one load poller for every engine with a load
+// endpoint, and the degraded-state checks. Close stops them.
+//
+// A nil registry means a static registry of cfg.Engines (every engine healthy). Hosts with their
+// own registry pass it; it stays authoritative for role and health.
+//
+// Errors: a *ConfigError (matching state.ErrInvalidConfiguration) naming the field for every
+// configuration problem, including a missing WithRemoteIndexer, or a load table or index passed
+// with options that disagrees with the configuration; an error wrapping
+// state.ErrInvalidConfiguration for invalid options; RouterAttacher's error.
+func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) {
+	if cfg == nil {
+		return nil, cfgErr("", 0, ErrMissingField, "nil configuration")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := settings{healthInterval: DefaultHealthInterval, warnEvery: DefaultWarnInterval}
+	for _, o := range opts {
+		o(&s)
+	}
+	if s.healthInterval < 0 {
+		return nil, fmt.Errorf("enginepick: WithHealthInterval(%v): must be >= 0: %w", s.healthInterval, state.ErrInvalidConfiguration)
+	}
+	if s.warnEvery <= 0 {
+		return nil, fmt.Errorf("enginepick: WithWarnInterval(%v): must be > 0: %w", s.warnEvery, state.ErrInvalidConfiguration)
+	}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	b := builder{cfg: cfg, s: &s}
+	if err := b.registry(registry); err != nil {
+		return nil, err
+	}
+	if err := b.shared(); err != nil {
+		return nil, err
+	}
+	if err := b.resolvers(); err != nil {
+		return nil, err
+	}
+	r := &Router{
+		registry:  b.reg,
+		resolvers: b.res,
+		inflight:  b.inflight,
+		load:      b.load,
+		index:     b.index,
+		log:       s.log,
+		obs:       s.obs,
+		now:       s.now,
+		labels:    b.labels,
+		models:    b.models,
+		config:    cfg,
+		warn:      s.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewSamplerWithOptions(c, s.warnEvery, 1, 0) })),
+	}
+	if err := b.start(r); err != nil {
+		return nil, err
+	}
+	if a, ok := s.obs.(RouterAttacher); ok {
+		if err := a.AttachRouter(r); err != nil {
+			_ = r.Close()
+			return nil, err
+		}
+	}
+	b.summary(r)
+	return r, nil
+}
+
+// builder holds New's work in progress.
+type builder struct {
+	cfg *Config
+	s   *settings
+
+	reg      state.Registry
+	load     *loadmon.Table
+	inflight *loadmon.InFlight
+	index    *kvindex.Index
+	local    *kvindex.LocalSource
+	remote   *kvindex.RemoteSource
+	res      map[state.ModelID]*bucket.Resolver
+	labels   map[*bucket.Bucket]groupLabels
+	models   []state.ModelID
+	degraded degradedChecks
+}
+
+// registry sets the registry (cfg.Engines when nil) and checks membership against it.
+func (b *builder) registry(reg state.Registry) error {
+	if reg == nil {
+		if len(b.cfg.Engines) == 0 {
+			return cfgErr("engines", 0, ErrMissingField, "no registry was passed to New and the configuration lists no engines")
+		}
+		sr := &state.StaticRegistry{}
+		for i := range b.cfg.Engines {
+			e := &b.cfg.Engines[i]
+			st, _ := parseStage(e.Stage)
+			if err := sr.Add(state.NewStaticEngine(state.EngineID(e.ID), state.ModelID(e.Model), st)); err != nil {
+				return &ConfigError{Path: fmt.Sprintf("engines[%d]", i), Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+			}
+		}
+		reg = sr
+	}
+	b.reg = reg
+	// Membership against the registry: an engine the registry knows under another model or
+	// stage cannot be a member (docs/design.md §14.4). Unknown IDs are allowed: engines come
+	// and go.
+	type where struct {
+		model state.ModelID
+		stage state.Stage
+	}
+	known := map[state.EngineID]where{}
+	for i := range b.cfg.Models {
+		m := state.ModelID(b.cfg.Models[i].ID)
+		for _, e := range reg.Engines(m) {
+			if e != nil {
+				known[e.ID()] = where{m, e.Stage()}
+			}
+		}
+	}
+	v := validator{lines: b.cfg.lines}
+	v.checkMembers(b.cfg, func(_, id string) (string, state.Stage, bool) {
+		w, ok := known[state.EngineID(id)]
+		return string(w.model), w.stage, ok
+	})
+	return v.err
+}
+
+// shared builds the state handles every policy shares.
+func (b *builder) shared() error {
+	cfg, s := b.cfg, b.s
+	if b.load = s.load; b.load == nil {
+		b.load = loadmon.NewTable(loadmon.WithClock(s.now), loadmon.WithFreshness(cfg.Load.Freshness.D()))
+	} else if f := cfg.Load.Freshness.D(); f != 0 && f != b.load.Freshness() {
+		return cfgErr("load.freshness", cfg.lines["load.freshness"], ErrConflict,
+			"%v, but the load table passed with WithLoadTable has freshness %v", f, b.load.Freshness())
+	}
+	for i := range cfg.Engines {
+		if e := &cfg.Engines[i]; e.DPRanks > 1 {
+			if err := b.load.Expect(state.EngineID(e.ID), e.DPRanks); err != nil {
+				return &ConfigError{Path: fmt.Sprintf("engines[%d].dp_ranks", i), Err: fmt.Errorf("%w: %v", ErrOutOfRange, err)}
+			}
+		}
+	}
+	if b.inflight = s.inflight; b.inflight == nil {
+		b.inflight = loadmon.NewInFlight(s.now)
+	}
+	needLocal, needRemote := "", ""
+	b.eachGroup(func(gp groupPath) {
+		if canonicalType(gp.policy.Type) != TypeCacheAware {
+			return
+		}
+		if gp.policy.PrefixSource == "remote" {
+			needRemote = cmpOr(needRemote, gp.policyPath+".prefix_source")
+		} else {
+			needLocal = cmpOr(needLocal, gp.policyPath)
+		}
+	})
+	bt := cfg.KV.BlockTokens
+	if bt == 0 {
+		bt = DefaultBlockTokens
+	}
+	hasher, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: bt, Seed: cfg.KV.HashSeed, Namespace: cfg.KV.Namespace})
+	if err != nil {
+		return &ConfigError{Path: "kv.block_tokens", Err: fmt.Errorf("%w: %v", ErrOutOfRange, err)}
+	}
+	if b.index = s.index; b.index != nil {
+		if cfg.KV.BlockTokens != 0 && cfg.KV.BlockTokens != b.index.Hasher().BlockTokens() {
+			return cfgErr("kv.block_tokens", cfg.lines["kv.block_tokens"], ErrConflict,
+				"%d, but the index passed with WithIndex has %d-token blocks", cfg.KV.BlockTokens, b.index.Hasher().BlockTokens())
+		}
+	} else if needLocal != "" {
+		b.index, err = kvindex.NewIndex(hasher, kvindex.Options{MaxBlocks: cfg.KV.MaxBlocks, MaxApproxBlocks: cfg.KV.MaxApproxBlocks,
+			ApproxTTL: cfg.KV.ApproxTTL.D(), Now: s.now})
+		if err != nil {
+			return &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", ErrOutOfRange, err)}
+		}
+	}
+	if needLocal != "" {
+		if b.local, err = kvindex.NewLocalSource(b.index); err != nil {
+			return &ConfigError{Path: needLocal, Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+		}
+	}
+	if needRemote != "" {
+		if s.remote == nil {
+			return cfgErr(needRemote, cfg.lines[needRemote], ErrMissingField, "prefix_source remote needs a remote indexer: pass enginepick.WithRemoteIndexer to New")
+		}
+		b.remote, err = kvindex.NewRemoteSource(s.remote, hasher, kvindex.RemoteOptions{Timeout: cfg.KV.RemoteTimeout.D(), MaxConcurrent: cfg.KV.RemoteMaxConcurrent})
+		if err != nil {
+			return &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+		}
+	}
+	return nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// groupPath is one group of the configuration with its effective policy.
+type groupPath struct {
+	model      *ModelConfig
+	bucket     *BucketConfig
+	group      *GroupConfig
+	stage      state.Stage
+	path       string // the group's path
+	policy     *PolicyConfig
+	policyPath string // where the effective policy is written ("" for the built-in default)
+}
+
+// eachGroup calls fn for every group in document order.
+func (b *builder) eachGroup(fn func(groupPath)) {
+	for i := range b.cfg.Models {
+		m := &b.cfg.Models[i]
+		mpath := fmt.Sprintf("models[%d]", i)
+		for j := range m.Buckets {
+			bk := &m.Buckets[j]
+			for _, g := range groupsOf(bk, fmt.Sprintf("%s.buckets[%d].groups", mpath, j)) {
+				p, from := effectivePolicy(m, g.g, g.stage, mpath)
+				pp := from
+				if g.g.Policy != nil {
+					pp = g.path + ".policy"
+				}
+				fn(groupPath{model: m, bucket: bk, group: g.g, stage: g.stage, path: g.path, policy: p, policyPath: pp})
+			}
+		}
+	}
+}
+
+// resolvers builds every model's policies, groups, buckets and resolver.
+func (b *builder) resolvers() error {
+	b.res = map[state.ModelID]*bucket.Resolver{}
+	b.labels = map[*bucket.Bucket]groupLabels{}
+	var firstErr error
+	built := map[*BucketConfig]map[state.Stage]*bucket.EngineGroup{}
+	b.eachGroup(func(gp groupPath) {
+		if firstErr != nil {
+			return
+		}
+		g, err := b.group(gp)
+		if err != nil {
+			firstErr = err
+			return
+		}
+		if built[gp.bucket] == nil {
+			built[gp.bucket] = map[state.Stage]*bucket.EngineGroup{}
+		}
+		built[gp.bucket][gp.stage] = g
+	})
+	if firstErr != nil {
+		return firstErr
+	}
+	for i := range b.cfg.Models {
+		m := &b.cfg.Models[i]
+		var buckets []*bucket.Bucket
+		for j := range m.Buckets {
+			bc := &m.Buckets[j]
+			path := fmt.Sprintf("models[%d].buckets[%d]", i, j)
+			spec := bucket.Spec{ID: bc.ID, Rank: bc.Rank, MinInputTokens: bc.Limits.Min, MaxInputTokens: bc.Limits.Max,
+				MaxContextTokens: bc.MaxContextTokens, TTFTEstimate: bc.TTFTEstimate.D(), TPSEstimate: bc.TPSEstimate}
+			gs := built[bc]
+			var (
+				bk  *bucket.Bucket
+				err error
+			)
+			var lb groupLabels
+			if bc.Groups.Plain != nil {
+				bk, err = bucket.NewPlainBucket(spec, gs[state.StagePlain])
+				lb[state.StagePlain] = b.policyName(m, bc.Groups.Plain, state.StagePlain)
+			} else {
+				bk, err = bucket.NewPDBucket(spec, gs[state.StagePrefill], gs[state.StageDecode])
+				lb[state.StagePrefill] = b.policyName(m, bc.Groups.PD.Prefill, state.StagePrefill)
+				lb[state.StageDecode] = b.policyName(m, bc.Groups.PD.Decode, state.StageDecode)
+			}
+			if err != nil {
+				return &ConfigError{Path: path, Line: b.cfg.lines[path], Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+			}
+			b.labels[bk] = lb
+			buckets = append(buckets, bk)
+		}
+		ttft, _ := parseSLOPreference(m.SLO.TTFTPreference)
+		tps, _ := parseSLOPreference(m.SLO.TPSPreference)
+		res, err := bucket.NewResolver(buckets, bucket.ResolverOptions{TTFTPreference: ttft, TPSPreference: tps})
+		if err != nil {
+			return &ConfigError{Path: fmt.Sprintf("models[%d]", i), Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+		}
+		b.res[state.ModelID(m.ID)] = res
+		b.models = append(b.models, state.ModelID(m.ID))
+	}
+	return nil
+}
+
+func (b *builder) policyName(m *ModelConfig, g *GroupConfig, s state.Stage) string {
+	p, _ := effectivePolicy(m, g, s, "")
+	return canonicalType(p.Type)
+}
+
+// limits returns the policy's admission caps with the legacy in-flight cap folded in.
+func limits(p *PolicyConfig) admission.Limits {
+	l := p.Admission
+	if p.MaxInFlight != nil && slices.Contains(p.Filter, "overloaded") {
+		l.MaxInFlightRequests = admission.Cap(*p.MaxInFlight)
+	}
+	return l
+}
+
+// group builds one engine group with its policy.
+func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
+	pc := policy.Config{Load: b.load, InFlight: b.inflight, Admission: limits(gp.policy), Rand: b.s.rand}
+	var (
+		p   policy.Policy
+		err error
+	)
+	typ := canonicalType(gp.policy.Type)
+	switch typ {
+	case TypeRoundRobin:
+		p, err = policy.NewRoundRobin(pc)
+	case TypeRandom:
+		p, err = policy.NewRandom(pc)
+	case TypePowerOfTwo:
+		p, err = policy.NewPowerOfN(pc, 2)
+	case TypePowerOfN:
+		n := policy.DefaultChoices
+		if gp.policy.Choices != nil {
+			n = *gp.policy.Choices
+		}
+		p, err = policy.NewPowerOfN(pc, n)
+	case TypeLeastLoad:
+		p, err = policy.NewLeastLoad(pc)
+	case TypeCacheAware:
+		p, err = policy.NewCacheAware(pc, b.cacheOptions(gp.policy))
+	default:
+		err = fmt.Errorf("%w: unknown policy type %q", ErrBadValue, gp.policy.Type) // Validate rejects it first
+	}
+	if err != nil {
+		path := gp.policyPath
+		if path == "" {
+			path = gp.path
+		}
+		return nil, &ConfigError{Path: path, Line: b.cfg.lines[path], Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+	}
+	if a := gp.policy.Admission; !a.IsZero() || gp.policy.MaxInFlight != nil {
+		l := limits(gp.policy)
+		if l.MaxRunningRequests != nil || l.MaxWaitingRequests != nil || l.MaxKVTokens != nil || l.MaxPendingPrefillTokens != nil {
+			b.degraded.reportedCaps = append(b.degraded.reportedCaps, state.ModelID(gp.model.ID))
+		}
+	}
+	if typ == TypeCacheAware && gp.policy.WorkerQueueLimit != nil {
+		b.degraded.reportedCaps = append(b.degraded.reportedCaps, state.ModelID(gp.model.ID))
+	}
+	if b.s.obs != nil {
+		if po := b.s.obs.ObserveGroup(GroupInfo{Model: state.ModelID(gp.model.ID), Bucket: gp.bucket.ID, Stage: gp.stage, Policy: typ}); po != nil {
+			p = &observedPolicy{inner: p, obs: po}
+		}
+	}
+	var members []state.EngineID
+	if gp.group.WorkerIDs != nil {
+		members = make([]state.EngineID, 0, len(*gp.group.WorkerIDs))
+		for _, id := range *gp.group.WorkerIDs {
+			members = append(members, state.EngineID(id))
+		}
+	}
+	g, err := bucket.NewEngineGroup(p, members)
+	if err != nil {
+		return nil, &ConfigError{Path: gp.path, Line: b.cfg.lines[gp.path], Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+	}
+	return g, nil
+}
+
+// cacheOptions converts a cache_aware attachment to policy.CacheAwareOptions.
+func (b *builder) cacheOptions(p *PolicyConfig) policy.CacheAwareOptions {
+	o := policy.CacheAwareOptions{
+		MinMatchRatio:              deref(p.MinMatchRatio),
+		CandidateRatio:             deref(p.CandidateRatio),
+		CandidateMinEngines:        deref(p.CandidateMinWorkers),
+		CandidateMaxEngines:        deref(p.CandidateMaxWorkers),
+		SwitchMarginTokens:         p.SwitchMarginTokens,
+		DisablePressureGuard:       p.PressureGuard != nil && !*p.PressureGuard,
+		WorkerQueueLimit:           p.WorkerQueueLimit,
+		SaturationQueueFloor:       p.SaturationQueueFloor,
+		MinLoadChoices:             deref(p.MinLoadChoices),
+		DisableRoutePlacements:     p.RoutePlacements != nil && !*p.RoutePlacements,
+		DisableCostComparison:      p.CostComparison != nil && !*p.CostComparison,
+		CostMarginTokens:           p.CostMarginTokens,
+		RecomputeFactor:            deref(p.RecomputeFactor),
+		MinMatchedTokens:           deref(p.MinMatchedTokens),
+		PressureAbsThresholdTokens: deref(p.PressureAbsThresholdTokens),
+		PressureRelThreshold:       deref(p.PressureRelThreshold),
+		Logger:                     b.s.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewSamplerWithOptions(c, b.s.warnEvery, 1, 0) })),
+	}
+	if p.PressureAbsThresholdMs != nil {
+		o.PressureAbsThreshold = time.Duration(*p.PressureAbsThresholdMs) * time.Millisecond
+	}
+	if p.PrefixSource == "remote" {
+		o.Source = b.remote
+	} else {
+		o.Source = b.local
+	}
+	if co, ok := b.s.obs.(policy.CacheObserver); ok {
+		o.Observer = co
+	}
+	return o
+}
+
+func deref[T any](p *T) T {
+	if p == nil {
+		var zero T
+		return zero
+	}
+	return *p
+}
+
+// start starts the shared services: the load poller and the degraded-state checks.
+func (b *builder) start(r *Router) error {
+	var targets []loadsource.Target
+	for i := range b.cfg.Engines {
+		e := &b.cfg.Engines[i]
+		if e.Load == nil {
+			continue
+		}
+		f, _ := loadsource.ParseFormat(e.Load.Format)
+		targets = append(targets, loadsource.Target{Engine: state.EngineID(e.ID), URL: e.Load.URL, Format: f, Ranks: e.DPRanks})
+		b.degraded.polled = append(b.degraded.polled, state.EngineID(e.ID))
+	}
+	var poller *loadsource.Poller
+	if len(targets) > 0 {
+		client := b.s.client
+		if client == nil {
+			// The Router's own connection pool, so that Close can drop its idle connections.
+			client = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+			r.ownClient = client
+		}
+		var err error
+		poller, err = loadsource.NewPoller(b.load, targets, loadsource.Options{Client: client, Interval: b.cfg.Load.PollInterval.D(),
+			Timeout: b.cfg.Load.PollTimeout.D(), Jitter: b.cfg.Load.PollJitter, Logger: b.s.log})
+		if err != nil {
+			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+		}
+	}
+	r.poller = poller
+	r.degraded = b.degraded
+	slices.Sort(r.degraded.reportedCaps)
+	r.degraded.reportedCaps = slices.Compact(r.degraded.reportedCaps)
+	if poller == nil && b.s.healthInterval == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.svc = &services{cancel: cancel}
+	if poller != nil {
+		r.svc.wg.Go(func() { _ = poller.Run(ctx) })
+	}
+	if iv := b.s.healthInterval; iv > 0 {
+		r.svc.wg.Go(func() {
+			t := time.NewTicker(iv)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					r.CheckHealth()
+				}
+			}
+		})
+	}
+	return nil
+}
+
+// summary logs the configuration at Info (docs/design.md §15).
+func (b *builder) summary(r *Router) {
+	ce := r.log.Check(zap.InfoLevel, "enginepick router configured")
+	if ce == nil {
+		return
+	}
+	var models []string
+	for i := range b.cfg.Models {
+		m := &b.cfg.Models[i]
+		var bs []string
+		for j := range m.Buckets {
+			bc := &m.Buckets[j]
+			var gs []string
+			for _, g := range groupsOf(bc, "") {
+				members := "all"
+				if g.g.WorkerIDs != nil {
+					members = fmt.Sprintf("%d engines", len(*g.g.WorkerIDs))
+				}
+				gs = append(gs, fmt.Sprintf("%s=%s(%s)", g.stage, b.policyName(m, g.g, g.stage), members))
+			}
+			maxIn := "∞"
+			if bc.Limits.Max != 0 {
+				maxIn = fmt.Sprint(bc.Limits.Max)
+			}
+			bs = append(bs, fmt.Sprintf("%s[%d,%s] %s", bc.ID, bc.Limits.Min, maxIn, strings.Join(gs, " ")))
+		}
+		models = append(models, fmt.Sprintf("%s: %s", m.ID, strings.Join(bs, "; ")))
+	}
+	ce.Write(zap.Strings("models", models), zap.Int("engines", len(b.cfg.Engines)),
+		zap.Int("load_pollers", len(b.degraded.polled)), zap.Duration("load_freshness", b.load.Freshness()),
+		zap.Bool("kv_index", b.index != nil), zap.Bool("remote_prefix_source", b.remote != nil))
+}

@@ -1,0 +1,644 @@
+package enginepick_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// recorder is an Observer (and policy.CacheObserver) that records everything.
+type recorder struct {
+	mu      sync.Mutex
+	groups  []enginepick.GroupInfo
+	picks   map[string][]string // "model/bucket/stage" → reasons, "!"+limit for rejections
+	selects []enginepick.SelectEvent
+	dones   []enginepick.DoneEvent
+	cache   []policy.CacheDecision
+}
+
+var (
+	_ enginepick.Observer  = (*recorder)(nil)
+	_ policy.CacheObserver = (*recorder)(nil)
+)
+
+type recPick struct {
+	r   *recorder
+	key string
+}
+
+func (p recPick) ObservePick(pk policy.Pick, err error) {
+	p.r.mu.Lock()
+	defer p.r.mu.Unlock()
+	if err != nil {
+		var rej *policy.AdmissionRejectedError
+		if errors.As(err, &rej) {
+			p.r.picks[p.key] = append(p.r.picks[p.key], "!"+rej.Limit)
+		}
+		return
+	}
+	p.r.picks[p.key] = append(p.r.picks[p.key], pk.Reason)
+}
+
+func (r *recorder) ObserveGroup(g enginepick.GroupInfo) enginepick.PickObserver {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.picks == nil {
+		r.picks = map[string][]string{}
+	}
+	r.groups = append(r.groups, g)
+	return recPick{r: r, key: fmt.Sprintf("%s/%s/%s", g.Model, g.Bucket, g.Stage)}
+}
+
+func (r *recorder) ObserveSelect(e enginepick.SelectEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.selects = append(r.selects, e)
+}
+
+func (r *recorder) ObserveDone(e enginepick.DoneEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.dones = append(r.dones, e)
+}
+
+func (r *recorder) ObserveCacheDecision(d *policy.CacheDecision) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cache = append(r.cache, *d)
+}
+
+// policyOf returns the recorded policy name of a group.
+func (r *recorder) policyOf(model, bkt string, stage state.Stage) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, g := range r.groups {
+		if string(g.Model) == model && g.Bucket == bkt && g.Stage == stage {
+			return g.Policy
+		}
+	}
+	return ""
+}
+
+func mustParse(t *testing.T, yaml string) *enginepick.Config {
+	t.Helper()
+	cfg, err := enginepick.ParseConfig([]byte(yaml), enginepick.FormatYAML)
+	require.NoError(t, err)
+	return cfg
+}
+
+func mustNew(t *testing.T, cfg *enginepick.Config, reg state.Registry, opts ...enginepick.Option) *enginepick.Router {
+	t.Helper()
+	r, err := enginepick.New(cfg, reg, append([]enginepick.Option{enginepick.WithHealthInterval(0)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+// seedPD is the two-bucket PD example of docs/design.md §14.1, with its fleet.
+const seedPD = `
+engines:
+  - {id: P1, model: llama, stage: prefill}
+  - {id: P2, model: llama, stage: prefill}
+  - {id: P3, model: llama, stage: prefill}
+  - {id: P4, model: llama, stage: prefill}
+  - {id: D1, model: llama, stage: decode}
+  - {id: D2, model: llama, stage: decode}
+  - {id: D3, model: llama, stage: decode}
+  - {id: D4, model: llama, stage: decode}
+models:
+  - id: llama
+    buckets:
+      - id: short-context
+        rank: 10
+        limits: {min: 0, max: 4096}
+        max_context_tokens: 8192
+        groups:
+          pd:
+            prefill:
+              worker_ids: [P1, P2]
+              policy:
+                type: cache_aware
+                admission: {max_running_requests: 64, max_kv_tokens: 1048576}
+            decode:
+              worker_ids: [D1, D2]
+              policy:
+                type: power_of_two
+                admission: {max_running_requests: 64, max_kv_tokens: 1048576}
+      - id: long-context
+        rank: 20
+        limits: {min: 0, max: 131072}
+        max_context_tokens: 131072
+        groups:
+          pd:
+            prefill:
+              worker_ids: [P3, P4]
+              policy: {type: cache_aware}
+            decode:
+              worker_ids: [D3, D4]
+              policy: {type: power_of_two}
+`
+
+func selectReq(model string, input, peak int64) *bucket.Request {
+	return &bucket.Request{Model: state.ModelID(model), Signals: bucket.Signals{InputTokens: input, ExpectedPeakTokens: peak, HasExpectedPeak: true}}
+}
+
+// TestNewSeedPDConfigPicksPairsFromOneBucket is the worked example of docs/design.md §14.1: 4k
+// input with a 16k peak does not fit the short bucket's context and takes both engines from the
+// long bucket; with an 8k peak it takes both from the short bucket.
+func TestNewSeedPDConfigPicksPairsFromOneBucket(t *testing.T) {
+	t.Parallel()
+	r := mustNew(t, mustParse(t, seedPD), nil)
+	for range 20 {
+		d, err := r.Select(context.Background(), selectReq("llama", 4096, 16384))
+		require.NoError(t, err)
+		assert.Equal(t, "long-context", d.Selection.Bucket.ID())
+		assert.Contains(t, []state.EngineID{"P3", "P4"}, d.Selection.Prefill.Engine.ID())
+		assert.Contains(t, []state.EngineID{"D3", "D4"}, d.Selection.Decode.Engine.ID())
+		d.Release()
+
+		d, err = r.Select(context.Background(), selectReq("llama", 4096, 8192))
+		require.NoError(t, err)
+		assert.Equal(t, "short-context", d.Selection.Bucket.ID())
+		assert.Contains(t, []state.EngineID{"P1", "P2"}, d.Selection.Prefill.Engine.ID())
+		assert.Contains(t, []state.EngineID{"D1", "D2"}, d.Selection.Decode.Engine.ID())
+		d.Release()
+	}
+	_, err := r.Select(context.Background(), selectReq("mistral", 10, 20))
+	assert.ErrorIs(t, err, enginepick.ErrUnknownModel)
+}
+
+// TestNewPolicyInheritance checks that an explicit group policy overrides the model's stage
+// default, which overrides the model's default, which overrides the built-in power_of_two
+// (docs/design.md §14.2), both in the policy New attaches and in the picks it makes.
+func TestNewPolicyInheritance(t *testing.T) {
+	t.Parallel()
+	cfg := mustParse(t, `
+engines:
+  - {id: e1, model: m}
+  - {id: e2, model: m}
+  - {id: p1, model: m, stage: prefill}
+  - {id: d1, model: m, stage: decode}
+  - {id: x1, model: bare}
+models:
+  - id: m
+    default_policy: {type: random}
+    stage_policies:
+      decode: {type: load_based}
+    buckets:
+      - id: own
+        limits: {max: 100}
+        groups: {plain: {policy: {type: round_robin}}}
+      - id: inherits
+        limits: {min: 101}
+        groups: {pd: {prefill: {}, decode: {}}}
+  - id: bare
+    buckets: [{id: b, groups: {plain: {}}}]
+`)
+	rec := &recorder{}
+	r := mustNew(t, cfg, nil, enginepick.WithObserver(rec))
+	assert.Equal(t, enginepick.TypeRoundRobin, rec.policyOf("m", "own", state.StagePlain), "explicit group policy")
+	assert.Equal(t, enginepick.TypeRandom, rec.policyOf("m", "inherits", state.StagePrefill), "model default")
+	assert.Equal(t, enginepick.TypeLeastLoad, rec.policyOf("m", "inherits", state.StageDecode), "stage default over model default; load_based is least_load")
+	assert.Equal(t, enginepick.TypePowerOfTwo, rec.policyOf("bare", "b", state.StagePlain), "built-in default")
+
+	for _, tc := range []struct {
+		model string
+		input int64
+		want  []string
+	}{
+		{"m", 50, []string{"m/own/plain=" + policy.ReasonRoundRobin}},
+		{"m", 500, []string{"m/inherits/prefill=" + policy.ReasonRandom, "m/inherits/decode=" + policy.ReasonLeastLoad}},
+		{"bare", 50, []string{"bare/b/plain=" + policy.ReasonPowerOfTwo}},
+	} {
+		d, err := r.Select(context.Background(), selectReq(tc.model, tc.input, tc.input))
+		require.NoError(t, err)
+		var got []string
+		if d.Selection.IsPD() {
+			got = []string{tc.model + "/" + d.Selection.Bucket.ID() + "/prefill=" + d.Selection.Prefill.Reason,
+				tc.model + "/" + d.Selection.Bucket.ID() + "/decode=" + d.Selection.Decode.Reason}
+		} else {
+			got = []string{tc.model + "/" + d.Selection.Bucket.ID() + "/plain=" + d.Selection.Plain.Reason}
+		}
+		assert.Equal(t, tc.want, got)
+		d.Release()
+	}
+}
+
+// TestNewLegacyInFlightFilter checks that filter overloaded with max_in_flight is the in-flight
+// admission cap (docs/design.md §14.3): with a cap of 1 per engine, two held dispatches exhaust
+// both engines and the third is rejected by max_inflight_requests; without the filter it is not.
+func TestNewLegacyInFlightFilter(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		policy string
+		capped bool
+	}{
+		{"legacy filter", "{type: round_robin, filter: overloaded, max_in_flight: 1}", true},
+		{"legacy filter as a list", "{type: load_based, filter: [overloaded], max_in_flight: 1}", true},
+		{"admission cap", "{type: round_robin, admission: {max_inflight_requests: 1}}", true},
+		{"no cap", "{type: round_robin}", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := mustNew(t, mustParse(t, `
+engines: [{id: e1, model: m}, {id: e2, model: m}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: `+tc.policy+`}}}]}]
+`), nil)
+			var held []*enginepick.Dispatch
+			for range 2 {
+				d, err := r.Select(context.Background(), selectReq("m", 10, 10))
+				require.NoError(t, err)
+				held = append(held, d)
+			}
+			d, err := r.Select(context.Background(), selectReq("m", 10, 10))
+			if !tc.capped {
+				require.NoError(t, err)
+				d.Release()
+			} else {
+				var ex *bucket.ExhaustedError
+				require.ErrorAs(t, err, &ex)
+				require.NotEmpty(t, ex.Rejections)
+				assert.Equal(t, admission.LimitInFlightRequests, ex.Rejections[0].Limit)
+				assert.Equal(t, uint64(1), ex.Rejections[0].Cap)
+			}
+			for _, d := range held {
+				d.Release()
+			}
+		})
+	}
+}
+
+// TestNewRejectsMembersOfAnotherRole checks membership against the host's registry
+// (docs/design.md §14.4): an engine the registry knows as decode cannot be a prefill member, an
+// engine of another model cannot be a member, and an ID the registry does not know is allowed.
+func TestNewRejectsMembersOfAnotherRole(t *testing.T) {
+	t.Parallel()
+	reg, err := state.NewStaticRegistry(
+		state.NewStaticEngine("p1", "m", state.StagePrefill),
+		state.NewStaticEngine("d1", "m", state.StageDecode),
+		state.NewStaticEngine("o1", "other", state.StagePlain))
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name, prefill, path, msg string
+	}{
+		{"decode engine as prefill member", "[p1, d1]", "models[0].buckets[0].groups.pd.prefill.worker_ids[1]",
+			`config: line 4: models[0].buckets[0].groups.pd.prefill.worker_ids[1]: engine "d1" is a decode engine, not prefill`},
+		{"engine of another model", "[o1]", "models[0].buckets[0].groups.pd.prefill.worker_ids[0]",
+			`config: line 4: models[0].buckets[0].groups.pd.prefill.worker_ids[0]: engine "o1" serves model "other", not "m"`},
+		{"unknown engine is allowed", "[p1, p9]", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := mustParse(t, `
+models:
+  - id: m
+    buckets: [{id: a, groups: {pd: {prefill: {worker_ids: `+tc.prefill+`}, decode: {}}}}]
+  - id: other
+    buckets: [{id: a, groups: {plain: {}}}]
+`)
+			r, err := enginepick.New(cfg, reg, enginepick.WithHealthInterval(0))
+			if tc.msg == "" {
+				require.NoError(t, err)
+				require.NoError(t, r.Close())
+				return
+			}
+			var ce *enginepick.ConfigError
+			require.ErrorAs(t, err, &ce)
+			assert.ErrorIs(t, err, enginepick.ErrWrongStage)
+			assert.Equal(t, tc.path, ce.Path)
+			assert.Equal(t, tc.msg, err.Error())
+		})
+	}
+}
+
+// TestNewSharesOneIndex checks that every cache_aware policy with a local source reads the one
+// index New built (docs/design.md §14.5): blocks stored once make both models' groups hit, and a
+// configuration without cache_aware builds no index at all.
+func TestNewSharesOneIndex(t *testing.T) {
+	t.Parallel()
+	cfg := mustParse(t, `
+kv: {block_tokens: 4}
+engines:
+  - {id: a1, model: a}
+  - {id: a2, model: a}
+  - {id: bp1, model: b, stage: prefill}
+  - {id: bp2, model: b, stage: prefill}
+  - {id: bd1, model: b, stage: decode}
+models:
+  - id: a
+    buckets: [{id: x, groups: {plain: {policy: {type: cache_aware, min_matched_tokens: 4}}}}]
+  - id: b
+    stage_policies: {prefill: {type: cache_aware, min_matched_tokens: 4}}
+    buckets: [{id: y, groups: {pd: {prefill: {}, decode: {}}}}]
+`)
+	rec := &recorder{}
+	r := mustNew(t, cfg, nil, enginepick.WithObserver(rec))
+	require.NotNil(t, r.Index())
+	assert.Equal(t, 4, r.Index().Hasher().BlockTokens())
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	for _, e := range []state.EngineID{"a2", "bp2"} {
+		require.NoError(t, r.Index().Store(kvindex.StoreEvent{Engine: e, BlockHashes: []uint64{11, 12}, TokenIDs: tokens, Tier: kvindex.TierDevice}))
+	}
+	for _, tc := range []struct {
+		model string
+		want  state.EngineID
+	}{{"a", "a2"}, {"b", "bp2"}} {
+		req := selectReq(tc.model, int64(len(tokens)), int64(len(tokens))+4)
+		req.TokenIDs = tokens
+		d, err := r.Select(context.Background(), req)
+		require.NoError(t, err)
+		front := d.Selection.Plain
+		if d.Selection.IsPD() {
+			front = d.Selection.Prefill
+		}
+		assert.Equal(t, tc.want, front.Engine.ID(), tc.model)
+		assert.Equal(t, policy.ReasonCacheCandidate, front.Reason, tc.model)
+		d.Release()
+	}
+	require.Len(t, rec.cache, 2)
+	assert.Equal(t, policy.DecisionCacheHit, rec.cache[0].Decision)
+
+	plain := mustNew(t, mustParse(t, "engines: [{id: e, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), nil)
+	assert.Nil(t, plain.Index(), "no cache_aware policy, no index")
+}
+
+// TestNewRemotePrefixSource checks prefix_source remote: it needs WithRemoteIndexer, and with one
+// every remote cache_aware policy asks it.
+func TestNewRemotePrefixSource(t *testing.T) {
+	t.Parallel()
+	const yaml = `
+engines: [{id: e1, model: m}, {id: e2, model: m}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, prefix_source: remote, min_matched_tokens: 16}}}}]}]
+`
+	_, err := enginepick.New(mustParse(t, yaml), nil, enginepick.WithHealthInterval(0))
+	var ce *enginepick.ConfigError
+	require.ErrorAs(t, err, &ce)
+	assert.ErrorIs(t, err, enginepick.ErrMissingField)
+	assert.Equal(t, `config: line 3: models[0].buckets[0].groups.plain.policy.prefix_source: prefix_source remote needs a remote indexer: pass enginepick.WithRemoteIndexer to New`, err.Error())
+
+	var calls atomic.Int32
+	ri := kvindex.RemoteIndexerFunc(func(_ context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+		calls.Add(1)
+		return []kvindex.EngineMatch{{Engine: "e2", Blocks: len(q.Keys)}}, nil
+	})
+	r := mustNew(t, mustParse(t, yaml), nil, enginepick.WithRemoteIndexer(ri))
+	assert.Nil(t, r.Index(), "a remote source needs no local index")
+	req := selectReq("m", 32, 40)
+	req.TokenIDs = make([]uint32, 32)
+	d, err := r.Select(context.Background(), req)
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("e2"), d.Selection.Plain.Engine.ID())
+	assert.Equal(t, policy.ReasonCacheCandidate, d.Selection.Plain.Reason)
+	assert.Equal(t, int32(1), calls.Load())
+	d.Release()
+}
+
+// loadServer serves SGLang /v1/loads pages with the given waiting count for every engine.
+func loadServer(t *testing.T, waiting *atomic.Int64, hits *sync.Map) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits != nil {
+			n, _ := hits.LoadOrStore(r.URL.Path, new(atomic.Int64))
+			n.(*atomic.Int64).Add(1)
+		}
+		if waiting == nil {
+			http.Error(w, "down", http.StatusInternalServerError)
+			return
+		}
+		_, _ = fmt.Fprintf(w, `{"loads": [{"dp_rank": 0, "num_running_reqs": 1, "num_waiting_reqs": %d}]}`, waiting.Load())
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestNewPollsLoadOnceAndCloseStopsEverything checks the shared services' lifecycle
+// (docs/design.md §14.5): one poller feeds the one load table for every engine with a load
+// endpoint, whatever number of groups and models name the engine; Close stops it and every other
+// goroutine New started, and is idempotent.
+func TestNewPollsLoadOnceAndCloseStopsEverything(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	var waiting atomic.Int64
+	waiting.Store(3)
+	var hits sync.Map
+	srv := loadServer(t, &waiting, &hits)
+	defer srv.Close() // before goleak.VerifyNone: the server's goroutines are the test's
+	cfg := mustParse(t, fmt.Sprintf(`
+load: {poll_interval: 20ms, poll_timeout: 10ms}
+engines:
+  - {id: e1, model: m, load: {url: "%[1]s/e1/v1/loads", format: sglang_loads}}
+  - {id: e2, model: m, load: {url: "%[1]s/e2/v1/loads", format: sglang_loads}}
+models:
+  - id: m
+    buckets:
+      - {id: short, limits: {max: 100}, groups: {plain: {policy: {type: least_load}}}}
+      - {id: long, limits: {min: 101}, groups: {plain: {worker_ids: [e1, e2], policy: {type: power_of_two}}}}
+`, srv.URL))
+	r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(5*time.Millisecond))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		snap := r.LoadTable().Snapshot()
+		l1, ok1 := snap.Load("e1")
+		l2, ok2 := snap.Load("e2")
+		return ok1 && ok2 && l1.WaitingRequests == 3 && l2.WaitingRequests == 3
+	}, 5*time.Second, 5*time.Millisecond)
+	stats := r.LoadPollStats()
+	require.Len(t, stats, 2, "one poll target per engine, not per group")
+	assert.Equal(t, []state.EngineID{"e1", "e2"}, []state.EngineID{stats[0].Engine, stats[1].Engine})
+	require.NoError(t, r.Close())
+	require.NoError(t, r.Close(), "Close is idempotent")
+	before := map[string]int64{}
+	hits.Range(func(k, v any) bool { before[k.(string)] = v.(*atomic.Int64).Load(); return true })
+	time.Sleep(60 * time.Millisecond)
+	hits.Range(func(k, v any) bool {
+		assert.Equal(t, before[k.(string)], v.(*atomic.Int64).Load(), "no poll of %s after Close", k)
+		return true
+	})
+	d, err := r.Select(context.Background(), selectReq("m", 10, 10))
+	require.NoError(t, err, "a closed Router still selects")
+	d.Release()
+}
+
+// TestNewRejectsMismatchedHandles checks that a load table or index passed with an option must
+// agree with the configuration rather than override it silently.
+func TestNewRejectsMismatchedHandles(t *testing.T) {
+	t.Parallel()
+	cfg := mustParse(t, `
+load: {freshness: 2s}
+kv: {block_tokens: 32}
+engines: [{id: e1, model: m}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware}}}}]}]
+`)
+	_, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithLoadTable(loadmon.NewTable()))
+	assert.ErrorIs(t, err, enginepick.ErrConflict)
+	assert.EqualError(t, err, "config: line 2: load.freshness: 2s, but the load table passed with WithLoadTable has freshness 5s")
+	h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: 16})
+	require.NoError(t, err)
+	x, err := kvindex.NewIndex(h, kvindex.Options{})
+	require.NoError(t, err)
+	_, err = enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithIndex(x))
+	assert.ErrorIs(t, err, enginepick.ErrConflict)
+	assert.EqualError(t, err, "config: line 3: kv.block_tokens: 32, but the index passed with WithIndex has 16-token blocks")
+
+	_, err = enginepick.New(mustParse(t, "models: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), nil)
+	assert.ErrorIs(t, err, enginepick.ErrMissingField, "no registry and no engines")
+	_, err = enginepick.New(nil, nil)
+	assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
+	_, err = enginepick.New(cfg, nil, enginepick.WithHealthInterval(-time.Second))
+	assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
+}
+
+// TestDispatchDoneReleasesOnceAndReports checks Dispatch.Done (docs/design.md §15): it releases
+// the guards and reports the outcome once; Release keeps working and ends the dispatch without a
+// report; later calls do nothing.
+func TestDispatchDoneReleasesOnceAndReports(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	rec := &recorder{}
+	r := mustNew(t, mustParse(t, seedPD), nil, enginepick.WithObserver(rec), enginepick.WithClock(clock))
+
+	d, err := r.Select(context.Background(), selectReq("llama", 100, 200))
+	require.NoError(t, err)
+	p, dec := d.Selection.Prefill.Engine.ID(), d.Selection.Decode.Engine.ID()
+	assert.Equal(t, uint64(1), r.InFlight().Count(p))
+	advance(3 * time.Second)
+	fail := errors.New("engine reset")
+	d.Done(enginepick.Outcome{Err: fail, TTFT: time.Second, PromptTokens: 100, OutputTokens: 7, CachedTokens: 64, CachedTokensReported: true})
+	d.Done(enginepick.Outcome{})
+	d.Release()
+	assert.Zero(t, r.InFlight().Count(p))
+	assert.Zero(t, r.InFlight().Count(dec))
+	require.Len(t, rec.dones, 1)
+	ev := rec.dones[0]
+	assert.Equal(t, state.ModelID("llama"), ev.Model)
+	assert.Equal(t, "short-context", ev.Bucket)
+	assert.Equal(t, enginepick.ReasonError, ev.Reason)
+	assert.Equal(t, 3*time.Second, ev.Duration)
+	assert.Equal(t, [2]enginepick.DispatchedEngine{
+		{ID: p, Stage: state.StagePrefill, Policy: enginepick.TypeCacheAware, Reason: policy.ReasonNoCacheCandidate},
+		{ID: dec, Stage: state.StageDecode, Policy: enginepick.TypePowerOfTwo, Reason: policy.ReasonPowerOfTwo},
+	}, ev.Engines)
+	assert.Equal(t, 2, ev.N)
+	assert.Equal(t, uint64(64), ev.Outcome.CachedTokens)
+
+	d, err = r.Select(context.Background(), selectReq("llama", 100, 200))
+	require.NoError(t, err)
+	d.Release()
+	d.Done(enginepick.Outcome{})
+	assert.Len(t, rec.dones, 1, "Done after Release reports nothing")
+	var none *enginepick.Dispatch
+	none.Done(enginepick.Outcome{})
+}
+
+// TestSelectReportsFailures checks that every Router.Select reaches the Observer, failures
+// included, with a bounded model label: an unknown model is reported with an empty model.
+func TestSelectReportsFailures(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	r := mustNew(t, mustParse(t, `
+engines: [{id: e1, model: m}]
+models: [{id: m, buckets: [{id: a, limits: {max: 100}, groups: {plain: {policy: {type: round_robin, admission: {max_inflight_requests: 1}}}}}]}]
+`), nil, enginepick.WithObserver(rec))
+	held, err := r.Select(context.Background(), selectReq("m", 10, 10))
+	require.NoError(t, err)
+	_, err = r.Select(context.Background(), selectReq("m", 10, 10))
+	require.Error(t, err)
+	_, err = r.Select(context.Background(), selectReq("client-chosen-name", 10, 10))
+	require.Error(t, err)
+	_, err = r.Select(context.Background(), selectReq("m", 1000, 1000))
+	require.Error(t, err)
+	held.Release()
+	require.Len(t, rec.selects, 4)
+	got := make([][2]string, len(rec.selects))
+	for i, e := range rec.selects {
+		got[i] = [2]string{string(e.Model), e.Reason}
+	}
+	assert.Equal(t, [][2]string{{"m", ""}, {"m", enginepick.ReasonAdmissionRejected}, {"", enginepick.ReasonUnknownModel},
+		{"m", enginepick.ReasonNoMatchingBucket}}, got)
+	assert.NotNil(t, rec.selects[0].Selection)
+	assert.Nil(t, rec.selects[1].Selection)
+	assert.Equal(t, []string{policy.ReasonRoundRobin, "!" + admission.LimitInFlightRequests}, rec.picks["m/a/plain"])
+}
+
+// TestFailureReason maps each error family to its label.
+func TestFailureReason(t *testing.T) {
+	t.Parallel()
+	rej := &policy.AdmissionRejectedError{Engine: state.NewStaticEngine("e", "m", state.StagePlain), Limit: admission.LimitKVTokens}
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{nil, ""},
+		{fmt.Errorf("x: %w", context.Canceled), enginepick.ReasonCanceled},
+		{context.DeadlineExceeded, enginepick.ReasonDeadlineExceeded},
+		{bucket.ErrNoMatchingBucket, enginepick.ReasonNoMatchingBucket},
+		{fmt.Errorf("m: %w", enginepick.ErrUnknownModel), enginepick.ReasonUnknownModel},
+		{policy.ErrInvalidSignal, enginepick.ReasonInvalidSignal},
+		{policy.ErrInvalidConfiguration, enginepick.ReasonInvalidConfiguration},
+		{&policy.OutsideCandidatesError{Engine: "x"}, enginepick.ReasonOutsideCandidates},
+		{&bucket.ExhaustedError{Rejections: []*policy.AdmissionRejectedError{rej}, Last: &bucket.StageError{Err: rej}}, enginepick.ReasonAdmissionRejected},
+		{&bucket.ExhaustedError{Last: &bucket.StageError{Err: policy.ErrNoCandidates}}, enginepick.ReasonNoCandidates},
+		{errors.New("connection reset"), enginepick.ReasonError},
+	} {
+		assert.Equal(t, tc.want, enginepick.FailureReason(tc.err), "FailureReason(%v)", tc.err)
+	}
+}
+
+// TestCheckHealthWarnsOncePerInterval checks the degraded-state warnings (docs/design.md §15):
+// polled engines with stale loads, caps on reported metrics with no fresh report, and untrusted
+// index entries are each warned about, and a repeated warning inside the interval is dropped.
+func TestCheckHealthWarnsOncePerInterval(t *testing.T) {
+	t.Parallel()
+	srv := loadServer(t, nil, nil) // every poll fails: loads stay unknown
+	core, logs := observer.New(zapcore.InfoLevel)
+	cfg := mustParse(t, fmt.Sprintf(`
+load: {poll_interval: 1h}
+engines:
+  - {id: e1, model: m, load: {url: "%[1]s/e1", format: sglang_get_load}}
+  - {id: e2, model: m}
+models:
+  - id: m
+    buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, worker_queue_limit: 4}}}}]
+`, srv.URL))
+	r := mustNew(t, cfg, nil, enginepick.WithLogger(zap.New(core)), enginepick.WithWarnInterval(time.Hour))
+	require.NoError(t, r.Index().MarkUntrusted("e2", 0))
+	r.CheckHealth()
+	r.CheckHealth()
+	warns := logs.FilterLevelExact(zapcore.WarnLevel).All()
+	require.Len(t, warns, 3, "three distinct warnings, each once")
+	assert.Contains(t, warns[0].Message, "load reports are stale or missing for polled engines")
+	assert.Equal(t, []any{"e1"}, warns[0].ContextMap()["engines"])
+	assert.Contains(t, warns[1].Message, "no engine has a fresh load report")
+	assert.Equal(t, []any{"m"}, warns[1].ContextMap()["models"])
+	assert.Contains(t, warns[2].Message, "does not trust some engines")
+	assert.Equal(t, []any{"e2"}, warns[2].ContextMap()["engines"])
+
+	infos := logs.FilterMessage("enginepick router configured").All()
+	require.Len(t, infos, 1)
+	assert.Equal(t, []any{"m: a[0,∞] plain=cache_aware(all)"}, infos[0].ContextMap()["models"])
+	assert.Equal(t, int64(1), infos[0].ContextMap()["load_pollers"])
+}

@@ -1,0 +1,191 @@
+package enginepick
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// Observer receives what a Router decides and what became of its dispatches, for metrics
+// (docs/design.md §15). The Prometheus implementation is package metrics; hosts without
+// Prometheus implement their own or pass none.
+//
+// Every method is called synchronously on the request path: keep it cheap and non-blocking, and
+// safe for concurrent use. Label values the Router hands over are bounded: configured model,
+// bucket and engine IDs, policy names, reason labels; never a per-request value.
+//
+// Optional capabilities, detected once by New: an Observer that also implements
+// policy.CacheObserver receives every cache-aware decision (docs/design.md §9.8); one that
+// implements RouterAttacher is attached to the Router New built, to read its shared state when
+// scraped.
+type Observer interface {
+	// ObserveGroup is called once per engine group, by New, before the Router serves a request.
+	// The returned PickObserver (nil for none) receives every pick of that group's policy.
+	ObserveGroup(g GroupInfo) PickObserver
+	// ObserveSelect is called once per Router.Select, successful or not. The event is passed by
+	// value so that reporting allocates nothing; e.Selection is valid only during the call.
+	ObserveSelect(e SelectEvent)
+	// ObserveDone is called once per Dispatch.Done (not for Release).
+	ObserveDone(e DoneEvent)
+}
+
+// RouterAttacher is an optional interface of an Observer: New calls AttachRouter once, after
+// building the Router and before returning it. An error fails New (and stops what it started).
+type RouterAttacher interface {
+	AttachRouter(r *Router) error
+}
+
+// GroupInfo identifies one engine group: its model, bucket, stage and the configuration name of
+// its policy (TypeRoundRobin … TypeCacheAware).
+type GroupInfo struct {
+	Model  state.ModelID
+	Bucket string
+	Stage  state.Stage
+	Policy string
+}
+
+// PickObserver receives every pick of one group's policy: the pick when err is nil, else the
+// policy's error (its admission rejections are reachable with errors.As). A pick of a PD attempt
+// whose other stage then failed is still a pick. The group does not call its policy, and so its
+// PickObserver, when it has no candidate.
+type PickObserver interface {
+	ObservePick(pk policy.Pick, err error)
+}
+
+// SelectEvent is one Router.Select.
+type SelectEvent struct {
+	// Model is the requested model when the Router serves it; empty for an unknown model, so
+	// that a label never carries a client-chosen value.
+	Model state.ModelID
+	// Selection is the complete selection on success, nil on failure.
+	Selection *bucket.Selection
+	// Err is Select's error, nil on success; Reason is FailureReason(Err).
+	Err    error
+	Reason string
+	// Duration is the time Select took, on the Router's clock.
+	Duration time.Duration
+}
+
+// Outcome is what became of a dispatch, as the host learned it, in the spirit of grpc-go's
+// balancer.DoneInfo. The zero Outcome is a success about which nothing else is known.
+type Outcome struct {
+	// Err is the dispatch's failure (transport error, engine error status, client gone); nil for
+	// success.
+	Err error
+	// TTFT is the time from dispatch to the first output token; 0 means unknown (no token).
+	TTFT time.Duration
+	// PromptTokens and OutputTokens are the request's prompt and generated tokens, as the engine
+	// reported them; 0 means unknown or none.
+	PromptTokens uint64
+	OutputTokens uint64
+	// CachedTokens is the prompt tokens the engine reported it served from its prefix cache
+	// (OpenAI usage.prompt_tokens_details.cached_tokens); meaningful only when
+	// CachedTokensReported.
+	CachedTokens         uint64
+	CachedTokensReported bool
+}
+
+// DoneEvent is one Dispatch.Done.
+type DoneEvent struct {
+	// Model and Bucket are the selection's model and bucket ID.
+	Model  state.ModelID
+	Bucket string
+	// Engines are the dispatched engines: Engines[0] is the plain or the prefill engine,
+	// Engines[1] the decode engine of a PD dispatch; N is 1 or 2.
+	Engines [2]DispatchedEngine
+	N       int
+	// Outcome is what the host reported; Reason is FailureReason(Outcome.Err), empty on success.
+	Outcome Outcome
+	Reason  string
+	// Duration is the time from the end of Select to Done, on the Router's clock.
+	Duration time.Duration
+}
+
+// DispatchedEngine is one engine of a dispatch with the group policy that chose it.
+type DispatchedEngine struct {
+	ID     state.EngineID
+	Stage  state.Stage
+	Policy string
+	Reason string
+}
+
+// Failure reason labels of FailureReason (docs/design.md §15).
+const (
+	ReasonNoMatchingBucket     = "no_matching_bucket"
+	ReasonUnknownModel         = "unknown_model"
+	ReasonAdmissionRejected    = "admission_rejected"
+	ReasonNoCandidates         = "no_candidates"
+	ReasonInvalidSignal        = "invalid_signal"
+	ReasonInvalidConfiguration = "invalid_configuration"
+	ReasonOutsideCandidates    = "outside_candidates"
+	ReasonCanceled             = "canceled"
+	ReasonDeadlineExceeded     = "deadline_exceeded"
+	ReasonError                = "error"
+)
+
+// FailureReason maps an error of Router.Select, or of a dispatch, to a bounded label: "" for nil;
+// canceled and deadline_exceeded for context errors; no_matching_bucket, unknown_model,
+// invalid_signal, invalid_configuration and outside_candidates for those errors;
+// admission_rejected when the bucket loop ended with at least one admission rejection and
+// no_candidates when it ended without; error for anything else (docs/design.md §15).
+func FailureReason(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, context.Canceled):
+		return ReasonCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return ReasonDeadlineExceeded
+	case errors.Is(err, bucket.ErrNoMatchingBucket):
+		return ReasonNoMatchingBucket
+	case errors.Is(err, bucket.ErrUnknownModel):
+		return ReasonUnknownModel
+	case errors.Is(err, policy.ErrInvalidSignal):
+		return ReasonInvalidSignal
+	case errors.Is(err, policy.ErrInvalidConfiguration):
+		return ReasonInvalidConfiguration
+	case errors.Is(err, policy.ErrOutsideCandidates):
+		return ReasonOutsideCandidates
+	case errors.Is(err, policy.ErrAdmissionRejected):
+		return ReasonAdmissionRejected
+	case errors.Is(err, policy.ErrNoCandidates):
+		return ReasonNoCandidates
+	}
+	var ex *bucket.ExhaustedError
+	if errors.As(err, &ex) {
+		if len(ex.Rejections) > 0 {
+			return ReasonAdmissionRejected
+		}
+		return ReasonNoCandidates
+	}
+	return ReasonError
+}
+
+// observedPolicy reports every pick of a group's policy to its PickObserver. It keeps the
+// wrapped policy's stage support visible to the bucket.
+type observedPolicy struct {
+	inner policy.Policy
+	obs   PickObserver
+}
+
+var (
+	_ policy.Policy         = (*observedPolicy)(nil)
+	_ policy.StageSupporter = (*observedPolicy)(nil)
+)
+
+func (p *observedPolicy) Pick(ctx context.Context, engines []state.Engine, req *policy.Request) (policy.Pick, error) {
+	pk, err := p.inner.Pick(ctx, engines, req)
+	p.obs.ObservePick(pk, err)
+	return pk, err
+}
+
+func (p *observedPolicy) SupportsStage(s state.Stage) bool {
+	if ss, ok := p.inner.(policy.StageSupporter); ok {
+		return ss.SupportsStage(s)
+	}
+	return true
+}
