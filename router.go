@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -63,6 +64,7 @@ type Router struct {
 	warn      *zap.Logger // rate-limited
 	poller    *loadsource.Poller
 	ownClient *http.Client // the pollers' client when New made it; Close drops its idle connections
+	store     affinity.Store
 	svc       *services
 	degraded  degradedChecks
 }
@@ -230,10 +232,16 @@ func prefillTokens(p *policy.Pick, req *bucket.Request) uint64 {
 }
 
 // RemoveEngine forgets router-side state of an engine the host removed from its registry: its load
-// reports (when Options.Load is set), its blocks in the prefix index (when Options.Index is set)
-// and its in-flight counter. Guards of requests still running release safely into the detached
-// counter. Removing an engine the router never heard of does nothing.
+// reports (when Options.Load is set), its blocks in the prefix index (when Options.Index is set),
+// its affinity bindings (a Router built by New with a session_aware or sticky policy; a remote
+// store is asked without a deadline, and its failure is ignored: a binding to an engine that is no
+// candidate never wins, docs/design.md §12) and its in-flight counter. Guards of requests still
+// running release safely into the detached counter. Removing an engine the router never heard of
+// does nothing.
 func (r *Router) RemoveEngine(id state.EngineID) {
+	if r.store != nil {
+		_, _ = r.store.InvalidateEngine(context.Background(), id)
+	}
 	if r.load != nil {
 		r.load.Forget(id)
 	}
@@ -280,6 +288,10 @@ func (r *Router) LoadTable() *loadmon.Table { return r.load }
 
 // InFlight returns the router-local in-flight counters.
 func (r *Router) InFlight() *loadmon.InFlight { return r.inflight }
+
+// AffinityStore returns the store session_aware and sticky policies share; nil when none is
+// configured.
+func (r *Router) AffinityStore() affinity.Store { return r.store }
 
 // Index returns the shared KV-block index; nil when no policy looks prefixes up locally. Hosts
 // apply their engines' KV events to it.
