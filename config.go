@@ -181,6 +181,24 @@ type EngineConfig struct {
 	DPRanks int `json:"dp_ranks,omitempty"`
 	// Load is the engine's load endpoint, polled by New. Nil means none: the host reports load.
 	Load *LoadEndpoint `json:"load,omitempty"`
+	// KVEvents is the engine's KV-event publisher, which New follows into the prefix index. Nil
+	// means none: the host applies the engine's events itself, or the engine has none.
+	KVEvents *KVEventsEndpoint `json:"kv_events,omitempty"`
+}
+
+// KVEventsEndpoint is an engine's KV-event publisher (vLLM and SGLang KVEventsConfig;
+// docs/design.md §13.1).
+type KVEventsEndpoint struct {
+	// Endpoint is rank 0's ZMQ endpoint ("tcp://host:5557"); DP rank r publishes on its port + r,
+	// as the engines do. Required; tcp:// (with a port when dp_ranks > 1), ipc:// or inproc://.
+	Endpoint string `json:"endpoint"`
+	// Replay is rank 0's replay socket (offset by the rank likewise); empty means none: a gap
+	// clears the rank's blocks instead of refilling them.
+	Replay string `json:"replay,omitempty"`
+	// Topic is the publisher's topic ("" by default).
+	Topic string `json:"topic,omitempty"`
+	// Bind makes the router bind Endpoint instead of dialing it, for publishers that dial out.
+	Bind bool `json:"bind,omitempty"`
 }
 
 // LoadEndpoint is an engine's load page (docs/design.md §13.1).

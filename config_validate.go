@@ -539,7 +539,43 @@ func (v *validator) engines(c *Config) {
 				return
 			}
 		}
+		if k := e.KVEvents; k != nil {
+			kp := join(path, "kv_events")
+			for _, a := range []struct{ name, addr string }{{"endpoint", k.Endpoint}, {"replay", k.Replay}} {
+				if a.addr == "" {
+					if a.name == "endpoint" {
+						v.fail(join(kp, a.name), ErrMissingField, "kv_events needs the publisher's endpoint")
+						return
+					}
+					continue
+				}
+				if _, err := rankAddress(a.addr, max(e.DPRanks, 1)-1); err != nil {
+					v.fail(join(kp, a.name), ErrBadValue, "%s", err)
+					return
+				}
+			}
+		}
 	}
+}
+
+// rankAddress returns the ZMQ endpoint of DP rank r: addr itself for rank 0, else a tcp:// address
+// with the port moved up by r, as vLLM and SGLang publish (docs/design.md §13.1).
+func rankAddress(addr string, r int) (string, error) {
+	if !strings.HasPrefix(addr, "tcp://") && !strings.HasPrefix(addr, "ipc://") && !strings.HasPrefix(addr, "inproc://") || strings.HasSuffix(addr, "//") {
+		return "", fmt.Errorf("%q: want tcp://host:port, ipc:// or inproc://", addr)
+	}
+	if r == 0 {
+		return addr, nil
+	}
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(addr, "tcp://"))
+	p, perr := strconv.Atoi(port)
+	if !strings.HasPrefix(addr, "tcp://") || err != nil || perr != nil {
+		return "", fmt.Errorf("%q: an engine with several DP ranks needs a tcp://host:port endpoint (rank r publishes on port + r)", addr)
+	}
+	if p+r > 65535 {
+		return "", fmt.Errorf("%q: port %d + rank %d is above 65535", addr, p, r)
+	}
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+r)), nil
 }
 
 // parseStage reads an engine's stage; empty is plain.

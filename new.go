@@ -16,6 +16,7 @@ import (
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/kvindex/kvevents"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/loadmon/loadsource"
 	"github.com/enginepick/enginepick/policy"
@@ -307,6 +308,13 @@ func (b *builder) shared() error {
 	if needLocal != "" {
 		if b.local, err = kvindex.NewLocalSource(b.index); err != nil {
 			return &ConfigError{Path: needLocal, Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+		}
+	}
+	for i := range cfg.Engines {
+		if cfg.Engines[i].KVEvents != nil && needLocal == "" && s.index == nil {
+			p := fmt.Sprintf("engines[%d].kv_events", i)
+			return cfgErr(p, cfg.lines[p], ErrConflict,
+				"KV events feed the prefix index, which only a cache_aware policy with a local prefix source reads: attach one, or remove kv_events")
 		}
 	}
 	if err := b.affinityStore(needStore); err != nil {
@@ -605,16 +613,28 @@ func (b *builder) start(r *Router) error {
 			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
 		}
 	}
+	sub, err := b.kvEvents()
+	if err != nil {
+		return err
+	}
 	r.poller = poller
+	r.kvSub = sub
 	r.store = b.store
 	r.degraded = b.degraded
 	slices.Sort(r.degraded.reportedCaps)
 	r.degraded.reportedCaps = slices.Compact(r.degraded.reportedCaps)
-	if poller == nil && b.memStore == nil && b.s.healthInterval == 0 {
+	if poller == nil && sub == nil && b.memStore == nil && b.s.healthInterval == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.svc = &services{cancel: cancel}
+	if sub != nil {
+		if err := sub.Start(ctx); err != nil {
+			cancel()
+			_ = sub.Close()
+			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", ErrBadValue, err)}
+		}
+	}
 	if poller != nil {
 		r.svc.wg.Go(func() { _ = poller.Run(ctx) })
 	}
@@ -636,6 +656,41 @@ func (b *builder) start(r *Router) error {
 		})
 	}
 	return nil
+}
+
+// kvEvents builds one KV-event subscriber for every engine with a kv_events publisher, one stream
+// per DP rank (docs/design.md §13.1), or nil when there is none. It is started by start.
+func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
+	var eps []kvevents.Endpoint
+	for i := range b.cfg.Engines {
+		e := &b.cfg.Engines[i]
+		k := e.KVEvents
+		if k == nil {
+			continue
+		}
+		for r := range max(e.DPRanks, 1) {
+			ep := kvevents.Endpoint{Engine: state.EngineID(e.ID), DPRank: r, Bind: k.Bind, Topic: k.Topic}
+			ep.Address, _ = rankAddress(k.Endpoint, r) // Validate checked every rank
+			if k.Replay != "" {
+				ep.ReplayAddress, _ = rankAddress(k.Replay, r)
+			}
+			eps = append(eps, ep)
+		}
+	}
+	if len(eps) == 0 {
+		return nil, nil
+	}
+	sub, err := kvevents.New(kvevents.Options{Index: b.index, Logger: b.s.log})
+	if err != nil {
+		return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", ErrBadValue, err)}
+	}
+	for _, ep := range eps {
+		if err := sub.Add(ep); err != nil {
+			_ = sub.Close()
+			return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events of %q rank %d: %v", ErrConflict, ep.Engine, ep.DPRank, err)}
+		}
+	}
+	return sub, nil
 }
 
 // summary logs the configuration at Info (docs/design.md §15).
@@ -667,7 +722,7 @@ func (b *builder) summary(r *Router) {
 		models = append(models, fmt.Sprintf("%s: %s", m.ID, strings.Join(bs, "; ")))
 	}
 	ce.Write(zap.Strings("models", models), zap.Int("engines", len(b.cfg.Engines)),
-		zap.Int("load_pollers", len(b.degraded.polled)), zap.Duration("load_freshness", b.load.Freshness()),
+		zap.Int("load_pollers", len(b.degraded.polled)), zap.Int("kv_event_streams", r.kvStreams()), zap.Duration("load_freshness", b.load.Freshness()),
 		zap.Bool("kv_index", b.index != nil), zap.Bool("remote_prefix_source", b.remote != nil), zap.String("affinity_store", b.storeKind()))
 }
 

@@ -714,3 +714,16 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware
 	_, err = enginepick.New(memCfg, nil, enginepick.WithHealthInterval(0), enginepick.WithAffinityStore(host))
 	assert.ErrorIs(t, err, enginepick.ErrConflict)
 }
+
+// TestNewRejectsKVEventsNobodyReads checks that KV events need a reader: without a cache_aware
+// policy with a local prefix source (or the host's index), they would be followed into nothing.
+func TestNewRejectsKVEventsNobodyReads(t *testing.T) {
+	t.Parallel()
+	cfg := mustParse(t, `
+engines: [{id: e1, model: m, kv_events: {endpoint: "tcp://127.0.0.1:5557"}}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: power_of_two}}}}]}]
+`)
+	_, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0))
+	assert.ErrorIs(t, err, enginepick.ErrConflict)
+	assert.EqualError(t, err, "config: line 2: engines[0].kv_events: KV events feed the prefix index, which only a cache_aware policy with a local prefix source reads: attach one, or remove kv_events")
+}
