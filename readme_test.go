@@ -22,6 +22,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -95,11 +96,10 @@ type snippetChecker struct {
 	imports map[string]string // package name → import path
 	fset    *token.FileSet
 	imp     types.Importer
+	exports map[string]string // import path → compiler export data file
 }
 
-// newSnippetChecker lists the module's packages and builds an importer over compiler export data
-// (go list -export), with the same race setting as this test binary so that the build cache of
-// `go test -race ./...` is reused.
+// newSnippetChecker lists the module's packages, whose names a block may use without an import.
 func newSnippetChecker(t *testing.T, file string) *snippetChecker {
 	t.Helper()
 	pkgs := goListPackages(t)
@@ -112,30 +112,36 @@ func newSnippetChecker(t *testing.T, file string) *snippetChecker {
 			imports[p.Name] = p.ImportPath
 		}
 	}
-	exports, err := exportData(slices.Sorted(maps.Values(imports)))
-	require.NoError(t, err)
-	fset := token.NewFileSet()
-	imp := importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
-		file, ok := exports[path]
+	c := &snippetChecker{file: file, imports: imports, fset: token.NewFileSet(), exports: map[string]string{}}
+	c.imp = importer.ForCompiler(c.fset, "gc", func(path string) (io.ReadCloser, error) {
+		file, ok := c.exports[path]
 		if !ok {
-			return nil, fmt.Errorf("no export data for %q (not a package of this module or a listed standard package)", path)
+			return nil, fmt.Errorf("no export data for %q", path)
 		}
 		return os.Open(file)
 	})
-	return &snippetChecker{file: file, imports: imports, fset: fset, imp: imp}
+	return c
 }
 
-// check returns every rule the block breaks. A block is either a whole Go file (it starts with a
-// package clause and has its own imports) or top-level declarations, to which check adds a package
-// clause and an import for each package name the block uses.
-func (c *snippetChecker) check(b mdBlock) []finding {
+// prepared is a block turned into a Go file, or the finding that stopped it.
+type prepared struct {
+	file    *ast.File
+	imports []string
+	stop    []finding
+}
+
+// prepare parses a block. A block is either a whole Go file (it starts with a package clause and
+// has its own imports) or top-level declarations, to which prepare adds a package clause and an
+// import for each package name the block uses. Positions are in the Markdown file (a //line
+// directive).
+func (c *snippetChecker) prepare(b mdBlock) prepared {
 	src := b.code
 	lineDirective := fmt.Sprintf("//line %s:%d\n", c.file, b.line)
 	if !strings.HasPrefix(strings.TrimSpace(src), "package ") {
 		pre, err := parser.ParseFile(token.NewFileSet(), "", "package readme\n"+lineDirective+src, parser.SkipObjectResolution)
 		if err != nil {
-			return []finding{{pos: c.file + ":" + fmt.Sprint(b.line), rule: ruleSyntax,
-				msg: "a README Go block must be top-level declarations (functions, types) or a whole file: " + err.Error()}}
+			return prepared{stop: []finding{{pos: c.file + ":" + fmt.Sprint(b.line), rule: ruleSyntax,
+				msg: "a README Go block must be top-level declarations (functions, types) or a whole file: " + err.Error()}}}
 		}
 		used := map[string]bool{}
 		ast.Inspect(pre, func(n ast.Node) bool {
@@ -148,7 +154,7 @@ func (c *snippetChecker) check(b mdBlock) []finding {
 		})
 		var head strings.Builder
 		head.WriteString("package readme\n\nimport (\n")
-		for _, name := range slices.Sorted(mapsKeys(used)) {
+		for _, name := range slices.Sorted(maps.Keys(used)) {
 			fmt.Fprintf(&head, "\t%s %q\n", name, c.imports[name])
 		}
 		head.WriteString(")\n\n")
@@ -156,11 +162,81 @@ func (c *snippetChecker) check(b mdBlock) []finding {
 	} else {
 		src = lineDirective + src
 	}
-
 	f, err := parser.ParseFile(c.fset, "snippet.go", src, parser.ParseComments|parser.SkipObjectResolution)
 	if err != nil {
-		return []finding{{pos: c.file + ":" + fmt.Sprint(b.line), rule: ruleSyntax, msg: err.Error()}}
+		return prepared{stop: []finding{{pos: c.file + ":" + fmt.Sprint(b.line), rule: ruleSyntax, msg: err.Error()}}}
 	}
+	var paths []string
+	for _, spec := range f.Imports {
+		if path, err := strconv.Unquote(spec.Path.Value); err == nil {
+			paths = append(paths, path)
+		}
+	}
+	return prepared{file: f, imports: paths}
+}
+
+// load builds the export data of the given packages and their dependencies that the checker does
+// not have yet, with one go list -export. It uses the race setting of this test binary, so that
+// the build cache `go test -race ./...` fills is reused, and builds only what the blocks import.
+func (c *snippetChecker) load(paths []string) error {
+	var missing []string
+	for _, p := range paths {
+		if _, ok := c.exports[p]; !ok && !slices.Contains(missing, p) {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	args := []string{"list", "-export", "-deps", "-f", "{{if .Export}}{{.ImportPath}}={{.Export}}{{end}}"}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := goCommand(append(args, missing...)...)
+	if err != nil {
+		return err
+	}
+	for line := range strings.Lines(out) {
+		if path, file, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
+			c.exports[path] = file
+		}
+	}
+	return nil
+}
+
+// checkAll checks every block, loading the export data of all their imports at once.
+func (c *snippetChecker) checkAll(blocks []mdBlock) ([][]finding, error) {
+	prep := make([]prepared, len(blocks))
+	var paths []string
+	for i, b := range blocks {
+		prep[i] = c.prepare(b)
+		paths = append(paths, prep[i].imports...)
+	}
+	if err := c.load(paths); err != nil {
+		return nil, err
+	}
+	found := make([][]finding, len(blocks))
+	for i := range blocks {
+		found[i] = c.typeCheck(prep[i])
+	}
+	return found, nil
+}
+
+// check returns every rule the block breaks.
+func (c *snippetChecker) check(b mdBlock) ([]finding, error) {
+	found, err := c.checkAll([]mdBlock{b})
+	if err != nil {
+		return nil, err
+	}
+	return found[0], nil
+}
+
+// typeCheck type-checks a prepared block and applies the error rules.
+func (c *snippetChecker) typeCheck(p prepared) []finding {
+	if p.stop != nil {
+		return p.stop
+	}
+	f := p.file
 	var found []finding
 	info := &types.Info{Types: map[ast.Expr]types.TypeAndValue{}, Defs: map[*ast.Ident]types.Object{},
 		Uses: map[*ast.Ident]types.Object{}}
@@ -368,49 +444,6 @@ func httpBodyArgs(call *ast.CallExpr, info *types.Info) []ast.Expr {
 	return nil
 }
 
-// exportData returns the compiler export data file of each package and its dependencies, built by
-// go list -export once per test binary.
-var exportData = func() func(paths []string) (map[string]string, error) {
-	var (
-		mu   sync.Mutex
-		done = map[string]map[string]string{}
-	)
-	return func(paths []string) (map[string]string, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		key := strings.Join(paths, " ")
-		if exports, ok := done[key]; ok {
-			return exports, nil
-		}
-		args := []string{"list", "-export", "-deps", "-f", "{{if .Export}}{{.ImportPath}}={{.Export}}{{end}}"}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		out, err := goCommand(append(args, paths...)...)
-		if err != nil {
-			return nil, err
-		}
-		exports := map[string]string{}
-		for line := range strings.Lines(out) {
-			if path, file, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
-				exports[path] = file
-			}
-		}
-		done[key] = exports
-		return exports, nil
-	}
-}()
-
-func mapsKeys(m map[string]bool) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
 // goPackage is one package of the module, as go list reports it.
 type goPackage struct {
 	ImportPath string
@@ -420,17 +453,29 @@ type goPackage struct {
 
 func goListPackages(t *testing.T) []goPackage {
 	t.Helper()
-	out := runGo(t, "list", "-json", "./...")
+	pkgs, err := modulePackages()
+	require.NoError(t, err)
+	require.NotEmpty(t, pkgs)
+	return pkgs
+}
+
+// modulePackages lists the module's packages once per test binary.
+var modulePackages = sync.OnceValues(func() ([]goPackage, error) {
+	out, err := goCommand("list", "-json", "./...")
+	if err != nil {
+		return nil, err
+	}
 	var pkgs []goPackage
 	dec := json.NewDecoder(strings.NewReader(out))
 	for dec.More() {
 		var p goPackage
-		require.NoError(t, dec.Decode(&p))
+		if err := dec.Decode(&p); err != nil {
+			return nil, fmt.Errorf("go list -json: %w", err)
+		}
 		pkgs = append(pkgs, p)
 	}
-	require.NotEmpty(t, pkgs)
-	return pkgs
-}
+	return pkgs, nil
+})
 
 // runGo runs the go command in the module root (this package's directory) and returns stdout.
 func runGo(t *testing.T, args ...string) string {
@@ -468,15 +513,11 @@ func readREADME(t *testing.T) string {
 func TestREADMEGoBlocks(t *testing.T) {
 	blocks, err := markdownBlocks(readREADME(t))
 	require.NoError(t, err, "README.md")
-	c := newSnippetChecker(t, "README.md")
-	goBlocks := 0
+	var goBlocks []mdBlock
 	for _, b := range blocks {
 		switch b.lang {
 		case "go":
-			goBlocks++
-			for _, f := range c.check(b) {
-				t.Error(f)
-			}
+			goBlocks = append(goBlocks, b)
 		case "":
 			t.Errorf("README.md:%d: a code fence without a language: label it (go, sh, text)", b.line-1)
 		case "sh", "text":
@@ -484,7 +525,14 @@ func TestREADMEGoBlocks(t *testing.T) {
 			t.Errorf("README.md:%d: code fence language %q: use go, sh or text", b.line-1, b.lang)
 		}
 	}
-	assert.GreaterOrEqual(t, goBlocks, 8, "Go blocks checked in README.md")
+	found, err := newSnippetChecker(t, "README.md").checkAll(goBlocks)
+	require.NoError(t, err)
+	for _, fs := range found {
+		for _, f := range fs {
+			t.Error(f)
+		}
+	}
+	assert.GreaterOrEqual(t, len(goBlocks), 8, "Go blocks checked in README.md")
 }
 
 // TestREADMECheckerRules feeds the checker blocks that break each rule, and one that breaks none,
@@ -560,7 +608,8 @@ func main() { _ = loadmon.NewTable().Expect("http://e", 0) }`, []string{ruleBlan
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			found := c.check(mdBlock{lang: "go", line: 10, code: strings.TrimPrefix(tc.code, "\n")})
+			found, err := c.check(mdBlock{lang: "go", line: 10, code: strings.TrimPrefix(tc.code, "\n")})
+			require.NoError(t, err)
 			var rules []string
 			for _, f := range found {
 				rules = append(rules, f.rule)
@@ -652,7 +701,7 @@ func TestREADMEDependencies(t *testing.T) {
 		tableFirstColumn(readmeSection(t, readREADME(t), "Dependencies")))
 }
 
-// TestREADMEReferences checks that every Example function and every examples/ program the README
+// TestREADMEReferences checks that every Example function and every examples/ directory the README
 // names exists, so that "run Example_x" never points at nothing.
 func TestREADMEReferences(t *testing.T) {
 	md := readREADME(t)
@@ -678,8 +727,10 @@ func TestREADMEReferences(t *testing.T) {
 	for _, name := range named {
 		assert.True(t, examples[name], "README.md names %s, which no _test.go file declares", name)
 	}
-	for _, dir := range regexp.MustCompile("`(examples/[a-z0-9]+)`").FindAllStringSubmatch(md, -1) {
-		_, err := os.Stat(filepath.Join(dir[1], "main.go"))
-		assert.NoError(t, err, "README.md names the program %s", dir[1])
+	for _, dir := range regexp.MustCompile("`(examples/[a-z0-9/]+)`").FindAllStringSubmatch(md, -1) {
+		info, err := os.Stat(dir[1])
+		if assert.NoError(t, err, "README.md names %s", dir[1]) {
+			assert.True(t, info.IsDir(), "README.md names %s as a directory", dir[1])
+		}
 	}
 }
