@@ -103,12 +103,12 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 			x.approxCount++
 			x.nodes[n].meta |= flagApprox
 			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(i)})
-		case x.hEntry[lo]&approxEntryBit != 0:
-			if int64(x.hAux[lo]) > expiry && !x.nodes[n].holey() {
+		case x.holds[lo].e&approxEntryBit != 0:
+			if int64(x.holds[lo].aux) > expiry && !x.nodes[n].holey() {
 				// A shorter TTL: a child of n the holder holds, other than the chain's next
 				// block (refreshed to the same expiry next), may now outlive n (hole case (3),
 				// index.go).
-				others := x.hKids[lo]
+				others := x.holds[lo].kids
 				if i+1 < len(keys) && x.nodeBuf[i+1] != 0 {
 					if a, b := x.findHolder(x.nodeBuf[i+1], hid); a < b {
 						others--
@@ -118,7 +118,7 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 					x.markHoley(n)
 				}
 			}
-			x.hAux[lo] = uint64(expiry)
+			x.holds[lo].aux = uint64(expiry)
 			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(i)})
 		}
 		x.touch(n)
@@ -170,7 +170,7 @@ func (x *Index) approxAt(e approxEntry) (int, bool) {
 		return 0, false
 	}
 	lo, hi := x.findHolder(e.node, e.holder)
-	if lo < hi && x.hEntry[lo]&approxEntryBit != 0 && int64(x.hAux[lo]) == e.expiry {
+	if lo < hi && x.holds[lo].e&approxEntryBit != 0 && int64(x.holds[lo].aux) == e.expiry {
 		return lo, true
 	}
 	return 0, false
@@ -178,7 +178,7 @@ func (x *Index) approxAt(e approxEntry) (int, bool) {
 
 // dropApprox removes the approximate entry at slab position p of node n.
 func (x *Index) dropApprox(n uint32, p int) {
-	h := &x.holders[entryHolder(x.hEntry[p])]
+	h := &x.holders[entryHolder(x.holds[p].e)]
 	h.approx--
 	x.approxCount--
 	x.deleteHolding(n, p)

@@ -95,26 +95,29 @@ type Index struct {
 	freeNodes []uint32
 	live      int // live nodes, root excluded
 	evicted   uint64
-	// lru links the eviction candidates, least recently used first. It lives beside the nodes,
-	// not in them: readers never read it, and a chain stored in one event sits contiguously in
-	// it, so moving the chain to the tail costs cache misses only at its two ends.
-	lru     []lruLink
+	// The LRU list (node.prev, node.next) links the eviction candidates, least recently used
+	// first. A chain stored in one event sits contiguously in it, so moving the chain to the tail
+	// costs cache misses only at its two ends.
 	lruHead uint32
 	lruTail uint32
 
-	// Holding entries, in runs of 1<<class slots per node, kept sorted by holder ID: hEntry is
-	// holder<<8 | tier byte (Tier bits | approxBit), hAux the engine's block hash for a real
-	// entry or the expiry (Unix ns) for an approximate one, hKids, on a holder's first entry at a
-	// node, how many children of that node the holder holds (exact unless the node is holey).
-	hEntry []uint32
-	hAux   []uint64
-	hKids  []uint32
-	hFree  [25][]uint32 // free runs per class
+	// Holding entries, in runs of 1<<class slots per node, kept sorted by holder ID.
+	holds []holding
+	hFree [25][]uint32 // free runs per class
 
 	// holey maps the key of every block where some holder's held prefix may have a hole, or may
 	// expire before a block below it, to its node (match.go explains the rule).
 	holey    table
 	clearing bool // clearHolder is dropping every entry of one holder: no hole can result
+	// During a Remove, holes are decided when it is done (pending), so that removing a chain
+	// root first, in one event, leaves no holey block behind.
+	deferHoles bool
+	pending    []pendingHole
+	// hintNode and hintPos name where a Store just put its holder's first entry at a block, so
+	// that the next block's linkChild finds the parent's entry without a search. Valid only
+	// during a Store's apply loop (hintNode 0 otherwise).
+	hintNode uint32
+	hintPos  int
 
 	holders     []holder
 	freeHolders []uint32
@@ -126,6 +129,9 @@ type Index struct {
 	heap        []approxEntry
 	approxCount int
 
+	// wideSearch makes Match use its general search for any number of holders (tests only).
+	wideSearch bool
+
 	// Writer scratch, reused under the writer mutex.
 	seen     table
 	warmSink uint32
@@ -135,14 +141,16 @@ type Index struct {
 }
 
 // node is one block. It holds no pointers, so the node slab costs the garbage collector nothing.
+// Readers read key, parent, hold and meta; prev and next (the LRU list) are the writers' alone,
+// so a Store may update them without excluding readers (they are separate words).
 type node struct {
 	key      uint64
 	parent   uint32
 	children uint32
 	hold     uint32 // first slot of the node's holding run
 	meta     uint32 // nHold (24 bits) | class (5 bits) | flags (3 bits)
-	_        uint32
-	depth    uint32 // blocks above this one (0 for a prompt's first block), saturating | flagHoley
+	prev     uint32 // LRU list
+	next     uint32
 }
 
 const (
@@ -150,16 +158,25 @@ const (
 	classShift = 24
 	classMask  = 31 << classShift
 	flagLive   = 1 << 29
+	flagHoley  = 1 << 30 // the node is in Index.holey
 	flagApprox = 1 << 31 // the node has at least one approximate entry
-
-	depthMask = 1<<31 - 1
-	flagHoley = 1 << 31 // in depth: the node is in Index.holey
 )
 
 func (n *node) nHold() int        { return int(n.meta & nHoldMask) }
 func (n *node) class() uint32     { return (n.meta & classMask) >> classShift }
 func (n *node) has(f uint32) bool { return n.meta&f != 0 }
-func (n *node) holey() bool       { return n.depth&flagHoley != 0 }
+func (n *node) holey() bool       { return n.meta&flagHoley != 0 }
+
+// holding is one holding entry: e is holder<<8 | tier byte (Tier bits | approxBit), aux the
+// engine's block hash for a real entry or the expiry (Unix ns) for an approximate one, kids, on a
+// holder's first entry at a node, how many children of that node the holder holds (exact unless
+// the node is holey). One 16-byte struct rather than three arrays, so that inserting an entry
+// moves one array and reading one touches one cache line.
+type holding struct {
+	e    uint32
+	kids uint32
+	aux  uint64
+}
 
 // Holding entry layout.
 func entryHolder(e uint32) uint32        { return e >> 8 }
@@ -168,6 +185,10 @@ func mkEntry(hid uint32, t uint8) uint32 { return hid<<8 | uint32(t) }
 const approxEntryBit = uint32(approxBit)
 
 // holder is one (engine, DP rank).
+// pendingHole is a block a holder dropped during a Remove while it still held kids of its
+// children.
+type pendingHole struct{ n, hid, kids uint32 }
+
 type holder struct {
 	engine   uint32
 	rank     int
@@ -212,7 +233,6 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 		ttl:        opts.ApproxTTL,
 		now:        opts.Now,
 		nodes:      make([]node, 1, 64),
-		lru:        make([]lruLink, 1, 64),
 		refBits:    make([]uint64, 1),
 		engineByID: make(map[state.EngineID]uint32),
 	}
@@ -375,9 +395,11 @@ func (x *Index) store(ev *StoreEvent) error {
 				n = x.newNode(x.keyBuf[i], prev)
 				x.nodeBuf[i] = n
 			}
-			x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
+			x.hintPos = x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
+			x.hintNode = n
 			prev = n
 		}
+		x.hintNode = 0
 		x.mu.Unlock()
 		b := &x.holders[hid].bindings
 		for i := from; i < to; i++ {
@@ -401,7 +423,7 @@ func (x *Index) warm(ns []uint32) {
 	var sink uint32
 	for _, n := range ns {
 		if n != 0 {
-			sink += x.hEntry[x.nodes[n].hold]
+			sink += x.holds[x.nodes[n].hold].e
 		}
 	}
 	x.warmSink += sink // keeps the loads from being optimised away
@@ -461,32 +483,34 @@ func (x *Index) firstDuplicate(vs []uint64) (uint64, bool) {
 
 // storeHolding records holder hid's hash at node n in tier t (validated by the caller); known
 // reports whether the holder already binds hash (to n). The caller binds hash to n when it was
-// not known.
-func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) {
+// not known. It returns the slab position of the holder's first entry at n.
+func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) int {
 	h := &x.holders[hid]
 	lo, hi := x.findHolder(n, hid)
 	if known {
 		for p := lo; p < hi; p++ {
-			if x.hEntry[p]&approxEntryBit == 0 && x.hAux[p] == hash {
-				x.addTiers(h, uint8(x.hEntry[p]), t)
-				x.hEntry[p] |= uint32(t)
-				return
+			if x.holds[p].e&approxEntryBit == 0 && x.holds[p].aux == hash {
+				x.addTiers(h, uint8(x.holds[p].e), t)
+				x.holds[p].e |= uint32(t)
+				return lo
 			}
 		}
 	}
-	if lo < hi && x.hEntry[lo]&approxEntryBit != 0 {
+	if lo < hi && x.holds[lo].e&approxEntryBit != 0 {
 		// A real event supersedes the router's own placement (docs/design.md §11): the entry
 		// becomes real and no longer expires. Its heap entry goes stale.
-		x.hEntry[lo], x.hAux[lo] = mkEntry(hid, t), hash
+		x.holds[lo].e, x.holds[lo].aux = mkEntry(hid, t), hash
 		h.approx--
 		x.approxCount--
 		x.addTiers(h, 0, t)
 		x.refreshApproxFlag(n)
 		x.checkParentReal(n, hid)
-		return
+		return lo
 	}
+	old := x.nodes[n].hold
 	x.insertHolding(n, hi, hid, t, hash)
 	x.addTiers(h, 0, t)
+	return lo + int(x.nodes[n].hold) - int(old) // the run may have moved
 }
 
 // addTiers counts the bits of add that old lacks.
@@ -557,19 +581,21 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.deferHoles = true
+	defer x.settleHoles()
 	for i, hash := range hashes {
 		// A hash named twice finds its entry gone (or its node freed: no entries) the second
 		// time; nodes freed here are not reused before Remove returns.
 		n := x.nodeBuf[i]
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
-			if x.hEntry[p]&approxEntryBit != 0 || x.hAux[p] != hash {
+			if x.holds[p].e&approxEntryBit != 0 || x.holds[p].aux != hash {
 				continue
 			}
-			drop := uint8(x.hEntry[p]) & uint8(tiers)
+			drop := uint8(x.holds[p].e) & uint8(tiers)
 			x.subTiers(h, drop)
-			x.hEntry[p] &^= uint32(drop)
-			if uint8(x.hEntry[p]) == 0 {
+			x.holds[p].e &^= uint32(drop)
+			if uint8(x.holds[p].e) == 0 {
 				x.deleteHolding(n, p)
 				h.bindings.del(hash)
 				x.prune(n)
@@ -643,7 +669,7 @@ func (x *Index) clearHolder(hid uint32) {
 	h.bindings.each(func(hash uint64, n uint32) {
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
-			if x.hEntry[p]&approxEntryBit == 0 && x.hAux[p] == hash {
+			if x.holds[p].e&approxEntryBit == 0 && x.holds[p].aux == hash {
 				x.deleteHolding(n, p)
 				x.prune(n)
 				break
@@ -731,18 +757,15 @@ func (x *Index) newNode(key uint64, parent uint32) uint32 {
 		x.freeNodes = x.freeNodes[:k-1]
 	} else {
 		n = uint32(len(x.nodes))
-		x.nodes = grow(x.nodes, 1)
-		x.lru = grow(x.lru, 1)
+		x.nodes = append(x.nodes, node{})
 		if int(n>>6) >= len(x.refBits) {
 			x.refBits = append(x.refBits, 0)
 		}
 	}
-	depth := uint32(0)
 	if parent != 0 {
 		x.nodes[parent].children++
-		depth = min(x.nodes[parent].depth&depthMask+1, depthMask)
 	}
-	x.nodes[n] = node{key: key, parent: parent, meta: flagLive, depth: depth}
+	x.nodes[n] = node{key: key, parent: parent, meta: flagLive}
 	x.clearRef(n)
 	x.byKey.insert(key, n)
 	x.live++
@@ -844,14 +867,14 @@ func (x *Index) evictNode(n uint32) {
 	nd := &x.nodes[n]
 	last := ^uint32(0)
 	for p := int(nd.hold) + nd.nHold() - 1; p >= int(nd.hold); p-- {
-		hid := entryHolder(x.hEntry[p])
+		hid := entryHolder(x.holds[p].e)
 		h := &x.holders[hid]
-		if x.hEntry[p]&approxEntryBit != 0 {
+		if x.holds[p].e&approxEntryBit != 0 {
 			h.approx--
 			x.approxCount--
 		} else {
-			x.subTiers(h, uint8(x.hEntry[p]))
-			h.bindings.del(x.hAux[p])
+			x.subTiers(h, uint8(x.holds[p].e))
+			h.bindings.del(x.holds[p].aux)
 		}
 		if hid != last {
 			x.unlinkChild(n, hid) // a leaf: no hole can result
@@ -866,32 +889,29 @@ func (x *Index) evictNode(n uint32) {
 
 // ---- the LRU list ----
 
-// lruLink is a node's place in the LRU list. The list is the writers' alone: Store updates it
-// without excluding readers.
-type lruLink struct{ prev, next uint32 }
-
 // inLRU reports whether n is in the LRU list: the head, or any node with a predecessor.
-func (x *Index) inLRU(n uint32) bool { return x.lruHead == n || x.lru[n].prev != 0 }
+func (x *Index) inLRU(n uint32) bool { return x.lruHead == n || x.nodes[n].prev != 0 }
 
 func (x *Index) lruUnlink(n uint32) {
-	l := &x.lru[n]
-	if l.prev != 0 {
-		x.lru[l.prev].next = l.next
+	nd := &x.nodes[n]
+	if nd.prev != 0 {
+		x.nodes[nd.prev].next = nd.next
 	} else {
-		x.lruHead = l.next
+		x.lruHead = nd.next
 	}
-	if l.next != 0 {
-		x.lru[l.next].prev = l.prev
+	if nd.next != 0 {
+		x.nodes[nd.next].prev = nd.prev
 	} else {
-		x.lruTail = l.prev
+		x.lruTail = nd.prev
 	}
-	*l = lruLink{}
+	nd.prev, nd.next = 0, 0
 }
 
 func (x *Index) lruPushTail(n uint32) {
-	x.lru[n] = lruLink{prev: x.lruTail}
+	nd := &x.nodes[n]
+	nd.prev, nd.next = x.lruTail, 0
 	if x.lruTail != 0 {
-		x.lru[x.lruTail].next = n
+		x.nodes[x.lruTail].next = n
 	} else {
 		x.lruHead = n
 	}
@@ -901,26 +921,18 @@ func (x *Index) lruPushTail(n uint32) {
 // lruPushHead links n as the next eviction candidate: a node that just became a leaf again was
 // pushed out of the list at its head, so it is among the oldest.
 func (x *Index) lruPushHead(n uint32) {
-	x.lru[n] = lruLink{next: x.lruHead}
+	nd := &x.nodes[n]
+	nd.prev, nd.next = 0, x.lruHead
 	if x.lruHead != 0 {
-		x.lru[x.lruHead].prev = n
+		x.nodes[x.lruHead].prev = n
 	} else {
 		x.lruTail = n
 	}
 	x.lruHead = n
 }
 
-// grow returns s extended by n zero elements, growing its capacity by half when it must grow:
-// the slabs reach hundreds of megabytes, where append's 1.25× growth copies each element about
-// five times over its life; 1.5× copies it about three times and leaves at most a third unused.
-func grow[T any](s []T, n int) []T {
-	if len(s)+n <= cap(s) {
-		return s[:len(s)+n]
-	}
-	t := make([]T, len(s)+n, max(cap(s)+cap(s)/2, len(s)+n, 64))
-	copy(t, s)
-	return t
-}
+// grow returns s extended by n zero elements, growing its capacity as append does.
+func grow[T any](s []T, n int) []T { return slices.Grow(s, n)[:len(s)+n] }
 
 // ---- holding runs ----
 
@@ -931,7 +943,7 @@ func (x *Index) findHolder(n, hid uint32) (int, int) {
 	// Binary search for the first entry >= hid.
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if entryHolder(x.hEntry[mid]) < hid {
+		if entryHolder(x.holds[mid].e) < hid {
 			lo = mid + 1
 		} else {
 			hi = mid
@@ -939,7 +951,7 @@ func (x *Index) findHolder(n, hid uint32) (int, int) {
 	}
 	end := lo
 	last := int(nd.hold) + nd.nHold()
-	for end < last && entryHolder(x.hEntry[end]) == hid {
+	for end < last && entryHolder(x.holds[end].e) == hid {
 		end++
 	}
 	return lo, end
@@ -950,7 +962,7 @@ func (x *Index) findHolder(n, hid uint32) (int, int) {
 func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64) {
 	nd := &x.nodes[n]
 	k := nd.nHold()
-	first := pos == int(nd.hold) || entryHolder(x.hEntry[pos-1]) != hid
+	first := pos == int(nd.hold) || entryHolder(x.holds[pos-1].e) != hid
 	if k == 0 {
 		nd.hold = x.allocRun(0)
 		nd.meta &^= classMask
@@ -967,10 +979,8 @@ func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64
 		pos = int(off) + rel
 	}
 	end := int(nd.hold) + k
-	copy(x.hEntry[pos+1:end+1], x.hEntry[pos:end])
-	copy(x.hAux[pos+1:end+1], x.hAux[pos:end])
-	copy(x.hKids[pos+1:end+1], x.hKids[pos:end])
-	x.hEntry[pos], x.hAux[pos], x.hKids[pos] = mkEntry(hid, t), aux, 0
+	copy(x.holds[pos+1:end+1], x.holds[pos:end])
+	x.holds[pos] = holding{e: mkEntry(hid, t), aux: aux}
 	nd.meta++
 	if first {
 		x.linkChild(n, hid, t, aux)
@@ -981,20 +991,23 @@ func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64
 // is a quarter full. When it was the holder's last entry there, the holder no longer holds n.
 func (x *Index) deleteHolding(n uint32, pos int) {
 	nd := &x.nodes[n]
-	hid := entryHolder(x.hEntry[pos])
+	hid := entryHolder(x.holds[pos].e)
 	k := nd.nHold()
 	end := int(nd.hold) + k
-	groupStart := pos == int(nd.hold) || entryHolder(x.hEntry[pos-1]) != hid
-	groupEnds := pos+1 == end || entryHolder(x.hEntry[pos+1]) != hid
-	kids := x.hKids[pos]
+	groupStart := pos == int(nd.hold) || entryHolder(x.holds[pos-1].e) != hid
+	groupEnds := pos+1 == end || entryHolder(x.holds[pos+1].e) != hid
+	kids := x.holds[pos].kids
 	if groupStart && groupEnds && kids > 0 && !nd.holey() && !x.clearing {
-		x.markHoley(n) // the holder keeps blocks below one it no longer holds
+		// The holder keeps blocks below one it no longer holds.
+		if x.deferHoles {
+			x.pending = append(x.pending, pendingHole{n, hid, kids})
+		} else {
+			x.markHoley(n)
+		}
 	}
-	copy(x.hEntry[pos:end-1], x.hEntry[pos+1:end])
-	copy(x.hAux[pos:end-1], x.hAux[pos+1:end])
-	copy(x.hKids[pos:end-1], x.hKids[pos+1:end])
+	copy(x.holds[pos:end-1], x.holds[pos+1:end])
 	if groupStart && !groupEnds {
-		x.hKids[pos] = kids // the holder's next entry there carries its child count now
+		x.holds[pos].kids = kids // the holder's next entry there carries its child count now
 	}
 	nd.meta--
 	k--
@@ -1022,20 +1035,15 @@ func (x *Index) allocRun(c uint32) uint32 {
 		x.hFree[c] = x.hFree[c][:k-1]
 		return off
 	}
-	off := uint32(len(x.hEntry))
-	size := 1 << c
-	x.hEntry = grow(x.hEntry, size)
-	x.hAux = grow(x.hAux, size)
-	x.hKids = grow(x.hKids, size)
+	off := uint32(len(x.holds))
+	x.holds = grow(x.holds, 1<<c)
 	return off
 }
 
 func (x *Index) freeRun(off, c uint32) { x.hFree[c] = append(x.hFree[c], off) }
 
 func (x *Index) moveRun(from, to uint32, k int) {
-	copy(x.hEntry[to:int(to)+k], x.hEntry[from:int(from)+k])
-	copy(x.hAux[to:int(to)+k], x.hAux[from:int(from)+k])
-	copy(x.hKids[to:int(to)+k], x.hKids[from:int(from)+k])
+	copy(x.holds[to:int(to)+k], x.holds[from:int(from)+k])
 }
 
 // refreshApproxFlag recomputes whether node n carries an approximate entry.
@@ -1043,7 +1051,7 @@ func (x *Index) refreshApproxFlag(n uint32) {
 	nd := &x.nodes[n]
 	nd.meta &^= flagApprox
 	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
-		if x.hEntry[p]&approxEntryBit != 0 {
+		if x.holds[p].e&approxEntryBit != 0 {
 			nd.meta |= flagApprox
 			return
 		}
@@ -1064,7 +1072,7 @@ func (x *Index) refreshApproxFlag(n uint32) {
 // The index keeps every such p in the holey set (Index.holey, flagHoley), and Match caps each
 // holder's search at the first holey block of the prompt where the holder is not live. To
 // mark without scanning children, each holder's first entry at a node counts the node's children
-// the holder holds (hKids); the count is kept exactly while the node is not holey, and reset when
+// the holder holds (holding.kids); the count is kept exactly while the node is not holey, and reset when
 // a holey node's last child goes, which is also when it leaves the set. None of the three arises
 // from events applied in order by engines that evict their deepest blocks first, nor from
 // Assume with one TTL: a real event attaches under a block its holder holds really, an Assume
@@ -1079,13 +1087,18 @@ func (x *Index) linkChild(c, hid uint32, t uint8, aux uint64) {
 	if p == 0 || x.nodes[p].holey() {
 		return
 	}
-	lo, hi := x.findHolder(p, hid)
+	var lo, hi int
+	if x.hintNode == p && entryHolder(x.holds[x.hintPos].e) == hid {
+		lo, hi = x.hintPos, x.hintPos+1 // Store just placed the parent's entry
+	} else {
+		lo, hi = x.findHolder(p, hid)
+	}
 	if lo == hi {
 		x.markHoley(p) // (1)
 		return
 	}
-	x.hKids[lo]++
-	if x.hEntry[lo]&approxEntryBit != 0 && (t&approxBit == 0 || aux > x.hAux[lo]) {
+	x.holds[lo].kids++
+	if x.holds[lo].e&approxEntryBit != 0 && (t&approxBit == 0 || aux > x.holds[lo].aux) {
 		x.markHoley(p) // (2) or (3)
 	}
 }
@@ -1096,9 +1109,29 @@ func (x *Index) unlinkChild(c, hid uint32) {
 	if p == 0 || x.nodes[p].holey() {
 		return
 	}
-	if lo, hi := x.findHolder(p, hid); lo < hi && x.hKids[lo] > 0 {
-		x.hKids[lo]--
+	if lo, hi := x.findHolder(p, hid); lo < hi {
+		if x.holds[lo].kids > 0 {
+			x.holds[lo].kids--
+		}
+		return
 	}
+	for i := len(x.pending) - 1; i >= 0; i-- { // most recent first: a chain removed root first
+		if ph := &x.pending[i]; ph.n == p && ph.hid == hid && ph.kids > 0 {
+			ph.kids--
+			return
+		}
+	}
+}
+
+// settleHoles marks the blocks a Remove left holders holding children of.
+func (x *Index) settleHoles() {
+	for _, ph := range x.pending {
+		if ph.kids > 0 && x.nodes[ph.n].has(flagLive) {
+			x.markHoley(ph.n)
+		}
+	}
+	x.pending = x.pending[:0]
+	x.deferHoles = false
 }
 
 // checkParentReal records case (2) when holder hid's entry at n just became real.
@@ -1107,7 +1140,7 @@ func (x *Index) checkParentReal(n, hid uint32) {
 	if p == 0 || x.nodes[p].holey() {
 		return
 	}
-	if lo, hi := x.findHolder(p, hid); lo < hi && x.hEntry[lo]&approxEntryBit != 0 {
+	if lo, hi := x.findHolder(p, hid); lo < hi && x.holds[lo].e&approxEntryBit != 0 {
 		x.markHoley(p)
 	}
 }
@@ -1117,14 +1150,16 @@ func (x *Index) markHoley(n uint32) {
 	if nd.holey() {
 		return
 	}
-	nd.depth |= flagHoley
+	nd.meta |= flagHoley
 	x.holey.put(nd.key, n)
 }
 
 // unmarkHoley takes childless node n out of the holey set; its holders hold no children.
 func (x *Index) unmarkHoley(n uint32) {
 	nd := &x.nodes[n]
-	nd.depth &^= flagHoley
+	nd.meta &^= flagHoley
 	x.holey.del(nd.key)
-	clear(x.hKids[nd.hold : int(nd.hold)+nd.nHold()])
+	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
+		x.holds[p].kids = 0
+	}
 }

@@ -99,8 +99,8 @@ func dump(x *Index) string {
 		}
 		var es []string
 		for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
-			h := x.holders[entryHolder(x.hEntry[p])]
-			es = append(es, fmt.Sprintf("%s/%d:%#x:%#x", x.engines[h.engine].id, h.rank, uint8(x.hEntry[p]), x.hAux[p]))
+			h := x.holders[entryHolder(x.holds[p].e)]
+			es = append(es, fmt.Sprintf("%s/%d:%#x:%#x", x.engines[h.engine].id, h.rank, uint8(x.holds[p].e), x.holds[p].aux))
 		}
 		sort.Strings(es)
 		lines = append(lines, fmt.Sprintf("%#x<-%#x %v", nd.key, x.nodes[nd.parent].key, es))

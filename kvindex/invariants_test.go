@@ -27,38 +27,33 @@ func checkInvariants(x *Index) error {
 				return fmt.Errorf("node %d has dead parent %d", n, nd.parent)
 			}
 			children[nd.parent]++
-			if want := min(x.nodes[nd.parent].depth&depthMask+1, depthMask); nd.depth&depthMask != want {
-				return fmt.Errorf("node %d depth %d, parent's + 1 is %d", n, nd.depth&depthMask, want)
-			}
-		} else if nd.depth&depthMask != 0 {
-			return fmt.Errorf("root child %d has depth %d", n, nd.depth&depthMask)
 		}
 		if k := nd.nHold(); k > 1<<nd.class() {
 			return fmt.Errorf("node %d holds %d entries in a class-%d run", n, k, nd.class())
 		}
 		lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
-		if !slices.IsSortedFunc(x.hEntry[lo:hi], func(a, b uint32) int { return int(entryHolder(a)) - int(entryHolder(b)) }) {
-			return fmt.Errorf("node %d holders not sorted: %v", n, x.hEntry[lo:hi])
+		if !slices.IsSortedFunc(x.holds[lo:hi], func(a, b holding) int { return int(entryHolder(a.e)) - int(entryHolder(b.e)) }) {
+			return fmt.Errorf("node %d holders not sorted: %v", n, x.holds[lo:hi])
 		}
 		hasApprox := false
 		for p := lo; p < hi; p++ {
-			hid := entryHolder(x.hEntry[p])
+			hid := entryHolder(x.holds[p].e)
 			h := &x.holders[hid]
 			if !h.live {
 				return fmt.Errorf("node %d entry %d names dead holder %d", n, p, hid)
 			}
-			if x.hEntry[p]&approxEntryBit != 0 {
+			if x.holds[p].e&approxEntryBit != 0 {
 				hasApprox = true
-				if p+1 < hi && entryHolder(x.hEntry[p+1]) == hid || p > lo && entryHolder(x.hEntry[p-1]) == hid {
+				if p+1 < hi && entryHolder(x.holds[p+1].e) == hid || p > lo && entryHolder(x.holds[p-1].e) == hid {
 					return fmt.Errorf("node %d: approximate entry of holder %d is not alone", n, hid)
 				}
 				continue
 			}
-			if t := uint8(x.hEntry[p]); t == 0 || Tier(t)&^AllTiers != 0 {
+			if t := uint8(x.holds[p].e); t == 0 || Tier(t)&^AllTiers != 0 {
 				return fmt.Errorf("node %d entry %d has tiers %#x", n, p, t)
 			}
-			if m, ok := h.bindings.get(x.hAux[p]); !ok || m != n {
-				return fmt.Errorf("node %d entry hash %#x: binding %d, %v", n, x.hAux[p], m, ok)
+			if m, ok := h.bindings.get(x.holds[p].aux); !ok || m != n {
+				return fmt.Errorf("node %d entry hash %#x: binding %d, %v", n, x.holds[p].aux, m, ok)
 			}
 		}
 		if hasApprox != nd.has(flagApprox) {
@@ -110,9 +105,9 @@ func checkInvariants(x *Index) error {
 			}
 			lo, hi := x.findHolder(n, uint32(hid))
 			for p := lo; p < hi; p++ {
-				if x.hEntry[p]&approxEntryBit == 0 && x.hAux[p] == hash {
+				if x.holds[p].e&approxEntryBit == 0 && x.holds[p].aux == hash {
 					for i := range tiers {
-						if x.hEntry[p]&(1<<i) != 0 {
+						if x.holds[p].e&(1<<i) != 0 {
 							tiers[i]++
 						}
 					}
@@ -133,10 +128,10 @@ func checkInvariants(x *Index) error {
 	for n := uint32(1); int(n) < len(x.nodes); n++ {
 		nd := &x.nodes[n]
 		for p := int(nd.hold); nd.has(flagLive) && p < int(nd.hold)+nd.nHold(); p++ {
-			if x.hEntry[p]&approxEntryBit != 0 {
+			if x.holds[p].e&approxEntryBit != 0 {
 				recount++
-				if !heapHas(x, approxEntry{expiry: int64(x.hAux[p]), node: n, holder: entryHolder(x.hEntry[p])}) {
-					return fmt.Errorf("approximate entry node %d holder %d has no heap entry", n, entryHolder(x.hEntry[p]))
+				if !heapHas(x, approxEntry{expiry: int64(x.holds[p].aux), node: n, holder: entryHolder(x.holds[p].e)}) {
+					return fmt.Errorf("approximate entry node %d holder %d has no heap entry", n, entryHolder(x.holds[p].e))
 				}
 			}
 		}
@@ -158,17 +153,14 @@ func checkInvariants(x *Index) error {
 // checkQueue verifies the LRU list: well linked from head to tail, exactly the nodes inLRU
 // reports, all live.
 func checkQueue(x *Index) error {
-	if len(x.lru) != len(x.nodes) {
-		return fmt.Errorf("LRU links for %d of %d nodes", len(x.lru), len(x.nodes))
-	}
 	inLRU := map[uint32]bool{}
 	prev := uint32(0)
-	for n := x.lruHead; n != 0; n = x.lru[n].next {
+	for n := x.lruHead; n != 0; n = x.nodes[n].next {
 		if inLRU[n] {
 			return fmt.Errorf("LRU cycle at %d", n)
 		}
 		inLRU[n] = true
-		if x.lru[n].prev != prev || !x.nodes[n].has(flagLive) {
+		if x.nodes[n].prev != prev || !x.nodes[n].has(flagLive) {
 			return fmt.Errorf("LRU link broken at %d", n)
 		}
 		prev = n
@@ -180,8 +172,8 @@ func checkQueue(x *Index) error {
 		if x.inLRU(n) != inLRU[n] {
 			return fmt.Errorf("node %d: inLRU disagrees with the list", n)
 		}
-		if l := x.lru[n]; !inLRU[n] && (l.prev != 0 || l.next != 0) {
-			return fmt.Errorf("node %d is not in the LRU list but has links %v", n, l)
+		if nd := &x.nodes[n]; !inLRU[n] && (nd.prev != 0 || nd.next != 0) {
+			return fmt.Errorf("node %d is not in the LRU list but has links %d, %d", n, nd.prev, nd.next)
 		}
 	}
 	return nil
@@ -190,7 +182,7 @@ func checkQueue(x *Index) error {
 // checkHoles verifies the prefix rule Match relies on (index.go, "holes"): the holey set is
 // exactly the nodes with flagHoley, each with children; every (holder, block) pair whose
 // holder's prefix may break at the parent (cases (1)–(3)) has a holey parent; and a holder's
-// child count (hKids) at a block that is not holey equals its held children there.
+// child count (holding.kids) at a block that is not holey equals its held children there.
 func checkHoles(x *Index) error {
 	flagged := 0
 	kids := map[[2]uint32]uint32{} // (parent, holder) → held children
@@ -222,10 +214,10 @@ func checkHoles(x *Index) error {
 			switch {
 			case plo == phi:
 				return fmt.Errorf("holder %d holds node %d but not its parent %d, which is not holey", hid, n, p)
-			case x.hEntry[plo]&approxEntryBit == 0:
-			case x.hEntry[clo]&approxEntryBit == 0:
+			case x.holds[plo].e&approxEntryBit == 0:
+			case x.holds[clo].e&approxEntryBit == 0:
 				return fmt.Errorf("holder %d holds node %d really under its approximate parent %d, which is not holey", hid, n, p)
-			case x.hAux[clo] > x.hAux[plo]:
+			case x.holds[clo].aux > x.holds[plo].aux:
 				return fmt.Errorf("holder %d's node %d expires after its parent %d, which is not holey", hid, n, p)
 			}
 		}
@@ -240,8 +232,8 @@ func checkHoles(x *Index) error {
 		}
 		for _, hid := range holdersAt(x, n) {
 			lo, _ := x.findHolder(n, hid)
-			if want := kids[[2]uint32{n, hid}]; x.hKids[lo] != want {
-				return fmt.Errorf("node %d holder %d child count %d, recount %d", n, hid, x.hKids[lo], want)
+			if want := kids[[2]uint32{n, hid}]; x.holds[lo].kids != want {
+				return fmt.Errorf("node %d holder %d child count %d, recount %d", n, hid, x.holds[lo].kids, want)
 			}
 		}
 	}
@@ -253,7 +245,7 @@ func holdersAt(x *Index, n uint32) []uint32 {
 	nd := &x.nodes[n]
 	var out []uint32
 	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
-		if h := entryHolder(x.hEntry[p]); len(out) == 0 || out[len(out)-1] != h {
+		if h := entryHolder(x.holds[p].e); len(out) == 0 || out[len(out)-1] != h {
 			out = append(out, h)
 		}
 	}

@@ -40,7 +40,11 @@ type Matches struct {
 	hs      []uint32 // the holders live at the query's first block, ascending
 	hs2     []uint32 // matchLinearInto's scratch
 	bit     []int32  // holder ID → 1 + its index in hs, 0 when not in hs
-	bitSet  bool     // bit holds hs's indexes (cleared by finishMatch)
+	sink    uint32   // keeps search's warming loads
+	gs1     []group1 // search1's groups
+	gs12    []group1
+	probes1 []probe1
+	bitSet  bool // bit holds hs's indexes (cleared by finishMatch)
 	w       int
 	gs, gs2 []group
 	sets    []uint64 // group i's set: sets[i*w : (i+1)*w]
@@ -59,6 +63,19 @@ type group struct {
 }
 
 type probe struct {
+	depth int32
+	node  uint32
+}
+
+// group1 and probe1 are group and probe for search1: one word per set.
+type group1 struct {
+	lo, hi int32
+	nlo    uint32
+	p0, np int32
+	set    uint64
+}
+
+type probe1 struct {
 	depth int32
 	node  uint32
 }
@@ -125,12 +142,12 @@ func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	x.finishMatch(m)
 }
 
-// MatchTokensInto is MatchInto for a prompt's token IDs: it hashes them with the index's Hasher,
-// as far as some engine may hold the prompt: it hashes the first block and stops there when no
-// engine holds it; otherwise it gallops, hashing up to depths 64, 512, 4096, … blocks and probing
-// there, and stops hashing at the first depth no engine holds (when the index has holey blocks it
-// hashes the whole prompt). m.QueryBlocks is still the prompt's full block count. The result
-// equals MatchInto(x.Hasher().Keys(tokens), m).
+// MatchTokensInto is MatchInto for a prompt's token IDs: it hashes the first block with the
+// index's Hasher and stops there when no engine holds it (a cold prompt costs one block's hash);
+// otherwise it hashes the whole prompt first and then searches, so that the search's independent
+// probes overlap their cache misses (hashing a block and probing it in turn would serialise
+// them). m.QueryBlocks is the prompt's full block count. The result equals
+// MatchInto(x.Hasher().Keys(tokens), m).
 func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 	h := x.hasher
 	b := h.blockTokens
@@ -139,73 +156,17 @@ func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 		return
 	}
 	defer x.mu.RUnlock()
-	now := x.nowFor()
 	keys := growKeys(m.keys[:0], n)
 	keys = append(keys, h.next(h.root, tokens[:b]))
-	m.keys = keys
-	if n0, _ := x.lookupDepth(keys[0], 0); n0 == 0 {
-		x.finishMatch(m)
-		return
-	}
-	if x.holey.len() > 0 {
+	if n0, _ := x.lookupDepth(keys[0], 0); n0 != 0 {
 		keys = h.appendFrom(keys, keys[0], tokens[b:n*b])
-		m.keys = keys
+		now := x.nowFor()
 		if x.startGroups(keys, now, m) {
 			x.search(keys, now, m)
 		}
-		x.finishMatch(m)
-		return
-	}
-	if !x.startGroups(keys[:1], now, m) {
-		x.finishMatch(m)
-		return
-	}
-	m.gs[0].hi = int32(n)
-	// Gallop: the holders live at a gallop depth form the last group; the others keep the
-	// interval between the previous gallop depth and this one.
-	for d := 63; ; d = d*8 + 7 {
-		if d >= n-1 {
-			keys = h.appendFrom(keys, keys[len(keys)-1], tokens[len(keys)*b:n*b])
-			break
-		}
-		keys = h.appendFrom(keys, keys[len(keys)-1], tokens[len(keys)*b:(d+1)*b])
-		if !x.gallopStep(keys, int32(d), now, m) {
-			break
-		}
 	}
 	m.keys = keys
-	x.search(keys, now, m)
 	x.finishMatch(m)
-}
-
-// gallopStep probes depth d for the last group of m.gs: those of its holders live at d form a new
-// last group (d, its hi); the others keep (lo, d). It reports whether some holder is live at d.
-func (x *Index) gallopStep(keys []uint64, d int32, now int64, m *Matches) bool {
-	w := m.w
-	gi := len(m.gs) - 1
-	n, _ := x.lookupDepth(keys[d], int(d))
-	if n == 0 {
-		m.gs[gi].hi = d
-		return false
-	}
-	set := m.sets[gi*w : (gi+1)*w]
-	live := x.liveMask(n, set, now, m, m.scratch[:w])
-	if isZero(live) {
-		m.gs[gi].hi = d
-		return false
-	}
-	if andNotIsZero(set, live) {
-		m.gs[gi].lo, m.gs[gi].nlo = d, n
-		return true
-	}
-	hi := m.gs[gi].hi
-	m.gs[gi].hi = d
-	for i := range w {
-		set[i] &^= live[i]
-	}
-	m.gs = append(m.gs, group{lo: d, hi: hi, nlo: n})
-	m.sets = append(m.sets, live...)
-	return true
 }
 
 // beginMatch resets m for a query of blocks blocks and, unless it is empty (false is returned),
@@ -237,17 +198,14 @@ func (x *Index) nowFor() int64 {
 	return math.MinInt64
 }
 
-// lookupDepth returns the node of key k if it is at depth d, and whether it is holey.
-func (x *Index) lookupDepth(k uint64, d int) (uint32, bool) {
+// lookupDepth returns the node of key k, which the caller found at query depth d (unused: a
+// key names its depth), and whether it is holey.
+func (x *Index) lookupDepth(k uint64, _ int) (uint32, bool) {
 	n, ok := x.byKey.get(k, x.nodes)
 	if !ok {
 		return 0, false
 	}
-	dep := x.nodes[n].depth
-	if int(dep&depthMask) != min(d, depthMask) {
-		return 0, false
-	}
-	return n, dep&flagHoley != 0
+	return n, x.nodes[n].holey()
 }
 
 // liveHolders appends the distinct holders live at node n to dst.
@@ -255,9 +213,9 @@ func (x *Index) liveHolders(n uint32, now int64, dst []uint32) []uint32 {
 	nd := &x.nodes[n]
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
 	for p := lo; p < hi; {
-		h := entryHolder(x.hEntry[p])
+		h := entryHolder(x.holds[p].e)
 		live := x.holdsLive(p, hi, h, now)
-		for p < hi && entryHolder(x.hEntry[p]) == h {
+		for p < hi && entryHolder(x.holds[p].e) == h {
 			p++
 		}
 		if live {
@@ -335,6 +293,10 @@ func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
 // search narrows every group of m.gs until each holder's deepest live block is known (hi = lo+1),
 // then records the holders.
 func (x *Index) search(keys []uint64, now int64, m *Matches) {
+	if m.w == 1 && !x.wideSearch {
+		x.search1(keys, now, m)
+		return
+	}
 	w := m.w
 	for round := 0; ; round++ {
 		// Plan the round: a few depths strictly inside each open interval.
@@ -373,6 +335,14 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 			p := &m.probes[i]
 			p.node, _ = x.lookupDepth(keys[p.depth], int(p.depth))
 		}
+		// Then every probed block's holding run, before any is used, for the same reason.
+		sink := uint32(0)
+		for i := range m.probes {
+			if n := m.probes[i].node; n != 0 {
+				sink += x.holds[x.nodes[n].hold].e
+			}
+		}
+		m.sink += sink
 
 		m.pmasks = slices.Grow(m.pmasks[:0], len(m.probes)*w)[:len(m.probes)*w]
 		for gi := range m.gs {
@@ -432,10 +402,119 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 	}
 }
 
+// search1 is search for at most 64 holders (one word per set, the common case), with the sets
+// and live masks held in the groups and probes themselves.
+func (x *Index) search1(keys []uint64, now int64, m *Matches) {
+	gs := m.gs1[:0]
+	for gi, g := range m.gs {
+		gs = append(gs, group1{lo: g.lo, hi: g.hi, nlo: g.nlo, set: m.sets[gi]})
+	}
+	k := int32(firstFanout)
+	for round := 0; ; round++ {
+		probes := m.probes1[:0]
+		for gi := range gs {
+			g := &gs[gi]
+			g.p0, g.np = int32(len(probes)), 0
+			span := g.hi - g.lo
+			if span <= 1 {
+				continue
+			}
+			np := min(k, span-1)
+			for j := int32(1); j <= np; j++ {
+				var d int32
+				if round == 0 {
+					// The first round's last probe is the interval's last depth, so that
+					// holders of the whole range (a repeated prompt) are done at once.
+					d = g.lo + int32(int64(span-1)*int64(j)/int64(np))
+				} else {
+					d = g.lo + int32(int64(span)*int64(j)/int64(np+1))
+				}
+				probes = append(probes, probe1{depth: d})
+			}
+			g.np = np
+		}
+		m.probes1 = probes
+		if len(probes) == 0 {
+			break
+		}
+		k = fanout
+		// Issue every lookup, then every run load, before using any: the probes are
+		// independent, so their cache misses overlap.
+		for i := range probes {
+			p := &probes[i]
+			p.node, _ = x.lookupDepth(keys[p.depth], 0)
+		}
+		sink := uint32(0)
+		for i := range probes {
+			if n := probes[i].node; n != 0 {
+				sink += x.holds[x.nodes[n].hold].e
+			}
+		}
+		m.sink += sink
+		// Split each group by its holders' deepest live probe.
+		gs2 := m.gs12[:0]
+		for _, g := range gs {
+			rest := g.set
+			for j := g.np - 1; j >= 0 && rest != 0; j-- {
+				p := probes[g.p0+j]
+				b := rest & x.liveWord(p.node, rest, now, m)
+				if b == 0 {
+					continue
+				}
+				rest &^= b
+				hi := g.hi
+				if j+1 < g.np {
+					hi = probes[g.p0+j+1].depth
+				}
+				gs2 = append(gs2, group1{lo: p.depth, hi: hi, nlo: p.node, set: b})
+			}
+			if rest != 0 {
+				if g.np > 0 {
+					g.hi = probes[g.p0].depth
+				}
+				g.set = rest
+				gs2 = append(gs2, g)
+			}
+		}
+		m.gs1, m.gs12 = gs2, gs
+		gs = gs2
+	}
+	for _, g := range gs {
+		x.markRef(g.nlo)
+		for word := g.set; word != 0; word &= word - 1 {
+			x.record(m, m.hs[bits.TrailingZeros64(word)], int(g.lo)+1)
+		}
+	}
+}
+
+// liveWord returns the holders of set (one word over m.hs) live at node n (none when n is 0).
+func (x *Index) liveWord(n uint32, set uint64, now int64, m *Matches) uint64 {
+	if n == 0 {
+		return 0
+	}
+	nd := &x.nodes[n]
+	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
+	if nd.has(flagApprox) || hi-lo > 4*bits.OnesCount64(set) {
+		var in, out [1]uint64
+		in[0] = set
+		return x.liveMask(n, in[:], now, m, out[:])[0]
+	}
+	acc := uint64(0)
+	bit := m.bit
+	for _, e := range x.holds[lo:hi] {
+		if b := uint32(bit[e.e>>8]) - 1; b < 64 {
+			acc |= 1 << b
+		}
+	}
+	return acc
+}
+
 // liveMask writes into dst the holders of set (a bitmap over m.hs) live at node n (none when n
 // is 0) and returns dst.
 func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []uint64) []uint64 {
-	clear(dst)
+	for i := range dst {
+		dst[i] = 0 // not clear(dst): a call to memclr for a word or two
+	}
 	if n == 0 {
 		return dst
 	}
@@ -455,7 +534,7 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 				a, z := lo, hi
 				for a < z {
 					mid := int(uint(a+z) >> 1)
-					if entryHolder(x.hEntry[mid]) < h {
+					if entryHolder(x.holds[mid].e) < h {
 						a = mid + 1
 					} else {
 						z = mid
@@ -470,13 +549,24 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 	}
 	approx := nd.has(flagApprox)
 	bit := m.bit
+	if !approx && len(dst) == 1 {
+		// Up to 64 holders and no approximate entry: every entry is live.
+		acc := uint64(0)
+		for _, e := range x.holds[lo:hi] {
+			if b := uint32(bit[e.e>>8]) - 1; b < 64 {
+				acc |= 1 << b
+			}
+		}
+		dst[0] = acc & set[0]
+		return dst
+	}
 	for p := lo; p < hi; p++ {
-		e := x.hEntry[p]
+		e := x.holds[p].e
 		i := bit[entryHolder(e)] - 1
 		if i < 0 || set[i>>6]&(1<<(i&63)) == 0 {
 			continue
 		}
-		if !approx || e&approxEntryBit == 0 || int64(x.hAux[p]) > now {
+		if !approx || e&approxEntryBit == 0 || int64(x.holds[p].aux) > now {
 			dst[i>>6] |= 1 << (i & 63)
 		}
 	}
@@ -492,16 +582,6 @@ func isZero(s []uint64) bool {
 	return true
 }
 
-// andNotIsZero reports whether a &^ b is empty.
-func andNotIsZero(a, b []uint64) bool {
-	for i := range a {
-		if a[i]&^b[i] != 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // liveAt reports whether holder h is live at node n.
 func (x *Index) liveAt(n, h uint32, now int64) bool {
 	lo, hi := x.findHolder(n, h)
@@ -511,8 +591,8 @@ func (x *Index) liveAt(n, h uint32, now int64) bool {
 // holdsLive reports whether the entries from slab position p (before hi) include holder h with a
 // real entry or an unexpired approximate one.
 func (x *Index) holdsLive(p, hi int, h uint32, now int64) bool {
-	for ; p < hi && entryHolder(x.hEntry[p]) == h; p++ {
-		if x.hEntry[p]&approxEntryBit == 0 || int64(x.hAux[p]) > now {
+	for ; p < hi && entryHolder(x.holds[p].e) == h; p++ {
+		if x.holds[p].e&approxEntryBit == 0 || int64(x.holds[p].aux) > now {
 			return true
 		}
 	}

@@ -478,7 +478,7 @@ func (w *walk) check(desc string) {
 			got[e.Engine] = e.Blocks
 		}
 		require.Equal(w.t, want, got, "match %#x after %s\nrecent: %q", keys, desc, w.log)
-		// The token path (which gallops when no block is holey) and the linear walk agree.
+		// The token path and the linear walk agree.
 		w.x.MatchTokensInto(toks, &mt)
 		require.Equal(w.t, ms.Engines, mt.Engines, "MatchTokensInto %v after %s\nrecent: %q", toks, desc, w.log)
 		w.x.matchLinearInto(keys, &ml)
@@ -522,6 +522,7 @@ func TestRandomWalkAgreesWithModel(t *testing.T) {
 			h, err := NewHasher(HasherConfig{BlockTokens: walkBlockTokens, Seed: seed})
 			require.NoError(t, err)
 			w := newWalk(t, h, rand.New(rand.NewPCG(seed, 0x5eed)))
+			w.x.wideSearch = seed%2 == 1 // the general search, as for more than 64 holders
 			for range steps {
 				w.step()
 			}
@@ -547,4 +548,50 @@ func TestRandomWalkMakesHoles(t *testing.T) {
 		}
 	}
 	assert.Greater(t, holey, steps/20, "steps with a holey block")
+}
+
+// TestMatchWithManyHolders checks the search for more than 64 holders at the first block (sets
+// of several words) against the linear walk and a brute-force answer: 150 engines on two DP
+// ranks hold a shared prefix to depths spread over the prompt, some with holes and expired
+// approximate entries.
+func TestMatchWithManyHolders(t *testing.T) {
+	t.Parallel()
+	h, err := NewHasher(HasherConfig{BlockTokens: 2})
+	require.NoError(t, err)
+	clock := time.Unix(100, 0)
+	x, err := NewIndex(h, Options{Now: func() time.Time { return clock }})
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(7, 7))
+	toks := make([]uint32, 2*300)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	keys := h.Keys(toks)
+	for e := range 150 {
+		id := state.EngineID(fmt.Sprintf("http://e%03d", e))
+		n := 1 + rng.IntN(len(keys))
+		hs := make([]uint64, n)
+		for i := range hs {
+			hs[i] = uint64(e)<<32 | uint64(i+1)
+		}
+		require.NoError(t, x.Store(StoreEvent{Engine: id, DPRank: e % 2, BlockHashes: hs, TokenIDs: toks[:2*n], Tier: TierDevice}))
+		if n > 2 && rng.IntN(4) == 0 {
+			require.NoError(t, x.Remove(id, e%2, []uint64{hs[rng.IntN(n-1)]}, 0)) // a hole
+		}
+		if rng.IntN(5) == 0 {
+			require.NoError(t, x.Assume(state.EngineID(fmt.Sprintf("http://a%03d", e)), keys[:1+rng.IntN(len(keys))], time.Duration(1+rng.IntN(3))*time.Second))
+		}
+	}
+	clock = clock.Add(2 * time.Second)
+	require.NoError(t, checkInvariants(x))
+	for _, wide := range []bool{false, true} {
+		x.wideSearch = wide
+		for _, n := range []int{1, 2, 17, 150, 299, 300} {
+			var m, l Matches
+			x.MatchInto(keys[:n], &m)
+			x.matchLinearInto(keys[:n], &l)
+			require.Equal(t, l.Engines, m.Engines, "n=%d wide=%v", n, wide)
+			require.Equal(t, bruteMatch(x, keys[:n], clock.UnixNano()), m.Engines, "n=%d wide=%v", n, wide)
+		}
+	}
 }

@@ -110,13 +110,14 @@ func buildScaleWorkload(name string) (*scaleWorkload, error) {
 	return w, nil
 }
 
-// scaleEvents builds the StoreEvents of a range of requests, reusing its buffers: the engine's
-// own block hashes are the index keys mixed with a per-engine salt (opaque to the index, equal
-// for equal blocks of one engine, so a re-stored block is never an alias).
+// scaleEvents builds the StoreEvents of a range of requests, reusing its buffers. The engine's
+// own block hashes are opaque to the index; here block j of the 512-token trace block with hash
+// ID h gets splitmix64(h·32 + j) mixed with a per-engine salt, so equal blocks of one engine get
+// equal hashes (a re-stored block is never an alias; trace hash IDs name whole prefixes) and
+// computing them costs no xxhash, which the index's own hashing in Store would share.
 type scaleEvents struct {
 	w      *scaleWorkload
 	tokens []uint32
-	keys   []uint64
 	hashes []uint64
 }
 
@@ -125,14 +126,21 @@ func (s *scaleEvents) event(i int) kvindex.StoreEvent {
 	s.tokens = r.AppendTokenIDs(s.tokens[:0])
 	nb := len(s.tokens) / scaleBlockTokens
 	s.tokens = s.tokens[:nb*scaleBlockTokens]
-	s.keys = s.w.hasher.AppendKeys(s.keys[:0], s.tokens)
 	e := i % scaleEngines
 	salt := uint64(e+1) * 0x9E3779B97F4A7C15
 	s.hashes = s.hashes[:0]
-	for _, k := range s.keys {
-		s.hashes = append(s.hashes, k^salt)
+	const per = sim.MooncakeBlockTokens / scaleBlockTokens
+	for b := range nb {
+		s.hashes = append(s.hashes, splitmix64(r.HashIDs[b/per]*per+uint64(b%per))^salt)
 	}
 	return kvindex.StoreEvent{Engine: s.w.engines[e], BlockHashes: s.hashes, TokenIDs: s.tokens, Tier: kvindex.TierDevice}
+}
+
+func splitmix64(z uint64) uint64 {
+	z += 0x9E3779B97F4A7C15
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	return z ^ (z >> 31)
 }
 
 // queryTokens writes query q's first scaleQueryTokens token IDs into dst.
@@ -576,7 +584,7 @@ func newPrefixModel(w *scaleWorkload) *prefixModel {
 			set = map[uint64]bool{}
 			pm.held[ev.Engine] = set
 		}
-		for _, k := range s.keys {
+		for _, k := range w.hasher.Keys(ev.TokenIDs) {
 			set[k] = true
 		}
 	}

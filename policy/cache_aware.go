@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/bits"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -308,6 +309,9 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 
 	d := CacheDecision{Model: req.Model, BucketID: req.BucketID, Lookup: res.Outcome, PressureSource: PressureSourceRouterLocal}
 	if p.queueCap != 0 {
+		// Both answers are known once one engine is fresh and one is not queued (often the
+		// first engine), so the scan stops there: O(1) per pick on a healthy fleet rather than a
+		// load lookup per group engine (docs/performance.md, BenchmarkCacheAwareQueueGate).
 		d.FleetAllQueued = true
 		anyFresh := false
 		for _, e := range engines {
@@ -315,6 +319,9 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			anyFresh = anyFresh || ok
 			if !ok || l.WaitingRequests < p.queueCap {
 				d.FleetAllQueued = false
+			}
+			if anyFresh && !d.FleetAllQueued {
+				break
 			}
 		}
 		if !anyFresh && p.blind.Add(1)%inertWarnSample == 1 {
@@ -520,15 +527,11 @@ func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, re
 }
 
 // engineIndex finds id among the ID-sorted engines.
+// One ID() call and one string comparison per step: this runs for every engine of every
+// cache-aware lookup result (docs/performance.md, "kvindex at production scale").
 func engineIndex(engines []state.Engine, id state.EngineID) (int, bool) {
 	return slices.BinarySearchFunc(engines, id, func(e state.Engine, id state.EngineID) int {
-		switch {
-		case e.ID() < id:
-			return -1
-		case e.ID() > id:
-			return 1
-		}
-		return 0
+		return strings.Compare(string(e.ID()), string(id))
 	})
 }
 

@@ -122,17 +122,33 @@ func FuzzReadMooncake(f *testing.F) {
 		}
 		checkAccepted(t, tr, sim.FormatMooncake)
 
-		// Independent decoding of each line with encoding/json's own integer handling.
+		// Independent decoding of each line's values with encoding/json's own integer handling.
+		// Keys are matched as encoding/json matches them (case-insensitively, the last duplicate
+		// winning: the documented rule), so each field's raw value is taken first and only the
+		// value that wins is decoded: a typed struct would fail on a losing duplicate of the wrong
+		// type ({"hash_ids": 0, "hash_ids": [...]}, testdata/fuzz/FuzzReadMooncake/d754261c626fbb05).
 		lines := splitJSONL(data)
 		require.Len(t, tr.Requests, len(lines))
 		for i, line := range lines {
-			var rec struct {
-				Timestamp    int64    `json:"timestamp"`
-				InputLength  int      `json:"input_length"`
-				OutputLength int      `json:"output_length"`
-				HashIDs      []uint64 `json:"hash_ids"`
+			var raw struct {
+				Timestamp, InputLength, OutputLength, HashIDs json.RawMessage
 			}
-			require.NoError(t, json.Unmarshal(line, &rec), "line %d accepted by ReadMooncake", i+1)
+			require.NoError(t, json.Unmarshal(line, &struct {
+				Timestamp    *json.RawMessage `json:"timestamp"`
+				InputLength  *json.RawMessage `json:"input_length"`
+				OutputLength *json.RawMessage `json:"output_length"`
+				HashIDs      *json.RawMessage `json:"hash_ids"`
+			}{&raw.Timestamp, &raw.InputLength, &raw.OutputLength, &raw.HashIDs}), "line %d accepted by ReadMooncake", i+1)
+			var rec struct {
+				Timestamp    int64
+				InputLength  int
+				OutputLength int
+				HashIDs      []uint64
+			}
+			require.NoError(t, json.Unmarshal(raw.Timestamp, &rec.Timestamp), "line %d timestamp", i+1)
+			require.NoError(t, json.Unmarshal(raw.InputLength, &rec.InputLength), "line %d input_length", i+1)
+			require.NoError(t, json.Unmarshal(raw.OutputLength, &rec.OutputLength), "line %d output_length", i+1)
+			require.NoError(t, json.Unmarshal(raw.HashIDs, &rec.HashIDs), "line %d hash_ids", i+1)
 			r := tr.Requests[i]
 			require.Equal(t, i+1, r.Line)
 			require.Equal(t, time.Duration(rec.Timestamp)*time.Millisecond, r.Arrival)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 	"gonum.org/v1/plot"
 )
 
@@ -42,7 +43,8 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	os.Exit(m.Run())
+	// Replays run policies in goroutines; every one must have returned when the tests end.
+	goleak.VerifyTestMain(m)
 }
 
 func TestHelpStartsWithParagraph(t *testing.T) {
