@@ -122,14 +122,25 @@ type GroupConfig struct {
 // §14.2). Pointer fields distinguish unset from an explicit zero.
 type PolicyConfig struct {
 	// Type is the policy name: round_robin, random, power_of_two, power_of_n, least_load (legacy
-	// spelling load_based), cache_aware. Required.
+	// spelling load_based), cache_aware, session_aware, sticky. Required.
 	Type string `json:"type"`
 	// Admission is the per-engine caps the policy checks (docs/design.md §5). The zero value
 	// admits everything.
 	Admission admission.Limits `json:"admission,omitzero"`
 
-	// Choices is N of power_of_n (required there, >= 1). power_of_two is power_of_n with N = 2.
+	// Choices is N of power_of_n, and of session_aware's power-of-N pick for new sessions;
+	// unset means 2, otherwise >= 1. power_of_two is power_of_n with N = 2.
 	Choices *int `json:"choices,omitempty"`
+
+	// The session_aware and sticky parameters (policy.SessionAwareOptions, policy.StickyOptions;
+	// docs/design.md §12). Fallback is sticky's policy for new, unbound and keyless routing keys:
+	// round_robin (the default), random, power_of_two or load_based (also least_load).
+	// Rendezvous selects sticky's stateless mode, with an optional LoadFactor bound (>= 1).
+	// FallbackOnUnavailable degrades a failing affinity store to the fallback's pick.
+	Fallback              string   `json:"fallback,omitempty"`
+	Rendezvous            *bool    `json:"rendezvous,omitempty"`
+	LoadFactor            *float64 `json:"load_factor,omitempty"`
+	FallbackOnUnavailable *bool    `json:"fallback_on_unavailable,omitempty"`
 
 	// PrefixSource is where cache_aware looks prefixes up: "local" (the default: the shared
 	// KV-block index) or "remote" (the remote indexer the host passes with WithRemoteIndexer,
@@ -150,6 +161,15 @@ type PolicyConfig struct {
 	WorkerQueueLimit           *uint64  `json:"worker_queue_limit,omitempty"`
 	SaturationQueueFloor       *uint64  `json:"saturation_queue_floor,omitempty"`
 	MinLoadChoices             *int     `json:"min_load_choices,omitempty"`
+	// RoutePlacements (default true) records each pick's prompt for its engine as approximate
+	// entries (docs/design.md §9.10); false sets policy.CacheAwareOptions.DisableRoutePlacements.
+	// It applies to the local prefix source only.
+	RoutePlacements *bool `json:"route_placements,omitempty"`
+	// CostComparison (default true) and its thresholds CostMarginTokens (1,024) and
+	// RecomputeFactor (2, > 0) are the cost comparison (docs/design.md §9.11).
+	CostComparison   *bool    `json:"cost_comparison,omitempty"`
+	CostMarginTokens *uint64  `json:"cost_margin_tokens,omitempty"`
+	RecomputeFactor  *float64 `json:"recompute_factor,omitempty"`
 
 	// Filter and MaxInFlight are the legacy spelling of an in-flight cap: filter "overloaded"
 	// with max_in_flight N is admission.max_inflight_requests N (docs/design.md §14.3).
@@ -170,6 +190,24 @@ type EngineConfig struct {
 	DPRanks int `json:"dp_ranks,omitempty"`
 	// Load is the engine's load endpoint, polled by New. Nil means none: the host reports load.
 	Load *LoadEndpoint `json:"load,omitempty"`
+	// KVEvents is the engine's KV-event publisher, which New follows into the prefix index. Nil
+	// means none: the host applies the engine's events itself, or the engine has none.
+	KVEvents *KVEventsEndpoint `json:"kv_events,omitempty"`
+}
+
+// KVEventsEndpoint is an engine's KV-event publisher (vLLM and SGLang KVEventsConfig;
+// docs/design.md §13.1).
+type KVEventsEndpoint struct {
+	// Endpoint is rank 0's ZMQ endpoint ("tcp://host:5557"); DP rank r publishes on its port + r,
+	// as the engines do. Required; tcp:// (with a port when dp_ranks > 1), ipc:// or inproc://.
+	Endpoint string `json:"endpoint"`
+	// Replay is rank 0's replay socket (offset by the rank likewise); empty means none: a gap
+	// clears the rank's blocks instead of refilling them.
+	Replay string `json:"replay,omitempty"`
+	// Topic is the publisher's topic ("" by default).
+	Topic string `json:"topic,omitempty"`
+	// Bind makes the router bind Endpoint instead of dialing it, for publishers that dial out.
+	Bind bool `json:"bind,omitempty"`
 }
 
 // LoadEndpoint is an engine's load page (docs/design.md §13.1).
@@ -229,6 +267,26 @@ type AffinitySettings struct {
 	// Mode is "strict" or empty: an admitted binding is reused. The former "soft" mode is rejected
 	// (docs/design.md §14.3).
 	Mode string `json:"affinity_mode,omitempty"`
+	// Store is where session_aware and sticky policies keep their bindings: "memory" (an
+	// affinity.MemoryStore in this process, swept by the Router) or "redis" (a store shared by
+	// router replicas, which the host builds with affinity/redisstore from Redis and passes with
+	// WithAffinityStore). Empty means memory, unless the host passes a store.
+	Store string `json:"store,omitempty"`
+	// Redis describes the Redis store (store redis only).
+	Redis *RedisSettings `json:"redis,omitempty"`
+}
+
+// RedisSettings describe the Redis deployment of a shared affinity store (affinity/redisstore).
+// The library does not dial Redis itself: the host builds the client from them, with its own
+// credentials and TLS settings, which do not belong in this file.
+type RedisSettings struct {
+	// Addrs are the Redis server or cluster addresses (host:port). At least one.
+	Addrs []string `json:"addrs"`
+	// Prefix starts every key; empty means redisstore.DefaultPrefix. Replicas sharing bindings use
+	// the same prefix, shard count and idle timeout.
+	Prefix string `json:"prefix,omitempty"`
+	// Shards is the number of hash-tag shards; 0 means redisstore.DefaultShards (256).
+	Shards int `json:"shards,omitempty"`
 }
 
 // Defaults of the shared settings (docs/design.md §14; the experimental SGLang router's

@@ -3,6 +3,7 @@ package enginepick
 import (
 	"fmt"
 	"math"
+	"net"
 	"net/url"
 	"slices"
 	"strconv"
@@ -20,17 +21,19 @@ import (
 // Policy type names of the configuration (docs/design.md §14.2). TypeLoadBased is the legacy
 // spelling of TypeLeastLoad; TypePowerOfTwo is TypePowerOfN with choices 2.
 const (
-	TypeRoundRobin = policy.NameRoundRobin
-	TypeRandom     = policy.NameRandom
-	TypePowerOfTwo = policy.NamePowerOfTwo
-	TypePowerOfN   = "power_of_n"
-	TypeLeastLoad  = "least_load"
-	TypeLoadBased  = policy.NameLoadBased
-	TypeCacheAware = policy.NameCacheAware
+	TypeRoundRobin   = policy.NameRoundRobin
+	TypeRandom       = policy.NameRandom
+	TypePowerOfTwo   = policy.NamePowerOfTwo
+	TypePowerOfN     = "power_of_n"
+	TypeLeastLoad    = "least_load"
+	TypeLoadBased    = policy.NameLoadBased
+	TypeCacheAware   = policy.NameCacheAware
+	TypeSessionAware = policy.NameSessionAware
+	TypeSticky       = policy.NameSticky
 )
 
 // policyTypes lists the accepted types, sorted, for messages.
-var policyTypes = []string{TypeCacheAware, TypeLeastLoad, TypePowerOfN, TypePowerOfTwo, TypeRandom, TypeRoundRobin}
+var policyTypes = []string{TypeCacheAware, TypeLeastLoad, TypePowerOfN, TypePowerOfTwo, TypeRandom, TypeRoundRobin, TypeSessionAware, TypeSticky}
 
 // removedTypes maps each dropped policy type to what to use instead (docs/design.md §14.3).
 var removedTypes = map[string]string{
@@ -303,7 +306,11 @@ var paramsOf = []struct {
 	types []string
 	set   func(p *PolicyConfig) bool
 }{
-	{"choices", []string{TypePowerOfN}, func(p *PolicyConfig) bool { return p.Choices != nil }},
+	{"choices", []string{TypePowerOfN, TypeSessionAware}, func(p *PolicyConfig) bool { return p.Choices != nil }},
+	{"fallback", []string{TypeSticky}, func(p *PolicyConfig) bool { return p.Fallback != "" }},
+	{"rendezvous", []string{TypeSticky}, func(p *PolicyConfig) bool { return p.Rendezvous != nil }},
+	{"load_factor", []string{TypeSticky}, func(p *PolicyConfig) bool { return p.LoadFactor != nil }},
+	{"fallback_on_unavailable", []string{TypeSessionAware, TypeSticky}, func(p *PolicyConfig) bool { return p.FallbackOnUnavailable != nil }},
 	{"prefix_source", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PrefixSource != "" }},
 	{"min_matched_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinMatchedTokens != nil }},
 	{"min_match_ratio", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinMatchRatio != nil }},
@@ -318,6 +325,10 @@ var paramsOf = []struct {
 	{"worker_queue_limit", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.WorkerQueueLimit != nil }},
 	{"saturation_queue_floor", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.SaturationQueueFloor != nil }},
 	{"min_load_choices", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinLoadChoices != nil }},
+	{"route_placements", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.RoutePlacements != nil }},
+	{"cost_comparison", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CostComparison != nil }},
+	{"cost_margin_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CostMarginTokens != nil }},
+	{"recompute_factor", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.RecomputeFactor != nil }},
 }
 
 // policy checks one policy attachment at path.
@@ -347,12 +358,29 @@ func (v *validator) policy(p *PolicyConfig, path string) {
 		return
 	}
 	switch typ {
-	case TypePowerOfN:
+	case TypePowerOfN, TypeSessionAware:
 		if p.Choices != nil && *p.Choices < 1 {
 			v.fail(join(path, "choices"), ErrOutOfRange, "%d: must be >= 1", *p.Choices)
 		}
 	case TypeCacheAware:
 		v.cacheAware(p, path)
+	case TypeSticky:
+		switch p.Fallback {
+		case "", TypeRoundRobin, TypeRandom, TypePowerOfTwo, TypeLoadBased, TypeLeastLoad:
+		default:
+			v.fail(join(path, "fallback"), ErrBadValue, "%q: want round_robin, random, power_of_two or load_based", p.Fallback)
+			return
+		}
+		rendezvous := p.Rendezvous != nil && *p.Rendezvous
+		if lf := p.LoadFactor; lf != nil {
+			if !rendezvous {
+				v.fail(join(path, "load_factor"), ErrConflict, "load_factor bounds rendezvous hashing: it needs rendezvous true")
+				return
+			}
+			if !(*lf >= 1) {
+				v.fail(join(path, "load_factor"), ErrOutOfRange, "%v: must be >= 1", *lf)
+			}
+		}
 	}
 }
 
@@ -464,6 +492,20 @@ func (v *validator) cacheAware(p *PolicyConfig, path string) {
 	}
 	if p.MinLoadChoices != nil && *p.MinLoadChoices < 1 {
 		v.fail(f("min_load_choices"), ErrOutOfRange, "%d: must be >= 1", *p.MinLoadChoices)
+		return
+	}
+	costOff := p.CostComparison != nil && !*p.CostComparison
+	for _, t := range []struct {
+		name string
+		set  bool
+	}{{"cost_margin_tokens", p.CostMarginTokens != nil}, {"recompute_factor", p.RecomputeFactor != nil}} {
+		if t.set && costOff {
+			v.fail(f(t.name), ErrConflict, "%s tunes the cost comparison, which cost_comparison false turns off", t.name)
+			return
+		}
+	}
+	if r := p.RecomputeFactor; r != nil && !(*r > 0 && !math.IsInf(*r, 1)) {
+		v.fail(f("recompute_factor"), ErrOutOfRange, "%v: must be finite and > 0", *r)
 	}
 }
 
@@ -515,7 +557,43 @@ func (v *validator) engines(c *Config) {
 				return
 			}
 		}
+		if k := e.KVEvents; k != nil {
+			kp := join(path, "kv_events")
+			for _, a := range []struct{ name, addr string }{{"endpoint", k.Endpoint}, {"replay", k.Replay}} {
+				if a.addr == "" {
+					if a.name == "endpoint" {
+						v.fail(join(kp, a.name), ErrMissingField, "kv_events needs the publisher's endpoint")
+						return
+					}
+					continue
+				}
+				if _, err := rankAddress(a.addr, max(e.DPRanks, 1)-1); err != nil {
+					v.fail(join(kp, a.name), ErrBadValue, "%s", err)
+					return
+				}
+			}
+		}
 	}
+}
+
+// rankAddress returns the ZMQ endpoint of DP rank r: addr itself for rank 0, else a tcp:// address
+// with the port moved up by r, as vLLM and SGLang publish (docs/design.md §13.1).
+func rankAddress(addr string, r int) (string, error) {
+	if !strings.HasPrefix(addr, "tcp://") && !strings.HasPrefix(addr, "ipc://") && !strings.HasPrefix(addr, "inproc://") || strings.HasSuffix(addr, "//") {
+		return "", fmt.Errorf("%q: want tcp://host:port, ipc:// or inproc://", addr)
+	}
+	if r == 0 {
+		return addr, nil
+	}
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(addr, "tcp://"))
+	p, perr := strconv.Atoi(port)
+	if !strings.HasPrefix(addr, "tcp://") || err != nil || perr != nil {
+		return "", fmt.Errorf("%q: an engine with several DP ranks needs a tcp://host:port endpoint (rank r publishes on port + r)", addr)
+	}
+	if p+r > 65535 {
+		return "", fmt.Errorf("%q: port %d + rank %d is above 65535", addr, p, r)
+	}
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(p+r)), nil
 }
 
 // parseStage reads an engine's stage; empty is plain.
@@ -588,6 +666,35 @@ func (v *validator) affinity(a *AffinitySettings) {
 		return
 	default:
 		v.fail("affinity.affinity_mode", ErrBadValue, "%q: want strict", a.Mode)
+		return
+	}
+	switch a.Store {
+	case "", "memory":
+		if a.Redis != nil {
+			v.fail("affinity.redis", ErrConflict, "redis settings need store redis")
+			return
+		}
+	case "redis":
+		if a.Redis == nil || len(a.Redis.Addrs) == 0 {
+			v.fail("affinity.redis.addrs", ErrMissingField, "store redis needs at least one Redis address")
+			return
+		}
+		for k, addr := range a.Redis.Addrs {
+			if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+				v.fail(fmt.Sprintf("affinity.redis.addrs[%d]", k), ErrBadValue, "%q: want host:port", addr)
+				return
+			}
+		}
+		if strings.ContainsAny(a.Redis.Prefix, "{}") {
+			v.fail("affinity.redis.prefix", ErrBadValue, "%q: must not contain { or }, which move the cluster hash tag", a.Redis.Prefix)
+			return
+		}
+		if a.Redis.Shards < 0 || a.Redis.Shards > 16384 {
+			v.fail("affinity.redis.shards", ErrOutOfRange, "%d: must be in [1, 16384] (unset means 256)", a.Redis.Shards)
+			return
+		}
+	default:
+		v.fail("affinity.store", ErrBadValue, "%q: want memory or redis", a.Store)
 		return
 	}
 	for _, h := range []struct{ name, v string }{{"session_header", a.SessionHeader}, {"routing_key_header", a.RoutingKeyHeader}} {

@@ -3,6 +3,7 @@ package enginepick_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -10,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/affinity/redisstore"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/state"
 )
@@ -54,6 +57,20 @@ func TestExampleConfigs(t *testing.T) {
 			}
 			assert.Len(t, r.LoadPollStats(), 8, "one poll target per engine")
 		},
+		"sessions-redis.yaml": func(t *testing.T, r *enginepick.Router) {
+			for _, tc := range []struct{ model, session, key string }{{"llama-3.1-8b", "conversation-1", ""}, {"tenant-lora", "", "tenant-a"}} {
+				var first state.EngineID
+				for i := range 3 {
+					d := mustSelect(t, r, &bucket.Request{Model: state.ModelID(tc.model), SessionKey: tc.session, RoutingKey: tc.key,
+						Signals: bucket.Signals{InputTokens: 100}})
+					if i == 0 {
+						first = d.Selection.Plain.Engine.ID()
+					}
+					assert.Equal(t, first, d.Selection.Plain.Engine.ID(), "%s keeps its engine", tc.model)
+					d.Release()
+				}
+			}
+		},
 		"length-buckets-slo.json": func(t *testing.T, r *enginepick.Router) {
 			for _, tc := range []struct {
 				input  int64
@@ -84,7 +101,11 @@ func TestExampleConfigs(t *testing.T) {
 			t.Parallel()
 			cfg, err := enginepick.LoadConfig(f)
 			require.NoError(t, err)
-			r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithHTTPClient(&http.Client{Transport: offline{}}))
+			opts := []enginepick.Option{enginepick.WithHealthInterval(0), enginepick.WithHTTPClient(&http.Client{Transport: offline{}})}
+			if cfg.Affinity.Store == "redis" {
+				opts = append(opts, enginepick.WithAffinityStore(testRedisStore(t, cfg)))
+			}
+			r, err := enginepick.New(cfg, nil, opts...)
 			require.NoError(t, err)
 			defer r.Close()
 			check, ok := checks[name]
@@ -97,6 +118,27 @@ func TestExampleConfigs(t *testing.T) {
 	}
 	_, err = os.Stat("examples/configs")
 	require.NoError(t, err)
+}
+
+// testRedisStore builds the Redis store a configuration describes, as a host does, but on the test
+// server of ENGINEPICK_REDIS_ADDR (.ci/redis.sh) under a fresh prefix. Without a server the test
+// skips, or fails when ENGINEPICK_REQUIRE_SERVERS=1 (CI).
+func testRedisStore(t *testing.T, cfg *enginepick.Config) *redisstore.Store {
+	t.Helper()
+	addr := os.Getenv("ENGINEPICK_REDIS_ADDR")
+	if addr == "" {
+		msg := "ENGINEPICK_REDIS_ADDR not set: no redis-server for the Redis example (start one with .ci/redis.sh start)"
+		if os.Getenv("ENGINEPICK_REQUIRE_SERVERS") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	client := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}})
+	t.Cleanup(func() { _ = client.Close() })
+	st, err := redisstore.New(redisstore.Options{Client: client, Prefix: fmt.Sprintf("%s:test:%d", cfg.Affinity.Redis.Prefix, time.Now().UnixNano()),
+		Shards: cfg.Affinity.Redis.Shards, IdleTimeout: cfg.Affinity.IdleTimeout.D()})
+	require.NoError(t, err)
+	return st
 }
 
 func mustSelect(t *testing.T, r *enginepick.Router, req *bucket.Request) *enginepick.Dispatch {

@@ -13,8 +13,10 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/kvindex/kvevents"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/loadmon/loadsource"
 	"github.com/enginepick/enginepick/policy"
@@ -33,6 +35,7 @@ type settings struct {
 	inflight       *loadmon.InFlight
 	index          *kvindex.Index
 	remote         kvindex.RemoteIndexer
+	store          affinity.Store
 	client         *http.Client
 	healthInterval time.Duration
 	warnEvery      time.Duration
@@ -79,6 +82,12 @@ func WithIndex(x *kvindex.Index) Option { return func(s *settings) { s.index = x
 // WithRemoteIndexer sets the remote indexer that cache_aware policies with prefix_source remote
 // query, through one shared kvindex.RemoteSource. Required when such a policy is configured.
 func WithRemoteIndexer(ri kvindex.RemoteIndexer) Option { return func(s *settings) { s.remote = ri } }
+
+// WithAffinityStore sets the affinity store every session_aware and sticky policy shares, for
+// example a redisstore.Store built from affinity.redis (docs/design.md §12). Required with
+// affinity.store redis; with store unset it replaces the in-memory store New would build; with
+// store memory it is an error. The host owns the store (its client, its closing).
+func WithAffinityStore(st affinity.Store) Option { return func(s *settings) { s.store = st } }
 
 // WithHTTPClient sets the client of the load pollers. Nil (and the default) is a new http.Client.
 func WithHTTPClient(c *http.Client) Option { return func(s *settings) { s.client = c } }
@@ -187,6 +196,8 @@ type builder struct {
 	index    *kvindex.Index
 	local    *kvindex.LocalSource
 	remote   *kvindex.RemoteSource
+	store    affinity.Store
+	memStore *affinity.MemoryStore // the store New built, which its sweeper runs
 	res      map[state.ModelID]*bucket.Resolver
 	labels   map[*bucket.Bucket]groupLabels
 	models   []state.ModelID
@@ -253,9 +264,19 @@ func (b *builder) shared() error {
 	if b.inflight = s.inflight; b.inflight == nil {
 		b.inflight = loadmon.NewInFlight(s.now)
 	}
-	needLocal, needRemote := "", ""
+	needLocal, needRemote, needStore := "", "", ""
 	b.eachGroup(func(gp groupPath) {
-		if canonicalType(gp.policy.Type) != TypeCacheAware {
+		switch canonicalType(gp.policy.Type) {
+		case TypeSessionAware:
+			needStore = cmpOr(needStore, gp.policyPath+".type")
+			return
+		case TypeSticky:
+			if gp.policy.Rendezvous == nil || !*gp.policy.Rendezvous {
+				needStore = cmpOr(needStore, gp.policyPath+".type")
+			}
+			return
+		case TypeCacheAware:
+		default:
 			return
 		}
 		if gp.policy.PrefixSource == "remote" {
@@ -289,6 +310,16 @@ func (b *builder) shared() error {
 			return &ConfigError{Path: needLocal, Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
 		}
 	}
+	for i := range cfg.Engines {
+		if cfg.Engines[i].KVEvents != nil && needLocal == "" && s.index == nil {
+			p := fmt.Sprintf("engines[%d].kv_events", i)
+			return cfgErr(p, cfg.lines[p], ErrConflict,
+				"KV events feed the prefix index, which only a cache_aware policy with a local prefix source reads: attach one, or remove kv_events")
+		}
+	}
+	if err := b.affinityStore(needStore); err != nil {
+		return err
+	}
 	if needRemote != "" {
 		if s.remote == nil {
 			return cfgErr(needRemote, cfg.lines[needRemote], ErrMissingField, "prefix_source remote needs a remote indexer: pass enginepick.WithRemoteIndexer to New")
@@ -297,6 +328,31 @@ func (b *builder) shared() error {
 		if err != nil {
 			return &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
 		}
+	}
+	return nil
+}
+
+// affinityStore sets the store session_aware and sticky policies share: the host's, or a new
+// in-memory one (docs/design.md §14.5).
+func (b *builder) affinityStore(needStore string) error {
+	a := &b.cfg.Affinity
+	switch {
+	case b.s.store != nil && a.Store == "memory":
+		return cfgErr("affinity.store", b.cfg.lines["affinity.store"], ErrConflict,
+			"memory, but a store was passed with WithAffinityStore: remove one of them")
+	case b.s.store != nil:
+		b.store = b.s.store
+	case a.Store == "redis":
+		if needStore != "" {
+			return cfgErr("affinity.store", b.cfg.lines["affinity.store"], ErrMissingField,
+				"store redis needs the Redis store: build it with affinity/redisstore from affinity.redis and pass enginepick.WithAffinityStore to New")
+		}
+	case needStore != "":
+		ms, err := affinity.NewMemoryStore(affinity.Options{IdleTimeout: a.IdleTimeout.D(), SweepInterval: a.SweepInterval.D(), Now: b.s.now})
+		if err != nil {
+			return &ConfigError{Path: "affinity", Err: fmt.Errorf("%w: %v", ErrOutOfRange, err)}
+		}
+		b.store, b.memStore = ms, ms
 	}
 	return nil
 }
@@ -440,6 +496,19 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 		p, err = policy.NewLeastLoad(pc)
 	case TypeCacheAware:
 		p, err = policy.NewCacheAware(pc, b.cacheOptions(gp.policy))
+	case TypeSessionAware:
+		p, err = policy.NewSessionAware(pc, policy.SessionAwareOptions{Store: b.store, Choices: deref(gp.policy.Choices),
+			FallbackOnUnavailable: deref(gp.policy.FallbackOnUnavailable)})
+	case TypeSticky:
+		o := policy.StickyOptions{Fallback: gp.policy.Fallback, Rendezvous: deref(gp.policy.Rendezvous),
+			LoadFactor: deref(gp.policy.LoadFactor), FallbackOnUnavailable: deref(gp.policy.FallbackOnUnavailable)}
+		if o.Fallback == TypeLeastLoad {
+			o.Fallback = policy.NameLoadBased
+		}
+		if !o.Rendezvous {
+			o.Store = b.store
+		}
+		p, err = policy.NewSticky(pc, o)
 	default:
 		err = fmt.Errorf("%w: unknown policy type %q", ErrBadValue, gp.policy.Type) // Validate rejects it first
 	}
@@ -490,6 +559,10 @@ func (b *builder) cacheOptions(p *PolicyConfig) policy.CacheAwareOptions {
 		WorkerQueueLimit:           p.WorkerQueueLimit,
 		SaturationQueueFloor:       p.SaturationQueueFloor,
 		MinLoadChoices:             deref(p.MinLoadChoices),
+		DisableRoutePlacements:     p.RoutePlacements != nil && !*p.RoutePlacements,
+		DisableCostComparison:      p.CostComparison != nil && !*p.CostComparison,
+		CostMarginTokens:           p.CostMarginTokens,
+		RecomputeFactor:            deref(p.RecomputeFactor),
 		MinMatchedTokens:           deref(p.MinMatchedTokens),
 		PressureAbsThresholdTokens: deref(p.PressureAbsThresholdTokens),
 		PressureRelThreshold:       deref(p.PressureRelThreshold),
@@ -544,17 +617,33 @@ func (b *builder) start(r *Router) error {
 			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
 		}
 	}
+	sub, err := b.kvEvents()
+	if err != nil {
+		return err
+	}
 	r.poller = poller
+	r.kvSub = sub
+	r.store = b.store
 	r.degraded = b.degraded
 	slices.Sort(r.degraded.reportedCaps)
 	r.degraded.reportedCaps = slices.Compact(r.degraded.reportedCaps)
-	if poller == nil && b.s.healthInterval == 0 {
+	if poller == nil && sub == nil && b.memStore == nil && b.s.healthInterval == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.svc = &services{cancel: cancel}
+	if sub != nil {
+		if err := sub.Start(ctx); err != nil {
+			cancel()
+			_ = sub.Close()
+			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", ErrBadValue, err)}
+		}
+	}
 	if poller != nil {
 		r.svc.wg.Go(func() { _ = poller.Run(ctx) })
+	}
+	if ms := b.memStore; ms != nil {
+		r.svc.wg.Go(func() { _ = ms.Run(ctx) }) // the sweeper of the store New built
 	}
 	if iv := b.s.healthInterval; iv > 0 {
 		r.svc.wg.Go(func() {
@@ -571,6 +660,41 @@ func (b *builder) start(r *Router) error {
 		})
 	}
 	return nil
+}
+
+// kvEvents builds one KV-event subscriber for every engine with a kv_events publisher, one stream
+// per DP rank (docs/design.md §13.1), or nil when there is none. It is started by start.
+func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
+	var eps []kvevents.Endpoint
+	for i := range b.cfg.Engines {
+		e := &b.cfg.Engines[i]
+		k := e.KVEvents
+		if k == nil {
+			continue
+		}
+		for r := range max(e.DPRanks, 1) {
+			ep := kvevents.Endpoint{Engine: state.EngineID(e.ID), DPRank: r, Bind: k.Bind, Topic: k.Topic}
+			ep.Address, _ = rankAddress(k.Endpoint, r) // Validate checked every rank
+			if k.Replay != "" {
+				ep.ReplayAddress, _ = rankAddress(k.Replay, r)
+			}
+			eps = append(eps, ep)
+		}
+	}
+	if len(eps) == 0 {
+		return nil, nil
+	}
+	sub, err := kvevents.New(kvevents.Options{Index: b.index, Logger: b.s.log})
+	if err != nil {
+		return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", ErrBadValue, err)}
+	}
+	for _, ep := range eps {
+		if err := sub.Add(ep); err != nil {
+			_ = sub.Close()
+			return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events of %q rank %d: %v", ErrConflict, ep.Engine, ep.DPRank, err)}
+		}
+	}
+	return sub, nil
 }
 
 // summary logs the configuration at Info (docs/design.md §15).
@@ -602,6 +726,17 @@ func (b *builder) summary(r *Router) {
 		models = append(models, fmt.Sprintf("%s: %s", m.ID, strings.Join(bs, "; ")))
 	}
 	ce.Write(zap.Strings("models", models), zap.Int("engines", len(b.cfg.Engines)),
-		zap.Int("load_pollers", len(b.degraded.polled)), zap.Duration("load_freshness", b.load.Freshness()),
-		zap.Bool("kv_index", b.index != nil), zap.Bool("remote_prefix_source", b.remote != nil))
+		zap.Int("load_pollers", len(b.degraded.polled)), zap.Int("kv_event_streams", r.kvStreams()), zap.Duration("load_freshness", b.load.Freshness()),
+		zap.Bool("kv_index", b.index != nil), zap.Bool("remote_prefix_source", b.remote != nil), zap.String("affinity_store", b.storeKind()))
+}
+
+// storeKind names the affinity store for the summary: none, memory or host.
+func (b *builder) storeKind() string {
+	switch {
+	case b.store == nil:
+		return "none"
+	case b.memStore != nil:
+		return "memory"
+	}
+	return "host"
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -435,8 +436,9 @@ func loadServer(t *testing.T, waiting *atomic.Int64, hits *sync.Map) *httptest.S
 
 // TestNewPollsLoadOnceAndCloseStopsEverything checks the shared services' lifecycle
 // (docs/design.md §14.5): one poller feeds the one load table for every engine with a load
-// endpoint, whatever number of groups and models name the engine; Close stops it and every other
-// goroutine New started, and is idempotent.
+// endpoint, whatever number of groups and models name the engine; Close stops it, the affinity
+// store's sweeper, the degraded-state checks and every other goroutine New started, and is
+// idempotent.
 func TestNewPollsLoadOnceAndCloseStopsEverything(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	var waiting atomic.Int64
@@ -454,9 +456,11 @@ models:
     buckets:
       - {id: short, limits: {max: 100}, groups: {plain: {policy: {type: least_load}}}}
       - {id: long, limits: {min: 101}, groups: {plain: {worker_ids: [e1, e2], policy: {type: power_of_two}}}}
+      - {id: sessions, limits: {min: 101}, rank: 1, groups: {plain: {policy: {type: session_aware}}}}
 `, srv.URL))
 	r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(5*time.Millisecond))
 	require.NoError(t, err)
+	require.NotNil(t, r.AffinityStore(), "the session group's store, whose sweeper runs until Close")
 	require.Eventually(t, func() bool {
 		snap := r.LoadTable().Snapshot()
 		l1, ok1 := snap.Load("e1")
@@ -641,4 +645,85 @@ models:
 	require.Len(t, infos, 1)
 	assert.Equal(t, []any{"m: a[0,∞] plain=cache_aware(all)"}, infos[0].ContextMap()["models"])
 	assert.Equal(t, int64(1), infos[0].ContextMap()["load_pollers"])
+}
+
+// TestNewAffinityPolicies checks session_aware and sticky built from a configuration
+// (docs/design.md §12, §14.5): both share the one in-memory store New builds, a session stays on
+// its engine, a stateless sticky policy needs no store, and a configuration naming the Redis store
+// needs the host to pass it.
+func TestNewAffinityPolicies(t *testing.T) {
+	t.Parallel()
+	const yaml = `
+affinity: {idle_timeout: 10m}
+engines: [{id: e1, model: chat}, {id: e2, model: chat}, {id: e3, model: chat}, {id: t1, model: tenants}, {id: t2, model: tenants}]
+models:
+  - id: chat
+    default_policy: {type: session_aware, choices: 3}
+    buckets: [{id: a, groups: {plain: {}}}]
+  - id: tenants
+    buckets: [{id: a, groups: {plain: {policy: {type: sticky, fallback: least_load}}}}]
+`
+	r := mustNew(t, mustParse(t, yaml), nil)
+	require.NotNil(t, r.AffinityStore())
+	ms, ok := r.AffinityStore().(*affinity.MemoryStore)
+	require.True(t, ok, "an in-memory store")
+	assert.Equal(t, 10*time.Minute, ms.IdleTimeout())
+	first := map[string]state.EngineID{}
+	for round := range 3 {
+		for _, tc := range []struct{ model, session, key string }{{"chat", "s1", ""}, {"chat", "s2", ""}, {"tenants", "", "k1"}} {
+			req := selectReq(tc.model, 10, 10)
+			req.SessionKey, req.RoutingKey = tc.session, tc.key
+			d, err := r.Select(context.Background(), req)
+			require.NoError(t, err)
+			id := tc.model + "/" + tc.session + tc.key
+			if round == 0 {
+				first[id] = d.Selection.Plain.Engine.ID()
+				assert.Contains(t, []string{policy.ReasonAssigned, policy.ReasonStickyAssigned}, d.Selection.Plain.Reason)
+			} else {
+				assert.Equal(t, first[id], d.Selection.Plain.Engine.ID(), "%s stays on its engine", id)
+				assert.Contains(t, []string{policy.ReasonSessionPrimary, policy.ReasonStickyPrimary}, d.Selection.Plain.Reason)
+			}
+			d.Release()
+		}
+	}
+	r.RemoveEngine(first["chat/s1"])
+	_, bound, err := r.AffinityStore().Lookup(context.Background(), affinity.Scope{Namespace: policy.SessionNamespace, Model: "chat", BucketID: "a", Stage: state.StagePlain, Key: "s1"})
+	require.NoError(t, err)
+	assert.False(t, bound, "RemoveEngine drops the engine's bindings")
+
+	stateless := mustNew(t, mustParse(t, `
+engines: [{id: t1, model: m}, {id: t2, model: m}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: sticky, rendezvous: true, load_factor: 1.25}}}}]}]
+`), nil)
+	assert.Nil(t, stateless.AffinityStore(), "rendezvous hashing needs no store")
+
+	redisCfg := mustParse(t, `
+affinity: {store: redis, redis: {addrs: ["127.0.0.1:6379"]}}
+engines: [{id: e1, model: m}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]
+`)
+	_, err = enginepick.New(redisCfg, nil, enginepick.WithHealthInterval(0))
+	assert.ErrorIs(t, err, enginepick.ErrMissingField)
+	assert.EqualError(t, err, "config: line 2: affinity.store: store redis needs the Redis store: build it with affinity/redisstore from affinity.redis and pass enginepick.WithAffinityStore to New")
+	host, err := affinity.NewMemoryStore(affinity.Options{})
+	require.NoError(t, err)
+	r = mustNew(t, redisCfg, nil, enginepick.WithAffinityStore(host))
+	assert.Same(t, host, r.AffinityStore())
+
+	memCfg := mustParse(t, "affinity: {store: memory}\nengines: [{id: e1, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]\n")
+	_, err = enginepick.New(memCfg, nil, enginepick.WithHealthInterval(0), enginepick.WithAffinityStore(host))
+	assert.ErrorIs(t, err, enginepick.ErrConflict)
+}
+
+// TestNewRejectsKVEventsNobodyReads checks that KV events need a reader: without a cache_aware
+// policy with a local prefix source (or the host's index), they would be followed into nothing.
+func TestNewRejectsKVEventsNobodyReads(t *testing.T) {
+	t.Parallel()
+	cfg := mustParse(t, `
+engines: [{id: e1, model: m, kv_events: {endpoint: "tcp://127.0.0.1:5557"}}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: power_of_two}}}}]}]
+`)
+	_, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0))
+	assert.ErrorIs(t, err, enginepick.ErrConflict)
+	assert.EqualError(t, err, "config: line 2: engines[0].kv_events: KV events feed the prefix index, which only a cache_aware policy with a local prefix source reads: attach one, or remove kv_events")
 }

@@ -11,8 +11,10 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/kvindex/kvevents"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/loadmon/loadsource"
 	"github.com/enginepick/enginepick/policy"
@@ -63,6 +65,8 @@ type Router struct {
 	warn      *zap.Logger // rate-limited
 	poller    *loadsource.Poller
 	ownClient *http.Client // the pollers' client when New made it; Close drops its idle connections
+	store     affinity.Store
+	kvSub     *kvevents.Subscriber
 	svc       *services
 	degraded  degradedChecks
 }
@@ -229,11 +233,20 @@ func prefillTokens(p *policy.Pick, req *bucket.Request) uint64 {
 	return uint64(max(req.InputTokens, 0))
 }
 
-// RemoveEngine forgets router-side state of an engine the host removed from its registry: its load
-// reports (when Options.Load is set), its blocks in the prefix index (when Options.Index is set)
-// and its in-flight counter. Guards of requests still running release safely into the detached
-// counter. Removing an engine the router never heard of does nothing.
+// RemoveEngine forgets router-side state of an engine the host removed from its registry: its
+// KV-event streams (a Router built by New), its load reports (when Options.Load is set), its blocks in the prefix index (when Options.Index is set),
+// its affinity bindings (a Router built by New with a session_aware or sticky policy; a remote
+// store is asked without a deadline, and its failure is ignored: a binding to an engine that is no
+// candidate never wins, docs/design.md §12) and its in-flight counter. Guards of requests still
+// running release safely into the detached counter. Removing an engine the router never heard of
+// does nothing.
 func (r *Router) RemoveEngine(id state.EngineID) {
+	if r.kvSub != nil {
+		r.kvSub.Remove(id)
+	}
+	if r.store != nil {
+		_, _ = r.store.InvalidateEngine(context.Background(), id)
+	}
 	if r.load != nil {
 		r.load.Forget(id)
 	}
@@ -243,7 +256,8 @@ func (r *Router) RemoveEngine(id state.EngineID) {
 	r.inflight.Remove(id)
 }
 
-// Close stops every service New started (load pollers, degraded-state checks) and waits for their
+// Close stops every service New started (load pollers, KV-event subscriber, the affinity store's
+// sweeper, degraded-state checks) and waits for their
 // goroutines to exit. The Router keeps selecting with the state it has: loads go stale (unknown,
 // never zero). Close is idempotent and returns nil; a Router built with NewRouter has nothing to
 // stop.
@@ -253,6 +267,9 @@ func (r *Router) Close() error {
 	}
 	r.svc.once.Do(func() {
 		r.svc.cancel()
+		if r.kvSub != nil {
+			_ = r.kvSub.Close()
+		}
 		r.svc.wg.Wait()
 		if r.ownClient != nil {
 			r.ownClient.CloseIdleConnections()
@@ -281,12 +298,33 @@ func (r *Router) LoadTable() *loadmon.Table { return r.load }
 // InFlight returns the router-local in-flight counters.
 func (r *Router) InFlight() *loadmon.InFlight { return r.inflight }
 
+// AffinityStore returns the store session_aware and sticky policies share; nil when none is
+// configured.
+func (r *Router) AffinityStore() affinity.Store { return r.store }
+
 // Index returns the shared KV-block index; nil when no policy looks prefixes up locally. Hosts
 // apply their engines' KV events to it.
 func (r *Router) Index() *kvindex.Index { return r.index }
 
 // Config returns the configuration New built the Router from; nil for NewRouter. Do not modify it.
 func (r *Router) Config() *Config { return r.config }
+
+// KVEventStats returns the counters of New's KV-event subscriber (gaps, resynchronisations, drops,
+// trust, per engine and DP rank); empty when no engine has a kv_events publisher.
+func (r *Router) KVEventStats() kvevents.Stats {
+	if r.kvSub == nil {
+		return kvevents.Stats{}
+	}
+	return r.kvSub.Stats()
+}
+
+// kvStreams counts the KV-event streams followed.
+func (r *Router) kvStreams() int {
+	if r.kvSub == nil {
+		return 0
+	}
+	return len(r.kvSub.Stats().Streams)
+}
 
 // LoadPollStats returns the counters of New's load poller, one entry per engine with a load
 // endpoint; nil when there is none.

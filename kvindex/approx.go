@@ -49,6 +49,15 @@ func (a approxEntry) before(b approxEntry) bool {
 // empty), ErrCyclicChain (a key repeats), ErrKeyConflict (a key is in the index under a different
 // parent: keys is not one prompt's chain from this Hasher), ErrTooManyHolders.
 func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) error {
+	return x.assume(engine, keys, 0, ttl)
+}
+
+// assume is Assume with a hint: when held > 0 and (engine, rank 0) holds the block of
+// keys[held-1] through a real entry, the blocks before it are real too (a real holding is
+// prefix-closed, index.go) and are neither refreshed nor walked: only keys[held:] are recorded,
+// chained under that block. Otherwise it is Assume over every key. LocalSource.Place passes the
+// depth its lookup found the engine to hold.
+func (x *Index) assume(engine state.EngineID, keys []uint64, held int, ttl time.Duration) error {
 	if ttl < 0 {
 		return fmt.Errorf("kvindex: Assume: ttl %v, must be >= 0: %w", ttl, state.ErrInvalidConfiguration)
 	}
@@ -68,12 +77,25 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 	if len(keys) == 0 {
 		return nil
 	}
+	parent := uint32(0)
+	if held > 0 && held <= len(keys) {
+		if pn, ok := x.realHeldBy(engine, keys[held-1]); ok {
+			parent, keys = pn, keys[held:] // a real parent never expires: expireUntil keeps it
+		} else {
+			held = 0
+		}
+	} else {
+		held = 0
+	}
+	if len(keys) == 0 {
+		return nil
+	}
 	if dup, ok := x.firstDuplicate(keys); ok {
 		return fail(ErrCyclicChain, dup)
 	}
 	now := x.now().UnixNano()
 	x.expireUntil(now)
-	if i, ok := x.resolveChain(0, keys); !ok {
+	if i, ok := x.resolveChain(parent, keys); !ok {
 		return fail(ErrKeyConflict, keys[i])
 	}
 	for i, n := range x.nodeBuf {
@@ -90,7 +112,7 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 	}
 	hid := x.holderFor(engine, 0)
 	h := &x.holders[hid]
-	prev := uint32(0)
+	prev := parent
 	for i, n := range x.nodeBuf {
 		if n == 0 {
 			n = x.newNode(keys[i], prev)
@@ -102,7 +124,7 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 			h.approx++
 			x.approxCount++
 			x.nodes[n].meta |= flagApprox
-			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(i)})
+			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(held + i)})
 		case x.holds[lo].e&approxEntryBit != 0:
 			if int64(x.holds[lo].aux) > expiry && !x.nodes[n].holey() {
 				// A shorter TTL: a child of n the holder holds, other than the chain's next
@@ -119,7 +141,7 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 				}
 			}
 			x.holds[lo].aux = uint64(expiry)
-			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(i)})
+			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(held + i)})
 		}
 		x.touch(n)
 		prev = n
@@ -136,6 +158,26 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 	x.compactHeap()
 	x.evict()
 	return nil
+}
+
+// realHeldBy returns the node of key when (engine, rank 0) holds it through a real (event) entry.
+// Callers hold x.mu.
+func (x *Index) realHeldBy(engine state.EngineID, key uint64) (uint32, bool) {
+	hid, ok := x.lookupHolder(engine, 0)
+	if !ok {
+		return 0, false
+	}
+	n, ok := x.byKey.get(key, x.nodes)
+	if !ok || n == 0 {
+		return 0, false
+	}
+	lo, hi := x.findHolder(n, hid)
+	for p := lo; p < hi; p++ {
+		if x.holds[p].e&approxEntryBit == 0 {
+			return n, true
+		}
+	}
+	return 0, false
 }
 
 // Expire drops every approximate entry whose expiry is at or before now and returns how many it

@@ -74,11 +74,16 @@ func TestConcurrentMatchRacesWriters(t *testing.T) {
 		readers.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(r), 7))
 			var m Matches
-			for {
-				select {
-				case <-stop:
-					return
-				default:
+			// Each reader matches at least minMatches times, even when the writers finish
+			// first, so the test always exercises Match.
+			const minMatches = 200
+			for n := 0; ; n++ {
+				if n >= minMatches {
+					select {
+					case <-stop:
+						return
+					default:
+					}
 				}
 				keys := h.Keys(prompt(rng.IntN(6), 1+rng.IntN(10)))
 				x.MatchInto(keys, &m)

@@ -98,6 +98,12 @@ type Result struct {
 	Reason Reason
 	// Err is the backend's error behind an OutcomeUnavailable, when there is one; nil otherwise.
 	Err error
+
+	// keys are the query's chained block keys as the source computed them (a prefix of the full
+	// chain, possibly empty), kept so that Placer.Place need not hash them again. Read-only: a
+	// Memo shares them between callers.
+	keys   []uint64
+	source Source // the source that computed keys
 }
 
 // Blocks returns engine's matched block count, 0 when it holds not even the first block or the
@@ -115,6 +121,19 @@ func unavailable(blockTokens int, reason Reason, err error) Result {
 	return Result{Outcome: OutcomeUnavailable, BlockTokens: blockTokens, Reason: reason, Err: err}
 }
 
+// Placer is implemented by a Source that can record the router's own placements: that an engine
+// was just chosen for a prompt, before the engine has prefilled it and published BlockStored
+// (route-time placements, docs/design.md §9.10). LocalSource implements it with approximate
+// entries (Index.Assume); a policy detects it once, at construction.
+type Placer interface {
+	// Place records that engine is taken to hold q's prompt, every full block, from now until
+	// the source's approximate-entry TTL. r is this source's Lookup result for q (through a Memo
+	// or not): the keys it computed are reused, so the prompt is hashed once per request. A result
+	// from another source or query is ignored and q is hashed again. Errors are the
+	// index's (*EventError); the caller may ignore them, a placement being a hint.
+	Place(engine state.EngineID, q Query, r *Result) error
+}
+
 // LocalSource is a Source over an Index in this process. It never returns an error: every token
 // sequence is a valid query. It is safe for concurrent use.
 type LocalSource struct {
@@ -126,7 +145,10 @@ type localScratch struct {
 	m Matches
 }
 
-var _ Source = (*LocalSource)(nil)
+var (
+	_ Source = (*LocalSource)(nil)
+	_ Placer = (*LocalSource)(nil)
+)
 
 // NewLocalSource returns a Source over index, hashing queries with index.Hasher(). A nil index
 // returns an error wrapping state.ErrInvalidConfiguration.
@@ -138,11 +160,11 @@ func NewLocalSource(index *Index) (*LocalSource, error) {
 }
 
 // Lookup hashes q.TokenIDs and matches them against the index, hashing only as far as some engine
-// holds the prefix (Index.MatchTokensInto). Engines marked untrusted (Index.MarkUntrusted) are
-// left out, as if they held nothing; when only they hold the prefix, the result is a miss. A canceled ctx returns
-// OutcomeUnavailable with ReasonCanceled (or ReasonTimeout for an expired deadline) before any
-// work; a query with no full block is a miss. The result's Engines is a new slice owned by the
-// caller; the hashing and matching buffers are pooled.
+// may hold the prefix (Index.MatchTokensInto). A canceled ctx returns OutcomeUnavailable with
+// ReasonCanceled (or ReasonTimeout for an expired deadline) before any work; a query with no full
+// block is a miss. The result's Engines is a new slice owned by the caller; the result also keeps
+// a copy of the keys the match hashed, for Place (one allocation of 8 bytes per hashed block);
+// the matching buffers are pooled.
 func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	bt := s.index.hasher.BlockTokens()
 	if err := ctx.Err(); err != nil {
@@ -154,7 +176,10 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	}
 	defer s.pool.Put(sc)
 	s.index.MatchTokensInto(q.TokenIDs, &sc.m)
-	r := Result{Outcome: OutcomeMiss, QueryBlocks: sc.m.QueryBlocks, BlockTokens: bt}
+	r := Result{Outcome: OutcomeMiss, QueryBlocks: sc.m.QueryBlocks, BlockTokens: bt, source: s}
+	if r.QueryBlocks > 0 && len(sc.m.keys) <= r.QueryBlocks {
+		r.keys = slices.Clone(sc.m.keys) // the keys the match hashed, kept for Place
+	}
 	if len(sc.m.Engines) > 0 {
 		r.Engines = s.index.trustedClone(sc.m.Engines) // untrusted engines hold nothing (trust.go)
 	}
@@ -162,6 +187,44 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 		r.Outcome = OutcomeHit
 	}
 	return r, nil
+}
+
+// Place implements Placer: Index.Assume(engine, keys of q's full blocks, 0) on the source's
+// index, so the entries live Options.ApproxTTL and a real BlockStored from the engine supersedes
+// them. Blocks the engine holds already are refreshed (approximate) or left as they are (real):
+// when r says the engine holds every block, nothing is recorded, and when the last block r says
+// it holds is held through a real event, the prefix up to it is skipped and only the rest is
+// recorded, so a conversation's next turn costs the new blocks only. The keys r carries are
+// reused when r is this source's result for a prompt of q's length.
+func (s *LocalSource) Place(engine state.EngineID, q Query, r *Result) error {
+	n := s.index.hasher.Blocks(len(q.TokenIDs))
+	if n == 0 {
+		return nil
+	}
+	var keys []uint64
+	held := 0
+	if r != nil && r.source == Source(s) && r.QueryBlocks == n {
+		if r.Outcome == OutcomeHit {
+			held = r.Blocks(engine)
+		}
+		if held >= n {
+			return nil
+		}
+		keys = r.keys
+	}
+	if len(keys) < n { // the lookup stopped hashing where the walk stopped: hash the rest
+		b := s.index.hasher.BlockTokens()
+		keys = s.index.hasher.appendFrom(slices.Clip(keys), lastKey(keys, s.index.hasher), q.TokenIDs[len(keys)*b:n*b])
+	}
+	return s.index.assume(engine, keys, held, 0)
+}
+
+// lastKey is the key a continuation of keys chains from: the last key, or the Hasher's root.
+func lastKey(keys []uint64, h Hasher) uint64 {
+	if len(keys) == 0 {
+		return h.root
+	}
+	return keys[len(keys)-1]
 }
 
 func ctxReason(err error) Reason {

@@ -118,18 +118,21 @@ func (f *InFlight) Count(engine state.EngineID) uint64 {
 	return 0
 }
 
-// DispatchesSince returns how many dispatches to the engine happened strictly after t, counting
-// at most the 64 most recent ones. LeastLoad adds it to a report so that dispatches the report
+// DispatchesSince returns how many dispatches to the engine happened at or after t, counting at
+// most the 64 most recent ones. LeastLoad adds it to a report so that dispatches the report
 // has not seen yet are counted once (docs/design.md §8).
 func (f *InFlight) DispatchesSince(engine state.EngineID, t time.Time) uint64 {
 	n, _ := f.DispatchedSince(engine, t)
 	return n
 }
 
-// DispatchedSince returns how many dispatches to the engine happened strictly after t and the
-// prefill tokens they brought (AcquirePrefill), over at most the 64 most recent dispatches. It
-// allocates nothing and takes no lock; under concurrent acquires the token sum may miss or
-// include a dispatch the count does not.
+// DispatchedSince returns how many dispatches to the engine happened at or after t and the
+// prefill tokens they brought (AcquirePrefill), over at most the 64 most recent dispatches. A
+// dispatch stamped with exactly a report's arrival time may or may not be reflected in that
+// report; it is counted, erring toward spreading a burst rather than sending it all to one engine
+// (with a coarse clock, or a simulated one, every request of a burst can share the report's
+// timestamp). It allocates nothing and takes no lock; under concurrent acquires the token sum may
+// miss or include a dispatch the count does not.
 func (f *InFlight) DispatchedSince(engine state.EngineID, t time.Time) (requests, prefillTokens uint64) {
 	c := f.lookup(engine)
 	if c == nil {
@@ -140,7 +143,7 @@ func (f *InFlight) DispatchedSince(engine state.EngineID, t time.Time) (requests
 	var n, tok uint64
 	for n < head && n < dispatchRing {
 		i := (head - 1 - n) % dispatchRing
-		if c.ring[i].Load() <= since {
+		if c.ring[i].Load() < since {
 			break
 		}
 		tok = satAdd(tok, c.tokens[i].Load())

@@ -74,8 +74,9 @@ func TestDispatchesSince(t *testing.T) {
 		f.Acquire("e").Release() // release does not undo a dispatch
 	}
 	assert.Equal(t, uint64(3), f.DispatchesSince("e", start))
-	assert.Equal(t, uint64(2), f.DispatchesSince("e", start.Add(time.Millisecond)), "strictly after t")
-	assert.Zero(t, f.DispatchesSince("e", clk.Now()))
+	assert.Equal(t, uint64(2), f.DispatchesSince("e", start.Add(2*time.Millisecond)), "at or after t")
+	assert.Equal(t, uint64(1), f.DispatchesSince("e", clk.Now()), "a dispatch at exactly t counts")
+	assert.Zero(t, f.DispatchesSince("e", clk.Now().Add(time.Nanosecond)))
 	assert.Zero(t, f.DispatchesSince("other", start))
 	for range 100 {
 		f.Acquire("e")
@@ -94,8 +95,8 @@ func TestDispatchedSinceSumsPrefillTokens(t *testing.T) {
 	}
 	n, tok := f.DispatchedSince("e", start)
 	assert.Equal(t, [2]uint64{3, 600}, [2]uint64{n, tok})
-	n, tok = f.DispatchedSince("e", start.Add(time.Millisecond))
-	assert.Equal(t, [2]uint64{2, 500}, [2]uint64{n, tok}, "strictly after t")
+	n, tok = f.DispatchedSince("e", start.Add(2*time.Millisecond))
+	assert.Equal(t, [2]uint64{2, 500}, [2]uint64{n, tok}, "at or after t")
 	n, tok = f.DispatchedSince("none", start)
 	assert.Equal(t, [2]uint64{0, 0}, [2]uint64{n, tok})
 	for range 100 {

@@ -18,7 +18,7 @@ type Observation struct {
 	Load *EngineLoad
 	// InFlight is this router's in-flight requests to the engine.
 	InFlight uint64
-	// Dispatched and DispatchedTokens are the dispatches this router made to the engine strictly
+	// Dispatched and DispatchedTokens are the dispatches this router made to the engine at or
 	// after Load.ReportedAt, and the prefill tokens they brought (InFlight.DispatchedSince). Both
 	// are 0 when Load is nil.
 	Dispatched       uint64

@@ -110,6 +110,10 @@ var reasonsOf = map[string][]string{
 	enginepick.TypePowerOfN:   {policy.ReasonPowerOfN, policy.ReasonPowerOfTwo},
 	enginepick.TypeLeastLoad:  {policy.ReasonLeastLoad},
 	enginepick.TypeCacheAware: {policy.ReasonCacheCandidate, policy.ReasonSaturationPin, policy.ReasonNoCacheCandidate},
+	enginepick.TypeSessionAware: {policy.ReasonSessionPrimary, policy.ReasonAssigned, policy.ReasonNoSession,
+		policy.ReasonAffinityUnavailable},
+	enginepick.TypeSticky: {policy.ReasonStickyPrimary, policy.ReasonStickyAssigned, policy.ReasonNoRoutingKey,
+		policy.ReasonRendezvous, policy.ReasonRendezvousBounded, policy.ReasonAffinityUnavailable},
 }
 
 var (

@@ -69,6 +69,9 @@ func scrape(t *testing.T, reg *prometheus.Registry) map[string]map[string]float6
 	return out
 }
 
+// scriptConfig's cache_aware group runs the upstream rules alone (no route-time placements, no
+// cost comparison, docs/design.md §9.10–§9.11), so that the script below decides every pick by
+// the events and reports it sets.
 const scriptConfig = `
 kv: {block_tokens: 4}
 engines:
@@ -83,7 +86,7 @@ models:
       - id: chat
         groups:
           plain:
-            policy: {type: cache_aware, min_matched_tokens: 4, worker_queue_limit: 2, admission: {max_running_requests: 8}}
+            policy: {type: cache_aware, min_matched_tokens: 4, worker_queue_limit: 2, route_placements: false, cost_comparison: false, admission: {max_running_requests: 8}}
   - id: pd
     buckets:
       - id: all

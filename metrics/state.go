@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"strconv"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +25,12 @@ type stateCollector struct {
 	indexEvicted *prometheus.Desc
 	engineBlocks *prometheus.Desc
 	trusted      *prometheus.Desc
+	kvGaps       *prometheus.Desc
+	kvResyncs    *prometheus.Desc
+	kvDrops      *prometheus.Desc
+	kvEvents     *prometheus.Desc
+	kvConnected  *prometheus.Desc
+	kvInStep     *prometheus.Desc
 }
 
 func newStateCollector(ns string) *stateCollector {
@@ -51,13 +58,25 @@ func newStateCollector(ns string) *stateCollector {
 			"Blocks the index records the engine holding, over its DP ranks, by tier (device, host, disk, external, approximate).", "engine", "tier"),
 		trusted: d("kv_index_engine_trusted",
 			"1 when the index trusts the engine's blocks, 0 while its KV-event stream is resynchronising (lookups ignore its blocks).", "engine"),
+		kvGaps: d("kv_event_gaps_total",
+			"Forward jumps in a KV-event stream's sequence (lost batches), per engine and DP rank.", "engine", "dp_rank"),
+		kvResyncs: d("kv_event_resyncs_total",
+			"Recoveries a KV-event stream started (after a gap, a publisher restart, an overflow).", "engine", "dp_rank"),
+		kvDrops: d("kv_event_drops_total",
+			"KV-event batches dropped because the stream's queue was full.", "engine", "dp_rank"),
+		kvEvents: d("kv_events_total",
+			"KV events decoded from the stream.", "engine", "dp_rank"),
+		kvConnected: d("kv_event_stream_connected",
+			"1 when the stream's socket is connected (or bound).", "engine", "dp_rank"),
+		kvInStep: d("kv_event_stream_in_step",
+			"1 when the stream is in step with its publisher, 0 from a detected loss until it has resynchronised.", "engine", "dp_rank"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.loadFresh, c.loadAge, c.polls, c.pollFailures, c.indexBlocks,
-		c.indexApprox, c.indexEvicted, c.engineBlocks, c.trusted} {
+		c.indexApprox, c.indexEvicted, c.engineBlocks, c.trusted, c.kvGaps, c.kvResyncs, c.kvDrops, c.kvEvents, c.kvConnected, c.kvInStep} {
 		ch <- d
 	}
 }
@@ -93,6 +112,15 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.polls, prometheus.CounterValue, float64(st.Polls), string(st.Engine))
 		ch <- prometheus.MustNewConstMetric(c.pollFailures, prometheus.CounterValue, float64(st.Failures), string(st.Engine))
 	}
+	for _, st := range r.KVEventStats().Streams {
+		l := []string{string(st.Engine), strconv.Itoa(st.DPRank)}
+		ch <- prometheus.MustNewConstMetric(c.kvGaps, prometheus.CounterValue, float64(st.Gaps), l...)
+		ch <- prometheus.MustNewConstMetric(c.kvResyncs, prometheus.CounterValue, float64(st.Resyncs), l...)
+		ch <- prometheus.MustNewConstMetric(c.kvDrops, prometheus.CounterValue, float64(st.Drops), l...)
+		ch <- prometheus.MustNewConstMetric(c.kvEvents, prometheus.CounterValue, float64(st.Events), l...)
+		ch <- prometheus.MustNewConstMetric(c.kvConnected, prometheus.GaugeValue, b2f(st.Connected), l...)
+		ch <- prometheus.MustNewConstMetric(c.kvInStep, prometheus.GaugeValue, b2f(st.Trusted), l...)
+	}
 	if x := r.Index(); x != nil {
 		st := x.Stats()
 		ch <- prometheus.MustNewConstMetric(c.indexBlocks, prometheus.GaugeValue, float64(st.Blocks))
@@ -113,4 +141,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.trusted, prometheus.GaugeValue, trusted, string(id))
 		}
 	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

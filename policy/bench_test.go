@@ -85,25 +85,42 @@ func BenchmarkCacheAwarePick8192(b *testing.B) {
 	var seen countDecisions
 	p, _ := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, WorkerQueueLimit: u64(8), Observer: &seen})
 	p2, _ := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, Observer: &seen})
+	// The same policy over the bare LocalSource, which implements kvindex.Placer: route-time
+	// placements on, as in production (the counting wrapper above hides the Placer).
+	local, _ := kvindex.NewLocalSource(c.index)
+	placed, _ := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: local, Observer: &seen})
 	systemOnly := append(append([]uint32(nil), tok[:4096]...), prompt(4096, 4242)...)
 	for _, tc := range []struct {
 		name   string
 		p      *policy.CacheAware
 		tokens []uint32
 		reason string
+		fresh  bool // a new 2,048-token last turn every iteration: distinct cold suffixes
 	}{
-		{"queue_gate", p, tok, policy.ReasonCacheCandidate},
-		{"no_gate", p2, tok, policy.ReasonCacheCandidate},
+		{"queue_gate", p, tok, policy.ReasonCacheCandidate, false},
+		{"no_gate", p2, tok, policy.ReasonCacheCandidate, false},
 		// Every engine holds the 4,096-token system prefix only: a hit on 16 tied engines.
-		{"system_prefix_only", p2, systemOnly, policy.ReasonCacheCandidate},
-		// Nobody holds even the first block: a miss; hashing stops after one block.
-		{"cold", p2, prompt(8192, 4243), policy.ReasonNoCacheCandidate},
+		{"system_prefix_only", p2, systemOnly, policy.ReasonCacheCandidate, false},
+		// Nobody holds even the first block: a miss.
+		{"cold", p2, prompt(8192, 4243), policy.ReasonNoCacheCandidate, false},
+		// Route-time placements. The same deep hit: after the first pick the engine holds every
+		// block, so nothing more is recorded.
+		{"placements/repeat", placed, append([]uint32(nil), tok...), policy.ReasonCacheCandidate, true},
+		// Each pick's last 2,048 tokens (128 blocks) are new: they are recorded every time.
+		{"placements/new_turn", placed, append([]uint32(nil), tok...), policy.ReasonCacheCandidate, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			req := creq(tc.tokens)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(tc.tokens) * 4))
+			turn := uint32(0)
 			for b.Loop() {
+				if tc.fresh && tc.name == "placements/new_turn" {
+					turn++
+					for i := 6144; i < 8192; i += blockTokens {
+						tc.tokens[i] = 1<<31 | turn // every block of the last turn is new
+					}
+				}
 				pk, err := tc.p.Pick(ctx, group, req)
 				if err != nil || pk.Reason != tc.reason {
 					b.Fatal(pk, err)

@@ -28,6 +28,13 @@ const (
 	DefaultPressureAbsThresholdTokens = 1024
 	DefaultPressureRelThreshold       = 1.5
 	DefaultMinLoadChoices             = 2
+	// DefaultCostMarginTokens and DefaultRecomputeFactor are the cost comparison's thresholds
+	// (docs/design.md §9.11): an alternative replaces the chosen engine only when it saves more
+	// than 1,024 tokens of prefill work and more than twice the prefill it adds by recomputing
+	// a prefix the chosen engine holds. The factor 2 was chosen on the replay (1.5 loses at
+	// overload, 3 at low load; docs/design-notes.md "Cost comparison").
+	DefaultCostMarginTokens = 1024
+	DefaultRecomputeFactor  = 2.0
 )
 
 // Cache-aware decision labels, exactly one per cache-aware pick that selected an engine
@@ -38,6 +45,11 @@ const (
 	DecisionCacheMiss         = "cache_miss"
 	DecisionCacheWorkerQueued = "cache_worker_queued"
 	DecisionAllQueued         = "all_queued"
+	// DecisionCostDiverted: a prefix holder was admitted, but the cost comparison sent the
+	// request to an engine outside the evaluated holders because waiting there and recomputing
+	// the prefix is materially cheaper (docs/design.md §9.11); DivertedBlocks is the prefix given
+	// up.
+	DecisionCostDiverted = "cost_diverted"
 )
 
 // Prefill pressure sources of a cache-aware decision (docs/design.md §9.8).
@@ -76,6 +88,10 @@ type CacheDecision struct {
 	// GuardCompared and GuardOverrides count pressure-guard pair comparisons and overrides.
 	GuardCompared  int
 	GuardOverrides int
+	// CostOverride reports whether the cost comparison (docs/design.md §9.11) replaced the engine
+	// the other rules chose: with another holder (DecisionCacheHit), a non-holder
+	// (DecisionCostDiverted) or, on a miss, a cheaper engine than the power-of-k sample's.
+	CostOverride bool
 	// PressureSource is one of the PressureSource… labels.
 	PressureSource string
 	// Lookup is how the prefix lookup ended (kvindex outcome).
@@ -129,6 +145,26 @@ type CacheAwareOptions struct {
 	// strictly below the floor (unknown is not idle). Nil disables; requires WorkerQueueLimit and
 	// must be in [1, limit].
 	SaturationQueueFloor *uint64
+	// DisableRoutePlacements turns route-time placements off (docs/design.md §9.10). By default,
+	// when Source implements kvindex.Placer (a kvindex.LocalSource does), every pick that selected
+	// an engine records the prompt's blocks for it as approximate entries, so that requests
+	// arriving before the engine has prefilled the prompt and published BlockStored see the
+	// placement; the engine's real events supersede them and unconfirmed ones expire after the
+	// index's ApproxTTL. A PD prefill pick is recorded even if its decode pick then fails.
+	DisableRoutePlacements bool
+	// DisableCostComparison turns the cost comparison off (docs/design.md §9.11): the holder the
+	// upstream rules choose always wins, and a miss goes to the power-of-k sample's winner. Off,
+	// every engine holding a shared prefix above MinMatchedTokens (a long system prompt) keeps
+	// absorbing the traffic however long its queue.
+	DisableCostComparison bool
+	// CostMarginTokens is the saving, in tokens of prefill work, that an alternative must exceed
+	// to replace the chosen engine in the cost comparison. Nil means DefaultCostMarginTokens
+	// (1,024); 0 is allowed.
+	CostMarginTokens *uint64
+	// RecomputeFactor is how many times the extra prefill an alternative causes (its uncached
+	// tokens minus the chosen engine's) its saving must also exceed. 0 means
+	// DefaultRecomputeFactor (2); otherwise it must be finite and > 0.
+	RecomputeFactor float64
 	// MinLoadChoices is k of the power-of-k miss fallback; k ≥ group size takes the exact
 	// minimum. 0 means DefaultMinLoadChoices (2).
 	MinLoadChoices int
@@ -165,11 +201,13 @@ type CacheAware struct {
 	cfg  Config
 	opts CacheAwareOptions
 
-	margin   uint64
-	queueCap uint64 // 0 = gate off
-	floor    uint64 // 0 = off
-	blind    atomic.Uint64
-	log      *zap.Logger
+	placer     kvindex.Placer // nil: no route-time placements
+	margin     uint64
+	costMargin uint64
+	queueCap   uint64 // 0 = gate off
+	floor      uint64 // 0 = off
+	blind      atomic.Uint64
+	log        *zap.Logger
 }
 
 var (
@@ -261,7 +299,21 @@ func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &CacheAware{cfg: cfg, opts: opts, margin: margin, queueCap: queueCap, floor: floor, log: log}, nil
+	costMargin := uint64(DefaultCostMarginTokens)
+	if opts.CostMarginTokens != nil {
+		costMargin = *opts.CostMarginTokens
+	}
+	if opts.RecomputeFactor == 0 {
+		opts.RecomputeFactor = DefaultRecomputeFactor
+	}
+	if r := opts.RecomputeFactor; !(r > 0) || math.IsInf(r, 1) {
+		return nil, bad("RecomputeFactor", r, "must be finite and > 0")
+	}
+	var placer kvindex.Placer
+	if !opts.DisableRoutePlacements {
+		placer, _ = opts.Source.(kvindex.Placer)
+	}
+	return &CacheAware{cfg: cfg, opts: opts, placer: placer, margin: margin, costMargin: costMargin, queueCap: queueCap, floor: floor, log: log}, nil
 }
 
 // SupportsStage implements StageSupporter: plain and prefill only.
@@ -305,7 +357,9 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	snap := p.cfg.Load.Snapshot() // after any remote I/O (docs/design.md §10)
 
 	var buf [DefaultCandidateMaxEngines]cacheCandidate
-	cands := p.candidates(buf[:0], engines, req, &res, snap)
+	var vbuf lookupBuf
+	v := newLookupView(&vbuf, engines, req, &res)
+	cands := p.candidates(buf[:0], engines, req, &res, &v, snap)
 
 	d := CacheDecision{Model: req.Model, BucketID: req.BucketID, Lookup: res.Outcome, PressureSource: PressureSourceRouterLocal}
 	if p.queueCap != 0 {
@@ -375,10 +429,28 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 
 	if len(admitted) > 0 {
 		w := p.winner(admitted, evaluated, req.Stage, &d)
-		if !readmitted && bestGatedBlocks > w.blocks {
-			d.ForfeitedBlocks = bestGatedBlocks - w.blocks
+		forfeit := func(blocks int) {
+			if !readmitted && bestGatedBlocks > blocks {
+				d.ForfeitedBlocks = bestGatedBlocks - blocks
+			}
 		}
-		return p.finish(engines[w.idx], ReasonCacheCandidate, DecisionCacheHit, &d), nil
+		if !p.opts.DisableCostComparison {
+			alt, err := p.cheaper(engines, req, &res, v.matched, snap, w, admitted, evaluated, &d)
+			if err != nil {
+				return Pick{}, err
+			}
+			if alt.idx >= 0 {
+				d.CostOverride = true
+				if alt.holder {
+					forfeit(alt.blocks)
+					return p.finish(engines[alt.idx], ReasonCacheCandidate, DecisionCacheHit, alt.uncached, req, &res, &d), nil
+				}
+				d.DivertedBlocks = w.blocks - alt.blocks
+				return p.finish(engines[alt.idx], ReasonCostDiverted, DecisionCostDiverted, alt.uncached, req, &res, &d), nil
+			}
+		}
+		forfeit(w.blocks)
+		return p.finish(engines[w.idx], ReasonCacheCandidate, DecisionCacheHit, w.uncached, req, &res, &d), nil
 	}
 
 	if p.floor != 0 && len(gated) > 0 && !p.anyBelowFloor(engines, snap) {
@@ -397,7 +469,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			c := pool[best]
 			err := p.cfg.admit(engines[c.idx], c.obs)
 			if err == nil {
-				return p.finish(engines[c.idx], ReasonSaturationPin, DecisionCacheHit, &d), nil
+				return p.finish(engines[c.idx], ReasonSaturationPin, DecisionCacheHit, c.uncached, req, &res, &d), nil
 			}
 			var rej *AdmissionRejectedError
 			if !asRejection(err, &rej) {
@@ -416,6 +488,23 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if err != nil {
 		return Pick{}, err
 	}
+	if !p.opts.DisableCostComparison && o.HasNative() {
+		// Cost comparison (docs/design.md §9.11): the sample's winner against the cheapest
+		// engine of the same tier.
+		matched := v.matched
+		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, p.queueCap != 0)
+		if covered && j < 0 { // every engine is queued: the tier is the whole group
+			j, jc, jo, covered = p.cheapest(engines, req, matched, snap, nil, false)
+		}
+		ui, uj := req.InputTokens-matched[i], uint64(0)
+		if j >= 0 {
+			uj = req.InputTokens - matched[j]
+		}
+		if covered && j >= 0 && j != i && p.materiallyCheaper(prefillCost(&o, ui), jc, ui, uj) {
+			i, o = j, jo
+			d.CostOverride = true
+		}
+	}
 	if err := p.cfg.admit(engines[i], o); err != nil {
 		return Pick{}, err
 	}
@@ -423,7 +512,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if decision == DecisionCacheWorkerQueued {
 		d.DivertedBlocks = bestGatedBlocks
 	}
-	return p.finish(engines[i], ReasonNoCacheCandidate, decision, &d), nil
+	return p.finish(engines[i], ReasonNoCacheCandidate, decision, req.InputTokens-v.matched[i], req, &res, &d), nil
 }
 
 // CacheAwareFallbackDecision maps a cache-aware pick that did not select a prefix holder to its
@@ -443,12 +532,168 @@ func CacheAwareFallbackDecision(gateRejected, evaluated int, fleetAllQueued bool
 	return DecisionCacheWorkerQueued
 }
 
-func (p *CacheAware) finish(e state.Engine, reason, decision string, d *CacheDecision) Pick {
+func (p *CacheAware) finish(e state.Engine, reason, decision string, uncached uint64, req *Request, res *kvindex.Result, d *CacheDecision) Pick {
+	if p.placer != nil && len(req.TokenIDs) > 0 {
+		// Route-time placement (docs/design.md §9.10): a hint, so a failure is only logged.
+		if err := p.placer.Place(e.ID(), kvindex.Query{TokenIDs: req.TokenIDs}, res); err != nil {
+			if ce := p.log.Check(zap.DebugLevel, "route-time placement not recorded"); ce != nil {
+				ce.Write(zap.String("engine", string(e.ID())), zap.Error(err))
+			}
+		}
+	}
 	if p.opts.Observer != nil {
 		d.Reason, d.Decision = reason, decision
 		p.opts.Observer.ObserveCacheDecision(d)
 	}
-	return Pick{Engine: e, Reason: reason}
+	return Pick{Engine: e, Reason: reason, PrefillTokens: max(uncached, 1)}
+}
+
+// costAlt is the outcome of the cost comparison: idx < 0 keeps the seed's winner.
+type costAlt struct {
+	idx      int
+	holder   bool
+	blocks   int
+	uncached uint64
+}
+
+// prefillCost is the work a request would wait for and cause on an engine, in prompt tokens:
+// its pending prefill tokens (reported waiting uncached tokens plus the prefill tokens dispatched
+// since the report) plus the request's uncached tokens there (docs/design.md §9.11).
+func prefillCost(o *loadmon.Observation, uncached uint64) uint64 {
+	pending, _ := o.PendingPrefillTokens()
+	return satAdd(pending, uncached)
+}
+
+// materiallyCheaper reports whether moving the request from an engine costing from (where it
+// would prefill fromUncached tokens) to one costing to (toUncached tokens) is worth it: the saving
+// exceeds CostMarginTokens and RecomputeFactor times the extra prefill the move causes
+// (docs/design.md §9.11).
+func (p *CacheAware) materiallyCheaper(from, to, fromUncached, toUncached uint64) bool {
+	if from <= to || from-to <= p.costMargin {
+		return false
+	}
+	return toUncached <= fromUncached || float64(from-to) > p.opts.RecomputeFactor*float64(toUncached-fromUncached)
+}
+
+// lookupView maps a lookup result onto the group, once per pick: for each of res.Engines its
+// index among the engines (−1 outside the group), and per engine index the prompt tokens the
+// engine was seen to hold, whatever the hit gate (§9.1's proportional conversion).
+type lookupView struct {
+	idx     []int
+	matched []uint64
+}
+
+// lookupBuf backs a lookupView on the caller's stack for groups and results of up to 64 engines.
+type lookupBuf struct {
+	idx     [64]int
+	matched [64]uint64
+}
+
+func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kvindex.Result) lookupView {
+	var v lookupView
+	if len(engines) > len(buf.matched) {
+		v.matched = make([]uint64, len(engines))
+	} else {
+		v.matched = buf.matched[:len(engines)]
+	}
+	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
+		return v
+	}
+	if len(res.Engines) > len(buf.idx) {
+		v.idx = make([]int, len(res.Engines))
+	} else {
+		v.idx = buf.idx[:len(res.Engines)]
+	}
+	for j, m := range res.Engines {
+		i, ok := engineIndex(engines, m.Engine)
+		if !ok || m.Blocks <= 0 {
+			v.idx[j] = -1
+			continue
+		}
+		v.idx[j] = i
+		v.matched[i] = scaleTokens(req.InputTokens, uint64(min(m.Blocks, res.QueryBlocks)), uint64(res.QueryBlocks))
+	}
+	return v
+}
+
+// cheapest scans the group's engines, skipping the holders in skip and, when gated, the engines
+// the queue gate sets aside, and returns the index, cost and observation of the cheapest (complete
+// ties keep the lowest ID; idx −1 when every engine is skipped). covered is false, and idx −1,
+// when some scanned engine lacks fresh native data (the coverage rule).
+func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
+	idx = -1
+	for i, e := range engines {
+		if holdsIn(skip, i) {
+			continue
+		}
+		o := p.cfg.observe(snap, e)
+		if gated && p.queued(&o) {
+			continue
+		}
+		if !o.HasNative() {
+			return -1, 0, loadmon.Observation{}, false
+		}
+		if c := prefillCost(&o, req.InputTokens-matched[i]); idx < 0 || c < cost {
+			idx, cost, obs = i, c, o
+		}
+	}
+	return idx, cost, obs, true
+}
+
+// cheaper applies the cost comparison (docs/design.md §9.11) to the seed's winner w: every other
+// admitted holder and the cheapest engine outside the evaluated holders are priced by
+// prefillCost, and the cheapest replaces w when materially cheaper; a non-holder must then pass
+// admission (once), else w stays. It applies only when every evaluated holder and every engine it
+// scans has fresh native data (the coverage rule); otherwise w stays.
+func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.Result, matched []uint64, snap loadmon.Snapshot,
+	w cacheCandidate, admitted, evaluated []cacheCandidate, d *CacheDecision) (costAlt, error) {
+	none := costAlt{idx: -1}
+	if !allNative(evaluated) {
+		return none, nil
+	}
+	wCost := prefillCost(&w.obs, w.uncached)
+	best, bestCost := none, wCost
+	for _, c := range admitted {
+		if cc := prefillCost(&c.obs, c.uncached); cc < bestCost {
+			best, bestCost = costAlt{idx: c.idx, holder: true, blocks: c.blocks, uncached: c.uncached}, cc
+		}
+	}
+	nIdx, nCost, nObs, covered := p.cheapest(engines, req, matched, snap, evaluated, p.queueCap != 0)
+	if !covered {
+		return none, nil
+	}
+	var bestObs loadmon.Observation
+	if nIdx >= 0 && nCost < bestCost {
+		bb := 0
+		if req.InputTokens > 0 && res.QueryBlocks > 0 {
+			bb = int(matched[nIdx] * uint64(res.QueryBlocks) / req.InputTokens)
+		}
+		best, bestCost, bestObs = costAlt{idx: nIdx, blocks: bb, uncached: req.InputTokens - matched[nIdx]}, nCost, nObs
+	}
+	if best.idx < 0 || !p.materiallyCheaper(wCost, bestCost, w.uncached, best.uncached) {
+		return none, nil
+	}
+	if !best.holder {
+		err := p.cfg.admit(engines[best.idx], bestObs)
+		var rej *AdmissionRejectedError
+		switch {
+		case err == nil:
+		case asRejection(err, &rej):
+			return none, nil
+		default:
+			return none, err
+		}
+	}
+	return best, nil
+}
+
+func holdsIn(cs []cacheCandidate, idx int) bool {
+	for i := range cs {
+		if cs[i].idx == idx {
+			return true
+		}
+	}
+	return false
 }
 
 // candidates lists the group engines that hold a prefix passing the hit gate, ranked by uncached
@@ -456,7 +701,7 @@ func (p *CacheAware) finish(e state.Engine, reason, decision string, d *CacheDec
 // holders than the limit lie within the switch margin of the least uncached one, the cut keeps the
 // least pressured of them (loadmon.ComparePressure under the coverage rule over those holders, ID
 // last) rather than the lowest IDs (docs/design.md §9.2).
-func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, req *Request, res *kvindex.Result, snap loadmon.Snapshot) []cacheCandidate {
+func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, req *Request, res *kvindex.Result, v *lookupView, snap loadmon.Snapshot) []cacheCandidate {
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return dst
 	}
@@ -465,16 +710,16 @@ func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, re
 	var abuf [64]cacheCandidate
 	all := abuf[:0]
 	window := 0 // holders within the switch margin of the least uncached: a prefix of all
-	for _, m := range res.Engines {
+	for j, m := range res.Engines {
 		if len(all) >= limit && window < len(all) {
 			break // the cut is full and, ranked by depth, nothing later can enter the margin window
 		}
-		idx, ok := engineIndex(engines, m.Engine)
-		if !ok || m.Blocks <= 0 {
+		idx := v.idx[j]
+		if idx < 0 {
 			continue
 		}
 		blocks := min(m.Blocks, res.QueryBlocks)
-		matched := scaleTokens(req.InputTokens, uint64(blocks), uint64(res.QueryBlocks))
+		matched := v.matched[idx]
 		if matched < p.opts.MinMatchedTokens {
 			continue
 		}

@@ -419,26 +419,27 @@ func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testin
 		c.native("shallow", loadmon.Report{Native: &loadmon.NativeLoad{WaitingUncachedTokens: 10}})
 		return c
 	}
+	// The cost comparison (§9.11) is off: this is the upstream guard alone.
 	c := setup()
-	pk, _ := c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(0)}).Pick(ctx, group, creq(tok))
+	pk, _ := c.policy(t, policy.CacheAwareOptions{DisableCostComparison: true, SwitchMarginTokens: u64(0)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "margin 0: the deepest holder wins")
 
-	pk, _ = c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16)}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{DisableCostComparison: true, SwitchMarginTokens: u64(16)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("shallow"), pk.Engine.ID(), "within the margin, the materially more pressured deep holder loses")
 	d := c.dec.last()
 	assert.Equal(t, 1, d.GuardCompared)
 	assert.Equal(t, 1, d.GuardOverrides)
 	assert.Equal(t, policy.PressureSourceNativeQueue, d.PressureSource)
 
-	pk, _ = c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16), DisablePressureGuard: true}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{DisableCostComparison: true, SwitchMarginTokens: u64(16), DisablePressureGuard: true}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "guard disabled")
 
-	pk, _ = c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16), PressureAbsThresholdTokens: 5000}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{DisableCostComparison: true, SwitchMarginTokens: u64(16), PressureAbsThresholdTokens: 5000}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "a 4,990-token gap is not above an absolute threshold of 5,000")
 
 	c = setup()
 	require.NoError(t, c.load.Report(loadmon.Report{Engine: "shallow"})) // an old publisher: no native data
-	pk, _ = c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16)}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{DisableCostComparison: true, SwitchMarginTokens: u64(16)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "incomplete telemetry on one side: no switch")
 	assert.Equal(t, policy.PressureSourceRouterLocal, c.dec.last().PressureSource)
 }

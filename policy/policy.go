@@ -93,6 +93,7 @@ const (
 	ReasonCacheCandidate   = "cache_candidate"
 	ReasonSaturationPin    = "saturation_pin"
 	ReasonNoCacheCandidate = "no_cache_candidate"
+	ReasonCostDiverted     = "cost_diverted" // docs/design.md §9.11
 	ReasonSessionPrimary   = "session_primary"
 	ReasonAssigned         = "assigned"
 	ReasonNoSession        = "no_session"

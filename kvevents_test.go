@@ -1,0 +1,118 @@
+package enginepick_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/metrics"
+	"github.com/enginepick/enginepick/policy"
+)
+
+// TestNewFollowsKVEvents checks that New follows an engine's KV-event publisher into the shared
+// index (docs/design.md §13.1, §14.5): a BlockStored batch published by the engine makes the
+// cache-aware policy pick it; a sequence gap shows in the metrics; RemoveEngine stops the stream;
+// Close stops the subscriber.
+func TestNewFollowsKVEvents(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := "tcp://" + l.Addr().String()
+	require.NoError(t, l.Close())
+	pub := zmq4.NewPub(context.Background())
+	require.NoError(t, pub.Listen(addr)) // the engine binds, as vLLM and SGLang do by default
+	defer pub.Close()
+
+	cfg := mustParse(t, fmt.Sprintf(`
+kv: {block_tokens: 4}
+engines:
+  - {id: e1, model: m, kv_events: {endpoint: "%s", topic: kv}}
+  - {id: e2, model: m}
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, min_matched_tokens: 8}}}}]}]
+`, addr))
+	reg := prometheus.NewRegistry()
+	obs, err := metrics.New(reg, metrics.Options{})
+	require.NoError(t, err)
+	r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithObserver(obs))
+	require.NoError(t, err)
+	defer r.Close()
+
+	send := func(topic string, seq uint64, payload []byte) {
+		s := make([]byte, 8)
+		binary.BigEndian.PutUint64(s, seq)
+		require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte(topic), s, payload)))
+	}
+	// The subscriber's connection may take a moment (ZMQ's slow joiner): probe on another topic
+	// until it counts one.
+	require.Eventually(t, func() bool {
+		send("probe", 0, []byte{0x90})
+		return r.KVEventStats().UnknownTopics > 0
+	}, 10*time.Second, 20*time.Millisecond)
+
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	batch := func(hashes []uint64, tokens []uint32) []byte {
+		ev := []any{"BlockStored", hashes, nil, tokens, 4, nil, "GPU"}
+		b, err := msgpack.Marshal([]any{1789095808.83, []any{ev}, 0})
+		require.NoError(t, err)
+		return b
+	}
+	send("kv", 0, batch([]uint64{101, 102}, tokens))
+	require.Eventually(t, func() bool {
+		return r.Index().Match(r.Index().Hasher().Keys(tokens)).Blocks("e1") == 2
+	}, 10*time.Second, 5*time.Millisecond)
+	req := &bucket.Request{Model: "m", TokenIDs: tokens, Signals: bucket.Signals{InputTokens: 8}}
+	for range 3 {
+		d, err := r.Select(context.Background(), req)
+		require.NoError(t, err)
+		assert.Equal(t, "e1", string(d.Selection.Plain.Engine.ID()))
+		assert.Equal(t, policy.ReasonCacheCandidate, d.Selection.Plain.Reason)
+		d.Release()
+	}
+
+	send("kv", 5, batch([]uint64{201}, []uint32{9, 9, 9, 9})) // seq 1–4 lost: a gap
+	require.Eventually(t, func() bool {
+		st := r.KVEventStats().Streams
+		return len(st) == 1 && st[0].Gaps == 1
+	}, 10*time.Second, 5*time.Millisecond)
+	got := scrapeFamily(t, reg, "enginepick_kv_event_gaps_total")
+	assert.Equal(t, map[string]float64{"dp_rank=0,engine=e1": 1}, got)
+
+	r.RemoveEngine("e1")
+	assert.Empty(t, r.KVEventStats().Streams, "RemoveEngine stops the engine's streams")
+}
+
+// scrapeFamily returns one family's series as "l1=v1,l2=v2" → value.
+func scrapeFamily(t *testing.T, reg *prometheus.Registry, name string) map[string]float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			key := ""
+			for i, l := range m.GetLabel() {
+				if i > 0 {
+					key += ","
+				}
+				key += l.GetName() + "=" + l.GetValue()
+			}
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			out[key] = v
+		}
+	}
+	return out
+}

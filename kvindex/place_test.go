@@ -1,0 +1,120 @@
+package kvindex
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// docs/design.md §9.10: Place records the whole prompt for the engine from the keys the lookup
+// already computed; a real event supersedes the entries; they expire otherwise.
+func TestLocalSourcePlaceRecordsThePromptFromTheLookupsKeys(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	src, err := NewLocalSource(f.x)
+	require.NoError(t, err)
+	tok := prompt(1, 6)
+	q := Query{TokenIDs: tok}
+	res, err := src.Lookup(context.Background(), q)
+	require.NoError(t, err)
+	require.Equal(t, OutcomeMiss, res.Outcome)
+	require.Len(t, res.keys, 1, "the walk stopped hashing after the first block, nobody holds")
+
+	require.NoError(t, src.Place("http://a", q, &res))
+	got, err := src.Lookup(context.Background(), q)
+	require.NoError(t, err)
+	assert.Equal(t, []EngineMatch{{Engine: "http://a", Blocks: 6}}, got.Engines)
+	require.NoError(t, checkInvariants(f.x))
+
+	// The engine confirms the first four blocks; the two others stay approximate and expire.
+	f.store("http://a", 0, 1, 0, 4, 0, TierDevice)
+	f.clock = f.clock.Add(DefaultApproxTTL + time.Second)
+	got, err = src.Lookup(context.Background(), q)
+	require.NoError(t, err)
+	assert.Equal(t, []EngineMatch{{Engine: "http://a", Blocks: 4}}, got.Engines, "real blocks never expire")
+	require.NoError(t, checkInvariants(f.x))
+}
+
+func TestLocalSourcePlaceEdgeCases(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	src, err := NewLocalSource(f.x)
+	require.NoError(t, err)
+	other, err := NewLocalSource(f.x)
+	require.NoError(t, err)
+	tok := prompt(2, 3)
+	q := Query{TokenIDs: tok}
+
+	// A result of another source, of no source, or of a different prompt: q is hashed again.
+	foreign, err := other.Lookup(context.Background(), Query{TokenIDs: prompt(3, 5)})
+	require.NoError(t, err)
+	for name, r := range map[string]*Result{"nil": nil, "other source and prompt": &foreign, "zero": {}} {
+		f2 := newFixture(t, Options{})
+		s2, err := NewLocalSource(f2.x)
+		require.NoError(t, err)
+		require.NoError(t, s2.Place("http://b", q, r), name)
+		assert.Equal(t, 3, f2.x.Match(f2.h.Keys(tok)).Blocks("http://b"), name)
+	}
+
+	// Nothing is recorded when the result says the engine holds every block already.
+	f.store("http://a", 0, 2, 0, 3, 0, TierDevice)
+	res, err := src.Lookup(context.Background(), q)
+	require.NoError(t, err)
+	require.NoError(t, src.Place("http://a", q, &res))
+	assert.Zero(t, f.x.Stats().ApproximateBlocks)
+
+	// A prompt shorter than a block records nothing; an empty engine is refused.
+	require.NoError(t, src.Place("http://a", Query{TokenIDs: tok[:testBlock-1]}, nil))
+	assert.ErrorIs(t, src.Place("", q, &res), ErrInvalidEngine)
+}
+
+// Reusing the lookup's keys saves hashing the prompt again: when the walk hashed every block
+// (another engine holds the whole prompt), Place with the result allocates less than without it.
+func TestLocalSourcePlaceReusesTheLookupsKeys(t *testing.T) {
+	f := newFixture(t, Options{})
+	src, err := NewLocalSource(f.x)
+	require.NoError(t, err)
+	f.store("http://b", 0, 4, 0, 8, 0, TierDevice)
+	tok := prompt(4, 8)
+	q := Query{TokenIDs: tok}
+	res, err := src.Lookup(context.Background(), q)
+	require.NoError(t, err)
+	require.Len(t, res.keys, 8)
+	require.NoError(t, src.Place("http://a", q, &res)) // the holding entries exist from here on
+	with := testing.AllocsPerRun(50, func() { _ = src.Place("http://a", q, &res) })
+	without := testing.AllocsPerRun(50, func() { _ = src.Place("http://a", q, nil) })
+	assert.Less(t, with, without, "with the lookup's keys %v allocations, hashing again %v", with, without)
+}
+
+// When the engine holds a prefix through real events, Place records only the blocks after it;
+// when the prefix is gone by then, it records the whole prompt.
+func TestLocalSourcePlaceSkipsARealPrefix(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	src, err := NewLocalSource(f.x)
+	require.NoError(t, err)
+	f.store("http://a", 0, 7, 0, 4, 0, TierDevice)
+	q := Query{TokenIDs: prompt(7, 10)}
+	res, err := src.Lookup(context.Background(), q)
+	require.NoError(t, err)
+	require.Equal(t, 4, res.Blocks("http://a"))
+	require.NoError(t, src.Place("http://a", q, &res))
+	assert.Equal(t, 6, f.x.Stats().ApproximateBlocks, "blocks 5–10 only")
+	assert.Equal(t, 10, f.x.Match(f.h.Keys(q.TokenIDs)).Blocks("http://a"))
+	require.NoError(t, checkInvariants(f.x))
+
+	g := newFixture(t, Options{})
+	gs, err := NewLocalSource(g.x)
+	require.NoError(t, err)
+	g.store("http://a", 0, 7, 0, 4, 0, TierDevice)
+	res, err = gs.Lookup(context.Background(), q)
+	require.NoError(t, err)
+	require.NoError(t, g.x.Clear("http://a", 0)) // the engine dropped its cache meanwhile
+	require.NoError(t, gs.Place("http://a", q, &res))
+	assert.Equal(t, 10, g.x.Stats().ApproximateBlocks, "no real prefix left: every block")
+	assert.Equal(t, 10, g.x.Match(g.h.Keys(q.TokenIDs)).Blocks("http://a"))
+	require.NoError(t, checkInvariants(g.x))
+}

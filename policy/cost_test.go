@@ -1,0 +1,211 @@
+package policy_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// pending reports a fresh native load with the given waiting uncached tokens.
+func (c *cacheEnv) pending(id state.EngineID, tokens uint64) {
+	c.native(id, loadmon.Report{Native: &loadmon.NativeLoad{WaitingUncachedTokens: tokens}})
+}
+
+// docs/design.md §9.11. A 256-token prompt; "holder" holds its first 128 tokens (the system
+// prompt, at the 16-token hit gate of these tests), "idle" and "other" hold nothing. cost =
+// pending + uncached; the alternative must save more than the margin (here 64 tokens) and more
+// than twice the 128 tokens of prefix it recomputes.
+func TestCostComparisonMovesARequestOffABusyHolderOnlyWhenMateriallyCheaper(t *testing.T) {
+	t.Parallel()
+	tok := prompt(256, 31)
+	group := engines(state.StagePrefill, "holder", "idle", "other")
+	for _, tt := range []struct {
+		name          string
+		holderPending uint64
+		opts          policy.CacheAwareOptions
+		want          state.EngineID
+		reason        string
+	}{
+		// holder 300 + 128 = 428 vs idle 0 + 256: saves 172 > 64, but not > 2 × 128.
+		{"saving below twice the recomputed prefix", 300, policy.CacheAwareOptions{}, "holder", policy.ReasonCacheCandidate},
+		// holder 400 + 128 = 528: saves 272 > 256.
+		{"saving above twice the recomputed prefix", 400, policy.CacheAwareOptions{}, "idle", policy.ReasonCostDiverted},
+		{"factor 1 moves earlier", 300, policy.CacheAwareOptions{RecomputeFactor: 1}, "idle", policy.ReasonCostDiverted},
+		{"margin above the saving", 400, policy.CacheAwareOptions{CostMarginTokens: u64(272)}, "holder", policy.ReasonCacheCandidate},
+		{"disabled: the upstream rules alone", 1 << 20, policy.CacheAwareOptions{DisableCostComparison: true}, "holder", policy.ReasonCacheCandidate},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			c.hold(t, "holder", tok, 8)
+			c.pending("holder", tt.holderPending)
+			c.pending("idle", 0)
+			c.pending("other", 50)
+			opts := tt.opts
+			if opts.CostMarginTokens == nil {
+				opts.CostMarginTokens = u64(64)
+			}
+			pk, err := c.policy(t, opts).Pick(ctx, group, creq(tok))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, pk.Engine.ID())
+			assert.Equal(t, tt.reason, pk.Reason)
+			d := c.dec.last()
+			if tt.want == "idle" {
+				assert.Equal(t, policy.DecisionCostDiverted, d.Decision)
+				assert.Equal(t, 8, d.DivertedBlocks, "the 8 blocks the holder held")
+				assert.True(t, d.CostOverride)
+				assert.Equal(t, uint64(256), pk.PrefillTokens, "the idle engine prefills the whole prompt")
+				assert.Equal(t, []state.EngineID{"holder", "idle"}, c.check.Calls(), "admission once on the holder, once on the alternative")
+			} else {
+				assert.Equal(t, policy.DecisionCacheHit, d.Decision)
+				assert.False(t, d.CostOverride)
+				assert.Equal(t, uint64(128), pk.PrefillTokens)
+				assert.Equal(t, []state.EngineID{"holder"}, c.check.Calls())
+			}
+		})
+	}
+}
+
+// The collapse the comparison prevents: every request carries the same 128-token system prompt
+// and one engine holds it. Without the comparison every request goes to that engine; with it the
+// requests held open spread as soon as its queue outweighs recomputing the prompt.
+func TestCostComparisonPreventsLockInOnASharedPrefix(t *testing.T) {
+	t.Parallel()
+	system := prompt(128, 32)
+	group := engines(state.StagePrefill, "e0", "e1", "e2", "e3")
+	run := func(disable bool) map[state.EngineID]int {
+		c := newCacheEnv(t)
+		c.hold(t, "e0", system, 8)
+		for _, id := range []state.EngineID{"e0", "e1", "e2", "e3"} {
+			c.pending(id, 0)
+		}
+		p := c.policy(t, policy.CacheAwareOptions{DisableCostComparison: disable, CostMarginTokens: u64(0)})
+		got := map[state.EngineID]int{}
+		for i := range 40 {
+			tok := append(append([]uint32(nil), system...), prompt(128, uint32(100+i))...)
+			pk, err := p.Pick(ctx, group, creq(tok))
+			require.NoError(t, err)
+			got[pk.Engine.ID()]++
+			c.inflight.AcquirePrefill(pk.Engine.ID(), pk.PrefillTokens) // dispatched, never reported
+		}
+		return got
+	}
+	assert.Equal(t, map[state.EngineID]int{"e0": 40}, run(true), "upstream rules: the first holder takes everything")
+	got := run(false)
+	for _, id := range []state.EngineID{"e0", "e1", "e2", "e3"} {
+		assert.GreaterOrEqual(t, got[id], 5, "engine %s; picks %v", id, got)
+	}
+}
+
+func TestCostComparisonPicksTheCheapestHolder(t *testing.T) {
+	t.Parallel()
+	tok := prompt(256, 33)
+	c := newCacheEnv(t)
+	c.hold(t, "deep", tok, 16)   // 0 uncached
+	c.hold(t, "shallow", tok, 8) // 128 uncached, outside a 16-token switch margin
+	c.pending("deep", 2000)
+	c.pending("shallow", 0)
+	p := c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16), CostMarginTokens: u64(64)})
+	pk, err := p.Pick(ctx, engines(state.StagePrefill, "deep", "shallow"), creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("shallow"), pk.Engine.ID(), "2000 + 0 against 0 + 128")
+	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+	assert.Equal(t, policy.DecisionCacheHit, c.dec.last().Decision)
+	assert.True(t, c.dec.last().CostOverride)
+}
+
+func TestCostComparisonNeedsNativeDataEverywhereAndKeepsTheWinnerOnRejection(t *testing.T) {
+	t.Parallel()
+	tok := prompt(256, 34)
+	group := engines(state.StagePrefill, "holder", "idle", "silent")
+	t.Run("an engine without a native report: no comparison", func(t *testing.T) {
+		t.Parallel()
+		c := newCacheEnv(t)
+		c.hold(t, "holder", tok, 8)
+		c.pending("holder", 1<<20)
+		c.pending("idle", 0)
+		require.NoError(t, c.load.Report(loadmon.Report{Engine: "silent"})) // an old publisher
+		pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(tok))
+		require.NoError(t, err)
+		assert.Equal(t, state.EngineID("holder"), pk.Engine.ID())
+	})
+	t.Run("the alternative is rejected by admission: the holder stays", func(t *testing.T) {
+		t.Parallel()
+		c := newCacheEnv(t)
+		c.hold(t, "holder", tok, 8)
+		c.pending("holder", 1<<20)
+		c.pending("idle", 0)
+		c.pending("silent", 10)
+		c.check.reject = map[state.EngineID]string{"idle": admission.LimitRunningRequests}
+		pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(tok))
+		require.NoError(t, err)
+		assert.Equal(t, state.EngineID("holder"), pk.Engine.ID())
+		assert.Equal(t, []state.EngineID{"holder", "idle"}, c.check.Calls(), "one check each, no second alternative")
+	})
+}
+
+// On a miss the power-of-k sample's winner is compared with the cheapest engine of the tier.
+func TestCostComparisonOnAMissTakesTheCheapestOfTheTier(t *testing.T) {
+	t.Parallel()
+	tok := prompt(256, 35)
+	c := newCacheEnv(t)
+	for id, pend := range map[state.EngineID]uint64{"a": 5000, "b": 6000, "c": 0, "d": 7000} {
+		c.pending(id, pend)
+	}
+	group := engines(state.StagePrefill, "a", "b", "c", "d")
+	c.rnd.vals = []int{0, 1} // the sample is a and b
+	pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("c"), pk.Engine.ID())
+	assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+	assert.True(t, c.dec.last().CostOverride)
+	assert.Equal(t, []state.EngineID{"c"}, c.check.Calls(), "admission once, on the engine returned")
+
+	c.rnd.vals = []int{0, 1}
+	c.check.calls = nil
+	pk, err = c.policy(t, policy.CacheAwareOptions{DisableCostComparison: true}).Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("a"), pk.Engine.ID(), "the sample's winner")
+}
+
+// docs/design.md §9.10: a pick records the prompt for the engine it chose, so the next request with
+// that prefix finds a holder before any KV event; the entry expires unless a real event confirms
+// it, and the option turns the recording off.
+func TestRoutePlacementsAreRecordedExpireAndCanBeTurnedOff(t *testing.T) {
+	t.Parallel()
+	tok := prompt(256, 36)
+	group := engines(state.StagePrefill, "a", "b", "c")
+	newPolicy := func(c *cacheEnv, disable bool) *policy.CacheAware {
+		src, err := kvindex.NewLocalSource(c.index) // a Placer; the counting wrapper is not
+		require.NoError(t, err)
+		return c.policy(t, policy.CacheAwareOptions{Source: src, DisableRoutePlacements: disable})
+	}
+	c := newCacheEnv(t)
+	p := newPolicy(c, false)
+	first, err := p.Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	m := c.index.Match(c.index.Hasher().Keys(tok))
+	assert.Equal(t, []kvindex.EngineMatch{{Engine: first.Engine.ID(), Blocks: 16}}, m.Engines, "every block, for the chosen engine")
+	second, err := p.Pick(ctx, group, creq(append(append([]uint32(nil), tok...), prompt(64, 37)...)))
+	require.NoError(t, err)
+	assert.Equal(t, first.Engine.ID(), second.Engine.ID())
+	assert.Equal(t, policy.ReasonCacheCandidate, second.Reason)
+
+	c.clk.Advance(kvindex.DefaultApproxTTL + time.Second)
+	assert.Empty(t, c.index.Match(c.index.Hasher().Keys(tok)).Engines, "unconfirmed placements expire")
+
+	c = newCacheEnv(t)
+	p = newPolicy(c, true)
+	_, err = p.Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Empty(t, c.index.Match(c.index.Hasher().Keys(tok)).Engines, "DisableRoutePlacements")
+	assert.Zero(t, c.index.Stats().ApproximateBlocks)
+}
