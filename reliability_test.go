@@ -230,8 +230,9 @@ func TestBadInputLeavesStateUnchanged(t *testing.T) {
 }
 
 // docTestRef matches a test named in docs/RELIABILITY.md: `pkg.TestName`, `pkg.FuzzName`, or a
-// root-package `TestName`, each optionally with a /subtest; pkg is a package name of the module.
-var docTestRef = regexp.MustCompile("`(?:([a-z0-9_]+)\\.)?((?:Test|Fuzz)[A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?`")
+// root-package `TestName`, each optionally with a /subtest; pkg is a package name of the module, or
+// a directory (`examples/gateway.TestName`) for the module's several main packages.
+var docTestRef = regexp.MustCompile("`(?:([a-z0-9_/]+)\\.)?((?:Test|Fuzz)[A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?`")
 
 // packageDirs maps the module's package names to their directories, from each directory's
 // non-test Go files.
@@ -288,7 +289,9 @@ func TestReliabilityDocNamesRealTests(t *testing.T) {
 	documented := map[string]bool{}
 	for _, r := range refs {
 		dir := "."
-		if r[1] != "" {
+		if strings.Contains(r[1], "/") { // a directory, for package main: examples/gateway.TestX
+			dir = filepath.FromSlash(r[1])
+		} else if r[1] != "" {
 			var ok bool
 			dir, ok = dirs[r[1]]
 			if !assert.True(t, ok, "docs/RELIABILITY.md names %s in package %q, which is not a package of the module", r[2], r[1]) {

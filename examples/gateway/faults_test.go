@@ -258,7 +258,7 @@ const idleLoad = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
 // engine as it died; no request reaches an engine while its breaker is open; a cut stream ends
 // without [DONE] and its guard is released; the index and the load table recover within one
 // freshness window (2 s); and at the end every guard is released. (The gateway has no affinity
-// store, so a Redis outage is not part of this test: docs/RELIABILITY.md §7.)
+// store, so a Redis outage is not part of this test: docs/RELIABILITY.md §4.4.)
 func TestFaultsEndToEnd(t *testing.T) {
 	const freshness = 2 * time.Second
 	a, b, c := newEngine(t), newEngine(t), newEngine(t)
@@ -285,12 +285,14 @@ func TestFaultsEndToEnd(t *testing.T) {
 	}
 
 	pa, pb, pb2 := newFaultPrompt("alpha", 1000), newFaultPrompt("bravo", 2000), newFaultPrompt("charlie", 3000)
+	began := time.Now()
 	require.Eventually(t, func() bool {
 		pubA.publish(pa.stored())
 		pubB.publish(pb.stored())
 		return held(idA, pa) == len(pa.hashes) && held(idB, pb) == len(pb.hashes) &&
 			loadKnown(idA) && loadKnown(idB) && loadKnown(idC)
 	}, 20*time.Second, 20*time.Millisecond, "the gateway learns a's and b's blocks and every engine's load")
+	t.Logf("start-up: blocks and load known after %v", time.Since(began).Round(time.Millisecond))
 
 	tr := &faultTraffic{t: t, url: gwSrv.URL, prompts: []string{pa.text, pb.text, pb2.text, "hello", "what is a router?"}}
 	tr.start(8)
