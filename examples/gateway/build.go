@@ -31,7 +31,7 @@ type gateway struct {
 	handler  http.Handler
 	poller   *loadsource.Poller // nil without load sources
 	prober   *gw.Prober
-	kv       *kvFeed // nil without KV-event endpoints
+	kv       *kvFeed        // nil without KV-event endpoints
 	closers  []func() error // with --config: the Router, then the Redis client; close calls them in reverse
 }
 
