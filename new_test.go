@@ -768,3 +768,30 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware
 	time.Sleep(50 * time.Millisecond) // ten sweep intervals
 	assert.Equal(t, 1, ms.Len(), "no sweep after Close: s2 is expired but still held")
 }
+
+// TestInertQueueGateWarnsThroughTheRouterLogger checks the cache-aware policy's own degraded-state
+// warning (docs/design.md §9.3, §15.4) as New wires it: with worker_queue_limit set and no engine
+// reporting load, the gate is inert; the warning reaches the Router's logger, rate-limited to one
+// per warn interval however many picks meet the condition (the policy alone samples 1 in 64).
+func TestInertQueueGateWarnsThroughTheRouterLogger(t *testing.T) {
+	t.Parallel()
+	core, logs := observer.New(zapcore.WarnLevel)
+	cfg := mustParse(t, `
+engines: [{id: e1, model: m}, {id: e2, model: m}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, worker_queue_limit: 4}}}}]}]
+`)
+	r := mustNew(t, cfg, nil, enginepick.WithLogger(zap.New(core)), enginepick.WithWarnInterval(time.Hour))
+	inert := func() []observer.LoggedEntry {
+		return logs.FilterMessageSnippet("the queue gate is inert").All()
+	}
+	req := selectReq("m", 16, 32)
+	req.TokenIDs = make([]uint32, 16)
+	for range 200 {
+		d, err := r.Select(context.Background(), req)
+		require.NoError(t, err)
+		d.Release()
+	}
+	got := inert()
+	require.Len(t, got, 1, "one warning per interval, not one per pick")
+	assert.Equal(t, map[string]any{"model": "m", "bucket": "a", "worker_queue_limit": uint64(4), "engines": int64(2)}, got[0].ContextMap())
+}
