@@ -110,7 +110,7 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 		return fail(ErrKeyConflict, keys[i])
 	}
 	for i, n := range x.nodeBuf {
-		if n != 0 && x.nodes[n].nHold() >= maxHold {
+		if n != 0 && x.node(n).nHold() >= maxHold {
 			return fail(ErrTooManyHolders, keys[i])
 		}
 	}
@@ -134,14 +134,14 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 			x.insertHolding(n, hi, hid, uint8(TierDevice)|approxBit, uint64(expiry))
 			h.approx++
 			x.approxCount++
-			x.nodes[n].meta |= flagApprox
+			x.node(n).meta |= flagApprox
 			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(held + i)})
-		case x.holds[lo].e&approxEntryBit != 0:
-			if int64(x.holds[lo].aux) > expiry && !x.nodes[n].holey() {
+		case x.hold(lo).e&approxEntryBit != 0:
+			if int64(x.hold(lo).aux) > expiry && !x.node(n).holey() {
 				// A shorter TTL: a child of n the holder holds, other than the chain's next
 				// block (refreshed to the same expiry next), may now outlive n (hole case (3),
 				// index.go).
-				others := x.holds[lo].kids
+				others := x.hold(lo).kids
 				if i+1 < len(keys) && x.nodeBuf[i+1] != 0 {
 					if a, b := x.findHolder(x.nodeBuf[i+1], hid); a < b {
 						others--
@@ -151,7 +151,7 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 					x.markHoley(n)
 				}
 			}
-			x.holds[lo].aux = uint64(expiry)
+			x.hold(lo).aux = uint64(expiry)
 			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(held + i)})
 		}
 		x.touch(n)
@@ -178,13 +178,13 @@ func (x *Index) realHeldBy(engine state.EngineID, rank int, key uint64) (uint32,
 	if !ok {
 		return 0, false
 	}
-	n, ok := x.byKey.get(key, x.nodes)
+	n, ok := x.byKey.get(key, &x.nodes)
 	if !ok || n == 0 {
 		return 0, false
 	}
 	lo, hi := x.findHolder(n, hid)
 	for p := lo; p < hi; p++ {
-		if x.holds[p].e&approxEntryBit == 0 {
+		if x.hold(p).e&approxEntryBit == 0 {
 			return n, true
 		}
 	}
@@ -219,11 +219,11 @@ func (x *Index) expireUntil(now int64) int {
 
 // approxAt returns the slab position of the live approximate entry e describes, if any.
 func (x *Index) approxAt(e approxEntry) (int, bool) {
-	if int(e.node) >= len(x.nodes) || !x.nodes[e.node].has(flagLive) {
+	if int(e.node) >= x.nodes.len() || !x.node(e.node).has(flagLive) {
 		return 0, false
 	}
 	lo, hi := x.findHolder(e.node, e.holder)
-	if lo < hi && x.holds[lo].e&approxEntryBit != 0 && int64(x.holds[lo].aux) == e.expiry {
+	if lo < hi && x.hold(lo).e&approxEntryBit != 0 && int64(x.hold(lo).aux) == e.expiry {
 		return lo, true
 	}
 	return 0, false
@@ -231,7 +231,7 @@ func (x *Index) approxAt(e approxEntry) (int, bool) {
 
 // dropApprox removes the approximate entry at slab position p of node n.
 func (x *Index) dropApprox(n uint32, p int) {
-	h := &x.holders[entryHolder(x.holds[p].e)]
+	h := &x.holders[entryHolder(x.hold(p).e)]
 	h.approx--
 	x.approxCount--
 	x.deleteHolding(n, p)

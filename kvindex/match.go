@@ -208,21 +208,21 @@ func (x *Index) nowFor() int64 {
 // lookupDepth returns the node of key k, which the caller found at query depth d (unused: a
 // key names its depth), and whether it is holey.
 func (x *Index) lookupDepth(k uint64, _ int) (uint32, bool) {
-	n, ok := x.byKey.get(k, x.nodes)
+	n, ok := x.byKey.get(k, &x.nodes)
 	if !ok {
 		return 0, false
 	}
-	return n, x.nodes[n].holey()
+	return n, x.node(n).holey()
 }
 
 // liveHolders appends the distinct holders live at node n to dst.
 func (x *Index) liveHolders(n uint32, now int64, dst []uint32) []uint32 {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
 	for p := lo; p < hi; {
-		h := entryHolder(x.holds[p].e)
+		h := entryHolder(x.hold(p).e)
 		live := x.holdsLive(p, hi, h, now)
-		for p < hi && entryHolder(x.holds[p].e) == h {
+		for p < hi && entryHolder(x.hold(p).e) == h {
 			p++
 		}
 		if live {
@@ -346,7 +346,7 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 		sink := uint32(0)
 		for i := range m.probes {
 			if n := m.probes[i].node; n != 0 {
-				sink += x.holds[x.nodes[n].hold].e
+				sink += x.hold(int(x.node(n).hold)).e
 			}
 		}
 		m.sink += sink
@@ -454,7 +454,7 @@ func (x *Index) search1(keys []uint64, now int64, m *Matches) {
 		sink := uint32(0)
 		for i := range probes {
 			if n := probes[i].node; n != 0 {
-				sink += x.holds[x.nodes[n].hold].e
+				sink += x.hold(int(x.node(n).hold)).e
 			}
 		}
 		m.sink += sink
@@ -499,7 +499,7 @@ func (x *Index) liveWord(n uint32, set uint64, now int64, m *Matches) uint64 {
 	if n == 0 {
 		return 0
 	}
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
 	if nd.has(flagApprox) || hi-lo > 4*bits.OnesCount64(set) {
 		var in, out [1]uint64
@@ -508,7 +508,7 @@ func (x *Index) liveWord(n uint32, set uint64, now int64, m *Matches) uint64 {
 	}
 	acc := uint64(0)
 	bit := m.bit
-	for _, e := range x.holds[lo:hi] {
+	for _, e := range x.holds.span(lo, hi-lo) {
 		if b := uint32(bit[e.e>>8]) - 1; b < 64 {
 			acc |= 1 << b
 		}
@@ -525,7 +525,7 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 	if n == 0 {
 		return dst
 	}
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
 	members := 0
 	for _, word := range set {
@@ -541,7 +541,7 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 				a, z := lo, hi
 				for a < z {
 					mid := int(uint(a+z) >> 1)
-					if entryHolder(x.holds[mid].e) < h {
+					if entryHolder(x.hold(mid).e) < h {
 						a = mid + 1
 					} else {
 						z = mid
@@ -559,7 +559,7 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 	if !approx && len(dst) == 1 {
 		// Up to 64 holders and no approximate entry: every entry is live.
 		acc := uint64(0)
-		for _, e := range x.holds[lo:hi] {
+		for _, e := range x.holds.span(lo, hi-lo) {
 			if b := uint32(bit[e.e>>8]) - 1; b < 64 {
 				acc |= 1 << b
 			}
@@ -568,12 +568,12 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 		return dst
 	}
 	for p := lo; p < hi; p++ {
-		e := x.holds[p].e
+		e := x.hold(p).e
 		i := bit[entryHolder(e)] - 1
 		if i < 0 || set[i>>6]&(1<<(i&63)) == 0 {
 			continue
 		}
-		if !approx || e&approxEntryBit == 0 || int64(x.holds[p].aux) > now {
+		if !approx || e&approxEntryBit == 0 || int64(x.hold(p).aux) > now {
 			dst[i>>6] |= 1 << (i & 63)
 		}
 	}
@@ -598,8 +598,8 @@ func (x *Index) liveAt(n, h uint32, now int64) bool {
 // holdsLive reports whether the entries from slab position p (before hi) include holder h with a
 // real entry or an unexpired approximate one.
 func (x *Index) holdsLive(p, hi int, h uint32, now int64) bool {
-	for ; p < hi && entryHolder(x.holds[p].e) == h; p++ {
-		if x.holds[p].e&approxEntryBit == 0 || int64(x.holds[p].aux) > now {
+	for ; p < hi && entryHolder(x.hold(p).e) == h; p++ {
+		if x.hold(p).e&approxEntryBit == 0 || int64(x.hold(p).aux) > now {
 			return true
 		}
 	}
@@ -671,8 +671,8 @@ func (x *Index) matchLinearInto(keys []uint64, m *Matches) {
 	prev := uint32(0)
 	matched := 0
 	for d, k := range keys {
-		n, ok := x.byKey.get(k, x.nodes)
-		if !ok || x.nodes[n].parent != prev {
+		n, ok := x.byKey.get(k, &x.nodes)
+		if !ok || x.node(n).parent != prev {
 			break
 		}
 		next = next[:0]
