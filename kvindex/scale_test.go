@@ -290,8 +290,8 @@ func (t *queryTimer) report(b *testing.B) {
 	if c := slices.Clone(t.cpus); len(c) > 0 && c[0] > 0 {
 		slices.Sort(c)
 		cost := clockCost()
-		b.ReportMetric(float64((c[len(c)/2]-cost).Nanoseconds()), "cpu-ns/op") // median
-		b.ReportMetric(float64((c[len(c)*9/10]-cost).Nanoseconds()), "p90-cpu-ns")
+		b.ReportMetric(float64((c[len(c)/2] - cost).Nanoseconds()), "cpu-ns/op") // median
+		b.ReportMetric(float64((c[len(c)*9/10] - cost).Nanoseconds()), "p90-cpu-ns")
 		b.ReportMetric(float64(cost.Nanoseconds()), "clock-ns")
 	}
 	runtime.ReadMemStats(&t.ms)
@@ -365,6 +365,19 @@ func BenchmarkScale(b *testing.B) {
 	var m kvindex.Matches
 	queries("hash", func(_ int, tokens []uint32, t *queryTimer) {
 		t.measure(func() { keys = h.AppendKeys(keys[:0], tokens) })
+	})
+	var llmd *llmdHasher
+	queries("hash-llmd", func(_ int, tokens []uint32, t *queryTimer) {
+		if llmd == nil {
+			var err error
+			llmd, err = newLLMDHasher(scaleBlockTokens, "m")
+			require.NoError(b, err)
+		}
+		var k []uint64
+		t.measure(func() { k = llmd.keys(tokens) })
+		if len(k) != scaleQueryTokens/scaleBlockTokens {
+			b.Fatalf("llm-d-style hashing: %d keys", len(k))
+		}
 	})
 	queries("lookup", func(_ int, tokens []uint32, t *queryTimer) {
 		x := w.index(b).x
