@@ -132,6 +132,24 @@ func (d *Dispatch) Release() {
 	}
 }
 
+// ReleaseStage releases, ahead of the end of the dispatch, the in-flight guard of one leg of a PD
+// dispatch: state.StagePrefill once the prefill leg has ended (its engine no longer works on the
+// request while the decode stream goes on), state.StageDecode once the decode leg has. The other
+// leg's guard is untouched; Done or Release later ends the dispatch and releases whatever is still
+// held (a guard is released once). For a plain dispatch, or another stage, it does nothing. A nil
+// *Dispatch's ReleaseStage does nothing. Safe for concurrent use (docs/design.md §6).
+func (d *Dispatch) ReleaseStage(stage state.Stage) {
+	if d == nil || !d.Selection.IsPD() {
+		return
+	}
+	switch stage {
+	case state.StagePrefill:
+		d.guards[0].Release()
+	case state.StageDecode:
+		d.guards[1].Release()
+	}
+}
+
 // Done ends the dispatch as Release does, and reports its outcome to the Router's Observer
 // (docs/design.md §15), grpc-go style: the host calls it once the response has ended, with the
 // error (nil on success), time to first token and token counts it learned. A nil *Dispatch's
@@ -230,12 +248,21 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request) (*Dispatch
 	}
 	d := &Dispatch{Selection: sel, r: r, model: req.Model}
 	if sel.IsPD() {
-		d.guards[0] = r.inflight.AcquirePrefill(sel.Prefill.Engine.ID(), prefillTokens(&sel.Prefill, req))
-		d.guards[1] = r.inflight.Acquire(sel.Decode.Engine.ID())
+		d.guards[0] = r.inflight.AcquireRank(sel.Prefill.Engine.ID(), rankOf(&sel.Prefill), prefillTokens(&sel.Prefill, req))
+		d.guards[1] = r.inflight.AcquireRank(sel.Decode.Engine.ID(), rankOf(&sel.Decode), 0)
 	} else {
-		d.guards[0] = r.inflight.AcquirePrefill(sel.Plain.Engine.ID(), prefillTokens(&sel.Plain, req))
+		d.guards[0] = r.inflight.AcquireRank(sel.Plain.Engine.ID(), rankOf(&sel.Plain), prefillTokens(&sel.Plain, req))
 	}
 	return d, nil
+}
+
+// rankOf is the DP rank a pick names, −1 when none (loadmon.InFlight.AcquireRank counts the engine
+// only).
+func rankOf(p *policy.Pick) int {
+	if p.HasDPRank {
+		return p.DPRank
+	}
+	return -1
 }
 
 // prefillTokens is the prefill work a dispatch brings: the policy's estimate, else the whole input.

@@ -27,11 +27,16 @@ type Matches struct {
 	// engine absent from the list holds not even the first block (a confirmed miss for it). It is
 	// overwritten by the next MatchInto into the same Matches.
 	Engines []EngineMatch
+	// DPRanks has one entry per Engines entry: the engine's DP rank holding its Blocks blocks (the
+	// lowest such rank when several do). A cache-aware pick names it (docs/design.md §6, §11).
+	// Overwritten as Engines is.
+	DPRanks []int
 	// QueryBlocks is the number of keys matched against (the query's full blocks).
 	QueryBlocks int
 
 	pos   []int32  // engine slot → 1 + position in best, 0 when absent
 	best  []uint32 // per engine found: its deepest count
+	brank []int32  // per engine found: the lowest rank holding best
 	slots []uint32 // per engine found: its slot
 	order []uint64 // sort keys: (MaxUint32 − blocks) << 32 | engine order
 
@@ -173,8 +178,10 @@ func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 // takes the read lock, which the caller releases after finishMatch.
 func (x *Index) beginMatch(blocks int, m *Matches) bool {
 	m.Engines = m.Engines[:0]
+	m.DPRanks = m.DPRanks[:0]
 	m.slots = m.slots[:0]
 	m.best = m.best[:0]
+	m.brank = m.brank[:0]
 	m.gs = m.gs[:0]
 	m.sets = m.sets[:0]
 	m.QueryBlocks = blocks
@@ -612,27 +619,37 @@ func (x *Index) finishMatch(m *Matches) {
 	m.order = m.order[:0]
 	for i := len(m.slots) - 1; i >= 0; i-- {
 		e := m.slots[i]
-		m.pos[e] = 0
 		m.order = append(m.order, uint64(math.MaxUint32-m.best[i])<<32|uint64(x.engines[e].order))
 	}
 	slices.Sort(m.order)
 	for _, k := range m.order {
 		e := x.byID[uint32(k)]
 		m.Engines = append(m.Engines, EngineMatch{Engine: x.engines[e].id, Blocks: int(math.MaxUint32 - uint32(k>>32))})
+		m.DPRanks = append(m.DPRanks, int(m.brank[m.pos[e]-1]))
+	}
+	for _, e := range m.slots {
+		m.pos[e] = 0
 	}
 }
 
-// record folds holder h's contiguous depth into its engine's result (maximum over DP ranks).
+// record folds holder h's contiguous depth into its engine's result (maximum over DP ranks,
+// remembering the lowest rank at that depth).
 func (x *Index) record(m *Matches, h uint32, depth int) {
 	if depth == 0 {
 		return
 	}
-	e := x.holders[h].engine
+	e, r := x.holders[h].engine, int32(x.holders[h].rank)
 	if p := m.pos[e]; p != 0 {
-		m.best[p-1] = max(m.best[p-1], uint32(depth))
+		switch d := uint32(depth); {
+		case d > m.best[p-1]:
+			m.best[p-1], m.brank[p-1] = d, r
+		case d == m.best[p-1] && r < m.brank[p-1]:
+			m.brank[p-1] = r
+		}
 		return
 	}
 	m.best = append(m.best, uint32(depth))
+	m.brank = append(m.brank, r)
 	m.slots = append(m.slots, e)
 	m.pos[e] = int32(len(m.slots))
 }

@@ -67,9 +67,6 @@ type Options struct {
 	Client *http.Client
 	// PrefillTimeout bounds a PD prefill leg; 0 means DefaultPrefillTimeout.
 	PrefillTimeout time.Duration
-	// RankOf returns the DP rank a pick names, if any. Nil means no pick names one: the engine
-	// chooses the rank itself. (policy.Pick does not carry a rank yet; see docs/design-notes.md.)
-	RankOf func(policy.Pick) (int, bool)
 	// Rand returns uniform 64-bit values for PD bootstrap rooms. Nil means math/rand/v2.Uint64.
 	Rand func() uint64
 	// Metrics records the gateway's series; nil records none.
@@ -103,9 +100,6 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if opts.PrefillTimeout <= 0 {
 		opts.PrefillTimeout = DefaultPrefillTimeout
-	}
-	if opts.RankOf == nil {
-		opts.RankOf = func(policy.Pick) (int, bool) { return 0, false }
 	}
 	if opts.Rand == nil {
 		opts.Rand = rand.Uint64
@@ -288,6 +282,10 @@ func writeError(w http.ResponseWriter, code int, typ, msg string) {
 
 func (s *Server) engineOf(p policy.Pick) *Engine { return p.Engine.(*Engine) }
 
+// pickRank returns the DP rank the pick names (policy.Pick.DPRank), if any. Without one the
+// engine places the request on a rank itself.
+func pickRank(p policy.Pick) (int, bool) { return p.DPRank, p.HasDPRank }
+
 // withFields returns body with the given top-level fields set (replaced when present).
 func withFields(body []byte, fields map[string]any) ([]byte, error) {
 	if len(fields) == 0 {
@@ -358,7 +356,7 @@ var copyBuf = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }
 // excepted), status, then every chunk read from the body, flushed at once, so server-sent events
 // reach the client byte for byte and without delay. It returns when the body ends, the client
 // leaves (a failed write) or the engine cuts the body off (counted against its breaker).
-func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *http.Response) {
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *http.Response) (firstByte time.Time, err error) {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		if !hopHeaders[k] {
@@ -373,30 +371,39 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
+			if firstByte.IsZero() {
+				firstByte = time.Now()
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return // the client left; the request context cancels the engine request
+				return firstByte, werr // the client left; the request context cancels the engine request
 			}
 			_ = rc.Flush()
 		}
 		if err == io.EOF {
-			return
+			return firstByte, nil
 		}
 		if err != nil {
 			if r.Context().Err() == nil {
 				e.Record(OutcomeServerError)
 				s.opts.Metrics.upstreamFailure(e, "cut")
 			}
-			return
+			return firstByte, err
 		}
 	}
 }
 
+// dispatchPlain forwards the request to the plain engine and relays its answer. The dispatch ends
+// with Done when the response (or stream) ends, however it ends: the error (none for a 2xx or 4xx
+// answer relayed whole), and the time to the first byte of the answer's body as its time to first
+// token (docs/design.md §15.1); token counts are not parsed from the body.
 func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []byte, d *enginepick.Dispatch) {
-	defer d.Release() // the guard is held until the response or stream ends, or the client leaves
+	var outcome enginepick.Outcome
+	defer func() { d.Done(outcome) }() // the guard is held until the response or stream ends, or the client leaves
+	start := time.Now()
 	pick := d.Selection.Plain
 	e := s.engineOf(pick)
 	s.opts.Metrics.dispatch(state.StagePlain, pick)
-	rank, hasRank := s.opts.RankOf(pick)
+	rank, hasRank := pickRank(pick)
 	if hasRank && e.cfg.Kind == KindSGLang {
 		var err error
 		if body, err = withFields(body, map[string]any{sglangRankField: rank}); err != nil {
@@ -406,13 +413,22 @@ func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []by
 	}
 	resp, err := s.send(r.Context(), r, e, body, rank, hasRank)
 	if err != nil {
+		outcome.Err = err
 		if r.Context().Err() == nil {
 			writeError(w, http.StatusBadGateway, "engine_unavailable", "the selected engine could not be reached")
 		}
 		return
 	}
 	defer resp.Body.Close()
-	s.relay(w, r, e, resp)
+	first, err := s.relay(w, r, e, resp)
+	switch {
+	case err != nil:
+		outcome.Err = err
+	case resp.StatusCode >= http.StatusInternalServerError:
+		outcome.Err = fmt.Errorf("gw: engine %s answered %d", e.ID(), resp.StatusCode)
+	case resp.StatusCode < http.StatusBadRequest && !first.IsZero():
+		outcome.TTFT = first.Sub(start)
+	}
 }
 
 // BootstrapRoom draws a PD bootstrap room in [0, 2^63) from u. When the prefill engine has
@@ -447,15 +463,17 @@ func (p *prefillLeg) failed() bool { return p.err != nil || p.status >= 400 }
 // dispatchPD sends the request to the prefill and the decode engine concurrently, each with the
 // same bootstrap host, port and room (and each leg's DP rank when known), and relays the decode
 // engine's response. The prefill leg is detached from the client: it runs to completion (or
-// PrefillTimeout) even if the client leaves, because the decode engine waits for its KV. The
-// in-flight guards are released when both legs have ended.
+// PrefillTimeout) even if the client leaves, because the decode engine waits for its KV. Each
+// leg's in-flight guard is released when that leg ends (enginepick.Dispatch.ReleaseStage): the
+// prefill engine's when its answer has been read, the decode engine's when its response or stream
+// has been relayed (or the client left); the dispatch ends when both have.
 func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte, stream bool, d *enginepick.Dispatch) {
 	sel := d.Selection
 	pe, de := s.engineOf(sel.Prefill), s.engineOf(sel.Decode)
 	s.opts.Metrics.dispatch(state.StagePrefill, sel.Prefill)
 	s.opts.Metrics.dispatch(state.StageDecode, sel.Decode)
-	prank, pok := s.opts.RankOf(sel.Prefill)
-	drank, dok := s.opts.RankOf(sel.Decode)
+	prank, pok := pickRank(sel.Prefill)
+	drank, dok := pickRank(sel.Decode)
 	room := BootstrapRoom(s.opts.Rand(), pe.cfg.DPRanks, prank, pok)
 	var port any // null when the prefill engine has no bootstrap port configured
 	if pe.cfg.BootstrapPort != 0 {
@@ -486,6 +504,7 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.opts.PrefillTimeout)
 	go func() {
 		defer close(p.done)
+		defer d.ReleaseStage(state.StagePrefill) // this leg's engine is done with the request
 		defer cancel()
 		resp, err := s.send(pctx, r, pe, pbody, prank, pok)
 		if err != nil {
@@ -505,6 +524,7 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 		}
 	}()
 	defer func() {
+		d.ReleaseStage(state.StageDecode)
 		select {
 		case <-p.done:
 			d.Release()
