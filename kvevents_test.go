@@ -87,6 +87,8 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 	}, 10*time.Second, 5*time.Millisecond)
 	got := scrapeFamily(t, reg, "enginepick_kv_event_gaps_total")
 	assert.Equal(t, map[string]float64{"dp_rank=0,engine=e1": 1}, got)
+	// Without a replay socket the gap starts one recovery: the rank's blocks are cleared.
+	assert.Equal(t, map[string]float64{"dp_rank=0,engine=e1": 1}, scrapeFamily(t, reg, "enginepick_kv_event_resyncs_total"))
 
 	r.RemoveEngine("e1")
 	assert.Empty(t, r.KVEventStats().Streams, "RemoveEngine stops the engine's streams")

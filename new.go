@@ -145,7 +145,8 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
-	if s.now == nil {
+	realClock := s.now == nil
+	if realClock {
 		s.now = time.Now
 	}
 	b := builder{cfg: cfg, s: &s}
@@ -167,6 +168,8 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 		log:       s.log,
 		obs:       s.obs,
 		now:       s.now,
+		realClock: realClock,
+		base:      s.now(),
 		labels:    b.labels,
 		models:    b.models,
 		config:    cfg,

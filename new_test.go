@@ -727,3 +727,71 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: power_of_two}
 	assert.ErrorIs(t, err, enginepick.ErrConflict)
 	assert.EqualError(t, err, "config: line 2: engines[0].kv_events: KV events feed the prefix index, which only a cache_aware policy with a local prefix source reads: attach one, or remove kv_events")
 }
+
+// TestNewSweepsIdleBindings checks the affinity store's sweeper that New starts (docs/design.md
+// §14.5): it runs every affinity.sweep_interval on the Router's clock, frees the bindings idle
+// longer than affinity.idle_timeout, and stops at Close (TestMain's goleak check catches a
+// sweeper left running).
+func TestNewSweepsIdleBindings(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	cfg := mustParse(t, `
+affinity: {idle_timeout: 1m, sweep_interval: 5ms}
+engines: [{id: e1, model: m}, {id: e2, model: m}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]
+`)
+	r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithClock(clock))
+	require.NoError(t, err)
+	ms, ok := r.AffinityStore().(*affinity.MemoryStore)
+	require.True(t, ok)
+	bind := func(session string) {
+		req := selectReq("m", 10, 10)
+		req.SessionKey = session
+		d, err := r.Select(context.Background(), req)
+		require.NoError(t, err)
+		d.Release()
+	}
+	bind("s1")
+	bind("s2")
+	require.Equal(t, 2, ms.Len())
+	advance(30 * time.Second)
+	bind("s2") // a hit refreshes s2's idle time
+	advance(45 * time.Second)
+	require.Eventually(t, func() bool { return ms.Len() == 1 }, 5*time.Second, time.Millisecond,
+		"the sweeper frees s1, idle 75 s > 1 min, and keeps s2, idle 45 s")
+
+	require.NoError(t, r.Close())
+	advance(2 * time.Minute)
+	time.Sleep(50 * time.Millisecond) // ten sweep intervals
+	assert.Equal(t, 1, ms.Len(), "no sweep after Close: s2 is expired but still held")
+}
+
+// TestInertQueueGateWarnsThroughTheRouterLogger checks the cache-aware policy's own degraded-state
+// warning (docs/design.md §9.3, §15.4) as New wires it: with worker_queue_limit set and no engine
+// reporting load, the gate is inert; the warning reaches the Router's logger, rate-limited to one
+// per warn interval however many picks meet the condition (the policy alone samples 1 in 64).
+func TestInertQueueGateWarnsThroughTheRouterLogger(t *testing.T) {
+	t.Parallel()
+	core, logs := observer.New(zapcore.WarnLevel)
+	cfg := mustParse(t, `
+engines: [{id: e1, model: m}, {id: e2, model: m}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, worker_queue_limit: 4}}}}]}]
+`)
+	r := mustNew(t, cfg, nil, enginepick.WithLogger(zap.New(core)), enginepick.WithWarnInterval(time.Hour))
+	inert := func() []observer.LoggedEntry {
+		return logs.FilterMessageSnippet("the queue gate is inert").All()
+	}
+	req := selectReq("m", 16, 32)
+	req.TokenIDs = make([]uint32, 16)
+	for range 200 {
+		d, err := r.Select(context.Background(), req)
+		require.NoError(t, err)
+		d.Release()
+	}
+	got := inert()
+	require.Len(t, got, 1, "one warning per interval, not one per pick")
+	assert.Equal(t, map[string]any{"model": "m", "bucket": "a", "worker_queue_limit": uint64(4), "engines": int64(2)}, got[0].ContextMap())
+}

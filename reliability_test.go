@@ -230,11 +230,12 @@ func TestBadInputLeavesStateUnchanged(t *testing.T) {
 }
 
 // docTestRef matches a test named in docs/RELIABILITY.md: `pkg.TestName`, `pkg.FuzzName`, or a
-// root-package `TestName`, each optionally with a /subtest; pkg is a package name of the module.
+// root-package `TestName`, each optionally with a /subtest; pkg is a package name of the module (for
+// a main package, its directory's name: `gateway.TestName` is in examples/gateway).
 var docTestRef = regexp.MustCompile("`(?:([a-z0-9_]+)\\.)?((?:Test|Fuzz)[A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?`")
 
 // packageDirs maps the module's package names to their directories, from each directory's
-// non-test Go files.
+// non-test Go files (a main package under its directory's name).
 func packageDirs(t *testing.T) map[string]string {
 	t.Helper()
 	dirs := map[string]string{}
@@ -252,7 +253,11 @@ func packageDirs(t *testing.T) map[string]string {
 		if err != nil {
 			return err
 		}
-		dirs[f.Name.Name] = filepath.Dir(path)
+		name := f.Name.Name
+		if name == "main" {
+			name = filepath.Base(filepath.Dir(path))
+		}
+		dirs[name] = filepath.Dir(path)
 		return nil
 	})
 	require.NoError(t, err)

@@ -59,6 +59,8 @@ type Router struct {
 	// Set by New only.
 	obs       Observer
 	now       func() time.Time
+	realClock bool      // now is time.Now: stamp reads the monotonic clock only
+	base      time.Time // the Router's clock at construction: dispatch and selection times are offsets from it (stamp)
 	labels    map[*bucket.Bucket]groupLabels
 	models    []state.ModelID
 	config    *Config
@@ -102,7 +104,7 @@ func NewRouter(opts Options) (*Router, error) {
 	return &Router{registry: opts.Registry, resolvers: resolvers, inflight: opts.InFlight, load: opts.Load, index: opts.Index,
 		log: log, warn: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, DefaultWarnInterval, 1, 0)
-		})), now: time.Now, models: models}, nil
+		})), now: time.Now, realClock: true, base: time.Now(), models: models}, nil
 }
 
 // Dispatch is a complete selection whose engines have been counted as in flight. Forward the
@@ -115,7 +117,7 @@ type Dispatch struct {
 	guards    [2]*loadmon.Guard
 	r         *Router
 	model     state.ModelID
-	start     time.Time
+	start     time.Duration // the Router's stamp when the selection ended
 	ended     atomic.Bool
 }
 
@@ -127,6 +129,24 @@ func (d *Dispatch) Release() {
 	}
 	for _, g := range d.guards {
 		g.Release()
+	}
+}
+
+// ReleaseStage releases, ahead of the end of the dispatch, the in-flight guard of one leg of a PD
+// dispatch: state.StagePrefill once the prefill leg has ended (its engine no longer works on the
+// request while the decode stream goes on), state.StageDecode once the decode leg has. The other
+// leg's guard is untouched; Done or Release later ends the dispatch and releases whatever is still
+// held (a guard is released once). For a plain dispatch, or another stage, it does nothing. A nil
+// *Dispatch's ReleaseStage does nothing. Safe for concurrent use (docs/design.md §6).
+func (d *Dispatch) ReleaseStage(stage state.Stage) {
+	if d == nil || !d.Selection.IsPD() {
+		return
+	}
+	switch stage {
+	case state.StagePrefill:
+		d.guards[0].Release()
+	case state.StageDecode:
+		d.guards[1].Release()
 	}
 }
 
@@ -145,7 +165,7 @@ func (d *Dispatch) Done(o Outcome) {
 	if r == nil || r.obs == nil {
 		return
 	}
-	ev := DoneEvent{Model: d.model, Bucket: d.Selection.Bucket.ID(), Outcome: o, Reason: FailureReason(o.Err), Duration: r.now().Sub(d.start)}
+	ev := DoneEvent{Model: d.model, Bucket: d.Selection.Bucket.ID(), Outcome: o, Reason: FailureReason(o.Err), Duration: r.stamp() - d.start}
 	lb := r.labels[d.Selection.Bucket]
 	if d.Selection.IsPD() {
 		ev.Engines[0] = DispatchedEngine{ID: d.Selection.Prefill.Engine.ID(), Stage: state.StagePrefill, Policy: lb[state.StagePrefill], Reason: d.Selection.Prefill.Reason}
@@ -171,10 +191,10 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 	if r.obs == nil {
 		return r.selectOnce(ctx, req)
 	}
-	start := r.now()
+	start := r.stamp()
 	d, err := r.selectOnce(ctx, req)
-	end := r.now()
-	ev := SelectEvent{Duration: end.Sub(start)}
+	end := r.stamp()
+	ev := SelectEvent{Duration: end - start}
 	if d != nil {
 		ev.Model, ev.Selection = d.model, &d.Selection
 		d.start = end
@@ -188,6 +208,17 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 	}
 	r.obs.ObserveSelect(ev)
 	return d, err
+}
+
+// stamp returns the time elapsed on the Router's clock since it was built. With the default clock
+// it reads the monotonic clock alone (time.Since of a monotonic base), which costs about half a
+// time.Now; an observed pick takes two stamps, and time.Now dominated the observer's cost on the
+// pick path (docs/performance.md, observer overhead).
+func (r *Router) stamp() time.Duration {
+	if r.realClock {
+		return time.Since(r.base)
+	}
+	return r.now().Sub(r.base)
 }
 
 func (r *Router) selectOnce(ctx context.Context, req *bucket.Request) (*Dispatch, error) {
@@ -217,12 +248,21 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request) (*Dispatch
 	}
 	d := &Dispatch{Selection: sel, r: r, model: req.Model}
 	if sel.IsPD() {
-		d.guards[0] = r.inflight.AcquirePrefill(sel.Prefill.Engine.ID(), prefillTokens(&sel.Prefill, req))
-		d.guards[1] = r.inflight.Acquire(sel.Decode.Engine.ID())
+		d.guards[0] = r.inflight.AcquireRank(sel.Prefill.Engine.ID(), rankOf(&sel.Prefill), prefillTokens(&sel.Prefill, req))
+		d.guards[1] = r.inflight.AcquireRank(sel.Decode.Engine.ID(), rankOf(&sel.Decode), 0)
 	} else {
-		d.guards[0] = r.inflight.AcquirePrefill(sel.Plain.Engine.ID(), prefillTokens(&sel.Plain, req))
+		d.guards[0] = r.inflight.AcquireRank(sel.Plain.Engine.ID(), rankOf(&sel.Plain), prefillTokens(&sel.Plain, req))
 	}
 	return d, nil
+}
+
+// rankOf is the DP rank a pick names, −1 when none (loadmon.InFlight.AcquireRank counts the engine
+// only).
+func rankOf(p *policy.Pick) int {
+	if p.HasDPRank {
+		return p.DPRank
+	}
+	return -1
 }
 
 // prefillTokens is the prefill work a dispatch brings: the policy's estimate, else the whole input.

@@ -49,15 +49,23 @@ func (a approxEntry) before(b approxEntry) bool {
 // empty), ErrCyclicChain (a key repeats), ErrKeyConflict (a key is in the index under a different
 // parent: keys is not one prompt's chain from this Hasher), ErrTooManyHolders.
 func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) error {
-	return x.assume(engine, keys, 0, ttl)
+	return x.assume(engine, 0, keys, 0, ttl)
 }
 
-// assume is Assume with a hint: when held > 0 and (engine, rank 0) holds the block of
+// AssumeRank is Assume for the engine's DP rank rank: the placement of a pick that named the rank
+// (policy.Pick.DPRank), so that a later match finds the prefix on that rank and a real Store by
+// (engine, rank) turns the entries real (docs/design.md §11). A negative rank returns an
+// *EventError wrapping ErrInvalidRank.
+func (x *Index) AssumeRank(engine state.EngineID, rank int, keys []uint64, ttl time.Duration) error {
+	return x.assume(engine, rank, keys, 0, ttl)
+}
+
+// assume is AssumeRank with a hint: when held > 0 and (engine, rank) holds the block of
 // keys[held-1] through a real entry, the blocks before it are real too (a real holding is
 // prefix-closed, index.go) and are neither refreshed nor walked: only keys[held:] are recorded,
 // chained under that block. Otherwise it is Assume over every key. LocalSource.Place passes the
 // depth its lookup found the engine to hold.
-func (x *Index) assume(engine state.EngineID, keys []uint64, held int, ttl time.Duration) error {
+func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int, ttl time.Duration) error {
 	if ttl < 0 {
 		return fmt.Errorf("kvindex: Assume: ttl %v, must be >= 0: %w", ttl, state.ErrInvalidConfiguration)
 	}
@@ -65,10 +73,13 @@ func (x *Index) assume(engine state.EngineID, keys []uint64, held int, ttl time.
 		ttl = x.ttl
 	}
 	fail := func(err error, hs ...uint64) error {
-		return &EventError{Op: "assume", Engine: engine, Hashes: hs, Err: err}
+		return &EventError{Op: "assume", Engine: engine, DPRank: rank, Hashes: hs, Err: err}
 	}
 	if engine == "" {
 		return fail(ErrInvalidEngine)
+	}
+	if rank < 0 {
+		return fail(ErrInvalidRank)
 	}
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
@@ -79,7 +90,7 @@ func (x *Index) assume(engine state.EngineID, keys []uint64, held int, ttl time.
 	}
 	parent := uint32(0)
 	if held > 0 && held <= len(keys) {
-		if pn, ok := x.realHeldBy(engine, keys[held-1]); ok {
+		if pn, ok := x.realHeldBy(engine, rank, keys[held-1]); ok {
 			parent, keys = pn, keys[held:] // a real parent never expires: expireUntil keeps it
 		} else {
 			held = 0
@@ -99,18 +110,18 @@ func (x *Index) assume(engine state.EngineID, keys []uint64, held int, ttl time.
 		return fail(ErrKeyConflict, keys[i])
 	}
 	for i, n := range x.nodeBuf {
-		if n != 0 && x.nodes[n].nHold() >= maxHold {
+		if n != 0 && x.node(n).nHold() >= maxHold {
 			return fail(ErrTooManyHolders, keys[i])
 		}
 	}
-	if _, ok := x.lookupHolder(engine, 0); !ok && !x.canAddHolder() {
+	if _, ok := x.lookupHolder(engine, rank); !ok && !x.canAddHolder() {
 		return fail(ErrTooManyHolders, keys[0])
 	}
 	expiry := now + int64(ttl)
 	if expiry < now { // overflow: never expires in practice
 		expiry = 1<<63 - 1
 	}
-	hid := x.holderFor(engine, 0)
+	hid := x.holderFor(engine, rank)
 	h := &x.holders[hid]
 	prev := parent
 	for i, n := range x.nodeBuf {
@@ -123,14 +134,14 @@ func (x *Index) assume(engine state.EngineID, keys []uint64, held int, ttl time.
 			x.insertHolding(n, hi, hid, uint8(TierDevice)|approxBit, uint64(expiry))
 			h.approx++
 			x.approxCount++
-			x.nodes[n].meta |= flagApprox
+			x.node(n).meta |= flagApprox
 			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(held + i)})
-		case x.holds[lo].e&approxEntryBit != 0:
-			if int64(x.holds[lo].aux) > expiry && !x.nodes[n].holey() {
+		case x.hold(lo).e&approxEntryBit != 0:
+			if int64(x.hold(lo).aux) > expiry && !x.node(n).holey() {
 				// A shorter TTL: a child of n the holder holds, other than the chain's next
 				// block (refreshed to the same expiry next), may now outlive n (hole case (3),
 				// index.go).
-				others := x.holds[lo].kids
+				others := x.hold(lo).kids
 				if i+1 < len(keys) && x.nodeBuf[i+1] != 0 {
 					if a, b := x.findHolder(x.nodeBuf[i+1], hid); a < b {
 						others--
@@ -140,7 +151,7 @@ func (x *Index) assume(engine state.EngineID, keys []uint64, held int, ttl time.
 					x.markHoley(n)
 				}
 			}
-			x.holds[lo].aux = uint64(expiry)
+			x.hold(lo).aux = uint64(expiry)
 			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(held + i)})
 		}
 		x.touch(n)
@@ -160,20 +171,20 @@ func (x *Index) assume(engine state.EngineID, keys []uint64, held int, ttl time.
 	return nil
 }
 
-// realHeldBy returns the node of key when (engine, rank 0) holds it through a real (event) entry.
+// realHeldBy returns the node of key when (engine, rank) holds it through a real (event) entry.
 // Callers hold x.mu.
-func (x *Index) realHeldBy(engine state.EngineID, key uint64) (uint32, bool) {
-	hid, ok := x.lookupHolder(engine, 0)
+func (x *Index) realHeldBy(engine state.EngineID, rank int, key uint64) (uint32, bool) {
+	hid, ok := x.lookupHolder(engine, rank)
 	if !ok {
 		return 0, false
 	}
-	n, ok := x.byKey.get(key, x.nodes)
+	n, ok := x.byKey.get(key, &x.nodes)
 	if !ok || n == 0 {
 		return 0, false
 	}
 	lo, hi := x.findHolder(n, hid)
 	for p := lo; p < hi; p++ {
-		if x.holds[p].e&approxEntryBit == 0 {
+		if x.hold(p).e&approxEntryBit == 0 {
 			return n, true
 		}
 	}
@@ -208,11 +219,11 @@ func (x *Index) expireUntil(now int64) int {
 
 // approxAt returns the slab position of the live approximate entry e describes, if any.
 func (x *Index) approxAt(e approxEntry) (int, bool) {
-	if int(e.node) >= len(x.nodes) || !x.nodes[e.node].has(flagLive) {
+	if int(e.node) >= x.nodes.len() || !x.node(e.node).has(flagLive) {
 		return 0, false
 	}
 	lo, hi := x.findHolder(e.node, e.holder)
-	if lo < hi && x.holds[lo].e&approxEntryBit != 0 && int64(x.holds[lo].aux) == e.expiry {
+	if lo < hi && x.hold(lo).e&approxEntryBit != 0 && int64(x.hold(lo).aux) == e.expiry {
 		return lo, true
 	}
 	return 0, false
@@ -220,7 +231,7 @@ func (x *Index) approxAt(e approxEntry) (int, bool) {
 
 // dropApprox removes the approximate entry at slab position p of node n.
 func (x *Index) dropApprox(n uint32, p int) {
-	h := &x.holders[entryHolder(x.holds[p].e)]
+	h := &x.holders[entryHolder(x.hold(p).e)]
 	h.approx--
 	x.approxCount--
 	x.deleteHolding(n, p)

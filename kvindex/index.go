@@ -89,9 +89,9 @@ type Index struct {
 	ttl       time.Duration
 	now       func() time.Time
 
-	nodes     []node    // nodes[0] is the root sentinel; 0 also means "no node"
-	refBits   []uint64  // CLOCK reference bit per node; Match sets bits atomically
-	byKey     nodeTable // block key → node
+	nodes     slab[node] // node 0 is the root sentinel; 0 also means "no node"
+	refBits   []uint64   // CLOCK reference bit per node; Match sets bits atomically
+	byKey     nodeTable  // block key → node
 	freeNodes []uint32
 	live      int // live nodes, root excluded
 	evicted   uint64
@@ -102,7 +102,7 @@ type Index struct {
 	lruTail uint32
 
 	// Holding entries, in runs of 1<<class slots per node, kept sorted by holder ID.
-	holds []holding
+	holds slab[holding]
 	hFree [25][]uint32 // free runs per class
 
 	// holey maps the key of every block where some holder's held prefix may have a hole, or may
@@ -232,10 +232,10 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 		maxApprox:  opts.MaxApproxBlocks,
 		ttl:        opts.ApproxTTL,
 		now:        opts.Now,
-		nodes:      make([]node, 1, 64),
 		refBits:    make([]uint64, 1),
 		engineByID: make(map[state.EngineID]uint32),
 	}
+	x.nodes.extend(1) // the root sentinel
 	if x.maxBlocks == 0 {
 		x.maxBlocks = DefaultMaxBlocks
 	}
@@ -351,7 +351,7 @@ func (x *Index) store(ev *StoreEvent) error {
 		if !ok {
 			return fail(ErrUnknownParent, ev.ParentHash)
 		}
-		parent, parentKey = p, x.nodes[p].key
+		parent, parentKey = p, x.node(p).key
 	}
 	x.keyBuf = x.hasher.appendFrom(x.keyBuf[:0], parentKey, ev.TokenIDs)
 	if i, ok := x.resolveChain(parent, x.keyBuf); !ok {
@@ -371,7 +371,7 @@ func (x *Index) store(ev *StoreEvent) error {
 			}
 			known = ok
 		}
-		if n != 0 && x.nodes[n].nHold() >= maxHold {
+		if n != 0 && x.node(n).nHold() >= maxHold {
 			return fail(ErrTooManyHolders, ev.BlockHashes[i])
 		}
 		x.known = append(x.known, known)
@@ -423,7 +423,7 @@ func (x *Index) warm(ns []uint32) {
 	var sink uint32
 	for _, n := range ns {
 		if n != 0 {
-			sink += x.holds[x.nodes[n].hold].e
+			sink += x.hold(int(x.node(n).hold)).e
 		}
 	}
 	x.warmSink += sink // keeps the loads from being optimised away
@@ -442,14 +442,14 @@ func (x *Index) resolveChain(parent uint32, keys []uint64) (int, bool) {
 	x.nodeBuf = x.nodeBuf[:0]
 	// Find every key's node first: the probes are independent, so their cache misses overlap.
 	for _, k := range keys {
-		n, _ := x.byKey.get(k, x.nodes)
+		n, _ := x.byKey.get(k, &x.nodes)
 		x.nodeBuf = append(x.nodeBuf, n)
 	}
 	x.seen.clearFor(len(keys))
 	prev := parent
 	for i, n := range x.nodeBuf {
 		if n != 0 {
-			if (i > 0 && prev == 0) || x.nodes[n].parent != prev {
+			if (i > 0 && prev == 0) || x.node(n).parent != prev {
 				return i, false
 			}
 		} else if !x.seen.add(keys[i]) {
@@ -489,17 +489,17 @@ func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) in
 	lo, hi := x.findHolder(n, hid)
 	if known {
 		for p := lo; p < hi; p++ {
-			if x.holds[p].e&approxEntryBit == 0 && x.holds[p].aux == hash {
-				x.addTiers(h, uint8(x.holds[p].e), t)
-				x.holds[p].e |= uint32(t)
+			if x.hold(p).e&approxEntryBit == 0 && x.hold(p).aux == hash {
+				x.addTiers(h, uint8(x.hold(p).e), t)
+				x.hold(p).e |= uint32(t)
 				return lo
 			}
 		}
 	}
-	if lo < hi && x.holds[lo].e&approxEntryBit != 0 {
+	if lo < hi && x.hold(lo).e&approxEntryBit != 0 {
 		// A real event supersedes the router's own placement (docs/design.md §11): the entry
 		// becomes real and no longer expires. Its heap entry goes stale.
-		x.holds[lo].e, x.holds[lo].aux = mkEntry(hid, t), hash
+		x.hold(lo).e, x.hold(lo).aux = mkEntry(hid, t), hash
 		h.approx--
 		x.approxCount--
 		x.addTiers(h, 0, t)
@@ -507,10 +507,10 @@ func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) in
 		x.checkParentReal(n, hid)
 		return lo
 	}
-	old := x.nodes[n].hold
+	old := x.node(n).hold
 	x.insertHolding(n, hi, hid, t, hash)
 	x.addTiers(h, 0, t)
-	return lo + int(x.nodes[n].hold) - int(old) // the run may have moved
+	return lo + int(x.node(n).hold) - int(old) // the run may have moved
 }
 
 // addTiers counts the bits of add that old lacks.
@@ -589,13 +589,13 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 		n := x.nodeBuf[i]
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
-			if x.holds[p].e&approxEntryBit != 0 || x.holds[p].aux != hash {
+			if x.hold(p).e&approxEntryBit != 0 || x.hold(p).aux != hash {
 				continue
 			}
-			drop := uint8(x.holds[p].e) & uint8(tiers)
+			drop := uint8(x.hold(p).e) & uint8(tiers)
 			x.subTiers(h, drop)
-			x.holds[p].e &^= uint32(drop)
-			if uint8(x.holds[p].e) == 0 {
+			x.hold(p).e &^= uint32(drop)
+			if uint8(x.hold(p).e) == 0 {
 				x.deleteHolding(n, p)
 				h.bindings.del(hash)
 				x.prune(n)
@@ -669,7 +669,7 @@ func (x *Index) clearHolder(hid uint32) {
 	h.bindings.each(func(hash uint64, n uint32) {
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
-			if x.holds[p].e&approxEntryBit == 0 && x.holds[p].aux == hash {
+			if x.hold(p).e&approxEntryBit == 0 && x.hold(p).aux == hash {
 				x.deleteHolding(n, p)
 				x.prune(n)
 				break
@@ -756,16 +756,15 @@ func (x *Index) newNode(key uint64, parent uint32) uint32 {
 		n = x.freeNodes[k-1]
 		x.freeNodes = x.freeNodes[:k-1]
 	} else {
-		n = uint32(len(x.nodes))
-		x.nodes = append(x.nodes, node{})
+		n = uint32(x.nodes.extend(1))
 		if int(n>>6) >= len(x.refBits) {
 			x.refBits = append(x.refBits, 0)
 		}
 	}
 	if parent != 0 {
-		x.nodes[parent].children++
+		x.node(parent).children++
 	}
-	x.nodes[n] = node{key: key, parent: parent, meta: flagLive}
+	*x.node(n) = node{key: key, parent: parent, meta: flagLive}
 	x.clearRef(n)
 	x.byKey.insert(key, n)
 	x.live++
@@ -774,13 +773,13 @@ func (x *Index) newNode(key uint64, parent uint32) uint32 {
 
 // freeNode removes an empty, childless node from the tree.
 func (x *Index) freeNode(n uint32) {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	if x.inLRU(n) {
 		x.lruUnlink(n)
 	}
 	x.byKey.remove(nd.key, n)
 	if p := nd.parent; p != 0 {
-		pn := &x.nodes[p]
+		pn := x.node(p)
 		pn.children--
 		if pn.children == 0 && pn.holey() {
 			x.unmarkHoley(p)
@@ -795,7 +794,7 @@ func (x *Index) freeNode(n uint32) {
 // sure the surviving ancestor is an eviction candidate if it became a leaf.
 func (x *Index) prune(n uint32) {
 	for n != 0 {
-		nd := &x.nodes[n]
+		nd := x.node(n)
 		if nd.nHold() > 0 || nd.children > 0 {
 			if nd.children == 0 && !x.inLRU(n) {
 				x.lruPushHead(n)
@@ -848,7 +847,7 @@ func (x *Index) evict() {
 		if n == 0 {
 			return
 		}
-		nd := &x.nodes[n]
+		nd := x.node(n)
 		switch {
 		case nd.children > 0:
 			x.lruUnlink(n)
@@ -864,17 +863,17 @@ func (x *Index) evict() {
 
 // evictNode drops every entry of leaf n, for every holder, and prunes upwards.
 func (x *Index) evictNode(n uint32) {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	last := ^uint32(0)
 	for p := int(nd.hold) + nd.nHold() - 1; p >= int(nd.hold); p-- {
-		hid := entryHolder(x.holds[p].e)
+		hid := entryHolder(x.hold(p).e)
 		h := &x.holders[hid]
-		if x.holds[p].e&approxEntryBit != 0 {
+		if x.hold(p).e&approxEntryBit != 0 {
 			h.approx--
 			x.approxCount--
 		} else {
-			x.subTiers(h, uint8(x.holds[p].e))
-			h.bindings.del(x.holds[p].aux)
+			x.subTiers(h, uint8(x.hold(p).e))
+			h.bindings.del(x.hold(p).aux)
 		}
 		if hid != last {
 			x.unlinkChild(n, hid) // a leaf: no hole can result
@@ -890,17 +889,17 @@ func (x *Index) evictNode(n uint32) {
 // ---- the LRU list ----
 
 // inLRU reports whether n is in the LRU list: the head, or any node with a predecessor.
-func (x *Index) inLRU(n uint32) bool { return x.lruHead == n || x.nodes[n].prev != 0 }
+func (x *Index) inLRU(n uint32) bool { return x.lruHead == n || x.node(n).prev != 0 }
 
 func (x *Index) lruUnlink(n uint32) {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	if nd.prev != 0 {
-		x.nodes[nd.prev].next = nd.next
+		x.node(nd.prev).next = nd.next
 	} else {
 		x.lruHead = nd.next
 	}
 	if nd.next != 0 {
-		x.nodes[nd.next].prev = nd.prev
+		x.node(nd.next).prev = nd.prev
 	} else {
 		x.lruTail = nd.prev
 	}
@@ -908,10 +907,10 @@ func (x *Index) lruUnlink(n uint32) {
 }
 
 func (x *Index) lruPushTail(n uint32) {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	nd.prev, nd.next = x.lruTail, 0
 	if x.lruTail != 0 {
-		x.nodes[x.lruTail].next = n
+		x.node(x.lruTail).next = n
 	} else {
 		x.lruHead = n
 	}
@@ -921,10 +920,10 @@ func (x *Index) lruPushTail(n uint32) {
 // lruPushHead links n as the next eviction candidate: a node that just became a leaf again was
 // pushed out of the list at its head, so it is among the oldest.
 func (x *Index) lruPushHead(n uint32) {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	nd.prev, nd.next = 0, x.lruHead
 	if x.lruHead != 0 {
-		x.nodes[x.lruHead].prev = n
+		x.node(x.lruHead).prev = n
 	} else {
 		x.lruTail = n
 	}
@@ -932,18 +931,22 @@ func (x *Index) lruPushHead(n uint32) {
 }
 
 // grow returns s extended by n zero elements, growing its capacity as append does.
-func grow[T any](s []T, n int) []T { return slices.Grow(s, n)[:len(s)+n] }
+// node returns node n's address, stable while the index lives.
+func (x *Index) node(n uint32) *node { return x.nodes.at(int(n)) }
+
+// hold returns the holding entry at slab position p.
+func (x *Index) hold(p int) *holding { return x.holds.at(p) }
 
 // ---- holding runs ----
 
 // findHolder returns the slab range of holder hid's entries at node n.
 func (x *Index) findHolder(n, hid uint32) (int, int) {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
 	// Binary search for the first entry >= hid.
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if entryHolder(x.holds[mid].e) < hid {
+		if entryHolder(x.hold(mid).e) < hid {
 			lo = mid + 1
 		} else {
 			hi = mid
@@ -951,7 +954,7 @@ func (x *Index) findHolder(n, hid uint32) (int, int) {
 	}
 	end := lo
 	last := int(nd.hold) + nd.nHold()
-	for end < last && entryHolder(x.holds[end].e) == hid {
+	for end < last && entryHolder(x.hold(end).e) == hid {
 		end++
 	}
 	return lo, end
@@ -960,9 +963,9 @@ func (x *Index) findHolder(n, hid uint32) (int, int) {
 // insertHolding inserts holder hid's entry at slab position pos of node n's run, growing the run
 // if full. pos is the end of hid's entries there; when it has none, the holder now holds n.
 func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64) {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	k := nd.nHold()
-	first := pos == int(nd.hold) || entryHolder(x.holds[pos-1].e) != hid
+	first := pos == int(nd.hold) || entryHolder(x.hold(pos-1).e) != hid
 	if k == 0 {
 		nd.hold = x.allocRun(0)
 		nd.meta &^= classMask
@@ -970,7 +973,7 @@ func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64
 	} else if k == 1<<nd.class() {
 		c := nd.class() + 1
 		off := x.allocRun(c)
-		nd = &x.nodes[n]
+		nd = x.node(n)
 		rel := pos - int(nd.hold)
 		x.moveRun(nd.hold, off, k)
 		x.freeRun(nd.hold, nd.class())
@@ -978,9 +981,9 @@ func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64
 		nd.meta = nd.meta&^classMask | c<<classShift
 		pos = int(off) + rel
 	}
-	end := int(nd.hold) + k
-	copy(x.holds[pos+1:end+1], x.holds[pos:end])
-	x.holds[pos] = holding{e: mkEntry(hid, t), aux: aux}
+	r, o := x.holds.span(int(nd.hold), 1<<nd.class()), pos-int(nd.hold)
+	copy(r[o+1:k+1], r[o:k])
+	*x.hold(pos) = holding{e: mkEntry(hid, t), aux: aux}
 	nd.meta++
 	if first {
 		x.linkChild(n, hid, t, aux)
@@ -990,13 +993,13 @@ func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64
 // deleteHolding removes the entry at slab position pos of node n's run, shrinking the run when it
 // is a quarter full. When it was the holder's last entry there, the holder no longer holds n.
 func (x *Index) deleteHolding(n uint32, pos int) {
-	nd := &x.nodes[n]
-	hid := entryHolder(x.holds[pos].e)
+	nd := x.node(n)
+	hid := entryHolder(x.hold(pos).e)
 	k := nd.nHold()
 	end := int(nd.hold) + k
-	groupStart := pos == int(nd.hold) || entryHolder(x.holds[pos-1].e) != hid
-	groupEnds := pos+1 == end || entryHolder(x.holds[pos+1].e) != hid
-	kids := x.holds[pos].kids
+	groupStart := pos == int(nd.hold) || entryHolder(x.hold(pos-1).e) != hid
+	groupEnds := pos+1 == end || entryHolder(x.hold(pos+1).e) != hid
+	kids := x.hold(pos).kids
 	if groupStart && groupEnds && kids > 0 && !nd.holey() && !x.clearing {
 		// The holder keeps blocks below one it no longer holds.
 		if x.deferHoles {
@@ -1005,9 +1008,10 @@ func (x *Index) deleteHolding(n uint32, pos int) {
 			x.markHoley(n)
 		}
 	}
-	copy(x.holds[pos:end-1], x.holds[pos+1:end])
+	r, o := x.holds.span(int(nd.hold), k), pos-int(nd.hold)
+	copy(r[o:k-1], r[o+1:k])
 	if groupStart && !groupEnds {
-		x.holds[pos].kids = kids // the holder's next entry there carries its child count now
+		x.hold(pos).kids = kids // the holder's next entry there carries its child count now
 	}
 	nd.meta--
 	k--
@@ -1018,7 +1022,7 @@ func (x *Index) deleteHolding(n uint32, pos int) {
 		nd.meta &^= classMask
 	case c >= 2 && k <= 1<<(c-2):
 		off := x.allocRun(c - 1)
-		nd = &x.nodes[n]
+		nd = x.node(n)
 		x.moveRun(nd.hold, off, k)
 		x.freeRun(nd.hold, c)
 		nd.hold = off
@@ -1035,23 +1039,24 @@ func (x *Index) allocRun(c uint32) uint32 {
 		x.hFree[c] = x.hFree[c][:k-1]
 		return off
 	}
-	off := uint32(len(x.holds))
-	x.holds = grow(x.holds, 1<<c)
-	return off
+	// A fresh run starts at a multiple of its size (or of a page), so it lies in one page of the
+	// slab; the entries skipped to get there become free runs of smaller classes.
+	x.holds.alignFor(1<<c, func(off int, class uint32) { x.freeRun(uint32(off), class) })
+	return uint32(x.holds.extend(1 << c))
 }
 
 func (x *Index) freeRun(off, c uint32) { x.hFree[c] = append(x.hFree[c], off) }
 
 func (x *Index) moveRun(from, to uint32, k int) {
-	copy(x.holds[to:int(to)+k], x.holds[from:int(from)+k])
+	copy(x.holds.span(int(to), k), x.holds.span(int(from), k))
 }
 
 // refreshApproxFlag recomputes whether node n carries an approximate entry.
 func (x *Index) refreshApproxFlag(n uint32) {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	nd.meta &^= flagApprox
 	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
-		if x.holds[p].e&approxEntryBit != 0 {
+		if x.hold(p).e&approxEntryBit != 0 {
 			nd.meta |= flagApprox
 			return
 		}
@@ -1083,12 +1088,12 @@ func (x *Index) refreshApproxFlag(n uint32) {
 
 // linkChild records that holder hid now holds c (its first entry there, tier byte t and aux).
 func (x *Index) linkChild(c, hid uint32, t uint8, aux uint64) {
-	p := x.nodes[c].parent
-	if p == 0 || x.nodes[p].holey() {
+	p := x.node(c).parent
+	if p == 0 || x.node(p).holey() {
 		return
 	}
 	var lo, hi int
-	if x.hintNode == p && entryHolder(x.holds[x.hintPos].e) == hid {
+	if x.hintNode == p && entryHolder(x.hold(x.hintPos).e) == hid {
 		lo, hi = x.hintPos, x.hintPos+1 // Store just placed the parent's entry
 	} else {
 		lo, hi = x.findHolder(p, hid)
@@ -1097,21 +1102,21 @@ func (x *Index) linkChild(c, hid uint32, t uint8, aux uint64) {
 		x.markHoley(p) // (1)
 		return
 	}
-	x.holds[lo].kids++
-	if x.holds[lo].e&approxEntryBit != 0 && (t&approxBit == 0 || aux > x.holds[lo].aux) {
+	x.hold(lo).kids++
+	if x.hold(lo).e&approxEntryBit != 0 && (t&approxBit == 0 || aux > x.hold(lo).aux) {
 		x.markHoley(p) // (2) or (3)
 	}
 }
 
 // unlinkChild records that holder hid no longer holds c.
 func (x *Index) unlinkChild(c, hid uint32) {
-	p := x.nodes[c].parent
-	if p == 0 || x.nodes[p].holey() {
+	p := x.node(c).parent
+	if p == 0 || x.node(p).holey() {
 		return
 	}
 	if lo, hi := x.findHolder(p, hid); lo < hi {
-		if x.holds[lo].kids > 0 {
-			x.holds[lo].kids--
+		if x.hold(lo).kids > 0 {
+			x.hold(lo).kids--
 		}
 		return
 	}
@@ -1126,7 +1131,7 @@ func (x *Index) unlinkChild(c, hid uint32) {
 // settleHoles marks the blocks a Remove left holders holding children of.
 func (x *Index) settleHoles() {
 	for _, ph := range x.pending {
-		if ph.kids > 0 && x.nodes[ph.n].has(flagLive) {
+		if ph.kids > 0 && x.node(ph.n).has(flagLive) {
 			x.markHoley(ph.n)
 		}
 	}
@@ -1136,17 +1141,17 @@ func (x *Index) settleHoles() {
 
 // checkParentReal records case (2) when holder hid's entry at n just became real.
 func (x *Index) checkParentReal(n, hid uint32) {
-	p := x.nodes[n].parent
-	if p == 0 || x.nodes[p].holey() {
+	p := x.node(n).parent
+	if p == 0 || x.node(p).holey() {
 		return
 	}
-	if lo, hi := x.findHolder(p, hid); lo < hi && x.holds[lo].e&approxEntryBit != 0 {
+	if lo, hi := x.findHolder(p, hid); lo < hi && x.hold(lo).e&approxEntryBit != 0 {
 		x.markHoley(p)
 	}
 }
 
 func (x *Index) markHoley(n uint32) {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	if nd.holey() {
 		return
 	}
@@ -1156,10 +1161,10 @@ func (x *Index) markHoley(n uint32) {
 
 // unmarkHoley takes childless node n out of the holey set; its holders hold no children.
 func (x *Index) unmarkHoley(n uint32) {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	nd.meta &^= flagHoley
 	x.holey.del(nd.key)
 	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
-		x.holds[p].kids = 0
+		x.hold(p).kids = 0
 	}
 }

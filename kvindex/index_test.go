@@ -92,25 +92,25 @@ func dump(x *Index) string {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	var lines []string
-	for n := uint32(1); int(n) < len(x.nodes); n++ {
-		nd := &x.nodes[n]
+	for n := uint32(1); int(n) < x.nodes.len(); n++ {
+		nd := x.node(n)
 		if !nd.has(flagLive) {
 			continue
 		}
 		var es []string
 		for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
-			h := x.holders[entryHolder(x.holds[p].e)]
-			es = append(es, fmt.Sprintf("%s/%d:%#x:%#x", x.engines[h.engine].id, h.rank, uint8(x.holds[p].e), x.holds[p].aux))
+			h := x.holders[entryHolder(x.hold(p).e)]
+			es = append(es, fmt.Sprintf("%s/%d:%#x:%#x", x.engines[h.engine].id, h.rank, uint8(x.hold(p).e), x.hold(p).aux))
 		}
 		sort.Strings(es)
-		lines = append(lines, fmt.Sprintf("%#x<-%#x %v", nd.key, x.nodes[nd.parent].key, es))
+		lines = append(lines, fmt.Sprintf("%#x<-%#x %v", nd.key, x.node(nd.parent).key, es))
 	}
 	for _, h := range x.holders {
 		if !h.live {
 			continue
 		}
 		var bs []string
-		h.bindings.each(func(k uint64, n uint32) { bs = append(bs, fmt.Sprintf("%#x>%#x", k, x.nodes[n].key)) })
+		h.bindings.each(func(k uint64, n uint32) { bs = append(bs, fmt.Sprintf("%#x>%#x", k, x.node(n).key)) })
 		sort.Strings(bs)
 		lines = append(lines, fmt.Sprintf("holder %s/%d %v %v approx=%d", x.engines[h.engine].id, h.rank, bs, h.tiers, h.approx))
 	}
@@ -474,9 +474,9 @@ func TestKeyConflictIsRefused(t *testing.T) {
 	require.NoError(t, f.x.Assume("c", other[:1], 0))
 	next := f.h.appendFrom(nil, keys[1], prompt(1, 3)[8:])
 	f.x.mu.Lock()
-	n, _ := f.x.byKey.get(other[0], f.x.nodes)
+	n, _ := f.x.byKey.get(other[0], &f.x.nodes)
 	f.x.byKey.remove(other[0], n)
-	f.x.nodes[n].key = next[0]
+	f.x.node(n).key = next[0]
 	f.x.byKey.insert(next[0], n)
 	f.x.mu.Unlock()
 	before := dump(f.x)
@@ -601,8 +601,8 @@ func bruteMatch(x *Index, keys []uint64, now int64) []EngineMatch {
 		depth := 0
 		prev := uint32(0)
 		for _, k := range keys {
-			n, ok := x.byKey.get(k, x.nodes)
-			if !ok || x.nodes[n].parent != prev {
+			n, ok := x.byKey.get(k, &x.nodes)
+			if !ok || x.node(n).parent != prev {
 				break
 			}
 			lo, hi := x.findHolder(n, uint32(hid))

@@ -13,17 +13,17 @@ func checkInvariants(x *Index) error {
 
 	live := 0
 	children := make(map[uint32]uint32)
-	for n := uint32(1); int(n) < len(x.nodes); n++ {
-		nd := &x.nodes[n]
+	for n := uint32(1); int(n) < x.nodes.len(); n++ {
+		nd := x.node(n)
 		if !nd.has(flagLive) {
 			continue
 		}
 		live++
-		if got, ok := x.byKey.get(nd.key, x.nodes); !ok || got != n {
+		if got, ok := x.byKey.get(nd.key, &x.nodes); !ok || got != n {
 			return fmt.Errorf("node %d key %#x maps to %d, %v", n, nd.key, got, ok)
 		}
 		if nd.parent != 0 {
-			if !x.nodes[nd.parent].has(flagLive) {
+			if !x.node(nd.parent).has(flagLive) {
 				return fmt.Errorf("node %d has dead parent %d", n, nd.parent)
 			}
 			children[nd.parent]++
@@ -32,28 +32,28 @@ func checkInvariants(x *Index) error {
 			return fmt.Errorf("node %d holds %d entries in a class-%d run", n, k, nd.class())
 		}
 		lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
-		if !slices.IsSortedFunc(x.holds[lo:hi], func(a, b holding) int { return int(entryHolder(a.e)) - int(entryHolder(b.e)) }) {
-			return fmt.Errorf("node %d holders not sorted: %v", n, x.holds[lo:hi])
+		if !slices.IsSortedFunc(x.holds.span(lo, hi-lo), func(a, b holding) int { return int(entryHolder(a.e)) - int(entryHolder(b.e)) }) {
+			return fmt.Errorf("node %d holders not sorted: %v", n, x.holds.span(lo, hi-lo))
 		}
 		hasApprox := false
 		for p := lo; p < hi; p++ {
-			hid := entryHolder(x.holds[p].e)
+			hid := entryHolder(x.hold(p).e)
 			h := &x.holders[hid]
 			if !h.live {
 				return fmt.Errorf("node %d entry %d names dead holder %d", n, p, hid)
 			}
-			if x.holds[p].e&approxEntryBit != 0 {
+			if x.hold(p).e&approxEntryBit != 0 {
 				hasApprox = true
-				if p+1 < hi && entryHolder(x.holds[p+1].e) == hid || p > lo && entryHolder(x.holds[p-1].e) == hid {
+				if p+1 < hi && entryHolder(x.hold(p+1).e) == hid || p > lo && entryHolder(x.hold(p-1).e) == hid {
 					return fmt.Errorf("node %d: approximate entry of holder %d is not alone", n, hid)
 				}
 				continue
 			}
-			if t := uint8(x.holds[p].e); t == 0 || Tier(t)&^AllTiers != 0 {
+			if t := uint8(x.hold(p).e); t == 0 || Tier(t)&^AllTiers != 0 {
 				return fmt.Errorf("node %d entry %d has tiers %#x", n, p, t)
 			}
-			if m, ok := h.bindings.get(x.holds[p].aux); !ok || m != n {
-				return fmt.Errorf("node %d entry hash %#x: binding %d, %v", n, x.holds[p].aux, m, ok)
+			if m, ok := h.bindings.get(x.hold(p).aux); !ok || m != n {
+				return fmt.Errorf("node %d entry hash %#x: binding %d, %v", n, x.hold(p).aux, m, ok)
 			}
 		}
 		if hasApprox != nd.has(flagApprox) {
@@ -69,8 +69,8 @@ func checkInvariants(x *Index) error {
 	if err := checkQueue(x); err != nil {
 		return err
 	}
-	for n := uint32(1); int(n) < len(x.nodes); n++ {
-		nd := &x.nodes[n]
+	for n := uint32(1); int(n) < x.nodes.len(); n++ {
+		nd := x.node(n)
 		if !nd.has(flagLive) {
 			continue
 		}
@@ -105,9 +105,9 @@ func checkInvariants(x *Index) error {
 			}
 			lo, hi := x.findHolder(n, uint32(hid))
 			for p := lo; p < hi; p++ {
-				if x.holds[p].e&approxEntryBit == 0 && x.holds[p].aux == hash {
+				if x.hold(p).e&approxEntryBit == 0 && x.hold(p).aux == hash {
 					for i := range tiers {
-						if x.holds[p].e&(1<<i) != 0 {
+						if x.hold(p).e&(1<<i) != 0 {
 							tiers[i]++
 						}
 					}
@@ -125,13 +125,13 @@ func checkInvariants(x *Index) error {
 		approx += h.approx
 	}
 	recount := 0
-	for n := uint32(1); int(n) < len(x.nodes); n++ {
-		nd := &x.nodes[n]
+	for n := uint32(1); int(n) < x.nodes.len(); n++ {
+		nd := x.node(n)
 		for p := int(nd.hold); nd.has(flagLive) && p < int(nd.hold)+nd.nHold(); p++ {
-			if x.holds[p].e&approxEntryBit != 0 {
+			if x.hold(p).e&approxEntryBit != 0 {
 				recount++
-				if !heapHas(x, approxEntry{expiry: int64(x.holds[p].aux), node: n, holder: entryHolder(x.holds[p].e)}) {
-					return fmt.Errorf("approximate entry node %d holder %d has no heap entry", n, entryHolder(x.holds[p].e))
+				if !heapHas(x, approxEntry{expiry: int64(x.hold(p).aux), node: n, holder: entryHolder(x.hold(p).e)}) {
+					return fmt.Errorf("approximate entry node %d holder %d has no heap entry", n, entryHolder(x.hold(p).e))
 				}
 			}
 		}
@@ -155,12 +155,12 @@ func checkInvariants(x *Index) error {
 func checkQueue(x *Index) error {
 	inLRU := map[uint32]bool{}
 	prev := uint32(0)
-	for n := x.lruHead; n != 0; n = x.nodes[n].next {
+	for n := x.lruHead; n != 0; n = x.node(n).next {
 		if inLRU[n] {
 			return fmt.Errorf("LRU cycle at %d", n)
 		}
 		inLRU[n] = true
-		if x.nodes[n].prev != prev || !x.nodes[n].has(flagLive) {
+		if x.node(n).prev != prev || !x.node(n).has(flagLive) {
 			return fmt.Errorf("LRU link broken at %d", n)
 		}
 		prev = n
@@ -168,11 +168,11 @@ func checkQueue(x *Index) error {
 	if prev != x.lruTail {
 		return fmt.Errorf("LRU tail %d, walk ends at %d", x.lruTail, prev)
 	}
-	for n := uint32(1); int(n) < len(x.nodes); n++ {
+	for n := uint32(1); int(n) < x.nodes.len(); n++ {
 		if x.inLRU(n) != inLRU[n] {
 			return fmt.Errorf("node %d: inLRU disagrees with the list", n)
 		}
-		if nd := &x.nodes[n]; !inLRU[n] && (nd.prev != 0 || nd.next != 0) {
+		if nd := x.node(n); !inLRU[n] && (nd.prev != 0 || nd.next != 0) {
 			return fmt.Errorf("node %d is not in the LRU list but has links %d, %d", n, nd.prev, nd.next)
 		}
 	}
@@ -186,8 +186,8 @@ func checkQueue(x *Index) error {
 func checkHoles(x *Index) error {
 	flagged := 0
 	kids := map[[2]uint32]uint32{} // (parent, holder) → held children
-	for n := uint32(1); int(n) < len(x.nodes); n++ {
-		nd := &x.nodes[n]
+	for n := uint32(1); int(n) < x.nodes.len(); n++ {
+		nd := x.node(n)
 		if !nd.has(flagLive) {
 			continue
 		}
@@ -206,7 +206,7 @@ func checkHoles(x *Index) error {
 		}
 		for _, hid := range holdersAt(x, n) {
 			kids[[2]uint32{p, hid}]++
-			if x.nodes[p].holey() {
+			if x.node(p).holey() {
 				continue
 			}
 			plo, phi := x.findHolder(p, hid)
@@ -214,10 +214,10 @@ func checkHoles(x *Index) error {
 			switch {
 			case plo == phi:
 				return fmt.Errorf("holder %d holds node %d but not its parent %d, which is not holey", hid, n, p)
-			case x.holds[plo].e&approxEntryBit == 0:
-			case x.holds[clo].e&approxEntryBit == 0:
+			case x.hold(plo).e&approxEntryBit == 0:
+			case x.hold(clo).e&approxEntryBit == 0:
 				return fmt.Errorf("holder %d holds node %d really under its approximate parent %d, which is not holey", hid, n, p)
-			case x.holds[clo].aux > x.holds[plo].aux:
+			case x.hold(clo).aux > x.hold(plo).aux:
 				return fmt.Errorf("holder %d's node %d expires after its parent %d, which is not holey", hid, n, p)
 			}
 		}
@@ -225,15 +225,15 @@ func checkHoles(x *Index) error {
 	if flagged != x.holey.len() {
 		return fmt.Errorf("%d holey nodes, holey set has %d", flagged, x.holey.len())
 	}
-	for n := uint32(1); int(n) < len(x.nodes); n++ {
-		nd := &x.nodes[n]
+	for n := uint32(1); int(n) < x.nodes.len(); n++ {
+		nd := x.node(n)
 		if !nd.has(flagLive) || nd.holey() {
 			continue
 		}
 		for _, hid := range holdersAt(x, n) {
 			lo, _ := x.findHolder(n, hid)
-			if want := kids[[2]uint32{n, hid}]; x.holds[lo].kids != want {
-				return fmt.Errorf("node %d holder %d child count %d, recount %d", n, hid, x.holds[lo].kids, want)
+			if want := kids[[2]uint32{n, hid}]; x.hold(lo).kids != want {
+				return fmt.Errorf("node %d holder %d child count %d, recount %d", n, hid, x.hold(lo).kids, want)
 			}
 		}
 	}
@@ -242,10 +242,10 @@ func checkHoles(x *Index) error {
 
 // holdersAt returns the distinct holders with an entry at n.
 func holdersAt(x *Index, n uint32) []uint32 {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	var out []uint32
 	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
-		if h := entryHolder(x.holds[p].e); len(out) == 0 || out[len(out)-1] != h {
+		if h := entryHolder(x.hold(p).e); len(out) == 0 || out[len(out)-1] != h {
 			out = append(out, h)
 		}
 	}

@@ -27,11 +27,16 @@ type Matches struct {
 	// engine absent from the list holds not even the first block (a confirmed miss for it). It is
 	// overwritten by the next MatchInto into the same Matches.
 	Engines []EngineMatch
+	// DPRanks has one entry per Engines entry: the engine's DP rank holding its Blocks blocks (the
+	// lowest such rank when several do). A cache-aware pick names it (docs/design.md §6, §11).
+	// Overwritten as Engines is.
+	DPRanks []int
 	// QueryBlocks is the number of keys matched against (the query's full blocks).
 	QueryBlocks int
 
 	pos   []int32  // engine slot → 1 + position in best, 0 when absent
 	best  []uint32 // per engine found: its deepest count
+	brank []int32  // per engine found: the lowest rank holding best
 	slots []uint32 // per engine found: its slot
 	order []uint64 // sort keys: (MaxUint32 − blocks) << 32 | engine order
 
@@ -173,8 +178,10 @@ func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 // takes the read lock, which the caller releases after finishMatch.
 func (x *Index) beginMatch(blocks int, m *Matches) bool {
 	m.Engines = m.Engines[:0]
+	m.DPRanks = m.DPRanks[:0]
 	m.slots = m.slots[:0]
 	m.best = m.best[:0]
+	m.brank = m.brank[:0]
 	m.gs = m.gs[:0]
 	m.sets = m.sets[:0]
 	m.QueryBlocks = blocks
@@ -201,21 +208,21 @@ func (x *Index) nowFor() int64 {
 // lookupDepth returns the node of key k, which the caller found at query depth d (unused: a
 // key names its depth), and whether it is holey.
 func (x *Index) lookupDepth(k uint64, _ int) (uint32, bool) {
-	n, ok := x.byKey.get(k, x.nodes)
+	n, ok := x.byKey.get(k, &x.nodes)
 	if !ok {
 		return 0, false
 	}
-	return n, x.nodes[n].holey()
+	return n, x.node(n).holey()
 }
 
 // liveHolders appends the distinct holders live at node n to dst.
 func (x *Index) liveHolders(n uint32, now int64, dst []uint32) []uint32 {
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
 	for p := lo; p < hi; {
-		h := entryHolder(x.holds[p].e)
+		h := entryHolder(x.hold(p).e)
 		live := x.holdsLive(p, hi, h, now)
-		for p < hi && entryHolder(x.holds[p].e) == h {
+		for p < hi && entryHolder(x.hold(p).e) == h {
 			p++
 		}
 		if live {
@@ -339,7 +346,7 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 		sink := uint32(0)
 		for i := range m.probes {
 			if n := m.probes[i].node; n != 0 {
-				sink += x.holds[x.nodes[n].hold].e
+				sink += x.hold(int(x.node(n).hold)).e
 			}
 		}
 		m.sink += sink
@@ -447,7 +454,7 @@ func (x *Index) search1(keys []uint64, now int64, m *Matches) {
 		sink := uint32(0)
 		for i := range probes {
 			if n := probes[i].node; n != 0 {
-				sink += x.holds[x.nodes[n].hold].e
+				sink += x.hold(int(x.node(n).hold)).e
 			}
 		}
 		m.sink += sink
@@ -492,7 +499,7 @@ func (x *Index) liveWord(n uint32, set uint64, now int64, m *Matches) uint64 {
 	if n == 0 {
 		return 0
 	}
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
 	if nd.has(flagApprox) || hi-lo > 4*bits.OnesCount64(set) {
 		var in, out [1]uint64
@@ -501,7 +508,7 @@ func (x *Index) liveWord(n uint32, set uint64, now int64, m *Matches) uint64 {
 	}
 	acc := uint64(0)
 	bit := m.bit
-	for _, e := range x.holds[lo:hi] {
+	for _, e := range x.holds.span(lo, hi-lo) {
 		if b := uint32(bit[e.e>>8]) - 1; b < 64 {
 			acc |= 1 << b
 		}
@@ -518,7 +525,7 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 	if n == 0 {
 		return dst
 	}
-	nd := &x.nodes[n]
+	nd := x.node(n)
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
 	members := 0
 	for _, word := range set {
@@ -534,7 +541,7 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 				a, z := lo, hi
 				for a < z {
 					mid := int(uint(a+z) >> 1)
-					if entryHolder(x.holds[mid].e) < h {
+					if entryHolder(x.hold(mid).e) < h {
 						a = mid + 1
 					} else {
 						z = mid
@@ -552,7 +559,7 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 	if !approx && len(dst) == 1 {
 		// Up to 64 holders and no approximate entry: every entry is live.
 		acc := uint64(0)
-		for _, e := range x.holds[lo:hi] {
+		for _, e := range x.holds.span(lo, hi-lo) {
 			if b := uint32(bit[e.e>>8]) - 1; b < 64 {
 				acc |= 1 << b
 			}
@@ -561,12 +568,12 @@ func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []ui
 		return dst
 	}
 	for p := lo; p < hi; p++ {
-		e := x.holds[p].e
+		e := x.hold(p).e
 		i := bit[entryHolder(e)] - 1
 		if i < 0 || set[i>>6]&(1<<(i&63)) == 0 {
 			continue
 		}
-		if !approx || e&approxEntryBit == 0 || int64(x.holds[p].aux) > now {
+		if !approx || e&approxEntryBit == 0 || int64(x.hold(p).aux) > now {
 			dst[i>>6] |= 1 << (i & 63)
 		}
 	}
@@ -591,8 +598,8 @@ func (x *Index) liveAt(n, h uint32, now int64) bool {
 // holdsLive reports whether the entries from slab position p (before hi) include holder h with a
 // real entry or an unexpired approximate one.
 func (x *Index) holdsLive(p, hi int, h uint32, now int64) bool {
-	for ; p < hi && entryHolder(x.holds[p].e) == h; p++ {
-		if x.holds[p].e&approxEntryBit == 0 || int64(x.holds[p].aux) > now {
+	for ; p < hi && entryHolder(x.hold(p).e) == h; p++ {
+		if x.hold(p).e&approxEntryBit == 0 || int64(x.hold(p).aux) > now {
 			return true
 		}
 	}
@@ -612,27 +619,37 @@ func (x *Index) finishMatch(m *Matches) {
 	m.order = m.order[:0]
 	for i := len(m.slots) - 1; i >= 0; i-- {
 		e := m.slots[i]
-		m.pos[e] = 0
 		m.order = append(m.order, uint64(math.MaxUint32-m.best[i])<<32|uint64(x.engines[e].order))
 	}
 	slices.Sort(m.order)
 	for _, k := range m.order {
 		e := x.byID[uint32(k)]
 		m.Engines = append(m.Engines, EngineMatch{Engine: x.engines[e].id, Blocks: int(math.MaxUint32 - uint32(k>>32))})
+		m.DPRanks = append(m.DPRanks, int(m.brank[m.pos[e]-1]))
+	}
+	for _, e := range m.slots {
+		m.pos[e] = 0
 	}
 }
 
-// record folds holder h's contiguous depth into its engine's result (maximum over DP ranks).
+// record folds holder h's contiguous depth into its engine's result (maximum over DP ranks,
+// remembering the lowest rank at that depth).
 func (x *Index) record(m *Matches, h uint32, depth int) {
 	if depth == 0 {
 		return
 	}
-	e := x.holders[h].engine
+	e, r := x.holders[h].engine, int32(x.holders[h].rank)
 	if p := m.pos[e]; p != 0 {
-		m.best[p-1] = max(m.best[p-1], uint32(depth))
+		switch d := uint32(depth); {
+		case d > m.best[p-1]:
+			m.best[p-1], m.brank[p-1] = d, r
+		case d == m.best[p-1] && r < m.brank[p-1]:
+			m.brank[p-1] = r
+		}
 		return
 	}
 	m.best = append(m.best, uint32(depth))
+	m.brank = append(m.brank, r)
 	m.slots = append(m.slots, e)
 	m.pos[e] = int32(len(m.slots))
 }
@@ -654,8 +671,8 @@ func (x *Index) matchLinearInto(keys []uint64, m *Matches) {
 	prev := uint32(0)
 	matched := 0
 	for d, k := range keys {
-		n, ok := x.byKey.get(k, x.nodes)
-		if !ok || x.nodes[n].parent != prev {
+		n, ok := x.byKey.get(k, &x.nodes)
+		if !ok || x.node(n).parent != prev {
 			break
 		}
 		next = next[:0]

@@ -25,7 +25,7 @@ func fibTag(k uint64) uint32 { return uint32((k * fib) >> 32) }
 func (t *nodeTable) home(tag uint32) int { return int(tag >> (32 - t.bits)) }
 
 // get returns the node of key k, reading nodes to confirm tag matches.
-func (t *nodeTable) get(k uint64, nodes []node) (uint32, bool) {
+func (t *nodeTable) get(k uint64, nodes *slab[node]) (uint32, bool) {
 	if t.n == 0 {
 		return 0, false
 	}
@@ -37,7 +37,7 @@ func (t *nodeTable) get(k uint64, nodes []node) (uint32, bool) {
 			return 0, false
 		}
 		if uint32(s>>32) == tag {
-			if n := uint32(s); nodes[n].key == k {
+			if n := uint32(s); nodes.at(int(n)).key == k {
 				return n, true
 			}
 		}

@@ -254,15 +254,18 @@ func pairs(x *kvindex.Index) int {
 type queryTimer struct {
 	durs   []time.Duration
 	allocs uint64
+	faults int64
 	ms     runtime.MemStats
 }
 
 func (t *queryTimer) start() {
 	runtime.ReadMemStats(&t.ms)
 	t.allocs = t.ms.Mallocs
+	t.faults = minorFaults()
 }
 
 func (t *queryTimer) report(b *testing.B) {
+	faults := minorFaults() - t.faults
 	runtime.ReadMemStats(&t.ms)
 	allocs := t.ms.Mallocs - t.allocs
 	d := slices.Clone(t.durs)
@@ -277,6 +280,7 @@ func (t *queryTimer) report(b *testing.B) {
 	b.ReportMetric(q(0.9), "p90-ns")
 	b.ReportMetric(q(0.99), "p99-ns")
 	b.ReportMetric(float64(allocs)/float64(len(d)), "allocs/query")
+	b.ReportMetric(float64(faults)/float64(len(d)), "faults/query")
 	b.ReportMetric(float64(len(d)), "queries")
 }
 

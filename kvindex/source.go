@@ -87,6 +87,10 @@ type Result struct {
 	// Engines lists, for a hit, every engine holding at least the first block with its matched
 	// block count in [1, QueryBlocks], deepest first, ties by engine ID. nil otherwise.
 	Engines []EngineMatch
+	// DPRanks, when non-nil, has one entry per Engines entry: the engine's DP rank holding its
+	// matched blocks (Matches.DPRanks). A LocalSource's hits carry it; nil means the source does
+	// not know ranks (a remote indexer), and a pick then chooses the rank by load.
+	DPRanks []int
 	// QueryBlocks is the number of full blocks in the query (0 when it has none, or when the
 	// source was unavailable before hashing).
 	QueryBlocks int
@@ -134,6 +138,16 @@ type Placer interface {
 	Place(engine state.EngineID, q Query, r *Result) error
 }
 
+// RankPlacer is a Placer that can record a placement on one DP rank of an engine: the rank a pick
+// named (policy.Pick.DPRank). A policy detects it once, at construction, and uses PlaceRank for
+// picks that name a rank, so that the next match finds the prefix on the rank the request went to
+// rather than on rank 0 (docs/design.md §11).
+type RankPlacer interface {
+	Placer
+	// PlaceRank is Place on engine's DP rank rank (≥ 0).
+	PlaceRank(engine state.EngineID, rank int, q Query, r *Result) error
+}
+
 // LocalSource is a Source over an Index in this process. It never returns an error: every token
 // sequence is a valid query. It is safe for concurrent use.
 type LocalSource struct {
@@ -146,8 +160,9 @@ type localScratch struct {
 }
 
 var (
-	_ Source = (*LocalSource)(nil)
-	_ Placer = (*LocalSource)(nil)
+	_ Source     = (*LocalSource)(nil)
+	_ Placer     = (*LocalSource)(nil)
+	_ RankPlacer = (*LocalSource)(nil)
 )
 
 // NewLocalSource returns a Source over index, hashing queries with index.Hasher(). A nil index
@@ -181,7 +196,7 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 		r.keys = slices.Clone(sc.m.keys) // the keys the match hashed, kept for Place
 	}
 	if len(sc.m.Engines) > 0 {
-		r.Engines = s.index.trustedClone(sc.m.Engines) // untrusted engines hold nothing (trust.go)
+		r.Engines, r.DPRanks = s.index.trustedClone(sc.m.Engines, sc.m.DPRanks) // untrusted engines hold nothing (trust.go)
 	}
 	if len(r.Engines) > 0 {
 		r.Outcome = OutcomeHit
@@ -197,6 +212,15 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 // recorded, so a conversation's next turn costs the new blocks only. The keys r carries are
 // reused when r is this source's result for a prompt of q's length.
 func (s *LocalSource) Place(engine state.EngineID, q Query, r *Result) error {
+	return s.place(engine, 0, q, r)
+}
+
+// PlaceRank implements RankPlacer: Place on the engine's DP rank rank (Index.AssumeRank).
+func (s *LocalSource) PlaceRank(engine state.EngineID, rank int, q Query, r *Result) error {
+	return s.place(engine, rank, q, r)
+}
+
+func (s *LocalSource) place(engine state.EngineID, rank int, q Query, r *Result) error {
 	n := s.index.hasher.Blocks(len(q.TokenIDs))
 	if n == 0 {
 		return nil
@@ -205,7 +229,13 @@ func (s *LocalSource) Place(engine state.EngineID, q Query, r *Result) error {
 	held := 0
 	if r != nil && r.source == Source(s) && r.QueryBlocks == n {
 		if r.Outcome == OutcomeHit {
-			held = r.Blocks(engine)
+			for j, m := range r.Engines {
+				// The match's depth is the engine's deepest rank's: it says nothing of
+				// another rank's holding.
+				if m.Engine == engine && (r.DPRanks == nil || r.DPRanks[j] == rank) {
+					held = m.Blocks
+				}
+			}
 		}
 		if held >= n {
 			return nil
@@ -216,7 +246,7 @@ func (s *LocalSource) Place(engine state.EngineID, q Query, r *Result) error {
 		b := s.index.hasher.BlockTokens()
 		keys = s.index.hasher.appendFrom(slices.Clip(keys), lastKey(keys, s.index.hasher), q.TokenIDs[len(keys)*b:n*b])
 	}
-	return s.index.assume(engine, keys, held, 0)
+	return s.index.assume(engine, rank, keys, held, 0)
 }
 
 // lastKey is the key a continuation of keys chains from: the last key, or the Hasher's root.

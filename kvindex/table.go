@@ -25,7 +25,9 @@ const (
 )
 
 // slot maps k to its home slot: the high half of (k × fib) × len, which spreads keys over any
-// table length, so tables grow by 1.5× and stay between half and three-quarters full.
+// table length. Tables double when three-quarters full (so they stay between three-eighths and
+// three-quarters full): growing by 1.5× rehashed every entry twice as often and cost 16 % of the
+// ingest time on the production-scale workload (docs/performance.md, "kvindex at production scale").
 func (t *table) slot(k uint64) int {
 	hi, _ := bits.Mul64(k*fib, uint64(len(t.keys)))
 	return int(hi)
@@ -71,7 +73,7 @@ func (t *table) put(k uint64, v uint32) {
 		return
 	}
 	if 4*(t.n+1) > 3*len(t.keys) {
-		t.resize(max(len(t.keys)+len(t.keys)/2, tableMinSlots))
+		t.resize(max(2*len(t.keys), tableMinSlots))
 	}
 	for i := t.slot(k); ; i = t.next(i) {
 		switch t.keys[i] {
@@ -97,7 +99,7 @@ func (t *table) add(k uint64, v uint32) (uint32, bool) {
 		return 0, false
 	}
 	if 4*(t.n+1) > 3*len(t.keys) {
-		t.resize(max(len(t.keys)+len(t.keys)/2, tableMinSlots))
+		t.resize(max(2*len(t.keys), tableMinSlots))
 	}
 	for i := t.slot(k); ; i = t.next(i) {
 		switch t.keys[i] {

@@ -119,18 +119,20 @@ func (t *trustSet) publish() {
 
 // trustedClone returns a new slice holding the entries of in whose engine is trusted, in order;
 // nil when none is. With no untrusted engine it is a plain clone.
-func (x *Index) trustedClone(in []EngineMatch) []EngineMatch {
+func (x *Index) trustedClone(in []EngineMatch, ranks []int) ([]EngineMatch, []int) {
 	v := x.trust.view.Load()
 	if v == nil {
-		return slices.Clone(in)
+		return slices.Clone(in), slices.Clone(ranks)
 	}
 	var out []EngineMatch
-	for _, e := range in {
+	var outRanks []int
+	for i, e := range in {
 		if _, bad := (*v)[e.Engine]; !bad {
 			out = append(out, e)
+			outRanks = append(outRanks, ranks[i])
 		}
 	}
-	return out
+	return out, outRanks
 }
 
 func checkHolder(op string, engine state.EngineID, rank int) error {

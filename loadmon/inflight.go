@@ -28,6 +28,13 @@ type InFlight struct {
 
 	mu       sync.Mutex // serializes map replacement
 	counters atomic.Pointer[map[state.EngineID]*counter]
+	ranks    atomic.Pointer[map[rankKey]*counter] // per (engine, DP rank): AcquireRank only
+}
+
+// rankKey names one DP rank of an engine.
+type rankKey struct {
+	engine state.EngineID
+	rank   int
 }
 
 type counter struct {
@@ -44,6 +51,7 @@ func NewInFlight(now func() time.Time) *InFlight {
 	}
 	f := &InFlight{now: now}
 	f.counters.Store(&map[state.EngineID]*counter{})
+	f.ranks.Store(&map[rankKey]*counter{})
 	return f
 }
 
@@ -52,15 +60,19 @@ func NewInFlight(now func() time.Time) *InFlight {
 // use; a nil *Guard's Release does nothing.
 type Guard struct {
 	c        *counter
+	rc       *counter // the DP rank's counter; nil unless acquired by AcquireRank
 	released atomic.Bool
 }
 
-// Release decrements the counter the guard incremented, once.
+// Release decrements the counters the guard incremented, once.
 func (g *Guard) Release() {
 	if g == nil || !g.released.CompareAndSwap(false, true) {
 		return
 	}
 	g.c.n.Add(-1)
+	if g.rc != nil {
+		g.rc.n.Add(-1)
+	}
 }
 
 func (f *InFlight) lookup(engine state.EngineID) *counter {
@@ -88,6 +100,10 @@ func (f *InFlight) Acquire(engine state.EngineID) *Guard { return f.AcquirePrefi
 // unknown work). DispatchedSince sums them, so that pressure comparisons count the prefill work
 // dispatched after an engine's last report (docs/design.md §6).
 func (f *InFlight) AcquirePrefill(engine state.EngineID, prefillTokens uint64) *Guard {
+	return f.acquire(engine, prefillTokens, f.now().UnixNano())
+}
+
+func (f *InFlight) acquire(engine state.EngineID, prefillTokens uint64, at int64) *Guard {
 	c := f.lookup(engine)
 	if c == nil {
 		f.mu.Lock()
@@ -97,18 +113,71 @@ func (f *InFlight) AcquirePrefill(engine state.EngineID, prefillTokens uint64) *
 		}
 		f.mu.Unlock()
 	}
+	c.record(prefillTokens, at)
+	return &Guard{c: c}
+}
+
+// AcquireRank is AcquirePrefill for a dispatch that names the engine's DP rank (a pick's
+// Pick.DPRank): it counts on the engine, as AcquirePrefill does, and also on the rank, whose
+// in-flight count (CountRank) and dispatches since a report (DispatchedSinceRank) the rank choice
+// and the per-rank pressure comparisons read (docs/design.md §6). A negative rank counts on the
+// engine only.
+func (f *InFlight) AcquireRank(engine state.EngineID, rank int, prefillTokens uint64) *Guard {
+	at := f.now().UnixNano()
+	g := f.acquire(engine, prefillTokens, at)
+	if rank < 0 {
+		return g
+	}
+	k := rankKey{engine, rank}
+	rc := (*f.ranks.Load())[k]
+	if rc == nil {
+		f.mu.Lock()
+		if rc = (*f.ranks.Load())[k]; rc == nil {
+			rc = &counter{}
+			old := *f.ranks.Load()
+			next := make(map[rankKey]*counter, len(old)+1)
+			for k, v := range old {
+				next[k] = v
+			}
+			next[k] = rc
+			f.ranks.Store(&next)
+		}
+		f.mu.Unlock()
+	}
+	rc.record(prefillTokens, at)
+	g.rc = rc
+	return g
+}
+
+// record counts one dispatch at unix nanos at.
+func (c *counter) record(prefillTokens uint64, at int64) {
 	c.n.Add(1)
 	i := c.head.Add(1) - 1
 	// Tokens before the time: a reader that sees the new time sees these tokens, unless a later
 	// dispatch has already reused the slot (64 dispatches between a reader's two loads).
 	c.tokens[i%dispatchRing].Store(prefillTokens)
-	c.ring[i%dispatchRing].Store(f.now().UnixNano())
-	return &Guard{c: c}
+	c.ring[i%dispatchRing].Store(at)
+}
+
+// CountRank returns the in-flight requests dispatched to the engine's DP rank through AcquireRank;
+// 0 for a rank never named.
+func (f *InFlight) CountRank(engine state.EngineID, rank int) uint64 {
+	return (*f.ranks.Load())[rankKey{engine, rank}].count()
+}
+
+// DispatchedSinceRank is DispatchedSince for the dispatches that named the engine's DP rank
+// (AcquireRank). Dispatches that named no rank are not counted for any rank.
+func (f *InFlight) DispatchedSinceRank(engine state.EngineID, rank int, t time.Time) (requests, prefillTokens uint64) {
+	return (*f.ranks.Load())[rankKey{engine, rank}].since(t)
 }
 
 // Count returns the engine's in-flight requests; an engine never dispatched to has 0.
 func (f *InFlight) Count(engine state.EngineID) uint64 {
-	c := f.lookup(engine)
+	return f.lookup(engine).count()
+}
+
+// count returns the counter's value, 0 for a nil counter.
+func (c *counter) count() uint64 {
 	if c == nil {
 		return 0
 	}
@@ -134,7 +203,11 @@ func (f *InFlight) DispatchesSince(engine state.EngineID, t time.Time) uint64 {
 // timestamp). It allocates nothing and takes no lock; under concurrent acquires the token sum may
 // miss or include a dispatch the count does not.
 func (f *InFlight) DispatchedSince(engine state.EngineID, t time.Time) (requests, prefillTokens uint64) {
-	c := f.lookup(engine)
+	return f.lookup(engine).since(t)
+}
+
+// since counts the dispatches recorded at or after t and their prefill tokens; 0 for nil.
+func (c *counter) since(t time.Time) (requests, prefillTokens uint64) {
 	if c == nil {
 		return 0, 0
 	}
@@ -152,12 +225,28 @@ func (f *InFlight) DispatchedSince(engine state.EngineID, t time.Time) (requests
 	return n, tok
 }
 
-// Remove detaches the engine's counter (engine removal). Outstanding guards still release into the
+// Remove detaches the engine's counters, its ranks' included (engine removal). Outstanding guards still release into the
 // detached counter; the next Acquire starts a fresh one at zero.
 func (f *InFlight) Remove(engine state.EngineID) {
 	f.mu.Lock()
 	if f.lookup(engine) != nil {
 		f.replace(func(m map[state.EngineID]*counter) { delete(m, engine) })
+	}
+	old := *f.ranks.Load()
+	var next map[rankKey]*counter
+	for k := range old {
+		if k.engine == engine {
+			if next == nil {
+				next = make(map[rankKey]*counter, len(old))
+				for k, v := range old {
+					next[k] = v
+				}
+			}
+			delete(next, k)
+		}
+	}
+	if next != nil {
+		f.ranks.Store(&next)
 	}
 	f.mu.Unlock()
 }

@@ -12,17 +12,40 @@ import (
 // Observation is one candidate engine's load as a pick sees it: the engine's reported load from
 // the pick's Snapshot (nil when unknown), its router-local in-flight count (always known) and the
 // dispatches this router made after the report, which the report cannot reflect yet.
+//
+// An observation may name one of the engine's DP ranks (HasDPRank): then RankLoad is that rank's
+// own load, and the queue gate and the pressure comparisons read it (Figures) rather than the sum
+// over ranks, while admission keeps reading the engine's Load (docs/design.md §6).
 type Observation struct {
-	// Load is the engine's fresh, complete load from the snapshot; nil when unknown (never a
-	// zero load). Shared and immutable.
+	// Load is the engine's fresh, complete load from the snapshot, summed over its DP ranks; nil
+	// when unknown (never a zero load). Shared and immutable. Admission reads it.
 	Load *EngineLoad
 	// InFlight is this router's in-flight requests to the engine.
 	InFlight uint64
-	// Dispatched and DispatchedTokens are the dispatches this router made to the engine at or
-	// after Load.ReportedAt, and the prefill tokens they brought (InFlight.DispatchedSince). Both
-	// are 0 when Load is nil.
+	// Dispatched and DispatchedTokens are the dispatches this router made at or after
+	// Figures().ReportedAt, and the prefill tokens they brought: to the engine
+	// (InFlight.DispatchedSince), or, when the observation names a rank, to that rank
+	// (InFlight.DispatchedSinceRank). Both are 0 when Load is nil.
 	Dispatched       uint64
 	DispatchedTokens uint64
+	// DPRank is the DP rank the observation names, valid when HasDPRank. A rank is named only for
+	// an engine with several ranks whose load is known.
+	DPRank    int
+	HasDPRank bool
+	// RankLoad is the named rank's own load (Load.RankLoads[DPRank]); nil unless HasDPRank.
+	RankLoad *EngineLoad
+	// RankInFlight is this router's in-flight requests to the named rank (InFlight.CountRank);
+	// 0 unless HasDPRank.
+	RankInFlight uint64
+}
+
+// Figures returns the load the queue gate and the pressure comparisons read: the named rank's own
+// load when the observation names a rank, else the engine's (nil when unknown).
+func (o *Observation) Figures() *EngineLoad {
+	if o.RankLoad != nil {
+		return o.RankLoad
+	}
+	return o.Load
 }
 
 // Observe builds the Observation of one engine from a snapshot and the in-flight counters.
@@ -41,13 +64,87 @@ func Observe(snap Snapshot, inflight *InFlight, engine state.EngineID) Observati
 	return o
 }
 
-// WaitingRequests returns the reported waiting requests plus the dispatches since the report, and
-// false when the load is unknown.
-func (o *Observation) WaitingRequests() (uint64, bool) {
+// ObserveRank is Observe naming the engine's DP rank rank: RankLoad is the rank's own load, and
+// the dispatches since the report are those that named the rank since the rank's report. When the
+// engine's load is unknown, the engine has one rank, or rank is out of range, it is Observe: no
+// rank is named.
+func ObserveRank(snap Snapshot, inflight *InFlight, engine state.EngineID, rank int) Observation {
+	return withRank(Observe(snap, inflight, engine), inflight, engine, rank)
+}
+
+// withRank returns the engine's observation o naming rank (ObserveRank).
+func withRank(o Observation, inflight *InFlight, engine state.EngineID, rank int) Observation {
 	if o.Load == nil {
+		return o
+	}
+	rl, ok := o.Load.Rank(rank)
+	if !ok {
+		return o
+	}
+	o.DPRank, o.HasDPRank, o.RankLoad = rank, true, rl
+	o.Dispatched, o.DispatchedTokens, o.RankInFlight = 0, 0, 0
+	if inflight != nil {
+		o.Dispatched, o.DispatchedTokens = inflight.DispatchedSinceRank(engine, rank, rl.ReportedAt)
+		o.RankInFlight = inflight.CountRank(engine, rank)
+	}
+	return o
+}
+
+// ObserveLeastPressured is Observe naming the engine's least pressured DP rank, for an engine with
+// several ranks whose load is known (otherwise it is Observe and names no rank). Ranks are compared
+// by ComparePressure on their own figures for stage (reported when every rank has native data),
+// then, for ranks without native data, waiting requests (with the dispatches since the rank's
+// report) and running requests; then fewer router-local in-flight requests to the rank; then the
+// lower rank (docs/design.md §6). It allocates nothing.
+func ObserveLeastPressured(snap Snapshot, inflight *InFlight, stage state.Stage, engine state.EngineID) Observation {
+	o := Observe(snap, inflight, engine)
+	if o.Load == nil || len(o.Load.RankLoads) < 2 {
+		return o
+	}
+	native := true
+	for _, rl := range o.Load.RankLoads {
+		native = native && rl.Native
+	}
+	best := withRank(o, inflight, engine, 0)
+	for r := 1; r < len(o.Load.RankLoads); r++ {
+		c := withRank(o, inflight, engine, r)
+		if compareRanks(stage, &c, &best, native) < 0 {
+			best = c
+		}
+	}
+	return best
+}
+
+// compareRanks orders two observations of one engine naming different ranks (ObserveLeastPressured).
+func compareRanks(stage state.Stage, a, b *Observation, native bool) int {
+	if native {
+		if c := compareReported(stage, a, b); c != 0 {
+			return c
+		}
+	} else {
+		wa, _ := a.WaitingRequests()
+		wb, _ := b.WaitingRequests()
+		if c := cmp.Compare(wa, wb); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.RankLoad.RunningRequests, b.RankLoad.RunningRequests); c != 0 {
+			return c
+		}
+	}
+	if c := cmp.Compare(a.RankInFlight, b.RankInFlight); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.DPRank, b.DPRank)
+}
+
+// WaitingRequests returns the reported waiting requests (Figures: the named rank's, else the
+// engine's) plus the dispatches since the report, and false when the load is unknown.
+func (o *Observation) WaitingRequests() (uint64, bool) {
+	l := o.Figures()
+	if l == nil {
 		return 0, false
 	}
-	return satAdd(o.Load.WaitingRequests, o.Dispatched), true
+	return satAdd(l.WaitingRequests, o.Dispatched), true
 }
 
 // PendingPrefillTokens returns the prompt tokens a new request would wait behind on a plain or
@@ -57,17 +154,21 @@ func (o *Observation) PendingPrefillTokens() (uint64, bool) {
 	if !o.HasNative() {
 		return 0, false
 	}
-	return satAdd(o.Load.WaitingUncachedTokens, o.DispatchedTokens), true
+	return satAdd(o.Figures().WaitingUncachedTokens, o.DispatchedTokens), true
 }
 
 // PendingPrefillTime returns PendingPrefillTokens divided by the engine's measured prefill
 // throughput: the reported EstimatedPrefillQueue plus the time of the tokens dispatched since the
 // report. It returns false unless the report is native and has a prefill rate (HasPrefillRate).
 func (o *Observation) PendingPrefillTime() (time.Duration, bool) {
-	if !o.HasNative() || !o.Load.HasPrefillRate {
+	if !o.HasNative() {
 		return 0, false
 	}
-	return satAddDuration(o.Load.EstimatedPrefillQueue, o.Load.TokensTime(o.DispatchedTokens)), true
+	l := o.Figures()
+	if !l.HasPrefillRate {
+		return 0, false
+	}
+	return satAddDuration(l.EstimatedPrefillQueue, l.TokensTime(o.DispatchedTokens)), true
 }
 
 // TokensTime returns how long the engine takes to prefill tokens uncached tokens at its measured
@@ -91,8 +192,12 @@ func satAddDuration(a, b time.Duration) time.Duration {
 }
 
 // HasNative reports whether the observation carries a fresh, complete native report with valid
-// capacity: the condition for comparing it on reported pressure (docs/design.md §6).
-func (o *Observation) HasNative() bool { return o.Load != nil && o.Load.Native }
+// capacity (Figures: the named rank's, else the engine's): the condition for comparing it on
+// reported pressure (docs/design.md §6).
+func (o *Observation) HasNative() bool {
+	l := o.Figures()
+	return l != nil && l.Native
+}
 
 // ComparePressure compares the stage pressure of two candidates: negative when a is less
 // pressured, positive when b is, zero on a complete tie. The rules are docs/design.md §6
@@ -111,6 +216,8 @@ func (o *Observation) HasNative() bool { return o.Load != nil && o.Load.Native }
 // the dispatched prefill tokens, the waiting requests add the dispatch count (docs/design.md §6),
 // so a burst between two reports does not all go to the engine that looked idle in the last one.
 //
+// An observation that names a DP rank is compared on that rank's own figures (Observation.Figures).
+//
 // The result is not a total order over a set (engines with and without a queue estimate are
 // compared on different keys): use it in linear scans, never to sort.
 func ComparePressure(stage state.Stage, a, b *Observation, reported bool) int {
@@ -123,7 +230,7 @@ func ComparePressure(stage state.Stage, a, b *Observation, reported bool) int {
 }
 
 func compareReported(stage state.Stage, oa, ob *Observation) int {
-	a, b := oa.Load, ob.Load
+	a, b := oa.Figures(), ob.Figures()
 	wa, _ := oa.WaitingRequests()
 	wb, _ := ob.WaitingRequests()
 	if stage == state.StageDecode {

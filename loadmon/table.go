@@ -94,6 +94,36 @@ type EngineLoad struct {
 	// EstimatedPrefillQueue is WaitingUncachedTokens ÷ PrefillTokensPerSecond; valid only when
 	// HasPrefillRate (every rank has a rate).
 	EstimatedPrefillQueue time.Duration
+	// RankLoads holds, for an engine with several DP ranks, each rank's own load (index = rank),
+	// as if the rank were an engine of one rank: its ReportedAt is that rank's arrival time, its
+	// Native and prefill rate its own. Nil when the engine has one rank. The queue gate and the
+	// pressure comparisons read a rank's own figures through Observation.Figures
+	// (docs/design.md §6, "Reports per DP rank").
+	RankLoads []*EngineLoad
+}
+
+// LeastRankWaitingRequests returns the fewest waiting requests of any one DP rank: the engine's
+// waiting requests when it has one rank. The queue gate asks it whether an engine has a rank a
+// request could be sent to without queueing (docs/design.md §9.3): ranks queue separately, so
+// their sum overstates the wait of the least queued one.
+func (l *EngineLoad) LeastRankWaitingRequests() uint64 {
+	if len(l.RankLoads) == 0 {
+		return l.WaitingRequests
+	}
+	least := l.RankLoads[0].WaitingRequests
+	for _, r := range l.RankLoads[1:] {
+		least = min(least, r.WaitingRequests)
+	}
+	return least
+}
+
+// Rank returns rank's own load, or false when the engine has one rank (the engine's load is the
+// rank's) or rank is out of range.
+func (l *EngineLoad) Rank(rank int) (*EngineLoad, bool) {
+	if rank < 0 || rank >= len(l.RankLoads) {
+		return nil, false
+	}
+	return l.RankLoads[rank], true
 }
 
 // KVUsageFraction returns UsedKVTokens ÷ KVCapacityTokens, or 0 and false when capacity is unknown.
@@ -352,43 +382,55 @@ func (t *Table) recompute(engine state.EngineID, e *engineEntry) {
 		}
 	}
 	if complete {
-		agg = &EngineLoad{Engine: engine, Ranks: len(e.ranks), Native: true, HasPrefillRate: true}
-		for i := range e.ranks {
-			s := &e.ranks[i]
-			if i == 0 || s.at.Before(agg.ReportedAt) {
-				agg.ReportedAt = s.at
+		agg = aggregate(engine, e.ranks)
+		if len(e.ranks) > 1 {
+			agg.RankLoads = make([]*EngineLoad, len(e.ranks))
+			for i := range e.ranks {
+				agg.RankLoads[i] = aggregate(engine, e.ranks[i:i+1])
 			}
-			agg.RunningRequests = satAdd(agg.RunningRequests, s.report.RunningRequests)
-			agg.WaitingRequests = satAdd(agg.WaitingRequests, s.report.WaitingRequests)
-			agg.UsedKVTokens = satAdd(agg.UsedKVTokens, s.report.UsedKVTokens)
-			agg.KVCapacityTokens = satAdd(agg.KVCapacityTokens, s.report.KVCapacityTokens)
-			if s.report.Native == nil || s.report.KVCapacityTokens == 0 || s.native.MaxRunningRequests == 0 {
-				agg.Native = false
-			}
-			agg.WaitingUncachedTokens = satAdd(agg.WaitingUncachedTokens, s.native.WaitingUncachedTokens)
-			agg.MaxRunningRequests = satAdd(agg.MaxRunningRequests, s.native.MaxRunningRequests)
-			if s.hasRate {
-				agg.PrefillTokensPerSecond += s.rate
-			} else {
-				agg.HasPrefillRate = false
-			}
-		}
-		if !agg.Native {
-			agg.WaitingUncachedTokens, agg.MaxRunningRequests = 0, 0
-			agg.HasPrefillRate = false
-		}
-		if agg.HasPrefillRate && agg.PrefillTokensPerSecond > 0 {
-			sec := float64(agg.WaitingUncachedTokens) / agg.PrefillTokensPerSecond
-			if sec*float64(time.Second) >= math.MaxInt64 {
-				agg.EstimatedPrefillQueue = time.Duration(math.MaxInt64)
-			} else {
-				agg.EstimatedPrefillQueue = time.Duration(sec * float64(time.Second))
-			}
-		} else {
-			agg.PrefillTokensPerSecond, agg.HasPrefillRate = 0, false
 		}
 	}
 	t.publish(engine, agg)
+}
+
+// aggregate sums the samples of ranks, all set, into one load (docs/design.md §6).
+func aggregate(engine state.EngineID, ranks []rankSample) *EngineLoad {
+	agg := &EngineLoad{Engine: engine, Ranks: len(ranks), Native: true, HasPrefillRate: true}
+	for i := range ranks {
+		s := &ranks[i]
+		if i == 0 || s.at.Before(agg.ReportedAt) {
+			agg.ReportedAt = s.at
+		}
+		agg.RunningRequests = satAdd(agg.RunningRequests, s.report.RunningRequests)
+		agg.WaitingRequests = satAdd(agg.WaitingRequests, s.report.WaitingRequests)
+		agg.UsedKVTokens = satAdd(agg.UsedKVTokens, s.report.UsedKVTokens)
+		agg.KVCapacityTokens = satAdd(agg.KVCapacityTokens, s.report.KVCapacityTokens)
+		if s.report.Native == nil || s.report.KVCapacityTokens == 0 || s.native.MaxRunningRequests == 0 {
+			agg.Native = false
+		}
+		agg.WaitingUncachedTokens = satAdd(agg.WaitingUncachedTokens, s.native.WaitingUncachedTokens)
+		agg.MaxRunningRequests = satAdd(agg.MaxRunningRequests, s.native.MaxRunningRequests)
+		if s.hasRate {
+			agg.PrefillTokensPerSecond += s.rate
+		} else {
+			agg.HasPrefillRate = false
+		}
+	}
+	if !agg.Native {
+		agg.WaitingUncachedTokens, agg.MaxRunningRequests = 0, 0
+		agg.HasPrefillRate = false
+	}
+	if agg.HasPrefillRate && agg.PrefillTokensPerSecond > 0 {
+		sec := float64(agg.WaitingUncachedTokens) / agg.PrefillTokensPerSecond
+		if sec*float64(time.Second) >= math.MaxInt64 {
+			agg.EstimatedPrefillQueue = time.Duration(math.MaxInt64)
+		} else {
+			agg.EstimatedPrefillQueue = time.Duration(sec * float64(time.Second))
+		}
+	} else {
+		agg.PrefillTokensPerSecond, agg.HasPrefillRate = 0, false
+	}
+	return agg
 }
 
 // publish copies the current view with the engine's load replaced (nil removes it). Callers hold

@@ -374,7 +374,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		for _, e := range engines {
 			l, ok := snap.Load(e.ID())
 			anyFresh = anyFresh || ok
-			if !ok || l.WaitingRequests < p.queueCap {
+			if !ok || l.LeastRankWaitingRequests() < p.queueCap {
 				d.FleetAllQueued = false
 			}
 			if anyFresh && !d.FleetAllQueued {
@@ -446,14 +446,14 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 				d.CostOverride = true
 				if alt.holder {
 					forfeit(alt.blocks)
-					return p.finish(engines[alt.idx], ReasonCacheCandidate, DecisionCacheHit, alt.uncached, req, &res, &d), nil
+					return p.finish(engines[alt.idx], &alt.obs, ReasonCacheCandidate, DecisionCacheHit, alt.uncached, req, &res, &d), nil
 				}
 				d.DivertedBlocks = w.blocks - alt.blocks
-				return p.finish(engines[alt.idx], ReasonCostDiverted, DecisionCostDiverted, alt.uncached, req, &res, &d), nil
+				return p.finish(engines[alt.idx], &alt.obs, ReasonCostDiverted, DecisionCostDiverted, alt.uncached, req, &res, &d), nil
 			}
 		}
 		forfeit(w.blocks)
-		return p.finish(engines[w.idx], ReasonCacheCandidate, DecisionCacheHit, w.uncached, req, &res, &d), nil
+		return p.finish(engines[w.idx], &w.obs, ReasonCacheCandidate, DecisionCacheHit, w.uncached, req, &res, &d), nil
 	}
 
 	if p.floor != 0 && len(gated) > 0 && !p.anyBelowFloor(engines, snap) {
@@ -472,7 +472,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			c := pool[best]
 			err := p.cfg.admit(engines[c.idx], c.obs)
 			if err == nil {
-				return p.finish(engines[c.idx], ReasonSaturationPin, DecisionCacheHit, c.uncached, req, &res, &d), nil
+				return p.finish(engines[c.idx], &c.obs, ReasonSaturationPin, DecisionCacheHit, c.uncached, req, &res, &d), nil
 			}
 			var rej *AdmissionRejectedError
 			if !asRejection(err, &rej) {
@@ -517,7 +517,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if decision == DecisionCacheWorkerQueued {
 		d.DivertedBlocks = bestGatedBlocks
 	}
-	return p.finish(engines[i], ReasonNoCacheCandidate, decision, req.InputTokens-v.matched[i], req, &res, &d), nil
+	return p.finish(engines[i], &o, ReasonNoCacheCandidate, decision, req.InputTokens-v.matched[i], req, &res, &d), nil
 }
 
 // CacheAwareFallbackDecision maps a cache-aware pick that did not select a prefix holder to its
@@ -537,10 +537,18 @@ func CacheAwareFallbackDecision(gateRejected, evaluated int, fleetAllQueued bool
 	return DecisionCacheWorkerQueued
 }
 
-func (p *CacheAware) finish(e state.Engine, reason, decision string, uncached uint64, req *Request, res *kvindex.Result, d *CacheDecision) Pick {
+func (p *CacheAware) finish(e state.Engine, o *loadmon.Observation, reason, decision string, uncached uint64, req *Request, res *kvindex.Result, d *CacheDecision) Pick {
 	if p.placer != nil && len(req.TokenIDs) > 0 {
-		// Route-time placement (docs/design.md §9.10): a hint, so a failure is only logged.
-		if err := p.placer.Place(e.ID(), kvindex.Query{TokenIDs: req.TokenIDs}, res); err != nil {
+		// Route-time placement (docs/design.md §9.10): a hint, so a failure is only logged. A
+		// pick that names a DP rank places the prompt on that rank (docs/design.md §11).
+		q := kvindex.Query{TokenIDs: req.TokenIDs}
+		var err error
+		if rp, ok := p.placer.(kvindex.RankPlacer); ok && o.HasDPRank {
+			err = rp.PlaceRank(e.ID(), o.DPRank, q, res)
+		} else {
+			err = p.placer.Place(e.ID(), q, res)
+		}
+		if err != nil {
 			if ce := p.log.Check(zap.DebugLevel, "route-time placement not recorded"); ce != nil {
 				ce.Write(zap.String("engine", string(e.ID())), zap.Error(err))
 			}
@@ -550,7 +558,7 @@ func (p *CacheAware) finish(e state.Engine, reason, decision string, uncached ui
 		d.Reason, d.Decision = reason, decision
 		p.opts.Observer.ObserveCacheDecision(d)
 	}
-	return Pick{Engine: e, Reason: reason, PrefillTokens: max(uncached, 1)}
+	return Pick{Engine: e, Reason: reason, PrefillTokens: max(uncached, 1)}.withRank(o)
 }
 
 // costAlt is the outcome of the cost comparison: idx < 0 keeps the seed's winner.
@@ -559,6 +567,7 @@ type costAlt struct {
 	holder   bool
 	blocks   int
 	uncached uint64
+	obs      loadmon.Observation
 }
 
 // prefillCost is the work a request would wait for and cause on an engine, in prompt tokens:
@@ -651,7 +660,7 @@ func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 		if holdsIn(skip, i) {
 			continue
 		}
-		o := p.cfg.observe(snap, e)
+		o := p.cfg.observe(snap, e, req.Stage)
 		if gated && p.queued(&o) {
 			continue
 		}
@@ -681,7 +690,7 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 	best, bestCost := none, wCost
 	for _, c := range admitted {
 		if cc := prefillCost(&c.obs, c.uncached); cc < bestCost {
-			best, bestCost = costAlt{idx: c.idx, holder: true, blocks: c.blocks, uncached: c.uncached}, cc
+			best, bestCost = costAlt{idx: c.idx, holder: true, blocks: c.blocks, uncached: c.uncached, obs: c.obs}, cc
 		}
 	}
 	var load fleetLoad
@@ -692,19 +701,18 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 	if !covered {
 		return none, nil
 	}
-	var bestObs loadmon.Observation
 	if nIdx >= 0 && nCost < bestCost {
 		bb := 0
 		if req.InputTokens > 0 && res.QueryBlocks > 0 {
 			bb = int(matched[nIdx] * uint64(res.QueryBlocks) / req.InputTokens)
 		}
-		best, bestCost, bestObs = costAlt{idx: nIdx, blocks: bb, uncached: req.InputTokens - matched[nIdx]}, nCost, nObs
+		best, bestCost = costAlt{idx: nIdx, blocks: bb, uncached: req.InputTokens - matched[nIdx], obs: nObs}, nCost
 	}
 	if best.idx < 0 || !p.materiallyCheaper(wCost, bestCost, w.uncached, best.uncached, load) {
 		return none, nil
 	}
 	if !best.holder {
-		err := p.cfg.admit(engines[best.idx], bestObs)
+		err := p.cfg.admit(engines[best.idx], best.obs)
 		var rej *AdmissionRejectedError
 		switch {
 		case err == nil:
@@ -764,7 +772,13 @@ func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, re
 		if inWindow {
 			window++
 		}
-		c.obs = p.cfg.observe(snap, engines[idx])
+		if res.DPRanks != nil {
+			// The rank holding the deepest prefix serves the hit; the gate and the pressure
+			// comparisons read its own figures (docs/design.md §6).
+			c.obs = loadmon.ObserveRank(snap, p.cfg.InFlight, engines[idx].ID(), res.DPRanks[j])
+		} else {
+			c.obs = p.cfg.observe(snap, engines[idx], req.Stage)
+		}
 		all = append(all, c)
 	}
 	if window <= limit {
@@ -884,17 +898,18 @@ func (p *CacheAware) materiallyMorePressured(a, b *loadmon.Observation) bool {
 // load fails open only while this router has fewer requests in flight there than the limit: it
 // is never taken for idle (docs/design.md §9.3).
 func (p *CacheAware) queued(o *loadmon.Observation) bool {
-	if o.Load == nil {
+	l := o.Figures() // the named rank's own queue when the engine has several (docs/design.md §6)
+	if l == nil {
 		return o.InFlight >= p.queueCap
 	}
-	return o.Load.WaitingRequests >= p.queueCap
+	return l.WaitingRequests >= p.queueCap
 }
 
 // anyBelowFloor reports whether some group engine has a fresh queue strictly below the saturation
 // floor; an unknown queue is not idle.
 func (p *CacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot) bool {
 	for _, e := range engines {
-		if l, ok := snap.Load(e.ID()); ok && l.WaitingRequests < p.floor {
+		if l, ok := snap.Load(e.ID()); ok && l.LeastRankWaitingRequests() < p.floor {
 			return true
 		}
 	}
@@ -910,7 +925,7 @@ func (p *CacheAware) fallback(engines []state.Engine, stage state.Stage, snap lo
 	var tbuf [64]int
 	tier := tbuf[:0]
 	for i, e := range engines {
-		if o := p.cfg.observe(snap, e); !p.queued(&o) {
+		if o := p.cfg.observe(snap, e, stage); !p.queued(&o) {
 			tier = append(tier, i)
 		}
 	}

@@ -111,7 +111,7 @@ func (p *PowerOfN) Pick(_ context.Context, engines []state.Engine, req *Request)
 	if err := p.cfg.admit(engines[i], o); err != nil {
 		return Pick{}, err
 	}
-	return Pick{Engine: engines[i], Reason: p.reason}, nil
+	return Pick{Engine: engines[i], Reason: p.reason}.withRank(&o), nil
 }
 
 // sampleLeastPressured returns the least pressured of k distinct uniformly sampled engines, or of
@@ -125,7 +125,7 @@ func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.En
 	if k >= n {
 		s.rand = cfg.Rand
 		for i, e := range engines {
-			s.offer(i, cfg.observe(snap, e))
+			s.offer(i, cfg.observe(snap, e, stage))
 		}
 	} else {
 		var small [4]uint64
@@ -147,7 +147,7 @@ func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.En
 			}
 			misses = 0
 			seen[j/64] |= 1 << (j % 64)
-			s.offer(j, cfg.observe(snap, engines[j]))
+			s.offer(j, cfg.observe(snap, engines[j], stage))
 		}
 	}
 	i, o := s.result()
@@ -186,7 +186,7 @@ func NewLeastLoad(cfg Config) (*LeastLoad, error) {
 }
 
 // Pick implements Policy. No candidates → ErrNoCandidates without calling admission.
-func (p *LeastLoad) Pick(_ context.Context, engines []state.Engine, _ *Request) (Pick, error) {
+func (p *LeastLoad) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates
 	}
@@ -196,10 +196,11 @@ func (p *LeastLoad) Pick(_ context.Context, engines []state.Engine, _ *Request) 
 	var scoreR uint64
 	var obsR, obsL loadmon.Observation
 	for i, e := range engines {
-		o := p.cfg.observe(snap, e)
+		o := p.cfg.observe(snap, e, stageOf(req))
 		allFresh = allFresh && o.Load != nil
 		if allFresh {
-			score := satAdd(satAdd(o.Load.WaitingRequests, o.Load.RunningRequests), o.Dispatched)
+			l := o.Figures() // the named rank's own figures when the engine has several
+			score := satAdd(satAdd(l.WaitingRequests, l.RunningRequests), o.Dispatched)
 			switch {
 			case i == 0 || score < scoreR || (score == scoreR && o.InFlight < obsR.InFlight):
 				bestR, scoreR, obsR, tieR = i, score, o, 1
@@ -225,7 +226,7 @@ func (p *LeastLoad) Pick(_ context.Context, engines []state.Engine, _ *Request) 
 	if err := p.cfg.admit(engines[best], obs); err != nil {
 		return Pick{}, err
 	}
-	return Pick{Engine: engines[best], Reason: ReasonLeastLoad}, nil
+	return Pick{Engine: engines[best], Reason: ReasonLeastLoad}.withRank(&obs), nil
 }
 
 func satAdd(a, b uint64) uint64 {

@@ -225,7 +225,10 @@ func TestSelectedLoadReachesAdmissionAndNextPickReadsFreshState(t *testing.T) {
 	e.rnd.vals = []int{0, 1}
 	e.rnd.hook = func(call int) {
 		if call == 2 {
+			// Both ranks: picks compare a rank's own figures (docs/design.md §6), so one busy
+			// rank alone would leave "a" tied with "b" on its other rank.
 			e.native("a", loadmon.Report{DPRank: 0, RunningRequests: 100, WaitingRequests: 100})
+			e.native("a", loadmon.Report{DPRank: 1, RunningRequests: 100, WaitingRequests: 100})
 		}
 	}
 	p, _ := policy.NewPowerOfN(e.cfg(), 2)

@@ -79,6 +79,23 @@ type Pick struct {
 	// recompute the last prompt token). 0 means the policy made no estimate: the host counts the
 	// whole input. The Router passes it to loadmon.InFlight.AcquirePrefill (docs/design.md §6).
 	PrefillTokens uint64
+	// DPRank is the engine's data-parallel rank the request should be served on, valid when
+	// HasDPRank. It is named only for an engine with several DP ranks whose ranks report load
+	// separately (loadmon.EngineLoad.RankLoads): for a cache hit, the rank holding the deepest
+	// prefix; otherwise the least pressured rank. HasDPRank is false when the engine has one rank
+	// or nothing is known of its ranks: the engine then places the request itself. The host passes
+	// the rank to the engine the way the engine accepts it (docs/design.md §6, "DP-rank-aware
+	// picks").
+	DPRank    int
+	HasDPRank bool
+}
+
+// withRank returns p naming o's DP rank, when o names one.
+func (p Pick) withRank(o *loadmon.Observation) Pick {
+	if o.HasDPRank {
+		p.DPRank, p.HasDPRank = o.DPRank, true
+	}
+	return p
 }
 
 // Reason labels (docs/design.md §15). The session labels (ReasonSessionPrimary, ReasonAssigned,
@@ -235,9 +252,10 @@ func (c *Config) validate(policy string) error {
 	return nil
 }
 
-// observe reads one engine's observation from the pick's snapshot.
-func (c *Config) observe(snap loadmon.Snapshot, e state.Engine) loadmon.Observation {
-	return loadmon.Observe(snap, c.InFlight, e.ID())
+// observe reads one engine's observation from the pick's snapshot, naming its least pressured DP
+// rank for stage when the engine has several ranks reporting (docs/design.md §6).
+func (c *Config) observe(snap loadmon.Snapshot, e state.Engine, stage state.Stage) loadmon.Observation {
+	return loadmon.ObserveLeastPressured(snap, c.InFlight, stage, e.ID())
 }
 
 // admit runs the checker once on the engine with the observation the pick already captured. It
@@ -253,10 +271,12 @@ func (c *Config) admit(e state.Engine, o loadmon.Observation) error {
 	return nil
 }
 
-// pickChecked returns the engine after one admission check on a fresh snapshot.
-func (c *Config) pickChecked(e state.Engine, reason string) (Pick, error) {
-	if err := c.admit(e, c.observe(c.Load.Snapshot(), e)); err != nil {
+// pickChecked returns the engine after one admission check on a fresh snapshot, naming its least
+// pressured DP rank for stage when it has several.
+func (c *Config) pickChecked(e state.Engine, reason string, stage state.Stage) (Pick, error) {
+	o := c.observe(c.Load.Snapshot(), e, stage)
+	if err := c.admit(e, o); err != nil {
 		return Pick{}, err
 	}
-	return Pick{Engine: e, Reason: reason}, nil
+	return Pick{Engine: e, Reason: reason}.withRank(&o), nil
 }

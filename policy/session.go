@@ -172,7 +172,7 @@ func (a *affinityCore) pick(ctx context.Context, engines []state.Engine, req *Re
 	}
 	if ok {
 		if e := findCandidate(engines, bound); e != nil {
-			return a.cfg.pickChecked(e, a.primary)
+			return a.cfg.pickChecked(e, a.primary, stageOf(req))
 		}
 	}
 	pk, err := a.fallbackPick(ctx, engines, req, a.assigned)
@@ -199,7 +199,7 @@ func (a *affinityCore) pick(ctx context.Context, engines []state.Engine, req *Re
 		}
 		if w := findCandidate(engines, eff); w != nil {
 			// A concurrent writer won with a candidate: check it before returning it.
-			return a.cfg.pickChecked(w, a.primary)
+			return a.cfg.pickChecked(w, a.primary, stageOf(req))
 		}
 		if attempt > maxReconcile {
 			return pk, nil
@@ -215,7 +215,7 @@ func (a *affinityCore) fallbackPick(ctx context.Context, engines []state.Engine,
 	if err != nil {
 		return Pick{}, err
 	}
-	return a.cfg.pickChecked(pk.Engine, reason)
+	return a.cfg.pickChecked(pk.Engine, reason, stageOf(req))
 }
 
 // findCandidate returns the candidate with the ID, or nil. Candidates come sorted by ID (Policy

@@ -27,12 +27,12 @@ func NewRoundRobin(cfg Config) (*RoundRobin, error) {
 }
 
 // Pick implements Policy. No candidates → ErrNoCandidates, and the cursor does not move.
-func (p *RoundRobin) Pick(_ context.Context, engines []state.Engine, _ *Request) (Pick, error) {
+func (p *RoundRobin) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates
 	}
 	i := (p.cursor.Add(1) - 1) % uint64(len(engines))
-	return p.cfg.pickChecked(engines[i], ReasonRoundRobin)
+	return p.cfg.pickChecked(engines[i], ReasonRoundRobin, stageOf(req))
 }
 
 // Random chooses uniformly among the candidates with the Config's random source, then checks
@@ -53,9 +53,9 @@ func NewRandom(cfg Config) (*Random, error) {
 }
 
 // Pick implements Policy. No candidates → ErrNoCandidates.
-func (p *Random) Pick(_ context.Context, engines []state.Engine, _ *Request) (Pick, error) {
+func (p *Random) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates
 	}
-	return p.cfg.pickChecked(engines[p.cfg.Rand(len(engines))], ReasonRandom)
+	return p.cfg.pickChecked(engines[p.cfg.Rand(len(engines))], ReasonRandom, stageOf(req))
 }

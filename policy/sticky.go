@@ -128,7 +128,7 @@ func (p *Sticky) Pick(ctx context.Context, engines []state.Engine, req *Request)
 		return Pick{}, fmt.Errorf("policy: %s: %w: key of %d bytes, limit %d", NameSticky, affinity.ErrInvalidKey, len(key), affinity.MaxKeyBytes)
 	}
 	i, reason := p.rendezvousIndex(engines, key)
-	return p.core.cfg.pickChecked(engines[i], reason)
+	return p.core.cfg.pickChecked(engines[i], reason, stageOf(req))
 }
 
 // rendezvousWindow is how many candidates' in-flight counts rendezvousIndex keeps on the stack

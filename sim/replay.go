@@ -220,6 +220,11 @@ type Config struct {
 	// Parallelism bounds how many policy runs simulate at once; each run is single-threaded and
 	// independent, so the report does not depend on it. 0 means runtime.GOMAXPROCS(0).
 	Parallelism int
+	// Routing, when set, replays a routing configuration file instead of Policies: one run,
+	// over exactly the engines the file lists for Routing.Model, routed by enginepick.New from the
+	// file (see Routing). Fleet, Policies, Factories and Admission must then be zero
+	// (ErrRoutingConflict); the file's kv.block_tokens sets Model.BlockTokens.
+	Routing *Routing
 	// Progress, when set, is called with the number of requests finished or dropped so far, over
 	// every policy run, and the total (requests × policies). Runs call it from their own
 	// goroutines, so it must be safe for concurrent use; it is called at most every 256 requests
@@ -244,16 +249,21 @@ type resolved struct {
 	requests     []Request
 	names        []string
 	factories    []PolicyFactory
+	routing      *routingPlan // nil unless Config.Routing is set
 }
 
 func (cfg *Config) resolve() (*resolved, error) {
 	if cfg.Trace == nil {
 		return nil, ErrNoTrace
 	}
-	if err := cfg.Fleet.validate(); err != nil {
+	rc := &resolved{Config: *cfg}
+	if cfg.Routing != nil {
+		if err := rc.resolveRouting(); err != nil {
+			return nil, err
+		}
+	} else if err := cfg.Fleet.validate(); err != nil {
 		return nil, err
 	}
-	rc := &resolved{Config: *cfg}
 	rc.Model.fill()
 	if err := rc.Model.validate(); err != nil {
 		return nil, err
@@ -295,6 +305,25 @@ func (cfg *Config) resolve() (*resolved, error) {
 	if rc.Admission == nil {
 		rc.Admission = admission.Limits{}
 	}
+	if rc.routing == nil { // a Routing run has its one name; its policies are the file's
+		if err := rc.resolvePolicies(); err != nil {
+			return nil, err
+		}
+	}
+	reqs := cfg.Trace.Requests
+	if rc.Limit > 0 && rc.Limit < len(reqs) {
+		reqs = reqs[:rc.Limit]
+	}
+	if err := validateRequests(reqs); err != nil {
+		return nil, err
+	}
+	rc.requests = reqs
+	return rc, nil
+}
+
+// resolvePolicies sets rc.names and rc.factories from Policies and Factories.
+func (rc *resolved) resolvePolicies() error {
+	cfg := &rc.Config
 	rc.names = cfg.Policies
 	if rc.names == nil {
 		rc.names = DefaultPolicyNames()
@@ -304,7 +333,7 @@ func (cfg *Config) resolve() (*resolved, error) {
 		table = DefaultPolicies()
 	}
 	if len(rc.names) == 0 {
-		return nil, &configError{msg: "sim: Config.Policies: no policy given", errs: []error{ErrNoPolicy, ErrUnknownPolicy}}
+		return &configError{msg: "sim: Config.Policies: no policy given", errs: []error{ErrNoPolicy, ErrUnknownPolicy}}
 	}
 	for i, name := range rc.names {
 		f := table[name]
@@ -316,24 +345,16 @@ func (cfg *Config) resolve() (*resolved, error) {
 				}
 			}
 			slices.Sort(known)
-			return nil, &configError{msg: fmt.Sprintf("sim: Config.Policies: unknown policy %q (known: %s)", name, strings.Join(known, ", ")),
+			return &configError{msg: fmt.Sprintf("sim: Config.Policies: unknown policy %q (known: %s)", name, strings.Join(known, ", ")),
 				errs: []error{ErrUnknownPolicy}}
 		}
 		if slices.Contains(rc.names[:i], name) {
-			return nil, &configError{msg: fmt.Sprintf("sim: Config.Policies: policy %q listed twice", name),
+			return &configError{msg: fmt.Sprintf("sim: Config.Policies: policy %q listed twice", name),
 				errs: []error{ErrDuplicatePolicy, ErrUnknownPolicy}}
 		}
 		rc.factories = append(rc.factories, f)
 	}
-	reqs := cfg.Trace.Requests
-	if rc.Limit > 0 && rc.Limit < len(reqs) {
-		reqs = reqs[:rc.Limit]
-	}
-	if err := validateRequests(reqs); err != nil {
-		return nil, err
-	}
-	rc.requests = reqs
-	return rc, nil
+	return nil
 }
 
 // validateRequests applies the readers' rules to a possibly hand-built request list.

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
@@ -31,9 +32,10 @@ const progressEvery = 256
 // run is one policy's replay: its fleet, router, state handles and event queue. Everything in it
 // is touched by one goroutine.
 type run struct {
-	rc   *resolved
-	name string
-	ctx  context.Context
+	rc    *resolved
+	name  string
+	ctx   context.Context
+	model state.ModelID // the model of every request: simModel, or Routing's
 
 	now    time.Duration
 	events eventQueue
@@ -109,12 +111,12 @@ func simulate(ctx context.Context, rc *resolved, i int, progress func(int)) (Pol
 
 func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run, error) {
 	r := &run{rc: rc, name: rc.names[i], ctx: ctx, progress: progress}
-	hasher, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: rc.Model.BlockTokens})
-	if err != nil {
-		return nil, err
+	r.model = simModel
+	if rc.routing != nil {
+		r.model = rc.routing.model
 	}
 	for range rc.Routers {
-		x, err := kvindex.NewIndex(hasher, kvindex.Options{Now: r.clock})
+		x, err := rc.routing.newIndex(rc.Model.BlockTokens, r.clock)
 		if err != nil {
 			return nil, err
 		}
@@ -123,38 +125,70 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 
 	reg := &state.StaticRegistry{}
 	r.byID = map[state.EngineID]*engine{}
+	addEngine := func(id state.EngineID, stage state.Stage) (*engine, error) {
+		e := &engine{r: r, idx: int32(len(r.all)), id: id, stage: stage, m: &rc.Model,
+			static: state.NewStaticEngine(id, r.model, stage)}
+		idx := r.indexes
+		if stage == state.StageDecode {
+			idx = nil // decode engines receive KV by transfer and publish no prefix blocks
+		}
+		e.cache = newKVCache(id, &rc.Model, idx, rc.inspect != nil)
+		if err := reg.Add(e.static); err != nil {
+			return nil, err
+		}
+		r.all = append(r.all, e)
+		r.byID[id] = e
+		return e, nil
+	}
 	addEngines := func(n int, prefix string, stage state.Stage) ([]*engine, error) {
 		width := len(fmt.Sprint(n - 1))
 		out := make([]*engine, n)
 		for k := range n {
-			id := state.EngineID(fmt.Sprintf("sim://%s-%0*d", prefix, width, k))
-			e := &engine{r: r, idx: int32(len(r.all)), id: id, stage: stage, m: &rc.Model,
-				static: state.NewStaticEngine(id, simModel, stage)}
-			idx := r.indexes
-			if stage == state.StageDecode {
-				idx = nil // decode engines receive KV by transfer and publish no prefix blocks
-			}
-			e.cache = newKVCache(id, &rc.Model, idx, rc.inspect != nil)
-			if err := reg.Add(e.static); err != nil {
+			e, err := addEngine(state.EngineID(fmt.Sprintf("sim://%s-%0*d", prefix, width, k)), stage)
+			if err != nil {
 				return nil, err
 			}
 			out[k] = e
-			r.all = append(r.all, e)
-			r.byID[id] = e
 		}
 		return out, nil
 	}
-	if rc.Fleet.IsPD() {
+	var err error
+	switch {
+	case rc.routing != nil:
+		// The file's engines in its order, plain and prefill ones first, then decode ones.
+		for _, decode := range []bool{false, true} {
+			for _, ec := range rc.routing.engines {
+				if (ec.Stage == "decode") != decode {
+					continue
+				}
+				st, err := state.ParseStage(cmp.Or(ec.Stage, "plain"))
+				if err != nil {
+					return nil, err // Validate checked it
+				}
+				e, err := addEngine(state.EngineID(ec.ID), st)
+				if err != nil {
+					return nil, err
+				}
+				if decode {
+					r.decode = append(r.decode, e)
+				} else {
+					r.front = append(r.front, e)
+				}
+			}
+		}
+	case rc.Fleet.IsPD():
 		if r.front, err = addEngines(rc.Fleet.Prefill, "prefill", state.StagePrefill); err != nil {
 			return nil, err
 		}
 		if r.decode, err = addEngines(rc.Fleet.Decode, "decode", state.StageDecode); err != nil {
 			return nil, err
 		}
-	} else if r.front, err = addEngines(rc.Fleet.Plain, "engine", state.StagePlain); err != nil {
-		return nil, err
+	default:
+		if r.front, err = addEngines(rc.Fleet.Plain, "engine", state.StagePlain); err != nil {
+			return nil, err
+		}
 	}
-	if r.affinity, err = newAffinityStore(r); err != nil {
+	if r.affinity, err = affinity.NewMemoryStore(rc.routing.affinityOptions(r.clock)); err != nil {
 		return nil, err
 	}
 	for k := range rc.Routers {
@@ -183,9 +217,16 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 // PCG(Seed, Seed+k), so that one replica replays exactly as a run without replicas.
 func (r *run) newReplica(reg state.Registry, k int, factory PolicyFactory) (*replica, error) {
 	rc := r.rc
-	rep := &replica{load: loadmon.NewTable(loadmon.WithClock(r.clock)), inflight: loadmon.NewInFlight(r.clock),
+	rep := &replica{load: rc.routing.newLoadTable(r.clock), inflight: loadmon.NewInFlight(r.clock),
 		index: r.indexes[k]}
 	rng := rand.New(rand.NewPCG(rc.Seed, rc.Seed+uint64(k)))
+	if rc.routing != nil {
+		var err error
+		if rep.router, err = rc.routing.newRouter(r, reg, rep, rng.IntN); err != nil {
+			return nil, err
+		}
+		return rep, nil
+	}
 	env := PolicyEnv{Load: rep.load, InFlight: rep.inflight, Index: rep.index, Rand: rng.IntN,
 		Admission: rc.Admission, Now: r.clock, Affinity: r.affinity}
 	group := func(f PolicyFactory, stage state.Stage) (*bucket.EngineGroup, error) {
@@ -294,7 +335,7 @@ func (r *run) arrive(k int) error {
 	q.tokens = q.tr.AppendTokenIDs(append(r.tokenBuf(n), r.rc.systemPrompt...))
 	key := q.tr.SessionKey()
 	r.breq = bucket.Request{
-		Model:      simModel,
+		Model:      r.model,
 		TokenIDs:   q.tokens,
 		SessionKey: key,
 		RoutingKey: key,

@@ -3,7 +3,6 @@ package sim
 import (
 	"strconv"
 
-	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -49,11 +48,4 @@ func sticky(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
 
 func stickyRendezvous(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
 	return policy.NewSticky(env.PolicyConfig(), policy.StickyOptions{Rendezvous: true, LoadFactor: 1.25})
-}
-
-// newAffinityStore returns a policy run's affinity store: in memory, on the virtual clock, with
-// the default idle timeout (600 s of virtual time). Expired bindings are invisible at once; the
-// replay runs no sweeper, since a trace holds at most a few thousand sessions.
-func newAffinityStore(r *run) (*affinity.MemoryStore, error) {
-	return affinity.NewMemoryStore(affinity.Options{Now: r.clock})
 }

@@ -31,15 +31,19 @@ type gateway struct {
 	handler  http.Handler
 	poller   *loadsource.Poller // nil without load sources
 	prober   *gw.Prober
-	kv       *kvFeed // nil without KV-event endpoints
+	kv       *kvFeed        // nil without KV-event endpoints
+	closers  []func() error // with --config: the Router, then the Redis client; close calls them in reverse
 }
 
 // build validates the options and the engine list and wires the gateway. Nothing runs yet:
 // runBackground starts the pollers and subscribers.
 func build(o options, log *zap.Logger) (*gateway, error) {
-	var specs []engineSpec
 	if o.config != "" {
-		fromFile, err := loadFile(o.config)
+		return buildFromConfig(o, log)
+	}
+	var specs []engineSpec
+	if o.enginesFile != "" {
+		fromFile, err := loadFile(o.enginesFile)
 		if err != nil {
 			return nil, err
 		}
@@ -53,7 +57,7 @@ func build(o options, log *zap.Logger) (*gateway, error) {
 		specs = append(specs, s)
 	}
 	if len(specs) == 0 {
-		return nil, fmt.Errorf("no engines: give --engine or --config: %w", state.ErrInvalidConfiguration)
+		return nil, fmt.Errorf("no engines: give --config, --engine or --engines-file: %w", state.ErrInvalidConfiguration)
 	}
 	configs := make([]gw.EngineConfig, len(specs))
 	for i, s := range specs {
@@ -253,4 +257,8 @@ func (g *gateway) close() {
 	if g.kv != nil {
 		g.kv.close()
 	}
+	for i := len(g.closers) - 1; i >= 0; i-- {
+		_ = g.closers[i]()
+	}
+	g.closers = nil
 }

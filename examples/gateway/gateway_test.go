@@ -29,9 +29,8 @@ import (
 // until the test ends.
 func startGateway(t testing.TB, args ...string) (*gateway, *httptest.Server) {
 	t.Helper()
-	var o options
-	fs := newFlagSet(&o, io.Discard)
-	require.NoError(t, fs.Parse(args))
+	o, err := parseArgs(args, io.Discard, io.Discard)
+	require.NoError(t, err)
 	g, err := build(o, zap.NewNop())
 	require.NoError(t, err)
 	srv := httptest.NewServer(g.handler)
@@ -172,8 +171,8 @@ func TestPDLegsCarryMatchingBootstrapFields(t *testing.T) {
 	}, 5*time.Second, 5*time.Millisecond)
 }
 
-// The prefill leg completes even if the client leaves, and the dispatch's guards are held until
-// it does (Dispatch.Release releases the pair together, when both legs have ended).
+// The prefill leg completes even if the client leaves, and its guard is held until it does; the
+// decode leg's guard is released with the decode leg (Dispatch.ReleaseStage, per leg).
 func TestPDPrefillCompletesWhenClientLeaves(t *testing.T) {
 	t.Parallel()
 	prefill, decode := newEngine(t), newEngine(t)
@@ -197,7 +196,8 @@ func TestPDPrefillCompletesWhenClientLeaves(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	assert.Equal(t, int64(1), prefill.InFlight(), "the prefill request still runs")
 	assert.Equal(t, uint64(1), g.inflight.Count(p), "its guard is held")
-	assert.Equal(t, uint64(1), g.inflight.Count(d))
+	require.Eventually(t, func() bool { return g.inflight.Count(d) == 0 }, 5*time.Second, 5*time.Millisecond,
+		"the decode leg ended with the client: its guard is released")
 	open()
 	require.Eventually(t, func() bool { return g.inflight.Count(p) == 0 && g.inflight.Count(d) == 0 }, 5*time.Second, 5*time.Millisecond,
 		"released once the prefill leg ended")
@@ -425,7 +425,7 @@ func TestInvalidConfigurationIsRefused(t *testing.T) {
 		args []string
 	}{
 		{"no_engines", nil},
-		{"unknown_file_key", []string{"--config=" + unknown}},
+		{"unknown_file_key", []string{"--engines-file=" + unknown}},
 		{"unknown_flag_key", []string{"--engine=url=http://127.0.0.1:1,model=m,kind=vllm,colour=red"}},
 		{"bad_kind", []string{"--engine=url=http://127.0.0.1:1,model=m,kind=tgi"}},
 		{"bad_stage", []string{"--engine=url=http://127.0.0.1:1,model=m,kind=vllm,stage=mixed"}},
@@ -434,7 +434,7 @@ func TestInvalidConfigurationIsRefused(t *testing.T) {
 		{"bad_policy", []string{"--engine=url=http://127.0.0.1:1,model=m,kind=vllm", "--policy=fastest"}},
 		{"cache_aware_decode", []string{"--engine=url=http://127.0.0.1:1,model=m,kind=vllm,stage=prefill",
 			"--engine=url=http://127.0.0.1:2,model=m,kind=vllm,stage=decode", "--decode-policy=cache_aware"}},
-		{"duplicate_engine", []string{"--config=" + good, "--engine=url=http://127.0.0.1:1,model=m,kind=vllm"}},
+		{"duplicate_engine", []string{"--engines-file=" + good, "--engine=url=http://127.0.0.1:1,model=m,kind=vllm"}},
 		{"bad_block_tokens", []string{"--engine=url=http://127.0.0.1:1,model=m,kind=vllm", "--block-tokens=0"}},
 	}
 	for _, tc := range cases {
@@ -448,7 +448,7 @@ func TestInvalidConfigurationIsRefused(t *testing.T) {
 	}
 	var o options
 	fs := newFlagSet(&o, io.Discard)
-	require.NoError(t, fs.Parse([]string{"--config=" + good}))
+	require.NoError(t, fs.Parse([]string{"--engines-file=" + good}))
 	g, err := build(o, zap.NewNop())
 	require.NoError(t, err, "a valid file")
 	assert.Len(t, g.registry.All(), 1)

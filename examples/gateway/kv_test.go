@@ -39,9 +39,14 @@ func freePort(t *testing.T) int {
 }
 
 func newPublisher(t *testing.T) (p *publisher, addr, replay string) {
-	p = &publisher{pub: zmq4.NewPub(context.Background()), router: zmq4.NewRouter(context.Background())}
 	addr = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	replay = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	return newPublisherOn(t, addr, replay), addr, replay
+}
+
+// newPublisherOn is newPublisher bound to the given addresses.
+func newPublisherOn(t *testing.T, addr, replay string) *publisher {
+	p := &publisher{pub: zmq4.NewPub(context.Background()), router: zmq4.NewRouter(context.Background())}
 	require.NoError(t, p.pub.Listen(addr))
 	require.NoError(t, p.router.Listen(replay))
 	p.wg.Add(1)
@@ -69,7 +74,7 @@ func newPublisher(t *testing.T) (p *publisher, addr, replay string) {
 		_ = p.router.Close()
 		p.wg.Wait()
 	})
-	return p, addr, replay
+	return p
 }
 
 func be64(v uint64) []byte {

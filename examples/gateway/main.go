@@ -5,7 +5,9 @@
 //
 //	go run ./examples/gateway --engine url=http://127.0.0.1:8000,model=llama,kind=vllm
 //
-// and see --help for every flag, or give the engines in a YAML file with --config.
+// and see --help for every flag, or give the engines in a YAML file with --engines-file, or run it
+// from a routing configuration file (the files under examples/configs, which examples/replay
+// -config replays too) with --config.
 package main
 
 import (
@@ -47,6 +49,8 @@ func (e *engineFlags) Set(v string) error { *e = append(*e, v); return nil }
 type options struct {
 	listen           string
 	config           string
+	enginesFile      string
+	engineKind       string
 	engines          engineFlags
 	policy           string
 	decodePolicy     string
@@ -68,6 +72,9 @@ type options struct {
 	probePath        string
 	prefillTimeout   time.Duration
 	debug            bool
+
+	// explicit holds the names of the flags given on the command line (parseArgs).
+	explicit map[string]bool
 }
 
 // newFlagSet declares every flag with its documentation; --help prints them.
@@ -79,8 +86,23 @@ func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
 
 Usage: gateway [flags]
 
-Engines come from --engine flags and/or a --config file (YAML or JSON: "engines:" followed by a
-list with the same keys as --engine). An --engine value is comma-separated key=value pairs:
+The routing comes from one of two places:
+
+  --config FILE   a routing configuration (YAML or JSON, docs/design.md §14; examples/configs/):
+                  its engines, models, buckets, groups, policies, admission caps, load and KV
+                  settings and affinity settings, the same file examples/replay -config replays.
+                  The flags the file replaces (--engine, --engines-file, --policy,
+                  --decode-policy, --block-tokens, --worker-queue-limit, --min-matched-tokens,
+                  --session-header, --routing-key-header, --load-*, --freshness) are refused
+                  with it. An engine's ID is its base URL; its software is SGLang when its load
+                  format is sglang_*, vLLM for vllm_metrics, else --engine-kind. With
+                  affinity.store redis the bindings live in Redis (password from
+                  $ENGINEPICK_REDIS_PASSWORD).
+  --engine and --engines-file   engines given one by one, each model served by one plain bucket
+                  and/or one PD bucket with --policy and --decode-policy.
+
+An --engines-file is YAML or JSON: "engines:" followed by a list with the same keys as --engine.
+An --engine value is comma-separated key=value pairs:
   url=BASE_URL            the engine's base URL, also its ID (required)
   model=NAME              the model name clients send (required)
   kind=vllm|sglang        the server software (required)
@@ -105,7 +127,9 @@ Flags:
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on (host:port)")
-	fs.StringVar(&o.config, "config", "", "YAML or JSON file with the engine list (engines: [...])")
+	fs.StringVar(&o.config, "config", "", "routing configuration file (YAML or JSON, enginepick.LoadConfig; examples/configs/) instead of --engine and --engines-file")
+	fs.StringVar(&o.enginesFile, "engines-file", "", "YAML or JSON file with the engine list (engines: [...])")
+	fs.StringVar(&o.engineKind, "engine-kind", "vllm", "with --config: server software (vllm or sglang) of the engines without a load endpoint")
 	fs.Var(&o.engines, "engine", "an engine, as comma-separated key=value pairs (repeat for each engine; keys above)")
 	fs.StringVar(&o.policy, "policy", "cache_aware", "policy of plain and prefill groups: round_robin, random, power_of_two, load_based or cache_aware")
 	fs.StringVar(&o.decodePolicy, "decode-policy", "power_of_two", "policy of decode groups: round_robin, random, power_of_two or load_based")
@@ -130,9 +154,9 @@ Flags:
 	return fs
 }
 
-// run parses args, builds the gateway and serves until ctx is done. ready, when set, is called
-// with the listening address once the server accepts connections.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(addr string)) error {
+// parseArgs parses the command line into options, recording which flags were given. --help
+// prints the usage to stdout and returns flag.ErrHelp.
+func parseArgs(args []string, stdout, stderr io.Writer) (options, error) {
 	var o options
 	fs := newFlagSet(&o, stderr)
 	if err := fs.Parse(args); err != nil {
@@ -140,10 +164,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 			fs.SetOutput(stdout)
 			fs.Usage()
 		}
-		return err
+		return o, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	o.explicit = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.explicit[f.Name] = true })
+	return o, nil
+}
+
+// run parses args, builds the gateway and serves until ctx is done. ready, when set, is called
+// with the listening address once the server accepts connections.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(addr string)) error {
+	o, err := parseArgs(args, stdout, stderr)
+	if err != nil {
+		return err
 	}
 	log := zap.NewNop()
 	if o.debug {

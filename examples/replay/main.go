@@ -56,6 +56,17 @@
 //	                 admit everything); unknown fields and values that are not non-negative
 //	                 integers are errors that name the field and what is allowed
 //	-plot DIR        also write PNG charts to DIR: ttft_cdf.png, hit_rate.png, imbalance.png
+//	-config FILE     replay a routing configuration file instead of -engines, -pd, -policies and
+//	                 -admission: the file production builds its router from (enginepick.LoadConfig,
+//	                 docs/design.md §14, examples/configs/). The replay simulates exactly the
+//	                 engines the file lists for the model (their IDs and stages; each one DP rank,
+//	                 its load and KV events fed by the simulation instead of its endpoints) and
+//	                 routes with enginepick.New from the file: its buckets, groups, policies,
+//	                 admission caps, freshness, KV block size and affinity idle time. Redis
+//	                 affinity is replaced by one in-memory store shared by the -routers replicas.
+//	                 The report has one row, named after the file (see sim.Routing)
+//	-model M         with -config: the model whose engines and buckets are replayed (default: the
+//	                 file's first model)
 //
 // A figure no request defines (every request of a policy rejected by admission, say) prints as
 // "n/a", and is null in -json output. After the table, a line starting "warning:" flags each
@@ -91,6 +102,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/sim"
 	"github.com/enginepick/enginepick/state"
@@ -220,6 +232,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	asJSON := fs.Bool("json", false, "print the report as JSON (undefined figures are null; warnings go to stderr)")
 	plotDir := fs.String("plot", "", "directory to write PNG charts to, created if needed (checked before the replay)")
 	limitsJSON := fs.String("admission", "", `per-engine admission caps as JSON, e.g. '{"max_waiting_requests": 32}' (default: admit everything)`)
+	configPath := fs.String("config", "", "routing configuration file (YAML or JSON, as enginepick.LoadConfig reads) to replay instead of -engines, -pd, -policies and -admission")
+	model := fs.String("model", "", "with -config: the model to replay (default: the file's first model)")
 	scenario := addScenarioFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -248,6 +262,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 		cfg.Fleet = fleet
 	}
 	cfg.Policies = splitList(*policies)
+	if *configPath != "" || *model != "" {
+		if err := applyConfigFile(fs, &cfg, *configPath, *model); err != nil {
+			return err
+		}
+	}
 	if err := scenario.apply(&cfg); err != nil {
 		return err
 	}
@@ -315,6 +334,39 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 		return rep.WriteJSON(stdout)
 	}
 	return rep.WriteTable(stdout)
+}
+
+// errConfigFlags reports -config with a flag that the file replaces.
+var errConfigFlags = errors.New("the file describes the fleet, its policies and admission")
+
+// applyConfigFile loads the -config file into cfg.Routing, for model (empty: the file's first).
+// -engines, -pd, -policies and -admission are the file's business, and -model needs -config: each
+// such combination, and a file enginepick.LoadConfig rejects, is a command-line mistake.
+func applyConfigFile(fs *flag.FlagSet, cfg *sim.Config, path, model string) error {
+	if path == "" {
+		return usage(errors.New("-model needs -config"))
+	}
+	var clash []string
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "engines", "pd", "policies", "admission":
+			clash = append(clash, "-"+f.Name)
+		}
+	})
+	if len(clash) > 0 {
+		return usage(fmt.Errorf("-config and %s are exclusive: %w", strings.Join(clash, ", "), errConfigFlags))
+	}
+	rc, err := enginepick.LoadConfig(path)
+	if err != nil {
+		return usage(&flagError{msg: "-config " + path + ": " + err.Error(), err: err})
+	}
+	name := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	if model != "" {
+		name += "/" + model
+	}
+	*cfg = sim.Config{Speed: cfg.Speed, Limit: cfg.Limit, Seed: cfg.Seed,
+		Routing: &sim.Routing{Config: rc, Model: state.ModelID(model), Name: name}}
+	return nil
 }
 
 // flagError is a bad flag value worded once: Error returns msg, Unwrap the cause, so errors.Is

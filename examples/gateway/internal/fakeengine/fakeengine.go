@@ -7,6 +7,7 @@ package fakeengine
 import (
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -50,8 +51,36 @@ type Engine struct {
 }
 
 // New starts a fake engine answering non-streamed requests with a fixed JSON completion and
-// streamed ones with three SSE events and [DONE].
+// streamed ones with three SSE events and [DONE], on a free loopback port.
 func New() *Engine {
+	e, mux := newEngine()
+	e.Server = httptest.NewServer(mux)
+	return e
+}
+
+// NewAt starts the same fake engine listening on addr (host:port): an engine restarted at the
+// address it had before, so that the gateway, which knows engines by URL, finds it again.
+func NewAt(addr string) (*Engine, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	e, mux := newEngine()
+	e.Server = httptest.NewUnstartedServer(mux)
+	_ = e.Server.Listener.Close()
+	e.Server.Listener = l
+	e.Server.Start()
+	return e, nil
+}
+
+// Kill stops the engine as a crash would: every open connection, a stream in progress included,
+// is cut at once, and new connections are refused. Kill after Kill or Close does nothing more.
+func (e *Engine) Kill() {
+	e.Server.CloseClientConnections()
+	e.Server.Close()
+}
+
+func newEngine() (*Engine, *http.ServeMux) {
 	e := &Engine{health: http.StatusOK,
 		chunks: []string{"data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n",
 			"data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\n", "data: [DONE]\n\n"}}
@@ -78,8 +107,7 @@ func New() *Engine {
 	mux.HandleFunc("GET /metrics", load)
 	mux.HandleFunc("GET /v1/loads", load)
 	mux.HandleFunc("GET /get_load", load)
-	e.Server = httptest.NewServer(mux)
-	return e
+	return e, mux
 }
 
 // URL returns the engine's base URL.

@@ -67,9 +67,6 @@ type Options struct {
 	Client *http.Client
 	// PrefillTimeout bounds a PD prefill leg; 0 means DefaultPrefillTimeout.
 	PrefillTimeout time.Duration
-	// RankOf returns the DP rank a pick names, if any. Nil means no pick names one: the engine
-	// chooses the rank itself. (policy.Pick does not carry a rank yet; see docs/design-notes.md.)
-	RankOf func(policy.Pick) (int, bool)
 	// Rand returns uniform 64-bit values for PD bootstrap rooms. Nil means math/rand/v2.Uint64.
 	Rand func() uint64
 	// Metrics records the gateway's series; nil records none.
@@ -103,9 +100,6 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if opts.PrefillTimeout <= 0 {
 		opts.PrefillTimeout = DefaultPrefillTimeout
-	}
-	if opts.RankOf == nil {
-		opts.RankOf = func(policy.Pick) (int, bool) { return 0, false }
 	}
 	if opts.Rand == nil {
 		opts.Rand = rand.Uint64
@@ -288,6 +282,10 @@ func writeError(w http.ResponseWriter, code int, typ, msg string) {
 
 func (s *Server) engineOf(p policy.Pick) *Engine { return p.Engine.(*Engine) }
 
+// pickRank returns the DP rank the pick names (policy.Pick.DPRank), if any. Without one the
+// engine places the request on a rank itself.
+func pickRank(p policy.Pick) (int, bool) { return p.DPRank, p.HasDPRank }
+
 // withFields returns body with the given top-level fields set (replaced when present).
 func withFields(body []byte, fields map[string]any) ([]byte, error) {
 	if len(fields) == 0 {
@@ -396,7 +394,7 @@ func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []by
 	pick := d.Selection.Plain
 	e := s.engineOf(pick)
 	s.opts.Metrics.dispatch(state.StagePlain, pick)
-	rank, hasRank := s.opts.RankOf(pick)
+	rank, hasRank := pickRank(pick)
 	if hasRank && e.cfg.Kind == KindSGLang {
 		var err error
 		if body, err = withFields(body, map[string]any{sglangRankField: rank}); err != nil {
@@ -447,15 +445,17 @@ func (p *prefillLeg) failed() bool { return p.err != nil || p.status >= 400 }
 // dispatchPD sends the request to the prefill and the decode engine concurrently, each with the
 // same bootstrap host, port and room (and each leg's DP rank when known), and relays the decode
 // engine's response. The prefill leg is detached from the client: it runs to completion (or
-// PrefillTimeout) even if the client leaves, because the decode engine waits for its KV. The
-// in-flight guards are released when both legs have ended.
+// PrefillTimeout) even if the client leaves, because the decode engine waits for its KV. Each
+// leg's in-flight guard is released when that leg ends (enginepick.Dispatch.ReleaseStage): the
+// prefill engine's when its answer has been read, the decode engine's when its response or stream
+// has been relayed (or the client left); the dispatch ends when both have.
 func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte, stream bool, d *enginepick.Dispatch) {
 	sel := d.Selection
 	pe, de := s.engineOf(sel.Prefill), s.engineOf(sel.Decode)
 	s.opts.Metrics.dispatch(state.StagePrefill, sel.Prefill)
 	s.opts.Metrics.dispatch(state.StageDecode, sel.Decode)
-	prank, pok := s.opts.RankOf(sel.Prefill)
-	drank, dok := s.opts.RankOf(sel.Decode)
+	prank, pok := pickRank(sel.Prefill)
+	drank, dok := pickRank(sel.Decode)
 	room := BootstrapRoom(s.opts.Rand(), pe.cfg.DPRanks, prank, pok)
 	var port any // null when the prefill engine has no bootstrap port configured
 	if pe.cfg.BootstrapPort != 0 {
@@ -486,6 +486,7 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.opts.PrefillTimeout)
 	go func() {
 		defer close(p.done)
+		defer d.ReleaseStage(state.StagePrefill) // this leg's engine is done with the request
 		defer cancel()
 		resp, err := s.send(pctx, r, pe, pbody, prank, pok)
 		if err != nil {
@@ -505,6 +506,7 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 		}
 	}()
 	defer func() {
+		d.ReleaseStage(state.StageDecode)
 		select {
 		case <-p.done:
 			d.Release()

@@ -22,17 +22,23 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// recorder is a policy that picks the first candidate and records each request.
+// recorder is a policy that picks the first candidate, naming the DP rank ranks gives for its
+// URL if any, and records each request.
 type recorder struct {
-	mu   sync.Mutex
-	reqs []policy.Request
+	mu    sync.Mutex
+	reqs  []policy.Request
+	ranks map[string]int
 }
 
 func (r *recorder) Pick(_ context.Context, es []state.Engine, req *policy.Request) (policy.Pick, error) {
 	r.mu.Lock()
 	r.reqs = append(r.reqs, *req)
 	r.mu.Unlock()
-	return policy.Pick{Engine: es[0], Reason: "first"}, nil
+	pk := policy.Pick{Engine: es[0], Reason: "first"}
+	if rank, ok := r.ranks[string(es[0].ID())]; ok {
+		pk.DPRank, pk.HasDPRank = rank, true
+	}
+	return pk, nil
 }
 
 func (r *recorder) last() policy.Request {
@@ -51,10 +57,15 @@ type fixture struct {
 // newFixture serves a gateway over the given engines (plain, or one prefill and one decode),
 // with every group picking its first candidate.
 func newFixture(t *testing.T, configs []gw.EngineConfig, opts gw.Options) *fixture {
+	return newRankedFixture(t, configs, opts, nil)
+}
+
+// newRankedFixture is newFixture with picks naming ranks[engine URL] when present.
+func newRankedFixture(t *testing.T, configs []gw.EngineConfig, opts gw.Options, ranks map[string]int) *fixture {
 	t.Helper()
 	reg, err := gw.NewRegistry(configs, gw.BreakerConfig{})
 	require.NoError(t, err)
-	rec := &recorder{}
+	rec := &recorder{ranks: ranks}
 	group := func() *bucket.EngineGroup {
 		g, err := bucket.NewEngineGroup(rec, nil)
 		require.NoError(t, err)
@@ -141,10 +152,9 @@ func TestTokenizedPromptReachesThePolicy(t *testing.T) {
 // X-data-parallel-rank header, SGLang the routed_dp_rank body field.
 func TestPickRankReachesTheEngine(t *testing.T) {
 	t.Parallel()
-	rankOf := func(p policy.Pick) (int, bool) { return 3, true }
 	v, s := engine(t), engine(t)
-	fv := newFixture(t, []gw.EngineConfig{{URL: v.URL(), Model: "m", Kind: gw.KindVLLM, DPRanks: 4}}, gw.Options{RankOf: rankOf})
-	fs := newFixture(t, []gw.EngineConfig{{URL: s.URL(), Model: "m", Kind: gw.KindSGLang, DPRanks: 4}}, gw.Options{RankOf: rankOf})
+	fv := newRankedFixture(t, []gw.EngineConfig{{URL: v.URL(), Model: "m", Kind: gw.KindVLLM, DPRanks: 4}}, gw.Options{}, map[string]int{v.URL(): 3})
+	fs := newRankedFixture(t, []gw.EngineConfig{{URL: s.URL(), Model: "m", Kind: gw.KindSGLang, DPRanks: 4}}, gw.Options{}, map[string]int{s.URL(): 3})
 	for _, f := range []*fixture{fv, fs} {
 		code, _ := f.post(t, "/v1/completions", `{"model":"m","prompt":"hi"}`, nil)
 		require.Equal(t, http.StatusOK, code)
@@ -173,10 +183,10 @@ func TestPDRanksAndRoom(t *testing.T) {
 	t.Parallel()
 	p, d := engine(t), engine(t)
 	ranks := map[string]int{p.URL(): 2, d.URL(): 5}
-	f := newFixture(t, []gw.EngineConfig{
+	f := newRankedFixture(t, []gw.EngineConfig{
 		{URL: p.URL(), Model: "m", Kind: gw.KindSGLang, Stage: state.StagePrefill, DPRanks: 4, BootstrapPort: 8998},
 		{URL: d.URL(), Model: "m", Kind: gw.KindSGLang, Stage: state.StageDecode, DPRanks: 8},
-	}, gw.Options{RankOf: func(pk policy.Pick) (int, bool) { return ranks[string(pk.Engine.ID())], true }})
+	}, gw.Options{}, ranks)
 	for range 20 {
 		code, body := f.post(t, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
 		require.Equal(t, http.StatusOK, code, body)

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+
+	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/state"
+)
+
+// writeConfig writes a routing configuration file into a test directory.
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "routing.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(text), 0o600))
+	return path
+}
+
+// TestConfigFileRoutesThroughNew runs the gateway from a routing configuration file (--config):
+// the file's round_robin group over two engines alternates between them, the session header the
+// file names is read, the load endpoints the file lists are polled by the Router New built, and
+// /metrics serves the enginepick_* families next to the gateway's.
+func TestConfigFileRoutesThroughNew(t *testing.T) {
+	t.Parallel()
+	a, b := newEngine(t), newEngine(t)
+	a.SetLoad("vllm:num_requests_running{engine=\"0\"} 2\nvllm:num_requests_waiting{engine=\"0\"} 5\n")
+	b.SetLoad(`{"loads":[{"dp_rank":0,"num_running_reqs":1,"num_waiting_reqs":0}]}`)
+	path := writeConfig(t, fmt.Sprintf(`
+affinity: {session_header: x-conversation}
+load: {poll_interval: 50ms, poll_timeout: 50ms}
+engines:
+  - {id: %q, model: m, load: {url: "%s/metrics", format: vllm_metrics}}
+  - {id: %q, model: m, load: {url: "%s/v1/loads", format: sglang_loads}}
+models:
+  - id: m
+    buckets: [{id: all, groups: {plain: {policy: {type: round_robin}}}}]
+  - id: chat
+    buckets: [{id: all, groups: {plain: {worker_ids: [], policy: {type: session_aware}}}}]
+`, a.URL(), a.URL(), b.URL(), b.URL()))
+	g, gwSrv := startGateway(t, "--config="+path, "--tokenize=false")
+	require.Len(t, g.registry.All(), 2)
+	kinds := []string{g.registry.All()[0].Config().Kind.String(), g.registry.All()[1].Config().Kind.String()}
+	assert.Equal(t, []string{"vllm", "sglang"}, kinds, "the software follows the load format")
+	assert.Same(t, g.router.LoadTable(), g.table)
+
+	for range 4 {
+		resp := post(t, context.Background(), gwSrv.URL+"/v1/completions", `{"model":"m","prompt":"hello"}`, nil)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	assert.Len(t, a.Requests(), 2, "round_robin from the file alternates")
+	assert.Len(t, b.Requests(), 2)
+
+	require.Eventually(t, func() bool {
+		_, okA := g.table.Snapshot().Load(state.EngineID(a.URL()))
+		_, okB := g.table.Snapshot().Load(state.EngineID(b.URL()))
+		return okA && okB
+	}, 20*time.Second, 5*time.Millisecond, "New polls the file's load endpoints")
+	la, _ := g.table.Snapshot().Load(state.EngineID(a.URL()))
+	assert.Equal(t, uint64(5), la.WaitingRequests)
+
+	rec := httptest.NewRecorder()
+	g.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	body := rec.Body.String()
+	assert.Contains(t, body, `enginepick_decisions_total{bucket="all",model_id="m",policy="round_robin",reason="round_robin",stage="plain"} 4`)
+	assert.Contains(t, body, "gateway_requests_total")
+	assert.True(t, strings.Contains(body, `enginepick_load_polls_total{engine="`+a.URL()+`"}`), "the Router's poller is exported")
+
+	// The file's session header is the one read: an empty group answers 503 for model chat,
+	// whatever the header, but the request must get that far.
+	resp := post(t, context.Background(), gwSrv.URL+"/v1/completions", `{"model":"chat","prompt":"hi"}`, map[string]string{"x-conversation": "c1"})
+	resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+}
+
+// TestConfigFileRefusals checks the mistakes of --config: a flag the file replaces, a file the
+// loader rejects (with its typed error), an engine ID that is no base URL, an unknown
+// --engine-kind.
+func TestConfigFileRefusals(t *testing.T) {
+	t.Parallel()
+	good := writeConfig(t, "engines: [{id: \"http://127.0.0.1:1\", model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n")
+	slash := writeConfig(t, "engines: [{id: \"http://127.0.0.1:1/\", model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n")
+	noEngines := writeConfig(t, "models: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n")
+	removed := writeConfig(t, "models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: score_policy}}}}]}]\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want error
+		msg  string
+	}{
+		{"with_policy_flags", []string{"--config=" + good, "--policy=random", "--freshness=1s"}, state.ErrInvalidConfiguration,
+			"--config and --policy, --freshness are exclusive: the file holds the engines, policies and shared settings: invalid configuration"},
+		{"with_engine", []string{"--config=" + good, "--engine=url=http://127.0.0.1:2,model=m,kind=vllm"}, state.ErrInvalidConfiguration, ""},
+		{"removed_option", []string{"--config=" + removed}, enginepick.ErrRemovedOption, ""},
+		{"trailing_slash", []string{"--config=" + slash}, state.ErrInvalidConfiguration, ""},
+		{"no_engines", []string{"--config=" + noEngines}, state.ErrInvalidConfiguration, ""},
+		{"bad_kind", []string{"--config=" + good, "--engine-kind=tgi"}, state.ErrInvalidConfiguration, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseArgs(tc.args, io.Discard, io.Discard)
+			require.NoError(t, err)
+			_, err = build(o, zap.NewNop())
+			require.ErrorIs(t, err, tc.want)
+			if tc.msg != "" {
+				assert.EqualError(t, err, tc.msg)
+			}
+		})
+	}
+}
+
+// TestExampleConfigsBuildTheGateway builds the gateway from every file under examples/configs,
+// the files examples/replay -config replays: the same file describes the fleet in both. The
+// Redis example's store is only built (go-redis dials lazily); Close stops New's pollers.
+func TestExampleConfigsBuildTheGateway(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("../configs/*")
+	require.NoError(t, err)
+	require.Len(t, files, 4)
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			o, err := parseArgs([]string{"--config=" + f}, io.Discard, io.Discard)
+			require.NoError(t, err)
+			g, err := build(o, zap.NewNop())
+			require.NoError(t, err)
+			cfg, err := enginepick.LoadConfig(f)
+			require.NoError(t, err)
+			assert.Len(t, g.registry.All(), len(cfg.Engines))
+			assert.Equal(t, cfg.Affinity.Store == "redis", g.router.AffinityStore() != nil && len(g.closers) == 2)
+			g.close()
+		})
+	}
+}

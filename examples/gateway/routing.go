@@ -1,0 +1,122 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/affinity/redisstore"
+	"github.com/enginepick/enginepick/examples/gateway/internal/gw"
+	"github.com/enginepick/enginepick/metrics"
+	"github.com/enginepick/enginepick/state"
+)
+
+// redisPasswordEnv names the environment variable the Redis password is read from: credentials do
+// not belong in the routing configuration (enginepick.RedisSettings).
+const redisPasswordEnv = "ENGINEPICK_REDIS_PASSWORD"
+
+// configReplaces are the flags whose settings a --config file holds; giving one with --config is
+// an error rather than a silent override.
+var configReplaces = []string{"engine", "engines-file", "policy", "decode-policy", "block-tokens", "worker-queue-limit",
+	"min-matched-tokens", "session-header", "routing-key-header", "load-interval", "load-timeout", "load-jitter", "freshness"}
+
+// buildFromConfig wires the gateway from a routing configuration file, the same file
+// examples/replay -config replays (docs/design.md §14): the engines come from its engines list,
+// the Router from enginepick.New, which polls the listed load endpoints and follows the listed KV
+// events itself (Router.Close stops them), and exports the enginepick_* metrics next to the
+// gateway's. Each engine's server software is read from its load format (sglang_* is SGLang,
+// vllm_metrics vLLM), else --engine-kind. With affinity.store redis, the Redis store is built from
+// affinity.redis, with the password from $ENGINEPICK_REDIS_PASSWORD.
+func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
+	var clash []string
+	for _, name := range configReplaces {
+		if o.explicit[name] {
+			clash = append(clash, "--"+name)
+		}
+	}
+	if len(clash) > 0 {
+		return nil, fmt.Errorf("--config and %s are exclusive: the file holds the engines, policies and shared settings: %w",
+			strings.Join(clash, ", "), state.ErrInvalidConfiguration)
+	}
+	cfg, err := enginepick.LoadConfig(o.config)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Engines) == 0 {
+		return nil, fmt.Errorf("--config %s lists no engines: %w", o.config, state.ErrInvalidConfiguration)
+	}
+	defaultKind, err := gw.ParseKind(o.engineKind)
+	if err != nil {
+		return nil, fmt.Errorf("--engine-kind: %w", err)
+	}
+	configs := make([]gw.EngineConfig, len(cfg.Engines))
+	for i, e := range cfg.Engines {
+		if strings.HasSuffix(e.ID, "/") {
+			return nil, fmt.Errorf("--config %s: engines[%d].id %q: the gateway's engine IDs are base URLs without a trailing slash: %w",
+				o.config, i, e.ID, state.ErrInvalidConfiguration)
+		}
+		kind := defaultKind
+		if e.Load != nil {
+			kind = gw.KindVLLM
+			if strings.HasPrefix(e.Load.Format, "sglang_") {
+				kind = gw.KindSGLang
+			}
+		}
+		st, err := state.ParseStage(cmp.Or(e.Stage, "plain"))
+		if err != nil {
+			return nil, err // LoadConfig checked it
+		}
+		configs[i] = gw.EngineConfig{URL: e.ID, Model: state.ModelID(e.Model), Kind: kind, Stage: st, DPRanks: e.DPRanks}
+	}
+	registry, err := gw.NewRegistry(configs, gw.BreakerConfig{FailureStreak: o.breakerFailures})
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	obs, err := metrics.New(reg, metrics.Options{})
+	if err != nil {
+		return nil, err
+	}
+	g := &gateway{registry: registry}
+	opts := []enginepick.Option{enginepick.WithLogger(log), enginepick.WithObserver(obs)}
+	if cfg.Affinity.Store == "redis" {
+		rs := cfg.Affinity.Redis
+		client := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: rs.Addrs, Password: os.Getenv(redisPasswordEnv)})
+		store, err := redisstore.New(redisstore.Options{Client: client, Prefix: rs.Prefix, Shards: rs.Shards, IdleTimeout: cfg.Affinity.IdleTimeout.D()})
+		if err != nil {
+			_ = client.Close()
+			return nil, fmt.Errorf("affinity.redis: %w", err)
+		}
+		g.closers = append(g.closers, client.Close)
+		opts = append(opts, enginepick.WithAffinityStore(store))
+	}
+	if g.router, err = enginepick.New(cfg, registry, opts...); err != nil {
+		g.close()
+		return nil, err
+	}
+	g.closers = append(g.closers, g.router.Close)
+	g.table, g.inflight, g.index = g.router.LoadTable(), g.router.InFlight(), g.router.Index()
+
+	var tok gw.Tokenizer
+	if o.tokenize {
+		tok = &gw.EngineTokenizer{Registry: registry, Timeout: o.tokenizeTimeout}
+	}
+	g.server, err = gw.NewServer(gw.Options{Router: g.router, Registry: registry, Tokenizer: tok,
+		BytesPerToken: o.bytesPerToken, MaxBodyBytes: o.maxBodyBytes, PrefillTimeout: o.prefillTimeout, Logger: log,
+		SessionHeader:    cmp.Or(cfg.Affinity.SessionHeader, enginepick.DefaultSessionHeader),
+		RoutingKeyHeader: cmp.Or(cfg.Affinity.RoutingKeyHeader, enginepick.DefaultRoutingKeyHeader),
+		Metrics:          gw.NewMetrics(reg, registry)})
+	if err != nil {
+		g.close()
+		return nil, err
+	}
+	g.handler = g.server
+	g.prober = &gw.Prober{Registry: registry, Interval: o.probeInterval, Path: o.probePath}
+	return g, nil
+}

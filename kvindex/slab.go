@@ -1,0 +1,80 @@
+package kvindex
+
+import (
+	"math/bits"
+	"slices"
+)
+
+// slab is a growable array addressed by index, kept as fixed pages so that growing it never
+// copies what it holds: the index's node and holding slabs reach hundreds of megabytes, and
+// growing them as one slice (append's 1.25× steps, each copying the whole slab into freshly
+// mapped memory) cost half of the ingest time on the production-scale workload
+// (docs/performance.md, "kvindex at production scale"). Page 0 grows like a slice until it is
+// full, so a small index stays small; every later page has slabPageLen entries, except that a
+// run longer than a page (spanPages) gets one allocation shared by as many page slots as it
+// covers. Entries of a full page never move; page 0 moves while it grows, as a slice would. The zero
+// slab is empty. Not safe for concurrent mutation; concurrent reads are safe.
+type slab[T any] struct {
+	// pages[i] holds entries [i<<slabPageBits, …); its slice runs to the end of its allocation,
+	// so a run inside it is one sub-slice.
+	pages [][]T
+	n     int // entries in use: [0, n)
+}
+
+const (
+	slabPageBits = 15
+	slabPageLen  = 1 << slabPageBits
+	slabPageMask = slabPageLen - 1
+)
+
+// at returns the address of entry i < len().
+func (s *slab[T]) at(i int) *T { return &s.pages[i>>slabPageBits][i&slabPageMask] }
+
+// span returns entries [i, i+k) as one slice; they must lie in one allocation (extend returned
+// them together, or they lie in one page).
+func (s *slab[T]) span(i, k int) []T {
+	o := i & slabPageMask
+	return s.pages[i>>slabPageBits][o : o+k : o+k]
+}
+
+// len returns the number of entries.
+func (s *slab[T]) len() int { return s.n }
+
+// extend appends k zero entries, contiguous in memory, and returns the first one's index. k must
+// be a power of two and len() a multiple of min(k, slabPageLen), so that a run of at most a page
+// never straddles two pages (the holding runs are allocated so: allocRun).
+func (s *slab[T]) extend(k int) int {
+	i := s.n
+	switch {
+	case i < slabPageLen && i+k <= slabPageLen: // page 0, still growing like a slice
+		if len(s.pages) == 0 {
+			s.pages = append(s.pages, nil)
+		}
+		p := s.pages[0]
+		p = slices.Grow(p, k)[:i+k]
+		clear(p[i:])
+		s.pages[0] = p
+	case k <= slabPageLen:
+		if i&slabPageMask == 0 {
+			s.pages = append(s.pages, make([]T, slabPageLen))
+		}
+	default: // a run of several pages, page-aligned: one allocation, a page slot per page it covers
+		big := make([]T, k)
+		for j := 0; j < k; j += slabPageLen {
+			s.pages = append(s.pages, big[j:])
+		}
+	}
+	s.n += k
+	return i
+}
+
+// alignFor extends the slab to the next multiple of min(k, slabPageLen), as aligned runs of
+// decreasing size, and calls fn with each (off, log2 of its length). allocRun puts them on its
+// free lists, so nothing is lost.
+func (s *slab[T]) alignFor(k int, fn func(off int, class uint32)) {
+	a := min(k, slabPageLen)
+	for s.n&(a-1) != 0 {
+		c := uint32(bits.TrailingZeros(uint(s.n)))
+		fn(s.extend(1<<c), c)
+	}
+}

@@ -1,0 +1,95 @@
+package kvindex
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/state"
+)
+
+// TestSlabKeepsEntriesAcrossPages fills a slab past several pages one entry at a time and checks
+// every entry, and that entries of full pages never move when the slab grows.
+func TestSlabKeepsEntriesAcrossPages(t *testing.T) {
+	var s slab[uint64]
+	const n = 3*slabPageLen + 17
+	var firstOfPage1 *uint64
+	for i := range n {
+		require.Equal(t, i, s.extend(1))
+		*s.at(i) = uint64(i) + 1
+		if i == slabPageLen {
+			firstOfPage1 = s.at(i)
+		}
+	}
+	require.Equal(t, n, s.len())
+	assert.Len(t, s.pages, 4)
+	assert.Same(t, firstOfPage1, s.at(slabPageLen), "a full page's entries never move")
+	for i := range n {
+		require.Equal(t, uint64(i)+1, *s.at(i), "entry %d", i)
+	}
+}
+
+// TestSlabRunsStayInOnePage allocates power-of-two runs as allocRun does (aligned, the skipped
+// entries handed back as smaller runs) and checks that each run is one contiguous slice, that runs
+// never overlap, and that the skipped runs exactly tile the gaps, including a run longer than a
+// page.
+func TestSlabRunsStayInOnePage(t *testing.T) {
+	var s slab[uint32]
+	rng := rand.New(rand.NewPCG(1, 2))
+	owner := map[int]int{} // entry → run number
+	mark := func(off, k, id int) {
+		run := s.span(off, k)
+		require.Len(t, run, k)
+		for j := range run {
+			require.Same(t, &run[j], s.at(off+j), "run %d entry %d", id, j)
+			_, dup := owner[off+j]
+			require.False(t, dup, "entry %d in two runs", off+j)
+			owner[off+j] = id
+		}
+	}
+	id := 0
+	for range 3000 {
+		c := rng.IntN(8)
+		if id == 1500 {
+			c = slabPageBits + 1 // two pages at once
+		}
+		s.alignFor(1<<c, func(off int, class uint32) {
+			require.Zero(t, off&(1<<class-1), "a skipped run is aligned to its size")
+			id++
+			mark(off, 1<<class, id)
+		})
+		id++
+		off := s.extend(1 << c)
+		require.Zero(t, off&(min(1<<c, slabPageLen)-1), "run of class %d at %d", c, off)
+		mark(off, 1<<c, id)
+	}
+	require.Len(t, owner, s.len(), "every entry belongs to exactly one run")
+}
+
+// TestIndexBeyondOnePage stores enough blocks for several holders that the node and holding slabs
+// span many pages, with classes growing and shrinking as holders come and go, and checks the
+// invariants and every match against a brute-force walk.
+func TestIndexBeyondOnePage(t *testing.T) {
+	f := newFixture(t, Options{})
+	const blocks = 12_000
+	engines := []state.EngineID{"a", "b", "c", "d", "e"}
+	for i, e := range engines {
+		// Engine i holds the first blocks − i·1000 blocks of pattern 1 and all of its own pattern.
+		require.NoError(t, f.x.Store(f.event(e, 0, 1, 0, blocks-i*1000, uint64(i)<<32, TierDevice)))
+		require.NoError(t, f.x.Store(f.event(e, 0, 10+i, 0, blocks, uint64(i)<<32|1<<31, TierDevice)))
+	}
+	require.Greater(t, f.x.nodes.len(), 2*slabPageLen)
+	require.Greater(t, f.x.holds.len(), 2*slabPageLen)
+	require.NoError(t, checkInvariants(f.x))
+	// Drop engine b's tail of pattern 1 (shrinking the runs there), then match.
+	require.NoError(t, f.x.Remove("b", 0, hashes(1<<32+5000, blocks-1000-5000), 0))
+	require.NoError(t, checkInvariants(f.x))
+	keys := f.h.Keys(prompt(1, blocks))
+	got := f.x.Match(keys)
+	assert.Equal(t, bruteMatch(f.x, keys, 0), got.Engines)
+	assert.Equal(t, []EngineMatch{{"a", blocks}, {"c", blocks - 2000}, {"d", blocks - 3000}, {"e", blocks - 4000}, {"b", 5000}},
+		got.Engines, fmt.Sprint(got.Engines))
+}

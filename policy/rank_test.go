@@ -1,0 +1,143 @@
+package policy_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// holdRank records that engine's DP rank holds the first blocks of tokens.
+func (c *cacheEnv) holdRank(t testing.TB, engine state.EngineID, rank int, tokens []uint32, blocks int) {
+	t.Helper()
+	require.NoError(t, c.index.Store(kvindex.StoreEvent{Engine: engine, DPRank: rank, BlockHashes: c.hashesFor(blocks),
+		TokenIDs: tokens[:blocks*blockTokens], Tier: kvindex.TierDevice}))
+}
+
+// ranks declares the engine's DP ranks and reports each rank's native load.
+func (e *env) ranks(t testing.TB, id state.EngineID, reports ...loadmon.Report) {
+	t.Helper()
+	require.NoError(t, e.load.Expect(id, len(reports)))
+	for i, r := range reports {
+		r.DPRank = i
+		e.native(id, r)
+	}
+}
+
+// docs/design.md §6: a cache hit is served by the rank holding the deepest prefix, even when
+// another rank is less pressured, and the route-time placement is recorded on that rank.
+func TestCacheAwarePicksTheRankHoldingTheDeepestPrefix(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	tok := prompt(10*blockTokens, 1)
+	c.holdRank(t, "a", 0, tok, 3)
+	c.holdRank(t, "a", 2, tok, 6)
+	c.ranks(t, "a", loadmon.Report{}, loadmon.Report{}, loadmon.Report{WaitingRequests: 3}, loadmon.Report{})
+	c.native("b", loadmon.Report{})
+	// The local source itself (a Placer), so that the pick records its placement.
+	p := c.policy(t, policy.CacheAwareOptions{Source: c.source.inner, DisableCostComparison: true})
+	pk, err := p.Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("a"), pk.Engine.ID())
+	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+	require.True(t, pk.HasDPRank)
+	assert.Equal(t, 2, pk.DPRank)
+
+	m := c.index.Match(c.index.Hasher().Keys(tok))
+	require.Equal(t, []kvindex.EngineMatch{{Engine: "a", Blocks: 10}}, m.Engines)
+	assert.Equal(t, []int{2}, m.DPRanks, "the placement extends rank 2's prefix, not rank 0's")
+}
+
+// The reproduction of the PR report's known flaw: the queue gate compared the sum of the DP
+// ranks' queues with WorkerQueueLimit, so an engine of four ranks each queueing 2 (8 in all) was
+// diverted at a limit of 4 although the rank holding the prefix queues 2. It now reads the rank's
+// own queue (docs/design.md §9.3).
+func TestCacheAwareQueueGateReadsTheRanksOwnQueue(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	tok := prompt(10*blockTokens, 1)
+	c.holdRank(t, "a", 1, tok, 8)
+	two := loadmon.Report{WaitingRequests: 2}
+	c.ranks(t, "a", two, two, two, two)
+	c.native("b", loadmon.Report{})
+	p := c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4), DisableCostComparison: true})
+	group := engines(state.StagePrefill, "a", "b")
+	pk, err := p.Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("a"), pk.Engine.ID(), "rank 1 queues 2 < 4: not diverted")
+	assert.Equal(t, policy.DecisionCacheHit, c.dec.last().Decision)
+	assert.Equal(t, 1, pk.DPRank)
+
+	// The holding rank itself queued at the limit is diverted, whatever its sibling ranks.
+	c.ranks(t, "a", loadmon.Report{}, loadmon.Report{WaitingRequests: 4}, loadmon.Report{}, loadmon.Report{})
+	pk, err = p.Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, policy.DecisionCacheWorkerQueued, c.dec.last().Decision)
+	assert.Equal(t, 0, c.dec.last().Evaluated)
+	assert.False(t, c.dec.last().FleetAllQueued, "a's other ranks are idle")
+	_ = pk
+
+	// Every rank of every engine at or over the limit: the fleet is all queued, by ranks.
+	c.ranks(t, "a", loadmon.Report{WaitingRequests: 4}, loadmon.Report{WaitingRequests: 4}, loadmon.Report{WaitingRequests: 5}, loadmon.Report{WaitingRequests: 4})
+	c.native("b", loadmon.Report{WaitingRequests: 4})
+	_, err = p.Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.True(t, c.dec.last().FleetAllQueued)
+	c.ranks(t, "a", loadmon.Report{WaitingRequests: 4}, loadmon.Report{WaitingRequests: 4}, loadmon.Report{WaitingRequests: 3}, loadmon.Report{WaitingRequests: 4})
+	_, err = p.Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.False(t, c.dec.last().FleetAllQueued, "rank 2 of a queues 3 < 4, though a's sum is 15")
+}
+
+// docs/design.md §6: pressure comparisons between engines read the named rank's own figures,
+// and a pick names the least pressured rank. Before, "a" was compared on its sum (10 waiting)
+// and lost to "b" (3).
+func TestPowerOfNComparesTheRanksOwnFigures(t *testing.T) {
+	t.Parallel()
+	e := newEnv()
+	e.ranks(t, "a", loadmon.Report{WaitingRequests: 10}, loadmon.Report{WaitingRequests: 0})
+	e.native("b", loadmon.Report{WaitingRequests: 3})
+	p, err := policy.NewPowerOfN(e.cfg(), 2)
+	require.NoError(t, err)
+	pk, err := p.Pick(ctx, engines(state.StageDecode, "a", "b"), &policy.Request{Stage: state.StageDecode})
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("a"), pk.Engine.ID())
+	require.True(t, pk.HasDPRank)
+	assert.Equal(t, 1, pk.DPRank)
+	require.Len(t, e.check.metrics, 1)
+	assert.Equal(t, admission.Known(10), e.check.metrics[0].WaitingRequests, "admission reads the engine's sum")
+
+	// An engine of one rank is named no rank.
+	pk, err = p.Pick(ctx, engines(state.StageDecode, "b"), &policy.Request{Stage: state.StageDecode})
+	require.NoError(t, err)
+	assert.False(t, pk.HasDPRank)
+}
+
+// Every policy names a rank for an engine with several reporting ranks, and none when its load
+// is unknown.
+func TestEveryPolicyNamesTheLeastPressuredRank(t *testing.T) {
+	t.Parallel()
+	e := newEnv()
+	e.ranks(t, "a", loadmon.Report{WaitingRequests: 5}, loadmon.Report{WaitingRequests: 1}, loadmon.Report{WaitingRequests: 3})
+	rr, err := policy.NewRoundRobin(e.cfg())
+	require.NoError(t, err)
+	rnd, err := policy.NewRandom(e.cfg())
+	require.NoError(t, err)
+	ll, err := policy.NewLeastLoad(e.cfg())
+	require.NoError(t, err)
+	for name, p := range map[string]policy.Policy{"round_robin": rr, "random": rnd, "load_based": ll} {
+		pk, err := p.Pick(ctx, engines(state.StagePlain, "a"), &policy.Request{})
+		require.NoError(t, err, name)
+		assert.True(t, pk.HasDPRank, name)
+		assert.Equal(t, 1, pk.DPRank, name)
+	}
+	pk, err := rr.Pick(ctx, engines(state.StagePlain, "unknown"), &policy.Request{})
+	require.NoError(t, err)
+	assert.False(t, pk.HasDPRank, "nothing is known: the engine places the request")
+}
