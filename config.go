@@ -264,6 +264,10 @@ type AffinitySettings struct {
 	IdleTimeout Duration `json:"idle_timeout,omitzero"`
 	// SweepInterval is how often expired bindings are swept. Zero means DefaultAffinitySweep.
 	SweepInterval Duration `json:"sweep_interval,omitzero"`
+	// MaxBindings caps the bindings of the in-memory store (store memory only): a new binding
+	// beyond it evicts the least recently used one (affinity.Options.MaxBindings). Zero means no
+	// cap: the idle timeout alone bounds the store.
+	MaxBindings int `json:"max_bindings,omitempty"`
 	// Mode is "strict" or empty: an admitted binding is reused. The former "soft" mode is rejected
 	// (docs/design.md §14.3).
 	Mode string `json:"affinity_mode,omitempty"`

@@ -106,6 +106,8 @@ var malformedCases = []malformedCase{
 		path: "models[0].buckets[0].id", msg: `config: line 4: models[0].buckets[0].id: an integer 7: want a string (quote it)`},
 	{name: "duplicate bucket id", input: plainModel + "      - {id: a, groups: {plain: {}}}\n      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrDuplicate,
 		path: "models[0].buckets[1].id", msg: `config: line 5: models[0].buckets[1].id: duplicate bucket ID "a" in model "m" (also models[0].buckets[0])`},
+	{name: "negative affinity binding cap", input: "affinity: {max_bindings: -1}\n" + plainModel + "      - {id: a, groups: {plain: {}}}\n", cause: enginepick.ErrOutOfRange,
+		path: "affinity.max_bindings", msg: `config: line 1: affinity.max_bindings: -1 is negative`},
 	{name: "inverted input range", input: plainModel + "      - id: a\n        limits: {min: 5000, max: 4096}\n        groups: {plain: {}}\n", cause: enginepick.ErrOutOfRange,
 		path: "models[0].buckets[0].limits", msg: `config: line 5: models[0].buckets[0].limits: inverted range: min 5000 is above max 4096`},
 	{name: "min input above context capacity", input: plainModel + "      - id: a\n        limits: {min: 9000}\n        max_context_tokens: 8192\n        groups: {plain: {}}\n", cause: enginepick.ErrOutOfRange,

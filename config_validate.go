@@ -707,6 +707,8 @@ func (v *validator) affinity(a *AffinitySettings) {
 		v.fail("affinity.idle_timeout", ErrOutOfRange, "%v is negative", a.IdleTimeout.D())
 	} else if a.SweepInterval < 0 {
 		v.fail("affinity.sweep_interval", ErrOutOfRange, "%v is negative", a.SweepInterval.D())
+	} else if a.MaxBindings < 0 {
+		v.fail("affinity.max_bindings", ErrOutOfRange, "%d is negative", a.MaxBindings)
 	}
 }
 

@@ -324,22 +324,66 @@ func TestAffinityKeyFloodIsBoundedByTheIdleTimeout(t *testing.T) {
 		}
 	}
 	base := liveHeap()
+	peak := startHeapSampler()
 	flood(short)
 	afterShort := liveHeap()
 	flood(long - short)
 	afterLong := liveHeap()
+	peakHeap := peak.finish()
 	// A binding lives idle / 1 ms binds; sweeps come every sweepEvery binds.
 	bound := int(idle/time.Millisecond) + sweepEvery
 	ns.Add(int64(idle))
 	swept := store.Sweep()
 	emptied := liveHeap()
-	t.Logf("%d keys, one per ms, idle %v: at most %d bindings held (bound %d); heap %.1f MiB before, %.1f MiB after %d keys, %.1f MiB after %d, %.1f MiB once all expired and swept",
-		key, idle, maxLen, bound, float64(base)/mib, float64(afterShort)/mib, short, float64(afterLong)/mib, long, float64(emptied)/mib)
+	t.Logf("%d keys, one per ms, idle %v: at most %d bindings held (bound %d); heap %.1f MiB before, %.1f MiB after %d keys, %.1f MiB after %d, %.1f MiB once all expired and swept; peak heap %.1f MiB",
+		key, idle, maxLen, bound, float64(base)/mib, float64(afterShort)/mib, short, float64(afterLong)/mib, long, float64(emptied)/mib, float64(peakHeap)/mib)
 	assert.LessOrEqual(t, maxLen, bound, "bindings held during the flood")
 	assert.LessOrEqual(t, afterLong, afterShort+afterShort/4+mib, "the heap after %d keys against the heap after %d", long, short)
 	assert.Positive(t, swept)
 	assert.Zero(t, store.Len(), "every binding expired and was swept")
 	assert.LessOrEqual(t, emptied, afterLong, "nothing grows once the bindings are gone")
+	runtime.KeepAlive(store)
+}
+
+// TestAffinityKeyFloodIsBoundedByMaxBindings floods a MemoryStore with a cap of 4,096 bindings and
+// the default idle timeout (600 s: time alone would keep every key) with distinct session keys, as
+// fast as one goroutine binds them: the store never holds more than its cap, every binding beyond
+// it is an eviction, and the heap after 200,000 keys (40,000 under -race) is what it was after a
+// quarter of them. It reports the peak heap during the flood.
+func TestAffinityKeyFloodIsBoundedByMaxBindings(t *testing.T) {
+	const maxBindings = 4096
+	short, long := 50_000, 200_000
+	if raceEnabled || testing.Short() {
+		short, long = 10_000, 40_000
+	}
+	store, err := affinity.NewMemoryStore(affinity.Options{MaxBindings: maxBindings})
+	require.NoError(t, err)
+	ctx := context.Background()
+	most, key := 0, 0
+	flood := func(n int) {
+		t.Helper()
+		for range n {
+			scope := affinity.Scope{Namespace: "session", Model: "m", BucketID: "b", Key: fmt.Sprintf("flood-%08d", key)}
+			_, err := store.Bind(ctx, scope, state.EngineID(fmt.Sprintf("http://engine-%d", key%8)))
+			require.NoError(t, err)
+			if key++; key%256 == 0 {
+				most = max(most, store.Len())
+			}
+		}
+	}
+	base := liveHeap()
+	peak := startHeapSampler()
+	flood(short)
+	afterShort := liveHeap()
+	flood(long - short)
+	afterLong := liveHeap()
+	peakHeap := peak.finish()
+	t.Logf("%d keys, cap %d: at most %d bindings held, %d evicted; live heap %.1f MiB before, %.1f MiB after %d keys, %.1f MiB after %d; peak heap %.1f MiB",
+		key, maxBindings, most, store.Evicted(), float64(base)/mib, float64(afterShort)/mib, short, float64(afterLong)/mib, long, float64(peakHeap)/mib)
+	assert.LessOrEqual(t, most, maxBindings, "bindings held during the flood")
+	assert.Equal(t, maxBindings, store.Len(), "the store is full, not emptied")
+	assert.Equal(t, uint64(long-maxBindings), store.Evicted(), "every binding beyond the cap was evicted")
+	assert.LessOrEqual(t, afterLong, afterShort+afterShort/4+mib, "the heap after %d keys against the heap after %d", long, short)
 	runtime.KeepAlive(store)
 }
 

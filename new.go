@@ -351,7 +351,8 @@ func (b *builder) affinityStore(needStore string) error {
 				"store redis needs the Redis store: build it with affinity/redisstore from affinity.redis and pass enginepick.WithAffinityStore to New")
 		}
 	case needStore != "":
-		ms, err := affinity.NewMemoryStore(affinity.Options{IdleTimeout: a.IdleTimeout.D(), SweepInterval: a.SweepInterval.D(), Now: b.s.now})
+		ms, err := affinity.NewMemoryStore(affinity.Options{IdleTimeout: a.IdleTimeout.D(), SweepInterval: a.SweepInterval.D(),
+			MaxBindings: a.MaxBindings, Now: b.s.now})
 		if err != nil {
 			return &ConfigError{Path: "affinity", Err: fmt.Errorf("%w: %v", ErrOutOfRange, err)}
 		}

@@ -795,3 +795,27 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 	require.Len(t, got, 1, "one warning per interval, not one per pick")
 	assert.Equal(t, map[string]any{"model": "m", "bucket": "a", "worker_queue_limit": uint64(4), "engines": int64(2)}, got[0].ContextMap())
 }
+
+// TestNewCapsMemoryBindings checks that affinity.max_bindings reaches the in-memory store New
+// builds: 100 sessions against a cap of 32 (2 per shard) leave at most 32 bindings, and every
+// session beyond them was an eviction.
+func TestNewCapsMemoryBindings(t *testing.T) {
+	t.Parallel()
+	cfg := mustParse(t, `
+affinity: {max_bindings: 32}
+engines: [{id: e1, model: m}, {id: e2, model: m}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]
+`)
+	r := mustNew(t, cfg, nil, enginepick.WithHealthInterval(0))
+	ms, ok := r.AffinityStore().(*affinity.MemoryStore)
+	require.True(t, ok)
+	for i := range 100 {
+		req := selectReq("m", 10, 10)
+		req.SessionKey = fmt.Sprintf("s%d", i)
+		d, err := r.Select(context.Background(), req)
+		require.NoError(t, err)
+		d.Release()
+	}
+	assert.LessOrEqual(t, ms.Len(), 32)
+	assert.Equal(t, uint64(100-ms.Len()), ms.Evicted())
+}

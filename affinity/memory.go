@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -23,6 +24,15 @@ type Options struct {
 	SweepInterval time.Duration
 	// Now is the clock of every expiry rule. Nil means time.Now.
 	Now func() time.Time
+	// MaxBindings caps the bindings a MemoryStore holds, so that a flood of new session or
+	// routing keys cannot grow it without bound (docs/design.md §12). The cap applies per shard:
+	// each of the 16 shards holds at most ceil(MaxBindings / 16), so the store holds at most
+	// MaxBindings rounded up to a multiple of 16. A new binding in a full shard first drops the
+	// shard's expired bindings and, if none, evicts its binding nearest to expiry: the least
+	// recently used one (a binding's expiry is its last use plus IdleTimeout). 0 means no cap:
+	// the idle timeout alone bounds the store (rate of new keys × IdleTimeout). Negative is
+	// invalid.
+	MaxBindings int
 }
 
 // memShards is the number of independently locked shards of a MemoryStore.
@@ -40,9 +50,11 @@ const btreeDegree = 32
 // context (docs/design.md §12, "the caller owns the sweeper's lifecycle"). It is safe for
 // concurrent use.
 type MemoryStore struct {
-	idle  int64 // nanoseconds
-	every time.Duration
-	now   func() time.Time
+	idle     int64 // nanoseconds
+	every    time.Duration
+	now      func() time.Time
+	shardCap int // 0: no cap
+	evicted  atomic.Uint64
 
 	shards [memShards]memShard
 }
@@ -76,14 +88,17 @@ func lessExpiry(a, b expiryItem) bool {
 	return a.exp < b.exp || (a.exp == b.exp && a.id < b.id)
 }
 
-// NewMemoryStore returns an empty store. A negative IdleTimeout or SweepInterval is an error
-// wrapping state.ErrInvalidConfiguration.
+// NewMemoryStore returns an empty store. A negative IdleTimeout, SweepInterval or MaxBindings is
+// an error wrapping state.ErrInvalidConfiguration.
 func NewMemoryStore(opts Options) (*MemoryStore, error) {
 	if opts.IdleTimeout < 0 {
 		return nil, fmt.Errorf("affinity: Options.IdleTimeout %v: must be >= 0: %w", opts.IdleTimeout, state.ErrInvalidConfiguration)
 	}
 	if opts.SweepInterval < 0 {
 		return nil, fmt.Errorf("affinity: Options.SweepInterval %v: must be >= 0: %w", opts.SweepInterval, state.ErrInvalidConfiguration)
+	}
+	if opts.MaxBindings < 0 {
+		return nil, fmt.Errorf("affinity: Options.MaxBindings %d: must be >= 0: %w", opts.MaxBindings, state.ErrInvalidConfiguration)
 	}
 	if opts.IdleTimeout == 0 {
 		opts.IdleTimeout = DefaultIdleTimeout
@@ -94,7 +109,8 @@ func NewMemoryStore(opts Options) (*MemoryStore, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	s := &MemoryStore{idle: int64(opts.IdleTimeout), every: opts.SweepInterval, now: opts.Now}
+	s := &MemoryStore{idle: int64(opts.IdleTimeout), every: opts.SweepInterval, now: opts.Now,
+		shardCap: (opts.MaxBindings + memShards - 1) / memShards}
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.byScope = map[Scope]*memEntry{}
@@ -163,9 +179,34 @@ func (s *MemoryStore) set(scope Scope, engine, expected state.EngineID, replace 
 	if e != nil {
 		sh.remove(e)
 	}
+	if s.shardCap > 0 && len(sh.byScope) >= s.shardCap {
+		s.makeRoom(sh, now)
+	}
 	sh.insert(scope, engine, now+s.idle)
 	return engine, nil
 }
+
+// makeRoom frees one place in a full shard: its expired bindings if it has any, else its binding
+// nearest to expiry (the least recently used). Callers hold sh.mu.
+func (s *MemoryStore) makeRoom(sh *memShard, now int64) {
+	it, ok := sh.order.Min()
+	if !ok {
+		return
+	}
+	if it.exp > now {
+		sh.remove(it.e)
+		s.evicted.Add(1)
+		return
+	}
+	for ok && it.exp <= now {
+		sh.remove(it.e)
+		it, ok = sh.order.Min()
+	}
+}
+
+// Evicted returns how many live bindings the store has evicted to stay within
+// Options.MaxBindings since it was created (expired bindings dropped are not counted).
+func (s *MemoryStore) Evicted() uint64 { return s.evicted.Load() }
 
 // InvalidateEngine implements Store. It touches only the engine's bindings.
 func (s *MemoryStore) InvalidateEngine(_ context.Context, engine state.EngineID) (int, error) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -188,4 +189,99 @@ func TestScopeAppendEncoded(t *testing.T) {
 	t.Parallel()
 	s := affinity.Scope{Namespace: "session", Model: "m:1", BucketID: "", Stage: state.StagePrefill, Key: "a\x00b"}
 	assert.Equal(t, "7:session3:m:10:13:a\x00b", string(s.AppendEncoded(nil)))
+}
+
+// sameShardKeys returns n keys that land in one shard of a MemoryStore (the store shards by the
+// key's xxhash modulo 16).
+func sameShardKeys(n int) []string {
+	var keys []string
+	for i := 0; len(keys) < n; i++ {
+		k := fmt.Sprintf("k-%d", i)
+		if xxhash.Sum64String(k)%16 == 0 {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// MaxBindings holds the store at its cap under a flood of new keys, evicting per shard the binding
+// nearest to expiry (the least recently used) after dropping expired ones, which are not counted
+// as evictions.
+func TestMaxBindingsEvictsLeastRecentlyUsed(t *testing.T) {
+	var ns atomic.Int64
+	ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	now := func() time.Time { return time.Unix(0, ns.Load()) }
+	tick := func() { ns.Add(int64(time.Millisecond)) }
+
+	_, err := affinity.NewMemoryStore(affinity.Options{MaxBindings: -1})
+	require.ErrorIs(t, err, state.ErrInvalidConfiguration)
+
+	t.Run("flood stays at the cap", func(t *testing.T) {
+		st, err := affinity.NewMemoryStore(affinity.Options{Now: now, MaxBindings: 100}) // 7 per shard: 112 at most
+		require.NoError(t, err)
+		const keys = 20_000
+		most := 0
+		for i := range keys {
+			_, err := st.Bind(bg, sc(fmt.Sprintf("flood-%d", i)), "e")
+			require.NoError(t, err)
+			tick()
+			most = max(most, st.Len())
+		}
+		assert.Equal(t, 112, most, "16 shards of ceil(100/16) = 7")
+		assert.Equal(t, uint64(keys-st.Len()), st.Evicted(), "every binding beyond the cap was evicted, none lost otherwise")
+		// The newest key of the flood is still bound.
+		e, ok, err := st.Lookup(bg, sc(fmt.Sprintf("flood-%d", keys-1)))
+		require.NoError(t, err)
+		assert.True(t, ok)
+		assert.Equal(t, state.EngineID("e"), e)
+	})
+
+	t.Run("the least recently used binding of the shard goes", func(t *testing.T) {
+		st, err := affinity.NewMemoryStore(affinity.Options{Now: now, MaxBindings: 32}) // 2 per shard
+		require.NoError(t, err)
+		k := sameShardKeys(3)
+		_, err = st.Bind(bg, sc(k[0]), "a")
+		require.NoError(t, err)
+		tick()
+		_, err = st.Bind(bg, sc(k[1]), "b")
+		require.NoError(t, err)
+		tick()
+		_, ok, err := st.Lookup(bg, sc(k[0])) // k[0] is now the most recently used
+		require.NoError(t, err)
+		require.True(t, ok)
+		tick()
+		_, err = st.Bind(bg, sc(k[2]), "c")
+		require.NoError(t, err)
+		for key, want := range map[string]bool{k[0]: true, k[1]: false, k[2]: true} {
+			_, ok, err := st.Lookup(bg, sc(key))
+			require.NoError(t, err)
+			assert.Equal(t, want, ok, "key %s bound", key)
+		}
+		assert.Equal(t, uint64(1), st.Evicted())
+	})
+
+	t.Run("expired bindings make room first and are not evictions", func(t *testing.T) {
+		st, err := affinity.NewMemoryStore(affinity.Options{Now: now, IdleTimeout: time.Second, MaxBindings: 32})
+		require.NoError(t, err)
+		k := sameShardKeys(4)
+		_, err = st.Bind(bg, sc(k[0]), "a")
+		require.NoError(t, err)
+		ns.Add(int64(500 * time.Millisecond))
+		_, err = st.Bind(bg, sc(k[1]), "b")
+		require.NoError(t, err)
+		ns.Add(int64(600 * time.Millisecond)) // k[0] expired, k[1] live
+		_, err = st.Bind(bg, sc(k[2]), "c")
+		require.NoError(t, err)
+		assert.Zero(t, st.Evicted(), "an expired binding made room")
+		for key, want := range map[string]bool{k[1]: true, k[2]: true} {
+			_, ok, err := st.Lookup(bg, sc(key))
+			require.NoError(t, err)
+			assert.Equal(t, want, ok, "key %s bound", key)
+		}
+		// Replacing a live binding in a full shard evicts nothing: the scope keeps its place.
+		_, err = st.Replace(bg, sc(k[1]), "b", "b2")
+		require.NoError(t, err)
+		assert.Zero(t, st.Evicted())
+		assert.Equal(t, 2, st.Len())
+	})
 }

@@ -78,10 +78,27 @@ models:
 	assert.Contains(t, body, `enginepick_decisions_total{bucket="all",model_id="m",policy="round_robin",reason="round_robin",stage="plain"} 4`)
 	assert.Contains(t, body, "gateway_requests_total")
 	assert.True(t, strings.Contains(body, `enginepick_load_polls_total{engine="`+a.URL()+`"}`), "the Router's poller is exported")
+	for _, e := range []string{a.URL(), b.URL()} {
+		// Each plain dispatch ends with Done: its time to first byte and its duration are observed.
+		assert.Contains(t, body, `enginepick_ttft_seconds_count{engine="`+e+`",model_id="m",policy="round_robin",stage="plain"} 2`)
+		assert.Contains(t, body, `enginepick_request_duration_seconds_count{engine="`+e+`",model_id="m",policy="round_robin",stage="plain"} 2`)
+	}
+	a.SetStatus(http.StatusInternalServerError, `{"error":"boom"}`)
+	b.SetStatus(http.StatusInternalServerError, `{"error":"boom"}`)
+	resp := post(t, context.Background(), gwSrv.URL+"/v1/completions", `{"model":"m","prompt":"hello"}`, nil)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+	rec = httptest.NewRecorder()
+	g.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	assert.Contains(t, rec.Body.String(), `enginepick_dispatch_failures_total{model_id="m",reason="error"} 1`, "a 5xx answer is a failed dispatch")
+	for _, e := range []string{a.URL(), b.URL()} {
+		assert.Contains(t, rec.Body.String(), `enginepick_ttft_seconds_count{engine="`+e+`",model_id="m",policy="round_robin",stage="plain"} 2`, "and records no TTFT")
+	}
 
 	// The file's session header is the one read: an empty group answers 503 for model chat,
 	// whatever the header, but the request must get that far.
-	resp := post(t, context.Background(), gwSrv.URL+"/v1/completions", `{"model":"chat","prompt":"hi"}`, map[string]string{"x-conversation": "c1"})
+	resp = post(t, context.Background(), gwSrv.URL+"/v1/completions", `{"model":"chat","prompt":"hi"}`, map[string]string{"x-conversation": "c1"})
 	resp.Body.Close()
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 }

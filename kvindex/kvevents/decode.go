@@ -198,6 +198,7 @@ func (d *Decoder) Decode(payload []byte, b *Batch) error {
 	d.path = pathInfo{event: -1, field: "batch", elem: -1}
 	c, err := d.d.PeekCode()
 	if err != nil {
+		d.dropScratch()
 		return d.wrap(err)
 	}
 	switch {
@@ -209,6 +210,7 @@ func (d *Decoder) Decode(payload []byte, b *Batch) error {
 		err = d.fail("batch is msgpack code %#x, want an array or a map", c)
 	}
 	if err != nil {
+		d.dropScratch()
 		return err
 	}
 	if d.r.Len() != 0 {
@@ -216,6 +218,17 @@ func (d *Decoder) Decode(payload []byte, b *Batch) error {
 		return d.fail("%d trailing bytes", d.r.Len())
 	}
 	return nil
+}
+
+// dropScratch replaces the msgpack decoder after a failed Decode. A string, binary or extension
+// header claiming more bytes than the payload holds makes the library grow its scratch buffer by
+// its allocation step (1 MiB) before the read fails, and keep the grown buffer
+// (vmihailenco/msgpack v5 decode.go, readNGrow): a Decoder reused for a stream's lifetime would
+// grow by that much per such payload, without bound (TestDecoderKeepsNoMemoryFromHugeLengthClaims).
+// A successful Decode only grows it to the longest value actually present, which the payload
+// bounds.
+func (d *Decoder) dropScratch() {
+	d.d = msgpack.NewDecoder(&d.r)
 }
 
 func isArray(c byte) bool {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -305,4 +306,39 @@ func TestDecodeTokenEncodings(t *testing.T) {
 		require.NoError(t, err, tc.name)
 		assert.Equal(t, []uint32{9, tc.want, 9, 9}, b.Events[0].TokenIDs, tc.name)
 	}
+}
+
+// TestDecoderKeepsNoMemoryFromHugeLengthClaims is the reproduction of a memory growth the fuzzer
+// found (FuzzDecode's worker died after ~25,000 inputs): a value the decoder skips (an unknown map
+// key's value) whose header claims 2 GiB made the msgpack library grow its scratch buffer by its
+// allocation step (1 MiB) and keep it, on every such payload, in a Decoder that a stream reuses for
+// its lifetime. A publisher sending garbage could grow it without bound. 200 such payloads must
+// leave the reused Decoder holding no more than a fresh one does.
+func TestDecoderKeepsNoMemoryFromHugeLengthClaims(t *testing.T) {
+	// {"x": ext32 of 0x7fffffff bytes (type 1), body missing}; then, for the other skipped kinds,
+	// bin32 and str32.
+	payloads := [][]byte{
+		{0x81, 0xa1, 'x', 0xc9, 0x7f, 0xff, 0xff, 0xff, 0x01},
+		{0x81, 0xa1, 'x', 0xc6, 0x7f, 0xff, 0xff, 0xff},
+		{0x81, 0xa1, 'x', 0xdb, 0x7f, 0xff, 0xff, 0xff},
+	}
+	d := NewDecoder()
+	var b Batch
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := heap()
+	for i := range 200 {
+		err := d.Decode(payloads[i%len(payloads)], &b)
+		require.ErrorIs(t, err, ErrPayload)
+	}
+	after := heap()
+	// A valid batch still decodes with the same Decoder.
+	require.NoError(t, d.Decode(mustMarshal(t, []any{1.5, []any{clearedArray()}}), &b))
+	require.Len(t, b.Events, 1)
+	runtime.KeepAlive(d)
+	assert.Less(t, int64(after)-int64(before), int64(4<<20), "heap growth after 200 payloads claiming 2 GiB: %d bytes", int64(after)-int64(before))
 }

@@ -356,7 +356,7 @@ var copyBuf = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }
 // excepted), status, then every chunk read from the body, flushed at once, so server-sent events
 // reach the client byte for byte and without delay. It returns when the body ends, the client
 // leaves (a failed write) or the engine cuts the body off (counted against its breaker).
-func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *http.Response) {
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *http.Response) (firstByte time.Time, err error) {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		if !hopHeaders[k] {
@@ -371,26 +371,35 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
+			if firstByte.IsZero() {
+				firstByte = time.Now()
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return // the client left; the request context cancels the engine request
+				return firstByte, werr // the client left; the request context cancels the engine request
 			}
 			_ = rc.Flush()
 		}
 		if err == io.EOF {
-			return
+			return firstByte, nil
 		}
 		if err != nil {
 			if r.Context().Err() == nil {
 				e.Record(OutcomeServerError)
 				s.opts.Metrics.upstreamFailure(e, "cut")
 			}
-			return
+			return firstByte, err
 		}
 	}
 }
 
+// dispatchPlain forwards the request to the plain engine and relays its answer. The dispatch ends
+// with Done when the response (or stream) ends, however it ends: the error (none for a 2xx or 4xx
+// answer relayed whole), and the time to the first byte of the answer's body as its time to first
+// token (docs/design.md §15.1); token counts are not parsed from the body.
 func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []byte, d *enginepick.Dispatch) {
-	defer d.Release() // the guard is held until the response or stream ends, or the client leaves
+	var outcome enginepick.Outcome
+	defer func() { d.Done(outcome) }() // the guard is held until the response or stream ends, or the client leaves
+	start := time.Now()
 	pick := d.Selection.Plain
 	e := s.engineOf(pick)
 	s.opts.Metrics.dispatch(state.StagePlain, pick)
@@ -404,13 +413,22 @@ func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []by
 	}
 	resp, err := s.send(r.Context(), r, e, body, rank, hasRank)
 	if err != nil {
+		outcome.Err = err
 		if r.Context().Err() == nil {
 			writeError(w, http.StatusBadGateway, "engine_unavailable", "the selected engine could not be reached")
 		}
 		return
 	}
 	defer resp.Body.Close()
-	s.relay(w, r, e, resp)
+	first, err := s.relay(w, r, e, resp)
+	switch {
+	case err != nil:
+		outcome.Err = err
+	case resp.StatusCode >= http.StatusInternalServerError:
+		outcome.Err = fmt.Errorf("gw: engine %s answered %d", e.ID(), resp.StatusCode)
+	case resp.StatusCode < http.StatusBadRequest && !first.IsZero():
+		outcome.TTFT = first.Sub(start)
+	}
 }
 
 // BootstrapRoom draws a PD bootstrap room in [0, 2^63) from u. When the prefill engine has
