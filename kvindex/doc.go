@@ -33,8 +33,8 @@
 // same interval), issuing every probe of a round before using any so that their cache misses
 // overlap, and caps each holder at the first holey block of the prompt it is not live at. On the
 // production-scale workload of docs/performance.md (5.66 M blocks, 16 engines) a 512-block lookup
-// takes about 16 probes instead of up to 512, and hashing the prompt costs more than finding its
-// holders.
+// takes about 16 probes instead of up to 512, and finding its holders costs about as much as
+// hashing the prompt.
 //
 // # Concurrency
 //

@@ -21,7 +21,7 @@ func TestLocalSourcePlaceRecordsThePromptFromTheLookupsKeys(t *testing.T) {
 	res, err := src.Lookup(context.Background(), q)
 	require.NoError(t, err)
 	require.Equal(t, OutcomeMiss, res.Outcome)
-	require.Len(t, res.keys, 1, "the walk stopped hashing after the first block, nobody holds")
+	require.Empty(t, res.keys, "nobody holds the first block: the lookup hashed it alone and keeps no key, Place hashes the prompt")
 
 	require.NoError(t, src.Place("http://a", q, &res))
 	got, err := src.Lookup(context.Background(), q)
@@ -117,4 +117,24 @@ func TestLocalSourcePlaceSkipsARealPrefix(t *testing.T) {
 	assert.Equal(t, 10, g.x.Stats().ApproximateBlocks, "no real prefix left: every block")
 	assert.Equal(t, 10, g.x.Match(g.h.Keys(q.TokenIDs)).Blocks("http://a"))
 	require.NoError(t, checkInvariants(g.x))
+}
+
+// The keys a hit's result keeps for Place are its own: later lookups through the same source (and
+// its pooled scratch) hash into other buffers.
+func TestLocalSourceResultKeepsItsKeys(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	f.store("http://a", 0, 1, 0, 6, 0, TierDevice)
+	f.store("http://a", 0, 2, 0, 6, 100, TierDevice)
+	src, err := NewLocalSource(f.x)
+	require.NoError(t, err)
+	first, err := src.Lookup(context.Background(), Query{TokenIDs: prompt(1, 6)})
+	require.NoError(t, err)
+	want := f.h.Keys(prompt(1, 6))
+	require.Equal(t, want, first.keys)
+	for range 3 {
+		_, err := src.Lookup(context.Background(), Query{TokenIDs: prompt(2, 6)})
+		require.NoError(t, err)
+	}
+	assert.Equal(t, want, first.keys)
 }

@@ -212,6 +212,7 @@ func heapAlloc() uint64 {
 type scaleIndex struct {
 	x      *kvindex.Index
 	ingest scaleIngest
+	blocks int // Stats().Blocks after ingest
 }
 
 var (
@@ -231,7 +232,7 @@ func (w *scaleWorkload) index(tb testing.TB) *scaleIndex {
 		x := w.newIndex(tb)
 		in := w.ingest(tb, x, 0, len(w.reqs))
 		in.heapBytes = heapAlloc() - before
-		scaleIndexes[w.name] = &scaleIndex{x: x, ingest: in}
+		scaleIndexes[w.name] = &scaleIndex{x: x, ingest: in, blocks: x.Stats().Blocks}
 	})
 	si := scaleIndexes[w.name]
 	if si == nil {
@@ -252,7 +253,8 @@ func pairs(x *kvindex.Index) int {
 // queryTimer records one duration per query and reports their distribution. Medians are over
 // the query set, each query once (run with -benchtime 1x for one cold pass).
 type queryTimer struct {
-	durs   []time.Duration
+	durs   []time.Duration // wall time per query
+	cpus   []time.Duration // the thread's CPU time per query, with the clock reads' own cost
 	allocs uint64
 	faults int64
 	ms     runtime.MemStats
@@ -264,8 +266,35 @@ func (t *queryTimer) start() {
 	t.faults = minorFaults()
 }
 
+// measure runs one query's operation, recording its wall and thread CPU time.
+func (t *queryTimer) measure(op func()) {
+	c0 := threadCPU()
+	start := time.Now()
+	op()
+	t.durs = append(t.durs, time.Since(start))
+	t.cpus = append(t.cpus, threadCPU()-c0)
+}
+
+// clockCost is the median thread CPU time measure records for an empty operation: the cost of
+// the clock reads themselves, subtracted from the per-query CPU figures.
+func clockCost() time.Duration {
+	var t queryTimer
+	for range 1001 {
+		t.measure(func() {})
+	}
+	slices.Sort(t.cpus)
+	return t.cpus[len(t.cpus)/2]
+}
+
 func (t *queryTimer) report(b *testing.B) {
 	faults := minorFaults() - t.faults
+	if c := slices.Clone(t.cpus); len(c) > 0 && c[0] > 0 {
+		slices.Sort(c)
+		cost := clockCost()
+		b.ReportMetric(float64((c[len(c)/2] - cost).Nanoseconds()), "cpu-ns/op") // median
+		b.ReportMetric(float64((c[len(c)*9/10] - cost).Nanoseconds()), "p90-cpu-ns")
+		b.ReportMetric(float64(cost.Nanoseconds()), "clock-ns")
+	}
 	runtime.ReadMemStats(&t.ms)
 	allocs := t.ms.Mallocs - t.allocs
 	d := slices.Clone(t.durs)
@@ -319,8 +348,10 @@ func BenchmarkScale(b *testing.B) {
 			w.index(b)
 			var t queryTimer
 			tokens := make([]uint32, 0, scaleQueryTokens+512)
+			runtime.LockOSThread() // threadCPU reads this thread's clock
+			defer runtime.UnlockOSThread()
 			for b.Loop() {
-				t.durs = t.durs[:0]
+				t.durs, t.cpus = t.durs[:0], t.cpus[:0]
 				t.start()
 				for q := range w.queries {
 					tokens = w.queryTokens(tokens, q)
@@ -334,36 +365,56 @@ func BenchmarkScale(b *testing.B) {
 	keys := make([]uint64, 0, scaleQueryTokens/scaleBlockTokens)
 	var m kvindex.Matches
 	queries("hash", func(_ int, tokens []uint32, t *queryTimer) {
-		start := time.Now()
-		keys = h.AppendKeys(keys[:0], tokens)
-		t.durs = append(t.durs, time.Since(start))
+		t.measure(func() { keys = h.AppendKeys(keys[:0], tokens) })
+	})
+	var llmd *llmdHasher
+	queries("hash-llmd", func(_ int, tokens []uint32, t *queryTimer) {
+		if llmd == nil {
+			var err error
+			llmd, err = newLLMDHasher(scaleBlockTokens, "m")
+			require.NoError(b, err)
+		}
+		var k []uint64
+		t.measure(func() { k = llmd.keys(tokens) })
+		if len(k) != scaleQueryTokens/scaleBlockTokens {
+			b.Fatalf("llm-d-style hashing: %d keys", len(k))
+		}
 	})
 	queries("lookup", func(_ int, tokens []uint32, t *queryTimer) {
 		x := w.index(b).x
 		keys = h.AppendKeys(keys[:0], tokens)
-		start := time.Now()
-		x.MatchInto(keys, &m)
-		t.durs = append(t.durs, time.Since(start))
+		t.measure(func() { x.MatchInto(keys, &m) })
 	})
 	queries("hash+lookup", func(_ int, tokens []uint32, t *queryTimer) {
 		x := w.index(b).x
-		start := time.Now()
-		x.MatchTokensInto(tokens, &m)
-		t.durs = append(t.durs, time.Since(start))
+		t.measure(func() { x.MatchTokensInto(tokens, &m) })
 	})
-	var pk *scalePicker
-	queries("pick", func(_ int, tokens []uint32, t *queryTimer) {
-		if pk == nil {
-			pk = newScalePicker(b, w, w.index(b).x)
+	// pick-noplace first: it leaves the index as it found it, while pick records route-time
+	// placements (approximate entries) in it, as a default CacheAware does.
+	for _, place := range []bool{false, true} {
+		var pk *scalePicker
+		name := "pick"
+		if !place {
+			name = "pick-noplace"
 		}
-		req := pk.request(tokens)
-		start := time.Now()
-		_, err := pk.p.Pick(context.Background(), pk.group, req)
-		t.durs = append(t.durs, time.Since(start))
-		if err != nil {
-			b.Fatal(err)
-		}
-	})
+		queries(name, func(_ int, tokens []uint32, t *queryTimer) {
+			if pk == nil {
+				pk = newScalePicker(b, w, w.index(b).x, place)
+			}
+			req := pk.request(tokens)
+			var err error
+			t.measure(func() { _, err = pk.p.Pick(context.Background(), pk.group, req) })
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+	// Drop pick's placements, so that a next -count finds the index as ingest left it.
+	si := w.index(b)
+	si.x.Expire(time.Now().Add(kvindex.DefaultApproxTTL + time.Hour))
+	if got := si.x.Stats().Blocks; got != si.blocks {
+		b.Fatalf("after expiring the placements: %d blocks, ingest left %d", got, si.blocks)
+	}
 	b.Run("concurrent", func(b *testing.B) {
 		for b.Loop() {
 			r := w.concurrent(b, 2)
@@ -373,6 +424,12 @@ func BenchmarkScale(b *testing.B) {
 			b.ReportMetric(r.writerBlocks, "writer-M-blocks/s")
 			b.ReportMetric(r.coresAlone, "cores-alone")
 			b.ReportMetric(r.coresWithWriter, "cores-with-writer")
+			if r.aloneCPU > 0 {
+				b.ReportMetric(r.aloneCPU, "alone-lookups/cpu-s")
+				b.ReportMetric(r.withWriterCPU, "writer-lookups/cpu-s")
+				b.ReportMetric(100*r.withWriterCPU/r.aloneCPU, "%-of-alone-cpu")
+				b.ReportMetric(r.writerBlocksCPU, "writer-M-blocks/cpu-s")
+			}
 		}
 	})
 }
@@ -386,7 +443,8 @@ type scalePicker struct {
 	req   policy.Request
 }
 
-func newScalePicker(tb testing.TB, w *scaleWorkload, x *kvindex.Index) *scalePicker {
+// place false disables route-time placements (docs/design.md §9.10).
+func newScalePicker(tb testing.TB, w *scaleWorkload, x *kvindex.Index, place bool) *scalePicker {
 	load := loadmon.NewTable()
 	sp := &scalePicker{}
 	for i, id := range w.engines {
@@ -408,7 +466,7 @@ func newScalePicker(tb testing.TB, w *scaleWorkload, x *kvindex.Index) *scalePic
 	limit := uint64(8)
 	sp.p, err = policy.NewCacheAware(policy.Config{Load: load, InFlight: loadmon.NewInFlight(nil),
 		Admission: admission.Limits{MaxRunningRequests: admission.Cap(256), MaxInFlightRequests: admission.Cap(256)}},
-		policy.CacheAwareOptions{Source: src, WorkerQueueLimit: &limit})
+		policy.CacheAwareOptions{Source: src, WorkerQueueLimit: &limit, DisableRoutePlacements: !place})
 	require.NoError(tb, err)
 	sp.req = policy.Request{Model: "m", Stage: state.StagePrefill, BucketID: "b"}
 	return sp
@@ -429,6 +487,11 @@ type concurrentResult struct {
 	// CPU cores the process used in each phase (0 where unknown): a third busy goroutine on a
 	// 2-core machine leaves the readers 2/3 of the CPU at best.
 	coresAlone, coresWithWriter float64
+	// Lookups per second of the readers' own CPU time, and the writer's block-adds per second of
+	// its CPU time (0 where unknown): what a writer costs each lookup (cache misses, atomic
+	// reference bits), apart from the share of the machine each phase got. Time a reader spends
+	// blocked on the lock is not CPU time, so the wall-clock ratio is the one that counts it.
+	aloneCPU, withWriterCPU, writerBlocksCPU float64
 }
 
 // concurrent builds an index of the first half of the trace, measures readers lookups/s with no
@@ -457,11 +520,15 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 		evs = append(evs, ev)
 		blocks += len(ev.BlockHashes)
 	}
-	run := func(stop <-chan struct{}) int64 {
-		var n atomic.Int64
+	run := func(stop <-chan struct{}) (int64, time.Duration) {
+		var n, cpu atomic.Int64
 		var wg sync.WaitGroup
 		for r := range readers {
 			wg.Go(func() {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				c0 := threadCPU()
+				defer func() { cpu.Add(int64(threadCPU() - c0)) }()
 				var m kvindex.Matches
 				i := r * len(keys) / readers
 				for {
@@ -478,7 +545,7 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 		}
 		<-stop
 		wg.Wait()
-		return n.Load()
+		return n.Load(), time.Duration(cpu.Load())
 	}
 	var r concurrentResult
 	// Readers alone for about as long as the writer will take (at least 0.5 s).
@@ -486,13 +553,20 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 	stop := make(chan struct{})
 	go func() { time.Sleep(d); close(stop) }()
 	start, cpu0 := time.Now(), processCPU()
-	r.lookupsAlone = run(stop)
+	var readCPU time.Duration
+	r.lookupsAlone, readCPU = run(stop)
 	r.alone = float64(r.lookupsAlone) / time.Since(start).Seconds()
+	if readCPU > 0 {
+		r.aloneCPU = float64(r.lookupsAlone) / readCPU.Seconds()
+	}
 	r.coresAlone = (processCPU() - cpu0).Seconds() / time.Since(start).Seconds()
 
 	stop = make(chan struct{})
-	var writerTime time.Duration
+	var writerTime, writerCPU time.Duration
 	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		wc := threadCPU()
 		ws := time.Now()
 		for _, ev := range evs {
 			if err := x.Store(ev); err != nil {
@@ -500,11 +574,18 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 			}
 		}
 		writerTime = time.Since(ws)
+		writerCPU = threadCPU() - wc
 		close(stop)
 	}()
 	start, cpu0 = time.Now(), processCPU()
-	r.lookupsWithWriter = run(stop)
+	r.lookupsWithWriter, readCPU = run(stop)
 	r.withWriter = float64(r.lookupsWithWriter) / time.Since(start).Seconds()
+	if readCPU > 0 {
+		r.withWriterCPU = float64(r.lookupsWithWriter) / readCPU.Seconds()
+	}
+	if writerCPU > 0 {
+		r.writerBlocksCPU = float64(blocks) / writerCPU.Seconds() / 1e6
+	}
 	r.coresWithWriter = (processCPU() - cpu0).Seconds() / time.Since(start).Seconds()
 	r.writerBlocks = float64(blocks) / writerTime.Seconds() / 1e6
 	return r
@@ -586,7 +667,7 @@ func TestScaleSmall(t *testing.T) {
 	x := w.index(t).x
 	ref := newPrefixModel(w)
 	var m, mt kvindex.Matches
-	pk := newScalePicker(t, w, x)
+	pk := newScalePicker(t, w, x, true)
 	tokens := make([]uint32, 0, scaleQueryTokens+512)
 	for q := range w.queries {
 		tokens = w.queryTokens(tokens, q)

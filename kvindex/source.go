@@ -178,8 +178,8 @@ func NewLocalSource(index *Index) (*LocalSource, error) {
 // may hold the prefix (Index.MatchTokensInto). A canceled ctx returns OutcomeUnavailable with
 // ReasonCanceled (or ReasonTimeout for an expired deadline) before any work; a query with no full
 // block is a miss. The result's Engines is a new slice owned by the caller; the result also keeps
-// a copy of the keys the match hashed, for Place (one allocation of 8 bytes per hashed block);
-// the matching buffers are pooled.
+// the keys the match hashed, for Place (one allocation of 8 bytes per block when the first block
+// is held, none on a miss); the other matching buffers are pooled.
 func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	bt := s.index.hasher.BlockTokens()
 	if err := ctx.Err(); err != nil {
@@ -192,8 +192,13 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	defer s.pool.Put(sc)
 	s.index.MatchTokensInto(q.TokenIDs, &sc.m)
 	r := Result{Outcome: OutcomeMiss, QueryBlocks: sc.m.QueryBlocks, BlockTokens: bt, source: s}
-	if r.QueryBlocks > 0 && len(sc.m.keys) <= r.QueryBlocks {
-		r.keys = slices.Clone(sc.m.keys) // the keys the match hashed, kept for Place
+	if r.QueryBlocks > 0 && len(sc.m.keys) > 1 && len(sc.m.keys) <= r.QueryBlocks {
+		// The result takes the keys the match hashed, for Place, and the scratch lets go of them:
+		// its next match hashes into a new buffer. Hashing into a buffer the result keeps costs
+		// less than copying the keys into one (docs/performance.md, "kvindex at production
+		// scale"): the stores to new memory overlap the hashing, a copy waits for them.
+		r.keys = sc.m.keys[:len(sc.m.keys):len(sc.m.keys)]
+		sc.m.keys = nil
 	}
 	if len(sc.m.Engines) > 0 {
 		r.Engines, r.DPRanks = s.index.trustedClone(sc.m.Engines, sc.m.DPRanks) // untrusted engines hold nothing (trust.go)

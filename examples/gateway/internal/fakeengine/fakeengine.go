@@ -38,6 +38,7 @@ type Engine struct {
 	chunkWait <-chan struct{} // when set, each chunk after the first waits for a receive
 	holdOpen  bool            // after the chunks, block until the client leaves
 	gate      <-chan struct{} // when set, the answer waits for it (prefill that takes time)
+	delay     time.Duration   // every answer waits this long first (an engine's service time)
 	health    int
 	load      string // load page body
 	tokenize  int    // /tokenize status; 0 = 200
@@ -139,6 +140,14 @@ func (e *Engine) SetGate(gate <-chan struct{}) {
 	e.mu.Unlock()
 }
 
+// SetDelay makes every inference answer wait d before its first byte (0: none), as an engine's
+// service time would; a client that leaves ends the wait.
+func (e *Engine) SetDelay(d time.Duration) {
+	e.mu.Lock()
+	e.delay = d
+	e.mu.Unlock()
+}
+
 // SetHealth sets GET /health's status.
 func (e *Engine) SetHealth(code int) {
 	e.mu.Lock()
@@ -229,7 +238,7 @@ func (e *Engine) inference(w http.ResponseWriter, r *http.Request) {
 	rec := &Request{Path: r.URL.Path, Header: r.Header.Clone(), Body: body}
 	e.mu.Lock()
 	e.requests = append(e.requests, rec)
-	status, errBody, chunks, wait, hold, gate := e.status, e.errBody, e.chunks, e.chunkWait, e.holdOpen, e.gate
+	status, errBody, chunks, wait, hold, gate, delay := e.status, e.errBody, e.chunks, e.chunkWait, e.holdOpen, e.gate, e.delay
 	e.mu.Unlock()
 	defer func() {
 		if r.Context().Err() == nil {
@@ -242,6 +251,15 @@ func (e *Engine) inference(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-gate:
 		case <-r.Context().Done():
+			return
+		}
+	}
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
 			return
 		}
 	}
