@@ -31,8 +31,9 @@ const (
 	// DefaultCostMarginTokens and DefaultRecomputeFactor are the cost comparison's thresholds
 	// (docs/design.md §9.11): an alternative replaces the chosen engine only when it saves more
 	// than 1,024 tokens of prefill work and more than twice the prefill it adds by recomputing
-	// a prefix the chosen engine holds. The factor 2 was chosen on the replay (1.5 loses at
-	// overload, 3 at low load; docs/design-notes.md "Cost comparison").
+	// a prefix the chosen engine holds, the factor weighed by the share of busy engines. The
+	// factor 2 was chosen on the replay (1.5 loses at overload, 3 at low load;
+	// docs/design-notes.md "Cost comparison").
 	DefaultCostMarginTokens = 1024
 	DefaultRecomputeFactor  = 2.0
 )
@@ -162,8 +163,10 @@ type CacheAwareOptions struct {
 	// (1,024); 0 is allowed.
 	CostMarginTokens *uint64
 	// RecomputeFactor is how many times the extra prefill an alternative causes (its uncached
-	// tokens minus the chosen engine's) its saving must also exceed. 0 means
-	// DefaultRecomputeFactor (2); otherwise it must be finite and > 0.
+	// tokens minus the chosen engine's) its saving must also exceed when every engine the
+	// comparison priced has pending prefill work; it is weighed by the share of those engines
+	// that do, so on an otherwise idle fleet only CostMarginTokens applies (docs/design.md
+	// §9.11). 0 means DefaultRecomputeFactor (2); otherwise it must be finite and > 0.
 	RecomputeFactor float64
 	// MinLoadChoices is k of the power-of-k miss fallback; k ≥ group size takes the exact
 	// minimum. 0 means DefaultMinLoadChoices (2).
@@ -492,15 +495,17 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		// Cost comparison (docs/design.md §9.11): the sample's winner against the cheapest
 		// engine of the same tier.
 		matched := v.matched
-		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, p.queueCap != 0)
+		var load fleetLoad
+		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, p.queueCap != 0, &load)
 		if covered && j < 0 { // every engine is queued: the tier is the whole group
-			j, jc, jo, covered = p.cheapest(engines, req, matched, snap, nil, false)
+			load = fleetLoad{}
+			j, jc, jo, covered = p.cheapest(engines, req, matched, snap, nil, false, &load)
 		}
 		ui, uj := req.InputTokens-matched[i], uint64(0)
 		if j >= 0 {
 			uj = req.InputTokens - matched[j]
 		}
-		if covered && j >= 0 && j != i && p.materiallyCheaper(prefillCost(&o, ui), jc, ui, uj) {
+		if covered && j >= 0 && j != i && p.materiallyCheaper(prefillCost(&o, ui), jc, ui, uj, load) {
 			i, o = j, jo
 			d.CostOverride = true
 		}
@@ -573,15 +578,34 @@ func prefillCost(o *loadmon.Observation, uncached uint64) uint64 {
 	return satAdd(pending, uncached)
 }
 
+// fleetLoad counts, over the engines a cost comparison priced, how many have pending prefill
+// work (docs/design.md §9.11): the share of busy engines scales the recompute factor.
+type fleetLoad struct {
+	busy, priced int
+}
+
+func (l *fleetLoad) add(o *loadmon.Observation) {
+	l.priced++
+	if pending, _ := o.PendingPrefillTokens(); pending > 0 {
+		l.busy++
+	}
+}
+
 // materiallyCheaper reports whether moving the request from an engine costing from (where it
 // would prefill fromUncached tokens) to one costing to (toUncached tokens) is worth it: the saving
-// exceeds CostMarginTokens and RecomputeFactor times the extra prefill the move causes
-// (docs/design.md §9.11).
-func (p *CacheAware) materiallyCheaper(from, to, fromUncached, toUncached uint64) bool {
+// exceeds CostMarginTokens and RecomputeFactor × (busy ÷ priced engines) times the extra prefill
+// the move causes (docs/design.md §9.11). Extra prefill delays the requests that queue behind it,
+// so it weighs in proportion to the share of engines that have a queue: nothing on an idle fleet,
+// the whole factor when every engine is busy.
+func (p *CacheAware) materiallyCheaper(from, to, fromUncached, toUncached uint64, load fleetLoad) bool {
 	if from <= to || from-to <= p.costMargin {
 		return false
 	}
-	return toUncached <= fromUncached || float64(from-to) > p.opts.RecomputeFactor*float64(toUncached-fromUncached)
+	if toUncached <= fromUncached || load.busy == 0 {
+		return true
+	}
+	factor := p.opts.RecomputeFactor * float64(load.busy) / float64(load.priced)
+	return float64(from-to) > factor*float64(toUncached-fromUncached)
 }
 
 // lookupView maps a lookup result onto the group, once per pick: for each of res.Engines its
@@ -627,9 +651,10 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 
 // cheapest scans the group's engines, skipping the holders in skip and, when gated, the engines
 // the queue gate sets aside, and returns the index, cost and observation of the cheapest (complete
-// ties keep the lowest ID; idx −1 when every engine is skipped). covered is false, and idx −1,
-// when some scanned engine lacks fresh native data (the coverage rule).
-func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
+// ties keep the lowest ID; idx −1 when every engine is skipped), counting every scanned engine in
+// load. covered is false, and idx −1, when some scanned engine lacks fresh native data (the
+// coverage rule).
+func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool, load *fleetLoad) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
 	idx = -1
 	for i, e := range engines {
 		if holdsIn(skip, i) {
@@ -642,6 +667,7 @@ func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 		if !o.HasNative() {
 			return -1, 0, loadmon.Observation{}, false
 		}
+		load.add(&o)
 		if c := prefillCost(&o, req.InputTokens-matched[i]); idx < 0 || c < cost {
 			idx, cost, obs = i, c, o
 		}
@@ -667,7 +693,11 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 			best, bestCost = costAlt{idx: c.idx, holder: true, blocks: c.blocks, uncached: c.uncached, obs: c.obs}, cc
 		}
 	}
-	nIdx, nCost, nObs, covered := p.cheapest(engines, req, matched, snap, evaluated, p.queueCap != 0)
+	var load fleetLoad
+	for i := range evaluated {
+		load.add(&evaluated[i].obs)
+	}
+	nIdx, nCost, nObs, covered := p.cheapest(engines, req, matched, snap, evaluated, p.queueCap != 0, &load)
 	if !covered {
 		return none, nil
 	}
@@ -678,7 +708,7 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 		}
 		best, bestCost = costAlt{idx: nIdx, blocks: bb, uncached: req.InputTokens - matched[nIdx], obs: nObs}, nCost
 	}
-	if best.idx < 0 || !p.materiallyCheaper(wCost, bestCost, w.uncached, best.uncached) {
+	if best.idx < 0 || !p.materiallyCheaper(wCost, bestCost, w.uncached, best.uncached, load) {
 		return none, nil
 	}
 	if !best.holder {

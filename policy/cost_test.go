@@ -22,7 +22,8 @@ func (c *cacheEnv) pending(id state.EngineID, tokens uint64) {
 // docs/design.md §9.11. A 256-token prompt; "holder" holds its first 128 tokens (the system
 // prompt, at the 16-token hit gate of these tests), "idle" and "other" hold nothing. cost =
 // pending + uncached; the alternative must save more than the margin (here 64 tokens) and more
-// than twice the 128 tokens of prefix it recomputes.
+// than twice the 128 tokens of prefix it recomputes: every engine has pending work ("idle" 1
+// token), so the whole factor applies.
 func TestCostComparisonMovesARequestOffABusyHolderOnlyWhenMateriallyCheaper(t *testing.T) {
 	t.Parallel()
 	tok := prompt(256, 31)
@@ -34,12 +35,12 @@ func TestCostComparisonMovesARequestOffABusyHolderOnlyWhenMateriallyCheaper(t *t
 		want          state.EngineID
 		reason        string
 	}{
-		// holder 300 + 128 = 428 vs idle 0 + 256: saves 172 > 64, but not > 2 × 128.
+		// holder 300 + 128 = 428 vs idle 1 + 256: saves 171 > 64, but not > 2 × 128.
 		{"saving below twice the recomputed prefix", 300, policy.CacheAwareOptions{}, "holder", policy.ReasonCacheCandidate},
-		// holder 400 + 128 = 528: saves 272 > 256.
+		// holder 400 + 128 = 528: saves 271 > 256.
 		{"saving above twice the recomputed prefix", 400, policy.CacheAwareOptions{}, "idle", policy.ReasonCostDiverted},
 		{"factor 1 moves earlier", 300, policy.CacheAwareOptions{RecomputeFactor: 1}, "idle", policy.ReasonCostDiverted},
-		{"margin above the saving", 400, policy.CacheAwareOptions{CostMarginTokens: u64(272)}, "holder", policy.ReasonCacheCandidate},
+		{"margin above the saving", 400, policy.CacheAwareOptions{CostMarginTokens: u64(271)}, "holder", policy.ReasonCacheCandidate},
 		{"disabled: the upstream rules alone", 1 << 20, policy.CacheAwareOptions{DisableCostComparison: true}, "holder", policy.ReasonCacheCandidate},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -47,7 +48,7 @@ func TestCostComparisonMovesARequestOffABusyHolderOnlyWhenMateriallyCheaper(t *t
 			c := newCacheEnv(t)
 			c.hold(t, "holder", tok, 8)
 			c.pending("holder", tt.holderPending)
-			c.pending("idle", 0)
+			c.pending("idle", 1)
 			c.pending("other", 50)
 			opts := tt.opts
 			if opts.CostMarginTokens == nil {
@@ -70,6 +71,42 @@ func TestCostComparisonMovesARequestOffABusyHolderOnlyWhenMateriallyCheaper(t *t
 				assert.Equal(t, uint64(128), pk.PrefillTokens)
 				assert.Equal(t, []state.EngineID{"holder"}, c.check.Calls())
 			}
+		})
+	}
+}
+
+// docs/design.md §9.11: the recompute factor is weighed by the share of priced engines that have
+// pending prefill work. The same request as above: "holder" (300 pending, 128 uncached) costs 428,
+// "idle" (0 pending, 256 uncached) costs 256, a saving of 172 tokens for 128 tokens of extra
+// prefill. With the default factor 2 the threshold is 2 × busy ÷ 4 × 128 tokens.
+func TestCostComparisonWeighsRecomputationByTheShareOfBusyEngines(t *testing.T) {
+	t.Parallel()
+	tok := prompt(256, 31)
+	group := engines(state.StagePrefill, "holder", "idle", "x", "y")
+	for _, tt := range []struct {
+		name string
+		x, y uint64 // pending tokens of the two other engines
+		want state.EngineID
+	}{
+		// busy 1 of 4: threshold 64 < 172. Under a fixed factor 2 (256) the holder kept it.
+		{"only the holder is busy", 0, 0, "idle"},
+		// busy 2 of 4: threshold 128 < 172.
+		{"half the engines busy", 50, 0, "idle"},
+		// busy 3 of 4: threshold 192 > 172.
+		{"most engines busy", 50, 50, "holder"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			c.hold(t, "holder", tok, 8)
+			c.pending("holder", 300)
+			c.pending("idle", 0)
+			c.pending("x", tt.x)
+			c.pending("y", tt.y)
+			pk, err := c.policy(t, policy.CacheAwareOptions{CostMarginTokens: u64(64)}).Pick(ctx, group, creq(tok))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, pk.Engine.ID())
+			assert.Equal(t, tt.want == "idle", c.dec.last().CostOverride)
 		})
 	}
 }
