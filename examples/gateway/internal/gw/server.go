@@ -130,9 +130,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 // engine, each with its goroutines and buffers on both ends) stayed open for the process's life.
 const DefaultIdleConnTimeout = 90 * time.Second
 
-// CloseIdleConnections closes the client's idle connections to the engines now, as the idle
-// timeout would.
-func (s *Server) CloseIdleConnections() { s.opts.Client.CloseIdleConnections() }
+// CloseIdleConnections closes the idle connections to the engines now, the client's and the
+// tokenizer's (when it has a CloseIdleConnections method, as EngineTokenizer does), as their idle
+// timeouts would.
+func (s *Server) CloseIdleConnections() {
+	s.opts.Client.CloseIdleConnections()
+	if c, ok := s.opts.Tokenizer.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
 
 // requestHead is what the gateway reads of an OpenAI request body; the body itself is forwarded.
 type requestHead struct {

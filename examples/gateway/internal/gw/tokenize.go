@@ -59,6 +59,16 @@ var _ Tokenizer = (*EngineTokenizer)(nil)
 // tokenizeClient is EngineTokenizer's default client.
 var tokenizeClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}}
 
+// CloseIdleConnections closes the tokenizer client's idle connections to the engines now, as its
+// idle timeout (90 s for the default client) would.
+func (t *EngineTokenizer) CloseIdleConnections() {
+	if t.Client != nil {
+		t.Client.CloseIdleConnections()
+		return
+	}
+	tokenizeClient.CloseIdleConnections()
+}
+
 // tokenizeResponse is vLLM's and SGLang's /tokenize answer; only "tokens" is read.
 type tokenizeResponse struct {
 	Tokens []int64 `json:"tokens"`
