@@ -32,7 +32,8 @@ type restartablePublisher struct {
 	addr, replay string
 	mu           sync.Mutex
 	pub, router  zmq4.Socket
-	batches      [][]byte
+	batches      [][]byte // the replay buffer: batches numbered base, base+1, …
+	base         uint64
 	wg           sync.WaitGroup
 }
 
@@ -48,7 +49,7 @@ func newRestartablePublisher(t *testing.T) *restartablePublisher {
 func (p *restartablePublisher) start() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.pub, p.router, p.batches = zmq4.NewPub(context.Background()), zmq4.NewRouter(context.Background()), nil
+	p.pub, p.router, p.batches, p.base = zmq4.NewPub(context.Background()), zmq4.NewRouter(context.Background()), nil, 0
 	require.NoError(p.t, p.pub.Listen(p.addr))
 	require.NoError(p.t, p.router.Listen(p.replay))
 	router := p.router
@@ -63,8 +64,8 @@ func (p *restartablePublisher) start() {
 			}
 			start := binary.BigEndian.Uint64(msg.Frames[2])
 			p.mu.Lock()
-			for seq := start; seq < uint64(len(p.batches)); seq++ {
-				_ = router.SendMulti(zmq4.NewMsgFrom(msg.Frames[0], []byte{}, be64(seq), p.batches[seq]))
+			for seq := max(start, p.base); seq < p.base+uint64(len(p.batches)); seq++ {
+				_ = router.SendMulti(zmq4.NewMsgFrom(msg.Frames[0], []byte{}, be64(seq), p.batches[seq-p.base]))
 			}
 			p.mu.Unlock()
 			_ = router.SendMulti(zmq4.NewMsgFrom(msg.Frames[0], []byte{}, be64(^uint64(0)), []byte{}))
@@ -85,13 +86,21 @@ func (p *restartablePublisher) stop() {
 	p.wg.Wait()
 }
 
+// forget empties the replay buffer (as a bounded buffer that moved on would); numbering goes on.
+func (p *restartablePublisher) forget() {
+	p.mu.Lock()
+	p.base += uint64(len(p.batches))
+	p.batches = nil
+	p.mu.Unlock()
+}
+
 // publish sends one batch of BlockStored events with the next sequence number.
 func (p *restartablePublisher) publish(events ...any) {
 	raw, err := msgpack.Marshal([]any{float64(time.Now().UnixNano()) / 1e9, events, 0})
 	require.NoError(p.t, err)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	seq := uint64(len(p.batches))
+	seq := p.base + uint64(len(p.batches))
 	p.batches = append(p.batches, raw)
 	require.NoError(p.t, p.pub.SendMulti(zmq4.NewMsgFrom([]byte(""), be64(seq), raw)))
 }

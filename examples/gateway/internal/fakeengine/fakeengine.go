@@ -180,6 +180,13 @@ func (e *Engine) Requests() []Request {
 	return out
 }
 
+// ResetRequests forgets the inference requests recorded so far.
+func (e *Engine) ResetRequests() {
+	e.mu.Lock()
+	e.requests = nil
+	e.mu.Unlock()
+}
+
 // LastTokenize returns the last /tokenize request body.
 func (e *Engine) LastTokenize() map[string]json.RawMessage {
 	e.mu.Lock()

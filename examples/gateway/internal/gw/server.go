@@ -63,7 +63,8 @@ type Options struct {
 	// MaxBodyBytes bounds a request body; 0 means DefaultMaxBodyBytes. A longer body is a 413.
 	MaxBodyBytes int64
 	// Client sends requests to engines. Nil means a client whose transport does not negotiate
-	// compression, so that bodies are relayed byte for byte.
+	// compression, so that bodies are relayed byte for byte, keeps up to 256 idle connections per
+	// engine and closes a connection idle for DefaultIdleConnTimeout.
 	Client *http.Client
 	// PrefillTimeout bounds a PD prefill leg; 0 means DefaultPrefillTimeout.
 	PrefillTimeout time.Duration
@@ -96,7 +97,8 @@ func NewServer(opts Options) (*Server, error) {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if opts.Client == nil {
-		opts.Client = &http.Client{Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 256}}
+		opts.Client = &http.Client{Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 256,
+			IdleConnTimeout: DefaultIdleConnTimeout}}
 	}
 	if opts.PrefillTimeout <= 0 {
 		opts.PrefillTimeout = DefaultPrefillTimeout
@@ -122,6 +124,15 @@ func NewServer(opts Options) (*Server, error) {
 
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// DefaultIdleConnTimeout is how long the default client keeps an idle connection to an engine
+// (net/http's DefaultTransport value). Without it, the connections a burst opened (up to 256 per
+// engine, each with its goroutines and buffers on both ends) stayed open for the process's life.
+const DefaultIdleConnTimeout = 90 * time.Second
+
+// CloseIdleConnections closes the client's idle connections to the engines now, as the idle
+// timeout would.
+func (s *Server) CloseIdleConnections() { s.opts.Client.CloseIdleConnections() }
 
 // requestHead is what the gateway reads of an OpenAI request body; the body itself is forwarded.
 type requestHead struct {
