@@ -150,13 +150,24 @@ func TestPDLegsCarryMatchingBootstrapFields(t *testing.T) {
 			assert.Contains(t, string(got), `"content":"Hello"`)
 		}
 	}
+	// The legs run concurrently: the client's answer (the decode leg) can end before the prefill
+	// leg of the same request has reached its engine.
+	require.Eventually(t, func() bool { return len(prefill.Requests()) == 2 }, 5*time.Second, 5*time.Millisecond,
+		"both prefill legs reach the prefill engine")
 	pr, dr := prefill.Requests(), decode.Requests()
 	require.Len(t, pr, 2)
 	require.Len(t, dr, 2)
+	// Pair the legs by room: the prefill legs may reach their engine in either order.
+	prefillOf := map[string]int{}
+	for i := range pr {
+		prefillOf[string(pr[i].Body["bootstrap_room"])] = i
+	}
 	rooms := map[string]bool{}
-	for i := range 2 {
+	for j := range 2 {
+		i, ok := prefillOf[string(dr[j].Body["bootstrap_room"])]
+		require.True(t, ok, "decode leg %d's room %s was sent to the prefill engine", j, dr[j].Body["bootstrap_room"])
 		for _, field := range []string{"bootstrap_host", "bootstrap_port", "bootstrap_room", "messages", "model", "stream"} {
-			assert.JSONEq(t, string(pr[i].Body[field]), string(dr[i].Body[field]), "field %s equal on both legs", field)
+			assert.JSONEq(t, string(pr[i].Body[field]), string(dr[j].Body[field]), "field %s equal on both legs", field)
 		}
 		assert.JSONEq(t, `"127.0.0.1"`, string(pr[i].Body["bootstrap_host"]), "the prefill engine's host")
 		assert.JSONEq(t, `8998`, string(pr[i].Body["bootstrap_port"]))
