@@ -160,3 +160,49 @@ func TestExampleConfigsBuildTheGateway(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigFilePDDispatchEndsWithDone checks that a PD dispatch ends with Dispatch.Done once both
+// legs have ended: the decode leg's time to first byte is observed for both engines, and a prefill
+// engine's 5xx makes the dispatch a failed one (docs/design.md §15.1).
+func TestConfigFilePDDispatchEndsWithDone(t *testing.T) {
+	t.Parallel()
+	p, d := newEngine(t), newEngine(t)
+	path := writeConfig(t, fmt.Sprintf(`
+engines:
+  - {id: %q, model: m, stage: prefill}
+  - {id: %q, model: m, stage: decode}
+models:
+  - id: m
+    buckets: [{id: all, groups: {pd: {prefill: {policy: {type: round_robin}}, decode: {policy: {type: round_robin}}}}}]
+`, p.URL(), d.URL()))
+	g, gwSrv := startGateway(t, "--config="+path, "--tokenize=false")
+	metrics := func() string {
+		rec := httptest.NewRecorder()
+		g.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		return rec.Body.String()
+	}
+	for _, stream := range []bool{false, true} {
+		resp := post(t, context.Background(), gwSrv.URL+"/v1/chat/completions",
+			fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, stream), nil)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	ttft := func(e, stage string, n int) string {
+		return fmt.Sprintf(`enginepick_ttft_seconds_count{engine=%q,model_id="m",policy="round_robin",stage=%q} %d`, e, stage, n)
+	}
+	require.Eventually(t, func() bool {
+		m := metrics()
+		return strings.Contains(m, ttft(p.URL(), "prefill", 2)) && strings.Contains(m, ttft(d.URL(), "decode", 2))
+	}, 5*time.Second, 5*time.Millisecond, "both PD dispatches ended with Done and a time to first token")
+
+	p.SetStatus(http.StatusInternalServerError, `{"error":"boom"}`)
+	resp := post(t, context.Background(), gwSrv.URL+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	require.Eventually(t, func() bool {
+		return strings.Contains(metrics(), `enginepick_dispatch_failures_total{model_id="m",reason="error"} 1`)
+	}, 5*time.Second, 5*time.Millisecond, "a failed prefill leg makes the dispatch a failed one")
+	assert.Contains(t, metrics(), ttft(d.URL(), "decode", 2), "and records no time to first token")
+}

@@ -438,14 +438,23 @@ func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []by
 	}
 	defer resp.Body.Close()
 	first, err := s.relay(w, r, e, resp)
+	outcome = relayOutcome(e, resp.StatusCode, start, first, err)
+}
+
+// relayOutcome is the outcome of a relayed answer: the relay's error, or an engine error for a 5xx
+// status (a 4xx is the client's error, not the engine's), else the time from start to the answer's
+// first body byte as its time to first token.
+func relayOutcome(e *Engine, status int, start, first time.Time, err error) enginepick.Outcome {
+	var o enginepick.Outcome
 	switch {
 	case err != nil:
-		outcome.Err = err
-	case resp.StatusCode >= http.StatusInternalServerError:
-		outcome.Err = fmt.Errorf("gw: engine %s answered %d", e.ID(), resp.StatusCode)
-	case resp.StatusCode < http.StatusBadRequest && !first.IsZero():
-		outcome.TTFT = first.Sub(start)
+		o.Err = err
+	case status >= http.StatusInternalServerError:
+		o.Err = fmt.Errorf("gw: engine %s answered %d", e.ID(), status)
+	case status < http.StatusBadRequest && !first.IsZero():
+		o.TTFT = first.Sub(start)
 	}
+	return o
 }
 
 // BootstrapRoom draws a PD bootstrap room in [0, 2^63) from u. When the prefill engine has
@@ -483,8 +492,11 @@ func (p *prefillLeg) failed() bool { return p.err != nil || p.status >= 400 }
 // PrefillTimeout) even if the client leaves, because the decode engine waits for its KV. Each
 // leg's in-flight guard is released when that leg ends (enginepick.Dispatch.ReleaseStage): the
 // prefill engine's when its answer has been read, the decode engine's when its response or stream
-// has been relayed (or the client left); the dispatch ends when both have.
+// has been relayed (or the client left); the dispatch ends when both have, with Done: the decode
+// leg's outcome (its time to first byte as the time to first token), or the prefill leg's error
+// when the prefill engine failed (docs/design.md §15.1).
 func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte, stream bool, d *enginepick.Dispatch) {
+	start := time.Now()
 	sel := d.Selection
 	pe, de := s.engineOf(sel.Prefill), s.engineOf(sel.Decode)
 	s.opts.Metrics.dispatch(state.StagePrefill, sel.Prefill)
@@ -540,18 +552,26 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 			p.err = err
 		}
 	}()
+	var outcome enginepick.Outcome // the decode leg's; set before the deferred end below reads it
+	end := func() {
+		if outcome.Err == nil && (p.err != nil || p.status >= http.StatusInternalServerError) {
+			outcome = enginepick.Outcome{Err: fmt.Errorf("gw: prefill engine %s failed: %w", pe.ID(), prefillErr(p))}
+		}
+		d.Done(outcome)
+	}
 	defer func() {
 		d.ReleaseStage(state.StageDecode)
 		select {
 		case <-p.done:
-			d.Release()
+			end()
 		default:
-			go func() { <-p.done; d.Release() }()
+			go func() { <-p.done; end() }()
 		}
 	}()
 
 	resp, err := s.send(r.Context(), r, de, dbody, drank, dok)
 	if err != nil {
+		outcome.Err = err
 		if r.Context().Err() == nil {
 			writeError(w, http.StatusBadGateway, "engine_unavailable", "the selected decode engine could not be reached")
 		}
@@ -567,13 +587,15 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 	default:
 	}
 	if stream || resp.StatusCode >= 400 {
-		s.relay(w, r, de, resp)
+		first, err := s.relay(w, r, de, resp)
+		outcome = relayOutcome(de, resp.StatusCode, start, first, err)
 		return
 	}
 	// A complete answer waits for the prefill leg: a decode result without its prefill is not
 	// trustworthy, and a prefill error (a 4xx is the client's) is the one to report.
 	full, err := io.ReadAll(resp.Body)
 	if err != nil {
+		outcome.Err = err
 		if r.Context().Err() == nil {
 			de.Record(OutcomeServerError)
 			writeError(w, http.StatusBadGateway, "engine_unavailable", "the decode engine cut its answer off")
@@ -590,7 +612,16 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 		return
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(full))
-	s.relay(w, r, de, resp)
+	first, err := s.relay(w, r, de, resp)
+	outcome = relayOutcome(de, resp.StatusCode, start, first, err)
+}
+
+// prefillErr is a failed prefill leg's error: the transport's, else its status.
+func prefillErr(p *prefillLeg) error {
+	if p.err != nil {
+		return p.err
+	}
+	return fmt.Errorf("answered %d", p.status)
 }
 
 // prefillError reports a failed prefill leg: an engine's 4xx answer is relayed as it is (the
