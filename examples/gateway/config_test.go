@@ -72,9 +72,16 @@ models:
 	la, _ := g.table.Snapshot().Load(state.EngineID(a.URL()))
 	assert.Equal(t, uint64(5), la.WaitingRequests)
 
-	rec := httptest.NewRecorder()
-	g.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	body := rec.Body.String()
+	var rec *httptest.ResponseRecorder
+	var body string
+	// Each dispatch ends (Done) after its answer has been relayed: wait for the last one.
+	require.Eventually(t, func() bool {
+		rec = httptest.NewRecorder()
+		g.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		body = rec.Body.String()
+		return strings.Contains(body, `enginepick_request_duration_seconds_count{engine="`+a.URL()+`",model_id="m",policy="round_robin",stage="plain"} 2`) &&
+			strings.Contains(body, `enginepick_request_duration_seconds_count{engine="`+b.URL()+`",model_id="m",policy="round_robin",stage="plain"} 2`)
+	}, 5*time.Second, 5*time.Millisecond, "every dispatch ended with Done")
 	assert.Contains(t, body, `enginepick_decisions_total{bucket="all",model_id="m",policy="round_robin",reason="round_robin",stage="plain"} 4`)
 	assert.Contains(t, body, "gateway_requests_total")
 	assert.True(t, strings.Contains(body, `enginepick_load_polls_total{engine="`+a.URL()+`"}`), "the Router's poller is exported")
@@ -89,9 +96,13 @@ models:
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	require.Equal(t, http.StatusInternalServerError, resp.StatusCode)
-	rec = httptest.NewRecorder()
-	g.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	assert.Contains(t, rec.Body.String(), `enginepick_dispatch_failures_total{model_id="m",reason="error"} 1`, "a 5xx answer is a failed dispatch")
+	// The dispatch ends (Done) after the answer has been relayed, so the client can see the 500
+	// before the gateway has reported it.
+	require.Eventually(t, func() bool {
+		rec = httptest.NewRecorder()
+		g.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		return strings.Contains(rec.Body.String(), `enginepick_dispatch_failures_total{model_id="m",reason="error"} 1`)
+	}, 5*time.Second, 5*time.Millisecond, "a 5xx answer is a failed dispatch")
 	for _, e := range []string{a.URL(), b.URL()} {
 		assert.Contains(t, rec.Body.String(), `enginepick_ttft_seconds_count{engine="`+e+`",model_id="m",policy="round_robin",stage="plain"} 2`, "and records no TTFT")
 	}
