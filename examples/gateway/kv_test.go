@@ -135,13 +135,7 @@ func TestRepeatedPromptLandsOnTheEngineThatPublishedItsBlocks(t *testing.T) {
 		return st.LastSeq == last && st.Trusted && g.index.Match(keys).Blocks(state.EngineID(b.URL())) == len(hashes)
 	}, 10*time.Second, 10*time.Millisecond)
 
-	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":8}`, text)
-	for range 6 {
-		resp := post(t, context.Background(), gwSrv.URL+"/v1/chat/completions", body, nil)
-		_, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.Equal(t, http.StatusOK, resp.StatusCode)
-	}
+	chatOK(t, gwSrv.URL, text, 6)
 	assert.Len(t, b.Requests(), 6, "every repeat goes to the holder")
 	assert.Empty(t, a.Requests())
 	assert.Equal(t, float64(6), dispatches(t, g, b.URL(), "cache_candidate"))
@@ -172,4 +166,17 @@ func dispatches(t *testing.T, g *gateway, engine, reason string) float64 {
 		}
 	}
 	return 0
+}
+
+// chatOK sends the same chat request with content text n times through the gateway at base and
+// requires a 200 for each.
+func chatOK(t *testing.T, base, text string, n int) {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":8}`, text)
+	for range n {
+		resp := post(t, context.Background(), base+"/v1/chat/completions", body, nil)
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
 }

@@ -256,13 +256,7 @@ func TestLostBatchIsReplayedEndToEnd(t *testing.T) {
 	assert.Equal(t, len(lh), g.index.Match(keys(lt)).Blocks(bID), "the lost batch's blocks came from the replay")
 	assert.Equal(t, len(nh), g.index.Match(keys(nt)).Blocks(bID))
 
-	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"max_tokens":8}`, lost)
-	for range 3 {
-		resp := post(t, context.Background(), gwSrv.URL+"/v1/chat/completions", body, nil)
-		_, _ = io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.Equal(t, http.StatusOK, resp.StatusCode)
-	}
+	chatOK(t, gwSrv.URL, lost, 3)
 	assert.Len(t, b.Requests(), 3, "the lost prompt goes to its holder")
 	assert.Empty(t, a.Requests())
 	assert.Equal(t, float64(3), dispatches(t, g, b.URL(), "cache_candidate"))
