@@ -20,7 +20,8 @@ import (
 //     MaxRunningRequests, the largest an engine runs.
 //
 // Real engines do more: caches are finite and per engine, KV capacity limits batches to a few
-// dozen long requests, queues idle engines between bursts.
+// dozen long requests, queues idle engines between bursts (docs/performance.md "Capacity and its
+// ceiling").
 type Ceiling struct {
 	// Requests is the number of requests priced: those of the trace (cut to Config.Limit) that
 	// fit the model's context window (the replay refuses the others).
