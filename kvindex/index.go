@@ -126,7 +126,12 @@ type Index struct {
 	engineByID  map[state.EngineID]uint32
 	byID        []uint32 // live engine slots sorted by ID; byID[engines[e].order] == e
 
-	heap        []approxEntry
+	heap        []approxChain // expiry order (approx.go)
+	heapBlocks  int           // blocks in the heap's chains, live or stale
+	heapSpare   []approxChain // compactHeap's other buffer
+	draining    []approxChain // chains being drained (drainApprox)
+	drainLeft   []int
+	chainPool   [][]uint32 // drained chains' nodes slices, for reuse
 	approxCount int
 
 	// wideSearch makes Match use its general search for any number of holders (tests only).
@@ -679,10 +684,12 @@ func (x *Index) clearHolder(hid uint32) {
 	h.bindings.reset()
 	h.tiers = [4]int{}
 	if h.approx > 0 {
-		for _, e := range x.heap {
-			if e.holder == hid {
-				if p, ok := x.approxAt(e); ok {
-					x.dropApprox(e.node, p)
+		for i := range x.heap {
+			if c := &x.heap[i]; c.holder == hid {
+				for _, n := range slices.Backward(c.nodes) {
+					if p, ok := x.approxAt(n, hid, c.expiry); ok {
+						x.dropApprox(n, p)
+					}
 				}
 			}
 		}

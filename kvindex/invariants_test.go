@@ -130,11 +130,18 @@ func checkInvariants(x *Index) error {
 		for p := int(nd.hold); nd.has(flagLive) && p < int(nd.hold)+nd.nHold(); p++ {
 			if x.hold(p).e&approxEntryBit != 0 {
 				recount++
-				if !heapHas(x, approxEntry{expiry: int64(x.hold(p).aux), node: n, holder: entryHolder(x.hold(p).e)}) {
+				if !heapHas(x, int64(x.hold(p).aux), n, entryHolder(x.hold(p).e)) {
 					return fmt.Errorf("approximate entry node %d holder %d has no heap entry", n, entryHolder(x.hold(p).e))
 				}
 			}
 		}
+	}
+	heapBlocks := 0
+	for _, c := range x.heap {
+		heapBlocks += len(c.nodes)
+	}
+	if heapBlocks != x.heapBlocks {
+		return fmt.Errorf("heap chains hold %d blocks, heapBlocks says %d", heapBlocks, x.heapBlocks)
 	}
 	if approx != x.approxCount || recount != approx {
 		return fmt.Errorf("approximate count %d, holders say %d, recount %d", x.approxCount, approx, recount)
@@ -252,9 +259,9 @@ func holdersAt(x *Index, n uint32) []uint32 {
 	return out
 }
 
-func heapHas(x *Index, want approxEntry) bool {
-	for _, e := range x.heap {
-		if e.expiry == want.expiry && e.node == want.node && e.holder == want.holder {
+func heapHas(x *Index, expiry int64, n, hid uint32) bool {
+	for _, c := range x.heap {
+		if c.expiry == expiry && c.holder == hid && slices.Contains(c.nodes, n) {
 			return true
 		}
 	}
