@@ -143,6 +143,7 @@ type Index struct {
 	keyBuf   []uint64
 	nodeBuf  []uint32
 	known    []bool
+	slotBuf  []int32 // Store: each block's binding insert position (bindTable.insertAt)
 }
 
 // node is one block. It holds no pointers, so the node slab costs the garbage collector nothing.
@@ -198,7 +199,7 @@ type holder struct {
 	engine   uint32
 	rank     int
 	live     bool
-	bindings table // engine block hash → node
+	bindings bindTable // engine block hash → node (bindtable.go)
 	tiers    [4]int
 	approx   int
 }
@@ -351,7 +352,7 @@ func (x *Index) store(ev *StoreEvent) error {
 	if ev.HasParent {
 		p, ok := uint32(0), false
 		if hok {
-			p, ok = x.holders[hid].bindings.get(ev.ParentHash)
+			p, ok, _ = x.binding(hid, ev.ParentHash)
 		}
 		if !ok {
 			return fail(ErrUnknownParent, ev.ParentHash)
@@ -362,20 +363,22 @@ func (x *Index) store(ev *StoreEvent) error {
 	if i, ok := x.resolveChain(parent, x.keyBuf); !ok {
 		return fail(ErrKeyConflict, ev.BlockHashes[i])
 	}
-	x.known = x.known[:0]
-	var bindings *table
+	x.known, x.slotBuf = x.known[:0], x.slotBuf[:0]
 	if hok {
-		bindings = &x.holders[hid].bindings
+		// Room for every block's binding now, so that the insert positions found below stay
+		// valid until the bindings are made.
+		x.holders[hid].bindings.reserve(nb)
 	}
 	for i, n := range x.nodeBuf {
-		known := false
-		if bindings != nil {
-			m, ok := bindings.get(ev.BlockHashes[i])
+		known, slot := false, -1
+		if hok {
+			m, ok, at := x.binding(hid, ev.BlockHashes[i])
 			if ok && m != n {
 				return fail(ErrDuplicateHash, ev.BlockHashes[i])
 			}
-			known = ok
+			known, slot = ok, at
 		}
+		x.slotBuf = append(x.slotBuf, int32(slot))
 		if n != 0 && x.node(n).nHold() >= maxHold {
 			return fail(ErrTooManyHolders, ev.BlockHashes[i])
 		}
@@ -409,7 +412,7 @@ func (x *Index) store(ev *StoreEvent) error {
 		b := &x.holders[hid].bindings
 		for i := from; i < to; i++ {
 			if !x.known[i] {
-				b.put(ev.BlockHashes[i], x.nodeBuf[i])
+				b.insertAt(fibTag(ev.BlockHashes[i]), x.nodeBuf[i], int(x.slotBuf[i]))
 			}
 			x.touch(x.nodeBuf[i])
 		}
@@ -575,7 +578,7 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	var unknown []uint64
 	x.nodeBuf = x.nodeBuf[:0]
 	for _, hash := range hashes {
-		n, ok := h.bindings.get(hash)
+		n, ok, _ := x.binding(hid, hash)
 		if !ok {
 			unknown = append(unknown, hash)
 		}
@@ -602,7 +605,7 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 			x.hold(p).e &^= uint32(drop)
 			if uint8(x.hold(p).e) == 0 {
 				x.deleteHolding(n, p)
-				h.bindings.del(hash)
+				h.bindings.remove(fibTag(hash), n)
 				x.prune(n)
 			}
 			break
@@ -671,7 +674,7 @@ func (x *Index) clearHolder(hid uint32) {
 	x.clearing = true
 	defer func() { x.clearing = false }()
 	h := &x.holders[hid]
-	h.bindings.each(func(hash uint64, n uint32) {
+	x.eachBinding(hid, func(hash uint64, n uint32) {
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
 			if x.hold(p).e&approxEntryBit == 0 && x.hold(p).aux == hash {
@@ -880,7 +883,7 @@ func (x *Index) evictNode(n uint32) {
 			x.approxCount--
 		} else {
 			x.subTiers(h, uint8(x.hold(p).e))
-			h.bindings.del(x.hold(p).aux)
+			h.bindings.remove(fibTag(x.hold(p).aux), n)
 		}
 		if hid != last {
 			x.unlinkChild(n, hid) // a leaf: no hole can result

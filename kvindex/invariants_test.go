@@ -52,7 +52,7 @@ func checkInvariants(x *Index) error {
 			if t := uint8(x.hold(p).e); t == 0 || Tier(t)&^AllTiers != 0 {
 				return fmt.Errorf("node %d entry %d has tiers %#x", n, p, t)
 			}
-			if m, ok := h.bindings.get(x.hold(p).aux); !ok || m != n {
+			if m, ok, _ := x.binding(hid, x.hold(p).aux); !ok || m != n {
 				return fmt.Errorf("node %d entry hash %#x: binding %d, %v", n, x.hold(p).aux, m, ok)
 			}
 		}
@@ -99,7 +99,9 @@ func checkInvariants(x *Index) error {
 		}
 		var tiers [4]int
 		var bad error
-		h.bindings.each(func(hash uint64, n uint32) {
+		bound := 0
+		x.eachBinding(uint32(hid), func(hash uint64, n uint32) {
+			bound++
 			if bad != nil {
 				return
 			}
@@ -118,6 +120,9 @@ func checkInvariants(x *Index) error {
 		})
 		if bad != nil {
 			return bad
+		}
+		if bound != h.bindings.len() {
+			return fmt.Errorf("holder %d has %d bindings, %d of them name an entry", hid, h.bindings.len(), bound)
 		}
 		if tiers != h.tiers {
 			return fmt.Errorf("holder %d tier counts %v, recount %v", hid, h.tiers, tiers)
