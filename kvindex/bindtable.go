@@ -166,3 +166,29 @@ func (x *Index) eachBinding(hid uint32, fn func(hash uint64, n uint32)) {
 		}
 	}
 }
+
+// touch reads the home slot of every hash, so that the probes that follow find them in the
+// cache: the loads are independent, so their cache misses overlap, where a probe loop's
+// branches on each loaded slot serialise them. It returns a value that depends on the loads.
+func (t *bindTable) touch(hashes []uint64) uint32 {
+	if len(t.slots) == 0 {
+		return 0
+	}
+	var sink uint64
+	for _, h := range hashes {
+		sink += t.slots[t.home(fibTag(h))]
+	}
+	return uint32(sink)
+}
+
+// touchNodeSlots is bindTable.touch for the key → node table.
+func touchNodeSlots(t *nodeTable, keys []uint64) uint32 {
+	if len(t.slots) == 0 {
+		return 0
+	}
+	var sink uint64
+	for _, k := range keys {
+		sink += t.slots[t.home(fibTag(k))]
+	}
+	return uint32(sink)
+}

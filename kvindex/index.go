@@ -368,6 +368,7 @@ func (x *Index) store(ev *StoreEvent) error {
 		// Room for every block's binding now, so that the insert positions found below stay
 		// valid until the bindings are made.
 		x.holders[hid].bindings.reserve(nb)
+		x.warmSink += x.holders[hid].bindings.touch(ev.BlockHashes)
 	}
 	for i, n := range x.nodeBuf {
 		known, slot := false, -1
@@ -449,6 +450,7 @@ func (x *Index) canAddHolder() bool {
 func (x *Index) resolveChain(parent uint32, keys []uint64) (int, bool) {
 	x.nodeBuf = x.nodeBuf[:0]
 	// Find every key's node first: the probes are independent, so their cache misses overlap.
+	x.warmSink += touchNodeSlots(&x.byKey, keys)
 	for _, k := range keys {
 		n, _ := x.byKey.get(k, &x.nodes)
 		x.nodeBuf = append(x.nodeBuf, n)
