@@ -390,7 +390,7 @@ func (x *Index) store(ev *StoreEvent) error {
 	// read. Reading each existing block's holding run first brings it into the cache, so that the
 	// locked part mostly hits it; the bindings and the LRU list are the writers' alone and are
 	// updated after the lock is released.
-	x.warm(x.nodeBuf)
+	x.warm(x.nodeBuf, x.keyBuf)
 	prev := parent
 	for from := 0; from < nb; from += storeChunk {
 		to := min(nb, from+storeChunk)
@@ -426,13 +426,16 @@ func (x *Index) store(ev *StoreEvent) error {
 	return nil
 }
 
-// warm reads the holding run of every existing node of ns, so that applying a Store under the
-// lock finds them in the cache: the loads are independent, so their misses overlap.
-func (x *Index) warm(ns []uint32) {
+// warm reads the holding run of every existing node of ns, and the key-table home slot of every
+// new one's key, so that applying a Store under the lock finds them in the cache: the loads are
+// independent, so their misses overlap.
+func (x *Index) warm(ns []uint32, keys []uint64) {
 	var sink uint32
-	for _, n := range ns {
+	for i, n := range ns {
 		if n != 0 {
 			sink += x.hold(int(x.node(n).hold)).e
+		} else if len(x.byKey.slots) > 0 {
+			sink += uint32(x.byKey.slots[x.byKey.home(fibTag(keys[i]))])
 		}
 	}
 	x.warmSink += sink // keeps the loads from being optimised away
