@@ -149,7 +149,7 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 	if realClock {
 		s.now = time.Now
 	}
-	b := builder{cfg: cfg, s: &s}
+	b := builder{cfg: cfg, s: &s, realClock: realClock}
 	if err := b.registry(registry); err != nil {
 		return nil, err
 	}
@@ -190,8 +190,9 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 
 // builder holds New's work in progress.
 type builder struct {
-	cfg *Config
-	s   *settings
+	cfg       *Config
+	s         *settings
+	realClock bool // no WithClock: every clock is time.Now
 
 	reg      state.Registry
 	load     *loadmon.Table
@@ -265,7 +266,11 @@ func (b *builder) shared() error {
 		}
 	}
 	if b.inflight = s.inflight; b.inflight == nil {
-		b.inflight = loadmon.NewInFlight(s.now)
+		var clock func() time.Time // nil: time.Now, which lets an observed Select reuse the dispatch's clock reading
+		if !b.realClock {
+			clock = s.now
+		}
+		b.inflight = loadmon.NewInFlight(clock)
 	}
 	needLocal, needRemote, needStore := "", "", ""
 	b.eachGroup(func(gp groupPath) {

@@ -833,3 +833,27 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware
 	assert.LessOrEqual(t, ms.Len(), 32)
 	assert.Equal(t, uint64(100-ms.Len()), ms.Evicted())
 }
+
+// TestObservedSelectStampsTheDispatchWithItsEnd checks the real-clock path of an observed Select:
+// the guards are stamped with the clock reading that ends the timed selection (no second reading,
+// docs/performance.md), so both PD legs count as dispatched in [before, after] and the reported
+// duration lies within that window.
+func TestObservedSelectStampsTheDispatchWithItsEnd(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	r := mustNew(t, mustParse(t, seedPD), nil, enginepick.WithObserver(rec))
+	require.True(t, r.InFlight().SystemClock(), "New without WithClock keeps time.Now for the in-flight counters")
+
+	before := time.Now()
+	d, err := r.Select(context.Background(), selectReq("llama", 100, 200))
+	after := time.Now()
+	require.NoError(t, err)
+	defer d.Release()
+	for _, id := range []state.EngineID{d.Selection.Prefill.Engine.ID(), d.Selection.Decode.Engine.ID()} {
+		assert.Equal(t, uint64(1), r.InFlight().DispatchesSince(id, before), "dispatched at or after the selection began")
+		assert.Zero(t, r.InFlight().DispatchesSince(id, after.Add(time.Nanosecond)), "dispatched before Select returned")
+	}
+	require.Len(t, rec.selects, 1)
+	assert.Positive(t, rec.selects[0].Duration)
+	assert.LessOrEqual(t, rec.selects[0].Duration, after.Sub(before))
+}

@@ -189,11 +189,17 @@ func (d *Dispatch) Done(o Outcome) {
 // errors (bucket.StatusCode maps them). A nil ctx means context.Background().
 func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, error) {
 	if r.obs == nil {
-		return r.selectOnce(ctx, req)
+		return r.selectOnce(ctx, req, nil)
 	}
 	start := r.stamp()
-	d, err := r.selectOnce(ctx, req)
-	end := r.stamp()
+	var at time.Time
+	d, err := r.selectOnce(ctx, req, &at)
+	var end time.Duration
+	if !at.IsZero() {
+		end = at.Sub(r.base) // the dispatch's own clock reading (selectOnce)
+	} else {
+		end = r.stamp()
+	}
 	ev := SelectEvent{Duration: end - start}
 	if d != nil {
 		ev.Model, ev.Selection = d.model, &d.Selection
@@ -221,7 +227,11 @@ func (r *Router) stamp() time.Duration {
 	return r.now().Sub(r.base)
 }
 
-func (r *Router) selectOnce(ctx context.Context, req *bucket.Request) (*Dispatch, error) {
+// selectOnce selects and acquires the guards. When at is non-nil and both the Router and its
+// in-flight counters use time.Now, it reads the clock once at dispatch, stamps the guards with that
+// reading and stores it in *at, so that an observed Select times the selection without a clock
+// reading of its own (docs/performance.md, observer overhead); otherwise *at stays zero.
+func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.Time) (*Dispatch, error) {
 	if req == nil {
 		return nil, fmt.Errorf("enginepick: Select: nil request: %w", policy.ErrInvalidSignal)
 	}
@@ -247,11 +257,16 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request) (*Dispatch
 		return nil, err
 	}
 	d := &Dispatch{Selection: sel, r: r, model: req.Model}
+	var now time.Time // zero: AcquireRankAt reads the counters' own clock
+	if at != nil && r.realClock && r.inflight.SystemClock() {
+		now = time.Now()
+		*at = now
+	}
 	if sel.IsPD() {
-		d.guards[0] = r.inflight.AcquireRank(sel.Prefill.Engine.ID(), rankOf(&sel.Prefill), prefillTokens(&sel.Prefill, req))
-		d.guards[1] = r.inflight.AcquireRank(sel.Decode.Engine.ID(), rankOf(&sel.Decode), 0)
+		d.guards[0] = r.inflight.AcquireRankAt(sel.Prefill.Engine.ID(), rankOf(&sel.Prefill), prefillTokens(&sel.Prefill, req), now)
+		d.guards[1] = r.inflight.AcquireRankAt(sel.Decode.Engine.ID(), rankOf(&sel.Decode), 0, now)
 	} else {
-		d.guards[0] = r.inflight.AcquireRank(sel.Plain.Engine.ID(), rankOf(&sel.Plain), prefillTokens(&sel.Plain, req))
+		d.guards[0] = r.inflight.AcquireRankAt(sel.Plain.Engine.ID(), rankOf(&sel.Plain), prefillTokens(&sel.Plain, req), now)
 	}
 	return d, nil
 }

@@ -24,7 +24,8 @@ const dispatchRing = 64
 // map is an immutable value replaced as a whole when an engine is first seen or removed (rare), and
 // the counters are atomics. They allocate nothing.
 type InFlight struct {
-	now func() time.Time
+	now    func() time.Time
+	system bool // now is time.Now (NewInFlight(nil))
 
 	mu       sync.Mutex // serializes map replacement
 	counters atomic.Pointer[map[state.EngineID]*counter]
@@ -46,10 +47,11 @@ type counter struct {
 
 // NewInFlight returns empty counters that timestamp dispatches with now (nil: time.Now).
 func NewInFlight(now func() time.Time) *InFlight {
-	if now == nil {
+	system := now == nil
+	if system {
 		now = time.Now
 	}
-	f := &InFlight{now: now}
+	f := &InFlight{now: now, system: system}
 	f.counters.Store(&map[state.EngineID]*counter{})
 	f.ranks.Store(&map[rankKey]*counter{})
 	return f
@@ -123,7 +125,25 @@ func (f *InFlight) acquire(engine state.EngineID, prefillTokens uint64, at int64
 // and the per-rank pressure comparisons read (docs/design.md §6). A negative rank counts on the
 // engine only.
 func (f *InFlight) AcquireRank(engine state.EngineID, rank int, prefillTokens uint64) *Guard {
-	at := f.now().UnixNano()
+	return f.acquireRank(engine, rank, prefillTokens, f.now().UnixNano())
+}
+
+// SystemClock reports whether the counters timestamp dispatches with time.Now (NewInFlight(nil)),
+// so that a caller that has just read time.Now may pass its reading to AcquireRankAt.
+func (f *InFlight) SystemClock() bool { return f.system }
+
+// AcquireRankAt is AcquireRank with the dispatch time given rather than read from the counters'
+// clock: a caller that has read the clock at dispatch (a Router timing its selection, docs/design.md
+// §15) passes that reading instead of paying for a second one. at must come from the clock the
+// counters were built with (SystemClock reports time.Now); a zero at reads the clock.
+func (f *InFlight) AcquireRankAt(engine state.EngineID, rank int, prefillTokens uint64, at time.Time) *Guard {
+	if at.IsZero() {
+		return f.AcquireRank(engine, rank, prefillTokens)
+	}
+	return f.acquireRank(engine, rank, prefillTokens, at.UnixNano())
+}
+
+func (f *InFlight) acquireRank(engine state.EngineID, rank int, prefillTokens uint64, at int64) *Guard {
 	g := f.acquire(engine, prefillTokens, at)
 	if rank < 0 {
 		return g

@@ -105,3 +105,27 @@ func TestDispatchedSinceSumsPrefillTokens(t *testing.T) {
 	n, tok = f.DispatchedSince("e", start)
 	assert.Equal(t, [2]uint64{64, 64}, [2]uint64{n, tok}, "the 64 most recent dispatches")
 }
+
+func TestAcquireRankAtRecordsTheGivenTime(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	f := loadmon.NewInFlight(clk.Now)
+	assert.False(t, f.SystemClock(), "a clock was given")
+	assert.True(t, loadmon.NewInFlight(nil).SystemClock())
+
+	at := clk.Now().Add(time.Hour) // not the counters' clock reading: the given one is recorded
+	g := f.AcquireRankAt("e", 1, 100, at)
+	n, tok := f.DispatchedSince("e", at)
+	assert.Equal(t, [2]uint64{1, 100}, [2]uint64{n, tok}, "recorded at the given time")
+	n, _ = f.DispatchedSince("e", at.Add(time.Nanosecond))
+	assert.Zero(t, n, "not later than the given time")
+	n, tok = f.DispatchedSinceRank("e", 1, at)
+	assert.Equal(t, [2]uint64{1, 100}, [2]uint64{n, tok}, "the rank's dispatch too")
+	assert.Equal(t, uint64(1), f.CountRank("e", 1))
+	g.Release()
+	assert.Zero(t, f.CountRank("e", 1))
+
+	f.AcquireRankAt("z", -1, 0, time.Time{}) // zero: the counters' own clock
+	assert.Equal(t, uint64(1), f.DispatchesSince("z", clk.Now()))
+	assert.Zero(t, f.DispatchesSince("z", clk.Now().Add(time.Nanosecond)))
+}
