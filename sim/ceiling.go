@@ -4,11 +4,13 @@ import (
 	"math"
 )
 
-// Ceiling is the throughput ceiling of a replay's requests on its engine model: the least engine
-// time they need whatever the routing, and the highest speed at which the fleet could do that
-// work over the trace's arrival span with every engine busy all the time. No router carries more:
-// a sweep's capacity (SweepResult.Speed) can exceed it only by the backlog a trace prefix leaves
-// undone when its last request arrives, which the TTFT target bounds. The floors are:
+// Ceiling is the sustained throughput ceiling of a replay's requests on its engine model: the
+// least engine time they need whatever the routing, and the highest speed at which the fleet could
+// do that work over the trace's arrival span with every engine busy all the time. No router
+// sustains more. A finite replay can pass it by the work still undone when its last request
+// arrives: prefill bounded by the TTFT target (at most engines × SLO of engine time for the
+// requests that meet it) and the decode of the requests still running, which KV capacity bounds;
+// on a short trace prefix that allowance is several per cent of the work. The floors are:
 //
 //   - prefill: every prompt prefilled after the longest prefix that any earlier request of the
 //     trace had, as if one cache of unlimited size, never evicted, were shared by every engine
@@ -20,7 +22,8 @@ import (
 //     MaxRunningRequests, the largest an engine runs.
 //
 // Real engines do more: caches are finite and per engine, KV capacity limits batches to a few
-// dozen long requests, queues idle engines between bursts.
+// dozen long requests, queues idle engines between bursts (docs/performance.md "Capacity and its
+// ceiling").
 type Ceiling struct {
 	// Requests is the number of requests priced: those of the trace (cut to Config.Limit) that
 	// fit the model's context window (the replay refuses the others).
@@ -44,7 +47,7 @@ type Ceiling struct {
 	Speed float64 `json:"speed"`
 }
 
-// ComputeCeiling returns the throughput ceiling of cfg's requests (after Config.Limit and
+// ComputeCeiling returns the sustained throughput ceiling of cfg's requests (after Config.Limit and
 // Config.SystemPromptTokens) on cfg.Model and cfg.Fleet (see Ceiling). Config.Speed, Policies and
 // Routers do not matter. Errors: those of Replay for an invalid configuration.
 func ComputeCeiling(cfg Config) (*Ceiling, error) {

@@ -44,7 +44,7 @@ const ReasonOracle = "oracle_min_cost"
 // prediction ignores KV-capacity stalls and later arrivals), but it is what a router with perfect,
 // instantaneous knowledge of every engine picks by the same cost, so it bounds what better
 // information could buy over the library's policies on the same engine model
-// (docs/performance.md "Replay against the peers"). It only runs inside a replay (PolicyEnv from
+// (docs/performance.md "Capacity and its ceiling"). It only runs inside a replay (PolicyEnv from
 // Replay); the admission checker runs once on its pick.
 type Oracle struct {
 	peerBase

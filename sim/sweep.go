@@ -84,8 +84,9 @@ type SweepReport struct {
 	Tolerance float64 `json:"tolerance"`
 	// Results has one entry per policy.
 	Results []SweepResult `json:"results"`
-	// Ceiling is the throughput ceiling of the swept requests on the fleet (ComputeCeiling): no
-	// router sustains a higher speed.
+	// Ceiling is the sustained throughput ceiling of the swept requests on the fleet
+	// (ComputeCeiling): no router sustains a higher speed, though a finite replay can pass it by
+	// the backlog it ends with.
 	Ceiling *Ceiling `json:"ceiling"`
 }
 
@@ -284,7 +285,8 @@ func (rep *SweepReport) WriteJSON(w io.Writer) error {
 
 // WriteTable writes the report as a heading and one row per policy: the highest speed meeting the
 // target, that speed relative to power_of_two's (or to the first policy's when power_of_two was
-// not swept), TTFT p99 and hit rate there, and the replays run; then the throughput ceiling.
+// not swept), TTFT p99 and hit rate there, and the replays run; then the sustained throughput
+// ceiling.
 func (rep *SweepReport) WriteTable(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	name := rep.Trace
@@ -323,7 +325,7 @@ func (rep *SweepReport) WriteTable(w io.Writer) error {
 		return err
 	}
 	if c := rep.Ceiling; c != nil && !math.IsInf(c.Speed, 1) {
-		fmt.Fprintf(bw, "\nthroughput ceiling of any routing: speed %.3g", c.Speed)
+		fmt.Fprintf(bw, "\nsustained throughput ceiling of any routing: speed %.3g", c.Speed)
 		if ref.Speed > 0 {
 			fmt.Fprintf(bw, " (%.2f × %s)", c.Speed/ref.Speed, ref.Policy)
 		}

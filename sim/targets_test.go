@@ -28,8 +28,8 @@ const targetRatio = 1.02
 //   - a capacity sweep (TTFT p99 ≤ 10 s): cache_aware carries a higher speed than every peer, at
 //     least as high as both oracle baselines (which read the engines' exact caches and queues),
 //     and at least 1.3 × power_of_two's. The issue asks for 1.5 ×; the measured ratio is 1.35 on
-//     this prefix, and the throughput ceiling of any routing (ComputeCeiling) is 1.48 ×
-//     (docs/performance.md "Capacity"), so the test holds the measured level.
+//     this prefix, and the sustained throughput ceiling of any routing (ComputeCeiling) is 1.48 ×
+//     (docs/performance.md "Capacity and its ceiling"), so the test holds the measured level.
 //
 // The replays are deterministic: a failure is a change of routing (or of the simulator), not
 // noise. Skipped under -race (single-goroutine replays, about 30 s of CPU); .ci/run runs it

@@ -51,8 +51,8 @@
 //	                 tokens at any length, the earlier model, for comparison (see sim.EngineModel)
 //	-sweep           instead of one replay at -speed, find for each policy the highest speed at
 //	                 which TTFT p99 stays at or under -slo, by bisection to 5 % (sim.Sweep), and
-//	                 print it as a table: the capacity a policy buys, followed by the throughput
-//	                 ceiling no routing can pass (sim.ComputeCeiling). Each policy takes about 8
+//	                 print it as a table: the capacity a policy buys, followed by the sustained
+//	                 throughput ceiling of any routing (sim.ComputeCeiling). Each policy takes about 8
 //	                 replays, so under -sweep -limit defaults to 3000 requests (-limit 0: all)
 //	-slo D           TTFT p99 target of -sweep (default 10s)
 //	-json            print the report as JSON instead of a table
