@@ -182,7 +182,7 @@ func (x *Index) realHeldBy(engine state.EngineID, rank int, key uint64) (uint32,
 	if !ok {
 		return 0, false
 	}
-	n, ok := x.byKey.get(key, &x.nodes)
+	n, _, ok := x.byKey.get(key)
 	if !ok || n == 0 {
 		return 0, false
 	}

@@ -459,7 +459,7 @@ func (x *Index) resolveChain(parent uint32, keys []uint64) (int, bool) {
 	// Find every key's node first: the probes are independent, so their cache misses overlap.
 	x.warmSink += touchNodeSlots(&x.byKey, keys)
 	for _, k := range keys {
-		n, _ := x.byKey.get(k, &x.nodes)
+		n, _, _ := x.byKey.get(k)
 		x.nodeBuf = append(x.nodeBuf, n)
 	}
 	x.seen.clearFor(len(keys))
@@ -1004,6 +1004,7 @@ func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64
 	copy(r[o+1:k+1], r[o:k])
 	*x.hold(pos) = holding{e: mkEntry(hid, t), aux: aux}
 	nd.meta++
+	x.byKey.orSum(nd.key, holderBit(hid, t&approxBit != 0))
 	if first {
 		x.linkChild(n, hid, t, aux)
 	}
@@ -1047,9 +1048,23 @@ func (x *Index) deleteHolding(n uint32, pos int) {
 		nd.hold = off
 		nd.meta = nd.meta&^classMask | (c-1)<<classShift
 	}
+	x.summarize(n)
 	if groupStart && groupEnds {
 		x.unlinkChild(n, hid)
 	}
+}
+
+// summarize recomputes node n's holder summary in the key table (nodeTable, holderBit) from its
+// holding run.
+func (x *Index) summarize(n uint32) {
+	nd := x.node(n)
+	sum := uint32(0)
+	if k := nd.nHold(); k > 0 {
+		for _, h := range x.holds.span(int(nd.hold), k) {
+			sum |= holderBit(entryHolder(h.e), h.e&approxEntryBit != 0)
+		}
+	}
+	x.byKey.setSum(nd.key, sum)
 }
 
 func (x *Index) allocRun(c uint32) uint32 {
@@ -1070,16 +1085,18 @@ func (x *Index) moveRun(from, to uint32, k int) {
 	copy(x.holds.span(int(to), k), x.holds.span(int(from), k))
 }
 
-// refreshApproxFlag recomputes whether node n carries an approximate entry.
+// refreshApproxFlag recomputes whether node n carries an approximate entry, and its holder
+// summary.
 func (x *Index) refreshApproxFlag(n uint32) {
 	nd := x.node(n)
 	nd.meta &^= flagApprox
 	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
 		if x.hold(p).e&approxEntryBit != 0 {
 			nd.meta |= flagApprox
-			return
+			break
 		}
 	}
+	x.summarize(n)
 }
 
 // ---- holes ----

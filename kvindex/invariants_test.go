@@ -19,8 +19,16 @@ func checkInvariants(x *Index) error {
 			continue
 		}
 		live++
-		if got, ok := x.byKey.get(nd.key, &x.nodes); !ok || got != n {
+		got, sum, ok := x.byKey.get(nd.key)
+		if !ok || got != n {
 			return fmt.Errorf("node %d key %#x maps to %d, %v", n, nd.key, got, ok)
+		}
+		want := uint32(0)
+		for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
+			want |= holderBit(entryHolder(x.hold(p).e), x.hold(p).e&approxEntryBit != 0)
+		}
+		if sum != want {
+			return fmt.Errorf("node %d holder summary %#x, entries say %#x", n, sum, want)
 		}
 		if nd.parent != 0 {
 			if !x.node(nd.parent).has(flagLive) {

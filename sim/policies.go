@@ -35,6 +35,10 @@ type PolicyEnv struct {
 	// per policy run and shared by every router replica of the run, as replicas share one Redis
 	// store in production.
 	Affinity affinity.Store
+
+	// run is the replay behind the handles, for the oracle baselines that read the simulated
+	// engines (Oracle); nil outside a replay.
+	run *run
 }
 
 // PolicyConfig returns the policy.Config every built-in policy takes: Load, InFlight, Admission and
@@ -71,7 +75,9 @@ func DefaultPolicyNames() []string {
 // (policy.NewRoundRobin), random (policy.NewRandom), power_of_two (policy.NewPowerOfN, N = 2),
 // least_load and load_based (policy.NewLeastLoad), cache_aware (policy.NewCacheAware over a
 // kvindex.LocalSource of the run's index, with the policy's default options), and the peer
-// baselines dynamo (NewDynamo), llmd (NewLLMD) and sglang_legacy (NewSGLangLegacy), and the
+// baselines dynamo (NewDynamo), llmd (NewLLMD) and sglang_legacy (NewSGLangLegacy), the oracle
+// baselines oracle and oracle_work (NewOracle with work weight 0 and 1; they read the simulated
+// engines, so they only run inside a replay), and the
 // affinity policies session_aware and sticky (over PolicyEnv.Affinity) and sticky_rendezvous (see
 // Request.SessionKey for their keys). The caller owns the map and may add or replace entries.
 func DefaultPolicies() map[string]PolicyFactory {
@@ -94,6 +100,12 @@ func DefaultPolicies() map[string]PolicyFactory {
 		},
 		NameSGLangLegacy: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
 			return NewSGLangLegacy(env)
+		},
+		NameOracle: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
+			return NewOracle(env, NameOracle, 0)
+		},
+		NameOracleWork: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
+			return NewOracle(env, NameOracleWork, 1)
 		},
 		NameSessionAware:     sessionAware,
 		NameSticky:           sticky,

@@ -228,7 +228,7 @@ func (r *run) newReplica(reg state.Registry, k int, factory PolicyFactory) (*rep
 		return rep, nil
 	}
 	env := PolicyEnv{Load: rep.load, InFlight: rep.inflight, Index: rep.index, Rand: rng.IntN,
-		Admission: rc.Admission, Now: r.clock, Affinity: r.affinity}
+		Admission: rc.Admission, Now: r.clock, Affinity: r.affinity, run: r}
 	group := func(f PolicyFactory, stage state.Stage) (*bucket.EngineGroup, error) {
 		p, err := f(env, stage)
 		if err != nil {

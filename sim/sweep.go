@@ -84,6 +84,10 @@ type SweepReport struct {
 	Tolerance float64 `json:"tolerance"`
 	// Results has one entry per policy.
 	Results []SweepResult `json:"results"`
+	// Ceiling is the sustained throughput ceiling of the swept requests on the fleet
+	// (ComputeCeiling): no router sustains a higher speed, though a finite replay can pass it by
+	// the backlog it ends with.
+	Ceiling *Ceiling `json:"ceiling"`
 }
 
 // Sweep finds, for every policy, the highest speed at which TTFT p99 stays at or under cfg.SLO
@@ -104,6 +108,10 @@ func Sweep(ctx context.Context, cfg SweepConfig) (*SweepReport, error) {
 	base := cfg.Config
 	base.Progress = nil
 	rc, err := base.resolve() // validate once, before any probe
+	if err != nil {
+		return nil, err
+	}
+	ceiling, err := ComputeCeiling(base)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +147,7 @@ func Sweep(ctx context.Context, cfg SweepConfig) (*SweepReport, error) {
 	}
 	return &SweepReport{Trace: rc.Trace.Name, Requests: len(rc.requests), Fleet: rc.Fleet, Seed: rc.Seed,
 		SystemPromptTokens: rc.SystemPromptTokens, Routers: rc.Routers, Model: rc.Model,
-		SLO: cfg.SLO.Seconds(), Tolerance: cfg.Tolerance, Results: results}, nil
+		SLO: cfg.SLO.Seconds(), Tolerance: cfg.Tolerance, Results: results, Ceiling: ceiling}, nil
 }
 
 func (c *SweepConfig) fill() error {
@@ -277,7 +285,8 @@ func (rep *SweepReport) WriteJSON(w io.Writer) error {
 
 // WriteTable writes the report as a heading and one row per policy: the highest speed meeting the
 // target, that speed relative to power_of_two's (or to the first policy's when power_of_two was
-// not swept), TTFT p99 and hit rate there, and the replays run.
+// not swept), TTFT p99 and hit rate there, and the replays run; then the sustained throughput
+// ceiling.
 func (rep *SweepReport) WriteTable(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	name := rep.Trace
@@ -314,6 +323,14 @@ func (rep *SweepReport) WriteTable(w io.Writer) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if c := rep.Ceiling; c != nil && !math.IsInf(c.Speed, 1) {
+		fmt.Fprintf(bw, "\nsustained throughput ceiling of any routing: speed %.3g", c.Speed)
+		if ref.Speed > 0 {
+			fmt.Fprintf(bw, " (%.2f × %s)", c.Speed/ref.Speed, ref.Policy)
+		}
+		fmt.Fprintf(bw, ", with one never-evicted cache shared by all engines (prefill %.0f s instead of %.0f s) and every engine busy all the time (decode %.0f s)\n",
+			c.PrefillInfiniteCache, c.PrefillNoCache, c.DecodeKV+c.DecodeBase)
 	}
 	return bw.Flush()
 }

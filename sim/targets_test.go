@@ -25,9 +25,11 @@ const targetRatio = 1.02
 //     2,048-token system prompt: cache_aware's TTFT p50 and p99 are each at or below 1.02 × the
 //     best other policy's;
 //   - four router replicas at speed 4: cache_aware's hit rate is at least 95 % of one router's;
-//   - a capacity sweep (TTFT p99 ≤ 10 s): cache_aware carries a higher speed than every peer and
-//     at least 1.3 × power_of_two's. The issue asks for 1.5 ×; the measured ratio is 1.35 on this
-//     prefix (docs/performance.md explains the bound), so the test holds the measured level.
+//   - a capacity sweep (TTFT p99 ≤ 10 s): cache_aware carries a higher speed than every peer, at
+//     least as high as both oracle baselines (which read the engines' exact caches and queues),
+//     and at least 1.3 × power_of_two's. The issue asks for 1.5 ×; the measured ratio is 1.35 on
+//     this prefix, and the sustained throughput ceiling of any routing (ComputeCeiling) is 1.48 ×
+//     (docs/performance.md "Capacity and its ceiling"), so the test holds the measured level.
 //
 // The replays are deterministic: a failure is a change of routing (or of the simulator), not
 // noise. Skipped under -race (single-goroutine replays, about 30 s of CPU); .ci/run runs it
@@ -84,17 +86,22 @@ func TestReplayTargets(t *testing.T) {
 	// Speeds below 1 (slower than the trace) are not searched: a policy that misses the target
 	// there (llmd, whose TTFT p99 is above 10 s even on an idle fleet) reports speed 0.
 	sw := SweepConfig{Config: base, MinSpeed: 1}
-	sw.Policies = append([]string{NamePowerOfTwo, NameCacheAware}, PeerPolicyNames()...)
+	sw.Policies = append([]string{NamePowerOfTwo, NameCacheAware, NameOracle, NameOracleWork}, PeerPolicyNames()...)
 	srep, err := Sweep(context.Background(), sw)
 	require.NoError(t, err)
 	for _, r := range srep.Results {
 		t.Logf("sweep %-14s max speed %.2f (fails at %.2f), TTFT p99 there %.2f s, hit rate %.3f", r.Policy, r.Speed, r.FailSpeed, r.TTFTP99, r.HitRate)
 	}
+	t.Logf("sweep throughput ceiling: speed %.2f", srep.Ceiling.Speed)
 	sca, _ := srep.Result(NameCacheAware)
 	sp2, _ := srep.Result(NamePowerOfTwo)
 	assert.GreaterOrEqual(t, sca.Speed, 1.3*sp2.Speed, "sweep: cache_aware %.2f, power_of_two %.2f", sca.Speed, sp2.Speed)
 	for _, name := range PeerPolicyNames() {
 		r, _ := srep.Result(name)
 		assert.Greater(t, sca.Speed, r.Speed, "sweep: cache_aware %.2f, %s %.2f", sca.Speed, name, r.Speed)
+	}
+	for _, name := range []string{NameOracle, NameOracleWork} {
+		r, _ := srep.Result(name)
+		assert.GreaterOrEqual(t, sca.Speed, r.Speed, "sweep: cache_aware %.2f, %s %.2f", sca.Speed, name, r.Speed)
 	}
 }

@@ -33,7 +33,10 @@
 //	                 and so do the affinity policies session_aware, sticky (over one in-memory
 //	                 affinity store per run) and sticky_rendezvous (stateless, load factor 1.25),
 //	                 keyed by the request's conversation chain (sim.Request.SessionKey; an Azure
-//	                 trace has none, so they route every request as keyless)
+//	                 trace has none, so they route every request as keyless), and the oracle
+//	                 baselines oracle and oracle_work, which read the simulated engines' exact
+//	                 caches and queues and pick the least predicted TTFT (sim.Oracle): what perfect
+//	                 information buys on the same engine model
 //	-speed X         divide every arrival time by X, a positive finite number (default 4)
 //	-limit N         replay only the first N requests (default: all)
 //	-seed N          random seed of every policy run (default 1)
@@ -48,7 +51,8 @@
 //	                 tokens at any length, the earlier model, for comparison (see sim.EngineModel)
 //	-sweep           instead of one replay at -speed, find for each policy the highest speed at
 //	                 which TTFT p99 stays at or under -slo, by bisection to 5 % (sim.Sweep), and
-//	                 print it as a table: the capacity a policy buys. Each policy takes about 8
+//	                 print it as a table: the capacity a policy buys, followed by the sustained
+//	                 throughput ceiling of any routing (sim.ComputeCeiling). Each policy takes about 8
 //	                 replays, so under -sweep -limit defaults to 3000 requests (-limit 0: all)
 //	-slo D           TTFT p99 target of -sweep (default 10s)
 //	-json            print the report as JSON instead of a table
