@@ -2,7 +2,7 @@ package kvindex
 
 // bindTable maps one holder's engine block hashes to nodes: open addressing with linear probing
 // and backward-shift deletion over one array of 8-byte slots, tag<<32 | node, where the tag is
-// fibTag of the hash and node 0 (the root sentinel, never bound) marks an empty slot. The hash
+// bindTag of the hash and node 0 (the root sentinel, never bound) marks an empty slot. The hash
 // itself is not stored: it is the aux of the holder's real entry at that node, which Index.binding
 // reads to confirm a tag match (a 2^-32 chance per probed slot that another hash's tag matches).
 //
@@ -19,6 +19,9 @@ type bindTable struct {
 }
 
 const bindTableMinBits = 3
+
+// bindTag is the tag of engine hash h: the top 32 bits of h × fib.
+func bindTag(h uint64) uint32 { return uint32((h * fib) >> 32) }
 
 func (t *bindTable) home(tag uint32) int { return int(tag >> (32 - t.bits)) }
 
@@ -124,7 +127,7 @@ func (x *Index) binding(hid uint32, hash uint64) (uint32, bool, int) {
 	if len(t.slots) == 0 {
 		return 0, false, -1
 	}
-	tag := fibTag(hash)
+	tag := bindTag(hash)
 	mask := len(t.slots) - 1
 	for i := t.home(tag); ; i = (i + 1) & mask {
 		s := t.slots[i]
@@ -159,7 +162,7 @@ func (x *Index) eachBinding(hid uint32, fn func(hash uint64, n uint32)) {
 		n, tag := uint32(s), uint32(s>>32)
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
-			if h := x.hold(p); h.e&approxEntryBit == 0 && fibTag(h.aux) == tag {
+			if h := x.hold(p); h.e&approxEntryBit == 0 && bindTag(h.aux) == tag {
 				fn(h.aux, n)
 				break
 			}
@@ -176,7 +179,7 @@ func (t *bindTable) touch(hashes []uint64) uint32 {
 	}
 	var sink uint64
 	for _, h := range hashes {
-		sink += t.slots[t.home(fibTag(h))]
+		sink += t.slots[t.home(bindTag(h))]
 	}
 	return uint32(sink)
 }
@@ -186,9 +189,9 @@ func touchNodeSlots(t *nodeTable, keys []uint64) uint32 {
 	if len(t.slots) == 0 {
 		return 0
 	}
-	var sink uint64
+	var sink uint32
 	for _, k := range keys {
-		sink += t.slots[t.home(fibTag(k))]
+		sink += t.slots[t.home(k)].node
 	}
-	return uint32(sink)
+	return sink
 }

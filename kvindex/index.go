@@ -417,7 +417,7 @@ func (x *Index) store(ev *StoreEvent) error {
 		b := &x.holders[hid].bindings
 		for i := from; i < to; i++ {
 			if !x.known[i] {
-				b.insertAt(fibTag(ev.BlockHashes[i]), x.nodeBuf[i], int(x.slotBuf[i]))
+				b.insertAt(bindTag(ev.BlockHashes[i]), x.nodeBuf[i], int(x.slotBuf[i]))
 			}
 			x.touch(x.nodeBuf[i])
 		}
@@ -439,7 +439,7 @@ func (x *Index) warm(ns []uint32, keys []uint64) {
 		if n != 0 {
 			sink += x.hold(int(x.node(n).hold)).e
 		} else if len(x.byKey.slots) > 0 {
-			sink += uint32(x.byKey.slots[x.byKey.home(fibTag(keys[i]))])
+			sink += x.byKey.slots[x.byKey.home(keys[i])].node
 		}
 	}
 	x.warmSink += sink // keeps the loads from being optimised away
@@ -614,7 +614,7 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 			x.hold(p).e &^= uint32(drop)
 			if uint8(x.hold(p).e) == 0 {
 				x.deleteHolding(n, p)
-				h.bindings.remove(fibTag(hash), n)
+				h.bindings.remove(bindTag(hash), n)
 				x.prune(n)
 			}
 			break
@@ -892,7 +892,7 @@ func (x *Index) evictNode(n uint32) {
 			x.approxCount--
 		} else {
 			x.subTiers(h, uint8(x.hold(p).e))
-			h.bindings.remove(fibTag(x.hold(p).aux), n)
+			h.bindings.remove(bindTag(x.hold(p).aux), n)
 		}
 		if hid != last {
 			x.unlinkChild(n, hid) // a leaf: no hole can result

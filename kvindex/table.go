@@ -193,9 +193,6 @@ func (t *table) clearFor(n int) {
 	t.n, t.zeroVal = 0, 0
 }
 
-// reset empties the table and releases its arrays.
-func (t *table) reset() { *t = table{} }
-
 // each calls fn for every entry, in no particular order. fn must not modify t.
 func (t *table) each(fn func(k uint64, v uint32)) {
 	if t.zeroVal != 0 {
