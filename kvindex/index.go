@@ -126,7 +126,12 @@ type Index struct {
 	engineByID  map[state.EngineID]uint32
 	byID        []uint32 // live engine slots sorted by ID; byID[engines[e].order] == e
 
-	heap        []approxEntry
+	heap        []approxChain // expiry order (approx.go)
+	heapBlocks  int           // blocks in the heap's chains, live or stale
+	heapSpare   []approxChain // compactHeap's other buffer
+	draining    []approxChain // chains being drained (drainApprox)
+	drainLeft   []int
+	chainPool   [][]uint32 // drained chains' nodes slices, for reuse
 	approxCount int
 
 	// wideSearch makes Match use its general search for any number of holders (tests only).
@@ -138,6 +143,7 @@ type Index struct {
 	keyBuf   []uint64
 	nodeBuf  []uint32
 	known    []bool
+	slotBuf  []int32 // Store: each block's binding insert position (bindTable.insertAt)
 }
 
 // node is one block. It holds no pointers, so the node slab costs the garbage collector nothing.
@@ -193,7 +199,7 @@ type holder struct {
 	engine   uint32
 	rank     int
 	live     bool
-	bindings table // engine block hash → node
+	bindings bindTable // engine block hash → node (bindtable.go)
 	tiers    [4]int
 	approx   int
 }
@@ -279,8 +285,12 @@ type StoreEvent struct {
 }
 
 // storeChunk is the most blocks a Store applies under one hold of the read-excluding lock, so a
-// Match waits for at most about this many blocks' application (doc.go, "Concurrency").
-const storeChunk = 128
+// Match waits for at most about this many blocks' application (doc.go, "Concurrency"): about
+// 0.1 ms on the production-scale workload. Each hold makes the readers that arrive during it
+// park and wake again, which costs them CPU time; with 2 readers beside 1 writer, 512 kept more of
+// the readers' lookups per CPU-second than 128 or 32 did in the same session
+// (docs/performance.md, "kvindex at production scale").
+const storeChunk = 512
 
 // Store records that ev.Engine's DP rank ev.DPRank holds ev's blocks in ev.Tier, attaching the first
 // block under the parent the engine named (docs/design.md §11; Stored in
@@ -346,7 +356,7 @@ func (x *Index) store(ev *StoreEvent) error {
 	if ev.HasParent {
 		p, ok := uint32(0), false
 		if hok {
-			p, ok = x.holders[hid].bindings.get(ev.ParentHash)
+			p, ok, _ = x.binding(hid, ev.ParentHash)
 		}
 		if !ok {
 			return fail(ErrUnknownParent, ev.ParentHash)
@@ -357,20 +367,23 @@ func (x *Index) store(ev *StoreEvent) error {
 	if i, ok := x.resolveChain(parent, x.keyBuf); !ok {
 		return fail(ErrKeyConflict, ev.BlockHashes[i])
 	}
-	x.known = x.known[:0]
-	var bindings *table
+	x.known, x.slotBuf = x.known[:0], x.slotBuf[:0]
 	if hok {
-		bindings = &x.holders[hid].bindings
+		// Room for every block's binding now, so that the insert positions found below stay
+		// valid until the bindings are made.
+		x.holders[hid].bindings.reserve(nb)
+		x.warmSink += x.holders[hid].bindings.touch(ev.BlockHashes)
 	}
 	for i, n := range x.nodeBuf {
-		known := false
-		if bindings != nil {
-			m, ok := bindings.get(ev.BlockHashes[i])
+		known, slot := false, -1
+		if hok {
+			m, ok, at := x.binding(hid, ev.BlockHashes[i])
 			if ok && m != n {
 				return fail(ErrDuplicateHash, ev.BlockHashes[i])
 			}
-			known = ok
+			known, slot = ok, at
 		}
+		x.slotBuf = append(x.slotBuf, int32(slot))
 		if n != 0 && x.node(n).nHold() >= maxHold {
 			return fail(ErrTooManyHolders, ev.BlockHashes[i])
 		}
@@ -381,7 +394,7 @@ func (x *Index) store(ev *StoreEvent) error {
 	// read. Reading each existing block's holding run first brings it into the cache, so that the
 	// locked part mostly hits it; the bindings and the LRU list are the writers' alone and are
 	// updated after the lock is released.
-	x.warm(x.nodeBuf)
+	x.warm(x.nodeBuf, x.keyBuf)
 	prev := parent
 	for from := 0; from < nb; from += storeChunk {
 		to := min(nb, from+storeChunk)
@@ -404,7 +417,7 @@ func (x *Index) store(ev *StoreEvent) error {
 		b := &x.holders[hid].bindings
 		for i := from; i < to; i++ {
 			if !x.known[i] {
-				b.put(ev.BlockHashes[i], x.nodeBuf[i])
+				b.insertAt(bindTag(ev.BlockHashes[i]), x.nodeBuf[i], int(x.slotBuf[i]))
 			}
 			x.touch(x.nodeBuf[i])
 		}
@@ -417,13 +430,16 @@ func (x *Index) store(ev *StoreEvent) error {
 	return nil
 }
 
-// warm reads the holding run of every existing node of ns, so that applying a Store under the
-// lock finds them in the cache: the loads are independent, so their misses overlap.
-func (x *Index) warm(ns []uint32) {
+// warm reads the holding run of every existing node of ns, and the key-table home slot of every
+// new one's key, so that applying a Store under the lock finds them in the cache: the loads are
+// independent, so their misses overlap.
+func (x *Index) warm(ns []uint32, keys []uint64) {
 	var sink uint32
-	for _, n := range ns {
+	for i, n := range ns {
 		if n != 0 {
 			sink += x.hold(int(x.node(n).hold)).e
+		} else if len(x.byKey.slots) > 0 {
+			sink += x.byKey.slots[x.byKey.home(keys[i])].node
 		}
 	}
 	x.warmSink += sink // keeps the loads from being optimised away
@@ -441,8 +457,9 @@ func (x *Index) canAddHolder() bool {
 func (x *Index) resolveChain(parent uint32, keys []uint64) (int, bool) {
 	x.nodeBuf = x.nodeBuf[:0]
 	// Find every key's node first: the probes are independent, so their cache misses overlap.
+	x.warmSink += touchNodeSlots(&x.byKey, keys)
 	for _, k := range keys {
-		n, _ := x.byKey.get(k, &x.nodes)
+		n, _, _ := x.byKey.get(k)
 		x.nodeBuf = append(x.nodeBuf, n)
 	}
 	x.seen.clearFor(len(keys))
@@ -570,7 +587,7 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	var unknown []uint64
 	x.nodeBuf = x.nodeBuf[:0]
 	for _, hash := range hashes {
-		n, ok := h.bindings.get(hash)
+		n, ok, _ := x.binding(hid, hash)
 		if !ok {
 			unknown = append(unknown, hash)
 		}
@@ -597,7 +614,7 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 			x.hold(p).e &^= uint32(drop)
 			if uint8(x.hold(p).e) == 0 {
 				x.deleteHolding(n, p)
-				h.bindings.del(hash)
+				h.bindings.remove(bindTag(hash), n)
 				x.prune(n)
 			}
 			break
@@ -666,7 +683,7 @@ func (x *Index) clearHolder(hid uint32) {
 	x.clearing = true
 	defer func() { x.clearing = false }()
 	h := &x.holders[hid]
-	h.bindings.each(func(hash uint64, n uint32) {
+	x.eachBinding(hid, func(hash uint64, n uint32) {
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
 			if x.hold(p).e&approxEntryBit == 0 && x.hold(p).aux == hash {
@@ -679,10 +696,12 @@ func (x *Index) clearHolder(hid uint32) {
 	h.bindings.reset()
 	h.tiers = [4]int{}
 	if h.approx > 0 {
-		for _, e := range x.heap {
-			if e.holder == hid {
-				if p, ok := x.approxAt(e); ok {
-					x.dropApprox(e.node, p)
+		for i := range x.heap {
+			if c := &x.heap[i]; c.holder == hid {
+				for _, n := range slices.Backward(c.nodes) {
+					if p, ok := x.approxAt(n, hid, c.expiry); ok {
+						x.dropApprox(n, p)
+					}
 				}
 			}
 		}
@@ -873,7 +892,7 @@ func (x *Index) evictNode(n uint32) {
 			x.approxCount--
 		} else {
 			x.subTiers(h, uint8(x.hold(p).e))
-			h.bindings.del(x.hold(p).aux)
+			h.bindings.remove(bindTag(x.hold(p).aux), n)
 		}
 		if hid != last {
 			x.unlinkChild(n, hid) // a leaf: no hole can result
@@ -985,6 +1004,7 @@ func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64
 	copy(r[o+1:k+1], r[o:k])
 	*x.hold(pos) = holding{e: mkEntry(hid, t), aux: aux}
 	nd.meta++
+	x.byKey.orSum(nd.key, holderBit(hid, t&approxBit != 0))
 	if first {
 		x.linkChild(n, hid, t, aux)
 	}
@@ -1028,9 +1048,23 @@ func (x *Index) deleteHolding(n uint32, pos int) {
 		nd.hold = off
 		nd.meta = nd.meta&^classMask | (c-1)<<classShift
 	}
+	x.summarize(n)
 	if groupStart && groupEnds {
 		x.unlinkChild(n, hid)
 	}
+}
+
+// summarize recomputes node n's holder summary in the key table (nodeTable, holderBit) from its
+// holding run.
+func (x *Index) summarize(n uint32) {
+	nd := x.node(n)
+	sum := uint32(0)
+	if k := nd.nHold(); k > 0 {
+		for _, h := range x.holds.span(int(nd.hold), k) {
+			sum |= holderBit(entryHolder(h.e), h.e&approxEntryBit != 0)
+		}
+	}
+	x.byKey.setSum(nd.key, sum)
 }
 
 func (x *Index) allocRun(c uint32) uint32 {
@@ -1051,16 +1085,18 @@ func (x *Index) moveRun(from, to uint32, k int) {
 	copy(x.holds.span(int(to), k), x.holds.span(int(from), k))
 }
 
-// refreshApproxFlag recomputes whether node n carries an approximate entry.
+// refreshApproxFlag recomputes whether node n carries an approximate entry, and its holder
+// summary.
 func (x *Index) refreshApproxFlag(n uint32) {
 	nd := x.node(n)
 	nd.meta &^= flagApprox
 	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
 		if x.hold(p).e&approxEntryBit != 0 {
 			nd.meta |= flagApprox
-			return
+			break
 		}
 	}
+	x.summarize(n)
 }
 
 // ---- holes ----

@@ -105,12 +105,12 @@ func dump(x *Index) string {
 		sort.Strings(es)
 		lines = append(lines, fmt.Sprintf("%#x<-%#x %v", nd.key, x.node(nd.parent).key, es))
 	}
-	for _, h := range x.holders {
+	for hid, h := range x.holders {
 		if !h.live {
 			continue
 		}
 		var bs []string
-		h.bindings.each(func(k uint64, n uint32) { bs = append(bs, fmt.Sprintf("%#x>%#x", k, x.node(n).key)) })
+		x.eachBinding(uint32(hid), func(k uint64, n uint32) { bs = append(bs, fmt.Sprintf("%#x>%#x", k, x.node(n).key)) })
 		sort.Strings(bs)
 		lines = append(lines, fmt.Sprintf("holder %s/%d %v %v approx=%d", x.engines[h.engine].id, h.rank, bs, h.tiers, h.approx))
 	}
@@ -474,10 +474,11 @@ func TestKeyConflictIsRefused(t *testing.T) {
 	require.NoError(t, f.x.Assume("c", other[:1], 0))
 	next := f.h.appendFrom(nil, keys[1], prompt(1, 3)[8:])
 	f.x.mu.Lock()
-	n, _ := f.x.byKey.get(other[0], &f.x.nodes)
+	n, _, _ := f.x.byKey.get(other[0])
 	f.x.byKey.remove(other[0], n)
 	f.x.node(n).key = next[0]
 	f.x.byKey.insert(next[0], n)
+	f.x.summarize(n)
 	f.x.mu.Unlock()
 	before := dump(f.x)
 	err := f.x.Store(StoreEvent{Engine: "a", HasParent: true, ParentHash: 2, BlockHashes: []uint64{3},
@@ -601,7 +602,7 @@ func bruteMatch(x *Index, keys []uint64, now int64) []EngineMatch {
 		depth := 0
 		prev := uint32(0)
 		for _, k := range keys {
-			n, ok := x.byKey.get(k, &x.nodes)
+			n, _, ok := x.byKey.get(k)
 			if !ok || x.node(n).parent != prev {
 				break
 			}

@@ -70,6 +70,7 @@ type group struct {
 type probe struct {
 	depth int32
 	node  uint32
+	sum   uint32 // the node's holder summary (nodeTable)
 }
 
 // group1 and probe1 are group and probe for search1: one word per set.
@@ -83,6 +84,7 @@ type group1 struct {
 type probe1 struct {
 	depth int32
 	node  uint32
+	sum   uint32
 }
 
 // Blocks returns engine's matched block count, or 0 when it holds not even the first block.
@@ -163,7 +165,7 @@ func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 	defer x.mu.RUnlock()
 	keys := growKeys(m.keys[:0], n)
 	keys = append(keys, h.next(h.root, tokens[:b]))
-	if n0, _ := x.lookupDepth(keys[0], 0); n0 != 0 {
+	if n0, _, _ := x.byKey.get(keys[0]); n0 != 0 {
 		keys = h.appendFrom(keys, keys[0], tokens[b:n*b])
 		now := x.nowFor()
 		if x.startGroups(keys, now, m) {
@@ -205,16 +207,6 @@ func (x *Index) nowFor() int64 {
 	return math.MinInt64
 }
 
-// lookupDepth returns the node of key k, which the caller found at query depth d (unused: a
-// key names its depth), and whether it is holey.
-func (x *Index) lookupDepth(k uint64, _ int) (uint32, bool) {
-	n, ok := x.byKey.get(k, &x.nodes)
-	if !ok {
-		return 0, false
-	}
-	return n, x.node(n).holey()
-}
-
 // liveHolders appends the distinct holders live at node n to dst.
 func (x *Index) liveHolders(n uint32, now int64, dst []uint32) []uint32 {
 	nd := x.node(n)
@@ -236,11 +228,19 @@ func (x *Index) liveHolders(n uint32, now int64, dst []uint32) []uint32 {
 // query's end, or the first holey block of the query where the holder is not live. It reports
 // whether any holder is live at the first block.
 func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
-	n0, _ := x.lookupDepth(keys[0], 0)
+	n0, sum0, _ := x.byKey.get(keys[0])
 	if n0 == 0 {
 		return false
 	}
-	m.hs = x.liveHolders(n0, now, m.hs[:0])
+	if sum0&summaryInexact == 0 {
+		// The summary lists the holders, ascending, every one live.
+		m.hs = m.hs[:0]
+		for s := sum0; s != 0; s &= s - 1 {
+			m.hs = append(m.hs, uint32(bits.TrailingZeros32(s)))
+		}
+	} else {
+		m.hs = x.liveHolders(n0, now, m.hs[:0])
+	}
 	if len(m.hs) == 0 {
 		return false
 	}
@@ -269,12 +269,12 @@ func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
 			if _, ok := x.holey.get(keys[d]); !ok {
 				continue
 			}
-			n, _ := x.lookupDepth(keys[d], d)
+			n, sum, _ := x.byKey.get(keys[d])
 			capped := m.scratch[:w]
 			if n == 0 {
 				copy(capped, all) // not in the tree at this depth: nothing deeper is either
 			} else {
-				live := x.liveMask(n, all, now, m, m.scratch[:w])
+				live := x.liveMask(n, sum, all, now, m, m.scratch[:w])
 				for i := range w {
 					capped[i] = all[i] &^ live[i]
 				}
@@ -340,12 +340,13 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 		// misses overlap.
 		for i := range m.probes {
 			p := &m.probes[i]
-			p.node, _ = x.lookupDepth(keys[p.depth], int(p.depth))
+			p.node, p.sum, _ = x.byKey.get(keys[p.depth])
 		}
-		// Then every probed block's holding run, before any is used, for the same reason.
+		// Then the holding run of every probed block whose summary does not say its holders,
+		// before any is used, for the same reason.
 		sink := uint32(0)
 		for i := range m.probes {
-			if n := m.probes[i].node; n != 0 {
+			if n := m.probes[i].node; n != 0 && m.probes[i].sum&summaryInexact != 0 {
 				sink += x.hold(int(x.node(n).hold)).e
 			}
 		}
@@ -356,7 +357,7 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 			g := &m.gs[gi]
 			set := m.sets[gi*w : (gi+1)*w]
 			for j := g.p0; j < g.p0+g.np; j++ {
-				x.liveMask(m.probes[j].node, set, now, m, m.pmasks[j*int32(w):(j+1)*int32(w)])
+				x.liveMask(m.probes[j].node, m.probes[j].sum, set, now, m, m.pmasks[j*int32(w):(j+1)*int32(w)])
 			}
 		}
 		// Split each group by its holders' deepest live probe.
@@ -449,11 +450,11 @@ func (x *Index) search1(keys []uint64, now int64, m *Matches) {
 		// independent, so their cache misses overlap.
 		for i := range probes {
 			p := &probes[i]
-			p.node, _ = x.lookupDepth(keys[p.depth], 0)
+			p.node, p.sum, _ = x.byKey.get(keys[p.depth])
 		}
 		sink := uint32(0)
 		for i := range probes {
-			if n := probes[i].node; n != 0 {
+			if n := probes[i].node; n != 0 && probes[i].sum&summaryInexact != 0 {
 				sink += x.hold(int(x.node(n).hold)).e
 			}
 		}
@@ -464,7 +465,7 @@ func (x *Index) search1(keys []uint64, now int64, m *Matches) {
 			rest := g.set
 			for j := g.np - 1; j >= 0 && rest != 0; j-- {
 				p := probes[g.p0+j]
-				b := rest & x.liveWord(p.node, rest, now, m)
+				b := rest & x.liveWord(p.node, p.sum, rest, now, m)
 				if b == 0 {
 					continue
 				}
@@ -494,17 +495,21 @@ func (x *Index) search1(keys []uint64, now int64, m *Matches) {
 	}
 }
 
-// liveWord returns the holders of set (one word over m.hs) live at node n (none when n is 0).
-func (x *Index) liveWord(n uint32, set uint64, now int64, m *Matches) uint64 {
+// liveWord returns holders live at node n, whose holder summary is sum, as a word over m.hs:
+// at least those of set (none when n is 0).
+func (x *Index) liveWord(n, sum uint32, set uint64, now int64, m *Matches) uint64 {
 	if n == 0 {
 		return 0
+	}
+	if sum&summaryInexact == 0 {
+		return summaryWord(sum, m.bit)
 	}
 	nd := x.node(n)
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
 	if nd.has(flagApprox) || hi-lo > 4*bits.OnesCount64(set) {
 		var in, out [1]uint64
 		in[0] = set
-		return x.liveMask(n, in[:], now, m, out[:])[0]
+		return x.liveMask(n, sum, in[:], now, m, out[:])[0]
 	}
 	acc := uint64(0)
 	bit := m.bit
@@ -516,13 +521,34 @@ func (x *Index) liveWord(n uint32, set uint64, now int64, m *Matches) uint64 {
 	return acc
 }
 
-// liveMask writes into dst the holders of set (a bitmap over m.hs) live at node n (none when n
-// is 0) and returns dst.
-func (x *Index) liveMask(n uint32, set []uint64, now int64, m *Matches, dst []uint64) []uint64 {
+// summaryWord returns the holders of an exact holder summary (no summaryInexact) that are in
+// m.hs (bit: holder ID → 1 + index in m.hs), as a word over the first 64 of m.hs.
+func summaryWord(sum uint32, bit []int32) uint64 {
+	acc := uint64(0)
+	for s := sum; s != 0; s &= s - 1 {
+		if b := uint32(bit[bits.TrailingZeros32(s)]) - 1; b < 64 {
+			acc |= 1 << b
+		}
+	}
+	return acc
+}
+
+// liveMask writes into dst the holders of set (a bitmap over m.hs) live at node n, whose holder
+// summary is sum (none when n is 0), and returns dst.
+func (x *Index) liveMask(n, sum uint32, set []uint64, now int64, m *Matches, dst []uint64) []uint64 {
 	for i := range dst {
 		dst[i] = 0 // not clear(dst): a call to memclr for a word or two
 	}
 	if n == 0 {
+		return dst
+	}
+	if sum&summaryInexact == 0 {
+		// Exact: the summary names every holder, each live; the node is not read.
+		for s := sum; s != 0; s &= s - 1 {
+			if i := m.bit[bits.TrailingZeros32(s)] - 1; i >= 0 && set[i>>6]&(1<<(i&63)) != 0 {
+				dst[i>>6] |= 1 << (i & 63)
+			}
+		}
 		return dst
 	}
 	nd := x.node(n)
@@ -671,7 +697,7 @@ func (x *Index) matchLinearInto(keys []uint64, m *Matches) {
 	prev := uint32(0)
 	matched := 0
 	for d, k := range keys {
-		n, ok := x.byKey.get(k, &x.nodes)
+		n, _, ok := x.byKey.get(k)
 		if !ok || x.node(n).parent != prev {
 			break
 		}

@@ -1,84 +1,129 @@
 package kvindex
 
-// nodeTable maps a block key to its node: open addressing with linear probing and backward-shift
-// deletion over one array of 8-byte slots, tag<<32 | node, where the tag is the top 32 bits of
-// key × fib and node 0 (the root sentinel, never stored) marks an empty slot. The key itself lives
-// only in the node, so a lookup costs one cache miss for the slot and one for the node it names,
-// which the caller reads anyway; a tag match whose node has another key (a 2^-32 chance per
-// probed slot) just probes on. Sizes are powers of two and the home slot is the tag's top bits,
-// so resizing and backward shifts never read a node. A table of 5.66 M nodes takes 64 MiB.
+// nodeTable maps a block key to its node and to a summary of the node's holders: open addressing
+// with linear probing and backward-shift deletion over one array of 16-byte slots {key, node,
+// summary}, where node 0 (the root sentinel, never stored) marks an empty slot.
 //
-// It replaces the generic table (separate key and value arrays, two cache misses per probe) on
-// the lookup path every Match and every stored block takes (docs/performance.md, "kvindex at
-// production scale"). The zero nodeTable is empty and ready to use; it is not safe for concurrent
-// mutation, and concurrent get calls are safe.
+// The slot carries the whole key, so a probe is verified without reading the node, and the
+// summary (see holderBit) says which holders have an entry at the node, so that Match's search
+// learns a probed block's holders from the slot alone: one cache miss (and one TLB miss) per
+// probe instead of three (slot, node, holding run). On the production-scale workload the
+// search's cost grew with its probes, at about 0.1 µs each, and each round of probes waited for
+// three dependent misses (docs/performance.md, "kvindex at production scale"). The writers keep
+// the summary exact: insertHolding adds the new entry's bit, deleteHolding and
+// refreshApproxFlag recompute it from the run (Index.summarize); checkInvariants verifies it.
+//
+// Sizes are powers of two and the home slot is the top bits of key × fib, so resizing and
+// backward shifts never read a node. A table of 5.66 M nodes takes 128 MiB (8 Mi slots), 8 B per
+// slot more than a tag-and-node layout that must read the node to verify a key.
+//
+// The zero nodeTable is empty and ready to use; it is not safe for concurrent mutation, and
+// concurrent get calls are safe.
 type nodeTable struct {
-	slots []uint64
+	slots []nodeSlot
 	bits  uint // log2(len(slots)); 0 when empty
 	n     int
 }
 
+type nodeSlot struct {
+	key  uint64
+	node uint32 // 0: empty
+	sum  uint32 // holder summary (holderBit)
+}
+
 const nodeTableMinBits = 6
 
-func fibTag(k uint64) uint32 { return uint32((k * fib) >> 32) }
+// summaryInexact is the holder-summary bit that sends a reader to the node: the node has an
+// entry of a holder without its own bit (ID ≥ 31) or an approximate entry, whose liveness
+// depends on the clock.
+const summaryInexact = 1 << 31
 
-func (t *nodeTable) home(tag uint32) int { return int(tag >> (32 - t.bits)) }
-
-// get returns the node of key k, reading nodes to confirm tag matches.
-func (t *nodeTable) get(k uint64, nodes *slab[node]) (uint32, bool) {
-	if t.n == 0 {
-		return 0, false
+// holderBit is the summary bit of an entry of holder hid: holders 0–30 have their own bit; every
+// other holder, and every approximate entry, sets summaryInexact. A summary without
+// summaryInexact lists exactly the holders of the node, every one of them live.
+func holderBit(hid uint32, approx bool) uint32 {
+	if approx || hid >= 31 {
+		return summaryInexact
 	}
-	tag := fibTag(k)
+	return 1 << hid
+}
+
+func (t *nodeTable) home(k uint64) int { return int((k * fib) >> (64 - t.bits)) }
+
+// get returns the node of key k and its holder summary.
+func (t *nodeTable) get(k uint64) (node, sum uint32, ok bool) {
+	if t.n == 0 {
+		return 0, 0, false
+	}
 	mask := len(t.slots) - 1
-	for i := t.home(tag); ; i = (i + 1) & mask {
-		s := t.slots[i]
-		if s == 0 {
-			return 0, false
+	for i := t.home(k); ; i = (i + 1) & mask {
+		s := &t.slots[i]
+		if s.node == 0 {
+			return 0, 0, false
 		}
-		if uint32(s>>32) == tag {
-			if n := uint32(s); nodes.at(int(n)).key == k {
-				return n, true
-			}
+		if s.key == k {
+			return s.node, s.sum, true
 		}
 	}
 }
 
-// insert adds node n under key k, which must not be in the table.
+// find returns the slot of key k, or −1.
+func (t *nodeTable) find(k uint64) int {
+	if t.n == 0 {
+		return -1
+	}
+	mask := len(t.slots) - 1
+	for i := t.home(k); ; i = (i + 1) & mask {
+		s := &t.slots[i]
+		if s.node == 0 {
+			return -1
+		}
+		if s.key == k {
+			return i
+		}
+	}
+}
+
+// setSum sets the holder summary of key k, when present.
+func (t *nodeTable) setSum(k uint64, sum uint32) {
+	if i := t.find(k); i >= 0 {
+		t.slots[i].sum = sum
+	}
+}
+
+// orSum adds bits to the holder summary of key k, when present.
+func (t *nodeTable) orSum(k uint64, bits uint32) {
+	if i := t.find(k); i >= 0 {
+		t.slots[i].sum |= bits
+	}
+}
+
+// insert adds node n under key k, which must not be in the table, with an empty summary.
 func (t *nodeTable) insert(k uint64, n uint32) {
 	if 4*(t.n+1) > 3*len(t.slots) {
 		t.resize(max(t.bits+1, nodeTableMinBits))
 	}
-	tag := fibTag(k)
 	mask := len(t.slots) - 1
-	i := t.home(tag)
-	for t.slots[i] != 0 {
+	i := t.home(k)
+	for t.slots[i].node != 0 {
 		i = (i + 1) & mask
 	}
-	t.slots[i] = uint64(tag)<<32 | uint64(n)
+	t.slots[i] = nodeSlot{key: k, node: n}
 	t.n++
 }
 
 // remove deletes key k, whose node is n, and reports whether it was present.
 func (t *nodeTable) remove(k uint64, n uint32) bool {
-	if t.n == 0 {
+	i := t.find(k)
+	if i < 0 || t.slots[i].node != n {
 		return false
 	}
-	want := uint64(fibTag(k))<<32 | uint64(n)
-	mask := len(t.slots) - 1
-	for i := t.home(uint32(want >> 32)); ; i = (i + 1) & mask {
-		switch t.slots[i] {
-		case want:
-			t.deleteAt(i)
-			t.n--
-			if t.bits > nodeTableMinBits+4 && 16*t.n < len(t.slots) {
-				t.resize(t.bits - 1)
-			}
-			return true
-		case 0:
-			return false
-		}
+	t.deleteAt(i)
+	t.n--
+	if t.bits > nodeTableMinBits+4 && 16*t.n < len(t.slots) {
+		t.resize(t.bits - 1)
 	}
+	return true
 }
 
 // deleteAt empties slot i and shifts later members of the probe run back (no tombstones).
@@ -88,30 +133,30 @@ func (t *nodeTable) deleteAt(i int) {
 	for {
 		j = (j + 1) & mask
 		s := t.slots[j]
-		if s == 0 {
+		if s.node == 0 {
 			break
 		}
-		home := t.home(uint32(s >> 32))
+		home := t.home(s.key)
 		// Move j into the hole at i unless j's home lies cyclically in (i, j].
 		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
 			t.slots[i] = s
 			i = j
 		}
 	}
-	t.slots[i] = 0
+	t.slots[i] = nodeSlot{}
 }
 
 func (t *nodeTable) resize(bits uint) {
 	old := t.slots
-	t.slots = make([]uint64, 1<<bits)
+	t.slots = make([]nodeSlot, 1<<bits)
 	t.bits = bits
 	mask := len(t.slots) - 1
 	for _, s := range old {
-		if s == 0 {
+		if s.node == 0 {
 			continue
 		}
-		i := t.home(uint32(s >> 32))
-		for t.slots[i] != 0 {
+		i := t.home(s.key)
+		for t.slots[i].node != 0 {
 			i = (i + 1) & mask
 		}
 		t.slots[i] = s

@@ -138,3 +138,68 @@ func TestLocalSourceResultKeepsItsKeys(t *testing.T) {
 	}
 	assert.Equal(t, want, first.keys)
 }
+
+// A lookup with lent buffers answers exactly as one without, allocates nothing once they have
+// grown, hands Place the same keys, and leaves nothing of the caller's memory in the source: a
+// later lookup without buffers does not write into them.
+func TestLocalSourceLookupBuffers(t *testing.T) {
+	f := newFixture(t, Options{})
+	src, err := NewLocalSource(f.x)
+	require.NoError(t, err)
+	f.store("http://b", 1, 4, 0, 8, 0, TierDevice)
+	f.store("http://a", 0, 4, 0, 5, 100, TierDevice)
+	ctx := context.Background()
+	tok := prompt(4, 8)
+	want, err := src.Lookup(ctx, Query{TokenIDs: tok})
+	require.NoError(t, err)
+	require.Equal(t, OutcomeHit, want.Outcome)
+
+	var b LookupBuffers
+	q := Query{TokenIDs: tok, Buffers: &b}
+	got, err := src.Lookup(ctx, q)
+	require.NoError(t, err)
+	assert.Equal(t, want.Outcome, got.Outcome)
+	assert.Equal(t, want.Engines, got.Engines)
+	assert.Equal(t, []int{1, 0}, got.DPRanks)
+	assert.Equal(t, want.DPRanks, got.DPRanks)
+	assert.Equal(t, want.QueryBlocks, got.QueryBlocks)
+	assert.Equal(t, want.keys, got.keys)
+	assert.Same(t, &b.engines[0], &got.Engines[0], "the result is built in the lent buffers")
+	assert.Same(t, &b.keys[:1][0], &got.keys[0])
+	if !raceEnabled {
+		allocs := testing.AllocsPerRun(100, func() { got, _ = src.Lookup(ctx, q) })
+		assert.Zero(t, allocs)
+	}
+
+	keys := append([]uint64(nil), got.keys...)
+	other := prompt(7, 3)
+	_, err = src.Lookup(ctx, Query{TokenIDs: other}) // no buffers: must not reuse b's memory
+	require.NoError(t, err)
+	assert.Equal(t, keys, b.keys[:len(keys)], "a later lookup without buffers wrote into the lent ones")
+
+	require.NoError(t, src.Place("http://c", q, &got))
+	m := f.x.Match(f.h.Keys(tok))
+	assert.Equal(t, 8, m.Blocks("http://c"))
+
+	// A miss through lent buffers is a miss, with no engines.
+	miss, err := src.Lookup(ctx, Query{TokenIDs: prompt(9, 3), Buffers: &b})
+	require.NoError(t, err)
+	assert.Equal(t, OutcomeMiss, miss.Outcome)
+	assert.Nil(t, miss.Engines)
+	assert.Nil(t, miss.DPRanks)
+}
+
+// A Memo shares its result between callers, so it must not build it in one caller's buffers.
+func TestMemoIgnoresLookupBuffers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	src, err := NewLocalSource(f.x)
+	require.NoError(t, err)
+	f.store("http://a", 0, 4, 0, 8, 0, TierDevice)
+	var b LookupBuffers
+	res, err := NewMemo().Lookup(context.Background(), src, Query{TokenIDs: prompt(4, 8), Buffers: &b})
+	require.NoError(t, err)
+	require.Equal(t, []EngineMatch{{Engine: "http://a", Blocks: 8}}, res.Engines)
+	assert.Nil(t, b.engines)
+	assert.Nil(t, b.keys)
+}

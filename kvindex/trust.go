@@ -135,6 +135,22 @@ func (x *Index) trustedClone(in []EngineMatch, ranks []int) ([]EngineMatch, []in
 	return out, outRanks
 }
 
+// trustedAppend appends to out and outRanks the entries of in (and ranks) whose engine is
+// trusted, in order, and returns them.
+func (x *Index) trustedAppend(out []EngineMatch, outRanks []int, in []EngineMatch, ranks []int) ([]EngineMatch, []int) {
+	v := x.trust.view.Load()
+	if v == nil {
+		return append(out, in...), append(outRanks, ranks...)
+	}
+	for i, e := range in {
+		if _, bad := (*v)[e.Engine]; !bad {
+			out = append(out, e)
+			outRanks = append(outRanks, ranks[i])
+		}
+	}
+	return out, outRanks
+}
+
 func checkHolder(op string, engine state.EngineID, rank int) error {
 	if engine == "" {
 		return &EventError{Op: op, Engine: engine, DPRank: rank, Err: ErrInvalidEngine}

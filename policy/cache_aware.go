@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -211,6 +212,20 @@ type CacheAware struct {
 	floor      uint64 // 0 = off
 	blind      atomic.Uint64
 	log        *zap.Logger
+	// scratch pools a pick's lookup result and decision record (*pickScratch), so that a pick
+	// allocates nothing for them.
+	scratch sync.Pool
+}
+
+// pickScratch is one pick's working memory: the lookup result, the buffers lent to the source
+// for it when the pick makes its own lookup (no Memo), and the decision record (the observer
+// gets a copy). Fresh memory for the 512 keys of an 8,192-token prompt cost about 0.9 µs per pick in
+// cache misses on the production-scale workload (docs/performance.md, "kvindex at production
+// scale"); a pooled scratch stays in the cache.
+type pickScratch struct {
+	res  kvindex.Result
+	bufs kvindex.LookupBuffers
+	d    CacheDecision
 }
 
 var (
@@ -353,7 +368,20 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates
 	}
-	res, err := p.lookup(ctx, req)
+	sc, _ := p.scratch.Get().(*pickScratch)
+	if sc == nil {
+		sc = new(pickScratch)
+	}
+	defer p.release(sc)
+	var bufs *kvindex.LookupBuffers
+	if req.Memo == nil {
+		// The result stays inside this pick (placement included), so its memory can be lent
+		// and taken back; a Memo's result is shared and is not built in it.
+		bufs = &sc.bufs
+	}
+	res := &sc.res
+	var err error
+	*res, err = p.lookup(ctx, req, bufs)
 	if err != nil {
 		return Pick{}, err
 	}
@@ -361,10 +389,11 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 
 	var buf [DefaultCandidateMaxEngines]cacheCandidate
 	var vbuf lookupBuf
-	v := newLookupView(&vbuf, engines, req, &res)
-	cands := p.candidates(buf[:0], engines, req, &res, &v, snap)
+	v := newLookupView(&vbuf, engines, req, res)
+	cands := p.candidates(buf[:0], engines, req, res, &v, snap)
 
-	d := CacheDecision{Model: req.Model, BucketID: req.BucketID, Lookup: res.Outcome, PressureSource: PressureSourceRouterLocal}
+	d := &sc.d
+	*d = CacheDecision{Model: req.Model, BucketID: req.BucketID, Lookup: res.Outcome, PressureSource: PressureSourceRouterLocal}
 	if p.queueCap != 0 {
 		// Both answers are known once one engine is fresh and one is not queued (often the
 		// first engine), so the scan stops there: O(1) per pick on a healthy fleet rather than a
@@ -431,14 +460,14 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	}
 
 	if len(admitted) > 0 {
-		w := p.winner(admitted, evaluated, req.Stage, &d)
+		w := p.winner(admitted, evaluated, req.Stage, d)
 		forfeit := func(blocks int) {
 			if !readmitted && bestGatedBlocks > blocks {
 				d.ForfeitedBlocks = bestGatedBlocks - blocks
 			}
 		}
 		if !p.opts.DisableCostComparison {
-			alt, err := p.cheaper(engines, req, &res, v.matched, snap, w, admitted, evaluated, &d)
+			alt, err := p.cheaper(engines, req, res, v.matched, snap, w, admitted, evaluated, d)
 			if err != nil {
 				return Pick{}, err
 			}
@@ -446,14 +475,14 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 				d.CostOverride = true
 				if alt.holder {
 					forfeit(alt.blocks)
-					return p.finish(engines[alt.idx], &alt.obs, ReasonCacheCandidate, DecisionCacheHit, alt.uncached, req, &res, &d), nil
+					return p.finish(engines[alt.idx], &alt.obs, ReasonCacheCandidate, DecisionCacheHit, alt.uncached, req, res, d), nil
 				}
 				d.DivertedBlocks = w.blocks - alt.blocks
-				return p.finish(engines[alt.idx], &alt.obs, ReasonCostDiverted, DecisionCostDiverted, alt.uncached, req, &res, &d), nil
+				return p.finish(engines[alt.idx], &alt.obs, ReasonCostDiverted, DecisionCostDiverted, alt.uncached, req, res, d), nil
 			}
 		}
 		forfeit(w.blocks)
-		return p.finish(engines[w.idx], &w.obs, ReasonCacheCandidate, DecisionCacheHit, w.uncached, req, &res, &d), nil
+		return p.finish(engines[w.idx], &w.obs, ReasonCacheCandidate, DecisionCacheHit, w.uncached, req, res, d), nil
 	}
 
 	if p.floor != 0 && len(gated) > 0 && !p.anyBelowFloor(engines, snap) {
@@ -472,7 +501,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			c := pool[best]
 			err := p.cfg.admit(engines[c.idx], c.obs)
 			if err == nil {
-				return p.finish(engines[c.idx], &c.obs, ReasonSaturationPin, DecisionCacheHit, c.uncached, req, &res, &d), nil
+				return p.finish(engines[c.idx], &c.obs, ReasonSaturationPin, DecisionCacheHit, c.uncached, req, res, d), nil
 			}
 			var rej *AdmissionRejectedError
 			if !asRejection(err, &rej) {
@@ -517,7 +546,13 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if decision == DecisionCacheWorkerQueued {
 		d.DivertedBlocks = bestGatedBlocks
 	}
-	return p.finish(engines[i], &o, ReasonNoCacheCandidate, decision, req.InputTokens-v.matched[i], req, &res, &d), nil
+	return p.finish(engines[i], &o, ReasonNoCacheCandidate, decision, req.InputTokens-v.matched[i], req, res, d), nil
+}
+
+// release returns a pick's scratch to the pool, dropping what it refers to.
+func (p *CacheAware) release(sc *pickScratch) {
+	sc.res = kvindex.Result{}
+	p.scratch.Put(sc)
 }
 
 // CacheAwareFallbackDecision maps a cache-aware pick that did not select a prefix holder to its
@@ -556,7 +591,9 @@ func (p *CacheAware) finish(e state.Engine, o *loadmon.Observation, reason, deci
 	}
 	if p.opts.Observer != nil {
 		d.Reason, d.Decision = reason, decision
-		p.opts.Observer.ObserveCacheDecision(d)
+		// A copy: the observer may keep it, while d is the pick's pooled scratch.
+		dd := *d
+		p.opts.Observer.ObserveCacheDecision(&dd)
 	}
 	return Pick{Engine: e, Reason: reason, PrefillTokens: max(uncached, 1)}.withRank(o)
 }
@@ -958,9 +995,9 @@ func asRejection(err error, out **AdmissionRejectedError) bool {
 	return ok
 }
 
-// lookup asks the source (through the request's memo when present).
-func (p *CacheAware) lookup(ctx context.Context, req *Request) (kvindex.Result, error) {
-	q := kvindex.Query{TokenIDs: req.TokenIDs}
+// lookup asks the source (through the request's memo when present), lending it bufs (nil: none).
+func (p *CacheAware) lookup(ctx context.Context, req *Request, bufs *kvindex.LookupBuffers) (kvindex.Result, error) {
+	q := kvindex.Query{TokenIDs: req.TokenIDs, Buffers: bufs}
 	if req.Memo != nil {
 		return req.Memo.Lookup(ctx, p.opts.Source, q)
 	}

@@ -803,3 +803,37 @@ func TestCacheAwarePartialDiversionRecordsForfeitedBlocks(t *testing.T) {
 		})
 	}
 }
+
+// A cache-aware pick without a Memo or an observer allocates nothing: the lookup's result, its
+// keys (kept for the route-time placement) and the decision record live in pooled scratch
+// (docs/performance.md, "kvindex at production scale"). A hit on a prompt the winner holds whole
+// (after the first pick recorded its placement), and a miss with placements off (recording a
+// new prompt grows the index).
+func TestCacheAwarePickWithoutMemoAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector changes escape analysis; allocation counts are checked without -race")
+	}
+	c := newCacheEnv(t)
+	tok := prompt(16*blockTokens, 21)
+	c.hold(t, "a", tok, 8)
+	group := engines(state.StagePrefill, "a", "b", "c")
+	for _, id := range []state.EngineID{"a", "b", "c"} {
+		c.native(id, loadmon.Report{})
+	}
+	for _, off := range []bool{false, true} {
+		p, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens, DisableRoutePlacements: off})
+		require.NoError(t, err)
+		pick := func(tok []uint32) policy.Pick {
+			pk, err := p.Pick(ctx, group, creq(tok))
+			require.NoError(t, err)
+			return pk
+		}
+		require.Equal(t, policy.ReasonCacheCandidate, pick(tok).Reason)
+		assert.Zero(t, testing.AllocsPerRun(100, func() { pick(tok) }), "a hit (placements off: %v)", off)
+		if off {
+			cold := prompt(16*blockTokens, 22)
+			require.Equal(t, policy.ReasonNoCacheCandidate, pick(cold).Reason)
+			assert.Zero(t, testing.AllocsPerRun(100, func() { pick(cold) }), "a miss")
+		}
+	}
+}
