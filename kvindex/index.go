@@ -782,10 +782,8 @@ func (x *Index) renumber(pos int) {
 
 // ---- nodes, LRU and eviction ----
 
-// newNode creates the node for key under parent. The caller touches it (LRU).
-func (x *Index) newNode(key uint64, parent uint32) uint32 { return x.newNodeAt(key, parent, -1) }
-
-// newNodeAt is newNode inserting key into the key table from slot from (nodeTable.insertFrom).
+// newNodeAt creates the node for key under parent, inserting key into the key table from slot
+// from (nodeTable.insertFrom; -1 probes from its home slot). The caller touches it (LRU).
 func (x *Index) newNodeAt(key uint64, parent uint32, from int) uint32 {
 	var n uint32
 	if k := len(x.freeNodes); k > 0 {
@@ -1065,7 +1063,9 @@ func (x *Index) deleteHolding(n uint32, pos int) {
 		nd.hold = off
 		nd.meta = nd.meta&^classMask | (c-1)<<classShift
 	}
-	x.summarize(n)
+	if k > 0 || nd.children > 0 {
+		x.summarize(n)
+	} // else every caller prunes n next, which frees it and its key-table slot
 	if groupStart && groupEnds {
 		x.unlinkChild(n, hid)
 	}
@@ -1105,6 +1105,13 @@ func (x *Index) moveRun(from, to uint32, k int) {
 // refreshApproxFlag recomputes whether node n carries an approximate entry, and its holder
 // summary.
 func (x *Index) refreshApproxFlag(n uint32) {
+	x.recomputeApproxFlag(n)
+	x.summarize(n)
+}
+
+// recomputeApproxFlag is refreshApproxFlag without the summary, for callers that just
+// summarized n (deleteHolding does).
+func (x *Index) recomputeApproxFlag(n uint32) {
 	nd := x.node(n)
 	nd.meta &^= flagApprox
 	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
@@ -1113,7 +1120,6 @@ func (x *Index) refreshApproxFlag(n uint32) {
 			break
 		}
 	}
-	x.summarize(n)
 }
 
 // ---- holes ----
