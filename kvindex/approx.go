@@ -113,6 +113,7 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 	}
 	now := x.now().UnixNano()
 	x.expireUntil(now)
+	x.byKey.reserve(len(keys)) // resolveChain's slots stay valid for the inserts (nodewrite.go)
 	if i, ok := x.resolveChain(parent, keys); !ok {
 		return fail(ErrKeyConflict, keys[i])
 	}
@@ -134,8 +135,9 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 	prev := parent
 	for i, n := range x.nodeBuf {
 		if n == 0 {
-			n = x.newNode(keys[i], prev)
+			n = x.newNodeAt(keys[i], prev, int(x.keySlots[i]))
 		}
+		x.sumSlot = int(x.keySlots[i])
 		lo, hi := x.findHolder(n, hid)
 		switch {
 		case lo == hi:
@@ -164,6 +166,7 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 		chain = append(chain, n)
 		prev = n
 	}
+	x.sumSlot = -1
 	// Blocks the holder holds really are in the chain too; their entries are not approximate,
 	// so draining skips them.
 	x.pushApprox(approxChain{expiry: expiry, holder: hid, depth: uint32(held), nodes: chain})
@@ -348,8 +351,8 @@ func (x *Index) dropApprox(n uint32, p int) {
 	h := &x.holders[entryHolder(x.hold(p).e)]
 	h.approx--
 	x.approxCount--
-	x.deleteHolding(n, p)
-	x.refreshApproxFlag(n)
+	x.deleteHolding(n, p) // summarizes n, unless prune frees it next
+	x.recomputeApproxFlag(n)
 	x.prune(n)
 }
 

@@ -144,6 +144,8 @@ type Index struct {
 	nodeBuf  []uint32
 	known    []bool
 	slotBuf  []int32 // Store: each block's binding insert position (bindTable.insertAt)
+	keySlots []int32 // resolveChain: where each key's probe ended (nodeTable.lookupSlot)
+	sumSlot  int     // Store: the key-table slot of the block being applied, or -1 (orSumAt)
 }
 
 // node is one block. It holds no pointers, so the node slab costs the garbage collector nothing.
@@ -240,6 +242,7 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 		now:        opts.Now,
 		refBits:    make([]uint64, 1),
 		engineByID: make(map[state.EngineID]uint32),
+		sumSlot:    -1,
 	}
 	x.nodes.extend(1) // the root sentinel
 	if x.maxBlocks == 0 {
@@ -364,6 +367,13 @@ func (x *Index) store(ev *StoreEvent) error {
 		parent, parentKey = p, x.node(p).key
 	}
 	x.keyBuf = x.hasher.appendFrom(x.keyBuf[:0], parentKey, ev.TokenIDs)
+	// Room for every block's key now, so that the slots resolveChain finds stay valid for the
+	// inserts (nodewrite.go). Readers are not excluded: a resize replaces the table only under mu.
+	if 4*(x.byKey.len()+nb) > 3*len(x.byKey.slots) {
+		x.mu.Lock()
+		x.byKey.reserve(nb)
+		x.mu.Unlock()
+	}
 	if i, ok := x.resolveChain(parent, x.keyBuf); !ok {
 		return fail(ErrKeyConflict, ev.BlockHashes[i])
 	}
@@ -394,7 +404,7 @@ func (x *Index) store(ev *StoreEvent) error {
 	// read. Reading each existing block's holding run first brings it into the cache, so that the
 	// locked part mostly hits it; the bindings and the LRU list are the writers' alone and are
 	// updated after the lock is released.
-	x.warm(x.nodeBuf, x.keyBuf)
+	x.warm(x.nodeBuf, x.keySlots)
 	prev := parent
 	for from := 0; from < nb; from += storeChunk {
 		to := min(nb, from+storeChunk)
@@ -405,14 +415,15 @@ func (x *Index) store(ev *StoreEvent) error {
 		for i := from; i < to; i++ {
 			n := x.nodeBuf[i]
 			if n == 0 {
-				n = x.newNode(x.keyBuf[i], prev)
+				n = x.newNodeAt(x.keyBuf[i], prev, int(x.keySlots[i]))
 				x.nodeBuf[i] = n
 			}
+			x.sumSlot = int(x.keySlots[i])
 			x.hintPos = x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
 			x.hintNode = n
 			prev = n
 		}
-		x.hintNode = 0
+		x.hintNode, x.sumSlot = 0, -1
 		x.mu.Unlock()
 		b := &x.holders[hid].bindings
 		for i := from; i < to; i++ {
@@ -430,17 +441,17 @@ func (x *Index) store(ev *StoreEvent) error {
 	return nil
 }
 
-// warm reads the holding run of every existing node of ns, and the key-table home slot of every
-// new one's key, so that applying a Store under the lock finds them in the cache: the loads are
-// independent, so their misses overlap.
-func (x *Index) warm(ns []uint32, keys []uint64) {
+// warm reads the holding run of every existing node of ns and the key-table slot of every key
+// (slots, where resolveChain's probes ended: the summary to update, or where the new key goes),
+// so that applying a Store under the lock finds them in the cache: the loads are independent, so
+// their misses overlap.
+func (x *Index) warm(ns []uint32, slots []int32) {
 	var sink uint32
 	for i, n := range ns {
 		if n != 0 {
 			sink += x.hold(int(x.node(n).hold)).e
-		} else if len(x.byKey.slots) > 0 {
-			sink += x.byKey.slots[x.byKey.home(keys[i])].node
 		}
+		sink += x.byKey.slots[slots[i]].sum
 	}
 	x.warmSink += sink // keeps the loads from being optimised away
 }
@@ -450,7 +461,8 @@ func (x *Index) canAddHolder() bool {
 	return len(x.freeHolders) > 0 || len(x.holders) < maxHolders
 }
 
-// resolveChain fills x.nodeBuf with the existing node of each key (0 for a new one), checking
+// resolveChain fills x.nodeBuf with the existing node of each key (0 for a new one), and
+// x.keySlots with the key-table slot where each key's probe ended (nodeTable.lookupSlot), checking
 // that each existing node hangs under the previous key's node (parent for the first). It returns
 // the index of the first inconsistent key and false when the chain conflicts with the tree or
 // repeats a new key.
@@ -458,9 +470,11 @@ func (x *Index) resolveChain(parent uint32, keys []uint64) (int, bool) {
 	x.nodeBuf = x.nodeBuf[:0]
 	// Find every key's node first: the probes are independent, so their cache misses overlap.
 	x.warmSink += touchNodeSlots(&x.byKey, keys)
+	x.keySlots = x.keySlots[:0]
 	for _, k := range keys {
-		n, _, _ := x.byKey.get(k)
+		n, i := x.byKey.lookupSlot(k)
 		x.nodeBuf = append(x.nodeBuf, n)
+		x.keySlots = append(x.keySlots, int32(i))
 	}
 	x.seen.clearFor(len(keys))
 	prev := parent
@@ -768,8 +782,9 @@ func (x *Index) renumber(pos int) {
 
 // ---- nodes, LRU and eviction ----
 
-// newNode creates the node for key under parent. The caller touches it (LRU).
-func (x *Index) newNode(key uint64, parent uint32) uint32 {
+// newNodeAt creates the node for key under parent, inserting key into the key table from slot
+// from (nodeTable.insertFrom; -1 probes from its home slot). The caller touches it (LRU).
+func (x *Index) newNodeAt(key uint64, parent uint32, from int) uint32 {
 	var n uint32
 	if k := len(x.freeNodes); k > 0 {
 		n = x.freeNodes[k-1]
@@ -785,7 +800,7 @@ func (x *Index) newNode(key uint64, parent uint32) uint32 {
 	}
 	*x.node(n) = node{key: key, parent: parent, meta: flagLive}
 	x.clearRef(n)
-	x.byKey.insert(key, n)
+	x.byKey.insertFrom(key, n, from)
 	x.live++
 	return n
 }
@@ -1004,7 +1019,7 @@ func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64
 	copy(r[o+1:k+1], r[o:k])
 	*x.hold(pos) = holding{e: mkEntry(hid, t), aux: aux}
 	nd.meta++
-	x.byKey.orSum(nd.key, holderBit(hid, t&approxBit != 0))
+	x.byKey.orSumAt(x.sumSlot, nd.key, holderBit(hid, t&approxBit != 0))
 	if first {
 		x.linkChild(n, hid, t, aux)
 	}
@@ -1048,7 +1063,9 @@ func (x *Index) deleteHolding(n uint32, pos int) {
 		nd.hold = off
 		nd.meta = nd.meta&^classMask | (c-1)<<classShift
 	}
-	x.summarize(n)
+	if k > 0 || nd.children > 0 {
+		x.summarize(n)
+	} // else every caller prunes n next, which frees it and its key-table slot
 	if groupStart && groupEnds {
 		x.unlinkChild(n, hid)
 	}
@@ -1088,6 +1105,13 @@ func (x *Index) moveRun(from, to uint32, k int) {
 // refreshApproxFlag recomputes whether node n carries an approximate entry, and its holder
 // summary.
 func (x *Index) refreshApproxFlag(n uint32) {
+	x.recomputeApproxFlag(n)
+	x.summarize(n)
+}
+
+// recomputeApproxFlag is refreshApproxFlag without the summary, for callers that just
+// summarized n (deleteHolding does).
+func (x *Index) recomputeApproxFlag(n uint32) {
 	nd := x.node(n)
 	nd.meta &^= flagApprox
 	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
@@ -1096,7 +1120,6 @@ func (x *Index) refreshApproxFlag(n uint32) {
 			break
 		}
 	}
-	x.summarize(n)
 }
 
 // ---- holes ----
