@@ -289,7 +289,7 @@ type StoreEvent struct {
 
 // storeChunk is the most blocks a Store applies under one hold of the read-excluding lock, so a
 // Match waits for at most about this many blocks' application (doc.go, "Concurrency"): about
-// 0.1 ms on the production-scale workload. Each hold makes the readers that arrive during it
+// 0.1–0.2 ms on the production-scale workload. Each hold makes the readers that arrive during it
 // park and wake again, which costs them CPU time; with 2 readers beside 1 writer, 512 kept more of
 // the readers' lookups per CPU-second than 128 or 32 did in the same session
 // (docs/performance.md, "kvindex at production scale").
