@@ -664,6 +664,7 @@ type lookupView struct {
 type lookupBuf struct {
 	idx     [64]int
 	matched [64]uint64
+	ids     [64]state.EngineID
 }
 
 func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kvindex.Result) lookupView {
@@ -682,8 +683,22 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 	} else {
 		v.idx = buf.idx[:len(res.Engines)]
 	}
+	// The group's IDs, read once: a binary search over them costs no interface call per step.
+	var ids []state.EngineID
+	if len(engines) <= len(buf.ids) {
+		ids = buf.ids[:len(engines)]
+		for i, e := range engines {
+			ids[i] = e.ID()
+		}
+	}
 	for j, m := range res.Engines {
-		i, ok := engineIndex(engines, m.Engine)
+		var i int
+		var ok bool
+		if ids != nil {
+			i, ok = slices.BinarySearch(ids, m.Engine)
+		} else {
+			i, ok = engineIndex(engines, m.Engine)
+		}
 		if !ok || m.Blocks <= 0 {
 			v.idx[j] = -1
 			continue
