@@ -7,27 +7,34 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// approxEntry schedules the expiry of one approximate entry. Entries go stale when their holding
-// is refreshed, superseded, cleared or evicted; stale entries are skipped when popped and dropped
-// when the heap is compacted.
-type approxEntry struct {
+// approxChain schedules the expiry of the approximate entries one Assume recorded: nodes[i] is
+// the block at depth depth+i of the prompt, held by holder until expiry. One heap entry per call
+// rather than per block: a route-time placement records about a hundred blocks per pick, and
+// keeping a heap entry for each cost more than creating the blocks (docs/performance.md,
+// "policy"). An entry of the chain goes stale when its holding is refreshed, superseded, cleared
+// or evicted (the holding no longer has this expiry); stale entries are skipped when the chain
+// is drained and dropped when the heap is compacted. The chain owns its nodes slice.
+type approxChain struct {
 	expiry int64 // Unix nanoseconds
-	node   uint32
 	holder uint32
-	depth  uint32 // block position in the Assume call
+	depth  uint32 // depth of nodes[0] in its prompt
+	nodes  []uint32
 }
 
-// before orders the heap: earliest expiry first, then deepest block first so that pruning never
-// leaves a hole in an assumed prefix (on equal expiry the deepest blocks are
-// evicted first, as in ai-dynamo/dynamo `lib/kv-router/src/approx.rs`; docs/design.md §11), then node and holder for determinism.
-func (a approxEntry) before(b approxEntry) bool {
+// before orders the heap: earliest expiry first, then deepest last block first so that pruning
+// never leaves a hole in an assumed prefix (on equal expiry the deepest blocks are evicted first,
+// as in ai-dynamo/dynamo `lib/kv-router/src/approx.rs`; docs/design.md §11), then last node and
+// holder for determinism. drainApprox keeps the same order block by block across the chains it
+// drains together.
+func (a *approxChain) before(b *approxChain) bool {
+	da, db := a.depth+uint32(len(a.nodes))-1, b.depth+uint32(len(b.nodes))-1
 	switch {
 	case a.expiry != b.expiry:
 		return a.expiry < b.expiry
-	case a.depth != b.depth:
-		return a.depth > b.depth
-	case a.node != b.node:
-		return a.node < b.node
+	case da != db:
+		return da > db
+	case a.nodes[len(a.nodes)-1] != b.nodes[len(b.nodes)-1]:
+		return a.nodes[len(a.nodes)-1] < b.nodes[len(b.nodes)-1]
 	}
 	return a.holder < b.holder
 }
@@ -106,6 +113,7 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 	}
 	now := x.now().UnixNano()
 	x.expireUntil(now)
+	x.byKey.reserve(len(keys)) // resolveChain's slots stay valid for the inserts (nodewrite.go)
 	if i, ok := x.resolveChain(parent, keys); !ok {
 		return fail(ErrKeyConflict, keys[i])
 	}
@@ -123,11 +131,13 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 	}
 	hid := x.holderFor(engine, rank)
 	h := &x.holders[hid]
+	chain := x.chainNodes(len(keys))
 	prev := parent
 	for i, n := range x.nodeBuf {
 		if n == 0 {
-			n = x.newNode(keys[i], prev)
+			n = x.newNodeAt(keys[i], prev, int(x.keySlots[i]))
 		}
+		x.sumSlot = int(x.keySlots[i])
 		lo, hi := x.findHolder(n, hid)
 		switch {
 		case lo == hi:
@@ -135,7 +145,6 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 			h.approx++
 			x.approxCount++
 			x.node(n).meta |= flagApprox
-			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(held + i)})
 		case x.hold(lo).e&approxEntryBit != 0:
 			if int64(x.hold(lo).aux) > expiry && !x.node(n).holey() {
 				// A shorter TTL: a child of n the holder holds, other than the chain's next
@@ -152,19 +161,17 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 				}
 			}
 			x.hold(lo).aux = uint64(expiry)
-			x.pushApprox(approxEntry{expiry: expiry, node: n, holder: hid, depth: uint32(held + i)})
 		}
 		x.touch(n)
+		chain = append(chain, n)
 		prev = n
 	}
+	x.sumSlot = -1
+	// Blocks the holder holds really are in the chain too; their entries are not approximate,
+	// so draining skips them.
+	x.pushApprox(approxChain{expiry: expiry, holder: hid, depth: uint32(held), nodes: chain})
 	if x.approxCount > x.maxApprox {
-		target := int(float64(x.maxApprox) * ApproxPruneFraction)
-		for x.approxCount > target && len(x.heap) > 0 {
-			e := x.popApprox()
-			if p, ok := x.approxAt(e); ok {
-				x.dropApprox(e.node, p)
-			}
-		}
+		x.pruneApprox(int(float64(x.maxApprox) * ApproxPruneFraction))
 	}
 	x.compactHeap()
 	x.evict()
@@ -206,24 +213,134 @@ func (x *Index) Expire(now time.Time) int {
 }
 
 func (x *Index) expireUntil(now int64) int {
-	dropped := 0
+	x.draining = x.draining[:0]
 	for len(x.heap) > 0 && x.heap[0].expiry <= now {
-		e := x.popApprox()
-		if p, ok := x.approxAt(e); ok {
-			x.dropApprox(e.node, p)
+		x.draining = append(x.draining, x.popApprox())
+	}
+	return x.drainApprox(-1)
+}
+
+// pruneApprox drops approximate entries, earliest expiry first and deepest block first within
+// an expiry, until at most target remain.
+func (x *Index) pruneApprox(target int) {
+	for x.approxCount > target && len(x.heap) > 0 {
+		x.draining = x.draining[:0]
+		e := x.heap[0].expiry
+		for len(x.heap) > 0 && x.heap[0].expiry == e {
+			x.draining = append(x.draining, x.popApprox())
+		}
+		x.drainApprox(x.approxCount - target)
+	}
+}
+
+// drainApprox drops the live entries of the chains in x.draining (popped from the heap), at most
+// limit of them (limit < 0: all), earliest expiry first, deepest block first within an expiry, then
+// lowest node and holder: the order of approxChain.before applied block by block, so that
+// dropping never leaves a holder an approximate block below one it no longer holds. What is left
+// of each chain (a prefix, since each loses its deepest blocks first) goes back on the heap. It
+// returns the number of entries dropped.
+func (x *Index) drainApprox(limit int) int {
+	cs := x.draining
+	dropped := 0
+	if len(cs) == 1 { // the common case: one Assume's chain, deepest block first
+		c := &cs[0]
+		k := len(c.nodes)
+		for ; k > 0 && dropped != limit; k-- {
+			if p, ok := x.approxAt(c.nodes[k-1], c.holder, c.expiry); ok {
+				x.dropApprox(c.nodes[k-1], p)
+				dropped++
+			}
+		}
+		x.finishChain(c, k)
+		return dropped
+	}
+	left := x.drainLeft[:0]
+	for i := range cs {
+		left = append(left, len(cs[i].nodes))
+	}
+	for dropped != limit {
+		best := -1
+		for i := range cs {
+			if left[i] == 0 {
+				continue
+			}
+			if best < 0 || x.drainsBefore(&cs[i], left[i], &cs[best], left[best]) {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		c := &cs[best]
+		left[best]--
+		n := c.nodes[left[best]]
+		if p, ok := x.approxAt(n, c.holder, c.expiry); ok {
+			x.dropApprox(n, p)
 			dropped++
 		}
 	}
+	for i := range cs {
+		x.finishChain(&cs[i], left[i])
+	}
+	x.drainLeft = left
 	return dropped
 }
 
-// approxAt returns the slab position of the live approximate entry e describes, if any.
-func (x *Index) approxAt(e approxEntry) (int, bool) {
-	if int(e.node) >= x.nodes.len() || !x.node(e.node).has(flagLive) {
+// drainsBefore reports whether the next block of chain a (its block k-1) drops before the next
+// block of chain b (its block l-1).
+func (x *Index) drainsBefore(a *approxChain, k int, b *approxChain, l int) bool {
+	da, db := a.depth+uint32(k-1), b.depth+uint32(l-1)
+	switch {
+	case a.expiry != b.expiry:
+		return a.expiry < b.expiry
+	case da != db:
+		return da > db
+	case a.nodes[k-1] != b.nodes[l-1]:
+		return a.nodes[k-1] < b.nodes[l-1]
+	}
+	return a.holder < b.holder
+}
+
+// finishChain puts back the first k blocks of drained chain c, or recycles its nodes slice when
+// k is 0.
+func (x *Index) finishChain(c *approxChain, k int) {
+	if k > 0 {
+		c.nodes = c.nodes[:k]
+		x.pushApprox(*c)
+		return
+	}
+	x.recycleChain(c.nodes)
+}
+
+// chainNodes returns an empty slice for a chain of n blocks, reusing a drained chain's.
+func (x *Index) chainNodes(n int) []uint32 {
+	for i := len(x.chainPool) - 1; i >= 0 && i >= len(x.chainPool)-4; i-- {
+		if s := x.chainPool[i]; cap(s) >= n {
+			x.chainPool[i] = x.chainPool[len(x.chainPool)-1]
+			x.chainPool = x.chainPool[:len(x.chainPool)-1]
+			return s[:0]
+		}
+	}
+	return make([]uint32, 0, n)
+}
+
+// recycleChain keeps a drained chain's nodes slice for reuse, up to chainPoolMax of them.
+func (x *Index) recycleChain(s []uint32) {
+	if len(x.chainPool) < chainPoolMax && cap(s) > 0 {
+		x.chainPool = append(x.chainPool, s[:0])
+	}
+}
+
+const chainPoolMax = 64
+
+// approxAt returns the slab position of holder hid's live approximate entry at node n with the
+// given expiry, if any: a chain's entry that has not gone stale.
+func (x *Index) approxAt(n, hid uint32, expiry int64) (int, bool) {
+	if int(n) >= x.nodes.len() || !x.node(n).has(flagLive) {
 		return 0, false
 	}
-	lo, hi := x.findHolder(e.node, e.holder)
-	if lo < hi && x.hold(lo).e&approxEntryBit != 0 && int64(x.hold(lo).aux) == e.expiry {
+	lo, hi := x.findHolder(n, hid)
+	if lo < hi && x.hold(lo).e&approxEntryBit != 0 && int64(x.hold(lo).aux) == expiry {
 		return lo, true
 	}
 	return 0, false
@@ -234,17 +351,18 @@ func (x *Index) dropApprox(n uint32, p int) {
 	h := &x.holders[entryHolder(x.hold(p).e)]
 	h.approx--
 	x.approxCount--
-	x.deleteHolding(n, p)
-	x.refreshApproxFlag(n)
+	x.deleteHolding(n, p) // summarizes n, unless prune frees it next
+	x.recomputeApproxFlag(n)
 	x.prune(n)
 }
 
-func (x *Index) pushApprox(e approxEntry) {
-	x.heap = append(x.heap, e)
+func (x *Index) pushApprox(c approxChain) {
+	x.heapBlocks += len(c.nodes)
+	x.heap = append(x.heap, c)
 	i := len(x.heap) - 1
 	for i > 0 {
 		p := (i - 1) / 2
-		if !x.heap[i].before(x.heap[p]) {
+		if !x.heap[i].before(&x.heap[p]) {
 			break
 		}
 		x.heap[i], x.heap[p] = x.heap[p], x.heap[i]
@@ -252,12 +370,14 @@ func (x *Index) pushApprox(e approxEntry) {
 	}
 }
 
-func (x *Index) popApprox() approxEntry {
+func (x *Index) popApprox() approxChain {
 	top := x.heap[0]
 	last := len(x.heap) - 1
 	x.heap[0] = x.heap[last]
+	x.heap[last] = approxChain{}
 	x.heap = x.heap[:last]
 	x.siftDown(0)
+	x.heapBlocks -= len(top.nodes)
 	return top
 }
 
@@ -269,10 +389,10 @@ func (x *Index) siftDown(i int) {
 			return
 		}
 		m := l
-		if r := l + 1; r < n && x.heap[r].before(x.heap[l]) {
+		if r := l + 1; r < n && x.heap[r].before(&x.heap[l]) {
 			m = r
 		}
-		if !x.heap[m].before(x.heap[i]) {
+		if !x.heap[m].before(&x.heap[i]) {
 			return
 		}
 		x.heap[i], x.heap[m] = x.heap[m], x.heap[i]
@@ -280,20 +400,48 @@ func (x *Index) siftDown(i int) {
 	}
 }
 
-// compactHeap drops stale entries once they outnumber live ones, so refreshes and supersessions
-// cannot grow the heap without bound.
+// compactHeap drops stale entries once the chains' blocks outnumber live entries twice, so
+// refreshes and supersessions cannot grow the heap without bound: each chain keeps the runs of
+// its blocks whose entries are live, each run becoming a chain of its own.
 func (x *Index) compactHeap() {
-	if len(x.heap) <= 2*x.approxCount+64 {
+	if x.heapBlocks <= 2*x.approxCount+64 {
 		return
 	}
-	live := x.heap[:0]
-	for _, e := range x.heap {
-		if _, ok := x.approxAt(e); ok {
-			live = append(live, e)
+	old := x.heap
+	x.heap, x.heapBlocks = x.heapSpare[:0], 0
+	for i := range old {
+		c := &old[i]
+		var first []uint32 // the first live run reuses c.nodes
+		for j := 0; j < len(c.nodes); {
+			if _, ok := x.approxAt(c.nodes[j], c.holder, c.expiry); !ok {
+				j++
+				continue
+			}
+			k := j + 1
+			for k < len(c.nodes) {
+				if _, ok := x.approxAt(c.nodes[k], c.holder, c.expiry); !ok {
+					break
+				}
+				k++
+			}
+			run := approxChain{expiry: c.expiry, holder: c.holder, depth: c.depth + uint32(j)}
+			if first == nil {
+				first = c.nodes[:k-j]
+				copy(first, c.nodes[j:k])
+				run.nodes = first
+			} else {
+				run.nodes = append(x.chainNodes(k-j), c.nodes[j:k]...)
+			}
+			x.heap = append(x.heap, run)
+			x.heapBlocks += k - j
+			j = k
+		}
+		if first == nil {
+			x.recycleChain(c.nodes)
 		}
 	}
-	clear(x.heap[len(live):])
-	x.heap = live
+	clear(old)
+	x.heapSpare = old[:0]
 	for i := len(x.heap)/2 - 1; i >= 0; i-- {
 		x.siftDown(i)
 	}

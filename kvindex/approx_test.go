@@ -115,8 +115,40 @@ func TestHeapCompactionBoundsStaleEntries(t *testing.T) {
 		require.NoError(t, f.x.Assume("a", keys, 0))
 	}
 	f.x.mu.RLock()
-	heapLen := len(f.x.heap)
+	heapBlocks, recount := f.x.heapBlocks, 0
+	for _, c := range f.x.heap {
+		recount += len(c.nodes)
+	}
 	f.x.mu.RUnlock()
-	assert.LessOrEqual(t, heapLen, 2*4+64+4, "refreshes leave stale entries that compaction drops")
+	assert.Equal(t, recount, heapBlocks)
+	assert.LessOrEqual(t, heapBlocks, 2*4+64+4, "refreshes leave stale entries that compaction drops")
+	require.NoError(t, checkInvariants(f.x))
+}
+
+// Two Assume calls of one engine at one instant share an expiry and a prefix: pruning drops
+// their blocks deepest first across both chains, so the engine keeps the shared prefix on both
+// prompts and no block becomes holey (dropping one chain wholly first would drop the shared
+// blocks under the other chain's deeper ones).
+func TestAssumeCapPrunesDeepestFirstAcrossCalls(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{MaxApproxBlocks: 10})
+	other := append(prompt(1, 4), prompt(7, 2)...)
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 6)), time.Minute))
+	require.NoError(t, f.x.Assume("a", f.h.Keys(other), time.Minute))
+	require.Equal(t, 8, f.x.Stats().ApproximateBlocks)
+	f.clock = f.clock.Add(time.Second)
+	require.NoError(t, f.x.Assume("b", f.h.Keys(prompt(2, 4)), time.Minute))
+	// 12 > 10: prune to 8, a's four deepest blocks (depths 5, 5, 4, 4).
+	assert.Equal(t, 8, f.x.Stats().ApproximateBlocks)
+	assert.Equal(t, map[state.EngineID]int{"a": 4}, f.match(1, 6))
+	m := f.x.Match(f.h.Keys(other))
+	require.Len(t, m.Engines, 1)
+	assert.Equal(t, 4, m.Engines[0].Blocks)
+	assert.Zero(t, f.x.holey.len(), "no hole was left")
+	require.NoError(t, checkInvariants(f.x))
+	// Both chains expire together, deepest first again.
+	f.clock = f.clock.Add(time.Minute - time.Millisecond)
+	assert.Equal(t, 4, f.x.Expire(f.clock))
+	assert.Equal(t, 4, f.x.Stats().ApproximateBlocks, "b's entries expire a second later")
 	require.NoError(t, checkInvariants(f.x))
 }

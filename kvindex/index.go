@@ -126,7 +126,12 @@ type Index struct {
 	engineByID  map[state.EngineID]uint32
 	byID        []uint32 // live engine slots sorted by ID; byID[engines[e].order] == e
 
-	heap        []approxEntry
+	heap        []approxChain // expiry order (approx.go)
+	heapBlocks  int           // blocks in the heap's chains, live or stale
+	heapSpare   []approxChain // compactHeap's other buffer
+	draining    []approxChain // chains being drained (drainApprox)
+	drainLeft   []int
+	chainPool   [][]uint32 // drained chains' nodes slices, for reuse
 	approxCount int
 
 	// wideSearch makes Match use its general search for any number of holders (tests only).
@@ -138,6 +143,9 @@ type Index struct {
 	keyBuf   []uint64
 	nodeBuf  []uint32
 	known    []bool
+	slotBuf  []int32 // Store: each block's binding insert position (bindTable.insertAt)
+	keySlots []int32 // resolveChain: where each key's probe ended (nodeTable.lookupSlot)
+	sumSlot  int     // Store: the key-table slot of the block being applied, or -1 (orSumAt)
 }
 
 // node is one block. It holds no pointers, so the node slab costs the garbage collector nothing.
@@ -193,7 +201,7 @@ type holder struct {
 	engine   uint32
 	rank     int
 	live     bool
-	bindings table // engine block hash → node
+	bindings bindTable // engine block hash → node (bindtable.go)
 	tiers    [4]int
 	approx   int
 }
@@ -234,6 +242,7 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 		now:        opts.Now,
 		refBits:    make([]uint64, 1),
 		engineByID: make(map[state.EngineID]uint32),
+		sumSlot:    -1,
 	}
 	x.nodes.extend(1) // the root sentinel
 	if x.maxBlocks == 0 {
@@ -279,8 +288,12 @@ type StoreEvent struct {
 }
 
 // storeChunk is the most blocks a Store applies under one hold of the read-excluding lock, so a
-// Match waits for at most about this many blocks' application (doc.go, "Concurrency").
-const storeChunk = 128
+// Match waits for at most about this many blocks' application (doc.go, "Concurrency"): about
+// 0.1–0.2 ms on the production-scale workload. Each hold makes the readers that arrive during it
+// park and wake again, which costs them CPU time; with 2 readers beside 1 writer, 512 kept more of
+// the readers' lookups per CPU-second than 128 or 32 did in the same session
+// (docs/performance.md, "kvindex at production scale").
+const storeChunk = 512
 
 // Store records that ev.Engine's DP rank ev.DPRank holds ev's blocks in ev.Tier, attaching the first
 // block under the parent the engine named (docs/design.md §11; Stored in
@@ -346,7 +359,7 @@ func (x *Index) store(ev *StoreEvent) error {
 	if ev.HasParent {
 		p, ok := uint32(0), false
 		if hok {
-			p, ok = x.holders[hid].bindings.get(ev.ParentHash)
+			p, ok, _ = x.binding(hid, ev.ParentHash)
 		}
 		if !ok {
 			return fail(ErrUnknownParent, ev.ParentHash)
@@ -354,23 +367,33 @@ func (x *Index) store(ev *StoreEvent) error {
 		parent, parentKey = p, x.node(p).key
 	}
 	x.keyBuf = x.hasher.appendFrom(x.keyBuf[:0], parentKey, ev.TokenIDs)
+	// Room for every block's key now, so that the slots resolveChain finds stay valid for the
+	// inserts (nodewrite.go). Readers are not excluded: a resize replaces the table only under mu.
+	if 4*(x.byKey.len()+nb) > 3*len(x.byKey.slots) {
+		x.mu.Lock()
+		x.byKey.reserve(nb)
+		x.mu.Unlock()
+	}
 	if i, ok := x.resolveChain(parent, x.keyBuf); !ok {
 		return fail(ErrKeyConflict, ev.BlockHashes[i])
 	}
-	x.known = x.known[:0]
-	var bindings *table
+	x.known, x.slotBuf = x.known[:0], x.slotBuf[:0]
 	if hok {
-		bindings = &x.holders[hid].bindings
+		// Room for every block's binding now, so that the insert positions found below stay
+		// valid until the bindings are made.
+		x.holders[hid].bindings.reserve(nb)
+		x.warmSink += x.holders[hid].bindings.touch(ev.BlockHashes)
 	}
 	for i, n := range x.nodeBuf {
-		known := false
-		if bindings != nil {
-			m, ok := bindings.get(ev.BlockHashes[i])
+		known, slot := false, -1
+		if hok {
+			m, ok, at := x.binding(hid, ev.BlockHashes[i])
 			if ok && m != n {
 				return fail(ErrDuplicateHash, ev.BlockHashes[i])
 			}
-			known = ok
+			known, slot = ok, at
 		}
+		x.slotBuf = append(x.slotBuf, int32(slot))
 		if n != 0 && x.node(n).nHold() >= maxHold {
 			return fail(ErrTooManyHolders, ev.BlockHashes[i])
 		}
@@ -381,7 +404,7 @@ func (x *Index) store(ev *StoreEvent) error {
 	// read. Reading each existing block's holding run first brings it into the cache, so that the
 	// locked part mostly hits it; the bindings and the LRU list are the writers' alone and are
 	// updated after the lock is released.
-	x.warm(x.nodeBuf)
+	x.warm(x.nodeBuf, x.keySlots)
 	prev := parent
 	for from := 0; from < nb; from += storeChunk {
 		to := min(nb, from+storeChunk)
@@ -392,19 +415,20 @@ func (x *Index) store(ev *StoreEvent) error {
 		for i := from; i < to; i++ {
 			n := x.nodeBuf[i]
 			if n == 0 {
-				n = x.newNode(x.keyBuf[i], prev)
+				n = x.newNodeAt(x.keyBuf[i], prev, int(x.keySlots[i]))
 				x.nodeBuf[i] = n
 			}
+			x.sumSlot = int(x.keySlots[i])
 			x.hintPos = x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
 			x.hintNode = n
 			prev = n
 		}
-		x.hintNode = 0
+		x.hintNode, x.sumSlot = 0, -1
 		x.mu.Unlock()
 		b := &x.holders[hid].bindings
 		for i := from; i < to; i++ {
 			if !x.known[i] {
-				b.put(ev.BlockHashes[i], x.nodeBuf[i])
+				b.insertAt(bindTag(ev.BlockHashes[i]), x.nodeBuf[i], int(x.slotBuf[i]))
 			}
 			x.touch(x.nodeBuf[i])
 		}
@@ -417,14 +441,17 @@ func (x *Index) store(ev *StoreEvent) error {
 	return nil
 }
 
-// warm reads the holding run of every existing node of ns, so that applying a Store under the
-// lock finds them in the cache: the loads are independent, so their misses overlap.
-func (x *Index) warm(ns []uint32) {
+// warm reads the holding run of every existing node of ns and the key-table slot of every key
+// (slots, where resolveChain's probes ended: the summary to update, or where the new key goes),
+// so that applying a Store under the lock finds them in the cache: the loads are independent, so
+// their misses overlap.
+func (x *Index) warm(ns []uint32, slots []int32) {
 	var sink uint32
-	for _, n := range ns {
+	for i, n := range ns {
 		if n != 0 {
 			sink += x.hold(int(x.node(n).hold)).e
 		}
+		sink += x.byKey.slots[slots[i]].sum
 	}
 	x.warmSink += sink // keeps the loads from being optimised away
 }
@@ -434,16 +461,20 @@ func (x *Index) canAddHolder() bool {
 	return len(x.freeHolders) > 0 || len(x.holders) < maxHolders
 }
 
-// resolveChain fills x.nodeBuf with the existing node of each key (0 for a new one), checking
+// resolveChain fills x.nodeBuf with the existing node of each key (0 for a new one), and
+// x.keySlots with the key-table slot where each key's probe ended (nodeTable.lookupSlot), checking
 // that each existing node hangs under the previous key's node (parent for the first). It returns
 // the index of the first inconsistent key and false when the chain conflicts with the tree or
 // repeats a new key.
 func (x *Index) resolveChain(parent uint32, keys []uint64) (int, bool) {
 	x.nodeBuf = x.nodeBuf[:0]
 	// Find every key's node first: the probes are independent, so their cache misses overlap.
+	x.warmSink += touchNodeSlots(&x.byKey, keys)
+	x.keySlots = x.keySlots[:0]
 	for _, k := range keys {
-		n, _, _ := x.byKey.get(k)
+		n, i := x.byKey.lookupSlot(k)
 		x.nodeBuf = append(x.nodeBuf, n)
+		x.keySlots = append(x.keySlots, int32(i))
 	}
 	x.seen.clearFor(len(keys))
 	prev := parent
@@ -570,7 +601,7 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	var unknown []uint64
 	x.nodeBuf = x.nodeBuf[:0]
 	for _, hash := range hashes {
-		n, ok := h.bindings.get(hash)
+		n, ok, _ := x.binding(hid, hash)
 		if !ok {
 			unknown = append(unknown, hash)
 		}
@@ -597,7 +628,7 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 			x.hold(p).e &^= uint32(drop)
 			if uint8(x.hold(p).e) == 0 {
 				x.deleteHolding(n, p)
-				h.bindings.del(hash)
+				h.bindings.remove(bindTag(hash), n)
 				x.prune(n)
 			}
 			break
@@ -666,7 +697,7 @@ func (x *Index) clearHolder(hid uint32) {
 	x.clearing = true
 	defer func() { x.clearing = false }()
 	h := &x.holders[hid]
-	h.bindings.each(func(hash uint64, n uint32) {
+	x.eachBinding(hid, func(hash uint64, n uint32) {
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
 			if x.hold(p).e&approxEntryBit == 0 && x.hold(p).aux == hash {
@@ -679,10 +710,12 @@ func (x *Index) clearHolder(hid uint32) {
 	h.bindings.reset()
 	h.tiers = [4]int{}
 	if h.approx > 0 {
-		for _, e := range x.heap {
-			if e.holder == hid {
-				if p, ok := x.approxAt(e); ok {
-					x.dropApprox(e.node, p)
+		for i := range x.heap {
+			if c := &x.heap[i]; c.holder == hid {
+				for _, n := range slices.Backward(c.nodes) {
+					if p, ok := x.approxAt(n, hid, c.expiry); ok {
+						x.dropApprox(n, p)
+					}
 				}
 			}
 		}
@@ -749,8 +782,9 @@ func (x *Index) renumber(pos int) {
 
 // ---- nodes, LRU and eviction ----
 
-// newNode creates the node for key under parent. The caller touches it (LRU).
-func (x *Index) newNode(key uint64, parent uint32) uint32 {
+// newNodeAt creates the node for key under parent, inserting key into the key table from slot
+// from (nodeTable.insertFrom; -1 probes from its home slot). The caller touches it (LRU).
+func (x *Index) newNodeAt(key uint64, parent uint32, from int) uint32 {
 	var n uint32
 	if k := len(x.freeNodes); k > 0 {
 		n = x.freeNodes[k-1]
@@ -766,7 +800,7 @@ func (x *Index) newNode(key uint64, parent uint32) uint32 {
 	}
 	*x.node(n) = node{key: key, parent: parent, meta: flagLive}
 	x.clearRef(n)
-	x.byKey.insert(key, n)
+	x.byKey.insertFrom(key, n, from)
 	x.live++
 	return n
 }
@@ -873,7 +907,7 @@ func (x *Index) evictNode(n uint32) {
 			x.approxCount--
 		} else {
 			x.subTiers(h, uint8(x.hold(p).e))
-			h.bindings.del(x.hold(p).aux)
+			h.bindings.remove(bindTag(x.hold(p).aux), n)
 		}
 		if hid != last {
 			x.unlinkChild(n, hid) // a leaf: no hole can result
@@ -985,7 +1019,7 @@ func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64
 	copy(r[o+1:k+1], r[o:k])
 	*x.hold(pos) = holding{e: mkEntry(hid, t), aux: aux}
 	nd.meta++
-	x.byKey.orSum(nd.key, holderBit(hid, t&approxBit != 0))
+	x.byKey.orSumAt(x.sumSlot, nd.key, holderBit(hid, t&approxBit != 0))
 	if first {
 		x.linkChild(n, hid, t, aux)
 	}
@@ -1029,7 +1063,9 @@ func (x *Index) deleteHolding(n uint32, pos int) {
 		nd.hold = off
 		nd.meta = nd.meta&^classMask | (c-1)<<classShift
 	}
-	x.summarize(n)
+	if k > 0 || nd.children > 0 {
+		x.summarize(n)
+	} // else every caller prunes n next, which frees it and its key-table slot
 	if groupStart && groupEnds {
 		x.unlinkChild(n, hid)
 	}
@@ -1069,6 +1105,13 @@ func (x *Index) moveRun(from, to uint32, k int) {
 // refreshApproxFlag recomputes whether node n carries an approximate entry, and its holder
 // summary.
 func (x *Index) refreshApproxFlag(n uint32) {
+	x.recomputeApproxFlag(n)
+	x.summarize(n)
+}
+
+// recomputeApproxFlag is refreshApproxFlag without the summary, for callers that just
+// summarized n (deleteHolding does).
+func (x *Index) recomputeApproxFlag(n uint32) {
 	nd := x.node(n)
 	nd.meta &^= flagApprox
 	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
@@ -1077,7 +1120,6 @@ func (x *Index) refreshApproxFlag(n uint32) {
 			break
 		}
 	}
-	x.summarize(n)
 }
 
 // ---- holes ----

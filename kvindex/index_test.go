@@ -105,12 +105,12 @@ func dump(x *Index) string {
 		sort.Strings(es)
 		lines = append(lines, fmt.Sprintf("%#x<-%#x %v", nd.key, x.node(nd.parent).key, es))
 	}
-	for _, h := range x.holders {
+	for hid, h := range x.holders {
 		if !h.live {
 			continue
 		}
 		var bs []string
-		h.bindings.each(func(k uint64, n uint32) { bs = append(bs, fmt.Sprintf("%#x>%#x", k, x.node(n).key)) })
+		x.eachBinding(uint32(hid), func(k uint64, n uint32) { bs = append(bs, fmt.Sprintf("%#x>%#x", k, x.node(n).key)) })
 		sort.Strings(bs)
 		lines = append(lines, fmt.Sprintf("holder %s/%d %v %v approx=%d", x.engines[h.engine].id, h.rank, bs, h.tiers, h.approx))
 	}

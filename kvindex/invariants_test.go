@@ -60,7 +60,7 @@ func checkInvariants(x *Index) error {
 			if t := uint8(x.hold(p).e); t == 0 || Tier(t)&^AllTiers != 0 {
 				return fmt.Errorf("node %d entry %d has tiers %#x", n, p, t)
 			}
-			if m, ok := h.bindings.get(x.hold(p).aux); !ok || m != n {
+			if m, ok, _ := x.binding(hid, x.hold(p).aux); !ok || m != n {
 				return fmt.Errorf("node %d entry hash %#x: binding %d, %v", n, x.hold(p).aux, m, ok)
 			}
 		}
@@ -107,7 +107,9 @@ func checkInvariants(x *Index) error {
 		}
 		var tiers [4]int
 		var bad error
-		h.bindings.each(func(hash uint64, n uint32) {
+		bound := 0
+		x.eachBinding(uint32(hid), func(hash uint64, n uint32) {
+			bound++
 			if bad != nil {
 				return
 			}
@@ -127,6 +129,9 @@ func checkInvariants(x *Index) error {
 		if bad != nil {
 			return bad
 		}
+		if bound != h.bindings.len() {
+			return fmt.Errorf("holder %d has %d bindings, %d of them name an entry", hid, h.bindings.len(), bound)
+		}
 		if tiers != h.tiers {
 			return fmt.Errorf("holder %d tier counts %v, recount %v", hid, h.tiers, tiers)
 		}
@@ -138,11 +143,18 @@ func checkInvariants(x *Index) error {
 		for p := int(nd.hold); nd.has(flagLive) && p < int(nd.hold)+nd.nHold(); p++ {
 			if x.hold(p).e&approxEntryBit != 0 {
 				recount++
-				if !heapHas(x, approxEntry{expiry: int64(x.hold(p).aux), node: n, holder: entryHolder(x.hold(p).e)}) {
+				if !heapHas(x, int64(x.hold(p).aux), n, entryHolder(x.hold(p).e)) {
 					return fmt.Errorf("approximate entry node %d holder %d has no heap entry", n, entryHolder(x.hold(p).e))
 				}
 			}
 		}
+	}
+	heapBlocks := 0
+	for _, c := range x.heap {
+		heapBlocks += len(c.nodes)
+	}
+	if heapBlocks != x.heapBlocks {
+		return fmt.Errorf("heap chains hold %d blocks, heapBlocks says %d", heapBlocks, x.heapBlocks)
 	}
 	if approx != x.approxCount || recount != approx {
 		return fmt.Errorf("approximate count %d, holders say %d, recount %d", x.approxCount, approx, recount)
@@ -260,9 +272,9 @@ func holdersAt(x *Index, n uint32) []uint32 {
 	return out
 }
 
-func heapHas(x *Index, want approxEntry) bool {
-	for _, e := range x.heap {
-		if e.expiry == want.expiry && e.node == want.node && e.holder == want.holder {
+func heapHas(x *Index, expiry int64, n, hid uint32) bool {
+	for _, c := range x.heap {
+		if c.expiry == expiry && c.holder == hid && slices.Contains(c.nodes, n) {
 			return true
 		}
 	}

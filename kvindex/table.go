@@ -8,9 +8,10 @@ import "math/bits"
 // slot. The key 0 marks an empty slot; a real key 0 is kept in zeroVal. The zero table is empty
 // and ready to use. Not safe for concurrent mutation; concurrent get calls are safe.
 //
-// It exists because the index's two hot lookups (block key → node, engine hash → node) are keyed
-// by well-mixed 64-bit values: a multiply-shift slot choice and a one-array probe are several
-// times cheaper than a general map on the Match path (see bench_test.go).
+// It keeps the holey set (Index.holey), keyed by well-mixed block keys: a multiply-shift slot
+// choice and a one-array probe are several times cheaper than a general map on the Match path
+// (see bench_test.go). The index's two hottest maps have their own one-array layouts:
+// nodeTable (block key → node) and bindTable (engine hash → node).
 type table struct {
 	keys    []uint64
 	vals    []uint32 // vals[i] == 0 iff keys[i] is empty
@@ -191,9 +192,6 @@ func (t *table) clearFor(n int) {
 	}
 	t.n, t.zeroVal = 0, 0
 }
-
-// reset empties the table and releases its arrays.
-func (t *table) reset() { *t = table{} }
 
 // each calls fn for every entry, in no particular order. fn must not modify t.
 func (t *table) each(fn func(k uint64, v uint32)) {

@@ -1,0 +1,66 @@
+package kvindex
+
+// The key → node table's write-path helpers for Store (the layout is nodetable.go's). A Store
+// probes every key of its event while validating it (resolveChain); these let the apply step
+// reuse where each probe ended instead of probing again: inserting a new block's key from the
+// empty slot its lookup stopped at, and adding a holder's summary bit at the slot its lookup
+// found. On the production-scale workload every block costs one such probe less
+// (docs/performance.md, "kvindex at production scale").
+
+// reserve grows the table, if needed, so that k more keys fit without a resize: slot positions
+// found before the inserts stay valid until a key is removed.
+func (t *nodeTable) reserve(k int) {
+	b := max(t.bits, nodeTableMinBits)
+	for 4*(t.n+k) > 3<<b {
+		b++
+	}
+	if b != t.bits {
+		t.resize(b)
+	}
+}
+
+// lookupSlot returns the node of key k and the slot holding it, or 0 and the empty slot where
+// k's probe ended; the slot is -1 when the table is empty.
+func (t *nodeTable) lookupSlot(k uint64) (uint32, int) {
+	if len(t.slots) == 0 {
+		return 0, -1
+	}
+	mask := len(t.slots) - 1
+	for i := t.home(k); ; i = (i + 1) & mask {
+		s := &t.slots[i]
+		if s.node == 0 {
+			return 0, i
+		}
+		if s.key == k {
+			return s.node, i
+		}
+	}
+}
+
+// insertFrom adds node n under key k, which must not be in the table, probing from slot from:
+// where lookupSlot's probe for k ended, with no resize and no removal since (reserve), or -1
+// to probe from k's home slot. It returns the slot used.
+func (t *nodeTable) insertFrom(k uint64, n uint32, from int) int {
+	if from < 0 {
+		t.insert(k, n)
+		return -1
+	}
+	mask := len(t.slots) - 1
+	i := from
+	for t.slots[i].node != 0 {
+		i = (i + 1) & mask
+	}
+	t.slots[i] = nodeSlot{key: k, node: n}
+	t.n++
+	return i
+}
+
+// orSumAt adds bits to the holder summary of key k, looking at slot i first (a position an
+// earlier probe found, possibly moved since: it is checked) and probing when k is not there.
+func (t *nodeTable) orSumAt(i int, k uint64, bits uint32) {
+	if i >= 0 && i < len(t.slots) && t.slots[i].node != 0 && t.slots[i].key == k {
+		t.slots[i].sum |= bits
+		return
+	}
+	t.orSum(k, bits)
+}
