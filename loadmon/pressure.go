@@ -56,9 +56,10 @@ func Observe(snap Snapshot, inflight *InFlight, engine state.EngineID) Observati
 		o.Load = l
 	}
 	if inflight != nil {
-		o.InFlight = inflight.Count(engine)
+		c := inflight.lookup(engine) // one map lookup for both figures
+		o.InFlight = c.count()
 		if o.Load != nil {
-			o.Dispatched, o.DispatchedTokens = inflight.DispatchedSince(engine, o.Load.ReportedAt)
+			o.Dispatched, o.DispatchedTokens = c.since(o.Load.ReportedAt)
 		}
 	}
 	return o

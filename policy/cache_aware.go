@@ -222,10 +222,17 @@ type CacheAware struct {
 // gets a copy). Fresh memory for the 512 keys of an 8,192-token prompt cost about 0.9 µs per pick in
 // cache misses on the production-scale workload (docs/performance.md, "kvindex at production
 // scale"); a pooled scratch stays in the cache.
+//
+// It also holds the pick's candidate lists and lookup view, which as stack arrays were zeroed on
+// every pick (about 15 KB).
 type pickScratch struct {
 	res  kvindex.Result
 	bufs kvindex.LookupBuffers
 	d    CacheDecision
+	view lookupBuf
+	// Candidate lists, each at most as long as the lookup result: the holders candidates
+	// scans, the ones it keeps, and the queue gate's and admission's parts of those.
+	all, cands, gated, admitted []cacheCandidate
 }
 
 var (
@@ -387,10 +394,12 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	}
 	snap := p.cfg.Load.Snapshot() // after any remote I/O (docs/design.md §10)
 
-	var buf [DefaultCandidateMaxEngines]cacheCandidate
-	var vbuf lookupBuf
-	v := newLookupView(&vbuf, engines, req, res)
-	cands := p.candidates(buf[:0], engines, req, res, &v, snap)
+	// Room for every holder in each list, so that no append below reallocates.
+	n := len(res.Engines)
+	sc.all, sc.cands = slices.Grow(sc.all[:0], n), slices.Grow(sc.cands[:0], n)
+	sc.gated, sc.admitted = slices.Grow(sc.gated[:0], n), slices.Grow(sc.admitted[:0], n)
+	v := newLookupView(&sc.view, engines, req, res)
+	cands := p.candidates(sc.cands, sc.all, engines, req, res, &v, snap)
 
 	d := &sc.d
 	*d = CacheDecision{Model: req.Model, BucketID: req.BucketID, Lookup: res.Outcome, PressureSource: PressureSourceRouterLocal}
@@ -423,8 +432,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	bestGatedBlocks := 0
 	readmitted := false
 	if p.queueCap != 0 {
-		var gbuf [DefaultCandidateMaxEngines]cacheCandidate
-		gated = gbuf[:0]
+		gated = sc.gated
 		kept := cands[:0]
 		for _, c := range cands {
 			if p.queued(&c.obs) {
@@ -444,8 +452,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 
 	// Hard admission on every evaluated holder.
 	var rejections []*AdmissionRejectedError
-	var abuf [DefaultCandidateMaxEngines]cacheCandidate
-	admitted := abuf[:0]
+	admitted := sc.admitted
 	for _, c := range evaluated {
 		err := p.cfg.admit(engines[c.idx], c.obs)
 		var rej *AdmissionRejectedError
@@ -653,10 +660,11 @@ type lookupView struct {
 	matched []uint64
 }
 
-// lookupBuf backs a lookupView on the caller's stack for groups and results of up to 64 engines.
+// lookupBuf backs a lookupView, in the pick's scratch, for groups and results of up to 64 engines.
 type lookupBuf struct {
 	idx     [64]int
 	matched [64]uint64
+	ids     [64]state.EngineID
 }
 
 func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kvindex.Result) lookupView {
@@ -665,6 +673,7 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 		v.matched = make([]uint64, len(engines))
 	} else {
 		v.matched = buf.matched[:len(engines)]
+		clear(v.matched)
 	}
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return v
@@ -674,8 +683,22 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 	} else {
 		v.idx = buf.idx[:len(res.Engines)]
 	}
+	// The group's IDs, read once: a binary search over them costs no interface call per step.
+	var ids []state.EngineID
+	if len(engines) <= len(buf.ids) {
+		ids = buf.ids[:len(engines)]
+		for i, e := range engines {
+			ids[i] = e.ID()
+		}
+	}
 	for j, m := range res.Engines {
-		i, ok := engineIndex(engines, m.Engine)
+		var i int
+		var ok bool
+		if ids != nil {
+			i, ok = slices.BinarySearch(ids, m.Engine)
+		} else {
+			i, ok = engineIndex(engines, m.Engine)
+		}
 		if !ok || m.Blocks <= 0 {
 			v.idx[j] = -1
 			continue
@@ -776,14 +799,13 @@ func holdsIn(cs []cacheCandidate, idx int) bool {
 // holders than the limit lie within the switch margin of the least uncached one, the cut keeps the
 // least pressured of them (loadmon.ComparePressure under the coverage rule over those holders, ID
 // last) rather than the lowest IDs (docs/design.md §9.2).
-func (p *CacheAware) candidates(dst []cacheCandidate, engines []state.Engine, req *Request, res *kvindex.Result, v *lookupView, snap loadmon.Snapshot) []cacheCandidate {
+func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engine, req *Request, res *kvindex.Result, v *lookupView, snap loadmon.Snapshot) []cacheCandidate {
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return dst
 	}
 	n := len(engines)
 	limit := min(n, p.opts.CandidateMaxEngines, max(p.opts.CandidateMinEngines, int(math.Ceil(p.opts.CandidateRatio*float64(n)))))
-	var abuf [64]cacheCandidate
-	all := abuf[:0]
+	all = all[:0]
 	window := 0 // holders within the switch margin of the least uncached: a prefix of all
 	for j, m := range res.Engines {
 		if len(all) >= limit && window < len(all) {

@@ -246,3 +246,25 @@ func TestRoutePlacementsAreRecordedExpireAndCanBeTurnedOff(t *testing.T) {
 	assert.Empty(t, c.index.Match(c.index.Hasher().Keys(tok)).Engines, "DisableRoutePlacements")
 	assert.Zero(t, c.index.Stats().ApproximateBlocks)
 }
+
+// A pick's prefix view starts empty: what the previous pick's lookup found (its scratch is pooled)
+// must not price the next request. "h" holds all of prompt A; prompt B is cold. For B, the
+// fallback takes "o" (less pending work) and the cost comparison keeps it: h costs 200 + 2,048
+// tokens against o's 100 + 2,048. Had h kept A's 2,048 matched tokens, it would cost 200 and win.
+func TestCostComparisonDoesNotSeeThePreviousPicksPrefix(t *testing.T) {
+	c := newCacheEnv(t)
+	a, b := prompt(2048, 41), prompt(2048, 42)
+	c.hold(t, "h", a, 128)
+	c.pending("h", 200)
+	c.pending("o", 100)
+	group := engines(state.StagePrefill, "h", "o")
+	p := c.policy(t, policy.CacheAwareOptions{DisableRoutePlacements: true})
+	pk, err := p.Pick(ctx, group, creq(a))
+	require.NoError(t, err)
+	require.Equal(t, state.EngineID("h"), pk.Engine.ID())
+	pk, err = p.Pick(ctx, group, creq(b))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("o"), pk.Engine.ID())
+	assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+	assert.False(t, c.dec.last().CostOverride)
+}
