@@ -101,7 +101,7 @@ func (t *bindTable) deleteAt(i int) {
 
 func (t *bindTable) resize(bits uint) {
 	old := t.slots
-	t.slots = make([]uint64, 1<<bits)
+	t.slots = makeTable[uint64](1 << bits)
 	t.bits = bits
 	mask := len(t.slots) - 1
 	for _, s := range old {

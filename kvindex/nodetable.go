@@ -148,7 +148,7 @@ func (t *nodeTable) deleteAt(i int) {
 
 func (t *nodeTable) resize(bits uint) {
 	old := t.slots
-	t.slots = make([]nodeSlot, 1<<bits)
+	t.slots = makeTable[nodeSlot](1 << bits)
 	t.bits = bits
 	mask := len(t.slots) - 1
 	for _, s := range old {
