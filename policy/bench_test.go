@@ -173,43 +173,53 @@ type fixedSource struct{ r kvindex.Result }
 func (s fixedSource) Lookup(context.Context, kvindex.Query) (kvindex.Result, error) { return s.r, nil }
 
 // BenchmarkCacheAwareQueueGate measures what the queue gate adds to a cache-aware pick, whose
-// fleet-wide all-queued check reads every group engine's load (docs/design.md §9.4), at 16, 64 and
-// 256 engines: the same hit (one engine holds 400 of 512 blocks; every engine has a fresh report,
-// none queued) picked with the gate on and off. The difference is the gate's cost per pick.
+// fleet-wide all-queued check reads group engines' loads (docs/design.md §9.4), at 16, 64 and 256
+// engines: the same hit (one engine holds 400 of 512 blocks; every engine has a fresh report)
+// picked with the gate on and off. With no engine queued (gate, no_gate) the check stops at the
+// first engine; with every engine at or over the limit (all_queued, no_gate_queued: the same loads
+// without the gate) it reads every engine's load and the holder is re-admitted. The difference
+// is the gate's cost per pick.
 func BenchmarkCacheAwareQueueGate(b *testing.B) {
 	for _, n := range []int{16, 64, 256} {
-		e := newEnv()
-		cfg := e.cfg()
-		cfg.Rand = nil
-		cfg.Admission = admission.Limits{MaxRunningRequests: admission.Cap(1 << 20)}
-		group := manyEngines(n)
-		for i, c := range group {
-			e.native(c.ID(), loadmon.Report{WaitingRequests: uint64(i % 5), Native: &loadmon.NativeLoad{WaitingUncachedTokens: uint64(i * 100)}})
-		}
-		src := fixedSource{kvindex.Result{Outcome: kvindex.OutcomeHit, QueryBlocks: 512, BlockTokens: blockTokens,
-			Engines: []kvindex.EngineMatch{{Engine: group[n/2].ID(), Blocks: 400}}}}
-		gated, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: src, WorkerQueueLimit: u64(8)})
-		if err != nil {
-			b.Fatal(err)
-		}
-		open, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: src})
-		if err != nil {
-			b.Fatal(err)
-		}
-		req := &policy.Request{Model: "m", Stage: state.StagePlain, BucketID: "b", InputTokens: 512 * blockTokens}
-		for _, tc := range []struct {
-			name string
-			p    *policy.CacheAware
-		}{{"gate", gated}, {"no_gate", open}} {
-			b.Run(fmt.Sprintf("engines=%d/%s", n, tc.name), func(b *testing.B) {
-				b.ReportAllocs()
-				for b.Loop() {
-					pk, err := tc.p.Pick(ctx, group, req)
-					if err != nil || pk.Engine != group[n/2] {
-						b.Fatal(pk, err)
-					}
+		for _, queued := range []bool{false, true} {
+			e := newEnv()
+			cfg := e.cfg()
+			cfg.Rand = nil
+			cfg.Admission = admission.Limits{MaxRunningRequests: admission.Cap(1 << 20)}
+			group := manyEngines(n)
+			for i, c := range group {
+				w := uint64(i % 5)
+				if queued {
+					w += 8 // at or over the limit
 				}
-			})
+				e.native(c.ID(), loadmon.Report{WaitingRequests: w, Native: &loadmon.NativeLoad{WaitingUncachedTokens: uint64(i * 100)}})
+			}
+			src := fixedSource{kvindex.Result{Outcome: kvindex.OutcomeHit, QueryBlocks: 512, BlockTokens: blockTokens,
+				Engines: []kvindex.EngineMatch{{Engine: group[n/2].ID(), Blocks: 400}}}}
+			gated, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: src, WorkerQueueLimit: u64(8)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			open, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: src})
+			if err != nil {
+				b.Fatal(err)
+			}
+			req := &policy.Request{Model: "m", Stage: state.StagePlain, BucketID: "b", InputTokens: 512 * blockTokens}
+			names := [2]string{"gate", "no_gate"}
+			if queued {
+				names = [2]string{"all_queued", "no_gate_queued"}
+			}
+			for i, p := range []*policy.CacheAware{gated, open} {
+				b.Run(fmt.Sprintf("engines=%d/%s", n, names[i]), func(b *testing.B) {
+					b.ReportAllocs()
+					for b.Loop() {
+						pk, err := p.Pick(ctx, group, req)
+						if err != nil || pk.Engine != group[n/2] {
+							b.Fatal(pk, err)
+						}
+					}
+				})
+			}
 		}
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/bits"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -660,45 +659,35 @@ type lookupView struct {
 	matched []uint64
 }
 
-// lookupBuf backs a lookupView, in the pick's scratch, for groups and results of up to 64 engines.
+// lookupBuf backs a lookupView in the pick's scratch; its slices grow to the largest group and
+// result seen, so a view costs no allocation, whatever the group's size.
 type lookupBuf struct {
-	idx     [64]int
-	matched [64]uint64
-	ids     [64]state.EngineID
+	idx     []int
+	matched []uint64
+	ids     []state.EngineID
 }
 
 func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kvindex.Result) lookupView {
 	var v lookupView
-	if len(engines) > len(buf.matched) {
-		v.matched = make([]uint64, len(engines))
-	} else {
-		v.matched = buf.matched[:len(engines)]
-		clear(v.matched)
-	}
+	buf.matched = slices.Grow(buf.matched[:0], len(engines))[:len(engines)]
+	v.matched = buf.matched
+	clear(v.matched)
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return v
 	}
-	if len(res.Engines) > len(buf.idx) {
-		v.idx = make([]int, len(res.Engines))
-	} else {
-		v.idx = buf.idx[:len(res.Engines)]
-	}
-	// The group's IDs, read once: a binary search over them costs no interface call per step.
-	var ids []state.EngineID
-	if len(engines) <= len(buf.ids) {
-		ids = buf.ids[:len(engines)]
-		for i, e := range engines {
-			ids[i] = e.ID()
-		}
+	buf.idx = slices.Grow(buf.idx[:0], len(res.Engines))[:len(res.Engines)]
+	v.idx = buf.idx
+	// The group's IDs (sorted: groups hand policies their engines by ID), read once, so that the
+	// binary search of each holder costs one string comparison per step and no interface call:
+	// this runs for every engine of every cache-aware lookup result (docs/performance.md,
+	// "kvindex at production scale").
+	buf.ids = slices.Grow(buf.ids[:0], len(engines))[:len(engines)]
+	ids := buf.ids
+	for i, e := range engines {
+		ids[i] = e.ID()
 	}
 	for j, m := range res.Engines {
-		var i int
-		var ok bool
-		if ids != nil {
-			i, ok = slices.BinarySearch(ids, m.Engine)
-		} else {
-			i, ok = engineIndex(engines, m.Engine)
-		}
+		i, ok := slices.BinarySearch(ids, m.Engine)
 		if !ok || m.Blocks <= 0 {
 			v.idx[j] = -1
 			continue
@@ -872,15 +861,6 @@ func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 		}
 	}
 	return dst
-}
-
-// engineIndex finds id among the ID-sorted engines.
-// One ID() call and one string comparison per step: this runs for every engine of every
-// cache-aware lookup result (docs/performance.md, "kvindex at production scale").
-func engineIndex(engines []state.Engine, id state.EngineID) (int, bool) {
-	return slices.BinarySearchFunc(engines, id, func(e state.Engine, id state.EngineID) int {
-		return strings.Compare(string(e.ID()), string(id))
-	})
 }
 
 // scaleTokens returns floor(input × blocks ÷ query) without overflow (docs/design.md §9.1).
