@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick"
@@ -19,7 +20,7 @@ import (
 
 // benchRouter builds a Router over 16 plain engines with fresh loads, running policy, with or
 // without the Prometheus observer. For cache_aware, engine e03 holds the prompt's first half.
-func benchRouter(b *testing.B, policy string, observed bool) (*enginepick.Router, *bucket.Request) {
+func benchRouter(b testing.TB, policy string, observed bool) (*enginepick.Router, *bucket.Request) {
 	b.Helper()
 	yaml := "kv: {block_tokens: 16}\nengines:\n"
 	for i := range 16 {
@@ -93,5 +94,29 @@ func BenchmarkPickObserver(b *testing.B) {
 				b.ReportMetric(float64(processCPU()-cpu)/float64(b.N), "cpu-ns/op")
 			})
 		}
+	}
+}
+
+// TestObserverAllocatesNothingPerPick checks that the Prometheus observer adds no allocation to a
+// pick (docs/performance.md, observer overhead): the same Router.Select and Dispatch.Release with
+// and without it allocate the same number of objects. A cache-aware decision reaches the observer
+// without a copy to the heap (policy.CacheObserver).
+func TestObserverAllocatesNothingPerPick(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are not exact under the race detector")
+	}
+	for _, policy := range []string{enginepick.TypeRoundRobin, enginepick.TypePowerOfTwo, enginepick.TypeCacheAware} {
+		allocs := func(observed bool) float64 {
+			r, req := benchRouter(t, policy, observed)
+			ctx := context.Background()
+			return testing.AllocsPerRun(200, func() {
+				d, err := r.Select(ctx, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				d.Release()
+			})
+		}
+		assert.Equal(t, allocs(false), allocs(true), policy)
 	}
 }

@@ -100,7 +100,9 @@ type CacheDecision struct {
 }
 
 // CacheObserver receives every CacheDecision. It is called on the pick path, synchronously: keep
-// it cheap and non-blocking. Implementations must be safe for concurrent use.
+// it cheap and non-blocking. Implementations must be safe for concurrent use. d points into the
+// pick's reused scratch memory and is valid only during the call: copy *d to keep it (passing it
+// without a copy keeps an observed pick free of allocations, docs/performance.md).
 type CacheObserver interface {
 	ObserveCacheDecision(d *CacheDecision)
 }
@@ -597,9 +599,7 @@ func (p *CacheAware) finish(e state.Engine, o *loadmon.Observation, reason, deci
 	}
 	if p.opts.Observer != nil {
 		d.Reason, d.Decision = reason, decision
-		// A copy: the observer may keep it, while d is the pick's pooled scratch.
-		dd := *d
-		p.opts.Observer.ObserveCacheDecision(&dd)
+		p.opts.Observer.ObserveCacheDecision(d) // valid for the call only (CacheObserver)
 	}
 	return Pick{Engine: e, Reason: reason, PrefillTokens: max(uncached, 1)}.withRank(o)
 }
