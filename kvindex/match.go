@@ -114,10 +114,13 @@ func (x *Index) Match(keys []uint64) *Matches {
 const maxQueryBlocks = 1<<31 - 1
 
 // Search fanouts: a round of the search probes up to firstFanout depths of the query's whole
-// range, then up to fanout depths inside each group's interval. A round costs the latency of about
-// three dependent cache misses (table slot, node, holding run), whatever its number of probes,
-// since they are independent, and each probe costs about a hundred instructions; 8 then 4 answers
-// a 512-block prompt in four or five rounds of at most a few dozen probes.
+// range, then up to fanout depths inside each group's interval. A probe reads one key-table slot,
+// whose holder summary answers it (the node and its holding run only when the summary is not
+// exact: nodeTable); the probes of a round are independent, so their cache misses overlap, but
+// on the production-scale workload each probe still costs memory bandwidth and each round a
+// miss's latency. 7 then 3 answers a 512-block prompt in four or five rounds of at most a few
+// dozen probes, and beat both fewer probes (binary search) and fewer rounds (wider fanouts)
+// there (docs/performance.md, "kvindex at production scale").
 const (
 	firstFanout = 7
 	fanout      = 3
