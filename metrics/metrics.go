@@ -117,9 +117,10 @@ var reasonsOf = map[string][]string{
 }
 
 var (
-	_ enginepick.Observer       = (*Prometheus)(nil)
-	_ enginepick.RouterAttacher = (*Prometheus)(nil)
-	_ policy.CacheObserver      = (*Prometheus)(nil)
+	_ enginepick.Observer          = (*Prometheus)(nil)
+	_ enginepick.RouterAttacher    = (*Prometheus)(nil)
+	_ policy.CacheObserver         = (*Prometheus)(nil)
+	_ policy.CacheDecisionBorrower = (*Prometheus)(nil)
 )
 
 // New creates the metric families and registers them on reg. Errors: a nil reg, or reg's
@@ -385,6 +386,10 @@ func (p *Prometheus) ObserveSelect(e enginepick.SelectEvent) {
 		c.Inc()
 	}
 }
+
+// BorrowCacheDecision implements policy.CacheDecisionBorrower: the decision is read during the
+// call and nothing of it is kept, so a cache-aware pick passes its own record without a copy.
+func (p *Prometheus) BorrowCacheDecision(d *policy.CacheDecision) { p.ObserveCacheDecision(d) }
 
 // ObserveCacheDecision implements policy.CacheObserver.
 func (p *Prometheus) ObserveCacheDecision(d *policy.CacheDecision) {

@@ -100,11 +100,20 @@ type CacheDecision struct {
 }
 
 // CacheObserver receives every CacheDecision. It is called on the pick path, synchronously: keep
-// it cheap and non-blocking. Implementations must be safe for concurrent use. d points into the
-// pick's reused scratch memory and is valid only during the call: copy *d to keep it (passing it
-// without a copy keeps an observed pick free of allocations, docs/performance.md).
+// it cheap and non-blocking. Implementations must be safe for concurrent use. d is the observer's
+// own copy, which it may keep.
 type CacheObserver interface {
 	ObserveCacheDecision(d *CacheDecision)
+}
+
+// CacheDecisionBorrower is an optional interface of a CacheObserver that reads each decision during
+// the call only. CacheAware detects it at construction and calls BorrowCacheDecision instead of
+// ObserveCacheDecision, with the pick's reused scratch rather than a copy on the heap: an observed
+// pick then allocates nothing more than an unobserved one (docs/performance.md, the observer's
+// cost). d is valid only until BorrowCacheDecision returns; copy *d to keep anything from it.
+type CacheDecisionBorrower interface {
+	CacheObserver
+	BorrowCacheDecision(d *CacheDecision)
 }
 
 // CacheAwareOptions configures CacheAware. The zero value of every field is its documented
@@ -206,7 +215,8 @@ type CacheAware struct {
 	cfg  Config
 	opts CacheAwareOptions
 
-	placer     kvindex.Placer // nil: no route-time placements
+	placer     kvindex.Placer        // nil: no route-time placements
+	borrower   CacheDecisionBorrower // opts.Observer when it borrows decisions; nil otherwise
 	margin     uint64
 	costMargin uint64
 	queueCap   uint64 // 0 = gate off
@@ -219,8 +229,8 @@ type CacheAware struct {
 }
 
 // pickScratch is one pick's working memory: the lookup result, the buffers lent to the source
-// for it when the pick makes its own lookup (no Memo), and the decision record (the observer
-// gets a copy). Fresh memory for the 512 keys of an 8,192-token prompt cost about 0.9 µs per pick in
+// for it when the pick makes its own lookup (no Memo), and the decision record (an observer
+// gets a copy, or borrows it: CacheDecisionBorrower). Fresh memory for the 512 keys of an 8,192-token prompt cost about 0.9 µs per pick in
 // cache misses on the production-scale workload (docs/performance.md, "kvindex at production
 // scale"); a pooled scratch stays in the cache.
 //
@@ -339,7 +349,8 @@ func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
 	if !opts.DisableRoutePlacements {
 		placer, _ = opts.Source.(kvindex.Placer)
 	}
-	return &CacheAware{cfg: cfg, opts: opts, placer: placer, margin: margin, costMargin: costMargin, queueCap: queueCap, floor: floor, log: log}, nil
+	borrower, _ := opts.Observer.(CacheDecisionBorrower)
+	return &CacheAware{cfg: cfg, opts: opts, placer: placer, borrower: borrower, margin: margin, costMargin: costMargin, queueCap: queueCap, floor: floor, log: log}, nil
 }
 
 // SupportsStage implements StageSupporter: plain and prefill only.
@@ -599,7 +610,12 @@ func (p *CacheAware) finish(e state.Engine, o *loadmon.Observation, reason, deci
 	}
 	if p.opts.Observer != nil {
 		d.Reason, d.Decision = reason, decision
-		p.opts.Observer.ObserveCacheDecision(d) // valid for the call only (CacheObserver)
+		if p.borrower != nil {
+			p.borrower.BorrowCacheDecision(d)
+		} else {
+			dd := *d // the observer may keep its copy; d is the pick's pooled scratch
+			p.opts.Observer.ObserveCacheDecision(&dd)
+		}
 	}
 	return Pick{Engine: e, Reason: reason, PrefillTokens: max(uncached, 1)}.withRank(o)
 }
