@@ -9,6 +9,6 @@
 // idempotently, safely across engine removal and re-adding.
 //
 // Package loadmon does not poll or subscribe to engines: the host, or the subpackage
-// loadmon/loadsource (which polls vLLM's and SGLang's load endpoints, docs/design.md §13.1), feeds
+// loadmon/loadsource (which polls vLLM's and SGLang's load endpoints, docs/design.md §13.2), feeds
 // reports into a Table. It does not rank engines either; policies do, with the comparisons here.
 package loadmon

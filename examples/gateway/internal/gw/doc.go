@@ -5,6 +5,6 @@
 // engine's response, including server-sent-event streams and PD (prefill/decode) dispatch.
 //
 // It is an example's internal package: its API serves examples/gateway and its tests, not other
-// modules. The rules it applies are docs/design.md §1 (request flow), §3 (PD), §13.1 (load
+// modules. The rules it applies are docs/design.md §1 (request flow), §3 (PD), §13.2 (load
 // sources) and §16 (errors and HTTP status).
 package gw
