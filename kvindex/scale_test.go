@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/cputime"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -186,7 +187,7 @@ func (w *scaleWorkload) ingest(tb testing.TB, x *kvindex.Index, from, to int) sc
 			evs[i].TokenIDs, evs[i].BlockHashes = tokens[t:t+nt:t+nt], hashes[h:h+nh:h+nh]
 			t, h = t+nt, h+nh
 		}
-		cpu0 := processCPU()
+		cpu0 := cputime.Process()
 		for i, ev := range evs {
 			start := time.Now()
 			err := x.Store(ev)
@@ -196,7 +197,7 @@ func (w *scaleWorkload) ingest(tb testing.TB, x *kvindex.Index, from, to int) sc
 			}
 			r.blockAdds += len(ev.BlockHashes)
 		}
-		r.storeCPU += processCPU() - cpu0
+		r.storeCPU += cputime.Process() - cpu0
 	}
 	return r
 }
@@ -263,16 +264,16 @@ type queryTimer struct {
 func (t *queryTimer) start() {
 	runtime.ReadMemStats(&t.ms)
 	t.allocs = t.ms.Mallocs
-	t.faults = minorFaults()
+	t.faults = cputime.MinorFaults()
 }
 
 // measure runs one query's operation, recording its wall and thread CPU time.
 func (t *queryTimer) measure(op func()) {
-	c0 := threadCPU()
+	c0 := cputime.Thread()
 	start := time.Now()
 	op()
 	t.durs = append(t.durs, time.Since(start))
-	t.cpus = append(t.cpus, threadCPU()-c0)
+	t.cpus = append(t.cpus, cputime.Thread()-c0)
 }
 
 // clockCost is the median thread CPU time measure records for an empty operation: the cost of
@@ -287,7 +288,7 @@ func clockCost() time.Duration {
 }
 
 func (t *queryTimer) report(b *testing.B) {
-	faults := minorFaults() - t.faults
+	faults := cputime.MinorFaults() - t.faults
 	if c := slices.Clone(t.cpus); len(c) > 0 && c[0] > 0 {
 		slices.Sort(c)
 		cost := clockCost()
@@ -348,7 +349,7 @@ func BenchmarkScale(b *testing.B) {
 			w.index(b)
 			var t queryTimer
 			tokens := make([]uint32, 0, scaleQueryTokens+512)
-			runtime.LockOSThread() // threadCPU reads this thread's clock
+			runtime.LockOSThread() // cputime.Thread reads this thread's clock
 			defer runtime.UnlockOSThread()
 			for b.Loop() {
 				t.durs, t.cpus = t.durs[:0], t.cpus[:0]
@@ -527,8 +528,8 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 			wg.Go(func() {
 				runtime.LockOSThread()
 				defer runtime.UnlockOSThread()
-				c0 := threadCPU()
-				defer func() { cpu.Add(int64(threadCPU() - c0)) }()
+				c0 := cputime.Thread()
+				defer func() { cpu.Add(int64(cputime.Thread() - c0)) }()
 				var m kvindex.Matches
 				i := r * len(keys) / readers
 				for {
@@ -552,21 +553,21 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 	d := max(500*time.Millisecond, time.Duration(blocks)*300*time.Nanosecond)
 	stop := make(chan struct{})
 	go func() { time.Sleep(d); close(stop) }()
-	start, cpu0 := time.Now(), processCPU()
+	start, cpu0 := time.Now(), cputime.Process()
 	var readCPU time.Duration
 	r.lookupsAlone, readCPU = run(stop)
 	r.alone = float64(r.lookupsAlone) / time.Since(start).Seconds()
 	if readCPU > 0 {
 		r.aloneCPU = float64(r.lookupsAlone) / readCPU.Seconds()
 	}
-	r.coresAlone = (processCPU() - cpu0).Seconds() / time.Since(start).Seconds()
+	r.coresAlone = (cputime.Process() - cpu0).Seconds() / time.Since(start).Seconds()
 
 	stop = make(chan struct{})
 	var writerTime, writerCPU time.Duration
 	go func() {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		wc := threadCPU()
+		wc := cputime.Thread()
 		ws := time.Now()
 		for _, ev := range evs {
 			if err := x.Store(ev); err != nil {
@@ -574,10 +575,10 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 			}
 		}
 		writerTime = time.Since(ws)
-		writerCPU = threadCPU() - wc
+		writerCPU = cputime.Thread() - wc
 		close(stop)
 	}()
-	start, cpu0 = time.Now(), processCPU()
+	start, cpu0 = time.Now(), cputime.Process()
 	r.lookupsWithWriter, readCPU = run(stop)
 	r.withWriter = float64(r.lookupsWithWriter) / time.Since(start).Seconds()
 	if readCPU > 0 {
@@ -586,7 +587,7 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 	if writerCPU > 0 {
 		r.writerBlocksCPU = float64(blocks) / writerCPU.Seconds() / 1e6
 	}
-	r.coresWithWriter = (processCPU() - cpu0).Seconds() / time.Since(start).Seconds()
+	r.coresWithWriter = (cputime.Process() - cpu0).Seconds() / time.Since(start).Seconds()
 	r.writerBlocks = float64(blocks) / writerTime.Seconds() / 1e6
 	return r
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/internal/cputime"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/metrics"
@@ -89,9 +90,9 @@ func BenchmarkPickObserver(b *testing.B) {
 				r, req := benchRouter(b, pol, obs != "none")
 				outcome := enginepick.Outcome{TTFT: 80 * time.Millisecond, PromptTokens: 2048, OutputTokens: 256, CachedTokens: 1024, CachedTokensReported: true}
 				b.ReportAllocs()
-				cpu := processCPU()
+				cpu := cputime.Process()
 				pickLoop(ctx, b, r, req, obs == "prometheus_done", outcome)
-				b.ReportMetric(float64(processCPU()-cpu)/float64(b.N), "cpu-ns/op")
+				b.ReportMetric(float64(cputime.Process()-cpu)/float64(b.N), "cpu-ns/op")
 			})
 		}
 	}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/internal/cputime"
 )
 
 // latencies sends n requests to url with the given concurrency and returns each request's
@@ -90,11 +92,11 @@ func BenchmarkGatewayAddedLatency(b *testing.B) {
 			latencies(b, client, gwSrv.URL+"/v1/chat/completions", body, warm, conc, 0)
 			var d50, d99, g50, g99, dcpu, gcpu []float64
 			for b.Loop() {
-				c0 := processCPU()
+				c0 := cputime.Process()
 				direct := latencies(b, client, e1.URL()+"/v1/chat/completions", body, n, conc, delay)
-				c1 := processCPU()
+				c1 := cputime.Process()
 				via := latencies(b, client, gwSrv.URL+"/v1/chat/completions", body, n, conc, delay)
-				c2 := processCPU()
+				c2 := cputime.Process()
 				d50, d99 = append(d50, us(pct(direct, 0.5))), append(d99, us(pct(direct, 0.99)))
 				g50, g99 = append(g50, us(pct(via, 0.5))), append(g99, us(pct(via, 0.99)))
 				dcpu, gcpu = append(dcpu, us(c1-c0)/float64(n)), append(gcpu, us(c2-c1)/float64(n))

@@ -1,14 +1,14 @@
 //go:build unix
 
-package kvindex_test
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU returns the process's user + system CPU time so far.
-func processCPU() time.Duration {
+// Process returns the process's user + system CPU time so far (getrusage), 0 on error.
+func Process() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
@@ -16,8 +16,9 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// minorFaults returns the process's minor page faults so far (pages first touched, among others).
-func minorFaults() int64 {
+// MinorFaults returns the process's minor page faults so far (pages first touched, among others),
+// 0 on error.
+func MinorFaults() int64 {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
