@@ -90,8 +90,7 @@ func (t *bindTable) deleteAt(i int) {
 			break
 		}
 		home := t.home(uint32(s >> 32))
-		// Move j into the hole at i unless j's home lies cyclically in (i, j].
-		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
+		if fillsHole(i, j, home) {
 			t.slots[i] = s
 			i = j
 		}

@@ -126,6 +126,13 @@ func (t *nodeTable) remove(k uint64, n uint32) bool {
 	return true
 }
 
+// fillsHole reports whether the member at slot j, whose home slot is home, moves into the hole at
+// slot i when a linear-probing table deletes without tombstones: it does unless home lies
+// cyclically in (i, j]. Both key tables (nodeTable, bindTable) delete this way.
+func fillsHole(i, j, home int) bool {
+	return (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)
+}
+
 // deleteAt empties slot i and shifts later members of the probe run back (no tombstones).
 func (t *nodeTable) deleteAt(i int) {
 	mask := len(t.slots) - 1
@@ -137,8 +144,7 @@ func (t *nodeTable) deleteAt(i int) {
 			break
 		}
 		home := t.home(s.key)
-		// Move j into the hole at i unless j's home lies cyclically in (i, j].
-		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
+		if fillsHole(i, j, home) {
 			t.slots[i] = s
 			i = j
 		}
