@@ -126,13 +126,15 @@ type Index struct {
 	engineByID  map[state.EngineID]uint32
 	byID        []uint32 // live engine slots sorted by ID; byID[engines[e].order] == e
 
-	heap        []approxChain // expiry order (approx.go)
-	heapBlocks  int           // blocks in the heap's chains, live or stale
-	heapSpare   []approxChain // compactHeap's other buffer
-	draining    []approxChain // chains being drained (drainApprox)
-	drainLeft   []int
-	chainPool   [][]uint32 // drained chains' nodes slices, for reuse
-	approxCount int
+	// Approximate entries, as records beside the tree (approx.go).
+	places      []placement // record id → record; id 0 is unused
+	freePlaces  []uint32
+	placeLive   int        // live records
+	starts      table      // first key → id of the first record of its list
+	pheap       []placeRef // expiry order; entries of dropped records are stale
+	pdrain      []uint32   // pruneApprox's scratch
+	keyPool     [][]uint64 // dropped records' keys slices, for reuse
+	approxCount int        // approximate entries: the records' blocks
 
 	// wideSearch makes Match use its general search for any number of holders (tests only).
 	wideSearch bool
@@ -433,8 +435,10 @@ func (x *Index) store(ev *StoreEvent) error {
 			x.touch(x.nodeBuf[i])
 		}
 	}
-	if x.live > x.maxBlocks {
+	if x.live > x.maxBlocks || x.holders[hid].approx > 0 {
 		x.mu.Lock()
+		// The stored blocks are real now: they leave the holder's records (approx.go).
+		x.supersedeByStore(hid, x.keyBuf)
 		x.evict()
 		x.mu.Unlock()
 	}
@@ -709,17 +713,7 @@ func (x *Index) clearHolder(hid uint32) {
 	})
 	h.bindings.reset()
 	h.tiers = [4]int{}
-	if h.approx > 0 {
-		for i := range x.heap {
-			if c := &x.heap[i]; c.holder == hid {
-				for _, n := range slices.Backward(c.nodes) {
-					if p, ok := x.approxAt(n, hid, c.expiry); ok {
-						x.dropApprox(n, p)
-					}
-				}
-			}
-		}
-	}
+	x.clearPlacements(hid)
 }
 
 // lookupHolder returns the holder ID of (engine, rank) if it exists.
