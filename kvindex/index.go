@@ -42,7 +42,9 @@ type Options struct {
 	// MaxBlocks caps the number of blocks (tree nodes) the index keeps. When a write pushes the
 	// count above it, the least recently used leaves are evicted, for every holder at once, until
 	// it fits; interior blocks are never evicted, so every kept block's prefix stays in the tree.
-	// Recency is the last Store or Assume of the block, with a second chance for a block that a
+	// Approximate (Assume) entries are not blocks: they are kept beside the tree, capped by
+	// MaxApproxBlocks, and neither count against MaxBlocks nor are evicted by it.
+	// Recency is the last Store of the block, with a second chance for a block that a
 	// Match has found as some engine's deepest block since (CLOCK). While one Store is being
 	// applied the count may exceed the cap by that event's own new blocks; the cap holds again
 	// when Store returns. 0 means DefaultMaxBlocks; negative or above 2^32−2 is an error.
@@ -1117,6 +1119,10 @@ func (x *Index) recomputeApproxFlag(n uint32) {
 }
 
 // ---- holes ----
+//
+// Approximate entries are records beside the tree now (approx.go): no holding carries
+// approxBit, so cases (2) and (3) below no longer arise from Assume; the code that detects them
+// stays harmless. Match extends a holder's real depth through its records (matchPlacements).
 //
 // A Match finds a holder's deepest block by probing a few depths (match.go), which is exact only
 // if, along the prompt, the holder's live entries form a prefix: held at depth d+1 implies held
