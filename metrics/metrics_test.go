@@ -404,6 +404,32 @@ func TestSelectTimingIsSampled(t *testing.T) {
 	}
 }
 
+// TestAffinityStoreMetrics checks the in-memory affinity store's families: affinity_bindings is
+// the bindings it holds and affinity_evicted_bindings_total the live ones its cap evicted, so with
+// a manual clock (nothing expires) the two sum to the distinct sessions bound; a Router without an
+// affinity store reports neither.
+func TestAffinityStoreMetrics(t *testing.T) {
+	t.Parallel()
+	const sessions = 200
+	f := newFixture(t, "affinity: {store: memory, max_bindings: 16}\nengines: [{id: e0, model: m}, {id: e1, model: m}]\n"+
+		"models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]\n")
+	ctx := context.Background()
+	for i := range 2 * sessions { // each session twice: the second finds its binding
+		d, err := f.r.Select(ctx, &bucket.Request{Model: "m", SessionKey: fmt.Sprintf("s%d", i%sessions), Signals: bucket.Signals{InputTokens: 4}})
+		require.NoError(t, err)
+		d.Release()
+	}
+	got := scrape(t, f.reg)
+	held, evicted := got["affinity_bindings"]["{}"], got["affinity_evicted_bindings_total"]["{}"]
+	assert.LessOrEqual(t, held, 16.0, "within the cap (one per shard)")
+	assert.Positive(t, held)
+	assert.Equal(t, float64(2*sessions), held+evicted, "every binding is held or was evicted: each session bound twice, evicted in between")
+
+	plain := scrape(t, newFixture(t, "engines: [{id: e0, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n").reg)
+	assert.NotContains(t, plain, "affinity_bindings")
+	assert.NotContains(t, plain, "affinity_evicted_bindings_total")
+}
+
 // TestConcurrentObservation runs picks, outcomes and scrapes at once (for -race).
 func TestConcurrentObservation(t *testing.T) {
 	t.Parallel()
