@@ -154,6 +154,7 @@ type scaleIngest struct {
 	blockAdds int
 	storeTime time.Duration // inside Store only
 	storeCPU  time.Duration // the process's CPU time over the Store loops (0 where unknown)
+	faults    int64         // the process's minor page faults over the Store loops
 	heapBytes uint64        // heap growth over the build, after GC
 }
 
@@ -187,7 +188,7 @@ func (w *scaleWorkload) ingest(tb testing.TB, x *kvindex.Index, from, to int) sc
 			evs[i].TokenIDs, evs[i].BlockHashes = tokens[t:t+nt:t+nt], hashes[h:h+nh:h+nh]
 			t, h = t+nt, h+nh
 		}
-		cpu0 := cputime.Process()
+		cpu0, f0 := cputime.Process(), cputime.MinorFaults()
 		for i, ev := range evs {
 			start := time.Now()
 			err := x.Store(ev)
@@ -198,6 +199,7 @@ func (w *scaleWorkload) ingest(tb testing.TB, x *kvindex.Index, from, to int) sc
 			r.blockAdds += len(ev.BlockHashes)
 		}
 		r.storeCPU += cputime.Process() - cpu0
+		r.faults += cputime.MinorFaults() - f0
 	}
 	return r
 }
@@ -225,6 +227,15 @@ func (w *scaleWorkload) newIndex(tb testing.TB) *kvindex.Index {
 	x, err := kvindex.NewIndex(w.hasher, kvindex.Options{MaxBlocks: scaleMaxBlocks})
 	require.NoError(tb, err)
 	return x
+}
+
+// presizedOptions are the workload's Options with the tables sized for it up front: ExpectedBlocks
+// its distinct blocks, ExpectedHolderBlocks its (block, engine) pairs over the engines, rounded up,
+// as an operator would set them from the fleet's KV capacity (docs/performance.md, "Sizing
+// MaxBlocks").
+func (w *scaleWorkload) presizedOptions() kvindex.Options {
+	c := countsFromHashIDs(w.reqs)
+	return kvindex.Options{MaxBlocks: scaleMaxBlocks, ExpectedBlocks: c[1], ExpectedHolderBlocks: (c[2] + scaleEngines - 1) / scaleEngines}
 }
 
 func (w *scaleWorkload) index(tb testing.TB) *scaleIndex {
@@ -319,31 +330,48 @@ func (t *queryTimer) report(b *testing.B) {
 // ns/op is the median per query (per request for ingest); the other metrics are named.
 func BenchmarkScale(b *testing.B) {
 	w := loadScale(b, *kvScale)
-	b.Run("ingest", func(b *testing.B) {
-		var in scaleIngest
-		var st kvindex.Stats
-		var x *kvindex.Index
-		for b.Loop() {
-			x = nil
-			before := heapAlloc()
-			x = w.newIndex(b)
-			in = w.ingest(b, x, 0, len(w.reqs))
-			in.heapBytes = heapAlloc() - before
-			st = x.Stats()
-		}
-		p := pairs(x)
-		b.ReportMetric(float64(in.storeTime.Nanoseconds())/float64(in.blockAdds), "ns/op")
-		b.ReportMetric(float64(in.blockAdds)/in.storeTime.Seconds()/1e6, "M-blocks/s")
-		if in.storeCPU > 0 {
-			b.ReportMetric(float64(in.blockAdds)/in.storeCPU.Seconds()/1e6, "M-blocks/cpu-s")
-		}
-		b.ReportMetric(float64(in.heapBytes)/float64(p), "B/pair")
-		b.ReportMetric(float64(in.heapBytes)/(1<<20), "heap-MiB")
-		b.ReportMetric(float64(in.blockAdds), "block-adds")
-		b.ReportMetric(float64(st.Blocks), "blocks")
-		b.ReportMetric(float64(p), "pairs")
-		runtime.KeepAlive(x)
-	})
+	presized := w.presizedOptions()
+	for _, ingest := range []struct {
+		name string
+		opts kvindex.Options
+	}{{"ingest", kvindex.Options{MaxBlocks: scaleMaxBlocks}}, {"ingest-presized", presized}} {
+		b.Run(ingest.name, func(b *testing.B) {
+			var in scaleIngest
+			var st kvindex.Stats
+			var x *kvindex.Index
+			var newCPU time.Duration
+			for b.Loop() {
+				x = nil
+				before := heapAlloc()
+				c0 := cputime.Process()
+				var err error
+				x, err = kvindex.NewIndex(w.hasher, ingest.opts)
+				require.NoError(b, err)
+				newCPU = cputime.Process() - c0
+				in = w.ingest(b, x, 0, len(w.reqs))
+				in.heapBytes = heapAlloc() - before
+				st = x.Stats()
+			}
+			p := pairs(x)
+			b.ReportMetric(float64(in.storeTime.Nanoseconds())/float64(in.blockAdds), "ns/op")
+			b.ReportMetric(float64(in.blockAdds)/in.storeTime.Seconds()/1e6, "M-blocks/s")
+			if in.storeCPU > 0 {
+				b.ReportMetric(float64(in.blockAdds)/in.storeCPU.Seconds()/1e6, "M-blocks/cpu-s")
+			}
+			b.ReportMetric(float64(in.heapBytes)/float64(p), "B/pair")
+			b.ReportMetric(float64(in.heapBytes)/(1<<20), "heap-MiB")
+			b.ReportMetric(float64(in.blockAdds), "block-adds")
+			b.ReportMetric(float64(st.Blocks), "blocks")
+			b.ReportMetric(float64(p), "pairs")
+			if in.storeCPU > 0 {
+				// NewIndex's CPU time counted too: a pre-sized index allocates its key table there.
+				b.ReportMetric(float64(in.blockAdds)/(in.storeCPU+newCPU).Seconds()/1e6, "M-blocks/cpu-s-with-new")
+			}
+			b.ReportMetric(float64(newCPU.Microseconds()), "NewIndex-cpu-µs")
+			b.ReportMetric(float64(in.faults), "faults")
+			runtime.KeepAlive(x)
+		})
+	}
 	queries := func(name string, op func(q int, tokens []uint32, t *queryTimer)) {
 		b.Run(name, func(b *testing.B) {
 			w.index(b)
@@ -410,11 +438,13 @@ func BenchmarkScale(b *testing.B) {
 			}
 		})
 	}
-	// Drop pick's placements, so that a next -count finds the index as ingest left it.
-	si := w.index(b)
-	si.x.Expire(time.Now().Add(kvindex.DefaultApproxTTL + time.Hour))
-	if got := si.x.Stats().Blocks; got != si.blocks {
-		b.Fatalf("after expiring the placements: %d blocks, ingest left %d", got, si.blocks)
+	// Drop pick's placements, so that a next -count finds the index as ingest left it (when a
+	// query benchmark built it: ingest alone does not).
+	if si := scaleIndexes[w.name]; si != nil {
+		si.x.Expire(time.Now().Add(kvindex.DefaultApproxTTL + time.Hour))
+		if got := si.x.Stats().Blocks; got != si.blocks {
+			b.Fatalf("after expiring the placements: %d blocks, ingest left %d", got, si.blocks)
+		}
 	}
 	b.Run("concurrent", func(b *testing.B) {
 		for b.Loop() {
