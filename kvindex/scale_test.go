@@ -4,8 +4,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -205,6 +208,24 @@ func (w *scaleWorkload) ingest(tb testing.TB, x *kvindex.Index, from, to int) sc
 		r.faults += cputime.MinorFaults() - f0
 	}
 	return r
+}
+
+// hugeBytes returns the process's anonymous memory backed by transparent huge pages
+// (AnonHugePages of /proc/self/smaps_rollup; 0 where that file does not exist).
+func hugeBytes() int64 {
+	b, err := os.ReadFile("/proc/self/smaps_rollup")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "AnonHugePages:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
 }
 
 func heapAlloc() uint64 {
@@ -411,6 +432,7 @@ func BenchmarkScale(b *testing.B) {
 			b.ReportMetric(float64(newCPU.Microseconds()), "NewIndex-cpu-µs")
 			b.ReportMetric(float64(in.faults), "faults")
 			b.ReportMetric(float64(st.EvictedBlocks), "evicted")
+			b.ReportMetric(float64(hugeBytes())/(1<<20), "huge-MiB")
 			runtime.KeepAlive(x)
 		})
 	}
