@@ -854,6 +854,49 @@ func TestObservedSelectStampsTheDispatchWithItsEnd(t *testing.T) {
 		assert.Zero(t, r.InFlight().DispatchesSince(id, after.Add(time.Nanosecond)), "dispatched before Select returned")
 	}
 	require.Len(t, rec.selects, 1)
+	assert.True(t, rec.selects[0].Timed, "an Observer without SelectTimingSampler has every selection timed")
 	assert.Positive(t, rec.selects[0].Duration)
 	assert.LessOrEqual(t, rec.selects[0].Duration, after.Sub(before))
+}
+
+// samplingRecorder is a recorder that asks for one selection in every to be timed.
+type samplingRecorder struct {
+	recorder
+	every int
+}
+
+func (r *samplingRecorder) SelectTimingEvery() int { return r.every }
+
+// TestSelectTimingSampler checks the optional SelectTimingSampler (docs/design.md §15): every
+// selection is still reported, about one in N is timed, an untimed one carries no duration, and
+// its dispatch's Done still reports the dispatch's duration (the selection's end is read either
+// way). A value below 1 times every selection.
+func TestSelectTimingSampler(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		every  int
+		lo, hi int // timed selections of 600: more than 6 standard deviations wide
+	}{{-5, 600, 600}, {1, 600, 600}, {3, 130, 270}} { // every 3: mean 200, σ ≈ 11.5
+		rec := &samplingRecorder{every: tc.every}
+		r := mustNew(t, mustParse(t, seedPD), nil, enginepick.WithObserver(rec))
+		for range 600 {
+			d, err := r.Select(context.Background(), selectReq("llama", 100, 200))
+			require.NoError(t, err)
+			d.Done(enginepick.Outcome{})
+		}
+		require.Len(t, rec.selects, 600, "every=%d: every selection reported", tc.every)
+		require.Len(t, rec.dones, 600)
+		timed := 0
+		for i, e := range rec.selects {
+			if e.Timed {
+				timed++
+				assert.Positive(t, e.Duration, "every=%d", tc.every)
+			} else {
+				assert.Zero(t, e.Duration, "every=%d: an untimed selection carries no duration", tc.every)
+			}
+			assert.Positive(t, rec.dones[i].Duration, "every=%d: the dispatch is timed from the selection's end", tc.every)
+		}
+		assert.GreaterOrEqual(t, timed, tc.lo, "every=%d", tc.every)
+		assert.LessOrEqual(t, timed, tc.hi, "every=%d", tc.every)
+	}
 }

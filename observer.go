@@ -21,7 +21,7 @@ import (
 // Optional capabilities, detected once by New: an Observer that also implements
 // policy.CacheObserver receives every cache-aware decision (docs/design.md §9.8); one that
 // implements RouterAttacher is attached to the Router New built, to read its shared state when
-// scraped.
+// scraped; one that implements SelectTimingSampler has only a sample of selections timed.
 type Observer interface {
 	// ObserveGroup is called once per engine group, by New, before the Router serves a request.
 	// The returned PickObserver (nil for none) receives every pick of that group's policy.
@@ -37,6 +37,18 @@ type Observer interface {
 // building the Router and before returning it. An error fails New (and stops what it started).
 type RouterAttacher interface {
 	AttachRouter(r *Router) error
+}
+
+// SelectTimingSampler is an optional interface of an Observer that needs the duration of only a
+// sample of selections, for a latency distribution: New asks once, and the Router then reads the
+// clock at the start of one Router.Select in SelectTimingEvery, chosen at random, and reports the
+// others with SelectEvent.Timed false. Every selection is still reported. A clock reading and a
+// histogram observation are most of what observing a cheap pick costs (docs/performance.md,
+// "metrics: the observer's cost on a pick"). An Observer without it has every selection timed.
+type SelectTimingSampler interface {
+	// SelectTimingEvery returns N ≥ 1: one selection in N, on average, is timed; 1 times every
+	// selection. A value below 1 counts as 1.
+	SelectTimingEvery() int
 }
 
 // GroupInfo identifies one engine group: its model, bucket, stage and the configuration name of
@@ -66,8 +78,11 @@ type SelectEvent struct {
 	// Err is Select's error, nil on success; Reason is FailureReason(Err).
 	Err    error
 	Reason string
-	// Duration is the time Select took, on the Router's clock.
+	// Duration is the time Select took, on the Router's clock, when Timed; 0 otherwise.
 	Duration time.Duration
+	// Timed says whether Duration was measured: always, unless the Observer implements
+	// SelectTimingSampler and this selection was not in the sample.
+	Timed bool
 }
 
 // Outcome is what became of a dispatch, as the host learned it, in the spirit of grpc-go's

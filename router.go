@@ -3,6 +3,7 @@ package enginepick
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"sync/atomic"
@@ -60,6 +61,7 @@ type Router struct {
 	obs       Observer
 	now       func() time.Time
 	realClock bool      // now is time.Now: stamp reads the monotonic clock only
+	timeEvery uint32    // an observed Select is timed one time in timeEvery (≤ 1: always); SelectTimingSampler
 	base      time.Time // the Router's clock at construction: dispatch and selection times are offsets from it (stamp)
 	labels    map[*bucket.Bucket]groupLabels
 	models    []state.ModelID
@@ -183,7 +185,9 @@ func (d *Dispatch) Done(o Outcome) {
 // acquires one in-flight guard per selected engine: the plain engine, or the prefill and the
 // decode engine. The plain or prefill guard records the dispatch's prefill tokens
 // (Pick.PrefillTokens, else the input tokens) so that pressure comparisons count them until the
-// engine's next load report (docs/design.md §6). Nothing is acquired on failure.
+// engine's next load report (docs/design.md §6). Nothing is acquired on failure. With an Observer,
+// every Select is reported to it, timed unless the Observer samples the timing
+// (SelectTimingSampler).
 //
 // Errors: a nil req wraps policy.ErrInvalidSignal; ErrUnknownModel (404); otherwise bucket.Select's
 // errors (bucket.StatusCode maps them). A nil ctx means context.Background().
@@ -191,16 +195,23 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 	if r.obs == nil {
 		return r.selectOnce(ctx, req, nil)
 	}
-	start := r.stamp()
+	timed := r.timeEvery <= 1 || rand.Uint32N(r.timeEvery) == 0
+	var start time.Duration
+	if timed {
+		start = r.stamp()
+	}
 	var at time.Time
 	d, err := r.selectOnce(ctx, req, &at)
 	var end time.Duration
 	if !at.IsZero() {
 		end = at.Sub(r.base) // the dispatch's own clock reading (selectOnce)
-	} else {
+	} else if timed || d != nil {
 		end = r.stamp()
 	}
-	ev := SelectEvent{Duration: end - start}
+	ev := SelectEvent{Timed: timed}
+	if timed {
+		ev.Duration = end - start
+	}
 	if d != nil {
 		ev.Model, ev.Selection = d.model, &d.Selection
 		d.start = end

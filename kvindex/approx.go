@@ -7,36 +7,45 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// approxChain schedules the expiry of the approximate entries one Assume recorded: nodes[i] is
-// the block at depth depth+i of the prompt, held by holder until expiry. One heap entry per call
-// rather than per block: a route-time placement records about a hundred blocks per pick, and
-// keeping a heap entry for each cost more than creating the blocks (docs/performance.md,
-// "policy"). An entry of the chain goes stale when its holding is refreshed, superseded, cleared
-// or evicted (the holding no longer has this expiry); stale entries are skipped when the chain
-// is drained and dropped when the heap is compacted. The chain owns its nodes slice.
-type approxChain struct {
-	expiry int64 // Unix nanoseconds
+// Approximate entries (docs/design.md §11) are kept beside the tree, as placements: one record
+// per Assume (per run of blocks the holder does not hold through a real event) holding the
+// blocks' chained keys, the depth of the first one in its prompt, the holder and one expiry.
+// Recording one costs a copy of its keys and a few table operations, whatever its length; expiry
+// drops a whole record at once; the tree keeps real entries only. An approximate entry used to
+// be a holding in the tree, which cost a node (key-table insert, holding run, LRU links) per
+// block to create and as much again to expire: about 200 ns per block of a route-time
+// placement, five times the cost of hashing the prompt (docs/design-notes.md, "Placements as
+// records"; docs/performance.md, "Route-time placements").
+//
+// The records keep three invariants, which checkInvariants verifies:
+//
+//   - disjoint: a holder's records share no key (a newer Assume takes the keys it covers from
+//     the older records, so each (holder, key) has the expiry of the latest Assume);
+//   - approximate only: no record holds a key its holder holds through a real entry (a real
+//     Store takes the stored keys from the records, and Assume records only the other keys);
+//   - therefore, along a prompt, a holder's record that covers the block at depth d > 0 and
+//     does not start there covers the block at d − 1 as well: a match that finds the holder's
+//     real entries ending at depth d needs only the records that start at the key of depth d.
+//
+// Records are found by their first key (Index.starts, a list per key). Because keys are
+// chained, a record whose first key is the query's key at depth d agrees with the query from d
+// for as long as their keys are equal, and no further.
+type placement struct {
+	keys   []uint64 // the blocks' keys; keys[0] is at depth depth of its prompt. Owned.
+	expiry int64    // Unix nanoseconds
 	holder uint32
-	depth  uint32 // depth of nodes[0] in its prompt
-	nodes  []uint32
+	depth  uint32
+	next   uint32 // the next and previous records with the same first key; 0: none
+	prev   uint32
+	gen    uint32 // bumped when the record is dropped, so that its heap entry goes stale
+	live   bool
 }
 
-// before orders the heap: earliest expiry first, then deepest last block first so that pruning
-// never leaves a hole in an assumed prefix (on equal expiry the deepest blocks are evicted first,
-// as in ai-dynamo/dynamo `lib/kv-router/src/approx.rs`; docs/design.md §11), then last node and
-// holder for determinism. drainApprox keeps the same order block by block across the chains it
-// drains together.
-func (a *approxChain) before(b *approxChain) bool {
-	da, db := a.depth+uint32(len(a.nodes))-1, b.depth+uint32(len(b.nodes))-1
-	switch {
-	case a.expiry != b.expiry:
-		return a.expiry < b.expiry
-	case da != db:
-		return da > db
-	case a.nodes[len(a.nodes)-1] != b.nodes[len(b.nodes)-1]:
-		return a.nodes[len(a.nodes)-1] < b.nodes[len(b.nodes)-1]
-	}
-	return a.holder < b.holder
+// placeRef is a heap entry: record id while its generation is gen.
+type placeRef struct {
+	expiry int64
+	id     uint32
+	gen    uint32
 }
 
 // Assume records the router's own placement for an engine that publishes no KV events
@@ -45,16 +54,22 @@ func (a *approxChain) before(b *approxChain) bool {
 // block), until ttl from now. ttl 0 means Options.ApproxTTL; negative returns an error wrapping
 // state.ErrInvalidConfiguration. Empty keys is a no-op (but an empty engine is still refused).
 //
-// Assuming a block again refreshes its expiry to the new one. A block the holder already holds
+// Assuming a block again sets its expiry to the new one. A block the holder already holds
 // through a real event is left real. A later real Store of the block by (engine, rank 0) turns the
 // entry into a real one that never expires. Before adding, Assume drops entries already expired;
 // after adding, when the index holds more than Options.MaxApproxBlocks approximate entries it
 // prunes to ApproxPruneFraction of the cap, earliest expiry first and, within an expiry, deepest
-// block first; then MaxBlocks applies as for Store.
+// block first. Approximate entries are not tree blocks: they do not count against MaxBlocks and
+// are never evicted by it (Stats.Blocks does not count them).
+//
+// Cost: O(len(keys)) for a copy of keys and one probe per key of a small table (the records'
+// first keys), plus, when the engine holds blocks through real events, one key-table lookup for
+// each key up to the first it does not hold. It does not walk the tree.
 //
 // Errors (an *EventError with Op "assume"; the index is unchanged): ErrInvalidEngine (engine is
-// empty), ErrCyclicChain (a key repeats), ErrKeyConflict (a key is in the index under a different
-// parent: keys is not one prompt's chain from this Hasher), ErrTooManyHolders.
+// empty), ErrCyclicChain (a key repeats), ErrKeyConflict (keys[0] is a block of the index that
+// is not a prompt's first block: keys is not one prompt's chain from this Hasher),
+// ErrTooManyHolders (the engine would be holder number 2^24).
 func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) error {
 	return x.assume(engine, 0, keys, 0, ttl)
 }
@@ -68,10 +83,9 @@ func (x *Index) AssumeRank(engine state.EngineID, rank int, keys []uint64, ttl t
 }
 
 // assume is AssumeRank with a hint: when held > 0 and (engine, rank) holds the block of
-// keys[held-1] through a real entry, the blocks before it are real too (a real holding is
-// prefix-closed, index.go) and are neither refreshed nor walked: only keys[held:] are recorded,
-// chained under that block. Otherwise it is Assume over every key. LocalSource.Place passes the
-// depth its lookup found the engine to hold.
+// keys[held-1] through a real entry, the blocks before it are real too and are neither
+// refreshed nor looked up: only keys[held:] are recorded, at depth held. Otherwise it is Assume
+// over every key. LocalSource.Place passes the depth its lookup found the engine to hold.
 func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int, ttl time.Duration) error {
 	if ttl < 0 {
 		return fmt.Errorf("kvindex: Assume: ttl %v, must be >= 0: %w", ttl, state.ErrInvalidConfiguration)
@@ -95,10 +109,10 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 	if len(keys) == 0 {
 		return nil
 	}
-	parent := uint32(0)
+	parent := uint32(0) // the node keys[0] hangs under
 	if held > 0 && held <= len(keys) {
 		if pn, ok := x.realHeldBy(engine, rank, keys[held-1]); ok {
-			parent, keys = pn, keys[held:] // a real parent never expires: expireUntil keeps it
+			parent, keys = pn, keys[held:]
 		} else {
 			held = 0
 		}
@@ -111,71 +125,250 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 	if dup, ok := x.firstDuplicate(keys); ok {
 		return fail(ErrCyclicChain, dup)
 	}
-	now := x.now().UnixNano()
-	x.expireUntil(now)
-	x.byKey.reserve(len(keys)) // resolveChain's slots stay valid for the inserts (nodewrite.go)
-	if i, ok := x.resolveChain(parent, keys); !ok {
-		return fail(ErrKeyConflict, keys[i])
-	}
-	for i, n := range x.nodeBuf {
-		if n != 0 && x.node(n).nHold() >= maxHold {
-			return fail(ErrTooManyHolders, keys[i])
-		}
+	if n, _, ok := x.byKey.get(keys[0]); ok && x.node(n).parent != parent {
+		return fail(ErrKeyConflict, keys[0])
 	}
 	if _, ok := x.lookupHolder(engine, rank); !ok && !x.canAddHolder() {
 		return fail(ErrTooManyHolders, keys[0])
 	}
+	now := x.now().UnixNano()
+	x.expireUntil(now)
 	expiry := now + int64(ttl)
 	if expiry < now { // overflow: never expires in practice
 		expiry = 1<<63 - 1
 	}
 	hid := x.holderFor(engine, rank)
-	h := &x.holders[hid]
-	chain := x.chainNodes(len(keys))
-	prev := parent
-	for i, n := range x.nodeBuf {
-		if n == 0 {
-			n = x.newNodeAt(keys[i], prev, int(x.keySlots[i]))
+	// Record every run of keys the holder does not hold really.
+	for i := 0; i < len(keys); {
+		if x.realAt(hid, keys[i]) {
+			i++
+			continue
 		}
-		x.sumSlot = int(x.keySlots[i])
-		lo, hi := x.findHolder(n, hid)
-		switch {
-		case lo == hi:
-			x.insertHolding(n, hi, hid, uint8(TierDevice)|approxBit, uint64(expiry))
-			h.approx++
-			x.approxCount++
-			x.node(n).meta |= flagApprox
-		case x.hold(lo).e&approxEntryBit != 0:
-			if int64(x.hold(lo).aux) > expiry && !x.node(n).holey() {
-				// A shorter TTL: a child of n the holder holds, other than the chain's next
-				// block (refreshed to the same expiry next), may now outlive n (hole case (3),
-				// index.go).
-				others := x.hold(lo).kids
-				if i+1 < len(keys) && x.nodeBuf[i+1] != 0 {
-					if a, b := x.findHolder(x.nodeBuf[i+1], hid); a < b {
-						others--
-					}
-				}
-				if others > 0 {
-					x.markHoley(n)
-				}
+		j := i + 1
+		if x.mayHoldReal(hid, keys[i:]) {
+			for j < len(keys) && !x.realAt(hid, keys[j]) {
+				j++
 			}
-			x.hold(lo).aux = uint64(expiry)
+		} else {
+			j = len(keys)
 		}
-		x.touch(n)
-		chain = append(chain, n)
-		prev = n
+		x.place(hid, uint32(held+i), keys[i:j], expiry)
+		i = j
 	}
-	x.sumSlot = -1
-	// Blocks the holder holds really are in the chain too; their entries are not approximate,
-	// so draining skips them.
-	x.pushApprox(approxChain{expiry: expiry, holder: hid, depth: uint32(held), nodes: chain})
 	if x.approxCount > x.maxApprox {
 		x.pruneApprox(int(float64(x.maxApprox) * ApproxPruneFraction))
 	}
-	x.compactHeap()
-	x.evict()
+	x.compactPlaceHeap()
 	return nil
+}
+
+// realAt reports whether holder hid holds the block of key through a real entry (the tree has
+// no other kind).
+func (x *Index) realAt(hid uint32, key uint64) bool {
+	h := &x.holders[hid]
+	if h.tiers == [4]int{} {
+		return false
+	}
+	n, _, ok := x.byKey.get(key)
+	if !ok {
+		return false
+	}
+	lo, hi := x.findHolder(n, hid)
+	return lo < hi
+}
+
+// mayHoldReal reports whether holder hid may hold, through a real entry, a block of keys after
+// keys[0], which it does not hold really. A holder's real entries along a prompt form a prefix
+// except below a holey block (index.go, "holes"), so it may only when one of keys[:len-1] is
+// holey.
+func (x *Index) mayHoldReal(hid uint32, keys []uint64) bool {
+	if x.holders[hid].tiers == [4]int{} || x.holey.len() == 0 {
+		return false
+	}
+	for _, k := range keys[:len(keys)-1] {
+		if _, ok := x.holey.get(k); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// place records that holder hid holds keys, the first at depth depth, until expiry: it first
+// takes the keys from the holder's older records (disjoint), then adds one record.
+func (x *Index) place(hid, depth uint32, keys []uint64, expiry int64) {
+	if x.holders[hid].approx > 0 {
+		x.takeFromRecords(hid, keys)
+	}
+	id := x.newPlacement()
+	p := &x.places[id]
+	p.keys = append(x.placeKeys(len(keys)), keys...)
+	p.expiry, p.holder, p.depth, p.live = expiry, hid, depth, true
+	x.linkStart(id)
+	x.pushPlace(placeRef{expiry: expiry, id: id, gen: p.gen})
+	x.holders[hid].approx += len(keys)
+	x.approxCount += len(keys)
+}
+
+// takeFromRecords removes keys, a run of one prompt's chained keys, from holder hid's records:
+// by the invariants, a record of hid holding one of them starts at the first one it holds, and
+// holds the run's keys from there for as long as they are equal.
+func (x *Index) takeFromRecords(hid uint32, keys []uint64) {
+	for i := 0; i < len(keys); i++ {
+		id := x.recordAt(hid, keys[i])
+		if id == 0 {
+			continue
+		}
+		p := &x.places[id]
+		a := commonPrefix(p.keys, keys[i:])
+		x.trimHead(id, a)
+		i += a - 1
+	}
+}
+
+// recordAt returns the live or expired record of holder hid whose first key is key, or 0.
+func (x *Index) recordAt(hid uint32, key uint64) uint32 {
+	if x.approxCount == 0 {
+		return 0
+	}
+	id, _ := x.starts.get(key)
+	for id != 0 {
+		p := &x.places[id]
+		if p.holder == hid {
+			return id
+		}
+		id = p.next
+	}
+	return 0
+}
+
+// commonPrefix returns how many leading elements a and b share.
+func commonPrefix(a, b []uint64) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// newPlacement returns a free record id.
+func (x *Index) newPlacement() uint32 {
+	if k := len(x.freePlaces); k > 0 {
+		id := x.freePlaces[k-1]
+		x.freePlaces = x.freePlaces[:k-1]
+		return id
+	}
+	if len(x.places) == 0 {
+		x.places = append(x.places, placement{}) // id 0 means none
+	}
+	x.places = append(x.places, placement{})
+	return uint32(len(x.places) - 1)
+}
+
+// linkStart adds record id to the list of its first key.
+func (x *Index) linkStart(id uint32) {
+	p := &x.places[id]
+	head, _ := x.starts.get(p.keys[0])
+	p.prev, p.next = 0, head
+	if head != 0 {
+		x.places[head].prev = id
+	}
+	x.starts.put(p.keys[0], id)
+}
+
+// unlinkStart removes record id from the list of its first key.
+func (x *Index) unlinkStart(id uint32) {
+	p := &x.places[id]
+	if p.next != 0 {
+		x.places[p.next].prev = p.prev
+	}
+	switch {
+	case p.prev != 0:
+		x.places[p.prev].next = p.next
+	case p.next != 0:
+		x.starts.put(p.keys[0], p.next)
+	default:
+		x.starts.del(p.keys[0])
+	}
+	p.next, p.prev = 0, 0
+}
+
+// trimHead drops the first k blocks of record id (all of it when k ≥ its length).
+func (x *Index) trimHead(id uint32, k int) {
+	p := &x.places[id]
+	if k >= len(p.keys) {
+		x.dropPlacement(id)
+		return
+	}
+	if k <= 0 {
+		return
+	}
+	x.unlinkStart(id)
+	x.holders[p.holder].approx -= k
+	x.approxCount -= k
+	p.keys = p.keys[k:]
+	p.depth += uint32(k)
+	x.linkStart(id)
+}
+
+// trimTail drops the last k blocks of record id (all of it when k ≥ its length).
+func (x *Index) trimTail(id uint32, k int) {
+	p := &x.places[id]
+	if k >= len(p.keys) {
+		x.dropPlacement(id)
+		return
+	}
+	x.holders[p.holder].approx -= k
+	x.approxCount -= k
+	p.keys = p.keys[:len(p.keys)-k]
+}
+
+// dropPlacement removes record id; its heap entry goes stale.
+func (x *Index) dropPlacement(id uint32) {
+	x.unlinkStart(id)
+	p := &x.places[id]
+	x.holders[p.holder].approx -= len(p.keys)
+	x.approxCount -= len(p.keys)
+	x.recycleKeys(p.keys)
+	gen := p.gen + 1
+	*p = placement{gen: gen}
+	x.freePlaces = append(x.freePlaces, id)
+	x.placeLive--
+}
+
+// placeKeys returns an empty slice for n keys, reusing a dropped record's.
+func (x *Index) placeKeys(n int) []uint64 {
+	x.placeLive++
+	for i := len(x.keyPool) - 1; i >= 0 && i >= len(x.keyPool)-4; i-- {
+		if s := x.keyPool[i]; cap(s) >= n {
+			x.keyPool[i] = x.keyPool[len(x.keyPool)-1]
+			x.keyPool = x.keyPool[:len(x.keyPool)-1]
+			return s[:0]
+		}
+	}
+	return make([]uint64, 0, n)
+}
+
+// recycleKeys keeps a dropped record's keys slice for reuse, up to keyPoolMax of them.
+func (x *Index) recycleKeys(s []uint64) {
+	if len(x.keyPool) < keyPoolMax && cap(s) > 0 {
+		x.keyPool = append(x.keyPool, s[:0])
+	}
+}
+
+const keyPoolMax = 64
+
+// clearPlacements drops every record of holder hid. Cost: O(records in the index).
+func (x *Index) clearPlacements(hid uint32) {
+	if x.holders[hid].approx == 0 {
+		return
+	}
+	for id := 1; id < len(x.places); id++ {
+		if p := &x.places[id]; p.live && p.holder == hid {
+			x.dropPlacement(uint32(id))
+		}
+	}
 }
 
 // realHeldBy returns the node of key when (engine, rank) holds it through a real (event) entry.
@@ -198,269 +391,220 @@ func (x *Index) realHeldBy(engine state.EngineID, rank int, key uint64) (uint32,
 	return 0, false
 }
 
+// supersedeByStore takes the keys a real Store of holder hid just recorded (keys, in prompt
+// order) from the holder's records: the entries become real (docs/design.md §11). Called under
+// x.mu.
+func (x *Index) supersedeByStore(hid uint32, keys []uint64) {
+	if x.holders[hid].approx > 0 {
+		x.takeFromRecords(hid, keys)
+	}
+}
+
 // Expire drops every approximate entry whose expiry is at or before now and returns how many it
 // dropped. Match already ignores such entries, so Expire only reclaims memory; call it
 // periodically (for example from the host's maintenance loop) or rely on Assume, which expires
-// due entries before adding. Cost: O(expired × log entries).
+// due entries before adding. Cost: O(expired records × log records).
 func (x *Index) Expire(now time.Time) int {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	n := x.expireUntil(now.UnixNano())
-	x.compactHeap()
+	x.compactPlaceHeap()
 	return n
 }
 
+// expireUntil drops every record whose expiry is at or before now, whole.
 func (x *Index) expireUntil(now int64) int {
-	x.draining = x.draining[:0]
-	for len(x.heap) > 0 && x.heap[0].expiry <= now {
-		x.draining = append(x.draining, x.popApprox())
-	}
-	return x.drainApprox(-1)
-}
-
-// pruneApprox drops approximate entries, earliest expiry first and deepest block first within
-// an expiry, until at most target remain.
-func (x *Index) pruneApprox(target int) {
-	for x.approxCount > target && len(x.heap) > 0 {
-		x.draining = x.draining[:0]
-		e := x.heap[0].expiry
-		for len(x.heap) > 0 && x.heap[0].expiry == e {
-			x.draining = append(x.draining, x.popApprox())
-		}
-		x.drainApprox(x.approxCount - target)
-	}
-}
-
-// drainApprox drops the live entries of the chains in x.draining (popped from the heap), at most
-// limit of them (limit < 0: all), earliest expiry first, deepest block first within an expiry, then
-// lowest node and holder: the order of approxChain.before applied block by block, so that
-// dropping never leaves a holder an approximate block below one it no longer holds. What is left
-// of each chain (a prefix, since each loses its deepest blocks first) goes back on the heap. It
-// returns the number of entries dropped.
-func (x *Index) drainApprox(limit int) int {
-	cs := x.draining
 	dropped := 0
-	if len(cs) == 1 { // the common case: one Assume's chain, deepest block first
-		c := &cs[0]
-		x.warmSink += x.touchChain(c.nodes)
-		k := len(c.nodes)
-		for ; k > 0 && dropped != limit; k-- {
-			if p, ok := x.approxAt(c.nodes[k-1], c.holder, c.expiry); ok {
-				x.dropApprox(c.nodes[k-1], p)
-				dropped++
-			}
-		}
-		x.finishChain(c, k)
-		return dropped
-	}
-	left := x.drainLeft[:0]
-	for i := range cs {
-		left = append(left, len(cs[i].nodes))
-	}
-	for dropped != limit {
-		best := -1
-		for i := range cs {
-			if left[i] == 0 {
-				continue
-			}
-			if best < 0 || x.drainsBefore(&cs[i], left[i], &cs[best], left[best]) {
-				best = i
-			}
-		}
-		if best < 0 {
-			break
-		}
-		c := &cs[best]
-		left[best]--
-		n := c.nodes[left[best]]
-		if p, ok := x.approxAt(n, c.holder, c.expiry); ok {
-			x.dropApprox(n, p)
-			dropped++
+	for len(x.pheap) > 0 && x.pheap[0].expiry <= now {
+		r := x.popPlace()
+		if p := &x.places[r.id]; p.live && p.gen == r.gen {
+			dropped += len(p.keys)
+			x.dropPlacement(r.id)
 		}
 	}
-	for i := range cs {
-		x.finishChain(&cs[i], left[i])
-	}
-	x.drainLeft = left
 	return dropped
 }
 
-// touchChain reads the node and the key-table home slot of every block of a chain about to be
-// drained, so that dropping them (reading the holding run, removing the key with its backward
-// shift) finds them in the cache: the loads are independent, so their cache misses overlap.
-func (x *Index) touchChain(ns []uint32) uint32 {
-	if len(x.byKey.slots) == 0 {
-		return 0
-	}
-	var sink uint32
-	for _, n := range ns {
-		if int(n) < x.nodes.len() {
-			nd := x.node(n)
-			sink += x.byKey.slots[x.byKey.home(nd.key)].node + nd.hold
+// pruneApprox drops approximate entries, earliest expiry first and deepest block first within
+// an expiry (the deepest blocks of all the records sharing that expiry, whatever the holder;
+// ties by holder, then record), until at most target remain. Pruning never leaves a hole in an
+// assumed prefix: within one expiry, a block goes only after every deeper block of its record.
+func (x *Index) pruneApprox(target int) {
+	for x.approxCount > target && len(x.pheap) > 0 {
+		e := x.pheap[0].expiry
+		ids := x.pdrain[:0]
+		for len(x.pheap) > 0 && x.pheap[0].expiry == e {
+			r := x.popPlace()
+			if p := &x.places[r.id]; p.live && p.gen == r.gen {
+				ids = append(ids, r.id)
+			}
 		}
+		for x.approxCount > target {
+			best := -1
+			for i, id := range ids {
+				if id == 0 {
+					continue
+				}
+				if best < 0 || x.prunesBefore(id, ids[best]) {
+					best = i
+				}
+			}
+			if best < 0 {
+				break
+			}
+			id := ids[best]
+			p := &x.places[id]
+			if len(ids) == 1 {
+				x.trimTail(id, x.approxCount-target) // one record: deepest first is its tail
+			} else {
+				x.trimTail(id, 1)
+			}
+			if !p.live {
+				ids[best] = 0
+			}
+		}
+		for _, id := range ids {
+			if id != 0 {
+				x.pushPlace(placeRef{expiry: e, id: id, gen: x.places[id].gen})
+			}
+		}
+		x.pdrain = ids[:0]
 	}
-	return sink
 }
 
-// drainsBefore reports whether the next block of chain a (its block k-1) drops before the next
-// block of chain b (its block l-1).
-func (x *Index) drainsBefore(a *approxChain, k int, b *approxChain, l int) bool {
-	da, db := a.depth+uint32(k-1), b.depth+uint32(l-1)
+// prunesBefore reports whether record a's last block goes before record b's (same expiry):
+// deeper first, then lower holder, then lower record id.
+func (x *Index) prunesBefore(a, b uint32) bool {
+	pa, pb := &x.places[a], &x.places[b]
+	da, db := pa.depth+uint32(len(pa.keys)), pb.depth+uint32(len(pb.keys))
 	switch {
-	case a.expiry != b.expiry:
-		return a.expiry < b.expiry
 	case da != db:
 		return da > db
-	case a.nodes[k-1] != b.nodes[l-1]:
-		return a.nodes[k-1] < b.nodes[l-1]
+	case pa.holder != pb.holder:
+		return pa.holder < pb.holder
 	}
-	return a.holder < b.holder
+	return a < b
 }
 
-// finishChain puts back the first k blocks of drained chain c, or recycles its nodes slice when
-// k is 0.
-func (x *Index) finishChain(c *approxChain, k int) {
-	if k > 0 {
-		c.nodes = c.nodes[:k]
-		x.pushApprox(*c)
-		return
-	}
-	x.recycleChain(c.nodes)
-}
-
-// chainNodes returns an empty slice for a chain of n blocks, reusing a drained chain's.
-func (x *Index) chainNodes(n int) []uint32 {
-	for i := len(x.chainPool) - 1; i >= 0 && i >= len(x.chainPool)-4; i-- {
-		if s := x.chainPool[i]; cap(s) >= n {
-			x.chainPool[i] = x.chainPool[len(x.chainPool)-1]
-			x.chainPool = x.chainPool[:len(x.chainPool)-1]
-			return s[:0]
-		}
-	}
-	return make([]uint32, 0, n)
-}
-
-// recycleChain keeps a drained chain's nodes slice for reuse, up to chainPoolMax of them.
-func (x *Index) recycleChain(s []uint32) {
-	if len(x.chainPool) < chainPoolMax && cap(s) > 0 {
-		x.chainPool = append(x.chainPool, s[:0])
-	}
-}
-
-const chainPoolMax = 64
-
-// approxAt returns the slab position of holder hid's live approximate entry at node n with the
-// given expiry, if any: a chain's entry that has not gone stale.
-func (x *Index) approxAt(n, hid uint32, expiry int64) (int, bool) {
-	if int(n) >= x.nodes.len() || !x.node(n).has(flagLive) {
-		return 0, false
-	}
-	lo, hi := x.findHolder(n, hid)
-	if lo < hi && x.hold(lo).e&approxEntryBit != 0 && int64(x.hold(lo).aux) == expiry {
-		return lo, true
-	}
-	return 0, false
-}
-
-// dropApprox removes the approximate entry at slab position p of node n.
-func (x *Index) dropApprox(n uint32, p int) {
-	h := &x.holders[entryHolder(x.hold(p).e)]
-	h.approx--
-	x.approxCount--
-	x.deleteHolding(n, p) // summarizes n, unless prune frees it next
-	x.recomputeApproxFlag(n)
-	x.prune(n)
-}
-
-func (x *Index) pushApprox(c approxChain) {
-	x.heapBlocks += len(c.nodes)
-	x.heap = append(x.heap, c)
-	i := len(x.heap) - 1
+func (x *Index) pushPlace(r placeRef) {
+	x.pheap = append(x.pheap, r)
+	i := len(x.pheap) - 1
 	for i > 0 {
 		p := (i - 1) / 2
-		if !x.heap[i].before(&x.heap[p]) {
+		if x.pheap[i].expiry >= x.pheap[p].expiry {
 			break
 		}
-		x.heap[i], x.heap[p] = x.heap[p], x.heap[i]
+		x.pheap[i], x.pheap[p] = x.pheap[p], x.pheap[i]
 		i = p
 	}
 }
 
-func (x *Index) popApprox() approxChain {
-	top := x.heap[0]
-	last := len(x.heap) - 1
-	x.heap[0] = x.heap[last]
-	x.heap[last] = approxChain{}
-	x.heap = x.heap[:last]
-	x.siftDown(0)
-	x.heapBlocks -= len(top.nodes)
+func (x *Index) popPlace() placeRef {
+	top := x.pheap[0]
+	last := len(x.pheap) - 1
+	x.pheap[0] = x.pheap[last]
+	x.pheap = x.pheap[:last]
+	x.siftDownPlace(0)
 	return top
 }
 
-func (x *Index) siftDown(i int) {
-	n := len(x.heap)
+func (x *Index) siftDownPlace(i int) {
+	n := len(x.pheap)
 	for {
 		l := 2*i + 1
 		if l >= n {
 			return
 		}
 		m := l
-		if r := l + 1; r < n && x.heap[r].before(&x.heap[l]) {
+		if r := l + 1; r < n && x.pheap[r].expiry < x.pheap[l].expiry {
 			m = r
 		}
-		if !x.heap[m].before(&x.heap[i]) {
+		if x.pheap[m].expiry >= x.pheap[i].expiry {
 			return
 		}
-		x.heap[i], x.heap[m] = x.heap[m], x.heap[i]
+		x.pheap[i], x.pheap[m] = x.pheap[m], x.pheap[i]
 		i = m
 	}
 }
 
-// compactHeap drops stale entries once the chains' blocks outnumber live entries twice, so
-// refreshes and supersessions cannot grow the heap without bound: each chain keeps the runs of
-// its blocks whose entries are live, each run becoming a chain of its own.
-func (x *Index) compactHeap() {
-	if x.heapBlocks <= 2*x.approxCount+64 {
+// compactPlaceHeap drops the heap entries of dropped records once they outnumber the live
+// records, so that supersessions and clears cannot grow the heap without bound.
+func (x *Index) compactPlaceHeap() {
+	if len(x.pheap) <= 2*x.placeLive+64 {
 		return
 	}
-	old := x.heap
-	x.heap, x.heapBlocks = x.heapSpare[:0], 0
-	for i := range old {
-		c := &old[i]
-		var first []uint32 // the first live run reuses c.nodes
-		for j := 0; j < len(c.nodes); {
-			if _, ok := x.approxAt(c.nodes[j], c.holder, c.expiry); !ok {
-				j++
-				continue
-			}
-			k := j + 1
-			for k < len(c.nodes) {
-				if _, ok := x.approxAt(c.nodes[k], c.holder, c.expiry); !ok {
-					break
+	h := x.pheap[:0]
+	for _, r := range x.pheap {
+		if p := &x.places[r.id]; p.live && p.gen == r.gen {
+			h = append(h, r)
+		}
+	}
+	x.pheap = h
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		x.siftDownPlace(i)
+	}
+}
+
+// placedDepth extends holder hid's match from depth d, where its real entries along keys end,
+// through its live records and any real entries after them, and returns the depth reached.
+func (x *Index) placedDepth(hid uint32, keys []uint64, d int, now int64) int {
+	for d < len(keys) {
+		id := x.recordAt(hid, keys[d])
+		if id == 0 {
+			return d
+		}
+		p := &x.places[id]
+		if p.expiry <= now {
+			return d
+		}
+		d += commonPrefix(p.keys, keys[d:])
+		// Real entries resume after the record only below a holey block (index.go, "holes").
+		if d < len(keys) && x.holey.len() > 0 {
+			if _, ok := x.holey.get(keys[d-1]); ok {
+				for d < len(keys) && x.realAt(hid, keys[d]) {
+					d++
 				}
-				k++
 			}
-			run := approxChain{expiry: c.expiry, holder: c.holder, depth: c.depth + uint32(j)}
-			if first == nil {
-				first = c.nodes[:k-j]
-				copy(first, c.nodes[j:k])
-				run.nodes = first
-			} else {
-				run.nodes = append(x.chainNodes(k-j), c.nodes[j:k]...)
-			}
-			x.heap = append(x.heap, run)
-			x.heapBlocks += k - j
-			j = k
-		}
-		if first == nil {
-			x.recycleChain(c.nodes)
 		}
 	}
-	clear(old)
-	x.heapSpare = old[:0]
-	for i := len(x.heap)/2 - 1; i >= 0; i-- {
-		x.siftDown(i)
+	return d
+}
+
+// matchPlacements folds the holders' records into m after the tree search: a holder found in
+// the tree (m.hs, its real depth in m.hdepth) continues through a record that starts where its
+// real entries end; a holder without a real entry at the first block matches through a record
+// that starts there.
+func (x *Index) matchPlacements(keys []uint64, now int64, m *Matches, inTree bool) {
+	if x.approxCount == 0 {
+		return
 	}
+	if inTree {
+		for i, h := range m.hs {
+			if d := int(m.hdepth[i]); d < len(keys) {
+				if e := x.placedDepth(h, keys, d, now); e > d {
+					x.record(m, h, e)
+				}
+			}
+		}
+	}
+	id, _ := x.starts.get(keys[0])
+	for id != 0 {
+		p := &x.places[id]
+		next := p.next
+		if p.expiry > now && !(inTree && int(p.holder) < len(m.bit) && m.bit[p.holder] != 0) {
+			x.record(m, p.holder, x.placedDepth(p.holder, keys, 0, now))
+		}
+		id = next
+	}
+}
+
+// placedAt reports whether a record starts at key.
+func (x *Index) placedAt(key uint64) bool {
+	if x.approxCount == 0 {
+		return false
+	}
+	_, ok := x.starts.get(key)
+	return ok
 }

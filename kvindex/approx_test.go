@@ -115,13 +115,10 @@ func TestHeapCompactionBoundsStaleEntries(t *testing.T) {
 		require.NoError(t, f.x.Assume("a", keys, 0))
 	}
 	f.x.mu.RLock()
-	heapBlocks, recount := f.x.heapBlocks, 0
-	for _, c := range f.x.heap {
-		recount += len(c.nodes)
-	}
+	heap, records := len(f.x.pheap), f.x.placeLive
 	f.x.mu.RUnlock()
-	assert.Equal(t, recount, heapBlocks)
-	assert.LessOrEqual(t, heapBlocks, 2*4+64+4, "refreshes leave stale entries that compaction drops")
+	assert.Equal(t, 1, records, "each refresh took every key from the previous record")
+	assert.LessOrEqual(t, heap, 2*records+64+1, "refreshes leave stale heap entries that compaction drops")
 	require.NoError(t, checkInvariants(f.x))
 }
 
@@ -150,5 +147,75 @@ func TestAssumeCapPrunesDeepestFirstAcrossCalls(t *testing.T) {
 	f.clock = f.clock.Add(time.Minute - time.Millisecond)
 	assert.Equal(t, 4, f.x.Expire(f.clock))
 	assert.Equal(t, 4, f.x.Stats().ApproximateBlocks, "b's entries expire a second later")
+	require.NoError(t, checkInvariants(f.x))
+}
+
+// A real Store takes the stored blocks from the holder's record, chunk by chunk, as an engine
+// that prefills a placed prompt in chunks publishes them: they become real and never expire,
+// the rest stays approximate.
+func TestStoreInChunksTakesBlocksFromTheRecord(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 6)), time.Minute))
+	assert.Equal(t, Stats{ApproximateBlocks: 6, Engines: map[state.EngineID]EngineStats{"a": {Ranks: 1, ApproximateBlocks: 6}}}, f.x.Stats(),
+		"approximate entries are not tree blocks")
+	assert.Equal(t, map[state.EngineID]int{"a": 6}, f.match(1, 6))
+	f.store("a", 0, 1, 0, 2, 0, TierDevice)
+	assert.Equal(t, 4, f.x.Stats().ApproximateBlocks)
+	f.store("a", 0, 1, 2, 2, 0, TierDevice)
+	assert.Equal(t, 2, f.x.Stats().ApproximateBlocks)
+	assert.Equal(t, map[state.EngineID]int{"a": 6}, f.match(1, 6), "real blocks, then the record's rest")
+	f.clock = f.clock.Add(time.Hour)
+	assert.Equal(t, map[state.EngineID]int{"a": 4}, f.match(1, 6), "the real blocks never expire")
+	assert.Equal(t, 2, f.x.Expire(f.clock))
+	require.NoError(t, checkInvariants(f.x))
+}
+
+// A record can fill a hole in a holder's real blocks: the match continues through it and on
+// through the real blocks below the hole.
+func TestRecordFillsARealHole(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	f.store("a", 0, 1, 0, 4, 0, TierDevice)
+	require.NoError(t, f.x.Remove("a", 0, []uint64{2}, 0)) // block 1
+	assert.Equal(t, map[state.EngineID]int{"a": 1}, f.match(1, 4))
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 4)), time.Second))
+	assert.Equal(t, 1, f.x.Stats().ApproximateBlocks, "only the block the holder does not hold really")
+	assert.Equal(t, map[state.EngineID]int{"a": 4}, f.match(1, 4))
+	var m Matches
+	f.x.matchLinearInto(f.h.Keys(prompt(1, 4)), &m)
+	assert.Equal(t, []EngineMatch{{"a", 4}}, m.Engines, "the linear walk agrees")
+	f.clock = f.clock.Add(2 * time.Second)
+	assert.Equal(t, map[state.EngineID]int{"a": 1}, f.match(1, 4))
+	require.NoError(t, checkInvariants(f.x))
+}
+
+// Each block has the expiry of its latest Assume, even a shorter one: the newer record takes
+// the blocks from the older, which keeps only the blocks the newer one does not cover.
+func TestLaterAssumeWithShorterTTLWins(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 4)), 10*time.Second))
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 2)), time.Second))
+	assert.Equal(t, 4, f.x.Stats().ApproximateBlocks)
+	f.clock = f.clock.Add(2 * time.Second)
+	assert.Empty(t, f.match(1, 4), "blocks 0 and 1 expired; 2 and 3 live below a hole count nothing")
+	assert.Equal(t, 2, f.x.Expire(f.clock))
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 1)), 10*time.Second))
+	assert.Equal(t, map[state.EngineID]int{"a": 1}, f.match(1, 4), "block 1 is still missing")
+	require.NoError(t, checkInvariants(f.x))
+}
+
+// MaxBlocks neither counts nor evicts approximate entries; MaxApproxBlocks bounds them.
+func TestPlacementsAreNotEvictedUnderMaxBlocks(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{MaxBlocks: 2})
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 6)), 0))
+	f.store("b", 0, 2, 0, 2, 0, TierDevice)
+	f.store("b", 0, 3, 0, 2, 100, TierDevice)
+	s := f.x.Stats()
+	assert.Equal(t, 2, s.Blocks)
+	assert.Equal(t, uint64(2), s.EvictedBlocks, "b's older prompt went")
+	assert.Equal(t, map[state.EngineID]int{"a": 6}, f.match(1, 6))
 	require.NoError(t, checkInvariants(f.x))
 }

@@ -42,7 +42,9 @@ type Options struct {
 	// MaxBlocks caps the number of blocks (tree nodes) the index keeps. When a write pushes the
 	// count above it, the least recently used leaves are evicted, for every holder at once, until
 	// it fits; interior blocks are never evicted, so every kept block's prefix stays in the tree.
-	// Recency is the last Store or Assume of the block, with a second chance for a block that a
+	// Approximate (Assume) entries are not blocks: they are kept beside the tree, capped by
+	// MaxApproxBlocks, and neither count against MaxBlocks nor are evicted by it.
+	// Recency is the last Store of the block, with a second chance for a block that a
 	// Match has found as some engine's deepest block since (CLOCK). While one Store is being
 	// applied the count may exceed the cap by that event's own new blocks; the cap holds again
 	// when Store returns. 0 means DefaultMaxBlocks; negative or above 2^32−2 is an error.
@@ -145,13 +147,15 @@ type Index struct {
 	engineByID  map[state.EngineID]uint32
 	byID        []uint32 // live engine slots sorted by ID; byID[engines[e].order] == e
 
-	heap        []approxChain // expiry order (approx.go)
-	heapBlocks  int           // blocks in the heap's chains, live or stale
-	heapSpare   []approxChain // compactHeap's other buffer
-	draining    []approxChain // chains being drained (drainApprox)
-	drainLeft   []int
-	chainPool   [][]uint32 // drained chains' nodes slices, for reuse
-	approxCount int
+	// Approximate entries, as records beside the tree (approx.go).
+	places      []placement // record id → record; id 0 is unused
+	freePlaces  []uint32
+	placeLive   int        // live records
+	starts      table      // first key → id of the first record of its list
+	pheap       []placeRef // expiry order; entries of dropped records are stale
+	pdrain      []uint32   // pruneApprox's scratch
+	keyPool     [][]uint64 // dropped records' keys slices, for reuse
+	approxCount int        // approximate entries: the records' blocks
 
 	// wideSearch makes Match use its general search for any number of holders (tests only).
 	wideSearch bool
@@ -467,8 +471,10 @@ func (x *Index) store(ev *StoreEvent) error {
 			x.touch(x.nodeBuf[i])
 		}
 	}
-	if x.live > x.maxBlocks {
+	if x.live > x.maxBlocks || x.holders[hid].approx > 0 {
 		x.mu.Lock()
+		// The stored blocks are real now: they leave the holder's records (approx.go).
+		x.supersedeByStore(hid, x.keyBuf)
 		x.evict()
 		x.mu.Unlock()
 	}
@@ -743,17 +749,7 @@ func (x *Index) clearHolder(hid uint32) {
 	})
 	h.bindings.reset()
 	h.tiers = [4]int{}
-	if h.approx > 0 {
-		for i := range x.heap {
-			if c := &x.heap[i]; c.holder == hid {
-				for _, n := range slices.Backward(c.nodes) {
-					if p, ok := x.approxAt(n, hid, c.expiry); ok {
-						x.dropApprox(n, p)
-					}
-				}
-			}
-		}
-	}
+	x.clearPlacements(hid)
 }
 
 // lookupHolder returns the holder ID of (engine, rank) if it exists.
@@ -1157,6 +1153,10 @@ func (x *Index) recomputeApproxFlag(n uint32) {
 }
 
 // ---- holes ----
+//
+// Approximate entries are records beside the tree now (approx.go): no holding carries
+// approxBit, so cases (2) and (3) below no longer arise from Assume; the code that detects them
+// stays harmless. Match extends a holder's real depth through its records (matchPlacements).
 //
 // A Match finds a holder's deepest block by probing a few depths (match.go), which is exact only
 // if, along the prompt, the holder's live entries form a prefix: held at depth d+1 implies held

@@ -51,11 +51,9 @@ func checkInvariants(x *Index) error {
 				return fmt.Errorf("node %d entry %d names dead holder %d", n, p, hid)
 			}
 			if x.hold(p).e&approxEntryBit != 0 {
+				// Approximate entries are records beside the tree (approx.go).
 				hasApprox = true
-				if p+1 < hi && entryHolder(x.hold(p+1).e) == hid || p > lo && entryHolder(x.hold(p-1).e) == hid {
-					return fmt.Errorf("node %d: approximate entry of holder %d is not alone", n, hid)
-				}
-				continue
+				return fmt.Errorf("node %d entry %d of holder %d is approximate: the tree holds real entries only", n, p, hid)
 			}
 			if t := uint8(x.hold(p).e); t == 0 || Tier(t)&^AllTiers != 0 {
 				return fmt.Errorf("node %d entry %d has tiers %#x", n, p, t)
@@ -144,27 +142,8 @@ func checkInvariants(x *Index) error {
 		}
 		approx += h.approx
 	}
-	recount := 0
-	for n := uint32(1); int(n) < x.nodes.len(); n++ {
-		nd := x.node(n)
-		for p := int(nd.hold); nd.has(flagLive) && p < int(nd.hold)+nd.nHold(); p++ {
-			if x.hold(p).e&approxEntryBit != 0 {
-				recount++
-				if !heapHas(x, int64(x.hold(p).aux), n, entryHolder(x.hold(p).e)) {
-					return fmt.Errorf("approximate entry node %d holder %d has no heap entry", n, entryHolder(x.hold(p).e))
-				}
-			}
-		}
-	}
-	heapBlocks := 0
-	for _, c := range x.heap {
-		heapBlocks += len(c.nodes)
-	}
-	if heapBlocks != x.heapBlocks {
-		return fmt.Errorf("heap chains hold %d blocks, heapBlocks says %d", heapBlocks, x.heapBlocks)
-	}
-	if approx != x.approxCount || recount != approx {
-		return fmt.Errorf("approximate count %d, holders say %d, recount %d", x.approxCount, approx, recount)
+	if err := checkPlacements(x, approx); err != nil {
+		return err
 	}
 	for e, slot := range x.engines {
 		if !slot.live {
@@ -279,11 +258,97 @@ func holdersAt(x *Index, n uint32) []uint32 {
 	return out
 }
 
-func heapHas(x *Index, expiry int64, n, hid uint32) bool {
-	for _, c := range x.heap {
-		if c.expiry == expiry && c.holder == hid && slices.Contains(c.nodes, n) {
-			return true
+// checkPlacements verifies the approximate entries' records (approx.go) against a recount: the
+// counts, the first-key lists, the heap, and the invariants Match relies on: a holder's records
+// are disjoint and hold no block the holder holds through a real entry.
+func checkPlacements(x *Index, holdersApprox int) error {
+	total, live := 0, 0
+	perHolder := map[uint32]int{}
+	held := map[[2]uint64]uint32{} // (holder, key) → record
+	for id := 1; id < len(x.places); id++ {
+		p := &x.places[id]
+		if !p.live {
+			if len(p.keys) != 0 || p.next != 0 || p.prev != 0 {
+				return fmt.Errorf("dropped record %d keeps keys or links", id)
+			}
+			continue
+		}
+		live++
+		if len(p.keys) == 0 {
+			return fmt.Errorf("record %d is empty", id)
+		}
+		if int(p.holder) >= len(x.holders) || !x.holders[p.holder].live {
+			return fmt.Errorf("record %d names dead holder %d", id, p.holder)
+		}
+		total += len(p.keys)
+		perHolder[p.holder] += len(p.keys)
+		for _, k := range p.keys {
+			hk := [2]uint64{uint64(p.holder), k}
+			if other, dup := held[hk]; dup {
+				return fmt.Errorf("holder %d's records %d and %d share key %#x", p.holder, other, id, k)
+			}
+			held[hk] = uint32(id)
+			if n, _, ok := x.byKey.get(k); ok {
+				if lo, hi := x.findHolder(n, p.holder); lo < hi {
+					return fmt.Errorf("record %d of holder %d holds key %#x, which the holder holds really", id, p.holder, k)
+				}
+			}
+		}
+		// Listed under its first key.
+		head, ok := x.starts.get(p.keys[0])
+		if !ok {
+			return fmt.Errorf("record %d's first key %#x is not in the start table", id, p.keys[0])
+		}
+		found := false
+		for q, prev := head, uint32(0); q != 0; prev, q = q, x.places[q].next {
+			if x.places[q].prev != prev {
+				return fmt.Errorf("start list of %#x: record %d's prev %d, want %d", p.keys[0], q, x.places[q].prev, prev)
+			}
+			if !x.places[q].live || x.places[q].keys[0] != p.keys[0] {
+				return fmt.Errorf("start list of %#x lists record %d, which does not start there", p.keys[0], q)
+			}
+			found = found || q == uint32(id)
+		}
+		if !found {
+			return fmt.Errorf("record %d is not in its first key's list", id)
+		}
+		refs := 0
+		for _, r := range x.pheap {
+			if r.id == uint32(id) && r.gen == p.gen {
+				refs++
+				if r.expiry != p.expiry {
+					return fmt.Errorf("record %d expires at %d, its heap entry says %d", id, p.expiry, r.expiry)
+				}
+			}
+		}
+		if refs != 1 {
+			return fmt.Errorf("record %d has %d heap entries", id, refs)
 		}
 	}
-	return false
+	starts := map[uint64]bool{}
+	for id := 1; id < len(x.places); id++ {
+		if p := &x.places[id]; p.live {
+			starts[p.keys[0]] = true
+		}
+	}
+	if x.starts.len() != len(starts) {
+		return fmt.Errorf("start table has %d keys, the records start at %d", x.starts.len(), len(starts))
+	}
+	if live != x.placeLive {
+		return fmt.Errorf("%d live records, placeLive says %d", live, x.placeLive)
+	}
+	if total != x.approxCount || holdersApprox != total {
+		return fmt.Errorf("approximate count %d, holders say %d, records hold %d", x.approxCount, holdersApprox, total)
+	}
+	for hid := range x.holders {
+		if x.holders[hid].approx != perHolder[uint32(hid)] {
+			return fmt.Errorf("holder %d approximate count %d, its records hold %d", hid, x.holders[hid].approx, perHolder[uint32(hid)])
+		}
+	}
+	for i := 1; i < len(x.pheap); i++ {
+		if x.pheap[i].expiry < x.pheap[(i-1)/2].expiry {
+			return fmt.Errorf("heap order broken at %d", i)
+		}
+	}
+	return nil
 }

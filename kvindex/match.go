@@ -43,6 +43,9 @@ type Matches struct {
 	// The search (see search). A set of holders is a bitmap over hs of w words.
 	keys    []uint64 // MatchTokensInto's keys
 	hs      []uint32 // the holders live at the query's first block, ascending
+	hdepth  []int32  // per holder of hs: the depth its real entries reach (search)
+	lfol    []uint32 // matchLinearInto: per active holder, the record it follows
+	lfol2   []uint32
 	hs2     []uint32 // matchLinearInto's scratch
 	bit     []int32  // holder ID → 1 + its index in hs, 0 when not in hs
 	sink    uint32   // keeps search's warming loads
@@ -146,9 +149,11 @@ func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	}
 	defer x.mu.RUnlock()
 	now := x.nowFor()
-	if x.startGroups(keys, now, m) {
+	inTree := x.startGroups(keys, now, m)
+	if inTree {
 		x.search(keys, now, m)
 	}
+	x.matchPlacements(keys, now, m, inTree)
 	x.finishMatch(m)
 }
 
@@ -168,12 +173,14 @@ func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 	defer x.mu.RUnlock()
 	keys := growKeys(m.keys[:0], n)
 	keys = append(keys, h.next(h.root, tokens[:b]))
-	if n0, _, _ := x.byKey.get(keys[0]); n0 != 0 {
+	if n0, _, _ := x.byKey.get(keys[0]); n0 != 0 || x.placedAt(keys[0]) {
 		keys = h.appendFrom(keys, keys[0], tokens[b:n*b])
 		now := x.nowFor()
-		if x.startGroups(keys, now, m) {
+		inTree := x.startGroups(keys, now, m)
+		if inTree {
 			x.search(keys, now, m)
 		}
+		x.matchPlacements(keys, now, m, inTree)
 	}
 	m.keys = keys
 	x.finishMatch(m)
@@ -254,6 +261,7 @@ func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
 		m.bit[h] = int32(i + 1)
 	}
 	m.bitSet = true
+	m.hdepth = slices.Grow(m.hdepth[:0], len(m.hs))[:len(m.hs)]
 	w := (len(m.hs) + 63) / 64
 	m.w = w
 	m.scratch = slices.Grow(m.scratch[:0], 2*w)[:2*w]
@@ -407,6 +415,7 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 			for word != 0 {
 				b := bits.TrailingZeros64(word)
 				word &= word - 1
+				m.hdepth[i*64+b] = g.lo + 1
 				x.record(m, m.hs[i*64+b], int(g.lo)+1)
 			}
 		}
@@ -493,7 +502,9 @@ func (x *Index) search1(keys []uint64, now int64, m *Matches) {
 	for _, g := range gs {
 		x.markRef(g.nlo)
 		for word := g.set; word != 0; word &= word - 1 {
-			x.record(m, m.hs[bits.TrailingZeros64(word)], int(g.lo)+1)
+			b := bits.TrailingZeros64(word)
+			m.hdepth[b] = g.lo + 1
+			x.record(m, m.hs[b], int(g.lo)+1)
 		}
 	}
 }
@@ -684,9 +695,10 @@ func (x *Index) record(m *Matches, h uint32, depth int) {
 }
 
 // matchLinearInto is the walk Match used before the probing search: one table probe per block,
-// checking each node's parent, merging the still-matching holders with each block's entries. It
-// answers exactly what MatchInto answers (tests use it as an oracle, and BenchmarkScale as the
-// baseline), and marks nothing for CLOCK.
+// checking each node's parent, merging the still-matching holders with each block's entries and
+// records (each holder follows the records it met, and looks for one starting at every block).
+// It answers exactly what MatchInto answers (tests use it as an oracle, and BenchmarkScale as
+// the baseline), and marks nothing for CLOCK.
 func (x *Index) matchLinearInto(keys []uint64, m *Matches) {
 	if len(keys) > maxQueryBlocks {
 		keys = keys[:maxQueryBlocks]
@@ -697,35 +709,65 @@ func (x *Index) matchLinearInto(keys []uint64, m *Matches) {
 	defer x.mu.RUnlock()
 	now := x.nowFor()
 	active, next := m.hs[:0], m.hs2[:0]
-	prev := uint32(0)
+	fol, fol2 := m.lfol[:0], m.lfol2[:0]
+	prev, prevIn := uint32(0), true
 	matched := 0
 	for d, k := range keys {
 		n, _, ok := x.byKey.get(k)
-		if !ok || x.node(n).parent != prev {
-			break
-		}
-		next = next[:0]
+		in := ok && prevIn && x.node(n).parent == prev
+		next, fol2 = next[:0], fol2[:0]
 		if d == 0 {
-			next = x.liveHolders(n, now, next)
+			if in {
+				next = x.liveHolders(n, now, next)
+				for range next {
+					fol2 = append(fol2, 0)
+				}
+			}
+			for id, _ := x.starts.get(k); id != 0 && x.approxCount > 0; id = x.places[id].next {
+				if p := &x.places[id]; p.expiry > now {
+					if i := slices.Index(next, p.holder); i >= 0 {
+						fol2[i] = id
+					} else {
+						next, fol2 = append(next, p.holder), append(fol2, id)
+					}
+				}
+			}
 		} else {
-			for _, h := range active {
-				if x.liveAt(n, h, now) {
-					next = append(next, h)
+			for i, h := range active {
+				r := fol[i]
+				if r != 0 {
+					p := &x.places[r]
+					if j := d - int(p.depth); !p.live || j < 0 || j >= len(p.keys) || p.keys[j] != k || p.expiry <= now {
+						r = 0
+					}
+				}
+				if r == 0 {
+					for id, _ := x.starts.get(k); id != 0 && x.approxCount > 0; id = x.places[id].next {
+						if p := &x.places[id]; p.holder == h && p.expiry > now {
+							r = id
+							break
+						}
+					}
+				}
+				if r != 0 || (in && x.liveAt(n, h, now)) {
+					next, fol2 = append(next, h), append(fol2, r)
 				} else {
 					x.record(m, h, d)
 				}
 			}
 		}
 		active, next = next, active
+		fol, fol2 = fol2, fol
 		if len(active) == 0 {
 			break
 		}
 		matched = d + 1
-		prev = n
+		prev, prevIn = n, in
 	}
 	for _, h := range active {
 		x.record(m, h, matched)
 	}
 	m.hs, m.hs2 = active[:0], next[:0]
+	m.lfol, m.lfol2 = fol[:0], fol2[:0]
 	x.finishMatch(m)
 }

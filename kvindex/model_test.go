@@ -231,7 +231,8 @@ func (m *model) assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 	return nil
 }
 
-// liveBlocks is the number of blocks the index must keep: every held key and its ancestors.
+// liveBlocks is the number of blocks the index must keep: every key held through a real entry
+// and its ancestors. Approximate entries are records beside the tree, not blocks.
 func (m *model) liveBlocks() int {
 	live := map[uint64]bool{}
 	mark := func(k uint64) {
@@ -247,9 +248,6 @@ func (m *model) liveBlocks() int {
 	for _, h := range m.holders {
 		for _, e := range h.hashes {
 			mark(e.key)
-		}
-		for k := range h.approx {
-			mark(k)
 		}
 	}
 	return len(live)

@@ -5,7 +5,8 @@ import "github.com/enginepick/enginepick/state"
 // Stats is a point-in-time summary of an Index, for metrics (docs/design.md §15).
 type Stats struct {
 	// Blocks is the number of blocks (tree nodes) in the index, including blocks no engine holds
-	// any more that are kept because a descendant is held.
+	// any more that are kept because a descendant is held. Approximate entries are not tree
+	// nodes: a block only Assume recorded is not counted.
 	Blocks int
 	// ApproximateBlocks is the number of approximate (block, engine) entries, expired or not.
 	ApproximateBlocks int

@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -20,8 +21,9 @@ import (
 )
 
 // benchRouter builds a Router over 16 plain engines with fresh loads, running policy, with or
-// without the Prometheus observer. For cache_aware, engine e03 holds the prompt's first half.
-func benchRouter(b testing.TB, policy string, observed bool) (*enginepick.Router, *bucket.Request) {
+// without the Prometheus observer (built with opts when observed). For cache_aware, engine e03
+// holds the prompt's first half.
+func benchRouter(b testing.TB, policy string, observed bool, mopts metrics.Options) (*enginepick.Router, *bucket.Request) {
 	b.Helper()
 	yaml := "kv: {block_tokens: 16}\nengines:\n"
 	for i := range 16 {
@@ -32,7 +34,7 @@ func benchRouter(b testing.TB, policy string, observed bool) (*enginepick.Router
 	require.NoError(b, err)
 	opts := []enginepick.Option{enginepick.WithHealthInterval(0)}
 	if observed {
-		p, err := metrics.New(prometheus.NewRegistry(), metrics.Options{})
+		p, err := metrics.New(prometheus.NewRegistry(), mopts)
 		require.NoError(b, err)
 		opts = append(opts, enginepick.WithObserver(p))
 	}
@@ -87,7 +89,7 @@ func BenchmarkPickObserver(b *testing.B) {
 	for _, pol := range []string{enginepick.TypeRoundRobin, enginepick.TypePowerOfTwo, enginepick.TypeCacheAware} {
 		for _, obs := range []string{"none", "prometheus", "prometheus_done"} {
 			b.Run("policy="+pol+"/observer="+obs, func(b *testing.B) {
-				r, req := benchRouter(b, pol, obs != "none")
+				r, req := benchRouter(b, pol, obs != "none", metrics.Options{})
 				outcome := enginepick.Outcome{TTFT: 80 * time.Millisecond, PromptTokens: 2048, OutputTokens: 256, CachedTokens: 1024, CachedTokensReported: true}
 				b.ReportAllocs()
 				cpu := cputime.Process()
@@ -108,7 +110,7 @@ func TestObserverAllocatesNothingPerPick(t *testing.T) {
 	}
 	for _, policy := range []string{enginepick.TypeRoundRobin, enginepick.TypePowerOfTwo, enginepick.TypeCacheAware} {
 		allocs := func(observed bool) float64 {
-			r, req := benchRouter(t, policy, observed)
+			r, req := benchRouter(t, policy, observed, metrics.Options{})
 			ctx := context.Background()
 			return testing.AllocsPerRun(200, func() {
 				d, err := r.Select(ctx, req)
@@ -119,5 +121,69 @@ func TestObserverAllocatesNothingPerPick(t *testing.T) {
 			})
 		}
 		assert.Equal(t, allocs(false), allocs(true), policy)
+	}
+}
+
+// pairedChunk is how many picks BenchmarkPickObserverPaired times on one Router before it
+// switches to the other: enough that the two thread-clock readings around a chunk (each a
+// system call) are under 1 % of it.
+const pairedChunk = 128
+
+// BenchmarkPickObserverPaired measures the observer's cost as a ratio that the machine's load
+// moves little: one Router without an observer and one with the Prometheus observer, built
+// alike, take turns of pairedChunk picks (Router.Select and Dispatch.Release) on one locked OS
+// thread, whichever went second going first next, and each turn is timed on the thread's CPU
+// clock. Both Routers therefore see the same host, the same caches and the same collector; the
+// benchmark reports each one's CPU time per pick and their ratio, whose goal is at most 1.10
+// (docs/design.md §15.2, docs/performance.md). One op is one turn of each Router. timing=sampled
+// is the observer's default (metrics.DefaultSelectTimingEvery); timing=every times every
+// selection (SelectTimingEvery 1); timing=control gives neither Router an observer, so that its
+// ratio shows how far from 1 the method itself strays on this machine.
+func BenchmarkPickObserverPaired(b *testing.B) {
+	if cputime.Thread() == 0 {
+		b.Skip("no thread CPU clock on this platform")
+	}
+	ctx := context.Background()
+	for _, pol := range []string{enginepick.TypeRoundRobin, enginepick.TypePowerOfTwo, enginepick.TypeCacheAware} {
+		for _, timing := range []struct {
+			name  string
+			every int
+		}{{"sampled", 0}, {"every", 1}, {"control", -1}} {
+			b.Run("policy="+pol+"/timing="+timing.name, func(b *testing.B) {
+				routers := [2]*enginepick.Router{}
+				reqs := [2]*bucket.Request{}
+				routers[0], reqs[0] = benchRouter(b, pol, false, metrics.Options{})
+				routers[1], reqs[1] = benchRouter(b, pol, timing.every >= 0, metrics.Options{SelectTimingEvery: timing.every})
+				turn := func(i int) time.Duration {
+					r, req := routers[i], reqs[i]
+					start := cputime.Thread()
+					for range pairedChunk {
+						d, err := r.Select(ctx, req)
+						if err != nil {
+							b.Fatal(err)
+						}
+						d.Release()
+					}
+					return cputime.Thread() - start
+				}
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				for i := range 2 { // warm both before timing
+					turn(i)
+				}
+				var cpu [2]time.Duration
+				first := 0
+				b.ReportAllocs()
+				for b.Loop() {
+					cpu[first] += turn(first)
+					cpu[1-first] += turn(1 - first)
+					first = 1 - first
+				}
+				picks := float64(b.N) * pairedChunk
+				b.ReportMetric(float64(cpu[0])/picks, "none-cpu-ns/pick")
+				b.ReportMetric(float64(cpu[1])/picks, "prom-cpu-ns/pick")
+				b.ReportMetric(float64(cpu[1])/float64(cpu[0]), "ratio")
+			})
+		}
 	}
 }

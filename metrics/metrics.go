@@ -31,10 +31,21 @@ var SelectionSecondsBuckets = prometheus.ExponentialBuckets(1e-6, 4, 8)
 // 330 s, ×2 per bucket.
 var RequestSecondsBuckets = prometheus.ExponentialBuckets(0.01, 2, 16)
 
+// DefaultSelectTimingEvery is how many selections share one observation of
+// selection_duration_seconds by default: the Router times one Router.Select in 8, at random. A
+// clock reading and a histogram observation were most of what the observer added to a cheap pick
+// (docs/performance.md, "metrics: the observer's cost on a pick"); selections_total and
+// selection_failures_total still count every selection.
+const DefaultSelectTimingEvery = 8
+
 // Options configures Prometheus. The zero value is the default.
 type Options struct {
 	// Namespace prefixes every metric name; empty means DefaultNamespace.
 	Namespace string
+	// SelectTimingEvery is N: selection_duration_seconds observes one Router.Select in N, chosen
+	// at random (enginepick.SelectTimingSampler), so its _count is about 1/N of the selections.
+	// 1 times every selection; 0 means DefaultSelectTimingEvery; negative is an error.
+	SelectTimingEvery int
 }
 
 // Prometheus is an enginepick.Observer (and policy.CacheObserver and enginepick.RouterAttacher)
@@ -58,6 +69,7 @@ type Prometheus struct {
 	promptTokens     *prometheus.CounterVec
 	cachedTokens     *prometheus.CounterVec
 	outputTokens     *prometheus.CounterVec
+	timeEvery        int // one Router.Select in timeEvery is timed (SelectTimingSampler)
 	state            *stateCollector
 
 	mu      sync.Mutex                                    // serializes writers of models and engines
@@ -117,17 +129,27 @@ var reasonsOf = map[string][]string{
 }
 
 var (
-	_ enginepick.Observer          = (*Prometheus)(nil)
-	_ enginepick.RouterAttacher    = (*Prometheus)(nil)
-	_ policy.CacheObserver         = (*Prometheus)(nil)
-	_ policy.CacheDecisionBorrower = (*Prometheus)(nil)
+	_ enginepick.Observer            = (*Prometheus)(nil)
+	_ enginepick.RouterAttacher      = (*Prometheus)(nil)
+	_ policy.CacheObserver           = (*Prometheus)(nil)
+	_ policy.CacheDecisionBorrower   = (*Prometheus)(nil)
+	_ enginepick.SelectTimingSampler = (*Prometheus)(nil)
 )
 
-// New creates the metric families and registers them on reg. Errors: a nil reg, or reg's
-// registration error (a family already registered, say), wrapped.
+// New creates the metric families and registers them on reg. Errors: a nil reg or a negative
+// opts.SelectTimingEvery (wrapping state.ErrInvalidConfiguration), or reg's registration error (a
+// family already registered, say), wrapped.
 func New(reg prometheus.Registerer, opts Options) (*Prometheus, error) {
 	if reg == nil {
 		return nil, fmt.Errorf("metrics: nil Registerer: %w", state.ErrInvalidConfiguration)
+	}
+	if opts.SelectTimingEvery < 0 {
+		return nil, fmt.Errorf("metrics: Options.SelectTimingEvery %d is negative (1 times every selection, 0 means %d): %w",
+			opts.SelectTimingEvery, DefaultSelectTimingEvery, state.ErrInvalidConfiguration)
+	}
+	timeEvery := opts.SelectTimingEvery
+	if timeEvery == 0 {
+		timeEvery = DefaultSelectTimingEvery
 	}
 	ns := opts.Namespace
 	if ns == "" {
@@ -139,7 +161,7 @@ func New(reg prometheus.Registerer, opts Options) (*Prometheus, error) {
 	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
 		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, Buckets: buckets}, labels)
 	}
-	p := &Prometheus{
+	p := &Prometheus{timeEvery: timeEvery,
 		decisions: counter("decisions_total",
 			"Picks that selected an engine, by model, bucket, stage, policy and reason label (a pick of a PD attempt whose other stage failed included).",
 			"model_id", "bucket", "stage", "policy", "reason"),
@@ -148,7 +170,8 @@ func New(reg prometheus.Registerer, opts Options) (*Prometheus, error) {
 		selectFailures: counter("selection_failures_total",
 			"Router.Select calls that failed, by model (empty for an unknown model) and reason.", "model_id", "reason"),
 		selectSeconds: histogram("selection_duration_seconds",
-			"Time Router.Select took, successful or not, by model.", SelectionSecondsBuckets, "model_id"),
+			"Time Router.Select took, successful or not, by model, for a random sample of selections (one in Options.SelectTimingEvery, 8 by default); selections_total and selection_failures_total count them all.",
+			SelectionSecondsBuckets, "model_id"),
 		cacheDecisions: counter("cache_aware_decisions_total",
 			"Cache-aware picks that selected an engine, by decision label (cache_hit, cache_miss, cache_worker_queued, all_queued); they sum to the cache_aware picks of decisions_total.",
 			"model_id", "decision"),
@@ -366,14 +389,18 @@ func (p *Prometheus) ObserveSelect(e enginepick.SelectEvent) {
 	if e.Selection != nil {
 		if bs := p.buckets.Load(); bs != nil {
 			if bo := (*bs)[e.Selection.Bucket]; bo != nil {
-				bo.selectSeconds.Observe(e.Duration.Seconds())
+				if e.Timed {
+					bo.selectSeconds.Observe(e.Duration.Seconds())
+				}
 				bo.selections.Inc()
 				return
 			}
 		}
 	}
 	mo := p.model(e.Model)
-	mo.selectSeconds.Observe(e.Duration.Seconds())
+	if e.Timed {
+		mo.selectSeconds.Observe(e.Duration.Seconds())
+	}
 	if e.Selection != nil {
 		if c := mo.buckets[e.Selection.Bucket.ID()]; c != nil {
 			c.Inc()
@@ -386,6 +413,10 @@ func (p *Prometheus) ObserveSelect(e enginepick.SelectEvent) {
 		c.Inc()
 	}
 }
+
+// SelectTimingEvery implements enginepick.SelectTimingSampler: Options.SelectTimingEvery, or
+// DefaultSelectTimingEvery.
+func (p *Prometheus) SelectTimingEvery() int { return p.timeEvery }
 
 // BorrowCacheDecision implements policy.CacheDecisionBorrower: the decision is read during the
 // call and nothing of it is kept, so a cache-aware pick passes its own record without a copy.

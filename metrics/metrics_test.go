@@ -112,10 +112,18 @@ func (f *fixture) advance(d time.Duration) {
 	f.mu.Unlock()
 }
 
+// newFixture builds the Router from yaml with the Prometheus observer, every selection timed
+// (SelectTimingEvery 1) so that the scripted tests can assert exact histogram counts;
+// TestSelectTimingIsSampled checks the default sample.
 func newFixture(t testing.TB, yaml string) *fixture {
 	t.Helper()
+	return newFixtureWith(t, yaml, metrics.Options{SelectTimingEvery: 1})
+}
+
+func newFixtureWith(t testing.TB, yaml string, opts metrics.Options) *fixture {
+	t.Helper()
 	f := &fixture{reg: prometheus.NewRegistry(), now: time.Unix(1_700_000_000, 0)}
-	p, err := metrics.New(f.reg, metrics.Options{})
+	p, err := metrics.New(f.reg, opts)
 	require.NoError(t, err)
 	cfg, err := enginepick.ParseConfig([]byte(yaml), enginepick.FormatYAML)
 	require.NoError(t, err)
@@ -338,6 +346,9 @@ func TestRegistrationErrors(t *testing.T) {
 	assert.Error(t, err, "the same families twice on one registry")
 	_, err = metrics.New(reg, metrics.Options{Namespace: "other"})
 	assert.NoError(t, err, "another namespace")
+	_, err = metrics.New(prometheus.NewRegistry(), metrics.Options{SelectTimingEvery: -1})
+	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "a negative timing sample")
+	assert.Equal(t, metrics.DefaultSelectTimingEvery, p.SelectTimingEvery(), "zero means the default")
 
 	cfg, err := enginepick.ParseConfig([]byte("engines: [{id: e, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), enginepick.FormatYAML)
 	require.NoError(t, err)
@@ -346,6 +357,77 @@ func TestRegistrationErrors(t *testing.T) {
 	defer r.Close()
 	_, err = enginepick.New(cfg, nil, enginepick.WithObserver(p), enginepick.WithHealthInterval(0))
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "a second Router on the same Prometheus")
+}
+
+// TestSelectTimingIsSampled checks that selection_duration_seconds observes a random sample of
+// selections, one in Options.SelectTimingEvery (DefaultSelectTimingEvery when zero), while
+// selections_total and selection_failures_total count every one, and that a dispatch of an untimed
+// selection still gets its end-to-end duration.
+func TestSelectTimingIsSampled(t *testing.T) {
+	t.Parallel()
+	const yaml = "engines: [{id: e0, model: m}, {id: e1, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"
+	for _, tc := range []struct {
+		every, selects int
+		lo, hi         float64 // bounds on the histogram's count: more than 6 standard deviations wide
+	}{
+		{1, 500, 500, 500},
+		{0, 4000, 350, 650},  // the default, 8: mean 500, σ ≈ 21
+		{4, 4000, 850, 1150}, // mean 1000, σ ≈ 27
+	} {
+		f := newFixtureWith(t, yaml, metrics.Options{SelectTimingEvery: tc.every})
+		ctx := context.Background()
+		for i := range tc.selects {
+			d, err := f.r.Select(ctx, &bucket.Request{Model: "m", Signals: bucket.Signals{InputTokens: 4}})
+			require.NoError(t, err)
+			f.advance(time.Second)
+			if i%2 == 0 {
+				d.Done(enginepick.Outcome{})
+			} else {
+				d.Release()
+			}
+		}
+		_, err := f.r.Select(ctx, &bucket.Request{Model: "nope"})
+		require.Error(t, err)
+		got := scrape(t, f.reg)
+		timed := counts(got["selection_duration_seconds"])["{model_id=m}"]
+		assert.GreaterOrEqual(t, timed, tc.lo, "every=%d", tc.every)
+		assert.LessOrEqual(t, timed, tc.hi, "every=%d", tc.every)
+		assert.Equal(t, float64(tc.selects), got["selections_total"]["{bucket=a,model_id=m}"], "every=%d: every selection counted", tc.every)
+		assert.Equal(t, 1.0, got["selection_failures_total"]["{model_id=,reason=unknown_model}"], "every=%d: every failure counted", tc.every)
+		var e2e float64
+		for k, v := range got["request_duration_seconds"] {
+			if strings.HasPrefix(k, "_sum") {
+				e2e += v
+			}
+		}
+		assert.Equal(t, float64(tc.selects/2), e2e, "every=%d: each Done dispatch lasted one second of the manual clock", tc.every)
+	}
+}
+
+// TestAffinityStoreMetrics checks the in-memory affinity store's families: affinity_bindings is
+// the bindings it holds and affinity_evicted_bindings_total the live ones its cap evicted, so with
+// a manual clock (nothing expires) the two sum to the distinct sessions bound; a Router without an
+// affinity store reports neither.
+func TestAffinityStoreMetrics(t *testing.T) {
+	t.Parallel()
+	const sessions = 200
+	f := newFixture(t, "affinity: {store: memory, max_bindings: 16}\nengines: [{id: e0, model: m}, {id: e1, model: m}]\n"+
+		"models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]\n")
+	ctx := context.Background()
+	for i := range 2 * sessions { // each session twice: the second finds its binding
+		d, err := f.r.Select(ctx, &bucket.Request{Model: "m", SessionKey: fmt.Sprintf("s%d", i%sessions), Signals: bucket.Signals{InputTokens: 4}})
+		require.NoError(t, err)
+		d.Release()
+	}
+	got := scrape(t, f.reg)
+	held, evicted := got["affinity_bindings"]["{}"], got["affinity_evicted_bindings_total"]["{}"]
+	assert.LessOrEqual(t, held, 16.0, "within the cap (one per shard)")
+	assert.Positive(t, held)
+	assert.Equal(t, float64(2*sessions), held+evicted, "every binding is held or was evicted: each session bound twice, evicted in between")
+
+	plain := scrape(t, newFixture(t, "engines: [{id: e0, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n").reg)
+	assert.NotContains(t, plain, "affinity_bindings")
+	assert.NotContains(t, plain, "affinity_evicted_bindings_total")
 }
 
 // TestConcurrentObservation runs picks, outcomes and scrapes at once (for -race).

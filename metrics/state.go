@@ -31,6 +31,15 @@ type stateCollector struct {
 	kvEvents     *prometheus.Desc
 	kvConnected  *prometheus.Desc
 	kvInStep     *prometheus.Desc
+	bindings     *prometheus.Desc
+	bindEvicted  *prometheus.Desc
+}
+
+// bindingCounter is the in-memory affinity store's view (affinity.MemoryStore): its bindings and
+// how many the binding cap evicted. A remote store does not implement it, and reports neither.
+type bindingCounter interface {
+	Len() int
+	Evicted() uint64
 }
 
 func newStateCollector(ns string) *stateCollector {
@@ -70,13 +79,17 @@ func newStateCollector(ns string) *stateCollector {
 			"1 when the stream's socket is connected (or bound).", "engine", "dp_rank"),
 		kvInStep: d("kv_event_stream_in_step",
 			"1 when the stream is in step with its publisher, 0 from a detected loss until it has resynchronised.", "engine", "dp_rank"),
+		bindings: d("affinity_bindings",
+			"Session and sticky bindings the in-memory affinity store holds, expired ones not yet swept included."),
+		bindEvicted: d("affinity_evicted_bindings_total",
+			"Live bindings the in-memory affinity store evicted, least recently used first, to stay within its binding cap (affinity.max_bindings)."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.loadFresh, c.loadAge, c.polls, c.pollFailures, c.indexBlocks,
-		c.indexApprox, c.indexEvicted, c.engineBlocks, c.trusted, c.kvGaps, c.kvResyncs, c.kvDrops, c.kvEvents, c.kvConnected, c.kvInStep} {
+		c.indexApprox, c.indexEvicted, c.engineBlocks, c.trusted, c.kvGaps, c.kvResyncs, c.kvDrops, c.kvEvents, c.kvConnected, c.kvInStep, c.bindings, c.bindEvicted} {
 		ch <- d
 	}
 }
@@ -120,6 +133,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.kvEvents, prometheus.CounterValue, float64(st.Events), l...)
 		ch <- prometheus.MustNewConstMetric(c.kvConnected, prometheus.GaugeValue, b2f(st.Connected), l...)
 		ch <- prometheus.MustNewConstMetric(c.kvInStep, prometheus.GaugeValue, b2f(st.Trusted), l...)
+	}
+	if bc, ok := r.AffinityStore().(bindingCounter); ok {
+		ch <- prometheus.MustNewConstMetric(c.bindings, prometheus.GaugeValue, float64(bc.Len()))
+		ch <- prometheus.MustNewConstMetric(c.bindEvicted, prometheus.CounterValue, float64(bc.Evicted()))
 	}
 	if x := r.Index(); x != nil {
 		st := x.Stats()
