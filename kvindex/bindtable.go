@@ -16,6 +16,9 @@ type bindTable struct {
 	slots []uint64
 	bits  uint // log2(len(slots)); 0 when empty
 	n     int
+	// floor is the least log2 size the table takes once it holds anything, and never shrinks
+	// below: Options.ExpectedHolderBlocks sized (0: bindTableMinBits).
+	floor uint
 }
 
 const bindTableMinBits = 3
@@ -31,7 +34,7 @@ func (t *bindTable) len() int { return t.n }
 // reserve grows the table, if needed, so that k more bindings fit without a resize: insertAt
 // positions found before the inserts stay valid.
 func (t *bindTable) reserve(k int) {
-	b := max(t.bits, bindTableMinBits)
+	b := max(t.bits, bindTableMinBits, t.floor)
 	for 4*(t.n+k) > 3<<b {
 		b++
 	}
@@ -69,7 +72,7 @@ func (t *bindTable) remove(tag, n uint32) bool {
 		case want:
 			t.deleteAt(i)
 			t.n--
-			if t.bits > bindTableMinBits+4 && 16*t.n < len(t.slots) {
+			if t.bits > max(bindTableMinBits+4, t.floor) && 16*t.n < len(t.slots) {
 				t.resize(t.bits - 1)
 			}
 			return true
@@ -115,8 +118,9 @@ func (t *bindTable) resize(bits uint) {
 	}
 }
 
-// reset empties the table and releases its array.
-func (t *bindTable) reset() { *t = bindTable{} }
+// reset empties the table and releases its array; its floor stays, so the next binding
+// allocates the table at its expected size again.
+func (t *bindTable) reset() { *t = bindTable{floor: t.floor} }
 
 // binding returns the node holder hid binds engine hash to. It also returns the slot where the
 // probe ended (the insertion position for insertAt when the hash is not bound), or -1 when the

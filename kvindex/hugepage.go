@@ -2,6 +2,9 @@ package kvindex
 
 import "unsafe"
 
+// hugePage is the size of an x86-64 or arm64 transparent huge page.
+const hugePage = 2 << 20
+
 // makeTable returns make([]T, n) for a table's slot array, advising the kernel to back it with
 // transparent huge pages when it is large (adviseHuge). A growing table's new array is fresh
 // memory written all over at once; on the virtual machine of docs/performance.md ("The write

@@ -7,9 +7,6 @@ import (
 	"unsafe"
 )
 
-// hugePage is the size of an x86-64 or arm64 transparent huge page.
-const hugePage = 2 << 20
-
 // adviseHuge asks Linux to back the 2 MiB-aligned part of the size bytes at p with transparent
 // huge pages (madvise MADV_HUGEPAGE) before anything touches them. Where the kernel's policy is
 // "never", or the call fails, nothing changes: it is advice, and its error is ignored.

@@ -50,6 +50,22 @@ type Options struct {
 	// when Store returns. 0 means DefaultMaxBlocks; negative or above 2^32−2 is an error.
 	// docs/performance.md ("Sizing MaxBlocks") says how to size it.
 	MaxBlocks int
+	// ExpectedBlocks is how many blocks the index is expected to hold when full: the fleet's
+	// distinct blocks, at most MaxBlocks (docs/performance.md, "Sizing MaxBlocks"). NewIndex then
+	// allocates the key → block table at the size that many blocks need, and it never shrinks
+	// below it, so filling the index never grows and rehashes it (its doublings wrote twice its
+	// final size of fresh memory, the largest single cost of filling an index; docs/performance.md,
+	// "Pre-sizing"). It costs 16 to 32 bytes per expected block from the start, used or not. 0
+	// means the table starts small and doubles as blocks arrive; negative or above MaxBlocks (after
+	// its default) is an error.
+	ExpectedBlocks int
+	// ExpectedHolderBlocks is how many blocks one holder, an (engine, DP rank), is expected to hold:
+	// its KV capacity in blocks over every tier it reports (for an engine with DP, one rank's
+	// share). Each holder's engine-hash table is then allocated at that size when the holder first
+	// stores a block, and never shrinks below it (Clear releases it). It costs 8 to 16 bytes per
+	// expected block per holder from the holder's first Store. 0 means the table starts small and
+	// doubles; negative or above MaxBlocks (after its default) is an error.
+	ExpectedHolderBlocks int
 	// MaxApproxBlocks caps the approximate (Assume) entries, counted per (block, engine). Above
 	// it, entries are pruned to ApproxPruneFraction of the cap. 0 means DefaultMaxApproxBlocks;
 	// negative is an error.
@@ -88,8 +104,11 @@ type Index struct {
 	hasher    Hasher
 	maxBlocks int
 	maxApprox int
-	ttl       time.Duration
-	now       func() time.Time
+	// holderBits is the log2 size of a holder's binding table when it first binds
+	// (Options.ExpectedHolderBlocks; 0: it starts small).
+	holderBits uint
+	ttl        time.Duration
+	now        func() time.Time
 
 	nodes     slab[node] // node 0 is the root sentinel; 0 also means "no node"
 	refBits   []uint64   // CLOCK reference bit per node; Match sets bits atomically
@@ -233,6 +252,12 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 	switch {
 	case opts.MaxBlocks < 0 || uint64(opts.MaxBlocks) > maxNodes:
 		return nil, fmt.Errorf("kvindex: Options.MaxBlocks: %d, must be in [0, %d]: %w", opts.MaxBlocks, maxNodes, state.ErrInvalidConfiguration)
+	case opts.ExpectedBlocks < 0 || opts.ExpectedBlocks > cmp.Or(opts.MaxBlocks, DefaultMaxBlocks):
+		return nil, fmt.Errorf("kvindex: Options.ExpectedBlocks: %d, must be in [0, MaxBlocks = %d]: %w",
+			opts.ExpectedBlocks, cmp.Or(opts.MaxBlocks, DefaultMaxBlocks), state.ErrInvalidConfiguration)
+	case opts.ExpectedHolderBlocks < 0 || opts.ExpectedHolderBlocks > cmp.Or(opts.MaxBlocks, DefaultMaxBlocks):
+		return nil, fmt.Errorf("kvindex: Options.ExpectedHolderBlocks: %d, must be in [0, MaxBlocks = %d]: %w",
+			opts.ExpectedHolderBlocks, cmp.Or(opts.MaxBlocks, DefaultMaxBlocks), state.ErrInvalidConfiguration)
 	case opts.MaxApproxBlocks < 0:
 		return nil, fmt.Errorf("kvindex: Options.MaxApproxBlocks: %d, must be >= 0: %w", opts.MaxApproxBlocks, state.ErrInvalidConfiguration)
 	case opts.ApproxTTL < 0:
@@ -249,6 +274,15 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 		sumSlot:    -1,
 	}
 	x.nodes.extend(1) // the root sentinel
+	if opts.ExpectedBlocks > 0 {
+		b := max(tableBitsFor(opts.ExpectedBlocks), nodeTableMinBits)
+		x.byKey.floor = b
+		x.byKey.resize(b)
+		x.refBits = make([]uint64, 1, opts.ExpectedBlocks>>6+1)
+	}
+	if opts.ExpectedHolderBlocks > 0 {
+		x.holderBits = max(tableBitsFor(opts.ExpectedHolderBlocks), bindTableMinBits)
+	}
 	if x.maxBlocks == 0 {
 		x.maxBlocks = DefaultMaxBlocks
 	}
@@ -763,7 +797,7 @@ func (x *Index) holderFor(id state.EngineID, rank int) uint32 {
 		hid = uint32(len(x.holders))
 		x.holders = append(x.holders, holder{})
 	}
-	x.holders[hid] = holder{engine: e, rank: rank, live: true}
+	x.holders[hid] = holder{engine: e, rank: rank, live: true, bindings: bindTable{floor: x.holderBits}}
 	x.engines[e].ranks = append(x.engines[e].ranks, rankHolder{rank: rank, holder: hid})
 	return hid
 }

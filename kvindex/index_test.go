@@ -131,6 +131,11 @@ func TestNewIndexValidatesOptions(t *testing.T) {
 		{"negative MaxBlocks", h, Options{MaxBlocks: -1}},
 		{"negative MaxApproxBlocks", h, Options{MaxApproxBlocks: -1}},
 		{"negative ApproxTTL", h, Options{ApproxTTL: -time.Second}},
+		{"negative ExpectedBlocks", h, Options{ExpectedBlocks: -1}},
+		{"ExpectedBlocks above MaxBlocks", h, Options{MaxBlocks: 100, ExpectedBlocks: 101}},
+		{"ExpectedBlocks above the default MaxBlocks", h, Options{ExpectedBlocks: DefaultMaxBlocks + 1}},
+		{"negative ExpectedHolderBlocks", h, Options{ExpectedHolderBlocks: -1}},
+		{"ExpectedHolderBlocks above MaxBlocks", h, Options{MaxBlocks: 100, ExpectedHolderBlocks: 101}},
 	}
 	for _, c := range cases {
 		_, err := NewIndex(c.h, c.opts)
@@ -142,6 +147,83 @@ func TestNewIndexValidatesOptions(t *testing.T) {
 	assert.Equal(t, DefaultMaxApproxBlocks, x.maxApprox)
 	assert.Equal(t, DefaultApproxTTL, x.ttl)
 	assert.Equal(t, h, x.Hasher())
+	assert.Zero(t, len(x.byKey.slots), "no ExpectedBlocks: the key table starts empty")
+	assert.Zero(t, x.holderBits)
+	_, err = NewIndex(h, Options{MaxBlocks: 100, ExpectedBlocks: 100, ExpectedHolderBlocks: 100})
+	assert.NoError(t, err, "the expected counts may equal MaxBlocks")
+}
+
+// TestExpectedBlocksSizesTablesOnce checks Options.ExpectedBlocks and ExpectedHolderBlocks: the
+// key table is allocated at NewIndex for the expected blocks at most three-quarters full, and
+// keeps its array while that many blocks arrive and while they all go again; a holder's binding
+// table is allocated at its expected size by its first Store and keeps it the same way; Clear
+// releases it and the next Store allocates it at the expected size again. The zero Options keep
+// the tables growing from small.
+func TestExpectedBlocksSizesTablesOnce(t *testing.T) {
+	t.Parallel()
+	h, err := NewHasher(HasherConfig{BlockTokens: 1})
+	require.NoError(t, err)
+	const blocks, holderBlocks = 3000, 1000
+	x, err := NewIndex(h, Options{ExpectedBlocks: blocks, ExpectedHolderBlocks: holderBlocks})
+	require.NoError(t, err)
+	require.Len(t, x.byKey.slots, 4096, "3,000 keys at most 3/4 full need 4,096 slots")
+	keyTable := &x.byKey.slots[0]
+	// Three engines store 1,000 blocks each, as 10 chains of 100; engine i's chains are distinct.
+	store := func(e string, chain int) {
+		toks := make([]uint32, 100)
+		hashes := make([]uint64, 100)
+		for j := range toks {
+			toks[j] = uint32(chain*1000 + j)
+			hashes[j] = uint64(chain*1000 + j + 1)
+		}
+		require.NoError(t, x.Store(StoreEvent{Engine: state.EngineID(e), BlockHashes: hashes, TokenIDs: toks, Tier: TierDevice}))
+	}
+	var bindTables []*uint64
+	for i, e := range []string{"a", "b", "c"} {
+		for c := range 10 {
+			store(e, i*10+c)
+			if c == 0 {
+				hid, _ := x.lookupHolder(state.EngineID(e), 0)
+				require.Len(t, x.holders[hid].bindings.slots, 2048, "1,000 bindings at most 3/4 full need 2,048 slots")
+				bindTables = append(bindTables, &x.holders[hid].bindings.slots[0])
+			}
+		}
+	}
+	require.Equal(t, blocks, x.Stats().Blocks)
+	assert.Same(t, keyTable, &x.byKey.slots[0], "the key table was not reallocated")
+	for i, e := range []string{"a", "b", "c"} {
+		hid, _ := x.lookupHolder(state.EngineID(e), 0)
+		assert.Same(t, bindTables[i], &x.holders[hid].bindings.slots[0], "holder %s's binding table was not reallocated", e)
+	}
+	// Every block of a and b goes, by Remove: neither table shrinks.
+	for i, e := range []string{"a", "b"} {
+		for c := range 10 {
+			hashes := make([]uint64, 100)
+			for j := range hashes {
+				hashes[j] = uint64((i*10+c)*1000 + j + 1)
+			}
+			require.NoError(t, x.Remove(state.EngineID(e), 0, hashes, 0))
+		}
+		hid, _ := x.lookupHolder(state.EngineID(e), 0)
+		assert.Same(t, bindTables[i], &x.holders[hid].bindings.slots[0], "holder %s's emptied binding table keeps its array", e)
+	}
+	require.Equal(t, holderBlocks, x.Stats().Blocks)
+	assert.Same(t, keyTable, &x.byKey.slots[0], "the key table keeps its array below its expected size")
+	// Clear releases c's table; its next Store allocates it at the expected size.
+	require.NoError(t, x.Clear("c", 0))
+	hid, _ := x.lookupHolder("c", 0)
+	assert.Empty(t, x.holders[hid].bindings.slots)
+	store("c", 20)
+	assert.Len(t, x.holders[hid].bindings.slots, 2048)
+	require.NoError(t, checkInvariants(x))
+
+	// Without the options the tables grow from small and shrink again.
+	y, err := NewIndex(h, Options{})
+	require.NoError(t, err)
+	require.NoError(t, y.Store(StoreEvent{Engine: "a", BlockHashes: []uint64{1}, TokenIDs: []uint32{1}, Tier: TierDevice}))
+	assert.Len(t, y.byKey.slots, 1<<nodeTableMinBits)
+	hid, _ = y.lookupHolder("a", 0)
+	assert.Len(t, y.holders[hid].bindings.slots, 1<<bindTableMinBits)
 }
 
 // The scenarios of SGLang's tree tests (sgl-project/sglang

@@ -72,6 +72,10 @@ func checkInvariants(x *Index) error {
 	if x.byKey.len() != live {
 		return fmt.Errorf("key table has %d entries for %d nodes", x.byKey.len(), live)
 	}
+	// A table sized by Options.ExpectedBlocks or ExpectedHolderBlocks never shrinks below it.
+	if x.byKey.bits < x.byKey.floor || len(x.byKey.slots) > 0 && len(x.byKey.slots) != 1<<x.byKey.bits {
+		return fmt.Errorf("key table of 2^%d slots (%d), floor 2^%d", x.byKey.bits, len(x.byKey.slots), x.byKey.floor)
+	}
 	if err := checkQueue(x); err != nil {
 		return err
 	}
@@ -126,6 +130,9 @@ func checkInvariants(x *Index) error {
 		})
 		if bad != nil {
 			return bad
+		}
+		if b := &h.bindings; b.floor != x.holderBits || len(b.slots) > 0 && (b.bits < b.floor || len(b.slots) != 1<<b.bits) {
+			return fmt.Errorf("holder %d binding table of 2^%d slots (%d), floor 2^%d, index's 2^%d", hid, b.bits, len(b.slots), b.floor, x.holderBits)
 		}
 		if bound != h.bindings.len() {
 			return fmt.Errorf("holder %d has %d bindings, %d of them name an entry", hid, h.bindings.len(), bound)

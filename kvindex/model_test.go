@@ -501,12 +501,18 @@ func cmpString(a, b state.EngineID) int {
 }
 
 func newWalk(t testing.TB, h Hasher, rng intner) *walk {
+	return newWalkWith(t, h, rng, Options{})
+}
+
+// newWalkWith is newWalk with the sizing fields of opts (ExpectedBlocks, ExpectedHolderBlocks).
+func newWalkWith(t testing.TB, h Hasher, rng intner, opts Options) *walk {
 	w := &walk{t: t, rng: rng, clock: time.Unix(1000, 0)}
 	w.m = newModel(h)
 	w.m.now = w.clock.UnixNano()
 	w.m.defaultTTL = 3 * time.Second
 	var err error
-	w.x, err = NewIndex(h, Options{ApproxTTL: 3 * time.Second, Now: func() time.Time { return w.clock }})
+	w.x, err = NewIndex(h, Options{ApproxTTL: 3 * time.Second, Now: func() time.Time { return w.clock },
+		ExpectedBlocks: opts.ExpectedBlocks, ExpectedHolderBlocks: opts.ExpectedHolderBlocks})
 	require.NoError(t, err)
 	return w
 }
@@ -519,7 +525,13 @@ func TestRandomWalkAgreesWithModel(t *testing.T) {
 			t.Parallel()
 			h, err := NewHasher(HasherConfig{BlockTokens: walkBlockTokens, Seed: seed})
 			require.NoError(t, err)
-			w := newWalk(t, h, rand.New(rand.NewPCG(seed, 0x5eed)))
+			// Seeds 2, 3, 6, 7, … size the tables up front (Options.ExpectedBlocks,
+			// ExpectedHolderBlocks), small enough that the walk outgrows them and removes back below.
+			var opts Options
+			if seed%4 >= 2 {
+				opts = Options{ExpectedBlocks: 4 + int(seed)*8, ExpectedHolderBlocks: 1 + int(seed)*4}
+			}
+			w := newWalkWith(t, h, rand.New(rand.NewPCG(seed, 0x5eed)), opts)
 			w.x.wideSearch = seed%2 == 1 // the general search, as for more than 64 holders
 			for range steps {
 				w.step()

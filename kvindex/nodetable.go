@@ -23,6 +23,9 @@ type nodeTable struct {
 	slots []nodeSlot
 	bits  uint // log2(len(slots)); 0 when empty
 	n     int
+	// floor is the least log2 size the table shrinks to: Options.ExpectedBlocks sized
+	// (0: no floor beyond the shrink rule's own).
+	floor uint
 }
 
 type nodeSlot struct {
@@ -120,7 +123,7 @@ func (t *nodeTable) remove(k uint64, n uint32) bool {
 	}
 	t.deleteAt(i)
 	t.n--
-	if t.bits > nodeTableMinBits+4 && 16*t.n < len(t.slots) {
+	if t.bits > max(nodeTableMinBits+4, t.floor) && 16*t.n < len(t.slots) {
 		t.resize(t.bits - 1)
 	}
 	return true

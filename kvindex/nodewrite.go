@@ -64,3 +64,13 @@ func (t *nodeTable) orSumAt(i int, k uint64, bits uint32) {
 	}
 	t.orSum(k, bits)
 }
+
+// tableBitsFor returns the log2 size of a table that holds n entries at most three-quarters full,
+// the load both key tables grow at.
+func tableBitsFor(n int) uint {
+	b := uint(0)
+	for 4*n > 3<<b {
+		b++
+	}
+	return b
+}

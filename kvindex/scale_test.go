@@ -4,8 +4,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -49,6 +52,9 @@ const (
 	// scaleMaxBlocks sizes Options.MaxBlocks above the full workload's 5,662,916 blocks, so that
 	// nothing is evicted (docs/performance.md: sizing MaxBlocks).
 	scaleMaxBlocks = 8 << 20
+	// scaleCappedBlocks is the cap of the capped ingest (BenchmarkScale/ingest-capped): below the
+	// full workload's blocks, so that its second half evicts as it stores.
+	scaleCappedBlocks = 2 << 20
 )
 
 // The full workload's counts (the issue that defined it states them; TestScaleWorkloadCounts
@@ -154,6 +160,7 @@ type scaleIngest struct {
 	blockAdds int
 	storeTime time.Duration // inside Store only
 	storeCPU  time.Duration // the process's CPU time over the Store loops (0 where unknown)
+	faults    int64         // the process's minor page faults over the Store loops
 	heapBytes uint64        // heap growth over the build, after GC
 }
 
@@ -187,7 +194,7 @@ func (w *scaleWorkload) ingest(tb testing.TB, x *kvindex.Index, from, to int) sc
 			evs[i].TokenIDs, evs[i].BlockHashes = tokens[t:t+nt:t+nt], hashes[h:h+nh:h+nh]
 			t, h = t+nt, h+nh
 		}
-		cpu0 := cputime.Process()
+		cpu0, f0 := cputime.Process(), cputime.MinorFaults()
 		for i, ev := range evs {
 			start := time.Now()
 			err := x.Store(ev)
@@ -198,8 +205,27 @@ func (w *scaleWorkload) ingest(tb testing.TB, x *kvindex.Index, from, to int) sc
 			r.blockAdds += len(ev.BlockHashes)
 		}
 		r.storeCPU += cputime.Process() - cpu0
+		r.faults += cputime.MinorFaults() - f0
 	}
 	return r
+}
+
+// hugeBytes returns the process's anonymous memory backed by transparent huge pages
+// (AnonHugePages of /proc/self/smaps_rollup; 0 where that file does not exist).
+func hugeBytes() int64 {
+	b, err := os.ReadFile("/proc/self/smaps_rollup")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "AnonHugePages:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
 }
 
 func heapAlloc() uint64 {
@@ -225,6 +251,24 @@ func (w *scaleWorkload) newIndex(tb testing.TB) *kvindex.Index {
 	x, err := kvindex.NewIndex(w.hasher, kvindex.Options{MaxBlocks: scaleMaxBlocks})
 	require.NoError(tb, err)
 	return x
+}
+
+// presizedOptions are the workload's Options with the tables sized for it up front: ExpectedBlocks
+// its distinct blocks, ExpectedHolderBlocks its (block, engine) pairs over the engines, rounded up,
+// as an operator would set them from the fleet's KV capacity (docs/performance.md, "Sizing
+// MaxBlocks").
+func (w *scaleWorkload) presizedOptions() kvindex.Options {
+	c := countsFromHashIDs(w.reqs)
+	return kvindex.Options{MaxBlocks: scaleMaxBlocks, ExpectedBlocks: c[1], ExpectedHolderBlocks: (c[2] + scaleEngines - 1) / scaleEngines}
+}
+
+// cappedOptions are the Options of the capped ingest: MaxBlocks scaleCappedBlocks, and the tables
+// sized for a full index: ExpectedBlocks the cap, ExpectedHolderBlocks the cap's share of
+// (block, engine) pairs per engine at the workload's engines per block.
+func (w *scaleWorkload) cappedOptions() kvindex.Options {
+	c := countsFromHashIDs(w.reqs)
+	perHolder := int(float64(scaleCappedBlocks) * float64(c[2]) / float64(c[1]) / scaleEngines)
+	return kvindex.Options{MaxBlocks: scaleCappedBlocks, ExpectedBlocks: scaleCappedBlocks, ExpectedHolderBlocks: perHolder}
 }
 
 func (w *scaleWorkload) index(tb testing.TB) *scaleIndex {
@@ -319,31 +363,79 @@ func (t *queryTimer) report(b *testing.B) {
 // ns/op is the median per query (per request for ingest); the other metrics are named.
 func BenchmarkScale(b *testing.B) {
 	w := loadScale(b, *kvScale)
-	b.Run("ingest", func(b *testing.B) {
-		var in scaleIngest
-		var st kvindex.Stats
-		var x *kvindex.Index
-		for b.Loop() {
-			x = nil
-			before := heapAlloc()
-			x = w.newIndex(b)
-			in = w.ingest(b, x, 0, len(w.reqs))
-			in.heapBytes = heapAlloc() - before
-			st = x.Stats()
-		}
-		p := pairs(x)
-		b.ReportMetric(float64(in.storeTime.Nanoseconds())/float64(in.blockAdds), "ns/op")
-		b.ReportMetric(float64(in.blockAdds)/in.storeTime.Seconds()/1e6, "M-blocks/s")
-		if in.storeCPU > 0 {
-			b.ReportMetric(float64(in.blockAdds)/in.storeCPU.Seconds()/1e6, "M-blocks/cpu-s")
-		}
-		b.ReportMetric(float64(in.heapBytes)/float64(p), "B/pair")
-		b.ReportMetric(float64(in.heapBytes)/(1<<20), "heap-MiB")
-		b.ReportMetric(float64(in.blockAdds), "block-adds")
-		b.ReportMetric(float64(st.Blocks), "blocks")
-		b.ReportMetric(float64(p), "pairs")
-		runtime.KeepAlive(x)
-	})
+	// The ingest variants (docs/performance.md, "Pre-sizing"): the tables growing from small or
+	// sized up front (-presized); the first index the process builds, whose memory is fresh, or
+	// one built after an identical index was built and dropped, so that the heap already has its
+	// memory mapped (-rebuilt); and an index capped at scaleCappedBlocks, filled with the first
+	// half of the trace and timed over the second half, where it evicts as much as it stores
+	// (-capped: the steady state of a full index). The first variant a process runs is the only
+	// one on fresh memory: run each alone for that figure.
+	presized := w.presizedOptions()
+	capped := kvindex.Options{MaxBlocks: scaleCappedBlocks}
+	cappedPresized := w.cappedOptions()
+	half := len(w.reqs) / 2
+	for _, ingest := range []struct {
+		name    string
+		opts    kvindex.Options
+		rebuild bool
+		from    int // requests [0, from) are stored before the timed part
+	}{
+		{"ingest", kvindex.Options{MaxBlocks: scaleMaxBlocks}, false, 0},
+		{"ingest-presized", presized, false, 0},
+		{"ingest-rebuilt", kvindex.Options{MaxBlocks: scaleMaxBlocks}, true, 0},
+		{"ingest-presized-rebuilt", presized, true, 0},
+		{"ingest-capped", capped, false, half},
+		{"ingest-capped-presized", cappedPresized, false, half},
+	} {
+		b.Run(ingest.name, func(b *testing.B) {
+			var in scaleIngest
+			var st kvindex.Stats
+			var x *kvindex.Index
+			var newCPU time.Duration
+			for b.Loop() {
+				x = nil
+				if ingest.rebuild {
+					y, err := kvindex.NewIndex(w.hasher, ingest.opts)
+					require.NoError(b, err)
+					w.ingest(b, y, 0, len(w.reqs))
+					runtime.KeepAlive(y)
+				}
+				before := heapAlloc()
+				c0 := cputime.Process()
+				var err error
+				x, err = kvindex.NewIndex(w.hasher, ingest.opts)
+				require.NoError(b, err)
+				newCPU = cputime.Process() - c0
+				if ingest.from > 0 {
+					w.ingest(b, x, 0, ingest.from)
+					newCPU = 0
+				}
+				in = w.ingest(b, x, ingest.from, len(w.reqs))
+				in.heapBytes = heapAlloc() - before
+				st = x.Stats()
+			}
+			p := pairs(x)
+			b.ReportMetric(float64(in.storeTime.Nanoseconds())/float64(in.blockAdds), "ns/op")
+			b.ReportMetric(float64(in.blockAdds)/in.storeTime.Seconds()/1e6, "M-blocks/s")
+			if in.storeCPU > 0 {
+				b.ReportMetric(float64(in.blockAdds)/in.storeCPU.Seconds()/1e6, "M-blocks/cpu-s")
+			}
+			b.ReportMetric(float64(in.heapBytes)/float64(p), "B/pair")
+			b.ReportMetric(float64(in.heapBytes)/(1<<20), "heap-MiB")
+			b.ReportMetric(float64(in.blockAdds), "block-adds")
+			b.ReportMetric(float64(st.Blocks), "blocks")
+			b.ReportMetric(float64(p), "pairs")
+			if in.storeCPU > 0 {
+				// NewIndex's CPU time counted too: a pre-sized index allocates its key table there.
+				b.ReportMetric(float64(in.blockAdds)/(in.storeCPU+newCPU).Seconds()/1e6, "M-blocks/cpu-s-with-new")
+			}
+			b.ReportMetric(float64(newCPU.Microseconds()), "NewIndex-cpu-µs")
+			b.ReportMetric(float64(in.faults), "faults")
+			b.ReportMetric(float64(st.EvictedBlocks), "evicted")
+			b.ReportMetric(float64(hugeBytes())/(1<<20), "huge-MiB")
+			runtime.KeepAlive(x)
+		})
+	}
 	queries := func(name string, op func(q int, tokens []uint32, t *queryTimer)) {
 		b.Run(name, func(b *testing.B) {
 			w.index(b)
@@ -410,11 +502,13 @@ func BenchmarkScale(b *testing.B) {
 			}
 		})
 	}
-	// Drop pick's placements, so that a next -count finds the index as ingest left it.
-	si := w.index(b)
-	si.x.Expire(time.Now().Add(kvindex.DefaultApproxTTL + time.Hour))
-	if got := si.x.Stats().Blocks; got != si.blocks {
-		b.Fatalf("after expiring the placements: %d blocks, ingest left %d", got, si.blocks)
+	// Drop pick's placements, so that a next -count finds the index as ingest left it (when a
+	// query benchmark built it: ingest alone does not).
+	if si := scaleIndexes[w.name]; si != nil {
+		si.x.Expire(time.Now().Add(kvindex.DefaultApproxTTL + time.Hour))
+		if got := si.x.Stats().Blocks; got != si.blocks {
+			b.Fatalf("after expiring the placements: %d blocks, ingest left %d", got, si.blocks)
+		}
 	}
 	b.Run("concurrent", func(b *testing.B) {
 		for b.Loop() {
