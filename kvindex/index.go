@@ -134,6 +134,10 @@ type Index struct {
 	// root first, in one event, leaves no holey block behind.
 	deferHoles bool
 	pending    []pendingHole
+	// During a Remove or a Clear, deleteHolding leaves the holder summaries of the nodes it
+	// empties to settleSums (deferSums), which skips the nodes freed by then.
+	deferSums  bool
+	sumPending []uint32
 	// hintNode and hintPos name where a Store just put its holder's first entry at a block, so
 	// that the next block's linkChild finds the parent's entry without a search. Valid only
 	// during a Store's apply loop (hintNode 0 otherwise).
@@ -654,6 +658,8 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	defer x.mu.Unlock()
 	x.deferHoles = true
 	defer x.settleHoles()
+	x.deferSums = true // nodes freed here are not reused before Remove returns
+	defer x.settleSums()
 	for i, hash := range hashes {
 		// A hash named twice finds its entry gone (or its node freed: no entries) the second
 		// time; nodes freed here are not reused before Remove returns.
@@ -736,6 +742,8 @@ func (x *Index) RemoveEngine(engine state.EngineID) error {
 func (x *Index) clearHolder(hid uint32) {
 	x.clearing = true
 	defer func() { x.clearing = false }()
+	x.deferSums = true
+	defer x.settleSums()
 	h := &x.holders[hid]
 	x.eachBinding(hid, func(hash uint64, n uint32) {
 		lo, hi := x.findHolder(n, hid)
@@ -1094,11 +1102,29 @@ func (x *Index) deleteHolding(n uint32, pos int) {
 		nd.meta = nd.meta&^classMask | (c-1)<<classShift
 	}
 	if k > 0 || nd.children > 0 {
-		x.summarize(n)
+		if x.deferSums {
+			x.sumPending = append(x.sumPending, n)
+		} else {
+			x.summarize(n)
+		}
 	} // else every caller prunes n next, which frees it and its key-table slot
 	if groupStart && groupEnds {
 		x.unlinkChild(n, hid)
 	}
+}
+
+// settleSums recomputes the holder summaries deleteHolding deferred, of the nodes still in the
+// tree: a Remove of a chain root first, or a Clear, frees most of the nodes it empties before it
+// ends, and their summaries were a key-table probe each for nothing (BenchmarkEvents/store+remove).
+// Called under mu before it is released, so readers never see a stale summary.
+func (x *Index) settleSums() {
+	for _, n := range x.sumPending {
+		if x.node(n).has(flagLive) {
+			x.summarize(n)
+		}
+	}
+	x.sumPending = x.sumPending[:0]
+	x.deferSums = false
 }
 
 // summarize recomputes node n's holder summary in the key table (nodeTable, holderBit) from its
