@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/enginepick/enginepick/state"
@@ -71,7 +72,7 @@ type placeRef struct {
 // is not a prompt's first block: keys is not one prompt's chain from this Hasher),
 // ErrTooManyHolders (the engine would be holder number 2^24).
 func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) error {
-	return x.assume(engine, 0, keys, 0, ttl)
+	return x.assume(engine, 0, keys, 0, ttl, false)
 }
 
 // AssumeRank is Assume for the engine's DP rank rank: the placement of a pick that named the rank
@@ -79,14 +80,17 @@ func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 // (engine, rank) turns the entries real (docs/design.md §11). A negative rank returns an
 // *EventError wrapping ErrInvalidRank.
 func (x *Index) AssumeRank(engine state.EngineID, rank int, keys []uint64, ttl time.Duration) error {
-	return x.assume(engine, rank, keys, 0, ttl)
+	return x.assume(engine, rank, keys, 0, ttl, false)
 }
 
 // assume is AssumeRank with a hint: when held > 0 and (engine, rank) holds the block of
 // keys[held-1] through a real entry, the blocks before it are real too and are neither
 // refreshed nor looked up: only keys[held:] are recorded, at depth held. Otherwise it is Assume
-// over every key. LocalSource.Place passes the depth its lookup found the engine to hold.
-func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int, ttl time.Duration) error {
+// over every key. LocalSource.Place passes the depth its lookup found the engine to hold. own
+// reports that keys were computed by the index's Hasher from one prompt (LocalSource.Place): a
+// chain of 64-bit keys repeats a key only by a hash collision, which the index accepts everywhere
+// (docs/design.md §11, "Hashing"), so the repeated-key check is skipped.
+func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int, ttl time.Duration, own bool) error {
 	if ttl < 0 {
 		return fmt.Errorf("kvindex: Assume: ttl %v, must be >= 0: %w", ttl, state.ErrInvalidConfiguration)
 	}
@@ -122,10 +126,13 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 	if len(keys) == 0 {
 		return nil
 	}
-	if dup, ok := x.firstDuplicate(keys); ok {
-		return fail(ErrCyclicChain, dup)
+	if !own {
+		if dup, ok := x.firstDuplicate(keys); ok {
+			return fail(ErrCyclicChain, dup)
+		}
 	}
-	if n, _, ok := x.byKey.get(keys[0]); ok && x.node(n).parent != parent {
+	n0, _, inTree := x.byKey.get(keys[0])
+	if inTree && x.node(n0).parent != parent {
 		return fail(ErrKeyConflict, keys[0])
 	}
 	if _, ok := x.lookupHolder(engine, rank); !ok && !x.canAddHolder() {
@@ -139,21 +146,30 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 	}
 	hid := x.holderFor(engine, rank)
 	// Record every run of keys the holder does not hold really.
-	for i := 0; i < len(keys); {
-		if x.realAt(hid, keys[i]) {
-			i++
-			continue
+	switch {
+	case !inTree || x.holders[hid].tiers == [4]int{}:
+		x.place(hid, uint32(held), keys, expiry) // it holds not even keys[0] really
+	case !x.mayHoldReal(hid, keys):
+		// Its real blocks along keys form a prefix (index.go, "holes"): find where it ends by
+		// bisection, a few lookups rather than one per block it holds (a placement of a
+		// conversation's next turn while the last one is still approximate).
+		r := sort.Search(len(keys), func(i int) bool { return !x.realAt(hid, keys[i]) })
+		if r < len(keys) {
+			x.place(hid, uint32(held+r), keys[r:], expiry)
 		}
-		j := i + 1
-		if x.mayHoldReal(hid, keys[i:]) {
+	default:
+		for i := 0; i < len(keys); {
+			if x.realAt(hid, keys[i]) {
+				i++
+				continue
+			}
+			j := i + 1
 			for j < len(keys) && !x.realAt(hid, keys[j]) {
 				j++
 			}
-		} else {
-			j = len(keys)
+			x.place(hid, uint32(held+i), keys[i:j], expiry)
+			i = j
 		}
-		x.place(hid, uint32(held+i), keys[i:j], expiry)
-		i = j
 	}
 	if x.approxCount > x.maxApprox {
 		x.pruneApprox(int(float64(x.maxApprox) * ApproxPruneFraction))
@@ -177,10 +193,10 @@ func (x *Index) realAt(hid uint32, key uint64) bool {
 	return lo < hi
 }
 
-// mayHoldReal reports whether holder hid may hold, through a real entry, a block of keys after
-// keys[0], which it does not hold really. A holder's real entries along a prompt form a prefix
-// except below a holey block (index.go, "holes"), so it may only when one of keys[:len-1] is
-// holey.
+// mayHoldReal reports whether holder hid's real entries along keys, a chain under a block it
+// holds really (or the root), may fail to form a prefix of it. A holder's real entries along a
+// prompt form a prefix except below a holey block (index.go, "holes"), so they may only when one
+// of keys[:len-1] is holey.
 func (x *Index) mayHoldReal(hid uint32, keys []uint64) bool {
 	if x.holders[hid].tiers == [4]int{} || x.holey.len() == 0 {
 		return false
@@ -275,7 +291,15 @@ func (x *Index) linkStart(id uint32) {
 		x.places[head].prev = id
 	}
 	x.starts.put(p.keys[0], id)
+	// Kept at most an eighth full: most probes are misses (takeFromRecords probes every placed
+	// key), and a miss in a linear-probing table reads the whole run after its slot, about 8
+	// slots at three-quarters full and 1.1 at an eighth.
+	if n := x.starts.len(); 8*n > len(x.starts.keys) {
+		x.starts.resize(max(16*n, startsMinSlots))
+	}
 }
+
+const startsMinSlots = 64
 
 // unlinkStart removes record id from the list of its first key.
 func (x *Index) unlinkStart(id uint32) {
@@ -581,11 +605,20 @@ func (x *Index) matchPlacements(keys []uint64, now int64, m *Matches, inTree boo
 		return
 	}
 	if inTree {
+		lastD, placed := -1, false // holders often share a depth: probe it once
 		for i, h := range m.hs {
-			if d := int(m.hdepth[i]); d < len(keys) {
-				if e := x.placedDepth(h, keys, d, now); e > d {
-					x.record(m, h, e)
-				}
+			d := int(m.hdepth[i])
+			if d >= len(keys) {
+				continue
+			}
+			if d != lastD {
+				lastD, placed = d, x.placedAt(keys[d])
+			}
+			if !placed {
+				continue
+			}
+			if e := x.placedDepth(h, keys, d, now); e > d {
+				x.record(m, h, e)
 			}
 		}
 	}

@@ -290,7 +290,7 @@ func (s *LocalSource) place(engine state.EngineID, rank int, q Query, r *Result)
 		b := s.index.hasher.BlockTokens()
 		keys = s.index.hasher.appendFrom(slices.Clip(keys), lastKey(keys, s.index.hasher), q.TokenIDs[len(keys)*b:n*b])
 	}
-	return s.index.assume(engine, rank, keys, held, 0)
+	return s.index.assume(engine, rank, keys, held, 0, true)
 }
 
 // lastKey is the key a continuation of keys chains from: the last key, or the Hasher's root.
