@@ -244,6 +244,12 @@ type KVSettings struct {
 	MaxBlocks       int      `json:"max_blocks,omitempty"`
 	MaxApproxBlocks int      `json:"max_approx_blocks,omitempty"`
 	ApproxTTL       Duration `json:"approx_ttl,omitzero"`
+	// ExpectedBlocks and ExpectedHolderBlocks size the index's tables up front
+	// (kvindex.Options): the blocks the index is expected to hold when full, and the blocks one
+	// engine DP rank is expected to hold, both at most max_blocks. Zero means the tables start
+	// small and double as blocks arrive (docs/performance.md, "Sizing MaxBlocks").
+	ExpectedBlocks       int `json:"expected_blocks,omitempty"`
+	ExpectedHolderBlocks int `json:"expected_holder_blocks,omitempty"`
 	// RemoteTimeout and RemoteMaxConcurrent bound the lookups of the one remote prefix source
 	// every cache_aware policy with prefix_source remote shares: zero means 100 ms and 32
 	// (docs/design.md §10).

@@ -1,6 +1,7 @@
 package enginepick
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"net"
@@ -642,6 +643,10 @@ func (v *validator) kv(k *KVSettings) {
 		v.fail("kv.block_tokens", ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.BlockTokens, kvindex.MaxBlockTokens, DefaultBlockTokens)
 	case k.MaxBlocks < 0 || int64(k.MaxBlocks) > 1<<32-2:
 		v.fail("kv.max_blocks", ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.MaxBlocks, int64(1<<32-2), kvindex.DefaultMaxBlocks)
+	case k.ExpectedBlocks < 0 || k.ExpectedBlocks > cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks):
+		v.fail("kv.expected_blocks", ErrOutOfRange, "%d: must be in [0, max_blocks = %d]", k.ExpectedBlocks, cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks))
+	case k.ExpectedHolderBlocks < 0 || k.ExpectedHolderBlocks > cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks):
+		v.fail("kv.expected_holder_blocks", ErrOutOfRange, "%d: must be in [0, max_blocks = %d]", k.ExpectedHolderBlocks, cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks))
 	case k.MaxApproxBlocks < 0:
 		v.fail("kv.max_approx_blocks", ErrOutOfRange, "%d is negative", k.MaxApproxBlocks)
 	case k.ApproxTTL < 0:

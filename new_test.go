@@ -340,7 +340,7 @@ models:
 func TestNewSharesOneIndex(t *testing.T) {
 	t.Parallel()
 	cfg := mustParse(t, `
-kv: {block_tokens: 4}
+kv: {block_tokens: 4, expected_blocks: 64, expected_holder_blocks: 16}
 engines:
   - {id: a1, model: a}
   - {id: a2, model: a}

@@ -134,6 +134,10 @@ type Index struct {
 	// root first, in one event, leaves no holey block behind.
 	deferHoles bool
 	pending    []pendingHole
+	// During a Remove or a Clear, deleteHolding leaves the holder summaries of the nodes it
+	// empties to settleSums (deferSums), which skips the nodes freed by then.
+	deferSums  bool
+	sumPending []uint32
 	// hintNode and hintPos name where a Store just put its holder's first entry at a block, so
 	// that the next block's linkChild finds the parent's entry without a search. Valid only
 	// during a Store's apply loop (hintNode 0 otherwise).
@@ -654,6 +658,8 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	defer x.mu.Unlock()
 	x.deferHoles = true
 	defer x.settleHoles()
+	x.deferSums = true // nodes freed here are not reused before Remove returns
+	defer x.settleSums()
 	for i, hash := range hashes {
 		// A hash named twice finds its entry gone (or its node freed: no entries) the second
 		// time; nodes freed here are not reused before Remove returns.
@@ -736,6 +742,8 @@ func (x *Index) RemoveEngine(engine state.EngineID) error {
 func (x *Index) clearHolder(hid uint32) {
 	x.clearing = true
 	defer func() { x.clearing = false }()
+	x.deferSums = true
+	defer x.settleSums()
 	h := &x.holders[hid]
 	x.eachBinding(hid, func(hash uint64, n uint32) {
 		lo, hi := x.findHolder(n, hid)
@@ -906,11 +914,16 @@ func (x *Index) markRef(n uint32) {
 // the head leave the list (they rejoin it at the head when their last child goes); a leaf with
 // its reference bit set gets a second chance at the tail.
 func (x *Index) evict() {
+	warmed := 0 // LRU-head nodes left that warmEviction has read ahead for
 	for x.live > x.maxBlocks {
 		n := x.lruHead
 		if n == 0 {
 			return
 		}
+		if warmed == 0 {
+			warmed = x.warmEviction(min(x.live-x.maxBlocks, evictWarmBatch))
+		}
+		warmed--
 		nd := x.node(n)
 		switch {
 		case nd.children > 0:
@@ -923,6 +936,47 @@ func (x *Index) evict() {
 			x.evictNode(n)
 		}
 	}
+}
+
+// evictWarmBatch is how many eviction candidates warmEviction reads ahead at a time.
+const evictWarmBatch = 256
+
+// warmEviction reads, for the next k nodes evict will meet (the leaves at the head of the LRU
+// list, each followed by the ancestors that its eviction leaves childless), the key-table home
+// slot of each node's key and the binding-table home slot of each of its real entries' engine
+// hashes, which evictNode is about to probe: the loads are independent, so their cache misses overlap, where
+// evicting one leaf after another waited for two misses at a time (on the production-scale
+// workload capped below its blocks, eviction was two-thirds of the ingest time, most of it those
+// two probes; docs/performance.md, "Pre-sizing, and the cost of fresh memory"). It returns how
+// many nodes it walked.
+func (x *Index) warmEviction(k int) int {
+	var sink uint64
+	walked := 0
+	for n := x.lruHead; n != 0 && walked < k; n = x.node(n).next {
+		if x.node(n).children > 0 {
+			walked++ // an interior node leaves the list
+			continue
+		}
+		// Evicting leaf m makes its parent a leaf when m was its only child, and pushes it to
+		// the head of the list: it goes next. A chain goes from its leaf up.
+		for m := n; m != 0 && walked < k; {
+			walked++
+			nd := x.node(m)
+			sink += uint64(x.byKey.slots[x.byKey.home(nd.key)].node)
+			for _, h := range x.holds.span(int(nd.hold), nd.nHold()) {
+				if h.e&approxEntryBit == 0 {
+					if b := &x.holders[entryHolder(h.e)].bindings; len(b.slots) > 0 {
+						sink += b.slots[b.home(bindTag(h.aux))]
+					}
+				}
+			}
+			if m = nd.parent; m != 0 && x.node(m).children != 1 {
+				break
+			}
+		}
+	}
+	x.warmSink += uint32(sink)
+	return max(walked, 1)
 }
 
 // evictNode drops every entry of leaf n, for every holder, and prunes upwards.
@@ -1094,11 +1148,29 @@ func (x *Index) deleteHolding(n uint32, pos int) {
 		nd.meta = nd.meta&^classMask | (c-1)<<classShift
 	}
 	if k > 0 || nd.children > 0 {
-		x.summarize(n)
+		if x.deferSums {
+			x.sumPending = append(x.sumPending, n)
+		} else {
+			x.summarize(n)
+		}
 	} // else every caller prunes n next, which frees it and its key-table slot
 	if groupStart && groupEnds {
 		x.unlinkChild(n, hid)
 	}
+}
+
+// settleSums recomputes the holder summaries deleteHolding deferred, of the nodes still in the
+// tree: a Remove of a chain root first, or a Clear, frees most of the nodes it empties before it
+// ends, and their summaries were a key-table probe each for nothing (BenchmarkEvents/store+remove).
+// Called under mu before it is released, so readers never see a stale summary.
+func (x *Index) settleSums() {
+	for _, n := range x.sumPending {
+		if x.node(n).has(flagLive) {
+			x.summarize(n)
+		}
+	}
+	x.sumPending = x.sumPending[:0]
+	x.deferSums = false
 }
 
 // summarize recomputes node n's holder summary in the key table (nodeTable, holderBit) from its

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -410,7 +411,11 @@ func BenchmarkScale(b *testing.B) {
 					w.ingest(b, x, 0, ingest.from)
 					newCPU = 0
 				}
-				in = w.ingest(b, x, ingest.from, len(w.reqs))
+				// The timed part carries a profiler label, so that a -cpuprofile of a -rebuilt or
+				// -capped variant can be narrowed to it (go tool pprof -tagfocus phase=timed).
+				pprof.Do(context.Background(), pprof.Labels("phase", "timed"), func(context.Context) {
+					in = w.ingest(b, x, ingest.from, len(w.reqs))
+				})
 				in.heapBytes = heapAlloc() - before
 				st = x.Stats()
 			}

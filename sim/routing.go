@@ -118,7 +118,8 @@ func (p *routingPlan) newIndex(blockTokens int, now func() time.Time) (*kvindex.
 	if p != nil {
 		kv := &p.cfg.KV
 		hc.Seed, hc.Namespace = kv.HashSeed, kv.Namespace
-		o = kvindex.Options{MaxBlocks: kv.MaxBlocks, MaxApproxBlocks: kv.MaxApproxBlocks, ApproxTTL: kv.ApproxTTL.D()}
+		o = kvindex.Options{MaxBlocks: kv.MaxBlocks, MaxApproxBlocks: kv.MaxApproxBlocks, ApproxTTL: kv.ApproxTTL.D(),
+			ExpectedBlocks: kv.ExpectedBlocks, ExpectedHolderBlocks: kv.ExpectedHolderBlocks}
 	}
 	o.Now = now
 	h, err := kvindex.NewHasher(hc)
