@@ -52,19 +52,20 @@ type Options struct {
 	MaxBlocks int
 	// ExpectedBlocks is how many blocks the index is expected to hold when full: the fleet's
 	// distinct blocks, at most MaxBlocks (docs/performance.md, "Sizing MaxBlocks"). NewIndex then
-	// allocates the key → block table at the size that many blocks need, and it never shrinks
-	// below it, so filling the index never grows and rehashes it (its doublings wrote twice its
-	// final size of fresh memory, the largest single cost of filling an index; docs/performance.md,
-	// "Pre-sizing"). It costs 16 to 32 bytes per expected block from the start, used or not. 0
-	// means the table starts small and doubles as blocks arrive; negative or above MaxBlocks (after
-	// its default) is an error.
+	// allocates the key → block table at the size that many blocks need (the least power of two
+	// of slots at least 4/3 of it, 16 bytes a slot: 21 to 43 bytes per expected block, from the
+	// start), and the table never shrinks below it, so filling the index never grows and rehashes
+	// it: on the production-scale workload, with the process's memory already mapped, that took
+	// ingest from about 2.9 to 3.1–4.3 M blocks per CPU-second (docs/performance.md, "Pre-sizing,
+	// and the cost of fresh memory"). 0 means the table starts small and doubles as blocks
+	// arrive; negative or above MaxBlocks (after its default) is an error.
 	ExpectedBlocks int
 	// ExpectedHolderBlocks is how many blocks one holder, an (engine, DP rank), is expected to hold:
 	// its KV capacity in blocks over every tier it reports (for an engine with DP, one rank's
 	// share). Each holder's engine-hash table is then allocated at that size when the holder first
-	// stores a block, and never shrinks below it (Clear releases it). It costs 8 to 16 bytes per
-	// expected block per holder from the holder's first Store. 0 means the table starts small and
-	// doubles; negative or above MaxBlocks (after its default) is an error.
+	// stores a block (8-byte slots, 11 to 21 bytes per expected block), and never shrinks below
+	// it; Clear releases it, and the holder's next Store allocates it again. 0 means the table
+	// starts small and doubles; negative or above MaxBlocks (after its default) is an error.
 	ExpectedHolderBlocks int
 	// MaxApproxBlocks caps the approximate (Assume) entries, counted per (block, engine). Above
 	// it, entries are pruned to ApproxPruneFraction of the cap. 0 means DefaultMaxApproxBlocks;

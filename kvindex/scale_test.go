@@ -364,13 +364,13 @@ func (t *queryTimer) report(b *testing.B) {
 // ns/op is the median per query (per request for ingest); the other metrics are named.
 func BenchmarkScale(b *testing.B) {
 	w := loadScale(b, *kvScale)
-	// The ingest variants (docs/performance.md, "Pre-sizing"): the tables growing from small or
-	// sized up front (-presized); the first index the process builds, whose memory is fresh, or
-	// one built after an identical index was built and dropped, so that the heap already has its
-	// memory mapped (-rebuilt); and an index capped at scaleCappedBlocks, filled with the first
-	// half of the trace and timed over the second half, where it evicts as much as it stores
-	// (-capped: the steady state of a full index). The first variant a process runs is the only
-	// one on fresh memory: run each alone for that figure.
+	// The ingest variants (docs/performance.md, "Pre-sizing, and the cost of fresh memory"): the
+	// tables growing from small or sized up front (-presized); the first index the process builds,
+	// whose memory is fresh, or one built after an identical index was built and dropped, so that
+	// the heap already has its memory mapped (-rebuilt); and an index capped at scaleCappedBlocks,
+	// filled with the first half of the trace and timed over the second half, where it evicts as
+	// much as it stores (-capped: the steady state of a full index). The first variant a process
+	// runs is the only one on fresh memory: run each alone for that figure.
 	presized := w.presizedOptions()
 	capped := kvindex.Options{MaxBlocks: scaleCappedBlocks}
 	cappedPresized := w.cappedOptions()
