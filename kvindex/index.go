@@ -55,10 +55,11 @@ type Options struct {
 	// allocates the key → block table at the size that many blocks need (the least power of two
 	// of slots at least 4/3 of it, 16 bytes a slot: 21 to 43 bytes per expected block, from the
 	// start), and the table never shrinks below it, so filling the index never grows and rehashes
-	// it: on the production-scale workload, with the process's memory already mapped, that took
-	// ingest from about 2.9 to 3.1–4.3 M blocks per CPU-second (docs/performance.md, "Pre-sizing,
-	// and the cost of fresh memory"). 0 means the table starts small and doubles as blocks
-	// arrive; negative or above MaxBlocks (after its default) is an error.
+	// it: on the production-scale workload a build then allocates 920 MB instead of 1,187 MB,
+	// and a first build on fresh memory stores 2.54 rather than 1.95 M blocks per CPU-second
+	// (docs/performance.md, "Pre-sizing, and the cost of fresh memory"). 0 means the table starts
+	// small and doubles as blocks arrive; negative or above MaxBlocks (after its default) is an
+	// error.
 	ExpectedBlocks int
 	// ExpectedHolderBlocks is how many blocks one holder, an (engine, DP rank), is expected to hold:
 	// its KV capacity in blocks over every tier it reports (for an engine with DP, one rank's
