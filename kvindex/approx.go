@@ -406,11 +406,8 @@ func (x *Index) realHeldBy(engine state.EngineID, rank int, key uint64) (uint32,
 	if !ok || n == 0 {
 		return 0, false
 	}
-	lo, hi := x.findHolder(n, hid)
-	for p := lo; p < hi; p++ {
-		if x.hold(p).e&approxEntryBit == 0 {
-			return n, true
-		}
+	if lo, hi := x.findHolder(n, hid); lo < hi {
+		return n, true
 	}
 	return 0, false
 }

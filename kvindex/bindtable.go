@@ -148,7 +148,7 @@ func (x *Index) binding(hid uint32, hash uint64) (uint32, bool, int) {
 func (x *Index) realEntry(n, hid uint32, hash uint64) int {
 	lo, hi := x.findHolder(n, hid)
 	for p := lo; p < hi; p++ {
-		if x.hold(p).e&approxEntryBit == 0 && x.hold(p).aux == hash {
+		if x.hold(p).aux == hash {
 			return p
 		}
 	}
@@ -165,7 +165,7 @@ func (x *Index) eachBinding(hid uint32, fn func(hash uint64, n uint32)) {
 		n, tag := uint32(s), uint32(s>>32)
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
-			if h := x.hold(p); h.e&approxEntryBit == 0 && bindTag(h.aux) == tag {
+			if h := x.hold(p); bindTag(h.aux) == tag {
 				fn(h.aux, n)
 				break
 			}

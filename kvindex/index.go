@@ -128,8 +128,8 @@ type Index struct {
 	holds slab[holding]
 	hFree [25][]uint32 // free runs per class
 
-	// holey maps the key of every block where some holder's held prefix may have a hole, or may
-	// expire before a block below it, to its node (match.go explains the rule).
+	// holey maps the key of every block where some holder's held prefix may have a hole to its
+	// node ("holes" below).
 	holey    table
 	clearing bool // clearHolder is dropping every entry of one holder: no hole can result
 	// During a Remove, holes are decided when it is done (pending), so that removing a chain
@@ -196,7 +196,6 @@ const (
 	classMask  = 31 << classShift
 	flagLive   = 1 << 29
 	flagHoley  = 1 << 30 // the node is in Index.holey
-	flagApprox = 1 << 31 // the node has at least one approximate entry
 )
 
 func (n *node) nHold() int        { return int(n.meta & nHoldMask) }
@@ -204,8 +203,8 @@ func (n *node) class() uint32     { return (n.meta & classMask) >> classShift }
 func (n *node) has(f uint32) bool { return n.meta&f != 0 }
 func (n *node) holey() bool       { return n.meta&flagHoley != 0 }
 
-// holding is one holding entry: e is holder<<8 | tier byte (Tier bits | approxBit), aux the
-// engine's block hash for a real entry or the expiry (Unix ns) for an approximate one, kids, on a
+// holding is one holding entry, always a real (event) one (approximate entries are records,
+// approx.go): e is holder<<8 | tier byte (Tier bits), aux the engine's block hash, kids, on a
 // holder's first entry at a node, how many children of that node the holder holds (exact unless
 // the node is holey). One 16-byte struct rather than three arrays, so that inserting an entry
 // moves one array and reading one touches one cache line.
@@ -218,8 +217,6 @@ type holding struct {
 // Holding entry layout.
 func entryHolder(e uint32) uint32        { return e >> 8 }
 func mkEntry(hid uint32, t uint8) uint32 { return hid<<8 | uint32(t) }
-
-const approxEntryBit = uint32(approxBit)
 
 // holder is one (engine, DP rank).
 // pendingHole is a block a holder dropped during a Remove while it still held kids of its
@@ -566,23 +563,12 @@ func (x *Index) storeHolding(n, hid uint32, hash uint64, t uint8, known bool) in
 	lo, hi := x.findHolder(n, hid)
 	if known {
 		for p := lo; p < hi; p++ {
-			if x.hold(p).e&approxEntryBit == 0 && x.hold(p).aux == hash {
+			if x.hold(p).aux == hash {
 				x.addTiers(h, uint8(x.hold(p).e), t)
 				x.hold(p).e |= uint32(t)
 				return lo
 			}
 		}
-	}
-	if lo < hi && x.hold(lo).e&approxEntryBit != 0 {
-		// A real event supersedes the router's own placement (docs/design.md §11): the entry
-		// becomes real and no longer expires. Its heap entry goes stale.
-		x.hold(lo).e, x.hold(lo).aux = mkEntry(hid, t), hash
-		h.approx--
-		x.approxCount--
-		x.addTiers(h, 0, t)
-		x.refreshApproxFlag(n)
-		x.checkParentReal(n, hid)
-		return lo
 	}
 	old := x.node(n).hold
 	x.insertHolding(n, hi, hid, t, hash)
@@ -668,7 +654,7 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 		n := x.nodeBuf[i]
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
-			if x.hold(p).e&approxEntryBit != 0 || x.hold(p).aux != hash {
+			if x.hold(p).aux != hash {
 				continue
 			}
 			drop := uint8(x.hold(p).e) & uint8(tiers)
@@ -750,7 +736,7 @@ func (x *Index) clearHolder(hid uint32) {
 	x.eachBinding(hid, func(hash uint64, n uint32) {
 		lo, hi := x.findHolder(n, hid)
 		for p := lo; p < hi; p++ {
-			if x.hold(p).e&approxEntryBit == 0 && x.hold(p).aux == hash {
+			if x.hold(p).aux == hash {
 				x.deleteHolding(n, p)
 				x.prune(n)
 				break
@@ -966,10 +952,8 @@ func (x *Index) warmEviction(k int) int {
 			nd := x.node(m)
 			sink += uint64(x.byKey.slots[x.byKey.home(nd.key)].node)
 			for _, h := range x.holds.span(int(nd.hold), nd.nHold()) {
-				if h.e&approxEntryBit == 0 {
-					if b := &x.holders[entryHolder(h.e)].bindings; len(b.slots) > 0 {
-						sink += b.slots[b.home(bindTag(h.aux))]
-					}
+				if b := &x.holders[entryHolder(h.e)].bindings; len(b.slots) > 0 {
+					sink += b.slots[b.home(bindTag(h.aux))]
 				}
 			}
 			if m = nd.parent; m != 0 && x.node(m).children != 1 {
@@ -988,20 +972,15 @@ func (x *Index) evictNode(n uint32) {
 	for p := int(nd.hold) + nd.nHold() - 1; p >= int(nd.hold); p-- {
 		hid := entryHolder(x.hold(p).e)
 		h := &x.holders[hid]
-		if x.hold(p).e&approxEntryBit != 0 {
-			h.approx--
-			x.approxCount--
-		} else {
-			x.subTiers(h, uint8(x.hold(p).e))
-			h.bindings.remove(bindTag(x.hold(p).aux), n)
-		}
+		x.subTiers(h, uint8(x.hold(p).e))
+		h.bindings.remove(bindTag(x.hold(p).aux), n)
 		if hid != last {
 			x.unlinkChild(n, hid) // a leaf: no hole can result
 			last = hid
 		}
 	}
 	x.freeRun(nd.hold, nd.class())
-	nd.meta &^= nHoldMask | classMask | flagApprox
+	nd.meta &^= nHoldMask | classMask
 	x.evicted++
 	x.prune(n)
 }
@@ -1105,9 +1084,9 @@ func (x *Index) insertHolding(n uint32, pos int, hid uint32, t uint8, aux uint64
 	copy(r[o+1:k+1], r[o:k])
 	*x.hold(pos) = holding{e: mkEntry(hid, t), aux: aux}
 	nd.meta++
-	x.byKey.orSumAt(x.sumSlot, nd.key, holderBit(hid, t&approxBit != 0))
+	x.byKey.orSumAt(x.sumSlot, nd.key, holderBit(hid))
 	if first {
-		x.linkChild(n, hid, t, aux)
+		x.linkChild(n, hid)
 	}
 }
 
@@ -1182,7 +1161,7 @@ func (x *Index) summarize(n uint32) {
 	sum := uint32(0)
 	if k := nd.nHold(); k > 0 {
 		for _, h := range x.holds.span(int(nd.hold), k) {
-			sum |= holderBit(entryHolder(h.e), h.e&approxEntryBit != 0)
+			sum |= holderBit(entryHolder(h.e))
 		}
 	}
 	x.byKey.setSum(nd.key, sum)
@@ -1206,55 +1185,24 @@ func (x *Index) moveRun(from, to uint32, k int) {
 	copy(x.holds.span(int(to), k), x.holds.span(int(from), k))
 }
 
-// refreshApproxFlag recomputes whether node n carries an approximate entry, and its holder
-// summary.
-func (x *Index) refreshApproxFlag(n uint32) {
-	x.recomputeApproxFlag(n)
-	x.summarize(n)
-}
-
-// recomputeApproxFlag is refreshApproxFlag without the summary, for callers that just
-// summarized n (deleteHolding does).
-func (x *Index) recomputeApproxFlag(n uint32) {
-	nd := x.node(n)
-	nd.meta &^= flagApprox
-	for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
-		if x.hold(p).e&approxEntryBit != 0 {
-			nd.meta |= flagApprox
-			break
-		}
-	}
-}
-
 // ---- holes ----
 //
-// Approximate entries are records beside the tree now (approx.go): no holding carries
-// approxBit, so cases (2) and (3) below no longer arise from Assume; the code that detects them
-// stays harmless. Match extends a holder's real depth through its records (matchPlacements).
-//
 // A Match finds a holder's deepest block by probing a few depths (match.go), which is exact only
-// if, along the prompt, the holder's live entries form a prefix: held at depth d+1 implies held
-// at depth d. Let "h holds c" mean h has an entry at c, real or approximate, expired or not.
-// Holding at depth d+1 (block c) but not at depth d (its parent p) at some time needs one of
-//
-//	(1) h holds c but not p: a hole;
-//	(2) h's entry at p is approximate and its entry at c is real: p may expire first;
-//	(3) both are approximate and c expires after p.
-//
-// The index keeps every such p in the holey set (Index.holey, flagHoley), and Match caps each
-// holder's search at the first holey block of the prompt where the holder is not live. To
+// if, along the prompt, the holder's entries form a prefix: held at depth d+1 implies held at
+// depth d. The tree holds real entries only (approximate ones are records beside it, approx.go,
+// which Match folds in afterwards), so that fails only at a hole: h holds block c but not its
+// parent p. The index keeps every such p in the holey set (Index.holey, flagHoley), and Match caps
+// each holder's search at the first holey block of the prompt where the holder has no entry. To
 // mark without scanning children, each holder's first entry at a node counts the node's children
-// the holder holds (holding.kids); the count is kept exactly while the node is not holey, and reset when
-// a holey node's last child goes, which is also when it leaves the set. None of the three arises
-// from events applied in order by engines that evict their deepest blocks first, nor from
-// Assume with one TTL: a real event attaches under a block its holder holds really, an Assume
-// covers a whole chain from the root with one expiry, and a refresh only raises it. They arise
-// from removing a block the holder still holds children of, from a shorter TTL refreshing a
-// block the holder holds other children of, or from an event re-establishing a hole's parent.
-// The set shrinks as its blocks lose their children.
+// the holder holds (holding.kids); the count is kept exactly while the node is not holey, and reset
+// when a holey node's last child goes, which is also when it leaves the set. Holes do not arise
+// from events applied in order by engines that evict their deepest blocks first: a real event
+// attaches under a block its holder holds. They arise from removing a block the holder still
+// holds children of, or from an event re-establishing a hole's parent. The set shrinks as its
+// blocks lose their children.
 
-// linkChild records that holder hid now holds c (its first entry there, tier byte t and aux).
-func (x *Index) linkChild(c, hid uint32, t uint8, aux uint64) {
+// linkChild records that holder hid now holds c (its first entry there).
+func (x *Index) linkChild(c, hid uint32) {
 	p := x.node(c).parent
 	if p == 0 || x.node(p).holey() {
 		return
@@ -1266,13 +1214,10 @@ func (x *Index) linkChild(c, hid uint32, t uint8, aux uint64) {
 		lo, hi = x.findHolder(p, hid)
 	}
 	if lo == hi {
-		x.markHoley(p) // (1)
+		x.markHoley(p) // a hole
 		return
 	}
 	x.hold(lo).kids++
-	if x.hold(lo).e&approxEntryBit != 0 && (t&approxBit == 0 || aux > x.hold(lo).aux) {
-		x.markHoley(p) // (2) or (3)
-	}
 }
 
 // unlinkChild records that holder hid no longer holds c.
@@ -1304,17 +1249,6 @@ func (x *Index) settleHoles() {
 	}
 	x.pending = x.pending[:0]
 	x.deferHoles = false
-}
-
-// checkParentReal records case (2) when holder hid's entry at n just became real.
-func (x *Index) checkParentReal(n, hid uint32) {
-	p := x.node(n).parent
-	if p == 0 || x.node(p).holey() {
-		return
-	}
-	if lo, hi := x.findHolder(p, hid); lo < hi && x.hold(lo).e&approxEntryBit != 0 {
-		x.markHoley(p)
-	}
 }
 
 func (x *Index) markHoley(n uint32) {

@@ -694,7 +694,7 @@ func bruteMatch(x *Index, keys []uint64, now int64) []EngineMatch {
 			real := false
 			if inTree {
 				lo, hi := x.findHolder(n, uint32(hid))
-				real = x.holdsLive(lo, hi, uint32(hid), now)
+				real = lo < hi
 			}
 			// Or any live record of the holder with this key at this depth.
 			placed := false

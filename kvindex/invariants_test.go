@@ -25,7 +25,7 @@ func checkInvariants(x *Index) error {
 		}
 		want := uint32(0)
 		for p := int(nd.hold); p < int(nd.hold)+nd.nHold(); p++ {
-			want |= holderBit(entryHolder(x.hold(p).e), x.hold(p).e&approxEntryBit != 0)
+			want |= holderBit(entryHolder(x.hold(p).e))
 		}
 		if sum != want {
 			return fmt.Errorf("node %d holder summary %#x, entries say %#x", n, sum, want)
@@ -43,27 +43,19 @@ func checkInvariants(x *Index) error {
 		if !slices.IsSortedFunc(x.holds.span(lo, hi-lo), func(a, b holding) int { return int(entryHolder(a.e)) - int(entryHolder(b.e)) }) {
 			return fmt.Errorf("node %d holders not sorted: %v", n, x.holds.span(lo, hi-lo))
 		}
-		hasApprox := false
 		for p := lo; p < hi; p++ {
 			hid := entryHolder(x.hold(p).e)
 			h := &x.holders[hid]
 			if !h.live {
 				return fmt.Errorf("node %d entry %d names dead holder %d", n, p, hid)
 			}
-			if x.hold(p).e&approxEntryBit != 0 {
-				// Approximate entries are records beside the tree (approx.go).
-				hasApprox = true
-				return fmt.Errorf("node %d entry %d of holder %d is approximate: the tree holds real entries only", n, p, hid)
-			}
+			// Real entries only: approximate ones are records beside the tree (approx.go).
 			if t := uint8(x.hold(p).e); t == 0 || Tier(t)&^AllTiers != 0 {
 				return fmt.Errorf("node %d entry %d has tiers %#x", n, p, t)
 			}
 			if m, ok, _ := x.binding(hid, x.hold(p).aux); !ok || m != n {
 				return fmt.Errorf("node %d entry hash %#x: binding %d, %v", n, x.hold(p).aux, m, ok)
 			}
-		}
-		if hasApprox != nd.has(flagApprox) {
-			return fmt.Errorf("node %d approximate flag %v, entries say %v", n, nd.has(flagApprox), hasApprox)
 		}
 	}
 	if live != x.live {
@@ -117,7 +109,7 @@ func checkInvariants(x *Index) error {
 			}
 			lo, hi := x.findHolder(n, uint32(hid))
 			for p := lo; p < hi; p++ {
-				if x.hold(p).e&approxEntryBit == 0 && x.hold(p).aux == hash {
+				if x.hold(p).aux == hash {
 					for i := range tiers {
 						if x.hold(p).e&(1<<i) != 0 {
 							tiers[i]++
@@ -215,16 +207,8 @@ func checkHoles(x *Index) error {
 			if x.node(p).holey() {
 				continue
 			}
-			plo, phi := x.findHolder(p, hid)
-			clo, _ := x.findHolder(n, hid)
-			switch {
-			case plo == phi:
+			if plo, phi := x.findHolder(p, hid); plo == phi {
 				return fmt.Errorf("holder %d holds node %d but not its parent %d, which is not holey", hid, n, p)
-			case x.hold(plo).e&approxEntryBit == 0:
-			case x.hold(clo).e&approxEntryBit == 0:
-				return fmt.Errorf("holder %d holds node %d really under its approximate parent %d, which is not holey", hid, n, p)
-			case x.hold(clo).aux > x.hold(plo).aux:
-				return fmt.Errorf("holder %d's node %d expires after its parent %d, which is not holey", hid, n, p)
 			}
 		}
 	}

@@ -104,7 +104,8 @@ func (m *Matches) Blocks(engine state.EngineID) int {
 // folded over its DP ranks by maximum (docs/design.md §11; a hole stops a
 // holder's count). keys are a prompt's chained keys from the index's Hasher (other keys give an
 // unspecified but well-formed result); empty keys is a valid query with an empty result.
-// Approximate entries whose expiry has passed (by Options.Now) are not counted. Match allocates
+// Approximate entries (records beside the tree, approx.go) count like real ones until their
+// expiry by Options.Now; from then on they are not counted. Match allocates
 // its result; MatchInto does not.
 func (x *Index) Match(keys []uint64) *Matches {
 	m := new(Matches)
@@ -139,7 +140,10 @@ const (
 // depths (k-ary search), all probes of a round independent so that their cache misses overlap;
 // about 1 + 2 × (distinct depths) × log₄(blocks) probes. When the index has holey blocks it also
 // looks every key up in the (small) holey set and caps each holder at the first holey block of
-// the prompt where it is not live. Then a sort of the engines found.
+// the prompt where it is not live. Then, when the index has approximate entries, one probe of
+// the records' first-key table per distinct depth the holders reached (and one at the first
+// block), extending each holder through the record that starts where its real blocks end
+// (approx.go). Then a sort of the engines found.
 func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	if len(keys) > maxQueryBlocks {
 		keys = keys[:maxQueryBlocks]
@@ -149,9 +153,9 @@ func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	}
 	defer x.mu.RUnlock()
 	now := x.nowFor()
-	inTree := x.startGroups(keys, now, m)
+	inTree := x.startGroups(keys, m)
 	if inTree {
-		x.search(keys, now, m)
+		x.search(keys, m)
 	}
 	x.matchPlacements(keys, now, m, inTree)
 	x.finishMatch(m)
@@ -176,9 +180,9 @@ func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
 	if n0, _, _ := x.byKey.get(keys[0]); n0 != 0 || x.placedAt(keys[0]) {
 		keys = h.appendFrom(keys, keys[0], tokens[b:n*b])
 		now := x.nowFor()
-		inTree := x.startGroups(keys, now, m)
+		inTree := x.startGroups(keys, m)
 		if inTree {
-			x.search(keys, now, m)
+			x.search(keys, m)
 		}
 		x.matchPlacements(keys, now, m, inTree)
 	}
@@ -217,17 +221,12 @@ func (x *Index) nowFor() int64 {
 	return math.MinInt64
 }
 
-// liveHolders appends the distinct holders live at node n to dst.
-func (x *Index) liveHolders(n uint32, now int64, dst []uint32) []uint32 {
+// liveHolders appends the distinct holders of node n to dst.
+func (x *Index) liveHolders(n uint32, dst []uint32) []uint32 {
 	nd := x.node(n)
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
-	for p := lo; p < hi; {
-		h := entryHolder(x.hold(p).e)
-		live := x.holdsLive(p, hi, h, now)
-		for p < hi && entryHolder(x.hold(p).e) == h {
-			p++
-		}
-		if live {
+	for p := lo; p < hi; p++ {
+		if h := entryHolder(x.hold(p).e); p == lo || entryHolder(x.hold(p-1).e) != h {
 			dst = append(dst, h)
 		}
 	}
@@ -237,7 +236,7 @@ func (x *Index) liveHolders(n uint32, now int64, dst []uint32) []uint32 {
 // startGroups finds the holders live at the first block (m.hs) and their search intervals: the
 // query's end, or the first holey block of the query where the holder is not live. It reports
 // whether any holder is live at the first block.
-func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
+func (x *Index) startGroups(keys []uint64, m *Matches) bool {
 	n0, sum0, _ := x.byKey.get(keys[0])
 	if n0 == 0 {
 		return false
@@ -249,7 +248,7 @@ func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
 			m.hs = append(m.hs, uint32(bits.TrailingZeros32(s)))
 		}
 	} else {
-		m.hs = x.liveHolders(n0, now, m.hs[:0])
+		m.hs = x.liveHolders(n0, m.hs[:0])
 	}
 	if len(m.hs) == 0 {
 		return false
@@ -285,7 +284,7 @@ func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
 			if n == 0 {
 				copy(capped, all) // not in the tree at this depth: nothing deeper is either
 			} else {
-				live := x.liveMask(n, sum, all, now, m, m.scratch[:w])
+				live := x.liveMask(n, sum, all, m, m.scratch[:w])
 				for i := range w {
 					capped[i] = all[i] &^ live[i]
 				}
@@ -310,9 +309,9 @@ func (x *Index) startGroups(keys []uint64, now int64, m *Matches) bool {
 
 // search narrows every group of m.gs until each holder's deepest live block is known (hi = lo+1),
 // then records the holders.
-func (x *Index) search(keys []uint64, now int64, m *Matches) {
+func (x *Index) search(keys []uint64, m *Matches) {
 	if m.w == 1 && !x.wideSearch {
-		x.search1(keys, now, m)
+		x.search1(keys, m)
 		return
 	}
 	w := m.w
@@ -368,7 +367,7 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 			g := &m.gs[gi]
 			set := m.sets[gi*w : (gi+1)*w]
 			for j := g.p0; j < g.p0+g.np; j++ {
-				x.liveMask(m.probes[j].node, m.probes[j].sum, set, now, m, m.pmasks[j*int32(w):(j+1)*int32(w)])
+				x.liveMask(m.probes[j].node, m.probes[j].sum, set, m, m.pmasks[j*int32(w):(j+1)*int32(w)])
 			}
 		}
 		// Split each group by its holders' deepest live probe.
@@ -424,7 +423,7 @@ func (x *Index) search(keys []uint64, now int64, m *Matches) {
 
 // search1 is search for at most 64 holders (one word per set, the common case), with the sets
 // and live masks held in the groups and probes themselves.
-func (x *Index) search1(keys []uint64, now int64, m *Matches) {
+func (x *Index) search1(keys []uint64, m *Matches) {
 	gs := m.gs1[:0]
 	for gi, g := range m.gs {
 		gs = append(gs, group1{lo: g.lo, hi: g.hi, nlo: g.nlo, set: m.sets[gi]})
@@ -477,7 +476,7 @@ func (x *Index) search1(keys []uint64, now int64, m *Matches) {
 			rest := g.set
 			for j := g.np - 1; j >= 0 && rest != 0; j-- {
 				p := probes[g.p0+j]
-				b := rest & x.liveWord(p.node, p.sum, rest, now, m)
+				b := rest & x.liveWord(p.node, p.sum, rest, m)
 				if b == 0 {
 					continue
 				}
@@ -511,7 +510,7 @@ func (x *Index) search1(keys []uint64, now int64, m *Matches) {
 
 // liveWord returns holders live at node n, whose holder summary is sum, as a word over m.hs:
 // at least those of set (none when n is 0).
-func (x *Index) liveWord(n, sum uint32, set uint64, now int64, m *Matches) uint64 {
+func (x *Index) liveWord(n, sum uint32, set uint64, m *Matches) uint64 {
 	if n == 0 {
 		return 0
 	}
@@ -520,10 +519,10 @@ func (x *Index) liveWord(n, sum uint32, set uint64, now int64, m *Matches) uint6
 	}
 	nd := x.node(n)
 	lo, hi := int(nd.hold), int(nd.hold)+nd.nHold()
-	if nd.has(flagApprox) || hi-lo > 4*bits.OnesCount64(set) {
+	if hi-lo > 4*bits.OnesCount64(set) {
 		var in, out [1]uint64
 		in[0] = set
-		return x.liveMask(n, sum, in[:], now, m, out[:])[0]
+		return x.liveMask(n, sum, in[:], m, out[:])[0]
 	}
 	acc := uint64(0)
 	bit := m.bit
@@ -549,7 +548,7 @@ func summaryWord(sum uint32, bit []int32) uint64 {
 
 // liveMask writes into dst the holders of set (a bitmap over m.hs) live at node n, whose holder
 // summary is sum (none when n is 0), and returns dst.
-func (x *Index) liveMask(n, sum uint32, set []uint64, now int64, m *Matches, dst []uint64) []uint64 {
+func (x *Index) liveMask(n, sum uint32, set []uint64, m *Matches, dst []uint64) []uint64 {
 	for i := range dst {
 		dst[i] = 0 // not clear(dst): a call to memclr for a word or two
 	}
@@ -587,17 +586,16 @@ func (x *Index) liveMask(n, sum uint32, set []uint64, now int64, m *Matches, dst
 						z = mid
 					}
 				}
-				if x.holdsLive(a, hi, h, now) {
+				if x.holdsLive(a, hi, h) {
 					dst[i] |= 1 << b
 				}
 			}
 		}
 		return dst
 	}
-	approx := nd.has(flagApprox)
 	bit := m.bit
-	if !approx && len(dst) == 1 {
-		// Up to 64 holders and no approximate entry: every entry is live.
+	if len(dst) == 1 {
+		// Up to 64 holders.
 		acc := uint64(0)
 		for _, e := range x.holds.span(lo, hi-lo) {
 			if b := uint32(bit[e.e>>8]) - 1; b < 64 {
@@ -610,10 +608,7 @@ func (x *Index) liveMask(n, sum uint32, set []uint64, now int64, m *Matches, dst
 	for p := lo; p < hi; p++ {
 		e := x.hold(p).e
 		i := bit[entryHolder(e)] - 1
-		if i < 0 || set[i>>6]&(1<<(i&63)) == 0 {
-			continue
-		}
-		if !approx || e&approxEntryBit == 0 || int64(x.hold(p).aux) > now {
+		if i >= 0 && set[i>>6]&(1<<(i&63)) != 0 {
 			dst[i>>6] |= 1 << (i & 63)
 		}
 	}
@@ -629,21 +624,15 @@ func isZero(s []uint64) bool {
 	return true
 }
 
-// liveAt reports whether holder h is live at node n.
-func (x *Index) liveAt(n, h uint32, now int64) bool {
+// liveAt reports whether holder h has an entry at node n.
+func (x *Index) liveAt(n, h uint32) bool {
 	lo, hi := x.findHolder(n, h)
-	return x.holdsLive(lo, hi, h, now)
+	return lo < hi
 }
 
-// holdsLive reports whether the entries from slab position p (before hi) include holder h with a
-// real entry or an unexpired approximate one.
-func (x *Index) holdsLive(p, hi int, h uint32, now int64) bool {
-	for ; p < hi && entryHolder(x.hold(p).e) == h; p++ {
-		if x.hold(p).e&approxEntryBit == 0 || int64(x.hold(p).aux) > now {
-			return true
-		}
-	}
-	return false
+// holdsLive reports whether the entry at slab position p (before hi) is holder h's.
+func (x *Index) holdsLive(p, hi int, h uint32) bool {
+	return p < hi && entryHolder(x.hold(p).e) == h
 }
 
 // finishMatch orders the engines recorded.
@@ -718,7 +707,7 @@ func (x *Index) matchLinearInto(keys []uint64, m *Matches) {
 		next, fol2 = next[:0], fol2[:0]
 		if d == 0 {
 			if in {
-				next = x.liveHolders(n, now, next)
+				next = x.liveHolders(n, next)
 				for range next {
 					fol2 = append(fol2, 0)
 				}
@@ -749,7 +738,7 @@ func (x *Index) matchLinearInto(keys []uint64, m *Matches) {
 						}
 					}
 				}
-				if r != 0 || (in && x.liveAt(n, h, now)) {
+				if r != 0 || (in && x.liveAt(n, h)) {
 					next, fol2 = append(next, h), append(fol2, r)
 				} else {
 					x.record(m, h, d)

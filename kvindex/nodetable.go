@@ -10,8 +10,8 @@ package kvindex
 // probe instead of three (slot, node, holding run). On the production-scale workload the
 // search's cost grew with its probes, at about 0.1 µs each, and each round of probes waited for
 // three dependent misses (docs/performance.md, "kvindex at production scale"). The writers keep
-// the summary exact: insertHolding adds the new entry's bit, deleteHolding and
-// refreshApproxFlag recompute it from the run (Index.summarize); checkInvariants verifies it.
+// the summary exact: insertHolding adds the new entry's bit, deleteHolding recomputes it from
+// the run (Index.summarize); checkInvariants verifies it.
 //
 // Sizes are powers of two and the home slot is the top bits of key × fib, so resizing and
 // backward shifts never read a node. A table of 5.66 M nodes takes 128 MiB (8 Mi slots), 8 B per
@@ -37,15 +37,14 @@ type nodeSlot struct {
 const nodeTableMinBits = 6
 
 // summaryInexact is the holder-summary bit that sends a reader to the node: the node has an
-// entry of a holder without its own bit (ID ≥ 31) or an approximate entry, whose liveness
-// depends on the clock.
+// entry of a holder without its own bit (ID ≥ 31).
 const summaryInexact = 1 << 31
 
 // holderBit is the summary bit of an entry of holder hid: holders 0–30 have their own bit; every
-// other holder, and every approximate entry, sets summaryInexact. A summary without
-// summaryInexact lists exactly the holders of the node, every one of them live.
-func holderBit(hid uint32, approx bool) uint32 {
-	if approx || hid >= 31 {
+// other holder sets summaryInexact. A summary without summaryInexact lists exactly the holders
+// of the node. (The tree holds real entries only; approximate ones are records, approx.go.)
+func holderBit(hid uint32) uint32 {
+	if hid >= 31 {
 		return summaryInexact
 	}
 	return 1 << hid

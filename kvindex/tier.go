@@ -24,9 +24,6 @@ const (
 	AllTiers = TierDevice | TierHost | TierDisk | TierExternal
 )
 
-// approxBit marks a holding entry as approximate (Assume); it shares the entry's tier byte.
-const approxBit = 1 << 7
-
 var tierNames = [...]string{"device", "host", "disk", "external"}
 
 // String returns the tier names joined by "|" ("device|host"), "none" for 0, and appends

@@ -58,7 +58,7 @@ func newStateCollector(ns string) *stateCollector {
 		pollFailures: d("load_poll_failures_total",
 			"Failed polls of the engine's load endpoint (transport, status, malformed page, missing ranks).", "engine"),
 		indexBlocks: d("kv_index_blocks",
-			"Blocks (tree nodes) in the KV-block prefix index, including interior blocks kept for a held descendant."),
+			"Blocks (tree nodes) in the KV-block prefix index, including interior blocks kept for a held descendant; approximate entries are not blocks."),
 		indexApprox: d("kv_index_approximate_blocks",
 			"Approximate (route-time) block entries in the KV-block index."),
 		indexEvicted: d("kv_index_evicted_blocks_total",

@@ -559,16 +559,25 @@ func TestCacheAwareConcurrentPicksRaceEventsAndRemoval(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
 	p := c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(3)})
+	// The same over the bare LocalSource: every pick records a route-time placement, racing the
+	// engines' events (which take the placed blocks), their removal and expiry.
+	local, err := kvindex.NewLocalSource(c.index)
+	require.NoError(t, err)
+	placed, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: local, WorkerQueueLimit: u64(3)})
+	require.NoError(t, err)
 	group := engines(state.StagePrefill, "a", "b", "c")
 	var wg sync.WaitGroup
 	for w := range 3 {
 		wg.Go(func() {
 			for i := range 200 {
 				tok := prompt(4*blockTokens, uint32(i%7))
-				if _, err := p.Pick(ctx, group, creq(tok)); err != nil {
+				pol := policy.Policy(p)
+				if (i+w)%2 == 0 {
+					pol = placed
+				}
+				if _, err := pol.Pick(ctx, group, creq(tok)); err != nil {
 					t.Error(err)
 				}
-				_ = w
 			}
 		})
 	}
