@@ -931,9 +931,9 @@ const evictWarmBatch = 256
 
 // warmEviction reads, for the next k nodes evict will meet (the leaves at the head of the LRU
 // list, each followed by the ancestors that its eviction leaves childless), the key-table home
-// slot of each node's key and the binding-table home slot of each of its real entries' engine
-// hashes, which evictNode is about to probe: the loads are independent, so their cache misses overlap, where
-// evicting one leaf after another waited for two misses at a time (on the production-scale
+// slot of each node's key and the binding-table home slot of each of its entries' engine hashes,
+// which evictNode is about to probe: the loads are independent, so their cache misses overlap,
+// where evicting one leaf after another waited for two misses at a time (on the production-scale
 // workload capped below its blocks, eviction was two-thirds of the ingest time, most of it those
 // two probes; docs/performance.md, "Pre-sizing, and the cost of fresh memory"). It returns how
 // many nodes it walked.
