@@ -53,7 +53,8 @@ const (
 	// scaleMaxBlocks sizes Options.MaxBlocks above the full workload's 5,662,916 blocks, so that
 	// nothing is evicted (docs/performance.md: sizing MaxBlocks).
 	scaleMaxBlocks = 8 << 20
-	// scaleCappedBlocks is the cap of the capped ingest (BenchmarkScale/ingest-capped): below the
+	// scaleCappedBlocks is the cap of the full workload's capped ingest
+	// (BenchmarkScale/ingest-capped; the small workload's is a third of its blocks): below the
 	// full workload's blocks, so that its second half evicts as it stores.
 	scaleCappedBlocks = 2 << 20
 )
@@ -263,13 +264,22 @@ func (w *scaleWorkload) presizedOptions() kvindex.Options {
 	return kvindex.Options{MaxBlocks: scaleMaxBlocks, ExpectedBlocks: c[1], ExpectedHolderBlocks: (c[2] + scaleEngines - 1) / scaleEngines}
 }
 
-// cappedOptions are the Options of the capped ingest: MaxBlocks scaleCappedBlocks, and the tables
-// sized for a full index: ExpectedBlocks the cap, ExpectedHolderBlocks the cap's share of
-// (block, engine) pairs per engine at the workload's engines per block.
+// cappedBlocks is the capped ingest's MaxBlocks: scaleCappedBlocks for the full workload, a third
+// of the small one's blocks, so that both evict.
+func (w *scaleWorkload) cappedBlocks() int {
+	if w.name == "full" {
+		return scaleCappedBlocks
+	}
+	return countsFromHashIDs(w.reqs)[1] / 3
+}
+
+// cappedOptions are the Options of the capped ingest: MaxBlocks cappedBlocks, and the tables sized
+// for a full index: ExpectedBlocks the cap, ExpectedHolderBlocks the cap's share of (block, engine)
+// pairs per engine at the workload's engines per block.
 func (w *scaleWorkload) cappedOptions() kvindex.Options {
-	c := countsFromHashIDs(w.reqs)
-	perHolder := int(float64(scaleCappedBlocks) * float64(c[2]) / float64(c[1]) / scaleEngines)
-	return kvindex.Options{MaxBlocks: scaleCappedBlocks, ExpectedBlocks: scaleCappedBlocks, ExpectedHolderBlocks: perHolder}
+	c, limit := countsFromHashIDs(w.reqs), w.cappedBlocks()
+	perHolder := int(float64(limit) * float64(c[2]) / float64(c[1]) / scaleEngines)
+	return kvindex.Options{MaxBlocks: limit, ExpectedBlocks: limit, ExpectedHolderBlocks: perHolder}
 }
 
 func (w *scaleWorkload) index(tb testing.TB) *scaleIndex {
@@ -364,15 +374,15 @@ func (t *queryTimer) report(b *testing.B) {
 // ns/op is the median per query (per request for ingest); the other metrics are named.
 func BenchmarkScale(b *testing.B) {
 	w := loadScale(b, *kvScale)
-	// The ingest variants (docs/performance.md, "Pre-sizing"): the tables growing from small or
-	// sized up front (-presized); the first index the process builds, whose memory is fresh, or
-	// one built after an identical index was built and dropped, so that the heap already has its
-	// memory mapped (-rebuilt); and an index capped at scaleCappedBlocks, filled with the first
-	// half of the trace and timed over the second half, where it evicts as much as it stores
-	// (-capped: the steady state of a full index). The first variant a process runs is the only
-	// one on fresh memory: run each alone for that figure.
+	// The ingest variants (docs/performance.md, "Pre-sizing, and the cost of fresh memory"): the
+	// tables growing from small or sized up front (-presized); the first index the process builds,
+	// whose memory is fresh, or one built after an identical index was built and dropped, so that
+	// the heap already has its memory mapped (-rebuilt); and an index capped at cappedBlocks,
+	// filled with the first half of the trace and timed over the second half, where it evicts as
+	// much as it stores (-capped: the steady state of a full index). The first variant a process
+	// runs is the only one on fresh memory: run each alone for that figure.
 	presized := w.presizedOptions()
-	capped := kvindex.Options{MaxBlocks: scaleCappedBlocks}
+	capped := kvindex.Options{MaxBlocks: w.cappedBlocks()}
 	cappedPresized := w.cappedOptions()
 	half := len(w.reqs) / 2
 	for _, ingest := range []struct {
@@ -418,6 +428,9 @@ func BenchmarkScale(b *testing.B) {
 				})
 				in.heapBytes = heapAlloc() - before
 				st = x.Stats()
+			}
+			if ingest.from > 0 && st.EvictedBlocks == 0 {
+				b.Fatalf("%s evicted nothing: the cap is not below the workload's blocks", ingest.name)
 			}
 			p := pairs(x)
 			b.ReportMetric(float64(in.storeTime.Nanoseconds())/float64(in.blockAdds), "ns/op")

@@ -89,9 +89,10 @@ const slabBatchBytes = 2 * hugePage
 // newPage returns a fresh page after page 0. Pages are allocated in batches, as many as the slab
 // already has pages (the slab at most doubles, as a slice would) up to slabBatchBytes, advised
 // to be backed by huge pages before anything touches them: on the virtual machine of
-// docs/performance.md ("Pre-sizing") the first write to fresh memory cost about 3.5 ns per byte
-// in 4 KiB pages and 2.4 ns in huge pages, and the node and holding slabs are half of a large
-// index's memory; huge pages also spare the random node reads of an ingest TLB misses.
+// docs/performance.md ("Pre-sizing, and the cost of fresh memory") the first write to fresh
+// memory cost about 3.5 ns per byte in 4 KiB pages and 2.4 ns in huge pages, and the node and
+// holding slabs are half of a large index's memory; huge pages also spare the random node reads
+// of an ingest TLB misses.
 func (s *slab[T]) newPage() []T {
 	if len(s.spare) == 0 {
 		var z T
