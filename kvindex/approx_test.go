@@ -219,3 +219,18 @@ func TestPlacementsAreNotEvictedUnderMaxBlocks(t *testing.T) {
 	assert.Equal(t, map[state.EngineID]int{"a": 6}, f.match(1, 6))
 	require.NoError(t, checkInvariants(f.x))
 }
+
+// A Store longer than one apply chunk takes the blocks from the record chunk by chunk, so that
+// readers never see a block both real and in a record (approx.go's invariants).
+func TestLongStoreTakesBlocksFromTheRecordPerChunk(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	n := storeChunk + 88
+	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, n+4)), time.Minute))
+	f.store("a", 0, 1, 0, n, 0, TierDevice)
+	assert.Equal(t, 4, f.x.Stats().ApproximateBlocks)
+	assert.Equal(t, map[state.EngineID]int{"a": n + 4}, f.match(1, n+4))
+	f.clock = f.clock.Add(time.Hour)
+	assert.Equal(t, map[state.EngineID]int{"a": n}, f.match(1, n+4))
+	require.NoError(t, checkInvariants(f.x))
+}

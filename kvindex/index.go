@@ -468,6 +468,9 @@ func (x *Index) store(ev *StoreEvent) error {
 			prev = n
 		}
 		x.hintNode, x.sumSlot = 0, -1
+		// The chunk's blocks are real now: they leave the holder's records (approx.go) before
+		// readers can see them both ways.
+		x.supersedeByStore(hid, x.keyBuf[from:to])
 		x.mu.Unlock()
 		b := &x.holders[hid].bindings
 		for i := from; i < to; i++ {
@@ -477,10 +480,8 @@ func (x *Index) store(ev *StoreEvent) error {
 			x.touch(x.nodeBuf[i])
 		}
 	}
-	if x.live > x.maxBlocks || x.holders[hid].approx > 0 {
+	if x.live > x.maxBlocks {
 		x.mu.Lock()
-		// The stored blocks are real now: they leave the holder's records (approx.go).
-		x.supersedeByStore(hid, x.keyBuf)
 		x.evict()
 		x.mu.Unlock()
 	}
