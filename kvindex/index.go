@@ -154,14 +154,17 @@ type Index struct {
 	byID        []uint32 // live engine slots sorted by ID; byID[engines[e].order] == e
 
 	// Approximate entries, as records beside the tree (approx.go).
-	places      []placement // record id → record; id 0 is unused
-	freePlaces  []uint32
-	placeLive   int        // live records
-	starts      table      // first key → id of the first record of its list
-	pheap       []placeRef // expiry order; entries of dropped records are stale
-	pdrain      []uint32   // pruneApprox's scratch
-	keyPool     [][]uint64 // dropped records' keys slices, for reuse
-	approxCount int        // approximate entries: the records' blocks
+	places       []placement // record id → record; id 0 is unused
+	freePlaces   []uint32
+	placeLive    int        // live records
+	starts       table      // first key → id of the first record of its list
+	startBits    []uint64   // the start filter over the records' first keys (approx.go)
+	startBitsLog uint       // log2 of the filter's bits
+	startStale   int        // records unlinked since the filter was rebuilt
+	pheap        []placeRef // expiry order; entries of dropped records are stale
+	pdrain       []uint32   // pruneApprox's scratch
+	keyPool      [][]uint64 // dropped records' keys slices, for reuse
+	approxCount  int        // approximate entries: the records' blocks
 
 	// wideSearch makes Match use its general search for any number of holders (tests only).
 	wideSearch bool

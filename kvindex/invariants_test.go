@@ -278,6 +278,9 @@ func checkPlacements(x *Index, holdersApprox int) error {
 				}
 			}
 		}
+		if !x.mayStart(p.keys[0]) {
+			return fmt.Errorf("record %d's first key %#x is not in the start filter", id, p.keys[0])
+		}
 		// Listed under its first key.
 		head, ok := x.starts.get(p.keys[0])
 		if !ok {

@@ -205,6 +205,49 @@ func (m *model) holdsReal(h *mholder, key uint64) bool {
 	return false
 }
 
+// place is LocalSource.Place's assume: held is the depth the engine's rank 0 matched; when its
+// block keys[held-1] is real, only keys[held:] are assumed (the blocks before are not refreshed).
+func (m *model) place(engine state.EngineID, keys []uint64, held int, ttl time.Duration) error {
+	if ttl == 0 {
+		ttl = m.defaultTTL
+	}
+	start := 0
+	if h := m.holders[hkey{engine, 0}]; held > 0 && held <= len(keys) && h != nil && m.holdsReal(h, keys[held-1]) {
+		start = held
+	}
+	if start == len(keys) {
+		return nil
+	}
+	m.expire(m.now)
+	h := m.holder(hkey{engine, 0})
+	prev := mparent{key: m.hasher.root, root: true}
+	for i, k := range keys {
+		m.parent[k] = prev
+		prev = mparent{key: k}
+		if i >= start && !m.holdsReal(h, k) {
+			h.approx[k] = m.now + int64(ttl)
+		}
+	}
+	return nil
+}
+
+// depth is the number of leading keys holder hk holds, real or live approximate.
+func (m *model) depth(hk hkey, keys []uint64) int {
+	h := m.holders[hk]
+	if h == nil {
+		return 0
+	}
+	n := 0
+	for _, k := range keys {
+		exp, approx := h.approx[k]
+		if !m.holdsReal(h, k) && (!approx || exp <= m.now) {
+			break
+		}
+		n++
+	}
+	return n
+}
+
 func (m *model) assume(engine state.EngineID, keys []uint64, ttl time.Duration) error {
 	if ttl < 0 {
 		return state.ErrInvalidConfiguration
@@ -430,6 +473,17 @@ func (w *walk) step() {
 			keys = append(keys, keys[0])
 		}
 		ttl := []time.Duration{0, time.Second, 2 * time.Second, 5 * time.Second, -time.Second}[w.rng.IntN(5)]
+		if ttl == 2*time.Second {
+			// A route-time placement (LocalSource.Place): the index's own keys, with the depth
+			// the engine's rank 0 holds as the hint.
+			if len(keys) > 1 && keys[len(keys)-1] == keys[0] {
+				keys = keys[:len(keys)-1]
+			}
+			held := w.m.depth(hkey{engine, 0}, keys)
+			desc = fmt.Sprintf("place %s %#x held=%d ttl=%v", engine, keys, held, ttl)
+			want, got = w.m.place(engine, keys, held, ttl), w.x.assume(engine, 0, keys, held, ttl, true)
+			break
+		}
 		desc = fmt.Sprintf("assume %s %#x ttl=%v", engine, keys, ttl)
 		want, got = w.m.assume(engine, keys, ttl), w.x.Assume(engine, keys, ttl)
 	case op < 93:

@@ -108,13 +108,32 @@ func BenchmarkCacheAwarePick8192(b *testing.B) {
 		{"placements/repeat", placed, append([]uint32(nil), tok...), policy.ReasonCacheCandidate, true},
 		// Each pick's last 2,048 tokens (128 blocks) are new: they are recorded every time.
 		{"placements/new_turn", placed, append([]uint32(nil), tok...), policy.ReasonCacheCandidate, true},
+		// Each pick is the next turn of a conversation whose last turn the engine holds only
+		// through its placement (its events have not arrived): the prompt extends the previous
+		// pick's by 256 tokens (16 blocks), from 6,400 to 8,192 tokens (7,296 on average), then a
+		// new conversation starts. Each pick records every block after the engine's real 6,144
+		// tokens (16 to 128 blocks), taking the previous turn's blocks from its record.
+		{"placements/extend", placed, append(make([]uint32, 0, 8192), tok[:6144]...), policy.ReasonCacheCandidate, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			req := creq(tc.tokens)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(tc.tokens) * 4))
+			if tc.name == "placements/extend" {
+				b.SetBytes(7296 * 4) // the average prompt
+			}
 			turn := uint32(0)
 			pick := func() {
+				if tc.name == "placements/extend" {
+					turn++
+					conv, t := turn/8, int(turn%8)+1
+					tc.tokens = tc.tokens[:6144+256*t]
+					for i := 6144; i < len(tc.tokens); i++ {
+						tc.tokens[i] = 1<<30 | conv%(1<<18)<<12 | uint32(i-6144)
+					}
+					req.TokenIDs, req.InputTokens = tc.tokens, uint64(len(tc.tokens))
+					c.clk.Advance(kvindex.DefaultApproxTTL / newTurnsLive)
+				}
 				if tc.fresh && tc.name == "placements/new_turn" {
 					turn++
 					for i := 6144; i < 8192; i += blockTokens {
@@ -131,7 +150,7 @@ func BenchmarkCacheAwarePick8192(b *testing.B) {
 					b.Fatal(pk, err)
 				}
 			}
-			if tc.name == "placements/new_turn" {
+			if tc.name == "placements/new_turn" || tc.name == "placements/extend" {
 				for range 2 * newTurnsLive { // reach the steady state before timing
 					pick()
 				}
