@@ -27,14 +27,16 @@
 //
 // A query's chained keys name every prefix of it, and a holder's entries along a prompt form a
 // prefix (held at depth d+1 implies held at depth d) except at blocks the index records as holey
-// (index.go, "holes": a holder dropped a block it still holds children of, or an approximate
-// entry may expire before one below it). So Match does not walk the prompt block by block: it
+// (index.go, "holes": a holder dropped a block it still holds children of). So Match does not
+// walk the prompt block by block: it
 // probes a few depths in rounds (an 8-ary, then 4-ary, search per group of holders still at the
 // same interval), issuing every probe of a round before using any so that their cache misses
 // overlap, and caps each holder at the first holey block of the prompt it is not live at. On the
 // production-scale workload of docs/performance.md (5.66 M blocks, 16 engines) a 512-block lookup
 // takes about 16 probes instead of up to 512, and finding its holders costs about as much as
-// hashing the prompt.
+// hashing the prompt. Approximate entries (Assume) are not in the tree: they are records beside
+// it, one per Assume, found by their first key, and Match extends each holder's depth through
+// the record that starts where its real blocks end (approx.go).
 //
 // # Concurrency
 //
