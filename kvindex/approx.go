@@ -17,7 +17,7 @@ import (
 // be a holding in the tree, which cost a node (key-table insert, holding run, LRU links) per
 // block to create and as much again to expire: about 200 ns per block of a route-time
 // placement, five times the cost of hashing the prompt (docs/design-notes.md, "Placements as
-// records"; docs/performance.md, "Route-time placements").
+// records"; docs/performance.md, "policy", "Placements as records").
 //
 // The records keep three invariants, which checkInvariants verifies:
 //
@@ -29,7 +29,8 @@ import (
 //     does not start there covers the block at d − 1 as well: a match that finds the holder's
 //     real entries ending at depth d needs only the records that start at the key of depth d.
 //
-// Records are found by their first key (Index.starts, a list per key). Because keys are
+// Records are found by their first key (Index.starts, a list per key, behind a bitmap filter,
+// Index.startBits, that answers most probes, which miss). Because keys are
 // chained, a record whose first key is the query's key at depth d agrees with the query from d
 // for as long as their keys are equal, and no further.
 type placement struct {
@@ -64,9 +65,10 @@ type placeRef struct {
 // block first. Approximate entries are not tree blocks: they do not count against MaxBlocks and
 // are never evicted by it (Stats.Blocks does not count them).
 //
-// Cost: O(len(keys)) for a copy of keys and one probe per key of a small table (the records'
-// first keys), plus, when the engine holds blocks through real events, one key-table lookup for
-// each key up to the first it does not hold. It does not walk the tree.
+// Cost: O(len(keys)) for a copy of keys and one probe per key of the start filter (a bitmap over
+// the records' first keys), plus one key-table lookup of keys[0] and, when the engine holds
+// blocks through real events, about log2(len(keys)) more to find where they end (one per key when
+// a holey block lies along keys). It does not walk the tree.
 //
 // Errors (an *EventError with Op "assume"; the index is unchanged): ErrInvalidEngine (engine is
 // empty), ErrCyclicChain (a key repeats), ErrKeyConflict (keys[0] is a block of the index that
