@@ -419,16 +419,25 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		// Both answers are known once one engine is fresh and one is not queued (often the
 		// first engine), so the scan stops there: O(1) per pick on a healthy fleet rather than a
 		// load lookup per group engine (docs/performance.md, BenchmarkCacheAwareQueueGate).
+		// A candidate's observation already carries its engine's load from this snapshot, in
+		// the cache: a fresh, unqueued candidate answers both before any table lookup (the
+		// answers do not depend on the order in which engines are read).
 		d.FleetAllQueued = true
 		anyFresh := false
+		for i := range cands {
+			if l := cands[i].obs.Load; l != nil && l.LeastRankWaitingRequests() < p.queueCap {
+				anyFresh, d.FleetAllQueued = true, false
+				break
+			}
+		}
 		for _, e := range engines {
+			if anyFresh && !d.FleetAllQueued {
+				break
+			}
 			l, ok := snap.Load(e.ID())
 			anyFresh = anyFresh || ok
 			if !ok || l.LeastRankWaitingRequests() < p.queueCap {
 				d.FleetAllQueued = false
-			}
-			if anyFresh && !d.FleetAllQueued {
-				break
 			}
 		}
 		if !anyFresh && p.blind.Add(1)%inertWarnSample == 1 {
