@@ -153,22 +153,29 @@ var _ Checker = Limits{}
 // prefill tokens, in-flight; the first cap the metric has reached rejects and names itself. An
 // unknown reported metric passes its cap (fails open). Check never returns an error.
 func (l Limits) Check(_ state.Engine, m Metrics) (Verdict, error) {
-	for _, c := range [...]struct {
-		name string
-		cap  *uint64
-		v    Value
-	}{
-		{LimitRunningRequests, l.MaxRunningRequests, m.RunningRequests},
-		{LimitWaitingRequests, l.MaxWaitingRequests, m.WaitingRequests},
-		{LimitKVTokens, l.MaxKVTokens, m.KVTokens},
-		{LimitPendingPrefillTokens, l.MaxPendingPrefillTokens, m.PendingPrefillTokens},
-		{LimitInFlightRequests, l.MaxInFlightRequests, Known(m.InFlightRequests)},
-	} {
-		if c.cap != nil && c.v.Known && c.v.V >= *c.cap {
-			return Verdict{Limit: c.name, Observed: c.v.V, Cap: *c.cap}, nil
-		}
+	// One test per cap, in check order, rather than a loop over a table of them: every pick runs
+	// this for each holder it evaluates, and the table cost more than the tests.
+	switch {
+	case reached(l.MaxRunningRequests, m.RunningRequests):
+		return rejected(LimitRunningRequests, l.MaxRunningRequests, m.RunningRequests), nil
+	case reached(l.MaxWaitingRequests, m.WaitingRequests):
+		return rejected(LimitWaitingRequests, l.MaxWaitingRequests, m.WaitingRequests), nil
+	case reached(l.MaxKVTokens, m.KVTokens):
+		return rejected(LimitKVTokens, l.MaxKVTokens, m.KVTokens), nil
+	case reached(l.MaxPendingPrefillTokens, m.PendingPrefillTokens):
+		return rejected(LimitPendingPrefillTokens, l.MaxPendingPrefillTokens, m.PendingPrefillTokens), nil
+	case reached(l.MaxInFlightRequests, Known(m.InFlightRequests)):
+		return rejected(LimitInFlightRequests, l.MaxInFlightRequests, Known(m.InFlightRequests)), nil
 	}
 	return Verdict{Admit: true}, nil
+}
+
+// reached reports whether a known metric v is at or over a set cap (nil: no cap).
+func reached(cap *uint64, v Value) bool { return cap != nil && v.Known && v.V >= *cap }
+
+// rejected is the verdict of the cap name that v reached.
+func rejected(name string, cap *uint64, v Value) Verdict {
+	return Verdict{Limit: name, Observed: v.V, Cap: *cap}
 }
 
 // IsZero reports whether no cap is set (Limits{} admits everything).

@@ -70,7 +70,11 @@ func Observe(snap Snapshot, inflight *InFlight, engine state.EngineID) Observati
 // engine's load is unknown, the engine has one rank, or rank is out of range, it is Observe: no
 // rank is named.
 func ObserveRank(snap Snapshot, inflight *InFlight, engine state.EngineID, rank int) Observation {
-	return withRank(Observe(snap, inflight, engine), inflight, engine, rank)
+	o := Observe(snap, inflight, engine)
+	if o.Load == nil || rank < 0 || rank >= len(o.Load.RankLoads) {
+		return o // no rank to name, as in withRank, without a second copy of o
+	}
+	return withRank(o, inflight, engine, rank)
 }
 
 // withRank returns the engine's observation o naming rank (ObserveRank).
