@@ -177,7 +177,7 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 		warn:      s.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewSamplerWithOptions(c, s.warnEvery, 1, 0) })),
 	}
 	if ts, ok := s.obs.(SelectTimingSampler); ok {
-		r.timeEvery = uint32(max(1, min(ts.SelectTimingEvery(), math.MaxUint32)))
+		r.timeEvery = uint32(max(1, min(int64(ts.SelectTimingEvery()), math.MaxUint32)))
 	}
 	if err := b.start(r); err != nil {
 		return nil, err

@@ -229,8 +229,11 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 
 // stamp returns the time elapsed on the Router's clock since it was built. With the default clock
 // it reads the monotonic clock alone (time.Since of a monotonic base), which costs about half a
-// time.Now; an observed pick takes two stamps, and time.Now dominated the observer's cost on the
-// pick path (docs/performance.md, observer overhead).
+// time.Now. An observed Select stamps its start only when it is in the timing sample
+// (SelectTimingSampler); its end is the dispatch's own clock reading on success (selectOnce), and
+// a stamp only where that reading is missing (a timed Select that failed, or a successful one
+// whose Router or in-flight counters have an injected clock). Clock readings were most of the observer's cost on a cheap pick
+// (docs/performance.md, "metrics: the observer's cost on a pick").
 func (r *Router) stamp() time.Duration {
 	if r.realClock {
 		return time.Since(r.base)
@@ -241,7 +244,8 @@ func (r *Router) stamp() time.Duration {
 // selectOnce selects and acquires the guards. When at is non-nil and both the Router and its
 // in-flight counters use time.Now, it reads the clock once at dispatch, stamps the guards with that
 // reading and stores it in *at, so that an observed Select times the selection without a clock
-// reading of its own (docs/performance.md, observer overhead); otherwise *at stays zero.
+// reading of its own (docs/performance.md, "metrics: the observer's cost on a pick"); otherwise
+// *at stays zero.
 func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.Time) (*Dispatch, error) {
 	if req == nil {
 		return nil, fmt.Errorf("enginepick: Select: nil request: %w", policy.ErrInvalidSignal)

@@ -95,14 +95,17 @@ type bucketObs struct {
 
 // cacheObs holds one model's cache-aware series.
 type cacheObs struct {
-	decisions [4]prometheus.Counter // by cache decision, in decisionLabels order
+	decisions [len(decisionLabels)]prometheus.Counter // by cache decision, in decisionLabels order
 	diverted  prometheus.Observer
 	forfeited prometheus.Observer
 	gate      prometheus.Counter
 	guard     prometheus.Counter
 }
 
-var decisionLabels = [4]string{policy.DecisionCacheHit, policy.DecisionCacheMiss, policy.DecisionCacheWorkerQueued, policy.DecisionAllQueued}
+// decisionLabels are every CacheDecision.Decision value policy.CacheAware produces
+// (docs/design.md §9.8); a decision outside them would go uncounted, breaking §15.3's sum.
+var decisionLabels = [...]string{policy.DecisionCacheHit, policy.DecisionCacheMiss, policy.DecisionCacheWorkerQueued,
+	policy.DecisionAllQueued, policy.DecisionCostDiverted}
 
 var failureLabels = []string{enginepick.ReasonNoMatchingBucket, enginepick.ReasonUnknownModel, enginepick.ReasonAdmissionRejected,
 	enginepick.ReasonNoCandidates, enginepick.ReasonInvalidSignal, enginepick.ReasonInvalidConfiguration,
@@ -121,7 +124,7 @@ var reasonsOf = map[string][]string{
 	enginepick.TypePowerOfTwo: {policy.ReasonPowerOfTwo},
 	enginepick.TypePowerOfN:   {policy.ReasonPowerOfN, policy.ReasonPowerOfTwo},
 	enginepick.TypeLeastLoad:  {policy.ReasonLeastLoad},
-	enginepick.TypeCacheAware: {policy.ReasonCacheCandidate, policy.ReasonSaturationPin, policy.ReasonNoCacheCandidate},
+	enginepick.TypeCacheAware: {policy.ReasonCacheCandidate, policy.ReasonSaturationPin, policy.ReasonNoCacheCandidate, policy.ReasonCostDiverted},
 	enginepick.TypeSessionAware: {policy.ReasonSessionPrimary, policy.ReasonAssigned, policy.ReasonNoSession,
 		policy.ReasonAffinityUnavailable},
 	enginepick.TypeSticky: {policy.ReasonStickyPrimary, policy.ReasonStickyAssigned, policy.ReasonNoRoutingKey,
@@ -173,7 +176,7 @@ func New(reg prometheus.Registerer, opts Options) (*Prometheus, error) {
 			"Time Router.Select took, successful or not, by model, for a random sample of selections (one in Options.SelectTimingEvery, 8 by default); selections_total and selection_failures_total count them all.",
 			SelectionSecondsBuckets, "model_id"),
 		cacheDecisions: counter("cache_aware_decisions_total",
-			"Cache-aware picks that selected an engine, by decision label (cache_hit, cache_miss, cache_worker_queued, all_queued); they sum to the cache_aware picks of decisions_total.",
+			"Cache-aware picks that selected an engine, by decision label (cache_hit, cache_miss, cache_worker_queued, all_queued, cost_diverted); they sum to the cache_aware picks of decisions_total.",
 			"model_id", "decision"),
 		diverted: histogram("diverted_overlap_blocks",
 			"Prefix depth, in blocks, of the deepest holder the queue gate diverted away from on a cache_worker_queued decision.",

@@ -21,6 +21,7 @@ import (
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/metrics"
+	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -402,6 +403,41 @@ func TestSelectTimingIsSampled(t *testing.T) {
 		}
 		assert.Equal(t, float64(tc.selects/2), e2e, "every=%d: each Done dispatch lasted one second of the manual clock", tc.every)
 	}
+}
+
+// TestEveryCacheDecisionIsCounted checks that each decision label policy.CacheAware produces
+// (docs/design.md §9.8) has its own cache_aware_decisions_total series, so that the labels sum to
+// the cache-aware picks of decisions_total (§15.3), and that the cost comparison's reason is a
+// pre-resolved decisions_total series (counted without building a series on the request path).
+// cost_diverted went uncounted before.
+func TestEveryCacheDecisionIsCounted(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	p, err := metrics.New(reg, metrics.Options{})
+	require.NoError(t, err)
+	po := p.ObserveGroup(enginepick.GroupInfo{Model: "m", Bucket: "a", Stage: state.StagePlain, Policy: enginepick.TypeCacheAware})
+	decisions := map[string]string{ // decision label → the pick's reason
+		policy.DecisionCacheHit:          policy.ReasonCacheCandidate,
+		policy.DecisionCacheMiss:         policy.ReasonNoCacheCandidate,
+		policy.DecisionCacheWorkerQueued: policy.ReasonNoCacheCandidate,
+		policy.DecisionAllQueued:         policy.ReasonSaturationPin,
+		policy.DecisionCostDiverted:      policy.ReasonCostDiverted,
+	}
+	for d, reason := range decisions {
+		p.ObserveCacheDecision(&policy.CacheDecision{Model: "m", Decision: d, Reason: reason})
+		po.ObservePick(policy.Pick{Reason: reason}, nil)
+	}
+	got := scrape(t, reg)
+	var byDecision, picks float64
+	for d := range decisions {
+		assert.Equal(t, 1.0, got["cache_aware_decisions_total"]["{decision="+d+",model_id=m}"], d)
+		byDecision += got["cache_aware_decisions_total"]["{decision="+d+",model_id=m}"]
+	}
+	for _, v := range got["decisions_total"] {
+		picks += v
+	}
+	assert.Equal(t, picks, byDecision, "the decision labels sum to the cache-aware picks")
+	assert.Contains(t, got["decisions_total"], "{bucket=a,model_id=m,policy=cache_aware,reason=cost_diverted,stage=plain}")
 }
 
 // TestAffinityStoreMetrics checks the in-memory affinity store's families: affinity_bindings is

@@ -68,12 +68,17 @@ type CacheDecision struct {
 	BucketID string
 	// Decision is one of the Decision… labels: DecisionCacheHit when a prefix holder was selected
 	// (ReasonCacheCandidate, including after an all-queued re-admission, or ReasonSaturationPin);
-	// for a fallback pick (ReasonNoCacheCandidate), CacheAwareFallbackDecision's label.
+	// DecisionCostDiverted when the cost comparison sent the request to a non-holder
+	// (ReasonCostDiverted); for a fallback pick (ReasonNoCacheCandidate),
+	// CacheAwareFallbackDecision's label.
 	Decision string
 	// Reason is the pick's reason label.
 	Reason string
-	// DivertedBlocks is the deepest prefix, in blocks, that the queue gate gave up; set only for
-	// DecisionCacheWorkerQueued (sgl_router_diverted_overlap_blocks), 0 otherwise.
+	// DivertedBlocks is the prefix, in blocks, that the decision gave up: for
+	// DecisionCacheWorkerQueued the deepest prefix the queue gate set aside
+	// (sgl_router_diverted_overlap_blocks), for DecisionCostDiverted the blocks of the holder the
+	// cost comparison passed over minus those of the engine it chose (docs/design.md §9.11); 0
+	// otherwise.
 	DivertedBlocks int
 	// ForfeitedBlocks is the prefix, in blocks, that a partial diversion gave up: on a
 	// DecisionCacheHit whose winner holds fewer blocks than the deepest holder the queue gate set
