@@ -176,6 +176,10 @@ func TestPDRanksEndToEnd(t *testing.T) {
 	_, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+	// The legs run concurrently and a stream is relayed without waiting for the prefill leg: the
+	// client's answer can end before the prefill request has reached its engine.
+	require.Eventually(t, func() bool { return len(p.Requests()) == 1 }, 5*time.Second, 5*time.Millisecond,
+		"the prefill leg reaches the prefill engine")
 	require.Len(t, p.Requests(), 1)
 	require.Len(t, d.Requests(), 1)
 	pr, dr := p.Requests()[0], d.Requests()[0]
