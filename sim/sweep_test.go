@@ -105,3 +105,18 @@ func TestSweep(t *testing.T) {
 		assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
 	}
 }
+
+// TestSweepTableNotesPoliciesAboveTheCeiling checks that the table names the policies that carried
+// more than the sustained ceiling (a trace prefix too short for it to bind), and prints no note
+// when none did.
+func TestSweepTableNotesPoliciesAboveTheCeiling(t *testing.T) {
+	rep := SweepReport{Trace: "t", Requests: 300, SLO: 10, Tolerance: 0.05, Ceiling: &Ceiling{Speed: 5},
+		Results: []SweepResult{{Policy: NamePowerOfTwo, Speed: 4.5}, {Policy: NameCacheAware, Speed: 6}, {Policy: NameDynamo, Speed: 5}}}
+	var buf bytes.Buffer
+	require.NoError(t, rep.WriteTable(&buf))
+	assert.Contains(t, buf.String(), "\nnote: cache_aware carried more than this sustained ceiling: on 300 requests")
+	rep.Results[1].Speed = 5
+	buf.Reset()
+	require.NoError(t, rep.WriteTable(&buf))
+	assert.NotContains(t, buf.String(), "note:")
+}
