@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"strings"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -269,6 +271,42 @@ func (c *Config) admit(e state.Engine, o loadmon.Observation) error {
 		return &AdmissionRejectedError{Engine: e, Limit: v.Limit, Observed: v.Observed, Cap: v.Cap}
 	}
 	return nil
+}
+
+// pickKeyed is pickChecked for an affinity key (a session or routing key): on an engine with
+// several DP ranks whose load is known it names the key's rank (keyRank) instead of the least
+// pressured one, so that every request of the key reaches the same rank, whose prefix cache is its
+// own. Admission checks the engine as for any pick (its caps read the engine's figures, summed over
+// its ranks). An empty key, or an engine of one rank, is pickChecked (docs/design.md §12, "DP
+// ranks").
+func (c *Config) pickKeyed(e state.Engine, key, reason string, stage state.Stage) (Pick, error) {
+	if key == "" {
+		return c.pickChecked(e, reason, stage)
+	}
+	snap := c.Load.Snapshot()
+	l, ok := snap.Load(e.ID())
+	if !ok || len(l.RankLoads) < 2 {
+		return c.pickChecked(e, reason, stage)
+	}
+	o := loadmon.ObserveRank(snap, c.InFlight, e.ID(), keyRank(key, len(l.RankLoads)))
+	if err := c.admit(e, o); err != nil {
+		return Pick{}, err
+	}
+	return Pick{Engine: e, Reason: reason}.withRank(&o), nil
+}
+
+// keyRank is the key's DP rank among ranks 0 … n−1: rendezvous (highest random weight) hashing
+// of the key over the ranks, so that a change in the number of ranks moves only the keys of the
+// ranks added or removed. It allocates nothing.
+func keyRank(key string, n int) int {
+	seed := xxhash.Sum64String(key)
+	best, bestW := 0, uint64(0)
+	for r := range n {
+		if w := fmix64(seed ^ (uint64(r)+1)*0x9e3779b97f4a7c15); r == 0 || w > bestW {
+			best, bestW = r, w
+		}
+	}
+	return best
 }
 
 // pickChecked returns the engine after one admission check on a fresh snapshot, naming its least

@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -140,4 +141,61 @@ func TestEveryPolicyNamesTheLeastPressuredRank(t *testing.T) {
 	pk, err := rr.Pick(ctx, engines(state.StagePlain, "unknown"), &policy.Request{})
 	require.NoError(t, err)
 	assert.False(t, pk.HasDPRank, "nothing is known: the engine places the request")
+}
+
+// docs/design.md §12 "DP ranks": every request of a session or routing key reaches the same DP
+// rank of a multi-rank engine, whose prefix cache is its own, while the least pressured rank
+// moves from turn to turn; keys spread over the ranks. Before, each turn went to the least
+// pressured rank and a conversation's prefix was recomputed whenever that rank changed.
+func TestAffinityKeysKeepTheirDPRank(t *testing.T) {
+	t.Parallel()
+	const keys, ranks = 40, 4
+	build := map[string]func(e *env) policy.Policy{
+		"session_aware": func(e *env) policy.Policy {
+			p, err := policy.NewSessionAware(e.cfg(), policy.SessionAwareOptions{Store: memStore(t)})
+			require.NoError(t, err)
+			return p
+		},
+		"sticky_store": func(e *env) policy.Policy {
+			p, err := policy.NewSticky(e.cfg(), policy.StickyOptions{Store: memStore(t)})
+			require.NoError(t, err)
+			return p
+		},
+		"sticky_rendezvous": func(e *env) policy.Policy {
+			p, err := policy.NewSticky(e.cfg(), policy.StickyOptions{Rendezvous: true})
+			require.NoError(t, err)
+			return p
+		},
+	}
+	for name, mk := range build {
+		e := newEnv()
+		p := mk(e)
+		cands := engines(state.StagePlain, "a")
+		rankOf := map[string]int{}
+		perRank := make([]int, ranks)
+		for turn := range 6 {
+			reports := make([]loadmon.Report, ranks)
+			for r := range reports {
+				if r != turn%ranks {
+					reports[r].WaitingRequests = 5 // the least pressured rank moves each turn
+				}
+			}
+			e.ranks(t, "a", reports...)
+			for k := range keys {
+				key := fmt.Sprintf("conversation-%d", k)
+				pk, err := p.Pick(ctx, cands, &policy.Request{SessionKey: key, RoutingKey: key, Stage: state.StagePlain})
+				require.NoError(t, err, name)
+				require.True(t, pk.HasDPRank, name)
+				if turn == 0 {
+					rankOf[key] = pk.DPRank
+					perRank[pk.DPRank]++
+					continue
+				}
+				assert.Equal(t, rankOf[key], pk.DPRank, "%s: %s turn %d", name, key, turn)
+			}
+		}
+		for r, n := range perRank {
+			assert.GreaterOrEqual(t, n, 4, "%s: keys on rank %d of %v", name, r, perRank)
+		}
+	}
 }

@@ -154,7 +154,7 @@ func (a *affinityCore) pick(ctx context.Context, engines []state.Engine, req *Re
 		return Pick{}, ErrNoCandidates
 	}
 	if key == "" {
-		return a.fallbackPick(ctx, engines, req, a.noKey)
+		return a.fallbackPick(ctx, engines, req, "", a.noKey)
 	}
 	scope := affinity.Scope{Namespace: a.namespace, Key: key}
 	if req != nil {
@@ -166,16 +166,16 @@ func (a *affinityCore) pick(ctx context.Context, engines []state.Engine, req *Re
 	bound, ok, err := a.store.Lookup(ctx, scope)
 	if err != nil {
 		if a.failOpen {
-			return a.fallbackPick(ctx, engines, req, ReasonAffinityUnavailable)
+			return a.fallbackPick(ctx, engines, req, key, ReasonAffinityUnavailable)
 		}
 		return Pick{}, fmt.Errorf("policy: %s: %w", a.name, err)
 	}
 	if ok {
 		if e := findCandidate(engines, bound); e != nil {
-			return a.cfg.pickChecked(e, a.primary, stageOf(req))
+			return a.cfg.pickKeyed(e, key, a.primary, stageOf(req))
 		}
 	}
-	pk, err := a.fallbackPick(ctx, engines, req, a.assigned)
+	pk, err := a.fallbackPick(ctx, engines, req, key, a.assigned)
 	if err != nil {
 		return Pick{}, err // a rejection never rewrites the binding
 	}
@@ -199,7 +199,7 @@ func (a *affinityCore) pick(ctx context.Context, engines []state.Engine, req *Re
 		}
 		if w := findCandidate(engines, eff); w != nil {
 			// A concurrent writer won with a candidate: check it before returning it.
-			return a.cfg.pickChecked(w, a.primary, stageOf(req))
+			return a.cfg.pickKeyed(w, key, a.primary, stageOf(req))
 		}
 		if attempt > maxReconcile {
 			return pk, nil
@@ -209,13 +209,14 @@ func (a *affinityCore) pick(ctx context.Context, engines []state.Engine, req *Re
 }
 
 // fallbackPick runs the fallback (which admits everything) and then this policy's admission on
-// its pick, with a fresh snapshot.
-func (a *affinityCore) fallbackPick(ctx context.Context, engines []state.Engine, req *Request, reason string) (Pick, error) {
+// its pick, with a fresh snapshot, naming the key's DP rank when there is a key (pickKeyed), so
+// that a new binding starts on the rank its later requests will use.
+func (a *affinityCore) fallbackPick(ctx context.Context, engines []state.Engine, req *Request, key, reason string) (Pick, error) {
 	pk, err := a.fallback.Pick(ctx, engines, req)
 	if err != nil {
 		return Pick{}, err
 	}
-	return a.cfg.pickChecked(pk.Engine, reason, stageOf(req))
+	return a.cfg.pickKeyed(pk.Engine, key, reason, stageOf(req))
 }
 
 // findCandidate returns the candidate with the ID, or nil. Candidates come sorted by ID (Policy

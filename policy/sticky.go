@@ -122,13 +122,13 @@ func (p *Sticky) Pick(ctx context.Context, engines []state.Engine, req *Request)
 		return Pick{}, ErrNoCandidates
 	}
 	if key == "" {
-		return p.core.fallbackPick(ctx, engines, req, ReasonNoRoutingKey)
+		return p.core.fallbackPick(ctx, engines, req, "", ReasonNoRoutingKey)
 	}
 	if len(key) > affinity.MaxKeyBytes {
 		return Pick{}, fmt.Errorf("policy: %s: %w: key of %d bytes, limit %d", NameSticky, affinity.ErrInvalidKey, len(key), affinity.MaxKeyBytes)
 	}
 	i, reason := p.rendezvousIndex(engines, key)
-	return p.core.cfg.pickChecked(engines[i], reason, stageOf(req))
+	return p.core.cfg.pickKeyed(engines[i], key, reason, stageOf(req))
 }
 
 // rendezvousWindow is how many candidates' in-flight counts rendezvousIndex keeps on the stack
@@ -189,7 +189,11 @@ func (p *Sticky) rendezvousIndex(engines []state.Engine, key string) (int, strin
 // ID together per engine, is the scheme of dgryski/go-rendezvous `rendezvous.go`; it costs about half
 // the instructions of a seeded xxhash digest per engine.
 func rendezvousWeight(seed uint64, id state.EngineID) uint64 {
-	x := xxhash.Sum64String(string(id)) ^ seed
+	return fmix64(xxhash.Sum64String(string(id)) ^ seed)
+}
+
+// fmix64 is the 64-bit finalizer of MurmurHash3: every input bit affects every output bit.
+func fmix64(x uint64) uint64 {
 	x ^= x >> 33
 	x *= 0xff51afd7ed558ccd
 	x ^= x >> 33
