@@ -58,6 +58,14 @@ func newFixture(t *testing.T, opts Options) *fixture {
 	return f
 }
 
+// source returns a LocalSource over the fixture's index.
+func (f *fixture) source() *LocalSource {
+	f.t.Helper()
+	src, err := NewLocalSource(f.x)
+	require.NoError(f.t, err)
+	return src
+}
+
 // store stores blocks [from, from+n) of pattern's prompt for engine/rank with hashes base+from+1….
 func (f *fixture) store(engine state.EngineID, rank, pattern, from, n int, base uint64, tier Tier) {
 	f.t.Helper()

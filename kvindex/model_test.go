@@ -218,6 +218,13 @@ func (m *model) place(engine state.EngineID, keys []uint64, held int, ttl time.D
 	if start == len(keys) {
 		return nil
 	}
+	m.record(engine, keys, start, ttl)
+	return nil
+}
+
+// record links keys into one chain from the root and gives the engine an approximate entry,
+// expiring after ttl, for each of keys[start:] it does not hold through a real entry.
+func (m *model) record(engine state.EngineID, keys []uint64, start int, ttl time.Duration) {
 	m.expire(m.now)
 	h := m.holder(hkey{engine, 0})
 	prev := mparent{key: m.hasher.root, root: true}
@@ -228,7 +235,6 @@ func (m *model) place(engine state.EngineID, keys []uint64, held int, ttl time.D
 			h.approx[k] = m.now + int64(ttl)
 		}
 	}
-	return nil
 }
 
 // depth is the number of leading keys holder hk holds, real or live approximate.
@@ -261,16 +267,7 @@ func (m *model) assume(engine state.EngineID, keys []uint64, ttl time.Duration) 
 	if hasDup(keys) {
 		return ErrCyclicChain
 	}
-	m.expire(m.now)
-	h := m.holder(hkey{engine, 0})
-	prev := mparent{key: m.hasher.root, root: true}
-	for _, k := range keys {
-		m.parent[k] = prev
-		prev = mparent{key: k}
-		if !m.holdsReal(h, k) {
-			h.approx[k] = m.now + int64(ttl)
-		}
-	}
+	m.record(engine, keys, 0, ttl)
 	return nil
 }
 

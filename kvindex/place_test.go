@@ -14,8 +14,7 @@ import (
 func TestLocalSourcePlaceRecordsThePromptFromTheLookupsKeys(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	tok := prompt(1, 6)
 	q := Query{TokenIDs: tok}
 	res, err := src.Lookup(context.Background(), q)
@@ -41,8 +40,7 @@ func TestLocalSourcePlaceRecordsThePromptFromTheLookupsKeys(t *testing.T) {
 func TestLocalSourcePlaceEdgeCases(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	other, err := NewLocalSource(f.x)
 	require.NoError(t, err)
 	tok := prompt(2, 3)
@@ -75,8 +73,7 @@ func TestLocalSourcePlaceEdgeCases(t *testing.T) {
 // (another engine holds the whole prompt), Place with the result allocates less than without it.
 func TestLocalSourcePlaceReusesTheLookupsKeys(t *testing.T) {
 	f := newFixture(t, Options{})
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	f.store("http://b", 0, 4, 0, 8, 0, TierDevice)
 	tok := prompt(4, 8)
 	q := Query{TokenIDs: tok}
@@ -94,8 +91,7 @@ func TestLocalSourcePlaceReusesTheLookupsKeys(t *testing.T) {
 func TestLocalSourcePlaceSkipsARealPrefix(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	f.store("http://a", 0, 7, 0, 4, 0, TierDevice)
 	q := Query{TokenIDs: prompt(7, 10)}
 	res, err := src.Lookup(context.Background(), q)
@@ -126,8 +122,7 @@ func TestLocalSourceResultKeepsItsKeys(t *testing.T) {
 	f := newFixture(t, Options{})
 	f.store("http://a", 0, 1, 0, 6, 0, TierDevice)
 	f.store("http://a", 0, 2, 0, 6, 100, TierDevice)
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	first, err := src.Lookup(context.Background(), Query{TokenIDs: prompt(1, 6)})
 	require.NoError(t, err)
 	want := f.h.Keys(prompt(1, 6))
@@ -144,8 +139,7 @@ func TestLocalSourceResultKeepsItsKeys(t *testing.T) {
 // later lookup without buffers does not write into them.
 func TestLocalSourceLookupBuffers(t *testing.T) {
 	f := newFixture(t, Options{})
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	f.store("http://b", 1, 4, 0, 8, 0, TierDevice)
 	f.store("http://a", 0, 4, 0, 5, 100, TierDevice)
 	ctx := context.Background()
@@ -193,8 +187,7 @@ func TestLocalSourceLookupBuffers(t *testing.T) {
 func TestMemoIgnoresLookupBuffers(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	f.store("http://a", 0, 4, 0, 8, 0, TierDevice)
 	var b LookupBuffers
 	res, err := NewMemo().Lookup(context.Background(), src, Query{TokenIDs: prompt(4, 8), Buffers: &b})

@@ -26,8 +26,7 @@ func TestMatchNamesTheDeepestRank(t *testing.T) {
 	assert.Empty(t, into.Engines)
 	assert.Empty(t, into.DPRanks, "a reused Matches is reset")
 
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	res, err := src.Lookup(context.Background(), Query{TokenIDs: prompt(1, 6)})
 	require.NoError(t, err)
 	assert.Equal(t, []int{1, 2}, res.DPRanks, "a local source's hits name the ranks")
@@ -43,8 +42,7 @@ func TestMatchNamesTheDeepestRank(t *testing.T) {
 func TestPlaceRankRecordsOnTheRank(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	f.store("http://a", 0, 1, 0, 4, 0, TierDevice)
 	q := Query{TokenIDs: prompt(1, 4)}
 	res, err := src.Lookup(context.Background(), q)

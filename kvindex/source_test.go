@@ -368,12 +368,11 @@ func TestMemoSurvivesAPanickingSource(t *testing.T) {
 
 func TestMemoHitDoesNotAllocate(t *testing.T) {
 	f := sourceFixture(t)
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	memo := NewMemo()
 	q := Query{TokenIDs: prompt(1, 6)}
 	ctx := context.Background()
-	_, err = memo.Lookup(ctx, src, q)
+	_, err := memo.Lookup(ctx, src, q)
 	require.NoError(t, err)
 	allocs := testing.AllocsPerRun(100, func() { _, _ = memo.Lookup(ctx, src, q) })
 	assert.Zero(t, allocs)

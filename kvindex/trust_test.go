@@ -16,8 +16,7 @@ import (
 // outcome and the engines' block counts.
 func lookupEngines(t *testing.T, f *fixture, pattern, blocks int) (Outcome, map[state.EngineID]int) {
 	t.Helper()
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	r, err := src.Lookup(context.Background(), Query{TokenIDs: prompt(pattern, blocks)})
 	require.NoError(t, err)
 	out := map[state.EngineID]int{}
@@ -105,8 +104,7 @@ func TestTrustMarksAreIdempotentAndValidated(t *testing.T) {
 func TestTrustConcurrent(t *testing.T) {
 	t.Parallel()
 	f := sourceFixture(t)
-	src, err := NewLocalSource(f.x)
-	require.NoError(t, err)
+	src := f.source()
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Add(1)
