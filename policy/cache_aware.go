@@ -235,9 +235,9 @@ type CacheAware struct {
 
 // pickScratch is one pick's working memory: the lookup result, the buffers lent to the source
 // for it when the pick makes its own lookup (no Memo), and the decision record (an observer
-// gets a copy, or borrows it: CacheDecisionBorrower). Fresh memory for the 512 keys of an 8,192-token prompt cost about 0.9 µs per pick in
-// cache misses on the production-scale workload (docs/performance.md, "kvindex at production
-// scale"); a pooled scratch stays in the cache.
+// gets a copy, or borrows it: CacheDecisionBorrower). Fresh memory for the 512 keys of an
+// 8,192-token prompt cost about 0.9 µs per pick in cache misses on the production-scale workload
+// (docs/performance.md, "kvindex at production scale"); a pooled scratch stays in the cache.
 //
 // It also holds the pick's candidate lists and lookup view, which as stack arrays were zeroed on
 // every pick (about 15 KB).

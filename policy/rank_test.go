@@ -199,3 +199,36 @@ func TestAffinityKeysKeepTheirDPRank(t *testing.T) {
 		}
 	}
 }
+
+// docs/design.md §12.4: a change in the number of ranks moves only the keys of the rank added
+// (rendezvous hashing): from 4 to 5 ranks, every key keeps its rank or moves to rank 4, and some
+// do move.
+func TestAffinityKeyRanksMoveOnlyToAnAddedRank(t *testing.T) {
+	t.Parallel()
+	e := newEnv()
+	p, err := policy.NewSticky(e.cfg(), policy.StickyOptions{Rendezvous: true})
+	require.NoError(t, err)
+	cands := engines(state.StagePlain, "a")
+	rankOf := func(key string) int {
+		pk, err := p.Pick(ctx, cands, &policy.Request{RoutingKey: key, Stage: state.StagePlain})
+		require.NoError(t, err)
+		require.True(t, pk.HasDPRank)
+		return pk.DPRank
+	}
+	e.ranks(t, "a", make([]loadmon.Report, 4)...)
+	before := map[string]int{}
+	for k := range 200 {
+		key := fmt.Sprintf("user-%d", k)
+		before[key] = rankOf(key)
+	}
+	e.ranks(t, "a", make([]loadmon.Report, 5)...)
+	moved := 0
+	for key, r := range before {
+		if now := rankOf(key); now != r {
+			assert.Equal(t, 4, now, "%s moved from rank %d to an old rank", key, r)
+			moved++
+		}
+	}
+	assert.Positive(t, moved, "the added rank takes some keys")
+	assert.Less(t, moved, 80, "about a fifth of the keys move, not most")
+}
