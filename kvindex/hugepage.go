@@ -5,6 +5,15 @@ import "unsafe"
 // hugePage is the size of an x86-64 or arm64 transparent huge page.
 const hugePage = 2 << 20
 
+// hugeRange returns the 2 MiB-aligned range [start, end) that covers the size bytes at address
+// p, or an empty range for an array smaller than two huge pages, which is not worth advising.
+func hugeRange(p, size uintptr) (start, end uintptr) {
+	if size < 2*hugePage {
+		return 0, 0
+	}
+	return p &^ (hugePage - 1), (p + size + hugePage - 1) &^ (hugePage - 1)
+}
+
 // makeTable returns make([]T, n) for a table's slot array, advising the kernel to back it with
 // transparent huge pages when it is large (adviseHuge). A growing table's new array is fresh
 // memory written all over at once; on the virtual machine of docs/performance.md ("The write

@@ -82,9 +82,14 @@ func (s *slab[T]) alignFor(k int, fn func(off int, class uint32)) {
 	}
 }
 
-// slabBatchBytes is the most memory newPage allocates at once: two huge pages, so that at least
-// one 2 MiB-aligned huge page lies inside every batch (adviseHuge).
-const slabBatchBytes = 2 * hugePage
+// slabBatchBytes is the most memory newPage allocates at once: eight huge pages. Huge-page
+// advice covers the 2 MiB regions a batch overlaps (adviseHuge), but a region shared with a
+// neighbour that was touched first stays in 4 KiB pages, so fewer, larger batches leave less of
+// a large index in small pages: with batches of 4 MiB, about 10,000 more first-touch faults (40
+// MiB) in the production-scale build than with 16 MiB (docs/performance.md, "Pre-sizing, and the
+// cost of fresh memory"). The last batch's unused tail is address space the heap counts but
+// nothing touches: about 1 B per (block, engine) there.
+const slabBatchBytes = 8 * hugePage
 
 // newPage returns a fresh page after page 0. Pages are allocated in batches, as many as the slab
 // already has pages (the slab at most doubles, as a slice would) up to slabBatchBytes, advised

@@ -214,15 +214,19 @@ type u64Set struct {
 	zero  bool
 }
 
-// clearFor empties s and sizes it for n values.
+// clearFor empties s and sizes it for n values: between 2n and 4n slots, so that an event's
+// set stays small enough for the L1 cache even after a larger event grew the array's capacity
+// (a set kept at the capacity of the trace's longest event cost a cache miss per add on the
+// production-scale workload, docs/performance.md).
 func (s *u64Set) clearFor(n int) {
 	want := max(16, 1<<bits.Len(uint(2*n)))
-	if len(s.keys) < want || len(s.keys) > 8*want {
+	if cap(s.keys) < want {
 		s.keys = make([]uint64, want)
-		s.shift = uint(64 - bits.TrailingZeros(uint(want)))
 	} else {
+		s.keys = s.keys[:want]
 		clear(s.keys)
 	}
+	s.shift = uint(64 - bits.TrailingZeros(uint(want)))
 	s.zero = false
 }
 

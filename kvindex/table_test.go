@@ -93,3 +93,22 @@ func TestU64SetFindsDuplicates(t *testing.T) {
 		}
 	}
 }
+
+// TestU64SetSizedForEachEvent checks that the set is sized for the event at hand, not for the
+// largest one before it, and reuses its array: a set left at a long event's size cost a cache
+// miss per add, and reallocating it after every long event faulted fresh memory in, on the
+// production-scale ingest (docs/performance.md).
+func TestU64SetSizedForEachEvent(t *testing.T) {
+	var s u64Set
+	s.clearFor(5000)
+	first := &s.keys[:1][0]
+	for _, n := range []int{750, 5000, 3, 750} {
+		allocs := testing.AllocsPerRun(10, func() { s.clearFor(n) })
+		require.Zero(t, allocs, "n=%d", n)
+		require.LessOrEqual(t, len(s.keys), max(16, 4*n), "n=%d", n)
+		require.GreaterOrEqual(t, len(s.keys), 2*n, "n=%d", n)
+		require.Same(t, first, &s.keys[:1][0], "n=%d: the array is reused", n)
+		require.True(t, s.add(7))
+		require.False(t, s.add(7))
+	}
+}
