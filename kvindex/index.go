@@ -56,8 +56,8 @@ type Options struct {
 	// of slots at least 4/3 of it, 16 bytes a slot: 21 to 43 bytes per expected block, from the
 	// start), and the table never shrinks below it, so filling the index never grows and rehashes
 	// it: on the production-scale workload a build then allocates 920 MB instead of 1,187 MB,
-	// and a first build on fresh memory stores 2.98 M blocks per CPU-second against 2.43 with the
-	// table growing, 2.60 counting NewIndex, which then faults the table in (medians;
+	// and a first build on fresh memory stores 3.02 M blocks per CPU-second against 2.43 with the
+	// table growing, 2.66 counting NewIndex, which then faults the table in (medians;
 	// docs/performance.md, "Pre-sizing, and the cost of fresh memory"). 0 means the table starts
 	// small and doubles as blocks arrive; negative or above MaxBlocks (after its default) is an
 	// error.
