@@ -537,11 +537,16 @@ func BenchmarkScale(b *testing.B) {
 			b.ReportMetric(r.writerBlocks, "writer-M-blocks/s")
 			b.ReportMetric(r.coresAlone, "cores-alone")
 			b.ReportMetric(r.coresWithWriter, "cores-with-writer")
+			// The same readers beside a busy goroutine that touches nothing: the share of the
+			// machine a third CPU-bound goroutine leaves them, whatever it does.
+			b.ReportMetric(100*r.withBusy/r.alone, "%-of-alone-beside-busy")
+			b.ReportMetric(100*r.withWriter/r.withBusy, "%-writer-of-busy")
 			if r.aloneCPU > 0 {
 				b.ReportMetric(r.aloneCPU, "alone-lookups/cpu-s")
 				b.ReportMetric(r.withWriterCPU, "writer-lookups/cpu-s")
 				b.ReportMetric(100*r.withWriterCPU/r.aloneCPU, "%-of-alone-cpu")
 				b.ReportMetric(r.writerBlocksCPU, "writer-M-blocks/cpu-s")
+				b.ReportMetric(100*r.withBusyCPU/r.aloneCPU, "%-of-alone-cpu-beside-busy")
 			}
 		}
 	})
@@ -605,11 +610,16 @@ type concurrentResult struct {
 	// reference bits), apart from the share of the machine each phase got. Time a reader spends
 	// blocked on the lock is not CPU time, so the wall-clock ratio is the one that counts it.
 	aloneCPU, withWriterCPU, writerBlocksCPU float64
+	// The control phase: the readers beside a goroutine that only keeps a core busy (no memory,
+	// no lock) for as long as the writer ran; lookups per wall second and per reader CPU-second.
+	withBusy, withBusyCPU float64
+	lookupsWithBusy       int64
 }
 
-// concurrent builds an index of the first half of the trace, measures readers lookups/s with no
-// writer for a fixed time, then again while one writer stores the second half (the writer's
-// events are prepared beforehand, so it does nothing but Store).
+// concurrent builds an index of the first half of the trace, then measures the readers' lookups
+// per second alone, while one writer stores the second half (its events prepared beforehand, so it
+// does nothing but Store), and beside a busy goroutine that touches nothing (the control), the
+// three phases taking turns (concurrentRounds).
 func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult {
 	half := len(w.reqs) / 2
 	x := w.newIndex(tb)
@@ -660,49 +670,97 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 		wg.Wait()
 		return n.Load(), time.Duration(cpu.Load())
 	}
+	// The three phases take turns in concurrentRounds rounds, each round storing the next part
+	// of the writer's events, so that a change in what the shared machine gives the process
+	// falls on all three alike: the readers alone (for as long as the round's writer will take,
+	// estimated from the last round), the readers beside the writer, and the control, the
+	// readers beside a goroutine that keeps a core as busy as the writer did for as long as it
+	// took but touches no memory and takes no lock. What the readers lose to the control is the
+	// machine's share, not the index's cost.
 	var r concurrentResult
-	// Readers alone for about as long as the writer will take (at least 0.5 s).
-	d := max(500*time.Millisecond, time.Duration(blocks)*300*time.Nanosecond)
-	stop := make(chan struct{})
-	go func() { time.Sleep(d); close(stop) }()
-	start, cpu0 := time.Now(), cputime.Process()
-	var readCPU time.Duration
-	r.lookupsAlone, readCPU = run(stop)
-	r.alone = float64(r.lookupsAlone) / time.Since(start).Seconds()
-	if readCPU > 0 {
-		r.aloneCPU = float64(r.lookupsAlone) / readCPU.Seconds()
-	}
-	r.coresAlone = (cputime.Process() - cpu0).Seconds() / time.Since(start).Seconds()
-
-	stop = make(chan struct{})
-	var writerTime, writerCPU time.Duration
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		wc := cputime.Thread()
-		ws := time.Now()
-		for _, ev := range evs {
-			if err := x.Store(ev); err != nil {
-				panic(err)
-			}
+	var aloneWall, writerWall, busyWall, aloneCores, writerCores time.Duration
+	var aloneRead, writerRead, busyRead, writerTime, writerCPU time.Duration
+	perBlock := 300 * time.Nanosecond // the first round's estimate of the writer's time per block
+	for round := range concurrentRounds {
+		part := evs[round*len(evs)/concurrentRounds : (round+1)*len(evs)/concurrentRounds]
+		partBlocks := 0
+		for _, ev := range part {
+			partBlocks += len(ev.BlockHashes)
 		}
-		writerTime = time.Since(ws)
-		writerCPU = cputime.Thread() - wc
-		close(stop)
-	}()
-	start, cpu0 = time.Now(), cputime.Process()
-	r.lookupsWithWriter, readCPU = run(stop)
-	r.withWriter = float64(r.lookupsWithWriter) / time.Since(start).Seconds()
-	if readCPU > 0 {
-		r.withWriterCPU = float64(r.lookupsWithWriter) / readCPU.Seconds()
+		stop := make(chan struct{})
+		d := max(100*time.Millisecond, time.Duration(partBlocks)*perBlock)
+		go func() { time.Sleep(d); close(stop) }()
+		start, cpu0 := time.Now(), cputime.Process()
+		n, cpu := run(stop)
+		r.lookupsAlone += n
+		aloneRead += cpu
+		aloneWall += time.Since(start)
+		aloneCores += cputime.Process() - cpu0
+
+		stop = make(chan struct{})
+		var wt, wc time.Duration
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			c0, s0 := cputime.Thread(), time.Now()
+			for _, ev := range part {
+				if err := x.Store(ev); err != nil {
+					panic(err)
+				}
+			}
+			wt, wc = time.Since(s0), cputime.Thread()-c0
+			close(stop)
+		}()
+		start, cpu0 = time.Now(), cputime.Process()
+		n, cpu = run(stop)
+		r.lookupsWithWriter += n
+		writerRead += cpu
+		writerWall += time.Since(start)
+		writerCores += cputime.Process() - cpu0
+		writerTime += wt
+		writerCPU += wc
+		perBlock = wt / time.Duration(max(1, partBlocks))
+
+		stop = make(chan struct{})
+		var spin atomic.Bool
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			z := uint64(1)
+			for !spin.Load() {
+				for range 1024 {
+					z = splitmix64(z)
+				}
+			}
+			busySink.Store(z)
+		}()
+		go func() { time.Sleep(wt); spin.Store(true); close(stop) }()
+		start = time.Now()
+		n, cpu = run(stop)
+		r.lookupsWithBusy += n
+		busyRead += cpu
+		busyWall += time.Since(start)
 	}
-	if writerCPU > 0 {
+	r.alone = float64(r.lookupsAlone) / aloneWall.Seconds()
+	r.withWriter = float64(r.lookupsWithWriter) / writerWall.Seconds()
+	r.withBusy = float64(r.lookupsWithBusy) / busyWall.Seconds()
+	r.coresAlone = aloneCores.Seconds() / aloneWall.Seconds()
+	r.coresWithWriter = writerCores.Seconds() / writerWall.Seconds()
+	r.writerBlocks = float64(blocks) / writerTime.Seconds() / 1e6
+	if aloneRead > 0 && writerRead > 0 && busyRead > 0 && writerCPU > 0 {
+		r.aloneCPU = float64(r.lookupsAlone) / aloneRead.Seconds()
+		r.withWriterCPU = float64(r.lookupsWithWriter) / writerRead.Seconds()
+		r.withBusyCPU = float64(r.lookupsWithBusy) / busyRead.Seconds()
 		r.writerBlocksCPU = float64(blocks) / writerCPU.Seconds() / 1e6
 	}
-	r.coresWithWriter = (cputime.Process() - cpu0).Seconds() / time.Since(start).Seconds()
-	r.writerBlocks = float64(blocks) / writerTime.Seconds() / 1e6
 	return r
 }
+
+// concurrentRounds is how many turns the concurrent benchmark's three phases take.
+const concurrentRounds = 8
+
+// busySink keeps the control goroutine's loop from being optimised away.
+var busySink atomic.Uint64
 
 // TestScaleWorkloadCounts recomputes the full workload's counts from the trace's hash IDs alone
 // (countsFromHashIDs), without building the index, so it runs on every go test.
@@ -802,6 +860,7 @@ func TestScaleSmall(t *testing.T) {
 	r := w.concurrent(t, 2)
 	assert.Positive(t, r.lookupsAlone)
 	assert.Positive(t, r.lookupsWithWriter)
+	assert.Positive(t, r.lookupsWithBusy)
 }
 
 // prefixModel answers matches by brute force: per engine, the set of keys it stored.
