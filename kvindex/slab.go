@@ -88,14 +88,15 @@ func (s *slab[T]) alignFor(k int, fn func(off int, class uint32)) {
 // a large index in small pages: with batches of 4 MiB, about 10,000 more first-touch faults (40
 // MiB) in the production-scale build than with 16 MiB (docs/performance.md, "Pre-sizing, and the
 // cost of fresh memory"). The last batch's unused tail is address space the heap counts but
-// nothing touches: about 1 B per (block, engine) there.
+// nothing touches while it is fresh: about 1.7 B per (block, engine) in that build, 1 B more than
+// with batches of 4 MiB.
 const slabBatchBytes = 8 * hugePage
 
 // newPage returns a fresh page after page 0. Pages are allocated in batches, as many as the slab
 // already has pages (the slab at most doubles, as a slice would) up to slabBatchBytes, advised
 // to be backed by huge pages before anything touches them: on the virtual machine of
 // docs/performance.md ("Pre-sizing, and the cost of fresh memory") the first write to fresh
-// memory cost about 3.5 ns per byte in 4 KiB pages and 2.4 ns in huge pages, and the node and
+// memory cost about 4.3 ns per byte in 4 KiB pages and 0.9–2.4 ns in huge pages, and the node and
 // holding slabs are half of a large index's memory; huge pages also spare the random node reads
 // of an ingest TLB misses.
 func (s *slab[T]) newPage() []T {
