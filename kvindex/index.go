@@ -16,7 +16,7 @@ import (
 // 1,048,576 blocks, pruned to 0.8 of that; docs/design.md §11).
 const (
 	// DefaultMaxBlocks is the default block cap: 4,194,304 blocks, about 64 Mi tokens at 16
-	// tokens per block, and about 420 MiB at 1.44 holders per block (docs/performance.md,
+	// tokens per block, and about 435 MiB at 1.44 holders per block (docs/performance.md,
 	// "Sizing MaxBlocks", says how to size it for a fleet).
 	DefaultMaxBlocks = 1 << 22
 	// DefaultApproxTTL is how long an Assume entry lives unless the call names another TTL.

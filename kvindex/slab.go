@@ -82,31 +82,40 @@ func (s *slab[T]) alignFor(k int, fn func(off int, class uint32)) {
 	}
 }
 
-// slabBatchBytes is the most memory newPage allocates at once: eight huge pages. Huge-page
-// advice covers the 2 MiB regions a batch overlaps (adviseHuge), but a region shared with a
-// neighbour that was touched first stays in 4 KiB pages, so fewer, larger batches leave less of
-// a large index in small pages: with batches of 4 MiB, about 10,000 more first-touch faults (40
-// MiB) in the production-scale build than with 16 MiB (docs/performance.md, "Pre-sizing, and the
-// cost of fresh memory"). The last batch's unused tail is address space the heap counts but
-// nothing touches while it is fresh: about 1.7 B per (block, engine) in that build, 1 B more than
-// with batches of 4 MiB.
-const slabBatchBytes = 8 * hugePage
+// A slab's pages after the first are allocated in batches of slabBatchMinBytes, or an eighth of
+// the slab when that is more, up to slabBatchMaxBytes (and never more pages than the slab
+// already has, so a small slab at most doubles, as a slice would). Huge-page advice covers the 2
+// MiB regions a batch overlaps (adviseHuge), but a region shared with a neighbour that was
+// touched first stays in 4 KiB pages, so a large index gains from large batches: in the
+// production-scale build, batches of 16 MiB took 7,500–11,700 first-touch faults against
+// 13,100–13,700 with 4 MiB (docs/performance.md, "Pre-sizing, and the cost of fresh memory").
+// The last batch's unused tail is address space the heap counts and nothing touches; an eighth
+// of the slab bounds it, where a fixed 16 MiB cost an index of a million blocks 12 B per block
+// (BenchmarkMemory).
+const (
+	slabBatchMinBytes = 2 * hugePage
+	slabBatchMaxBytes = 8 * hugePage
+)
 
-// newPage returns a fresh page after page 0. Pages are allocated in batches, as many as the slab
-// already has pages (the slab at most doubles, as a slice would) up to slabBatchBytes, advised
-// to be backed by huge pages before anything touches them: on the virtual machine of
+// newPage returns a fresh page after page 0, from the current batch (above), advised to be
+// backed by huge pages before anything touches them: on the virtual machine of
 // docs/performance.md ("Pre-sizing, and the cost of fresh memory") the first write to fresh
 // memory cost about 4.3 ns per byte in 4 KiB pages and 0.9–2.4 ns in huge pages, and the node and
 // holding slabs are half of a large index's memory; huge pages also spare the random node reads
 // of an ingest TLB misses.
 func (s *slab[T]) newPage() []T {
 	if len(s.spare) == 0 {
-		var z T
-		pageBytes := int(unsafe.Sizeof(z)) * slabPageLen
-		batch := min(len(s.pages), max(1, slabBatchBytes/pageBytes))
-		s.spare = makeTable[T](batch * slabPageLen)
+		s.spare = makeTable[T](s.batchPages() * slabPageLen)
 	}
 	p := s.spare
 	s.spare = s.spare[slabPageLen:]
 	return p
+}
+
+// batchPages returns how many pages newPage allocates together next (slabBatchMinBytes above).
+func (s *slab[T]) batchPages() int {
+	var z T
+	pageBytes := int(unsafe.Sizeof(z)) * slabPageLen
+	lo, hi := max(1, slabBatchMinBytes/pageBytes), max(1, slabBatchMaxBytes/pageBytes)
+	return min(len(s.pages), max(lo, min(hi, len(s.pages)/8)))
 }

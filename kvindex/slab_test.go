@@ -116,3 +116,22 @@ func TestHugeRangeCoversTheArray(t *testing.T) {
 		}
 	}
 }
+
+// TestSlabBatchPages checks the batch sizes of the slab's later pages: at most the pages the
+// slab has (a small slab at most doubles), at least 4 MiB and otherwise an eighth of the slab,
+// at most 16 MiB, whatever the entry size (slabBatchMinBytes).
+func TestSlabBatchPages(t *testing.T) {
+	type entry32 [4]uint64 // 1 MiB pages
+	type entry16 [2]uint64 // 512 KiB pages
+	var s32 slab[entry32]
+	var s16 slab[entry16]
+	for _, c := range []struct{ pages, want32, want16 int }{
+		{1, 1, 1}, {2, 2, 2}, {3, 3, 3}, {4, 4, 4}, {8, 4, 8}, {10, 4, 8}, {32, 4, 8},
+		{40, 5, 8}, {64, 8, 8}, {100, 12, 12}, {128, 16, 16}, {200, 16, 25}, {256, 16, 32}, {1000, 16, 32},
+	} {
+		s32.pages = make([][]entry32, c.pages)
+		s16.pages = make([][]entry16, c.pages)
+		require.Equal(t, c.want32, s32.batchPages(), "32-byte entries, %d pages", c.pages)
+		require.Equal(t, c.want16, s16.batchPages(), "16-byte entries, %d pages", c.pages)
+	}
+}
