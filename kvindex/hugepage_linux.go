@@ -15,8 +15,10 @@ import (
 // much per byte on the virtual machine of docs/performance.md ("Pre-sizing, and the cost of
 // fresh memory"). A neighbour in a shared region may get a huge page too; that is what a kernel
 // whose policy is "always" does for the whole heap. A region already partly in 4 KiB pages keeps
-// them. Where the kernel's policy is "never", or the call fails, nothing changes: it is advice,
-// and its error is ignored.
+// them. The advice outlives the array: memory the heap later puts in an advised region is faulted
+// in as huge pages too, and under the kernel's default defrag setting ("madvise") such a fault may
+// reclaim and compact memory synchronously. Where the kernel's policy is "never", or the call
+// fails, nothing changes: it is advice, and its error is ignored.
 func adviseHuge(p unsafe.Pointer, size uintptr) {
 	start, end := hugeRange(uintptr(p), size)
 	if end <= start {

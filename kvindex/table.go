@@ -214,10 +214,13 @@ type u64Set struct {
 	zero  bool
 }
 
-// clearFor empties s and sizes it for n values: between 2n and 4n slots, so that an event's
-// set stays small enough for the L1 cache even after a larger event grew the array's capacity
-// (a set kept at the capacity of the trace's longest event cost a cache miss per add on the
-// production-scale workload, docs/performance.md).
+// clearFor empties s and sizes it for n values (n ≥ 0): the least power of two above 2n slots,
+// at least 16 (2 to 4 slots per value from n = 4 up). The set is sized for each event, so that it
+// stays small enough for the L1 cache even after a longer event grew the array's capacity (a set
+// kept at the capacity of the trace's longest event cost a cache miss per add on the
+// production-scale workload; docs/performance.md, "Pre-sizing, and the cost of fresh memory").
+// The array keeps the capacity of the longest event so far (at most max(16, 4n) slots of 8 bytes
+// for that event's n) and is reallocated only when an event needs more.
 func (s *u64Set) clearFor(n int) {
 	want := max(16, 1<<bits.Len(uint(2*n)))
 	if cap(s.keys) < want {

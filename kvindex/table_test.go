@@ -102,7 +102,7 @@ func TestU64SetSizedForEachEvent(t *testing.T) {
 	var s u64Set
 	s.clearFor(5000)
 	first := &s.keys[:1][0]
-	for _, n := range []int{750, 5000, 3, 750} {
+	for _, n := range []int{750, 5000, 3, 0, 750} {
 		allocs := testing.AllocsPerRun(10, func() { s.clearFor(n) })
 		require.Zero(t, allocs, "n=%d", n)
 		require.LessOrEqual(t, len(s.keys), max(16, 4*n), "n=%d", n)
