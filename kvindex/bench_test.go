@@ -431,7 +431,7 @@ func BenchmarkEvents(b *testing.B) {
 	b.Run("store", func(b *testing.B) {
 		events := make([]StoreEvent, 4096)
 		for i := range events {
-			events[i] = makeEvent(h, i%16, 0, h.root, tokensOf(nil, uint64(1<<32+i), blocks*benchBlock))
+			events[i] = makeEvent(h, i%16, 0, h.root, tokensOf(nil, 1<<32+uint64(i), blocks*benchBlock))
 		}
 		x, err := NewIndex(h, Options{MaxBlocks: 1 << 17})
 		if err != nil {

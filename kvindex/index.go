@@ -258,7 +258,7 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 	}
 	switch {
 	case opts.MaxBlocks < 0 || uint64(opts.MaxBlocks) > maxNodes:
-		return nil, fmt.Errorf("kvindex: Options.MaxBlocks: %d, must be in [0, %d]: %w", opts.MaxBlocks, maxNodes, state.ErrInvalidConfiguration)
+		return nil, fmt.Errorf("kvindex: Options.MaxBlocks: %d, must be in [0, %d]: %w", opts.MaxBlocks, uint64(maxNodes), state.ErrInvalidConfiguration)
 	case opts.ExpectedBlocks < 0 || opts.ExpectedBlocks > cmp.Or(opts.MaxBlocks, DefaultMaxBlocks):
 		return nil, fmt.Errorf("kvindex: Options.ExpectedBlocks: %d, must be in [0, MaxBlocks = %d]: %w",
 			opts.ExpectedBlocks, cmp.Or(opts.MaxBlocks, DefaultMaxBlocks), state.ErrInvalidConfiguration)

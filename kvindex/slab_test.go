@@ -99,12 +99,12 @@ func TestIndexBeyondOnePage(t *testing.T) {
 func TestHugeRangeCoversTheArray(t *testing.T) {
 	const mib = 1 << 20
 	for _, c := range []struct{ p, size, start, end uintptr }{
-		{p: 8 * mib, size: 4 * mib, start: 8 * mib, end: 12 * mib},                            // aligned
-		{p: 9 * mib, size: 4 * mib, start: 8 * mib, end: 14 * mib},                            // both ends shared
-		{p: 8*mib + 8192, size: 16 * mib, start: 8 * mib, end: 26 * mib},                      // Go's 8 KiB alignment
-		{p: 10*mib - 8192, size: 4*mib + 8192, start: 8 * mib, end: 14 * mib},                 // ends on a boundary
-		{p: 9 * mib, size: 4*mib - 1, start: 0, end: 0},                                       // under two huge pages
-		{p: 0x7f00_0020_1000, size: 32 * mib, start: 0x7f00_0020_0000, end: 0x7f00_0240_0000}, // high address
+		{p: 8 * mib, size: 4 * mib, start: 8 * mib, end: 12 * mib},             // aligned
+		{p: 9 * mib, size: 4 * mib, start: 8 * mib, end: 14 * mib},             // both ends shared
+		{p: 8*mib + 8192, size: 16 * mib, start: 8 * mib, end: 26 * mib},       // Go's 8 KiB alignment
+		{p: 10*mib - 8192, size: 4*mib + 8192, start: 8 * mib, end: 14 * mib},  // ends on a boundary
+		{p: 9 * mib, size: 4*mib - 1, start: 0, end: 0},                        // under two huge pages
+		{p: 0x7f20_1000, size: 32 * mib, start: 0x7f20_0000, end: 0x8140_0000}, // across 2 GiB
 	} {
 		start, end := hugeRange(c.p, c.size)
 		require.Equal(t, [2]uintptr{c.start, c.end}, [2]uintptr{start, end}, "p=%#x size=%#x", c.p, c.size)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -167,7 +168,7 @@ func TestRemoteSourceMapsAnswers(t *testing.T) {
 		{"zero counts are a miss", []EngineMatch{{"http://a", 0}}, nil, OutcomeMiss, "", nil, nil},
 		{"duplicate engines merge by maximum; URLs are exact", []EngineMatch{{"http://b", 1}, {"http://b/", 2}, {"http://b", 3}}, nil,
 			OutcomeHit, "", []EngineMatch{{"http://b", 3}, {"http://b/", 2}}, nil},
-		{"counts are capped at the query's blocks", []EngineMatch{{"http://a", 1 << 40}, {"http://b", 4}}, nil,
+		{"counts are capped at the query's blocks", []EngineMatch{{"http://a", math.MaxInt}, {"http://b", 4}}, nil,
 			OutcomeHit, "", []EngineMatch{{"http://a", 4}, {"http://b", 4}}, nil},
 		{"negative count is invalid", []EngineMatch{{"http://a", -1}}, nil, OutcomeUnavailable, ReasonInvalidAnswer, nil, nil},
 		{"empty engine is invalid", []EngineMatch{{"", 1}}, nil, OutcomeUnavailable, ReasonInvalidAnswer, nil, nil},

@@ -23,5 +23,5 @@ func MinorFaults() int64 {
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
 	}
-	return ru.Minflt
+	return int64(ru.Minflt) // int32 on some 32-bit platforms
 }
