@@ -3,9 +3,28 @@
 package kvindex
 
 import (
+	"os"
+	"strings"
 	"syscall"
 	"unsafe"
 )
+
+// hugeAdvice is false when GODEBUG sets disablethp=1, the Go runtime's switch for a process that
+// wants no transparent huge pages in its heap (Go 1.21.6 and later): the index then advises none
+// either.
+var hugeAdvice = !disablesTHP(os.Getenv("GODEBUG"))
+
+// disablesTHP reports whether a GODEBUG value sets disablethp=1 (the last setting of a key wins,
+// as in the runtime).
+func disablesTHP(godebug string) bool {
+	off := false
+	for kv := range strings.SplitSeq(godebug, ",") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(kv), "="); ok && k == "disablethp" {
+			off = v == "1"
+		}
+	}
+	return off
+}
 
 // adviseHuge asks Linux to back the size bytes at p with transparent huge pages (madvise
 // MADV_HUGEPAGE) before anything touches them. The advice covers every 2 MiB region the array
@@ -18,8 +37,12 @@ import (
 // them. The advice outlives the array: memory the heap later puts in an advised region is faulted
 // in as huge pages too, and under the kernel's default defrag setting ("madvise") such a fault may
 // reclaim and compact memory synchronously. Where the kernel's policy is "never", or the call
-// fails, nothing changes: it is advice, and its error is ignored.
+// fails, nothing changes: it is advice, and its error is ignored. With GODEBUG=disablethp=1 it
+// does nothing (hugeAdvice).
 func adviseHuge(p unsafe.Pointer, size uintptr) {
+	if !hugeAdvice {
+		return
+	}
 	start, end := hugeRange(uintptr(p), size)
 	if end <= start {
 		return

@@ -41,6 +41,17 @@ func TestAdviseHugeMarksEveryOverlappedRegion(t *testing.T) {
 	}
 	rest = append(rest, [2]uintptr{end, base + 16*mib})
 	require.Equal(t, rest, unmarked, "regions left alone")
+
+	// With GODEBUG=disablethp=1 (hugeAdvice false) a second mapping is left alone.
+	m2, err := syscall.Mmap(-1, 0, 16*mib, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, syscall.Munmap(m2)) }()
+	hugeAdvice = false
+	defer func() { hugeAdvice = true }()
+	adviseHuge(unsafe.Pointer(&m2[0]), 16*mib)
+	base2 := uintptr(unsafe.Pointer(&m2[0]))
+	marked, _ = vmaFlags(t, base2, base2+16*mib)
+	require.Empty(t, marked, "nothing advised with disablethp=1")
 }
 
 // vmaFlags returns the parts of [lo, hi) that /proc/self/smaps shows with and without the "hg"
@@ -94,4 +105,24 @@ func vmaFlags(t *testing.T, lo, hi uintptr) (marked, unmarked [][2]uintptr) {
 		t.Skip("/proc/self/smaps shows no VmFlags: the advice cannot be read back")
 	}
 	return marked, unmarked
+}
+
+// TestDisableTHPFromGODEBUG checks the parsing of the Go runtime's disablethp setting, which turns
+// the index's huge-page advice off.
+func TestDisableTHPFromGODEBUG(t *testing.T) {
+	for _, c := range []struct {
+		godebug string
+		off     bool
+	}{
+		{"", false},
+		{"disablethp=1", true},
+		{"disablethp=0", false},
+		{"gctrace=1,disablethp=1", true},
+		{"disablethp=1, madvdontneed=1", true},
+		{"disablethp=1,disablethp=0", false},
+		{"xdisablethp=1", false},
+		{"disablethp", false},
+	} {
+		require.Equal(t, c.off, disablesTHP(c.godebug), "GODEBUG=%q", c.godebug)
+	}
 }
