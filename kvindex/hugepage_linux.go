@@ -5,6 +5,7 @@ package kvindex
 import (
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
@@ -12,7 +13,9 @@ import (
 // hugeAdvice is false when GODEBUG sets disablethp=1, the Go runtime's switch for a process that
 // wants no transparent huge pages in its heap (Go 1.21.6 and later): the index then advises none
 // either.
-var hugeAdvice = !disablesTHP(os.Getenv("GODEBUG"))
+var hugeAdvice atomic.Bool
+
+func init() { hugeAdvice.Store(!disablesTHP(os.Getenv("GODEBUG"))) }
 
 // disablesTHP reports whether a GODEBUG value sets disablethp=1 (the last setting of a key wins,
 // as in the runtime).
@@ -40,7 +43,7 @@ func disablesTHP(godebug string) bool {
 // fails, nothing changes: it is advice, and its error is ignored. With GODEBUG=disablethp=1 it
 // does nothing (hugeAdvice).
 func adviseHuge(p unsafe.Pointer, size uintptr) {
-	if !hugeAdvice {
+	if !hugeAdvice.Load() {
 		return
 	}
 	start, end := hugeRange(uintptr(p), size)

@@ -42,12 +42,13 @@ func TestAdviseHugeMarksEveryOverlappedRegion(t *testing.T) {
 	rest = append(rest, [2]uintptr{end, base + 16*mib})
 	require.Equal(t, rest, unmarked, "regions left alone")
 
-	// With GODEBUG=disablethp=1 (hugeAdvice false) a second mapping is left alone.
+	// With GODEBUG=disablethp=1 (hugeAdvice false) a second mapping is left alone. (The test
+	// is not parallel: no other test allocates a table while the switch is off.)
 	m2, err := syscall.Mmap(-1, 0, 16*mib, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, syscall.Munmap(m2)) }()
-	hugeAdvice = false
-	defer func() { hugeAdvice = true }()
+	was := hugeAdvice.Swap(false)
+	defer hugeAdvice.Store(was)
 	adviseHuge(unsafe.Pointer(&m2[0]), 16*mib)
 	base2 := uintptr(unsafe.Pointer(&m2[0]))
 	marked, _ = vmaFlags(t, base2, base2+16*mib)
