@@ -4,6 +4,7 @@ package kvindex
 
 import (
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -17,13 +18,17 @@ var hugeAdvice atomic.Bool
 
 func init() { hugeAdvice.Store(!disablesTHP(os.Getenv("GODEBUG"))) }
 
-// disablesTHP reports whether a GODEBUG value sets disablethp=1 (the last setting of a key wins,
-// as in the runtime).
+// disablesTHP reports whether a GODEBUG value turns the runtime's disablethp on, read as the
+// runtime reads it (runtime/runtime1.go, parsegodebug): comma-separated key=value fields, no
+// spaces trimmed, the value a decimal int32 and any non-zero value on, a value that does not
+// parse ignored, the last valid setting of the key winning.
 func disablesTHP(godebug string) bool {
 	off := false
 	for kv := range strings.SplitSeq(godebug, ",") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(kv), "="); ok && k == "disablethp" {
-			off = v == "1"
+		if k, v, ok := strings.Cut(kv, "="); ok && k == "disablethp" {
+			if n, err := strconv.ParseInt(v, 10, 32); err == nil {
+				off = n != 0
+			}
 		}
 	}
 	return off

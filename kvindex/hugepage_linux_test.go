@@ -123,6 +123,10 @@ func TestDisableTHPFromGODEBUG(t *testing.T) {
 		{"disablethp=1,disablethp=0", false},
 		{"xdisablethp=1", false},
 		{"disablethp", false},
+		{"disablethp=2", true},              // the runtime turns it on for any non-zero value
+		{"gctrace=1, disablethp=1", false},  // the runtime trims no spaces: " disablethp" is another key
+		{"disablethp=1,disablethp=x", true}, // a value that does not parse is ignored
+		{"disablethp=", false},
 	} {
 		require.Equal(t, c.off, disablesTHP(c.godebug), "GODEBUG=%q", c.godebug)
 	}

@@ -721,9 +721,13 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 		writerCPU += wc
 		perBlock = wt / time.Duration(max(1, partBlocks))
 
+		// The control stops when the timer sets spin, and the round waits for it to have
+		// stopped, so that it never runs into the next round's readers-alone phase.
 		stop = make(chan struct{})
 		var spin atomic.Bool
+		spun := make(chan struct{})
 		go func() {
+			defer close(spun)
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			z := uint64(1)
@@ -737,9 +741,10 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 		go func() { time.Sleep(wt); spin.Store(true); close(stop) }()
 		start = time.Now()
 		n, cpu = run(stop)
+		busyWall += time.Since(start)
+		<-spun
 		r.lookupsWithBusy += n
 		busyRead += cpu
-		busyWall += time.Since(start)
 	}
 	r.alone = float64(r.lookupsAlone) / aloneWall.Seconds()
 	r.withWriter = float64(r.lookupsWithWriter) / writerWall.Seconds()
