@@ -19,9 +19,9 @@ var hugeAdvice atomic.Bool
 func init() { hugeAdvice.Store(!disablesTHP(os.Getenv("GODEBUG"))) }
 
 // disablesTHP reports whether a GODEBUG value turns the runtime's disablethp on, read as the
-// runtime reads it (runtime/runtime1.go, parsegodebug): comma-separated key=value fields, no
-// spaces trimmed, the value a decimal int32 and any non-zero value on, a value that does not
-// parse ignored, the last valid setting of the key winning.
+// runtime reads it (golang/go `src/runtime/runtime1.go`, parsegodebug): comma-separated
+// key=value fields, no spaces trimmed, the value a decimal int32 and any non-zero value on, a
+// value that does not parse ignored, the last valid setting of the key winning.
 func disablesTHP(godebug string) bool {
 	off := false
 	for kv := range strings.SplitSeq(godebug, ",") {
