@@ -13,7 +13,8 @@ import (
 
 // hugeAdvice is false when GODEBUG sets disablethp=1, the Go runtime's switch for a process that
 // wants no transparent huge pages in its heap (Go 1.21.6 and later): the index then advises none
-// either.
+// either. Only the environment sets it: the go command refuses disablethp in a go.mod godebug
+// line or a //go:debug directive, so the binary's build defaults need not be read.
 var hugeAdvice atomic.Bool
 
 func init() { hugeAdvice.Store(!disablesTHP(os.Getenv("GODEBUG"))) }

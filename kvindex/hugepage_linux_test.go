@@ -21,6 +21,10 @@ func TestAdviseHugeMarksEveryOverlappedRegion(t *testing.T) {
 	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage"); err != nil {
 		t.Skip("kernel without transparent huge pages: madvise(MADV_HUGEPAGE) is refused")
 	}
+	// The advice on, whatever GODEBUG the test runs with (disablethp=1 turns it off); the test
+	// is not parallel, so no other test allocates a table while the switch is set here.
+	was := hugeAdvice.Swap(true)
+	defer hugeAdvice.Store(was)
 	const mib = 1 << 20
 	m, err := syscall.Mmap(-1, 0, 16*mib, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	require.NoError(t, err)
@@ -47,8 +51,7 @@ func TestAdviseHugeMarksEveryOverlappedRegion(t *testing.T) {
 	m2, err := syscall.Mmap(-1, 0, 16*mib, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, syscall.Munmap(m2)) }()
-	was := hugeAdvice.Swap(false)
-	defer hugeAdvice.Store(was)
+	hugeAdvice.Store(false)
 	adviseHuge(unsafe.Pointer(&m2[0]), 16*mib)
 	base2 := uintptr(unsafe.Pointer(&m2[0]))
 	marked, _ = vmaFlags(t, base2, base2+16*mib)
