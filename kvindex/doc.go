@@ -45,9 +45,11 @@
 // when the bit is already set. Writers are serialised by a separate mutex, which gives one caller
 // per engine, applying that engine's events in order, per-engine ordering. A Store hashes its
 // tokens, resolves its chain and validates the whole event holding only the writer mutex, since
-// readers do not change what it reads; it takes the read-excluding lock only to apply the event,
-// at most storeChunk blocks at a time, and updates what readers never read (the engine-hash
-// bindings, the LRU links) after releasing it. A match therefore waits for at most one chunk's
+// readers do not change what it reads; it builds the nodes and holding entries of the event's new
+// blocks before taking the read-excluding lock too, since no reader can reach a node the key table
+// does not name yet (Index.prebuild); it takes the lock only to publish and apply the event, at
+// most storeChunk blocks at a time, and updates what readers never read (the engine-hash bindings,
+// the LRU links) after releasing it. A match therefore waits for at most one chunk's
 // application, and sees an event's blocks in prompt order. Other writes (Remove, Clear,
 // RemoveEngine, Assume, Expire) hold the lock for their own duration.
 //

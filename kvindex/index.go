@@ -178,6 +178,8 @@ type Index struct {
 	known    []bool
 	slotBuf  []int32 // Store: each block's binding insert position (bindTable.insertAt)
 	keySlots []int32 // resolveChain: where each key's probe ended (nodeTable.lookupSlot)
+	built    []bool  // Store: which blocks of the chunk prebuild built
+	prebuilt int     // Store chunks whose new blocks prebuild built (for tests)
 	sumSlot  int     // Store: the key-table slot of the block being applied, or -1 (orSumAt)
 }
 
@@ -333,12 +335,14 @@ type StoreEvent struct {
 }
 
 // storeChunk is the most blocks a Store applies under one hold of the read-excluding lock, so a
-// Match waits for at most about this many blocks' application (doc.go, "Concurrency"): about
-// 0.1–0.2 ms on the production-scale workload. Each hold makes the readers that arrive during it
-// park and wake again, which costs them CPU time; with 2 readers beside 1 writer, 512 kept more of
-// the readers' lookups per CPU-second than 128 or 32 did in the same session
-// (docs/performance.md, "kvindex at production scale").
-const storeChunk = 512
+// Match waits for at most about this many blocks' publication (doc.go, "Concurrency"). A chunk's
+// new blocks are built before the hold (prebuild), which leaves about 35 ns per block under it on
+// the production-scale workload, so a hold of 2,048 blocks averages 66 µs beside readers, what 512
+// blocks took before prebuild (61 µs). Each hold parks the readers that arrive during it, and each
+// park costs a wake-up, so fewer holds of the same length keep more lookups: beside 2 readers,
+// 2,048 kept 28.5–31.0 % of their lookups per wall second against 25.1–28.1 % with 512
+// (docs/performance.md, "Readers beside a writer, and a control").
+const storeChunk = 2048
 
 // Store records that ev.Engine's DP rank ev.DPRank holds ev's blocks in ev.Tier, attaching the first
 // block under the parent the engine named (docs/design.md §11; Stored in
@@ -453,22 +457,35 @@ func (x *Index) store(ev *StoreEvent) error {
 	prev := parent
 	for from := 0; from < nb; from += storeChunk {
 		to := min(nb, from+storeChunk)
+		// The chunk's new blocks are built before the lock: a node no key-table slot names is
+		// out of readers' reach, so only publishing it needs them excluded (prebuild).
+		built := hok && x.prebuild(ev, hid, from, to, prev)
 		x.mu.Lock()
 		if !hok {
 			hid, hok = x.holderFor(ev.Engine, ev.DPRank), true
 		}
 		for i := from; i < to; i++ {
 			n := x.nodeBuf[i]
-			if n == 0 {
-				n = x.newNodeAt(x.keyBuf[i], prev, int(x.keySlots[i]))
-				x.nodeBuf[i] = n
+			switch {
+			case built && x.built[i-from]:
+				x.publish(n, hid, uint8(ev.Tier), int(x.keySlots[i]))
+			default:
+				if n == 0 {
+					n = x.newNodeAt(x.keyBuf[i], prev, int(x.keySlots[i]))
+					x.nodeBuf[i] = n
+				}
+				x.sumSlot = int(x.keySlots[i])
+				x.hintPos = x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
 			}
-			x.sumSlot = int(x.keySlots[i])
-			x.hintPos = x.storeHolding(n, hid, ev.BlockHashes[i], uint8(ev.Tier), x.known[i])
 			x.hintNode = n
 			prev = n
 		}
 		x.hintNode, x.sumSlot = 0, -1
+		// Room in the reference bits for the next chunk's new nodes, so that its prebuild need
+		// not take the lock to grow them (readers read the slice).
+		for len(x.refBits) <= (x.nodes.len()+storeChunk)>>6 {
+			x.refBits = append(x.refBits, 0)
+		}
 		// The chunk's blocks are real now: they leave the holder's records (approx.go) before
 		// readers can see them both ways.
 		x.supersedeByStore(hid, x.keyBuf[from:to])
@@ -487,6 +504,66 @@ func (x *Index) store(ev *StoreEvent) error {
 		x.mu.Unlock()
 	}
 	return nil
+}
+
+// prebuild writes, before a Store chunk [from, to) takes the lock, the node and the one holding
+// entry (holder hid's, in ev's tier, under the block's hash) of each of the chunk's new blocks,
+// and records them in x.nodeBuf and x.built; publish then makes each one visible under the lock.
+// Readers cannot reach these nodes until then: they find nodes only through the key table, and
+// the node indexes and holding runs come from the free lists (freed under an earlier hold, which
+// no reader outlived) or from the slabs' tails. It builds nothing, and reports false, when the
+// lock would be needed anyway to grow what readers read: the first page of either slab, which
+// grows like a slice, a new slab page, or the reference bits. Called under wmu only.
+func (x *Index) prebuild(ev *StoreEvent, hid uint32, from, to int, prev uint32) bool {
+	k := 0
+	for _, n := range x.nodeBuf[from:to] {
+		if n == 0 {
+			k++
+		}
+	}
+	needN, needH := max(0, k-len(x.freeNodes)), max(0, k-len(x.hFree[0]))
+	if k == 0 || !x.nodes.fits(needN) || !x.holds.fits(needH) || len(x.refBits) <= (x.nodes.len()+needN)>>6 {
+		return false
+	}
+	x.prebuilt++
+	x.built = slices.Grow(x.built[:0], to-from)[:to-from]
+	t := uint8(ev.Tier)
+	for i := from; i < to; i++ {
+		n := x.nodeBuf[i]
+		x.built[i-from] = n == 0
+		if n == 0 {
+			if f := len(x.freeNodes); f > 0 {
+				n = x.freeNodes[f-1]
+				x.freeNodes = x.freeNodes[:f-1]
+			} else {
+				n = uint32(x.nodes.extend(1))
+			}
+			off := x.allocRun(0)
+			*x.node(n) = node{key: x.keyBuf[i], parent: prev, hold: off, meta: flagLive | 1}
+			*x.hold(int(off)) = holding{e: mkEntry(hid, t), aux: ev.BlockHashes[i]}
+			x.nodeBuf[i] = n
+		}
+		prev = n
+	}
+	return true
+}
+
+// publish makes node n, built by prebuild with holder hid's entry in tier t, part of the tree
+// under the lock: its parent counts it, its key enters the key table at or after slot (where
+// resolveChain's probe ended) with the holder's summary bit, and the holder's entry at the parent
+// counts it as a child. It does what newNodeAt and storeHolding do for a new block, less the
+// writes prebuild made.
+func (x *Index) publish(n, hid uint32, t uint8, slot int) {
+	nd := x.node(n)
+	if nd.parent != 0 {
+		x.node(nd.parent).children++
+	}
+	x.clearRef(n)
+	x.byKey.orSumAt(x.byKey.insertFrom(nd.key, n, slot), nd.key, holderBit(hid))
+	x.live++
+	x.addTiers(&x.holders[hid], 0, t)
+	x.linkChild(n, hid)
+	x.hintPos = int(nd.hold)
 }
 
 // warm reads the holding run of every existing node of ns and the key-table slot of every key

@@ -346,6 +346,9 @@ type walk struct {
 	m     *model
 	clock time.Time
 	log   []string
+	// invariantsEvery > 1 checks the invariants (O(index)) after every invariantsEvery-th step
+	// only, for walks over a large index; the model's answers are checked after every step.
+	invariantsEvery, steps int
 }
 
 const walkBlockTokens = 2
@@ -510,7 +513,10 @@ func (w *walk) step() {
 }
 
 func (w *walk) check(desc string) {
-	require.NoError(w.t, checkInvariants(w.x), "after %s\nrecent: %q", desc, w.log)
+	w.steps++
+	if w.invariantsEvery <= 1 || w.steps%w.invariantsEvery == 0 {
+		require.NoError(w.t, checkInvariants(w.x), "after %s\nrecent: %q", desc, w.log)
+	}
 	blocks, approx, engines := w.m.stats()
 	st := w.x.Stats()
 	require.Equal(w.t, blocks, st.Blocks, "blocks after %s\nrecent: %q", desc, w.log)
@@ -654,5 +660,47 @@ func TestMatchWithManyHolders(t *testing.T) {
 			require.Equal(t, l.Engines, m.Engines, "n=%d wide=%v", n, wide)
 			require.Equal(t, bruteMatch(x, keys[:n], clock.UnixNano()), m.Engines, "n=%d wide=%v", n, wide)
 		}
+	}
+}
+
+// ballastEvent is a chain of n blocks for an engine of their own, with tokens no walk prompt
+// uses, so that its blocks fill the node and holding slabs' first pages (slabPageLen entries)
+// without changing any walk match: Stores after it build their new blocks before taking the lock
+// (Index.prebuild), which a slab still in its first page never does.
+func ballastEvent(h Hasher, n int) StoreEvent {
+	engine := state.EngineID("http://ballast")
+	toks := make([]uint32, 0, n*h.blockTokens)
+	for i := range n * h.blockTokens {
+		toks = append(toks, uint32(1_000_000+i))
+	}
+	ev := StoreEvent{Engine: engine, TokenIDs: toks, Tier: TierDevice}
+	for _, k := range h.Keys(toks) {
+		ev.BlockHashes = append(ev.BlockHashes, engineHash(engine, k, 0))
+	}
+	return ev
+}
+
+// TestRandomWalkPastTheFirstSlabPage runs the model walk on an index whose slabs are past their
+// first page, so that its Stores take the prebuild path (new blocks built before the lock,
+// published under it), reusing freed nodes and holding runs, and checks it against the model and
+// the invariants after every step, as TestRandomWalkAgreesWithModel does.
+func TestRandomWalkPastTheFirstSlabPage(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(2) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			h, err := NewHasher(HasherConfig{BlockTokens: walkBlockTokens, Seed: seed})
+			require.NoError(t, err)
+			w := newWalk(t, h, rand.New(rand.NewPCG(seed, 0xba11)))
+			ev := ballastEvent(h, slabPageLen+100)
+			require.Equal(t, w.m.store(ev), w.x.Store(ev))
+			w.check("ballast")
+			w.invariantsEvery = 25
+			before := w.x.prebuilt
+			for range 500 {
+				w.step()
+			}
+			require.Greater(t, w.x.prebuilt, before, "the walk's Stores should build new blocks before the lock")
+		})
 	}
 }

@@ -114,3 +114,71 @@ func TestConcurrentMatchRacesWriters(t *testing.T) {
 	assert.Positive(t, matches.Load())
 	assert.LessOrEqual(t, x.Stats().Blocks, 200)
 }
+
+// TestConcurrentMatchRacesPrebuiltStores runs Matches beside writers on an index past its slabs'
+// first page, so that the writers' Stores build their new blocks before taking the lock
+// (Index.prebuild) and publish them under it, while Removes and Clears free nodes and holding runs
+// for later prebuilds to reuse. The race detector checks that no reader touches a block while it
+// is built; the answers keep their shape, and the invariants hold at the end.
+func TestConcurrentMatchRacesPrebuiltStores(t *testing.T) {
+	t.Parallel()
+	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
+	require.NoError(t, err)
+	x, err := NewIndex(h, Options{})
+	require.NoError(t, err)
+	require.NoError(t, x.Store(ballastEvent(h, slabPageLen+100)))
+	before := x.prebuilt
+
+	const iters = 300
+	var writers, readers sync.WaitGroup
+	stop := make(chan struct{})
+	for e := range 2 {
+		writers.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(e), 3))
+			id := state.EngineID(fmt.Sprintf("http://p%d", e))
+			for range iters {
+				pattern, n := 1+rng.IntN(20), 1+rng.IntN(40)
+				base := uint64(pattern) * 1000
+				assert.NoError(t, x.Store(StoreEvent{Engine: id, BlockHashes: hashes(base, n), TokenIDs: prompt(pattern, n), Tier: TierDevice}))
+				switch rng.IntN(6) {
+				case 0, 1: // the deepest blocks, as engines evict
+					k := rng.IntN(n)
+					assert.NoError(t, x.Remove(id, 0, hashes(base+uint64(k), n-k), 0))
+				case 2: // a block in the middle: a hole
+					assert.NoError(t, x.Remove(id, 0, hashes(base+uint64(rng.IntN(n)), 1), 0))
+				}
+				if rng.IntN(40) == 0 {
+					assert.NoError(t, x.Clear(id, 0))
+				}
+			}
+		})
+	}
+	for r := range 2 {
+		readers.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(r), 11))
+			var m Matches
+			for n := 0; ; n++ {
+				if n >= 200 {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+				}
+				toks := prompt(1+rng.IntN(20), 1+rng.IntN(40))
+				x.MatchTokensInto(toks, &m)
+				for i, e := range m.Engines {
+					assert.True(t, e.Blocks >= 1 && e.Blocks <= len(toks)/testBlock, "blocks %d", e.Blocks)
+					if i > 0 {
+						assert.GreaterOrEqual(t, m.Engines[i-1].Blocks, e.Blocks)
+					}
+				}
+			}
+		})
+	}
+	writers.Wait()
+	close(stop)
+	readers.Wait()
+	require.NoError(t, checkInvariants(x))
+	assert.Greater(t, x.prebuilt, before, "the writers' Stores should build new blocks before the lock")
+}

@@ -40,6 +40,17 @@ func (s *slab[T]) span(i, k int) []T {
 	return s.pages[i>>slabPageBits][o : o+k : o+k]
 }
 
+// fits reports whether k more entries, added one at a time, lie in the slab's current page:
+// extend then writes only entries past len() and changes no page (page 0, which grows like a
+// slice and moves, never fits).
+func (s *slab[T]) fits(k int) bool {
+	if k == 0 {
+		return true
+	}
+	o := s.n & slabPageMask
+	return s.n >= slabPageLen && o != 0 && o+k <= slabPageLen
+}
+
 // len returns the number of entries.
 func (s *slab[T]) len() int { return s.n }
 
