@@ -71,6 +71,9 @@ func checkInvariants(x *Index) error {
 	if err := checkQueue(x); err != nil {
 		return err
 	}
+	if err := checkSlabs(x); err != nil {
+		return err
+	}
 	for n := uint32(1); int(n) < x.nodes.len(); n++ {
 		nd := x.node(n)
 		if !nd.has(flagLive) {
@@ -143,6 +146,66 @@ func checkInvariants(x *Index) error {
 		}
 		if got, ok := x.engineByID[slot.id]; !ok || got != uint32(e) {
 			return fmt.Errorf("engine slot %d (%q) not in the ID map", e, slot.id)
+		}
+	}
+	return nil
+}
+
+// checkSlabs verifies that nothing in the node and holding slabs leaks or is owned twice: every
+// node index after the root is either live or on the free list, once; every holding slot lies in
+// exactly one run, the run of a live node that holds something or a free run of its class; and
+// the reference bits cover every node.
+func checkSlabs(x *Index) error {
+	free := make(map[uint32]bool, len(x.freeNodes))
+	for _, n := range x.freeNodes {
+		switch {
+		case n == 0 || int(n) >= x.nodes.len():
+			return fmt.Errorf("free node %d out of [1, %d)", n, x.nodes.len())
+		case free[n]:
+			return fmt.Errorf("node %d is on the free list twice", n)
+		case x.node(n).has(flagLive):
+			return fmt.Errorf("node %d is live and on the free list", n)
+		}
+		free[n] = true
+	}
+	for n := uint32(1); int(n) < x.nodes.len(); n++ {
+		if !x.node(n).has(flagLive) && !free[n] {
+			return fmt.Errorf("node %d is neither live nor free (leaked)", n)
+		}
+	}
+	if len(x.refBits) <= (x.nodes.len()-1)>>6 {
+		return fmt.Errorf("%d reference-bit words for %d nodes", len(x.refBits), x.nodes.len())
+	}
+	owner := make([]uint32, x.holds.len()) // slot → 1 + node, or maxNodes+1 when free
+	claim := func(off, size int, who uint32) error {
+		if off < 0 || off+size > len(owner) {
+			return fmt.Errorf("run [%d, %d) of %d outside the holding slab (%d)", off, off+size, who, len(owner))
+		}
+		for p := off; p < off+size; p++ {
+			if owner[p] != 0 {
+				return fmt.Errorf("holding slot %d in two runs (%d and %d; %d is free)", p, owner[p], who, uint32(maxNodes+1))
+			}
+			owner[p] = who
+		}
+		return nil
+	}
+	for n := uint32(1); int(n) < x.nodes.len(); n++ {
+		if nd := x.node(n); nd.has(flagLive) && nd.nHold() > 0 {
+			if err := claim(int(nd.hold), 1<<nd.class(), 1+n); err != nil {
+				return err
+			}
+		}
+	}
+	for c := range x.hFree {
+		for _, off := range x.hFree[c] {
+			if err := claim(int(off), 1<<c, maxNodes+1); err != nil {
+				return err
+			}
+		}
+	}
+	for p, o := range owner {
+		if o == 0 {
+			return fmt.Errorf("holding slot %d is in no run (leaked)", p)
 		}
 	}
 	return nil

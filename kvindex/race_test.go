@@ -182,3 +182,44 @@ func TestConcurrentMatchRacesPrebuiltStores(t *testing.T) {
 	require.NoError(t, checkInvariants(x))
 	assert.Greater(t, x.prebuilt, before, "the writers' Stores should build new blocks before the lock")
 }
+
+// TestPrebuiltBlockClearsAReusedNodesReferenceBit: a Store's new block built before the lock
+// (Index.prebuild) on a node index freed earlier starts with its CLOCK reference bit clear, as
+// newNodeAt's do, so a bit a Match set on the freed block does not give the new one a second
+// chance: with the cap one block short, the least recently stored block is the one evicted.
+func TestPrebuiltBlockClearsAReusedNodesReferenceBit(t *testing.T) {
+	t.Parallel()
+	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
+	require.NoError(t, err)
+	ballast := ballastEvent(h, slabPageLen+100)
+	x, err := NewIndex(h, Options{MaxBlocks: len(ballast.BlockHashes) + 2})
+	require.NoError(t, err)
+	require.NoError(t, x.Store(ballast))
+	const id = state.EngineID("http://e")
+	store := func(pattern int) {
+		t.Helper()
+		require.NoError(t, x.Store(StoreEvent{Engine: id, BlockHashes: hashes(uint64(pattern)*1000, 1), TokenIDs: prompt(pattern, 1), Tier: TierDevice}))
+	}
+	node := func(pattern int) uint32 {
+		n, _, _ := x.byKey.get(h.Keys(prompt(pattern, 1))[0])
+		return n
+	}
+	store(1)
+	freed := node(1)
+	require.Equal(t, []EngineMatch{{Engine: id, Blocks: 1}}, x.Match(h.Keys(prompt(1, 1))).Engines)
+	require.True(t, x.refSet(freed), "the Match marks the block it found")
+	require.NoError(t, x.Remove(id, 0, hashes(1000, 1), 0))
+
+	before := x.prebuilt
+	store(2) // built before the lock, on the freed node
+	require.Equal(t, before+1, x.prebuilt)
+	require.Equal(t, freed, node(2), "the new block reuses the freed node")
+	assert.False(t, x.refSet(freed), "a reused node's reference bit")
+	store(3)
+	require.NoError(t, x.Store(ballast)) // the ballast becomes the most recently stored
+	store(4)                             // one block over the cap: the least recently stored goes
+
+	assert.Empty(t, x.Match(h.Keys(prompt(2, 1))).Engines, "block 2, stored first, is evicted")
+	assert.Equal(t, []EngineMatch{{Engine: id, Blocks: 1}}, x.Match(h.Keys(prompt(3, 1))).Engines)
+	require.NoError(t, checkInvariants(x))
+}
