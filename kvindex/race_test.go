@@ -126,7 +126,11 @@ func TestConcurrentMatchRacesPrebuiltStores(t *testing.T) {
 	require.NoError(t, err)
 	x, err := NewIndex(h, Options{})
 	require.NoError(t, err)
-	require.NoError(t, x.Store(ballastEvent(h, slabPageLen+100)))
+	// The ballast leaves both slabs a little short of their third page, so that the writers'
+	// Stores also cross into it: a chunk that would need a new page must take the lock first.
+	require.NoError(t, x.Store(ballastEvent(h, 2*slabPageLen-300)))
+	require.Less(t, x.nodes.len(), 2*slabPageLen)
+	require.Less(t, x.holds.len(), 2*slabPageLen)
 	before := x.prebuilt
 
 	const iters = 300
@@ -181,6 +185,8 @@ func TestConcurrentMatchRacesPrebuiltStores(t *testing.T) {
 	readers.Wait()
 	require.NoError(t, checkInvariants(x))
 	assert.Greater(t, x.prebuilt, before, "the writers' Stores should build new blocks before the lock")
+	assert.Greater(t, x.nodes.len(), 2*slabPageLen, "the node slab should reach its third page")
+	assert.Greater(t, x.holds.len(), 2*slabPageLen, "the holding slab should reach its third page")
 }
 
 // TestPrebuiltBlockClearsAReusedNodesReferenceBit: a Store's new block built before the lock

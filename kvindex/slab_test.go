@@ -135,3 +135,37 @@ func TestSlabBatchPages(t *testing.T) {
 		require.Equal(t, c.want16, s16.batchPages(), "16-byte entries, %d pages", c.pages)
 	}
 }
+
+// TestSlabFitsOnlyWithinAFullSizedPage: fits promises that extending by k, one entry at a time,
+// changes no page (prebuild extends the slabs outside the lock, beside readers that read the
+// page list): never while page 0 still grows like a slice, never at a page boundary (a new page),
+// and exactly when the k entries end within the current page.
+func TestSlabFitsOnlyWithinAFullSizedPage(t *testing.T) {
+	var s slab[uint64]
+	s.extend(1)
+	assert.True(t, s.fits(0))
+	assert.False(t, s.fits(1), "page 0 grows like a slice and moves")
+	for s.len() < slabPageLen {
+		s.extend(1)
+	}
+	assert.False(t, s.fits(1), "at a page boundary the next entry needs a new page")
+	s.extend(1)
+	for _, k := range []int{1, 2, slabPageLen - 1, slabPageLen} {
+		assert.Equal(t, k <= slabPageLen-1, s.fits(k), "k=%d, one entry into page 1", k)
+	}
+	for _, k := range []int{0, 1, 7, -1} {
+		if k < 0 {
+			k = slabPageLen - s.len()&slabPageMask // the rest of the page
+		}
+		require.True(t, s.fits(k), "k=%d", k)
+		pages, first, last := len(s.pages), &s.pages[0][0], &s.pages[len(s.pages)-1][0]
+		for range k {
+			s.extend(1)
+		}
+		assert.Equal(t, pages, len(s.pages), "k=%d: no new page", k)
+		assert.Same(t, first, &s.pages[0][0], "k=%d: page 0 stays", k)
+		assert.Same(t, last, &s.pages[len(s.pages)-1][0], "k=%d: the last page stays", k)
+	}
+	assert.Equal(t, 2*slabPageLen, s.len())
+	assert.False(t, s.fits(1), "the page is full")
+}
