@@ -120,11 +120,27 @@ func TestConcurrentMatchRacesWriters(t *testing.T) {
 // (Index.prebuild) and publish them under it, while Removes and Clears free nodes and holding runs
 // for later prebuilds to reuse. The race detector checks that no reader touches a block while it
 // is built; the answers keep their shape, and the invariants hold at the end.
+//
+// With a cap 200 blocks above the ballast, eviction runs too (from the ballast's oldest leaf up,
+// then the writers' own blocks), and later prebuilds reuse the evicted nodes and runs.
 func TestConcurrentMatchRacesPrebuiltStores(t *testing.T) {
 	t.Parallel()
+	for _, capped := range []bool{false, true} {
+		t.Run(fmt.Sprintf("capped=%v", capped), func(t *testing.T) {
+			t.Parallel()
+			testConcurrentMatchRacesPrebuiltStores(t, capped)
+		})
+	}
+}
+
+func testConcurrentMatchRacesPrebuiltStores(t *testing.T, capped bool) {
 	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
 	require.NoError(t, err)
-	x, err := NewIndex(h, Options{})
+	var opts Options
+	if capped {
+		opts.MaxBlocks = 2*slabPageLen - 300 + 200
+	}
+	x, err := NewIndex(h, opts)
 	require.NoError(t, err)
 	// The ballast leaves both slabs a little short of their third page, so that the writers'
 	// Stores also cross into it: a chunk that would need a new page must take the lock first.
@@ -185,6 +201,12 @@ func TestConcurrentMatchRacesPrebuiltStores(t *testing.T) {
 	readers.Wait()
 	require.NoError(t, checkInvariants(x))
 	assert.Greater(t, x.prebuilt, before, "the writers' Stores should build new blocks before the lock")
+	if capped {
+		st := x.Stats()
+		assert.Positive(t, st.EvictedBlocks)
+		assert.LessOrEqual(t, st.Blocks, opts.MaxBlocks)
+		return
+	}
 	assert.Greater(t, x.nodes.len(), 2*slabPageLen, "the node slab should reach its third page")
 	assert.Greater(t, x.holds.len(), 2*slabPageLen, "the holding slab should reach its third page")
 }
