@@ -336,11 +336,12 @@ type StoreEvent struct {
 
 // storeChunk is the most blocks a Store applies under one hold of the read-excluding lock, so a
 // Match waits for at most about this many blocks' publication (doc.go, "Concurrency"). A chunk's
-// new blocks are built before the hold (prebuild), which leaves about 35 ns per block under it on
-// the production-scale workload, so a hold of 2,048 blocks averages 66 µs beside readers, what 512
-// blocks took before prebuild (61 µs). Each hold parks the readers that arrive during it, and each
-// park costs a wake-up, so fewer holds of the same length keep more lookups: beside 2 readers,
-// 2,048 kept 28.5–31.0 % of their lookups per wall second against 25.1–28.1 % with 512
+// new blocks are built before the hold (prebuild), which leaves about 95 ns per block under it on
+// the production-scale workload beside readers (160 ns before), so holds of at most 2,048 blocks
+// average 66 µs there, as holds of at most 512 did before prebuild (61 µs; most events are
+// shorter than a chunk), and a full chunk holds the lock about 0.2 ms. Each hold parks the readers
+// that arrive during it, and each park costs a wake-up, so fewer holds keep more lookups: beside
+// 2 readers, 2,048 kept 28.5–31.0 % of their lookups per wall second against 25.1–28.1 % with 512
 // (docs/performance.md, "Readers beside a writer, and a control").
 const storeChunk = 2048
 
