@@ -467,10 +467,9 @@ func (x *Index) store(ev *StoreEvent) error {
 		}
 		for i := from; i < to; i++ {
 			n := x.nodeBuf[i]
-			switch {
-			case built && x.built[i-from]:
+			if built && x.built[i-from] {
 				x.publish(n, hid, uint8(ev.Tier), int(x.keySlots[i]))
-			default:
+			} else {
 				if n == 0 {
 					n = x.newNodeAt(x.keyBuf[i], prev, int(x.keySlots[i]))
 					x.nodeBuf[i] = n
@@ -533,12 +532,7 @@ func (x *Index) prebuild(ev *StoreEvent, hid uint32, from, to int, prev uint32) 
 		n := x.nodeBuf[i]
 		x.built[i-from] = n == 0
 		if n == 0 {
-			if f := len(x.freeNodes); f > 0 {
-				n = x.freeNodes[f-1]
-				x.freeNodes = x.freeNodes[:f-1]
-			} else {
-				n = uint32(x.nodes.extend(1))
-			}
+			n = x.allocNode()
 			off := x.allocRun(0)
 			*x.node(n) = node{key: x.keyBuf[i], parent: prev, hold: off, meta: flagLive | 1}
 			*x.hold(int(off)) = holding{e: mkEntry(hid, t), aux: ev.BlockHashes[i]}
@@ -894,15 +888,9 @@ func (x *Index) renumber(pos int) {
 // newNodeAt creates the node for key under parent, inserting key into the key table from slot
 // from (nodeTable.insertFrom; -1 probes from its home slot). The caller touches it (LRU).
 func (x *Index) newNodeAt(key uint64, parent uint32, from int) uint32 {
-	var n uint32
-	if k := len(x.freeNodes); k > 0 {
-		n = x.freeNodes[k-1]
-		x.freeNodes = x.freeNodes[:k-1]
-	} else {
-		n = uint32(x.nodes.extend(1))
-		if int(n>>6) >= len(x.refBits) {
-			x.refBits = append(x.refBits, 0)
-		}
+	n := x.allocNode()
+	if int(n>>6) >= len(x.refBits) {
+		x.refBits = append(x.refBits, 0)
 	}
 	if parent != 0 {
 		x.node(parent).children++
@@ -912,6 +900,16 @@ func (x *Index) newNodeAt(key uint64, parent uint32, from int) uint32 {
 	x.byKey.insertFrom(key, n, from)
 	x.live++
 	return n
+}
+
+// allocNode returns a node index for a new node: the last one freed, else the next of the slab.
+func (x *Index) allocNode() uint32 {
+	if k := len(x.freeNodes); k > 0 {
+		n := x.freeNodes[k-1]
+		x.freeNodes = x.freeNodes[:k-1]
+		return n
+	}
+	return uint32(x.nodes.extend(1))
 }
 
 // freeNode removes an empty, childless node from the tree.
