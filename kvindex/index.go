@@ -180,7 +180,10 @@ type Index struct {
 	keySlots []int32 // resolveChain: where each key's probe ended (nodeTable.lookupSlot)
 	built    []bool  // Store: which blocks of the chunk prebuild built
 	prebuilt int     // Store chunks whose new blocks prebuild built (for tests)
-	sumSlot  int     // Store: the key-table slot of the block being applied, or -1 (orSumAt)
+	// growHook, when set (tests only), runs after a Store has built the grown key table and
+	// before it takes the lock to install it.
+	growHook func()
+	sumSlot  int // Store: the key-table slot of the block being applied, or -1 (orSumAt)
 }
 
 // node is one block. It holds no pointers, so the node slab costs the garbage collector nothing.
@@ -418,10 +421,14 @@ func (x *Index) store(ev *StoreEvent) error {
 	}
 	x.keyBuf = x.hasher.appendFrom(x.keyBuf[:0], parentKey, ev.TokenIDs)
 	// Room for every block's key now, so that the slots resolveChain finds stay valid for the
-	// inserts (nodewrite.go). Readers are not excluded: a resize replaces the table only under mu.
-	if 4*(x.byKey.len()+nb) > 3*len(x.byKey.slots) {
+	// inserts (nodewrite.go). The grown table is built beside readers (only writers change the
+	// table, and wmu excludes them), and readers are excluded only to install it.
+	if g, ok := x.byKey.grown(nb); ok {
+		if x.growHook != nil {
+			x.growHook()
+		}
 		x.mu.Lock()
-		x.byKey.reserve(nb)
+		x.byKey = g
 		x.mu.Unlock()
 	}
 	if i, ok := x.resolveChain(parent, x.keyBuf); !ok {

@@ -155,20 +155,24 @@ func (t *nodeTable) deleteAt(i int) {
 }
 
 func (t *nodeTable) resize(bits uint) {
-	old := t.slots
-	t.slots = makeTable[nodeSlot](1 << bits)
-	t.bits = bits
-	mask := len(t.slots) - 1
-	for _, s := range old {
+	t.slots, t.bits = t.rehash(bits), bits
+}
+
+// rehash returns a new slot array of 2^bits slots holding t's entries; t is only read.
+func (t *nodeTable) rehash(bits uint) []nodeSlot {
+	slots := makeTable[nodeSlot](1 << bits)
+	mask := len(slots) - 1
+	for _, s := range t.slots {
 		if s.node == 0 {
 			continue
 		}
-		i := t.home(s.key)
-		for t.slots[i].node != 0 {
+		i := int((s.key * fib) >> (64 - bits))
+		for slots[i].node != 0 {
 			i = (i + 1) & mask
 		}
-		t.slots[i] = s
+		slots[i] = s
 	}
+	return slots
 }
 
 // len returns the number of entries.

@@ -251,3 +251,52 @@ func TestPrebuiltBlockClearsAReusedNodesReferenceBit(t *testing.T) {
 	assert.Equal(t, []EngineMatch{{Engine: id, Blocks: 1}}, x.Match(h.Keys(prompt(3, 1))).Engines)
 	require.NoError(t, checkInvariants(x))
 }
+
+// A Store that grows the key table rehashes it without excluding readers: a Match run while the
+// grown table is being built (growHook) completes, and sees the index as it was before the
+// Store; after the Store, Matches see the new blocks in the grown table. Before, the rehash ran
+// under the lock, which on the production-scale workload held every lookup for hundreds of
+// milliseconds at each doubling (docs/performance.md, "kvindex at production scale").
+func TestKeyTableGrowsBesideReaders(t *testing.T) {
+	t.Parallel()
+	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
+	require.NoError(t, err)
+	x, err := NewIndex(h, Options{})
+	require.NoError(t, err)
+	const first, more = 40, 400
+	toks := make([]uint32, (first+more)*testBlock)
+	for i := range toks {
+		toks[i] = uint32(7_000_000 + i)
+	}
+	keys := h.Keys(toks)
+	engine := state.EngineID("http://a")
+	ev := func(from, to int) StoreEvent {
+		e := StoreEvent{Engine: engine, TokenIDs: toks[from*testBlock : to*testBlock], Tier: TierDevice}
+		if from > 0 {
+			e.HasParent, e.ParentHash = true, engineHash(engine, keys[from-1], 0)
+		}
+		for _, k := range keys[from:to] {
+			e.BlockHashes = append(e.BlockHashes, engineHash(engine, k, 0))
+		}
+		return e
+	}
+	require.NoError(t, x.Store(ev(0, first)))
+	bits := x.byKey.bits
+	grew := 0
+	x.growHook = func() {
+		grew++
+		done := make(chan int, 1) // the Match finishes after the Store when it had to wait
+		go func() { done <- x.Match(keys).Blocks(engine) }()
+		select {
+		case got := <-done:
+			assert.Equal(t, first, got, "a Match during the growth sees the index before the Store")
+		case <-time.After(10 * time.Second):
+			t.Error("a Match waited for the key table's growth")
+		}
+	}
+	require.NoError(t, x.Store(ev(first, first+more)))
+	assert.Equal(t, 1, grew, "the Store grew the key table once")
+	assert.Greater(t, x.byKey.bits, bits)
+	assert.Equal(t, first+more, x.Match(keys).Blocks(engine))
+	require.NoError(t, checkInvariants(x))
+}

@@ -528,6 +528,32 @@ func BenchmarkScale(b *testing.B) {
 			b.Fatalf("after expiring the placements: %d blocks, ingest left %d", got, si.blocks)
 		}
 	}
+	// The writer at the rates a fleet produces KV blocks: the benchmark's 16 engines, each an
+	// H100-class engine prefilling an 8B model without pause (sim.DefaultEngineModel: 24,600
+	// uncached tokens per second, so 1,538 blocks per second each), and 40 times that, a fleet of
+	// 640 such engines behind one router.
+	for _, paced := range []struct {
+		name string
+		rate float64 // block-adds per second
+	}{
+		{"concurrent-16-engines", fleetBlockRate(16)},
+		{"concurrent-640-engines", fleetBlockRate(640)},
+	} {
+		b.Run(paced.name, func(b *testing.B) {
+			for b.Loop() {
+				r := w.concurrentPaced(b, 2, paced.rate)
+				b.ReportMetric(r.alone, "alone-lookups/s")
+				b.ReportMetric(r.withWriter, "writer-lookups/s")
+				b.ReportMetric(100*r.withWriter/r.alone, "%-of-alone")
+				b.ReportMetric(r.writerBlocks*1e6, "writer-blocks/s")
+				b.ReportMetric(paced.rate, "target-blocks/s")
+				b.ReportMetric(r.coresAlone, "cores-alone")
+				b.ReportMetric(r.coresWithWriter, "cores-with-writer")
+				b.ReportMetric(float64(r.longestAlone.Microseconds()), "longest-alone-µs")
+				b.ReportMetric(float64(r.longestWithWriter.Microseconds()), "longest-with-writer-µs")
+			}
+		})
+	}
 	b.Run("concurrent", func(b *testing.B) {
 		for b.Loop() {
 			r := w.concurrent(b, 2)
@@ -614,6 +640,72 @@ type concurrentResult struct {
 	// no lock) for as long as the writer ran; lookups per wall second and per reader CPU-second.
 	withBusy, withBusyCPU float64
 	lookupsWithBusy       int64
+	// The longest lookup alone and beside the writer (concurrentPaced only).
+	longestAlone, longestWithWriter time.Duration
+}
+
+// queryKeys returns the query set's keys, hashed.
+func (w *scaleWorkload) queryKeys() [][]uint64 {
+	var keys [][]uint64
+	tokens := make([]uint32, 0, scaleQueryTokens+512)
+	for q := range w.queries {
+		tokens = w.queryTokens(tokens, q)
+		keys = append(keys, w.hasher.Keys(tokens))
+	}
+	return keys
+}
+
+// readStats is what readLoop's readers did: lookups, their CPU time (0 unless the readers were
+// locked to their threads), and the longest lookup (0 unless each was timed).
+type readStats struct {
+	lookups int64
+	cpu     time.Duration
+	longest time.Duration
+}
+
+// readLoop runs readers goroutines, each matching the queries' keys in turn from its own starting
+// point, until stop is closed. With lock, each reader is locked to its thread to read its CPU clock
+// (which makes every park and wake-up on the index's lock a switch of threads; a router's
+// goroutines are not locked); without, each lookup is timed instead, for the longest.
+func readLoop(x *kvindex.Index, keys [][]uint64, readers int, lock bool, stop <-chan struct{}) readStats {
+	var n, cpu, longest atomic.Int64
+	var wg sync.WaitGroup
+	for r := range readers {
+		wg.Go(func() {
+			if lock {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				c0 := cputime.Thread()
+				defer func() { cpu.Add(int64(cputime.Thread() - c0)) }()
+			}
+			var m kvindex.Matches
+			var most time.Duration
+			defer func() {
+				for l := longest.Load(); int64(most) > l && !longest.CompareAndSwap(l, int64(most)); l = longest.Load() {
+				}
+			}()
+			i := r * len(keys) / readers
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if lock {
+					x.MatchInto(keys[i%len(keys)], &m)
+				} else {
+					t0 := time.Now()
+					x.MatchInto(keys[i%len(keys)], &m)
+					most = max(most, time.Since(t0))
+				}
+				n.Add(1)
+				i++
+			}
+		})
+	}
+	<-stop
+	wg.Wait()
+	return readStats{lookups: n.Load(), cpu: time.Duration(cpu.Load()), longest: time.Duration(longest.Load())}
 }
 
 // concurrent builds an index of the first half of the trace, then measures the readers' lookups
@@ -624,13 +716,7 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 	half := len(w.reqs) / 2
 	x := w.newIndex(tb)
 	w.ingest(tb, x, 0, half)
-	// Pre-hash the query set.
-	var keys [][]uint64
-	tokens := make([]uint32, 0, scaleQueryTokens+512)
-	for q := range w.queries {
-		tokens = w.queryTokens(tokens, q)
-		keys = append(keys, w.hasher.Keys(tokens))
-	}
+	keys := w.queryKeys()
 	// Prepare the writer's events.
 	var evs []kvindex.StoreEvent
 	var s scaleEvents
@@ -644,31 +730,8 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 		blocks += len(ev.BlockHashes)
 	}
 	run := func(stop <-chan struct{}) (int64, time.Duration) {
-		var n, cpu atomic.Int64
-		var wg sync.WaitGroup
-		for r := range readers {
-			wg.Go(func() {
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
-				c0 := cputime.Thread()
-				defer func() { cpu.Add(int64(cputime.Thread() - c0)) }()
-				var m kvindex.Matches
-				i := r * len(keys) / readers
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					x.MatchInto(keys[i%len(keys)], &m)
-					n.Add(1)
-					i++
-				}
-			})
-		}
-		<-stop
-		wg.Wait()
-		return n.Load(), time.Duration(cpu.Load())
+		st := readLoop(x, keys, readers, true, stop)
+		return st.lookups, st.cpu
 	}
 	// The three phases take turns in concurrentRounds rounds, each round storing the next part
 	// of the writer's events, so that a change in what the shared machine gives the process
@@ -758,6 +821,95 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 		r.withBusyCPU = float64(r.lookupsWithBusy) / busyRead.Seconds()
 		r.writerBlocksCPU = float64(blocks) / writerCPU.Seconds() / 1e6
 	}
+	return r
+}
+
+// fleetBlockRate is the rate, in block-adds per second, at which engines H100-class engines
+// prefilling an 8B model without pause create KV blocks of the workload's size: each prefills
+// sim.DefaultPrefillLinearTokensPerSecond uncached tokens per second (the attention term only
+// lowers it), and every scaleBlockTokens of them make a block the engine reports as stored.
+func fleetBlockRate(engines int) float64 {
+	return float64(engines) * sim.DefaultPrefillLinearTokensPerSecond / scaleBlockTokens
+}
+
+// pacedRound is the wall time of one round of concurrentPaced.
+const pacedRound = 500 * time.Millisecond
+
+// concurrentPaced is concurrent with the writer storing at rate block-adds per second (sleeping
+// between events when ahead) instead of as fast as it can: what a router's lookups keep beside a
+// fleet's real event flow. Each of concurrentRounds rounds runs the readers alone for pacedRound,
+// then beside the writer storing the next rate × pacedRound blocks of the second half's events
+// over pacedRound; the first half is stored before. The control phase is left out: a paced
+// writer keeps no core busy. writerBlocks is the rate the writer kept, in M block-adds per
+// second of its wall time.
+func (w *scaleWorkload) concurrentPaced(tb testing.TB, readers int, rate float64) concurrentResult {
+	half := len(w.reqs) / 2
+	x := w.newIndex(tb)
+	w.ingest(tb, x, 0, half)
+	keys := w.queryKeys()
+	var s scaleEvents
+	s.w = w
+	next := half
+	var r concurrentResult
+	var aloneWall, writerWall, aloneCores, writerCores, writerTime time.Duration
+	var blocks int
+	budget := int(rate * pacedRound.Seconds())
+	for range concurrentRounds {
+		var part []kvindex.StoreEvent
+		partBlocks := 0
+		for ; next < len(w.reqs) && partBlocks < budget; next++ {
+			ev := s.event(next)
+			ev.TokenIDs = slices.Clone(ev.TokenIDs)
+			ev.BlockHashes = slices.Clone(ev.BlockHashes)
+			part = append(part, ev)
+			partBlocks += len(ev.BlockHashes)
+		}
+		if len(part) == 0 {
+			tb.Fatalf("the second half's events ran out at %v blocks per second", rate)
+		}
+		stop := make(chan struct{})
+		go func() { time.Sleep(pacedRound); close(stop) }()
+		start, cpu0 := time.Now(), cputime.Process()
+		st := readLoop(x, keys, readers, false, stop)
+		r.lookupsAlone += st.lookups
+		r.longestAlone = max(r.longestAlone, st.longest)
+		aloneWall += time.Since(start)
+		aloneCores += cputime.Process() - cpu0
+
+		stop = make(chan struct{})
+		var wt time.Duration
+		go func() {
+			s0 := time.Now()
+			done := 0
+			for _, ev := range part {
+				if ahead := time.Duration(float64(done)/rate*1e9) - time.Since(s0); ahead > 0 {
+					time.Sleep(ahead)
+				}
+				if err := x.Store(ev); err != nil {
+					panic(err)
+				}
+				done += len(ev.BlockHashes)
+			}
+			wt = time.Since(s0)
+			if rest := time.Duration(float64(done)/rate*1e9) - wt; rest > 0 {
+				time.Sleep(rest) // the phase lasts as long as the blocks take at rate
+			}
+			close(stop)
+		}()
+		start, cpu0 = time.Now(), cputime.Process()
+		st = readLoop(x, keys, readers, false, stop)
+		r.lookupsWithWriter += st.lookups
+		r.longestWithWriter = max(r.longestWithWriter, st.longest)
+		writerWall += time.Since(start)
+		writerCores += cputime.Process() - cpu0
+		writerTime += wt
+		blocks += partBlocks
+	}
+	r.alone = float64(r.lookupsAlone) / aloneWall.Seconds()
+	r.withWriter = float64(r.lookupsWithWriter) / writerWall.Seconds()
+	r.coresAlone = aloneCores.Seconds() / aloneWall.Seconds()
+	r.coresWithWriter = writerCores.Seconds() / writerWall.Seconds()
+	r.writerBlocks = float64(blocks) / writerWall.Seconds() / 1e6
 	return r
 }
 
