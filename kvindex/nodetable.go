@@ -50,7 +50,10 @@ func holderBit(hid uint32) uint32 {
 	return 1 << hid
 }
 
-func (t *nodeTable) home(k uint64) int { return int((k * fib) >> (64 - t.bits)) }
+func (t *nodeTable) home(k uint64) int { return homeIn(k, t.bits) }
+
+// homeIn is key k's home slot in a table of 2^bits slots: the top bits of k × fib.
+func homeIn(k uint64, bits uint) int { return int((k * fib) >> (64 - bits)) }
 
 // get returns the node of key k and its holder summary.
 func (t *nodeTable) get(k uint64) (node, sum uint32, ok bool) {
@@ -166,7 +169,7 @@ func (t *nodeTable) rehash(bits uint) []nodeSlot {
 		if s.node == 0 {
 			continue
 		}
-		i := int((s.key * fib) >> (64 - bits))
+		i := homeIn(s.key, bits)
 		for slots[i].node != 0 {
 			i = (i + 1) & mask
 		}

@@ -8,30 +8,25 @@ package kvindex
 // (docs/performance.md, "kvindex at production scale").
 
 // reserve grows the table, if needed, so that k more keys fit without a resize: slot positions
-// found before the inserts stay valid until a key is removed.
+// found before the inserts stay valid until a key is removed. Store grows its table with grown
+// instead, beside readers.
 func (t *nodeTable) reserve(k int) {
-	if b := t.bitsFor(k); b != t.bits {
-		t.resize(b)
+	if g, ok := t.grown(k); ok {
+		*t = g
 	}
 }
 
-// bitsFor returns the log2 size at which k more keys fit under the load limit (3/4): the current
-// size when they already do.
-func (t *nodeTable) bitsFor(k int) uint {
+// grown returns a copy of the table at the least size at which k more keys fit under the load
+// limit (3/4), and whether it had to grow; t is only read, so that Store can rehash a large
+// table beside readers (they only read it too) and exclude them just to install the copy, rather
+// than for the whole rehash: 8 Mi slots (128 MiB) take hundreds of milliseconds, most of it the
+// first touch of the new array's memory (docs/performance.md, "kvindex at production scale").
+// The copy's slot positions are its own.
+func (t *nodeTable) grown(k int) (nodeTable, bool) {
 	b := max(t.bits, nodeTableMinBits)
 	for 4*(t.n+k) > 3<<b {
 		b++
 	}
-	return b
-}
-
-// grown returns a copy of the table grown, as reserve(k) would, and whether it had to grow; t is
-// only read, so that Store can rehash a large table beside readers (they only read it too) and
-// exclude them just to install the copy, rather than for the whole rehash: 8 Mi slots (128 MiB)
-// take hundreds of milliseconds, most of it the first touch of the new array's memory
-// (docs/performance.md, "kvindex at production scale"). The copy's slot positions are its own.
-func (t *nodeTable) grown(k int) (nodeTable, bool) {
-	b := t.bitsFor(k)
 	if b == t.bits {
 		return nodeTable{}, false
 	}

@@ -668,7 +668,8 @@ type readStats struct {
 // (which makes every park and wake-up on the index's lock a switch of threads; a router's
 // goroutines are not locked); without, each lookup is timed instead, for the longest.
 func readLoop(x *kvindex.Index, keys [][]uint64, readers int, lock bool, stop <-chan struct{}) readStats {
-	var n, cpu, longest atomic.Int64
+	var n, cpu atomic.Int64
+	longest := make([]time.Duration, readers) // each reader's, read after wg.Wait
 	var wg sync.WaitGroup
 	for r := range readers {
 		wg.Go(func() {
@@ -679,11 +680,6 @@ func readLoop(x *kvindex.Index, keys [][]uint64, readers int, lock bool, stop <-
 				defer func() { cpu.Add(int64(cputime.Thread() - c0)) }()
 			}
 			var m kvindex.Matches
-			var most time.Duration
-			defer func() {
-				for l := longest.Load(); int64(most) > l && !longest.CompareAndSwap(l, int64(most)); l = longest.Load() {
-				}
-			}()
 			i := r * len(keys) / readers
 			for {
 				select {
@@ -696,7 +692,7 @@ func readLoop(x *kvindex.Index, keys [][]uint64, readers int, lock bool, stop <-
 				} else {
 					t0 := time.Now()
 					x.MatchInto(keys[i%len(keys)], &m)
-					most = max(most, time.Since(t0))
+					longest[r] = max(longest[r], time.Since(t0))
 				}
 				n.Add(1)
 				i++
@@ -705,7 +701,7 @@ func readLoop(x *kvindex.Index, keys [][]uint64, readers int, lock bool, stop <-
 	}
 	<-stop
 	wg.Wait()
-	return readStats{lookups: n.Load(), cpu: time.Duration(cpu.Load()), longest: time.Duration(longest.Load())}
+	return readStats{lookups: n.Load(), cpu: time.Duration(cpu.Load()), longest: slices.Max(longest)}
 }
 
 // concurrent builds an index of the first half of the trace, then measures the readers' lookups
