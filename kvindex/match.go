@@ -250,6 +250,10 @@ func (x *Index) startGroups(keys []uint64, m *Matches) bool {
 	} else {
 		m.hs = x.liveHolders(n0, m.hs[:0])
 	}
+	if x.hiddenHolders > 0 {
+		// Holders being cleared are left out whole (index.go, clearHolders).
+		m.hs = slices.DeleteFunc(m.hs, func(h uint32) bool { return x.holders[h].hidden })
+	}
 	if len(m.hs) == 0 {
 		return false
 	}
@@ -708,6 +712,9 @@ func (x *Index) matchLinearInto(keys []uint64, m *Matches) {
 		if d == 0 {
 			if in {
 				next = x.liveHolders(n, next)
+				if x.hiddenHolders > 0 {
+					next = slices.DeleteFunc(next, func(h uint32) bool { return x.holders[h].hidden })
+				}
 				for range next {
 					fol2 = append(fol2, 0)
 				}

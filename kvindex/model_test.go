@@ -349,6 +349,10 @@ type walk struct {
 	// invariantsEvery > 1 checks the invariants (O(index)) after every invariantsEvery-th step
 	// only, for walks over a large index; the model's answers are checked after every step.
 	invariantsEvery, steps int
+	// midClears counts the checks run between two chunks of a Clear or RemoveEngine
+	// (checkMidClear), whose prompts midRng draws.
+	midClears int
+	midRng    *rand.Rand
 }
 
 const walkBlockTokens = 2
@@ -571,7 +575,39 @@ func newWalkWith(t testing.TB, h Hasher, rng intner, opts Options) *walk {
 	w.x, err = NewIndex(h, Options{ApproxTTL: 3 * time.Second, Now: func() time.Time { return w.clock },
 		ExpectedBlocks: opts.ExpectedBlocks, ExpectedHolderBlocks: opts.ExpectedHolderBlocks})
 	require.NoError(t, err)
+	// Clear and RemoveEngine drop 2 entries per chunk, and Match is checked between chunks.
+	w.x.clearChunk = 2
+	w.midRng = rand.New(rand.NewPCG(7, 7))
+	w.x.clearHook = w.checkMidClear
 	return w
+}
+
+// checkMidClear runs between two chunks of a Clear or RemoveEngine (Index.clearHook), after the
+// model applied the whole operation: Match, MatchTokensInto and the linear walk must already
+// answer as if the cleared holders held nothing (index.go, clearHolders).
+func (w *walk) checkMidClear(int) {
+	w.midClears++
+	var ms, mt, ml Matches
+	for range 2 {
+		n := 1 + w.midRng.IntN(6)
+		var toks []uint32
+		for range n {
+			p := uint32(w.midRng.IntN(3))
+			toks = append(toks, 10*p+1, 10*p+2)
+		}
+		keys := w.x.hasher.Keys(toks)
+		want := w.m.match(keys)
+		w.x.MatchInto(keys, &ms)
+		got := map[state.EngineID]int{}
+		for _, e := range ms.Engines {
+			got[e.Engine] = e.Blocks
+		}
+		require.Equal(w.t, want, got, "match %#x between chunks of a clear\nrecent: %q", keys, w.log)
+		w.x.MatchTokensInto(toks, &mt)
+		require.Equal(w.t, ms.Engines, mt.Engines, "MatchTokensInto %v between chunks of a clear", toks)
+		w.x.matchLinearInto(keys, &ml)
+		require.Equal(w.t, ms.Engines, ml.Engines, "linear walk %#x between chunks of a clear", keys)
+	}
 }
 
 func TestRandomWalkAgreesWithModel(t *testing.T) {
@@ -594,6 +630,7 @@ func TestRandomWalkAgreesWithModel(t *testing.T) {
 				w.step()
 			}
 			assert.NotZero(t, w.x.Stats().Blocks+len(w.m.holders), "the walk should leave some state")
+			assert.Greater(t, w.midClears, 20, "checks between chunks of a clear")
 		})
 	}
 }

@@ -554,6 +554,18 @@ func BenchmarkScale(b *testing.B) {
 			}
 		})
 	}
+	// An engine restarts: clearing its rank 0 (AllBlocksCleared) on a fresh index of the whole
+	// trace, beside 2 readers.
+	b.Run("clear-engine", func(b *testing.B) {
+		for b.Loop() {
+			r := w.clearBeside(b, 2)
+			b.ReportMetric(float64(r.clear.Microseconds())/1e3, "clear-ms")
+			b.ReportMetric(float64(r.pairs), "pairs-cleared")
+			b.ReportMetric(float64(r.longestAlone.Microseconds()), "longest-alone-µs")
+			b.ReportMetric(float64(r.longestDuring.Microseconds()), "longest-during-clear-µs")
+			b.ReportMetric(100*r.during/r.alone, "%-of-alone")
+		}
+	})
 	b.Run("concurrent", func(b *testing.B) {
 		for b.Loop() {
 			r := w.concurrent(b, 2)
@@ -911,6 +923,51 @@ func (w *scaleWorkload) concurrentPaced(tb testing.TB, readers int, rate float64
 	r.coresAlone = aloneCores.Seconds() / aloneWall.Seconds()
 	r.coresWithWriter = writerCores.Seconds() / writerWall.Seconds()
 	r.writerBlocks = float64(blocks) / writerWall.Seconds() / 1e6
+	return r
+}
+
+// clearResult is what clearBeside measures.
+type clearResult struct {
+	clear                       time.Duration // Clear's wall time
+	pairs                       int           // the (block, engine) pairs it dropped
+	alone, during               float64       // the readers' lookups per second alone, during the Clear
+	longestAlone, longestDuring time.Duration // the longest lookup alone, during the Clear
+}
+
+// clearBeside builds an index of the whole trace, runs readers alone for a while (pacedRound),
+// and then clears the first engine's rank 0 while they run: the readers' lookups per second and
+// longest lookup over the Clear (the lookups in flight when it returns count).
+func (w *scaleWorkload) clearBeside(tb testing.TB, readers int) clearResult {
+	x := w.newIndex(tb)
+	w.ingest(tb, x, 0, len(w.reqs))
+	keys := w.queryKeys()
+	var r clearResult
+	stop := make(chan struct{})
+	go func() { time.Sleep(pacedRound); close(stop) }()
+	start := time.Now()
+	st := readLoop(x, keys, readers, false, stop)
+	r.alone = float64(st.lookups) / time.Since(start).Seconds()
+	r.longestAlone = st.longest
+
+	before := pairs(x)
+	stop = make(chan struct{})
+	var t0 time.Time
+	go func() {
+		time.Sleep(time.Millisecond) // the readers are running
+		t0 = time.Now()
+		if err := x.Clear(w.engines[0], 0); err != nil {
+			panic(err)
+		}
+		r.clear = time.Since(t0)
+		close(stop)
+	}()
+	st = readLoop(x, keys, readers, false, stop)
+	r.during = float64(st.lookups) / time.Since(t0).Seconds()
+	r.longestDuring = st.longest
+	r.pairs = before - pairs(x)
+	if r.pairs <= 0 {
+		tb.Fatalf("the Clear dropped %d pairs", r.pairs)
+	}
 	return r
 }
 
