@@ -50,8 +50,10 @@
 // does not name yet (Index.prebuild); it takes the lock only to publish and apply the event, at
 // most storeChunk blocks at a time, and updates what readers never read (the engine-hash bindings,
 // the LRU links) after releasing it. A match therefore waits for at most one chunk's
-// application, and sees an event's blocks in prompt order. Other writes (Remove, Clear,
-// RemoveEngine, Assume, Expire) hold the lock for their own duration.
+// application, and sees an event's blocks in prompt order. Clear and RemoveEngine hide the
+// holders they clear from Match at once and then drop their entries in chunks of clearChunk, with
+// readers let in between (Index.clearHolders). Other writes (Remove, Assume, Expire) hold the lock
+// for their own duration.
 //
 // The alternatives lose here. Sharding by a chain's first block (SGLang's experimental tree
 // uses 32 shards, sgl-project/sglang `experimental/sgl-router/src/state/kv_events/tree.rs`) helps
