@@ -136,12 +136,6 @@ type Index struct {
 	// hiddenHolders counts the holders Match leaves out (holder.hidden) while clearHolders
 	// drops their entries.
 	hiddenHolders int
-	clearBuf      []uint32    // RemoveEngine's holders
-	clearNodes    []clearNode // clearHolders' entries to drop (clearWarm), from clearAt on
-	clearAt       int
-	pruneFrom     uint32         // clearHolders: where a cascade of freed nodes goes on (pruneUpTo)
-	clearChunk    int            // clearChunk; tests set fewer
-	clearHook     func(work int) // tests: runs after each chunk of clearHolders, without mu
 	// During a Remove, holes are decided when it is done (pending), so that removing a chain
 	// root first, in one event, leaves no holey block behind.
 	deferHoles bool
@@ -193,6 +187,14 @@ type Index struct {
 	// before it takes the lock to install it.
 	growHook func()
 	sumSlot  int // Store: the key-table slot of the block being applied, or -1 (orSumAt)
+
+	// clearHolders' own state, beside its clearing and hiddenHolders above.
+	clearBuf   []uint32    // RemoveEngine's holders
+	clearNodes []clearNode // clearHolders' entries to drop (clearWarm), from clearAt on
+	clearAt    int
+	pruneFrom  uint32         // clearHolders: where a cascade of freed nodes goes on (pruneUpTo)
+	clearChunk int            // clearChunk; tests set fewer
+	clearHook  func(work int) // tests: runs after each chunk of clearHolders, without mu
 }
 
 // node is one block. It holds no pointers, so the node slab costs the garbage collector nothing.
@@ -242,15 +244,15 @@ func mkEntry(hid uint32, t uint8) uint32 { return hid<<8 | uint32(t) }
 type pendingHole struct{ n, hid, kids uint32 }
 
 type holder struct {
-	engine   uint32
-	rank     int
-	live     bool
+	engine uint32
+	rank   int
+	live   bool
+	// hidden: clearHolders is dropping the holder's entries a chunk at a time; Match leaves the
+	// holder out until they are all gone (guarded by mu).
+	hidden   bool
 	bindings bindTable // engine block hash → node (bindtable.go)
 	tiers    [4]int
 	approx   int
-	// hidden: clearHolders is dropping the holder's entries a chunk at a time; Match leaves the
-	// holder out until they are all gone (guarded by mu).
-	hidden bool
 }
 
 // clearNode is one binding clearHolders drops: the block's node and its hash's tag (bindTag).
