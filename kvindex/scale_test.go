@@ -566,28 +566,37 @@ func BenchmarkScale(b *testing.B) {
 			b.ReportMetric(100*r.during/r.alone, "%-of-alone")
 		}
 	})
-	b.Run("concurrent", func(b *testing.B) {
-		for b.Loop() {
-			r := w.concurrent(b, 2)
-			b.ReportMetric(r.alone, "alone-lookups/s")
-			b.ReportMetric(r.withWriter, "writer-lookups/s")
-			b.ReportMetric(100*r.withWriter/r.alone, "%-of-alone")
-			b.ReportMetric(r.writerBlocks, "writer-M-blocks/s")
-			b.ReportMetric(r.coresAlone, "cores-alone")
-			b.ReportMetric(r.coresWithWriter, "cores-with-writer")
-			// The same readers beside a busy goroutine that touches nothing: the share of the
-			// machine a third CPU-bound goroutine leaves them, whatever it does.
-			b.ReportMetric(100*r.withBusy/r.alone, "%-of-alone-beside-busy")
-			b.ReportMetric(100*r.withWriter/r.withBusy, "%-writer-of-busy")
-			if r.aloneCPU > 0 {
-				b.ReportMetric(r.aloneCPU, "alone-lookups/cpu-s")
-				b.ReportMetric(r.withWriterCPU, "writer-lookups/cpu-s")
-				b.ReportMetric(100*r.withWriterCPU/r.aloneCPU, "%-of-alone-cpu")
-				b.ReportMetric(r.writerBlocksCPU, "writer-M-blocks/cpu-s")
-				b.ReportMetric(100*r.withBusyCPU/r.aloneCPU, "%-of-alone-cpu-beside-busy")
+	// The writer flat out, the readers and the writer locked to their threads (which the CPU
+	// figures need), and then as a router runs them: goroutines, not locked (wall-clock figures
+	// only).
+	for _, v := range []struct {
+		name   string
+		locked bool
+	}{{"concurrent", true}, {"concurrent-goroutines", false}} {
+		b.Run(v.name, func(b *testing.B) {
+			for b.Loop() {
+				r := w.concurrent(b, 2, v.locked)
+				b.ReportMetric(r.alone, "alone-lookups/s")
+				b.ReportMetric(r.withWriter, "writer-lookups/s")
+				b.ReportMetric(100*r.withWriter/r.alone, "%-of-alone")
+				b.ReportMetric(r.writerBlocks, "writer-M-blocks/s")
+				b.ReportMetric(r.coresAlone, "cores-alone")
+				b.ReportMetric(r.coresWithWriter, "cores-with-writer")
+				// The same readers beside a busy goroutine that touches nothing: the share of the
+				// machine a third CPU-bound goroutine leaves them, whatever it does.
+				b.ReportMetric(100*r.withBusy/r.alone, "%-of-alone-beside-busy")
+				b.ReportMetric(100*r.withWriter/r.withBusy, "%-writer-of-busy")
+				if r.aloneCPU > 0 {
+					b.ReportMetric(r.aloneCPU, "alone-lookups/cpu-s")
+					b.ReportMetric(r.withWriterCPU, "writer-lookups/cpu-s")
+					b.ReportMetric(100*r.withWriterCPU/r.aloneCPU, "%-of-alone-cpu")
+					b.ReportMetric(r.writerBlocksCPU, "writer-M-blocks/cpu-s")
+					b.ReportMetric(100*r.withBusyCPU/r.aloneCPU, "%-of-alone-cpu-beside-busy")
+				}
 			}
-		}
-	})
+		})
+	}
+
 }
 
 // scalePicker is a cache-aware policy over the workload's 16 engines, with fresh load reports
@@ -720,7 +729,7 @@ func readLoop(x *kvindex.Index, keys [][]uint64, readers int, lock bool, stop <-
 // per second alone, while one writer stores the second half (its events prepared beforehand, so it
 // does nothing but Store), and beside a busy goroutine that touches nothing (the control), the
 // three phases taking turns (concurrentRounds).
-func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult {
+func (w *scaleWorkload) concurrent(tb testing.TB, readers int, locked bool) concurrentResult {
 	half := len(w.reqs) / 2
 	x := w.newIndex(tb)
 	w.ingest(tb, x, 0, half)
@@ -738,7 +747,7 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 		blocks += len(ev.BlockHashes)
 	}
 	run := func(stop <-chan struct{}) (int64, time.Duration) {
-		st := readLoop(x, keys, readers, true, stop)
+		st := readLoop(x, keys, readers, locked, stop)
 		return st.lookups, st.cpu
 	}
 	// The three phases take turns in concurrentRounds rounds, each round storing the next part
@@ -771,15 +780,20 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 		stop = make(chan struct{})
 		var wt, wc time.Duration
 		go func() {
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
+			if locked {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+			}
 			c0, s0 := cputime.Thread(), time.Now()
 			for _, ev := range part {
 				if err := x.Store(ev); err != nil {
 					panic(err)
 				}
 			}
-			wt, wc = time.Since(s0), cputime.Thread()-c0
+			wt = time.Since(s0)
+			if locked {
+				wc = cputime.Thread() - c0
+			}
 			close(stop)
 		}()
 		start, cpu0 = time.Now(), cputime.Process()
@@ -799,8 +813,10 @@ func (w *scaleWorkload) concurrent(tb testing.TB, readers int) concurrentResult 
 		spun := make(chan struct{})
 		go func() {
 			defer close(spun)
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
+			if locked {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+			}
 			z := uint64(1)
 			for !spin.Load() {
 				for range 1024 {
@@ -1072,7 +1088,7 @@ func TestScaleSmall(t *testing.T) {
 	if testing.Short() {
 		return
 	}
-	r := w.concurrent(t, 2)
+	r := w.concurrent(t, 2, true)
 	assert.Positive(t, r.lookupsAlone)
 	assert.Positive(t, r.lookupsWithWriter)
 	assert.Positive(t, r.lookupsWithBusy)
