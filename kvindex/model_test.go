@@ -587,6 +587,20 @@ func newWalkWith(t testing.TB, h Hasher, rng intner, opts Options) *walk {
 // answer as if the cleared holders held nothing (index.go, clearHolders).
 func (w *walk) checkMidClear(int) {
 	w.midClears++
+	// Stats counts the cleared ranks' blocks as none; an engine being removed is still listed.
+	_, approx, engines := w.m.stats()
+	st := w.x.Stats()
+	require.Equal(w.t, approx, st.ApproximateBlocks, "approximate blocks between chunks of a clear")
+	for id, es := range st.Engines {
+		if want, ok := engines[id]; ok {
+			require.Equal(w.t, want, es, "engine %s's stats between chunks of a clear\nrecent: %q", id, w.log)
+		} else {
+			require.Equal(w.t, EngineStats{Ranks: es.Ranks}, es, "engine %s's stats between chunks of its removal", id)
+		}
+	}
+	for id := range engines {
+		require.Contains(w.t, st.Engines, id, "engines listed between chunks of a clear")
+	}
 	var ms, mt, ml Matches
 	for range 2 {
 		n := 1 + w.midRng.IntN(6)

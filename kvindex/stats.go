@@ -31,7 +31,9 @@ type EngineStats struct {
 }
 
 // Stats returns the index's counts. It takes the read lock and allocates the Engines map; it is
-// meant for a metrics scrape, not the pick path. Cost: O(engines × ranks).
+// meant for a metrics scrape, not the pick path. Cost: O(engines × ranks). While a Clear or
+// RemoveEngine runs (in chunks, Index.Clear), the ranks it clears count no blocks, as Match sees
+// them, an engine being removed is still listed, and Blocks still counts the blocks not yet freed.
 func (x *Index) Stats() Stats {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
@@ -44,6 +46,9 @@ func (x *Index) Stats() Stats {
 		for _, rh := range x.engines[e].ranks {
 			h := &x.holders[rh.holder]
 			es.Ranks++
+			if h.hidden {
+				continue // being cleared: it holds nothing as Match sees it
+			}
 			es.DeviceBlocks += h.tiers[0]
 			es.HostBlocks += h.tiers[1]
 			es.DiskBlocks += h.tiers[2]
