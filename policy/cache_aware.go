@@ -224,10 +224,14 @@ type CacheAware struct {
 	borrower   CacheDecisionBorrower // opts.Observer when it borrows decisions; nil otherwise
 	margin     uint64
 	costMargin uint64
-	queueCap   uint64 // 0 = gate off
-	floor      uint64 // 0 = off
-	blind      atomic.Uint64
-	log        *zap.Logger
+	// alwaysScan turns off the cost comparison's shortcut (cheaper) and costScanHook runs before
+	// each scan of the group: tests only (export_test.go).
+	alwaysScan   bool
+	costScanHook func()
+	queueCap     uint64 // 0 = gate off
+	floor        uint64 // 0 = off
+	blind        atomic.Uint64
+	log          *zap.Logger
 	// scratch pools a pick's lookup result and decision record (*pickScratch), so that a pick
 	// allocates nothing for them.
 	scratch sync.Pool
@@ -771,6 +775,25 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 		if cc := prefillCost(&c.obs, c.uncached); cc < bestCost {
 			best, bestCost = costAlt{idx: c.idx, holder: true, blocks: c.blocks, uncached: c.uncached, obs: c.obs}, cc
 		}
+	}
+	if best.idx < 0 && !p.alwaysScan {
+		// No engine outside the evaluated holders can be materially cheaper than w when even
+		// its uncached tokens alone (a lower bound of its cost: prefillCost adds its pending
+		// prefill) keep w within the cost margin: the scan below could then only end with w
+		// (so could an uncovered scan), and it is skipped. On a hit with a deep match that
+		// saves observing every other engine of the group.
+		most := uint64(0)
+		for i, m := range matched {
+			if m > most && !holdsIn(evaluated, i) {
+				most = m
+			}
+		}
+		if satAdd(req.InputTokens-most, p.costMargin) >= wCost {
+			return none, nil
+		}
+	}
+	if p.costScanHook != nil {
+		p.costScanHook()
 	}
 	var load fleetLoad
 	for i := range evaluated {

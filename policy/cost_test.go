@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -267,4 +268,106 @@ func TestCostComparisonDoesNotSeeThePreviousPicksPrefix(t *testing.T) {
 	assert.Equal(t, state.EngineID("o"), pk.Engine.ID())
 	assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
 	assert.False(t, c.dec.last().CostOverride)
+}
+
+// The cost comparison skips its scan of the group's other engines when even their uncached
+// tokens alone keep the winner within the cost margin (cheaper, "materially cheaper" in
+// docs/design.md §9.11). The skip must never change a pick: over random groups, holdings, loads
+// (some engines without native data), hit thresholds, queue limits, margins and factors, a policy with the skip and one that
+// always scans pick the same engine for the same reason and report the same decision, and both
+// the skip and the scan happen.
+func TestCostComparisonSkipsOnlyScansThatCannotChangeThePick(t *testing.T) {
+	t.Parallel()
+	ids := []state.EngineID{"e0", "e1", "e2", "e3", "e4", "e5"}
+	group := engines(state.StagePrefill, ids...)
+	skipped, scanned, diverted := 0, 0, 0
+	for seed := range uint64(400) {
+		rng := rand.New(rand.NewPCG(seed, 0xc057))
+		c := newCacheEnv(t)
+		tok := prompt(blockTokens*(4+rng.IntN(60)), uint32(seed))
+		nb := len(tok) / blockTokens
+		for _, id := range ids {
+			if rng.IntN(3) > 0 {
+				c.hold(t, id, tok, 1+rng.IntN(nb))
+			}
+			switch r := rng.IntN(10); {
+			case r == 0: // no native data: the coverage rule keeps the winner
+				require.NoError(t, c.load.Report(loadmon.Report{Engine: id, WaitingRequests: 1}))
+			default:
+				pending := uint64(0)
+				if r >= 4 {
+					pending = uint64(rng.IntN(4 * len(tok)))
+				}
+				c.native(id, loadmon.Report{WaitingRequests: uint64(rng.IntN(3)),
+					Native: &loadmon.NativeLoad{WaitingUncachedTokens: pending}})
+			}
+		}
+		opts := policy.CacheAwareOptions{
+			Source:                 c.source,
+			// Holders below the threshold are not candidates, but the scan prices them with
+			// their cached tokens; a queue limit sets queued holders aside.
+			MinMatchedTokens:       blockTokens * []uint64{1, 4, 16}[rng.IntN(3)],
+			WorkerQueueLimit:       []*uint64{nil, u64(2)}[rng.IntN(2)],
+			DisableRoutePlacements: true, // both picks see the same index
+			CostMarginTokens:       u64([]uint64{0, 16, 64, 512}[rng.IntN(4)]),
+			RecomputeFactor:        []float64{0, 1, 4}[rng.IntN(3)],
+			Observer:               c.dec,
+		}
+		var picks [2]policy.Pick
+		var decs [2]policy.CacheDecision
+		var scans [2]int
+		for i, always := range []bool{false, true} {
+			cfg := c.cfg()
+			cfg.Rand = rand.New(rand.NewPCG(seed, 1)).IntN // the same draws for both
+			p, err := policy.NewCacheAware(cfg, opts)
+			require.NoError(t, err)
+			policy.SetCostScan(p, always, func() { scans[i]++ })
+			picks[i], err = p.Pick(ctx, group, creq(tok))
+			require.NoError(t, err)
+			decs[i] = c.dec.last()
+		}
+		require.Equal(t, picks[1].Engine.ID(), picks[0].Engine.ID(), "seed %d", seed)
+		require.Equal(t, picks[1].Reason, picks[0].Reason, "seed %d", seed)
+		require.Equal(t, picks[1].PrefillTokens, picks[0].PrefillTokens, "seed %d", seed)
+		require.Equal(t, decs[1], decs[0], "seed %d", seed)
+		switch {
+		case scans[0] < scans[1]:
+			skipped++
+		case scans[0] > 0:
+			scanned++
+		}
+		if decs[0].Decision == policy.DecisionCostDiverted {
+			diverted++
+		}
+	}
+	t.Logf("skipped %d, scanned %d, diverted %d of 400", skipped, scanned, diverted)
+	assert.Greater(t, skipped, 40, "picks whose scan was skipped")
+	assert.Greater(t, scanned, 40, "picks that scanned with the skip on")
+	assert.Greater(t, diverted, 10, "picks the scan diverted")
+}
+
+// The skip's bound counts the tokens the scanned engines hold: an engine below the hit threshold
+// is no candidate, but the scan prices it with its cached tokens. Prompt of 256 tokens, threshold
+// 128: "w" holds all 16 blocks with 250 tokens pending (cost 250), "near" holds 7 blocks, 112
+// tokens, below the threshold (cost 256 − 112 = 144), "far" holds nothing (cost 256). Whole
+// prompts alone (256) could not be materially cheaper than 250, but "near" is: it saves 106
+// tokens, above the recompute threshold 2 × 1/3 busy × 144 = 96 (docs/design.md §9.11).
+func TestCostComparisonScansWhenAnEngineBelowTheThresholdCouldBeCheaper(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	tok := prompt(256, 77)
+	c.hold(t, "w", tok, 16)
+	c.hold(t, "near", tok, 7)
+	c.pending("w", 250)
+	c.pending("near", 0)
+	c.pending("far", 0)
+	p := c.policy(t, policy.CacheAwareOptions{MinMatchedTokens: 128, CostMarginTokens: u64(0), RecomputeFactor: 2})
+	scans := 0
+	policy.SetCostScan(p, false, func() { scans++ })
+	pk, err := p.Pick(ctx, engines(state.StagePrefill, "far", "near", "w"), creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, 1, scans, "the scan ran")
+	assert.Equal(t, state.EngineID("near"), pk.Engine.ID())
+	assert.Equal(t, policy.ReasonCostDiverted, pk.Reason)
+	assert.Equal(t, uint64(144), pk.PrefillTokens)
 }
