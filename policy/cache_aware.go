@@ -781,7 +781,8 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 		// its uncached tokens alone (a lower bound of its cost: prefillCost adds its pending
 		// prefill) keep w within the cost margin: the scan below could then only end with w
 		// (so could an uncovered scan), and it is skipped. On a hit with a deep match that
-		// saves observing every other engine of the group.
+		// saves observing every other engine of the group (docs/performance.md, "Fewer engines
+		// observed").
 		most := uint64(0)
 		for i, m := range matched {
 			if m > most && !holdsIn(evaluated, i) {
