@@ -303,7 +303,7 @@ func TestCostComparisonSkipsOnlyScansThatCannotChangeThePick(t *testing.T) {
 			}
 		}
 		opts := policy.CacheAwareOptions{
-			Source:                 c.source,
+			Source: c.source,
 			// Holders below the threshold are not candidates, but the scan prices them with
 			// their cached tokens; a queue limit sets queued holders aside.
 			MinMatchedTokens:       blockTokens * []uint64{1, 4, 16}[rng.IntN(3)],
