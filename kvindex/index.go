@@ -909,8 +909,10 @@ func (x *Index) clearHolders(hids []uint32, done func()) {
 // its bindings frees most nodes late, in cascades: a block's node goes only with the last of its
 // descendants, and on the production-scale workload the last 2 % of one engine's entries freed
 // over 200,000 nodes. Between chunks a node of the cascade may be left with neither entries nor
-// children; no reader is sent to it (its holder summary is empty) and nothing else changes
-// before the cascade resumes (wmu).
+// children, still in the key table, and the node where the cut fell may keep its holder summary
+// (deleteHolding leaves a node it empties to prune): readers can reach it, and what keeps Match
+// right is that the summary names only holders being cleared, which Match leaves out
+// (holder.hidden). Nothing else changes before the cascade resumes (wmu).
 func (x *Index) pruneUpTo(budget int) int {
 	freed := 0
 	n := x.pruneFrom
