@@ -250,6 +250,10 @@ type KVSettings struct {
 	// small and double as blocks arrive (docs/performance.md, "Sizing MaxBlocks").
 	ExpectedBlocks       int `json:"expected_blocks,omitempty"`
 	ExpectedHolderBlocks int `json:"expected_holder_blocks,omitempty"`
+	// WriterYieldBlocks is how many blocks the index stores between two yields of the writer's
+	// processor to waiting lookups (kvindex.Options.WriterYieldBlocks): zero means 4,096,
+	// negative never (docs/performance.md, "A writer that yields to readers").
+	WriterYieldBlocks int `json:"writer_yield_blocks,omitempty"`
 	// RemoteTimeout and RemoteMaxConcurrent bound the lookups of the one remote prefix source
 	// every cache_aware policy with prefix_source remote shares: zero means 100 ms and 32
 	// (docs/design.md §10).

@@ -312,7 +312,8 @@ func (b *builder) shared() error {
 		}
 	} else if needLocal != "" {
 		b.index, err = kvindex.NewIndex(hasher, kvindex.Options{MaxBlocks: cfg.KV.MaxBlocks, MaxApproxBlocks: cfg.KV.MaxApproxBlocks,
-			ApproxTTL: cfg.KV.ApproxTTL.D(), Now: s.now, ExpectedBlocks: cfg.KV.ExpectedBlocks, ExpectedHolderBlocks: cfg.KV.ExpectedHolderBlocks})
+			ApproxTTL: cfg.KV.ApproxTTL.D(), Now: s.now, ExpectedBlocks: cfg.KV.ExpectedBlocks, ExpectedHolderBlocks: cfg.KV.ExpectedHolderBlocks,
+			WriterYieldBlocks: cfg.KV.WriterYieldBlocks})
 		if err != nil {
 			return &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", ErrOutOfRange, err)}
 		}

@@ -340,7 +340,7 @@ models:
 func TestNewSharesOneIndex(t *testing.T) {
 	t.Parallel()
 	cfg := mustParse(t, `
-kv: {block_tokens: 4, expected_blocks: 64, expected_holder_blocks: 16}
+kv: {block_tokens: 4, expected_blocks: 64, expected_holder_blocks: 16, writer_yield_blocks: 100}
 engines:
   - {id: a1, model: a}
   - {id: a2, model: a}
@@ -358,6 +358,7 @@ models:
 	r := mustNew(t, cfg, nil, enginepick.WithObserver(rec))
 	require.NotNil(t, r.Index())
 	assert.Equal(t, 4, r.Index().Hasher().BlockTokens())
+	assert.Equal(t, 100, r.Index().WriterYieldBlocks())
 	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
 	for _, e := range []state.EngineID{"a2", "bp2"} {
 		require.NoError(t, r.Index().Store(kvindex.StoreEvent{Engine: e, BlockHashes: []uint64{11, 12}, TokenIDs: tokens, Tier: kvindex.TierDevice}))

@@ -365,3 +365,57 @@ func TestClearReleasesTheLockBetweenChunks(t *testing.T) {
 	assert.Equal(t, short, x.Stats().Blocks)
 	require.NoError(t, checkInvariants(x))
 }
+
+// Stores yield the writer's processor every Options.WriterYieldBlocks blocks, after the Store and
+// outside both locks, so that waiting lookups run first (docs/performance.md, "A writer that
+// yields to readers"); 0 means DefaultWriterYieldBlocks, negative never.
+func TestStoreYieldsEveryWriterYieldBlocks(t *testing.T) {
+	t.Parallel()
+	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
+	require.NoError(t, err)
+	toks := make([]uint32, 300*testBlock)
+	for i := range toks {
+		toks[i] = uint32(5_000_000 + i)
+	}
+	keys := h.Keys(toks)
+	for _, tc := range []struct {
+		name   string
+		opt    int
+		every  int // the effective setting
+		yields int // after 10 Stores of 30 blocks
+	}{
+		{"every 100 blocks", 100, 100, 2}, // after 120 and 240 blocks (the count restarts)
+		{"every 30 blocks", 30, 30, 10},
+		{"default", 0, DefaultWriterYieldBlocks, 0},
+		{"never", -1, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			x, err := NewIndex(h, Options{WriterYieldBlocks: tc.opt})
+			require.NoError(t, err)
+			assert.Equal(t, tc.every, x.WriterYieldBlocks())
+			yields := 0
+			x.yield = func() {
+				yields++
+				// Outside both locks: another writer and a reader could run now.
+				require.True(t, x.wmu.TryLock(), "the writers' lock is free during the yield")
+				x.wmu.Unlock()
+				require.True(t, x.mu.TryLock(), "the readers' lock is free during the yield")
+				x.mu.Unlock()
+			}
+			engine := state.EngineID("http://y")
+			for i := range 10 {
+				ev := StoreEvent{Engine: engine, TokenIDs: toks[i*30*testBlock : (i+1)*30*testBlock], Tier: TierDevice}
+				if i > 0 {
+					ev.HasParent, ev.ParentHash = true, engineHash(engine, keys[i*30-1], 0)
+				}
+				for _, k := range keys[i*30 : (i+1)*30] {
+					ev.BlockHashes = append(ev.BlockHashes, engineHash(engine, k, 0))
+				}
+				require.NoError(t, x.Store(ev))
+			}
+			assert.Equal(t, tc.yields, yields)
+			assert.Equal(t, 300, x.Match(keys).Blocks(engine))
+		})
+	}
+}
