@@ -23,7 +23,7 @@ func TestConcurrentMatchRacesWriters(t *testing.T) {
 	clock.Store(time.Unix(5000, 0).UnixNano())
 	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
 	require.NoError(t, err)
-	x, err := NewIndex(h, Options{MaxBlocks: 200, MaxApproxBlocks: 50, Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	x, err := NewIndex(h, Options{MaxBlocks: 200, MaxApproxBlocks: 50, WriterYieldBlocks: 5, Now: func() time.Time { return time.Unix(0, clock.Load()) }})
 	require.NoError(t, err)
 	x.clearChunk = 3 // Clears and RemoveEngines release the lock between chunks of 3 entries
 
