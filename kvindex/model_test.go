@@ -359,16 +359,19 @@ const walkBlockTokens = 2
 
 var walkEngines = []state.EngineID{"http://e0", "http://e1", "http://e2", "http://e3"}
 
-// walkPrompt returns a prompt of 1–6 blocks drawn from 3 block patterns, so prompts share
-// prefixes often, and a trailing partial block sometimes.
-func (w *walk) prompt() []uint32 {
-	n := 1 + w.rng.IntN(6)
+// prompt returns a prompt of 1–6 blocks drawn from 3 block patterns, so prompts share
+// prefixes often, and a trailing partial block sometimes (walkPrompt).
+func (w *walk) prompt() []uint32 { return walkPrompt(w.rng) }
+
+// walkPrompt is the walk's prompt, its choices drawn from rng.
+func walkPrompt(rng intner) []uint32 {
+	n := 1 + rng.IntN(6)
 	var toks []uint32
 	for range n {
-		p := uint32(w.rng.IntN(3))
+		p := uint32(rng.IntN(3))
 		toks = append(toks, 10*p+1, 10*p+2)
 	}
-	if w.rng.IntN(4) == 0 {
+	if rng.IntN(4) == 0 {
 		toks = append(toks, 99)
 	}
 	return toks
@@ -526,29 +529,34 @@ func (w *walk) check(desc string) {
 	require.Equal(w.t, blocks, st.Blocks, "blocks after %s\nrecent: %q", desc, w.log)
 	require.Equal(w.t, approx, st.ApproximateBlocks, "approximate blocks after %s", desc)
 	require.Equal(w.t, engines, st.Engines, "engine stats after %s\nrecent: %q", desc, w.log)
-	var ms, mt, ml Matches
 	for range 3 {
-		toks := w.prompt()
-		keys := w.x.hasher.Keys(toks)
-		want := w.m.match(keys)
-		w.x.MatchInto(keys, &ms)
-		got := map[state.EngineID]int{}
-		for _, e := range ms.Engines {
-			got[e.Engine] = e.Blocks
-		}
-		require.Equal(w.t, want, got, "match %#x after %s\nrecent: %q", keys, desc, w.log)
-		// The token path and the linear walk agree.
-		w.x.MatchTokensInto(toks, &mt)
-		require.Equal(w.t, ms.Engines, mt.Engines, "MatchTokensInto %v after %s\nrecent: %q", toks, desc, w.log)
-		w.x.matchLinearInto(keys, &ml)
-		require.Equal(w.t, ms.Engines, ml.Engines, "linear walk %#x after %s\nrecent: %q", keys, desc, w.log)
-		require.True(w.t, slices.IsSortedFunc(ms.Engines, func(a, b EngineMatch) int {
-			if a.Blocks != b.Blocks {
-				return b.Blocks - a.Blocks
-			}
-			return cmpString(a.Engine, b.Engine)
-		}), "match order %v", ms.Engines)
+		w.checkMatch(w.prompt(), "after "+desc)
 	}
+}
+
+// checkMatch checks Match on the prompt toks against the model, its order, and the token path
+// and the linear walk against it; when says at which point of the walk, for the messages.
+func (w *walk) checkMatch(toks []uint32, when string) {
+	var ms, mt, ml Matches
+	keys := w.x.hasher.Keys(toks)
+	want := w.m.match(keys)
+	w.x.MatchInto(keys, &ms)
+	got := map[state.EngineID]int{}
+	for _, e := range ms.Engines {
+		got[e.Engine] = e.Blocks
+	}
+	require.Equal(w.t, want, got, "match %#x %s\nrecent: %q", keys, when, w.log)
+	// The token path and the linear walk agree.
+	w.x.MatchTokensInto(toks, &mt)
+	require.Equal(w.t, ms.Engines, mt.Engines, "MatchTokensInto %v %s\nrecent: %q", toks, when, w.log)
+	w.x.matchLinearInto(keys, &ml)
+	require.Equal(w.t, ms.Engines, ml.Engines, "linear walk %#x %s\nrecent: %q", keys, when, w.log)
+	require.True(w.t, slices.IsSortedFunc(ms.Engines, func(a, b EngineMatch) int {
+		if a.Blocks != b.Blocks {
+			return b.Blocks - a.Blocks
+		}
+		return cmpString(a.Engine, b.Engine)
+	}), "match order %v", ms.Engines)
 }
 
 func cmpString(a, b state.EngineID) int {
@@ -601,26 +609,8 @@ func (w *walk) checkMidClear(int) {
 	for id := range engines {
 		require.Contains(w.t, st.Engines, id, "engines listed between chunks of a clear")
 	}
-	var ms, mt, ml Matches
 	for range 2 {
-		n := 1 + w.midRng.IntN(6)
-		var toks []uint32
-		for range n {
-			p := uint32(w.midRng.IntN(3))
-			toks = append(toks, 10*p+1, 10*p+2)
-		}
-		keys := w.x.hasher.Keys(toks)
-		want := w.m.match(keys)
-		w.x.MatchInto(keys, &ms)
-		got := map[state.EngineID]int{}
-		for _, e := range ms.Engines {
-			got[e.Engine] = e.Blocks
-		}
-		require.Equal(w.t, want, got, "match %#x between chunks of a clear\nrecent: %q", keys, w.log)
-		w.x.MatchTokensInto(toks, &mt)
-		require.Equal(w.t, ms.Engines, mt.Engines, "MatchTokensInto %v between chunks of a clear", toks)
-		w.x.matchLinearInto(keys, &ml)
-		require.Equal(w.t, ms.Engines, ml.Engines, "linear walk %#x between chunks of a clear", keys)
+		w.checkMatch(walkPrompt(w.midRng), "between chunks of a clear")
 	}
 }
 
