@@ -265,23 +265,10 @@ func TestKeyTableGrowsBesideReaders(t *testing.T) {
 	x, err := NewIndex(h, Options{})
 	require.NoError(t, err)
 	const first, more = 40, 400
-	toks := make([]uint32, (first+more)*testBlock)
-	for i := range toks {
-		toks[i] = uint32(7_000_000 + i)
-	}
-	keys := h.Keys(toks)
+	c := newTestChain(h, first+more, 7_000_000)
+	keys := c.keys
 	engine := state.EngineID("http://a")
-	ev := func(from, to int) StoreEvent {
-		e := StoreEvent{Engine: engine, TokenIDs: toks[from*testBlock : to*testBlock], Tier: TierDevice}
-		if from > 0 {
-			e.HasParent, e.ParentHash = true, engineHash(engine, keys[from-1], 0)
-		}
-		for _, k := range keys[from:to] {
-			e.BlockHashes = append(e.BlockHashes, engineHash(engine, k, 0))
-		}
-		return e
-	}
-	require.NoError(t, x.Store(ev(0, first)))
+	require.NoError(t, x.Store(c.event(engine, 0, 0, first)))
 	bits := x.byKey.bits
 	grew := 0
 	x.growHook = func() {
@@ -295,7 +282,7 @@ func TestKeyTableGrowsBesideReaders(t *testing.T) {
 			t.Error("a Match waited for the key table's growth")
 		}
 	}
-	require.NoError(t, x.Store(ev(first, first+more)))
+	require.NoError(t, x.Store(c.event(engine, 0, first, first+more)))
 	assert.Equal(t, 1, grew, "the Store grew the key table once")
 	assert.Greater(t, x.byKey.bits, bits)
 	assert.Equal(t, first+more, x.Match(keys).Blocks(engine))
@@ -314,17 +301,10 @@ func TestClearReleasesTheLockBetweenChunks(t *testing.T) {
 	x, err := NewIndex(h, Options{})
 	require.NoError(t, err)
 	const long, short = 3000, 1000
-	toks := make([]uint32, long*testBlock)
-	for i := range toks {
-		toks[i] = uint32(9_000_000 + i)
-	}
-	keys := h.Keys(toks)
+	c := newTestChain(h, long, 9_000_000)
+	keys := c.keys
 	store := func(engine state.EngineID, rank, n int) {
-		ev := StoreEvent{Engine: engine, DPRank: rank, TokenIDs: toks[:n*testBlock], Tier: TierDevice}
-		for _, k := range keys[:n] {
-			ev.BlockHashes = append(ev.BlockHashes, engineHash(engine, k, rank))
-		}
-		require.NoError(t, x.Store(ev))
+		require.NoError(t, x.Store(c.event(engine, rank, 0, n)))
 	}
 	a, b := state.EngineID("http://a"), state.EngineID("http://b")
 	store(a, 0, long)
@@ -373,11 +353,7 @@ func TestStoreYieldsEveryWriterYieldBlocks(t *testing.T) {
 	t.Parallel()
 	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
 	require.NoError(t, err)
-	toks := make([]uint32, 300*testBlock)
-	for i := range toks {
-		toks[i] = uint32(5_000_000 + i)
-	}
-	keys := h.Keys(toks)
+	c := newTestChain(h, 300, 5_000_000)
 	for _, tc := range []struct {
 		name   string
 		opt    int
@@ -405,17 +381,40 @@ func TestStoreYieldsEveryWriterYieldBlocks(t *testing.T) {
 			}
 			engine := state.EngineID("http://y")
 			for i := range 10 {
-				ev := StoreEvent{Engine: engine, TokenIDs: toks[i*30*testBlock : (i+1)*30*testBlock], Tier: TierDevice}
-				if i > 0 {
-					ev.HasParent, ev.ParentHash = true, engineHash(engine, keys[i*30-1], 0)
-				}
-				for _, k := range keys[i*30 : (i+1)*30] {
-					ev.BlockHashes = append(ev.BlockHashes, engineHash(engine, k, 0))
-				}
-				require.NoError(t, x.Store(ev))
+				require.NoError(t, x.Store(c.event(engine, 0, i*30, (i+1)*30)))
 			}
 			assert.Equal(t, tc.yields, yields)
-			assert.Equal(t, 300, x.Match(keys).Blocks(engine))
+			assert.Equal(t, 300, x.Match(c.keys).Blocks(engine))
 		})
 	}
+}
+
+// testChain is a prompt of distinct token IDs and its block keys, for tests that store one long
+// chain, in parts or for several engines (testChain.event).
+type testChain struct {
+	toks []uint32
+	keys []uint64
+}
+
+// newTestChain returns a chain of blocks blocks of token IDs base, base+1, …, hashed with h.
+func newTestChain(h Hasher, blocks int, base uint32) testChain {
+	toks := make([]uint32, blocks*h.BlockTokens())
+	for i := range toks {
+		toks[i] = base + uint32(i)
+	}
+	return testChain{toks: toks, keys: h.Keys(toks)}
+}
+
+// event returns the StoreEvent by which engine's DP rank rank stores blocks [from, to) of the
+// chain, under block from−1; the engine's block hashes are engineHash(engine, key, rank).
+func (c testChain) event(engine state.EngineID, rank, from, to int) StoreEvent {
+	b := len(c.toks) / len(c.keys)
+	ev := StoreEvent{Engine: engine, DPRank: rank, TokenIDs: c.toks[from*b : to*b], Tier: TierDevice}
+	if from > 0 {
+		ev.HasParent, ev.ParentHash = true, engineHash(engine, c.keys[from-1], rank)
+	}
+	for _, k := range c.keys[from:to] {
+		ev.BlockHashes = append(ev.BlockHashes, engineHash(engine, k, rank))
+	}
+	return ev
 }
