@@ -542,13 +542,9 @@ func BenchmarkScale(b *testing.B) {
 		b.Run(paced.name, func(b *testing.B) {
 			for b.Loop() {
 				r := w.concurrentPaced(b, 2, paced.rate)
-				b.ReportMetric(r.alone, "alone-lookups/s")
-				b.ReportMetric(r.withWriter, "writer-lookups/s")
-				b.ReportMetric(100*r.withWriter/r.alone, "%-of-alone")
+				r.reportReaders(b)
 				b.ReportMetric(r.writerBlocks*1e6, "writer-blocks/s")
 				b.ReportMetric(paced.rate, "target-blocks/s")
-				b.ReportMetric(r.coresAlone, "cores-alone")
-				b.ReportMetric(r.coresWithWriter, "cores-with-writer")
 				b.ReportMetric(float64(r.longestAlone.Microseconds()), "longest-alone-µs")
 				b.ReportMetric(float64(r.longestWithWriter.Microseconds()), "longest-with-writer-µs")
 			}
@@ -576,12 +572,8 @@ func BenchmarkScale(b *testing.B) {
 		b.Run(v.name, func(b *testing.B) {
 			for b.Loop() {
 				r := w.concurrent(b, 2, v.locked)
-				b.ReportMetric(r.alone, "alone-lookups/s")
-				b.ReportMetric(r.withWriter, "writer-lookups/s")
-				b.ReportMetric(100*r.withWriter/r.alone, "%-of-alone")
+				r.reportReaders(b)
 				b.ReportMetric(r.writerBlocks, "writer-M-blocks/s")
-				b.ReportMetric(r.coresAlone, "cores-alone")
-				b.ReportMetric(r.coresWithWriter, "cores-with-writer")
 				// The same readers beside a busy goroutine that touches nothing: the share of the
 				// machine a third CPU-bound goroutine leaves them, whatever it does.
 				b.ReportMetric(100*r.withBusy/r.alone, "%-of-alone-beside-busy")
@@ -940,6 +932,16 @@ func (w *scaleWorkload) concurrentPaced(tb testing.TB, readers int, rate float64
 	r.coresWithWriter = writerCores.Seconds() / writerWall.Seconds()
 	r.writerBlocks = float64(blocks) / writerWall.Seconds() / 1e6
 	return r
+}
+
+// reportReaders reports what every concurrent benchmark measures of the readers and the process:
+// lookups per second alone and beside the writer, their ratio, and the cores used in each phase.
+func (r *concurrentResult) reportReaders(b *testing.B) {
+	b.ReportMetric(r.alone, "alone-lookups/s")
+	b.ReportMetric(r.withWriter, "writer-lookups/s")
+	b.ReportMetric(100*r.withWriter/r.alone, "%-of-alone")
+	b.ReportMetric(r.coresAlone, "cores-alone")
+	b.ReportMetric(r.coresWithWriter, "cores-with-writer")
 }
 
 // clearResult is what clearBeside measures.
