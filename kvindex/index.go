@@ -117,14 +117,14 @@ type Options struct {
 // event without blocking readers and takes the read-excluding lock only to apply it, in chunks
 // of at most storeChunk blocks. doc.go records the choice, with figures.
 type Index struct {
-	wmu sync.Mutex // serialises writers
+	wmu   sync.Mutex   // serialises writers
+	mu    sync.RWMutex // readers share it; a writer holds it while it changes what readers read
+	trust trustSet     // engines whose entries Sources must not trust (trust.go); not guarded by mu
 	// Stores yield the processor every yieldBlocks blocks (Options.WriterYieldBlocks; 0: never);
 	// sinceYield counts the blocks since the last yield (guarded by wmu). yield is
 	// runtime.Gosched but in tests.
 	yieldBlocks, sinceYield int
 	yield                   func()
-	mu                      sync.RWMutex // readers share it; a writer holds it while it changes what readers read
-	trust                   trustSet     // engines whose entries Sources must not trust (trust.go); not guarded by mu
 
 	hasher    Hasher
 	maxBlocks int
