@@ -158,8 +158,15 @@ func (a *applier) store(ev *Event, c *counters) error {
 	if err != nil {
 		return err
 	}
-	err = x.Store(kvindex.StoreEvent{Engine: a.engine, DPRank: a.rank, ParentHash: ev.ParentHash,
-		HasParent: ev.HasParent, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, Tier: tier})
+	se := kvindex.StoreEvent{Engine: a.engine, DPRank: a.rank, ParentHash: ev.ParentHash,
+		HasParent: ev.HasParent, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, Tier: tier}
+	err = x.Store(se)
+	if err != nil && se.HasParent && se.ParentHash == 0 && errors.Is(err, kvindex.ErrUnknownParent) {
+		// Parent 0 that the rank does not hold is a root: llm-d's publishers send 0 where vLLM
+		// sends nil (docs/design.md §13.1).
+		se.HasParent = false
+		err = x.Store(se)
+	}
 	if err == nil {
 		c.stored += uint64(len(ev.BlockHashes))
 	}

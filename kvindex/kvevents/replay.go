@@ -19,7 +19,8 @@ const endSeq = ^uint64(0)
 // copy is identical): the client, a DEALER, sends ["", start as 8 bytes big-endian]; the ROUTER
 // sees [identity, "", start] and answers, for every buffered batch numbered start or later,
 // [identity, "", seq, payload], then [identity, "", −1, ""]. The DEALER receives each reply
-// without the identity.
+// without the identity. llm-d's publishers put the topic before the sequence:
+// ["", topic, seq, payload], ended by ["", "", −1, ""]; both shapes are accepted.
 type zmqReplayer struct {
 	addr    string
 	timeout time.Duration
@@ -48,11 +49,14 @@ func (r *zmqReplayer) replay(ctx context.Context, start uint64, fn func(seq uint
 			return fmt.Errorf("kvevents: replay from %s: %w", r.addr, err)
 		}
 		f := msg.Frames
-		if len(f) == 3 && len(f[0]) == 0 { // ["", seq, payload]
+		switch {
+		case len(f) == 3 && len(f[0]) == 0: // ["", seq, payload]
 			f = f[1:]
+		case len(f) == 4 && len(f[0]) == 0: // ["", topic, seq, payload]
+			f = f[2:]
 		}
 		if len(f) != 2 || len(f[0]) != 8 {
-			return &DecodeError{Err: fmt.Errorf("%w: replay reply of %d frames, want [\"\", seq, payload]", ErrFrames, len(msg.Frames))}
+			return &DecodeError{Err: fmt.Errorf("%w: replay reply of %d frames, want [\"\", seq, payload] or [\"\", topic, seq, payload]", ErrFrames, len(msg.Frames))}
 		}
 		seq := binary.BigEndian.Uint64(f[0])
 		if seq == endSeq {
