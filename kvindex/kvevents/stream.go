@@ -24,9 +24,14 @@ type replayer interface {
 type syncState uint8
 
 const (
-	// fresh: nothing applied yet; a first batch numbered 0 or 1 starts the stream in step, a
-	// later one means batches were missed (a forward gap from 0).
-	fresh syncState = iota
+	// join: nothing received since the stream was added. The first batch, whatever its number,
+	// starts the stream in step: a router joining a running publisher has missed nothing it
+	// holds (docs/design.md §13.1).
+	join syncState = iota
+	// fresh: the publisher restarted and the rank was cleared; a first batch numbered 0 or 1
+	// starts the stream in step, a later one means batches of the new stream were missed (a
+	// forward gap from 0).
+	fresh
 	// rebase: the rank was just cleared after a loss; the next batch, whatever its number, is
 	// applied and becomes the baseline.
 	rebase
@@ -156,7 +161,7 @@ func (s *stream) handle(ctx context.Context, it item) {
 	s.seqs.batches++
 	s.seqs.lastSeq = it.seq
 	switch {
-	case s.state == rebase:
+	case s.state == join || s.state == rebase:
 		s.baseline(it)
 	case s.state == fresh:
 		if it.seq <= 1 { // publishers number from 0 (vLLM, SGLang) or 1

@@ -233,21 +233,62 @@ func TestStreamSequenceJump(t *testing.T) {
 	assert.True(t, st.Trusted)
 }
 
-// TestStreamLateJoin: a first batch numbered above 1 means earlier batches were missed: with a
-// replay socket, the replay is asked from 0.
-func TestStreamLateJoin(t *testing.T) {
+// TestStreamFirstBatch: the first batch after the stream was added starts it in step whatever its
+// number (vLLM numbers from 0, llm-d from 1, and a router joining a running publisher sees a later
+// number): no gap, no replay, no clear. Going back to 0 or 1 later is a publisher restart: the
+// rank is cleared and rebuilt from the new stream.
+func TestStreamFirstBatch(t *testing.T) {
 	t.Parallel()
-	rep := &fakeReplayer{payloads: map[uint64][]byte{}, seqs: []uint64{498, 499, 500}}
+	for _, tc := range []struct {
+		first, restart uint64
+	}{{0, 0}, {1, 1}, {500, 0}, {500, 1}, {1 << 62, 1}} {
+		rep := &fakeReplayer{payloads: map[uint64][]byte{}}
+		f := newStreamFixture(t, rep, nil)
+		for i := range 3 {
+			f.send(tc.first+uint64(i), block(1, i))
+		}
+		assert.Equal(t, 3, f.held(1, 3), "first %d", tc.first)
+		st := f.stats()
+		assert.Zero(t, st.Gaps+st.Resyncs+st.Regressions+st.Duplicates, "first %d", tc.first)
+		assert.Empty(t, rep.starts, "first %d: no replay", tc.first)
+		assert.True(t, st.Trusted)
+		assert.True(t, f.x.Trusted(eng))
+
+		f.send(tc.restart, block(2, 0))
+		f.send(tc.restart+1, block(2, 1))
+		assert.Zero(t, f.held(1, 1), "first %d restart %d: the restarted engine's blocks are gone", tc.first, tc.restart)
+		assert.Equal(t, 2, f.held(2, 2), "first %d restart %d", tc.first, tc.restart)
+		st = f.stats()
+		assert.EqualValues(t, 1, st.Regressions, "first %d restart %d", tc.first, tc.restart)
+		assert.EqualValues(t, 1, st.Resyncs, "first %d restart %d", tc.first, tc.restart)
+		assert.Zero(t, st.Gaps, "first %d restart %d", tc.first, tc.restart)
+		assert.Empty(t, rep.starts)
+		assert.True(t, f.x.Trusted(eng))
+	}
+}
+
+// TestStreamRestartMissedFirstBatches: after a publisher restart, a first batch numbered above 1
+// means batches of the new stream were missed: the replay is asked from 0.
+func TestStreamRestartMissedFirstBatches(t *testing.T) {
+	t.Parallel()
+	rep := &fakeReplayer{payloads: map[uint64][]byte{}}
 	f := newStreamFixture(t, rep, nil)
-	rep.payloads[498] = payload(t, 0, block(1, 0))
-	rep.payloads[499] = payload(t, 0, block(1, 1))
-	rep.payloads[500] = payload(t, 0, block(1, 2))
-	f.send(500, block(1, 2))
+	for i := range 4 {
+		f.send(uint64(100+i), block(1, i))
+	}
+	rep.seqs = []uint64{0, 1, 2}
+	rep.payloads[0] = payload(t, 0, block(2, 0))
+	rep.payloads[1] = payload(t, 0, block(2, 1))
+	rep.payloads[2] = payload(t, 0, block(2, 2))
+	f.send(2, block(2, 2))
 	assert.Equal(t, []uint64{0}, rep.starts)
-	assert.Equal(t, 3, f.held(1, 3))
+	assert.Zero(t, f.held(1, 1))
+	assert.Equal(t, 3, f.held(2, 3))
 	st := f.stats()
+	assert.EqualValues(t, 1, st.Regressions)
 	assert.EqualValues(t, 1, st.Gaps)
 	assert.EqualValues(t, 1, st.Duplicates)
+	assert.True(t, f.x.Trusted(eng))
 }
 
 // TestStreamLostBatches: a payload that does not decode, or that names another DP rank, is a lost

@@ -119,8 +119,8 @@ type StreamStats struct {
 	// Rejected events: refused by the decoder's rules or the index (OnError has each).
 	// UnknownRemovals: removed hashes no index held.
 	Ignored, Rejected, UnknownRemovals uint64
-	// Gaps: forward jumps in the sequence (including a first batch after 0 or 1, and a queue
-	// overflow). Regressions: the sequence went back (a publisher restart). Duplicates: batches
+	// Gaps: forward jumps in the sequence (including a queue overflow, and a first batch after
+	// a publisher restart numbered above 1; not the first batch after the stream was added). Regressions: the sequence went back (a publisher restart). Duplicates: batches
 	// already applied from a replay. Drops: batches dropped because the queue was full.
 	Gaps, Regressions, Duplicates, Drops uint64
 	// Resyncs: recoveries started (after a gap, a regression, an overflow or a lost batch);
