@@ -69,3 +69,24 @@ func TestPlaceRankRecordsOnTheRank(t *testing.T) {
 	require.ErrorAs(t, err, &ee)
 	assert.ErrorIs(t, err, ErrInvalidRank)
 }
+
+// RankStats counts each (engine, DP rank)'s blocks by tier, sorted, with its trust mark; a
+// cleared rank stays listed with nothing.
+func TestRankStats(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Options{})
+	assert.Nil(t, f.x.RankStats())
+	f.store("http://b", 1, 1, 0, 3, 0, TierDevice)
+	f.store("http://a", 2, 2, 0, 2, 100, TierHost)
+	f.store("http://b", 0, 3, 0, 4, 200, TierDevice|TierDisk)
+	f.store("http://a", 0, 4, 0, 1, 300, TierExternal)
+	require.NoError(t, f.x.AssumeRank("http://a", 0, f.h.Keys(prompt(5, 2)), 0))
+	require.NoError(t, f.x.MarkUntrusted("http://b", 1))
+	require.NoError(t, f.x.Clear("http://a", 2))
+	assert.Equal(t, []RankStats{
+		{Engine: "http://a", DPRank: 0, ExternalBlocks: 1, ApproximateBlocks: 2},
+		{Engine: "http://a", DPRank: 2},
+		{Engine: "http://b", DPRank: 0, DeviceBlocks: 4, DiskBlocks: 4},
+		{Engine: "http://b", DPRank: 1, DeviceBlocks: 3, Untrusted: true},
+	}, f.x.RankStats())
+}

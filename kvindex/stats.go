@@ -1,6 +1,11 @@
 package kvindex
 
-import "github.com/enginepick/enginepick/state"
+import (
+	"cmp"
+	"slices"
+
+	"github.com/enginepick/enginepick/state"
+)
 
 // Stats is a point-in-time summary of an Index, for metrics (docs/design.md §15).
 type Stats struct {
@@ -58,4 +63,44 @@ func (x *Index) Stats() Stats {
 		s.Engines[id] = es
 	}
 	return s
+}
+
+// RankStats counts one DP rank's blocks as EngineStats counts an engine's, with the rank's trust
+// mark.
+type RankStats struct {
+	Engine state.EngineID
+	DPRank int
+	// DeviceBlocks, HostBlocks, DiskBlocks and ExternalBlocks count real blocks per tier;
+	// ApproximateBlocks counts Assume entries not yet dropped.
+	DeviceBlocks, HostBlocks, DiskBlocks, ExternalBlocks, ApproximateBlocks int
+	// Untrusted: the rank is marked untrusted (Index.MarkUntrusted).
+	Untrusted bool
+}
+
+// RankStats returns one entry per (engine, DP rank) the index knows, sorted by engine then rank;
+// nil when there is none. Like Stats it takes the read lock and allocates, for diagnostics and
+// metrics rather than the pick path; a rank being cleared counts no blocks. Cost:
+// O(engines × ranks).
+func (x *Index) RankStats() []RankStats {
+	x.mu.RLock()
+	var out []RankStats
+	for id, e := range x.engineByID {
+		for _, rh := range x.engines[e].ranks {
+			h := &x.holders[rh.holder]
+			rs := RankStats{Engine: id, DPRank: rh.rank}
+			if !h.hidden {
+				rs.DeviceBlocks, rs.HostBlocks, rs.DiskBlocks, rs.ExternalBlocks = h.tiers[0], h.tiers[1], h.tiers[2], h.tiers[3]
+				rs.ApproximateBlocks = h.approx
+			}
+			out = append(out, rs)
+		}
+	}
+	x.mu.RUnlock()
+	slices.SortFunc(out, func(a, b RankStats) int { return cmp.Or(cmp.Compare(a.Engine, b.Engine), cmp.Compare(a.DPRank, b.DPRank)) })
+	x.trust.mu.Lock()
+	for i := range out {
+		_, out[i].Untrusted = x.trust.ranks[out[i].Engine][out[i].DPRank]
+	}
+	x.trust.mu.Unlock()
+	return out
 }
