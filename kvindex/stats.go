@@ -96,7 +96,9 @@ func (x *Index) RankStats() []RankStats {
 		}
 	}
 	x.mu.RUnlock()
-	slices.SortFunc(out, func(a, b RankStats) int { return cmp.Or(cmp.Compare(a.Engine, b.Engine), cmp.Compare(a.DPRank, b.DPRank)) })
+	slices.SortFunc(out, func(a, b RankStats) int {
+		return cmp.Or(cmp.Compare(a.Engine, b.Engine), cmp.Compare(a.DPRank, b.DPRank))
+	})
 	x.trust.mu.Lock()
 	for i := range out {
 		_, out[i].Untrusted = x.trust.ranks[out[i].Engine][out[i].DPRank]

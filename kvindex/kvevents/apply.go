@@ -28,6 +28,7 @@ var DefaultMedia = map[string]kvindex.Tier{
 // counters are one stream's event counts; see StreamStats.
 type counters struct {
 	events, stored, removed, cleared, ignored, rejected, unknownRemovals uint64
+	refused                                                              [NumRefusals]uint64
 }
 
 // applier turns decoded events into index operations for one stream. It is owned by the stream's
@@ -116,6 +117,7 @@ func (a *applier) apply(b *Batch, seq uint64, c *counters, report func(*StreamEr
 		c.events++
 		if err := a.event(ev, c); err != nil {
 			c.rejected++
+			c.refused[RefusalOf(err)]++
 			report(&StreamError{Engine: a.engine, DPRank: a.rank, Seq: seq, Err: err})
 		}
 	}

@@ -95,3 +95,60 @@ func (e *StreamError) Error() string {
 
 // Unwrap returns Err.
 func (e *StreamError) Unwrap() error { return e.Err }
+
+// Refusal is why an event was refused: a small fixed set, one per error the applier meets, for
+// StreamStats.Refused and metric labels.
+type Refusal int
+
+// The refusals, by the error the event got.
+const (
+	// RefusedUnknownParent: kvindex.ErrUnknownParent (a store chained to a block the rank does
+	// not hold: lost events, or a block the index evicted under its cap).
+	RefusedUnknownParent Refusal = iota
+	// RefusedBlockSize: a *BlockSizeMismatchError or kvindex.ErrBlockSizeMismatch (the engine's
+	// block size differs from the index's, or tokens are missing).
+	RefusedBlockSize
+	// RefusedUnknownMedium: ErrUnknownMedium.
+	RefusedUnknownMedium
+	// RefusedUnknownAdapter: ErrUnknownAdapter.
+	RefusedUnknownAdapter
+	// RefusedDuplicateHash: kvindex.ErrDuplicateHash.
+	RefusedDuplicateHash
+	// RefusedKeyConflict: kvindex.ErrKeyConflict (a 64-bit key collision).
+	RefusedKeyConflict
+	// RefusedOther: any other index error (kvindex.ErrCyclicChain, kvindex.ErrTooManyHolders, …).
+	RefusedOther
+	// NumRefusals is the number of refusals.
+	NumRefusals
+)
+
+var refusalNames = [NumRefusals]string{"unknown_parent", "block_size", "unknown_medium", "unknown_adapter",
+	"duplicate_hash", "key_conflict", "other"}
+
+// String returns the refusal's label: "unknown_parent", "block_size", "unknown_medium",
+// "unknown_adapter", "duplicate_hash", "key_conflict" or "other".
+func (r Refusal) String() string {
+	if r < 0 || r >= NumRefusals {
+		return "other"
+	}
+	return refusalNames[r]
+}
+
+// RefusalOf classifies an event's error; RefusedOther for anything unlisted.
+func RefusalOf(err error) Refusal {
+	switch {
+	case errors.Is(err, kvindex.ErrUnknownParent):
+		return RefusedUnknownParent
+	case errors.Is(err, kvindex.ErrBlockSizeMismatch):
+		return RefusedBlockSize
+	case errors.Is(err, ErrUnknownMedium):
+		return RefusedUnknownMedium
+	case errors.Is(err, ErrUnknownAdapter):
+		return RefusedUnknownAdapter
+	case errors.Is(err, kvindex.ErrDuplicateHash):
+		return RefusedDuplicateHash
+	case errors.Is(err, kvindex.ErrKeyConflict):
+		return RefusedKeyConflict
+	}
+	return RefusedOther
+}

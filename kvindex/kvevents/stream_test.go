@@ -67,9 +67,17 @@ func block(p, i int) []any {
 	return storedArray([]uint64{uint64(p*1000 + i + 1)}, parent, prompt(p, i+1)[i*testBlock:], "GPU")
 }
 
+// send receives one batch as the socket's receive goroutine does and applies it as the apply
+// goroutine does.
 func (f *streamFixture) send(seq uint64, events ...any) {
 	f.t.Helper()
-	f.s.handle(context.Background(), item{seq: seq, payload: payload(f.t, 0, events...)})
+	f.sendRaw(seq, payload(f.t, 0, events...))
+}
+
+func (f *streamFixture) sendRaw(seq uint64, raw []byte) {
+	f.t.Helper()
+	f.s.enqueue(item{seq: seq, payload: raw})
+	f.s.handle(context.Background(), <-f.s.queue)
 	f.s.publish()
 }
 

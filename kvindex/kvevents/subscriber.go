@@ -31,6 +31,13 @@ const (
 	// arrives.
 	DefaultReconnectMin = 100 * time.Millisecond
 	DefaultReconnectMax = 5 * time.Second
+	// DefaultWarnInterval is the least time between two warnings of one kind about one stream
+	// (or one socket).
+	DefaultWarnInterval = time.Minute
+	// DefaultSilenceTimeout is how long a stream may go without a batch after its engine rank was
+	// sent a request before it is untrusted (Options.Dispatched). An engine that prefills stores
+	// blocks, and vLLM publishes them within a scheduler step.
+	DefaultSilenceTimeout = 30 * time.Second
 )
 
 // Options configures a Subscriber. Index is required; every other field has a documented default.
@@ -61,8 +68,27 @@ type Options struct {
 	// ReconnectMin and ReconnectMax bound the backoff between connection attempts; 0 means
 	// DefaultReconnectMin / DefaultReconnectMax. Negative, or Min > Max, is an error.
 	ReconnectMin, ReconnectMax time.Duration
-	// Logger receives connection changes and refused batches and events. nil means zap.NewNop().
+	// Logger receives connection changes and refused batches and events at debug level, and a
+	// warning (at most one per WarnInterval per kind and stream) for each refused event, malformed
+	// batch, loss, rank clear, failed replay, silence and message on an unknown topic. nil means
+	// zap.NewNop().
 	Logger *zap.Logger
+	// WarnInterval is the least time between two warnings of one kind about one stream (or
+	// socket); 0 means DefaultWarnInterval. Negative is an error.
+	WarnInterval time.Duration
+	// Dispatched reports whether the router sent a request to the engine's DP rank at or after
+	// since (for example from loadmon.InFlight). When set, a stream that receives no batch for
+	// SilenceTimeout after the subscriber first saw such a request sent after its last batch is
+	// silent: untrusted until its next batch (docs/design.md §13.1). An idle engine is never
+	// silent. nil: the rule is off. Called from one goroutine, about every SilenceTimeout/4; it
+	// must not block.
+	Dispatched func(engine state.EngineID, dpRank int, since time.Time) bool
+	// SilenceTimeout is the silence rule's timeout; 0 means DefaultSilenceTimeout. Negative is an
+	// error.
+	SilenceTimeout time.Duration
+	// Now is the clock of batch arrival times, warnings and the silence rule; nil means time.Now.
+	// It must be the clock Dispatched compares against.
+	Now func() time.Time
 	// OnError, when set, is called with every refused batch or event and every failed replay,
 	// from the stream's apply goroutine; it must not block. nil: they are only counted and logged
 	// at debug level.
@@ -106,12 +132,18 @@ type StreamStats struct {
 	// Connected: the stream's socket is connected to its publisher (dialing), or bound
 	// (listening).
 	Connected bool
-	// Trusted: the stream is in step with its publisher; false from a detected loss until it
-	// has resynchronised (the engine is then also untrusted in the index: kvindex
-	// Index.MarkUntrusted).
+	// Trusted: the stream is in step with its publisher and not silent; false from a detected
+	// loss until it has resynchronised, and while silent (the rank is then also untrusted in the
+	// index: kvindex Index.MarkUntrusted).
 	Trusted bool
+	// Silent: the silence rule holds the stream untrusted (Options.Dispatched); Silences counts
+	// the times it became silent.
+	Silent   bool
+	Silences uint64
 	// LastSeq is the sequence number of the last batch handled.
 	LastSeq uint64
+	// LastBatchAt is when the last batch was received (Options.Now); zero before the first.
+	LastBatchAt time.Time
 	// Batches handled; Events decoded from them; StoredBlocks and RemovedBlocks applied; Clears
 	// (AllBlocksCleared events) applied.
 	Batches, Events, StoredBlocks, RemovedBlocks, Clears uint64
@@ -119,22 +151,33 @@ type StreamStats struct {
 	// Rejected events: refused by the decoder's rules or the index (OnError has each).
 	// UnknownRemovals: removed hashes no index held.
 	Ignored, Rejected, UnknownRemovals uint64
+	// Refused splits Rejected by Refusal (they sum to it).
+	Refused [NumRefusals]uint64
 	// Gaps: forward jumps in the sequence (including a queue overflow, and a first batch after
 	// a publisher restart numbered above 1; not the first batch after the stream was added). Regressions: the sequence went back (a publisher restart). Duplicates: batches
 	// already applied from a replay. Drops: batches dropped because the queue was full.
 	Gaps, Regressions, Duplicates, Drops uint64
 	// Resyncs: recoveries started (after a gap, a regression, an overflow or a lost batch);
-	// Replays and ReplayFailures: replay exchanges that completed or failed; Malformed: messages
-	// or payloads that did not decode, or named another DP rank.
-	Resyncs, Replays, ReplayFailures, Malformed uint64
+	// Replays and ReplayFailures: replay exchanges that completed or failed; ReplayedBatches:
+	// batches applied from replays; RankClears: times the subscriber cleared the rank after a
+	// loss (AllBlocksCleared events are Clears); Malformed: messages or payloads that did not
+	// decode, or named another DP rank.
+	Resyncs, Replays, ReplayFailures, ReplayedBatches, RankClears, Malformed uint64
+	// UnknownTopics counts messages on a topic no endpoint of the stream's socket names, when
+	// the stream is its socket's only one (otherwise the message cannot be told to be this
+	// stream's, and only Stats.UnknownTopics counts it); LastUnknownTopic is the last such topic.
+	UnknownTopics    uint64
+	LastUnknownTopic string
 }
 
 // Stats is a point-in-time summary of a Subscriber.
 type Stats struct {
 	// Streams has one entry per endpoint, sorted by engine then rank.
 	Streams []StreamStats
-	// UnknownTopics counts messages whose topic no endpoint of their socket names.
-	UnknownTopics uint64
+	// UnknownTopics counts messages whose topic no endpoint of their socket names;
+	// LastUnknownTopic is the last such topic.
+	UnknownTopics    uint64
+	LastUnknownTopic string
 	// MalformedMessages counts messages without three frames or with a sequence frame that is not
 	// 8 bytes.
 	MalformedMessages uint64
@@ -159,7 +202,9 @@ type Subscriber struct {
 	streams map[streamKey]*stream
 
 	unknownTopics atomic.Uint64
+	lastTopic     atomic.Pointer[string]
 	malformed     atomic.Uint64
+	silenceMu     sync.Mutex // one silence check at a time
 }
 
 type sockKey struct {
@@ -178,6 +223,7 @@ type socket struct {
 	routes    atomic.Pointer[map[string]*stream] // immutable; replaced on Add/Remove
 	cancel    context.CancelFunc                 // nil until started
 	connected atomic.Bool
+	warn      *warner
 }
 
 // New validates opts and returns a Subscriber with no endpoints. Invalid options return an error
@@ -193,6 +239,19 @@ func New(opts Options) (*Subscriber, error) {
 		return nil, fmt.Errorf("kvevents: Options.ReplayTimeout: %v, must be >= 0: %w", opts.ReplayTimeout, state.ErrInvalidConfiguration)
 	case opts.ReconnectMin < 0 || opts.ReconnectMax < 0:
 		return nil, fmt.Errorf("kvevents: Options.ReconnectMin/Max: %v/%v, must be >= 0: %w", opts.ReconnectMin, opts.ReconnectMax, state.ErrInvalidConfiguration)
+	case opts.WarnInterval < 0:
+		return nil, fmt.Errorf("kvevents: Options.WarnInterval: %v, must be >= 0: %w", opts.WarnInterval, state.ErrInvalidConfiguration)
+	case opts.SilenceTimeout < 0:
+		return nil, fmt.Errorf("kvevents: Options.SilenceTimeout: %v, must be >= 0: %w", opts.SilenceTimeout, state.ErrInvalidConfiguration)
+	}
+	if opts.WarnInterval == 0 {
+		opts.WarnInterval = DefaultWarnInterval
+	}
+	if opts.SilenceTimeout == 0 {
+		opts.SilenceTimeout = DefaultSilenceTimeout
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
 	if opts.QueueBatches == 0 {
 		opts.QueueBatches = DefaultQueueBatches
@@ -264,7 +323,7 @@ func (s *Subscriber) Add(ep Endpoint) error {
 	s.streams[sk] = st
 	newSocket := so == nil
 	if newSocket {
-		so = &socket{key: key}
+		so = &socket{key: key, warn: newWarner(s.opts.Logger.With(zap.String("address", key.addr), zap.Bool("bind", key.bind)), &s.opts)}
 		so.routes.Store(&map[string]*stream{})
 		s.sockets[key] = so
 	}
@@ -343,7 +402,43 @@ func (s *Subscriber) Start(ctx context.Context) error {
 	for _, so := range s.sockets {
 		s.startSocket(so)
 	}
+	if s.opts.Dispatched != nil {
+		ctx := s.ctx
+		s.wg.Go(func() {
+			t := time.NewTicker(max(s.opts.SilenceTimeout/4, time.Millisecond))
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					s.CheckSilence()
+				}
+			}
+		})
+	}
 	return nil
+}
+
+// CheckSilence applies the silence rule of Options.Dispatched to every stream at Options.Now
+// (docs/design.md §13.1). A started subscriber calls it every SilenceTimeout/4; hosts that drive
+// the clock may call it too. Without Options.Dispatched it does nothing.
+func (s *Subscriber) CheckSilence() {
+	if s.opts.Dispatched == nil {
+		return
+	}
+	s.mu.Lock()
+	streams := make([]*stream, 0, len(s.streams))
+	for _, st := range s.streams {
+		streams = append(streams, st)
+	}
+	s.mu.Unlock()
+	s.silenceMu.Lock()
+	defer s.silenceMu.Unlock()
+	now := s.opts.Now()
+	for _, st := range streams {
+		st.checkSilence(now, s.opts.SilenceTimeout, func(since time.Time) bool { return s.opts.Dispatched(st.ep.Engine, st.ep.DPRank, since) })
+	}
 }
 
 // Close stops every goroutine the subscriber started, closes its sockets and waits for them. The
@@ -383,6 +478,9 @@ func (s *Subscriber) Stats() Stats {
 		return cmp.Or(cmp.Compare(a.Engine, b.Engine), cmp.Compare(a.DPRank, b.DPRank))
 	})
 	out.UnknownTopics = s.unknownTopics.Load()
+	if t := s.lastTopic.Load(); t != nil {
+		out.LastUnknownTopic = *t
+	}
 	out.MalformedMessages = s.malformed.Load()
 	return out
 }
@@ -500,10 +598,41 @@ func (s *Subscriber) route(so *socket, frames [][]byte) {
 	}
 	st := routes[string(m.Topic)]
 	if st == nil {
-		s.unknownTopics.Add(1)
+		s.unknownTopic(so, routes, m.Topic)
 		return
 	}
 	st.enqueue(item{seq: m.Seq, payload: m.Payload})
+}
+
+// unknownTopic counts and warns about a message on topic, which no stream of so names.
+func (s *Subscriber) unknownTopic(so *socket, routes map[string]*stream, topic []byte) {
+	s.unknownTopics.Add(1)
+	noteTopic(&s.lastTopic, topic)
+	if len(routes) == 1 {
+		for _, st := range routes {
+			st.unknown.Add(1)
+			noteTopic(&st.lastTopic, topic)
+		}
+	}
+	held, ok := so.warn.allow(warnTopic)
+	if !ok {
+		return
+	}
+	expected := make([]string, 0, len(routes))
+	for t, st := range routes {
+		expected = append(expected, fmt.Sprintf("%q (engine %s rank %d)", t, st.ep.Engine, st.ep.DPRank))
+	}
+	slices.Sort(expected)
+	so.warn.log.Warn("kvevents: message on a topic no endpoint of this address names; check the engines' KV-event topic",
+		zap.String("topic", string(topic)), zap.Strings("expected", expected), zap.Uint64("suppressed", held))
+}
+
+// noteTopic stores topic in p unless p already holds it.
+func noteTopic(p *atomic.Pointer[string], topic []byte) {
+	if old := p.Load(); old == nil || *old != string(topic) {
+		t := string(topic)
+		p.Store(&t)
+	}
 }
 
 // closeAndDrain closes sock and then receives until the socket has reported its closure 64 times
