@@ -23,11 +23,17 @@ type degradedChecks struct {
 //   - engines with a load endpoint whose load is unknown (stale, missing or rank-incomplete);
 //   - models whose policies read reported load (caps on reported metrics, a queue gate) while no
 //     engine of the model has a fresh report: the caps fail open and the gate is inert;
-//   - engines the KV-block index does not trust (a KV-event stream lost its place), whose blocks
-//     cache-aware lookups ignore until they resynchronise.
+//   - engines the KV-block index does not trust (a KV-event stream lost its place, or fell silent
+//     while the engine was sent requests), whose blocks cache-aware lookups ignore until they
+//     resynchronise.
 //
-// New runs it every WithHealthInterval; hosts may call it too. It reads shared state only.
+// It first applies the KV-event subscriber's silence rule (kvevents.Subscriber.CheckSilence).
+// New runs it every WithHealthInterval; hosts may call it too. Apart from the silence rule, it
+// reads shared state only.
 func (r *Router) CheckHealth() {
+	if r.kvSub != nil {
+		r.kvSub.CheckSilence()
+	}
 	if r.load != nil {
 		snap := r.load.Snapshot()
 		var stale []string
@@ -64,7 +70,7 @@ func (r *Router) CheckHealth() {
 			for i, id := range bad {
 				ids[i] = string(id)
 			}
-			if ce := r.warn.Check(zap.WarnLevel, "the KV-block index does not trust some engines (their KV-event stream lost its place): cache-aware lookups ignore their blocks until they resynchronise"); ce != nil {
+			if ce := r.warn.Check(zap.WarnLevel, "the KV-block index does not trust some engines (their KV-event stream lost its place or fell silent): cache-aware lookups ignore their blocks until they resynchronise"); ce != nil {
 				ce.Write(zap.Strings("engines", ids))
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,9 +14,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/kvindex/kvevents"
 	"github.com/enginepick/enginepick/metrics"
 	"github.com/enginepick/enginepick/policy"
 )
@@ -117,4 +121,53 @@ func scrapeFamily(t *testing.T, reg *prometheus.Registry, name string) map[strin
 		}
 	}
 	return out
+}
+
+// TestNewKVEventsSilentEngineIsUntrusted checks New's wiring of the KV-event silence rule
+// (docs/design.md §13.1): an engine whose publisher sends nothing (here a wrong address; a wrong
+// topic looks the same) stays trusted while idle, and is untrusted, with a warning, once
+// kvevents.DefaultSilenceTimeout has passed since CheckHealth first saw a request sent to it.
+func TestNewKVEventsSilentEngineIsUntrusted(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := "tcp://" + l.Addr().String()
+	require.NoError(t, l.Close()) // nobody publishes there
+	var mu sync.Mutex
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	core, logs := observer.New(zap.WarnLevel)
+	cfg := mustParse(t, fmt.Sprintf(`
+kv: {block_tokens: 4}
+engines:
+  - {id: e1, model: m, kv_events: {endpoint: "%s", topic: kv}}
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware}}}}]}]
+`, addr))
+	r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithClock(clock), enginepick.WithLogger(zap.New(core)))
+	require.NoError(t, err)
+	defer r.Close()
+
+	advance(time.Hour)
+	r.CheckHealth()
+	require.Len(t, r.KVEventStats().Streams, 1)
+	assert.True(t, r.KVEventStats().Streams[0].Trusted, "idle for an hour")
+	assert.True(t, r.Index().Trusted("e1"))
+
+	d, err := r.Select(context.Background(), &bucket.Request{Model: "m", TokenIDs: []uint32{1, 2, 3, 4}, Signals: bucket.Signals{InputTokens: 4}})
+	require.NoError(t, err)
+	d.Release()
+	advance(time.Second)
+	r.CheckHealth() // sees the dispatch
+	advance(kvevents.DefaultSilenceTimeout - time.Second)
+	r.CheckHealth()
+	assert.True(t, r.Index().Trusted("e1"), "a second short of the timeout")
+	advance(time.Second)
+	r.CheckHealth()
+	st := r.KVEventStats().Streams[0]
+	assert.True(t, st.Silent)
+	assert.False(t, st.Trusted)
+	assert.False(t, r.Index().Trusted("e1"))
+	assert.Equal(t, 1, logs.FilterMessage("kvevents: no batch since requests were sent to the engine; its blocks are untrusted until one arrives").Len())
+	assert.Equal(t, 1, logs.FilterMessageSnippet("does not trust some engines").Len())
 }

@@ -680,8 +680,10 @@ func (b *builder) start(r *Router) error {
 // per DP rank (docs/design.md §13.1), or nil when there is none. It is started by start.
 func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
 	var eps []kvevents.Endpoint
+	ranks := map[state.EngineID]int{}
 	for i := range b.cfg.Engines {
 		e := &b.cfg.Engines[i]
+		ranks[state.EngineID(e.ID)] = max(e.DPRanks, 1)
 		k := e.KVEvents
 		if k == nil {
 			continue
@@ -698,7 +700,9 @@ func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
 	if len(eps) == 0 {
 		return nil, nil
 	}
-	sub, err := kvevents.New(kvevents.Options{Index: b.index, Logger: b.s.log})
+	inflight := b.inflight
+	sub, err := kvevents.New(kvevents.Options{Index: b.index, Logger: b.s.log, WarnInterval: b.s.warnEvery, Now: b.s.now,
+		Dispatched: func(engine state.EngineID, rank int, since time.Time) bool { return dispatchedSince(inflight, ranks[engine], engine, rank, since) }})
 	if err != nil {
 		return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", ErrBadValue, err)}
 	}
@@ -709,6 +713,17 @@ func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
 		}
 	}
 	return sub, nil
+}
+
+// dispatchedSince reports whether a request was sent to the engine's DP rank at or after since,
+// for the KV-event silence rule (docs/design.md §13.1): a dispatch that named the rank, or, for an
+// engine of one rank, any dispatch to the engine. A dispatch to an engine of several ranks that
+// named none is not counted for any rank.
+func dispatchedSince(f *loadmon.InFlight, ranks int, engine state.EngineID, rank int, since time.Time) bool {
+	if n, _ := f.DispatchedSinceRank(engine, rank, since); n > 0 {
+		return true
+	}
+	return ranks <= 1 && f.DispatchesSince(engine, since) > 0
 }
 
 // summary logs the configuration at Info (docs/design.md §15).
