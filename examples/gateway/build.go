@@ -14,6 +14,7 @@ import (
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/examples/gateway/internal/gw"
 	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/kvindex/kvevents"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/loadmon/loadsource"
 	"github.com/enginepick/enginepick/policy"
@@ -197,7 +198,7 @@ func build(o options, log *zap.Logger) (*gateway, error) {
 		}
 		registerPollerMetrics(reg, g.poller, len(targets))
 	}
-	if g.kv, err = newKVFeed(specs, g.index, log); err != nil {
+	if g.kv, err = newKVFeed(specs, g.index, g.inflight, log); err != nil {
 		return nil, err
 	}
 	if g.kv != nil {
@@ -213,7 +214,12 @@ func build(o options, log *zap.Logger) (*gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g.handler = g.server
+	g.handler = withKVDebug(g.server, g.index, func() kvevents.Stats {
+		if g.kv == nil {
+			return kvevents.Stats{}
+		}
+		return g.kv.sub.Stats()
+	})
 	g.prober = &gw.Prober{Registry: registry, Interval: o.probeInterval, Path: o.probePath}
 	return g, nil
 }

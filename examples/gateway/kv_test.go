@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -179,4 +180,94 @@ func chatOK(t *testing.T, base, text string, n int) {
 		resp.Body.Close()
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 	}
+}
+
+// A publisher on another topic than the engine's kv_topic is seen: its messages are counted on
+// the engine's stream with the topic kept, in the metrics and in GET /debug/kv; a publisher on
+// the right topic fills the index, which GET /debug/kv lists per engine DP rank.
+func TestKVFeedIsVisible(t *testing.T) {
+	t.Parallel()
+	a, b := newEngine(t), newEngine(t)
+	pa, addrA, _ := newPublisher(t)
+	pb, addrB, _ := newPublisher(t)
+	g, gwSrv := startGateway(t,
+		"--engine=url="+a.URL()+",model=m,kind=vllm,load=none,kv_events="+addrA,
+		"--engine=url="+b.URL()+",model=m,kind=vllm,load=none,kv_events="+addrB+",kv_topic=kv",
+		"--block-tokens=4")
+	stream := func(engine string) kvDebugStream {
+		for _, s := range debugKV(t, gwSrv.URL).Streams {
+			if s.Engine == engine {
+				return s
+			}
+		}
+		return kvDebugStream{}
+	}
+	// b publishes on "" while the gateway expects "kv".
+	require.Eventually(t, func() bool {
+		pb.publish(t, blockStored([]uint64{1}, []uint32{1, 2, 3, 4}, 4))
+		return stream(b.URL()).UnknownTopics > 0
+	}, 10*time.Second, 20*time.Millisecond)
+	// The last probes may still be on their way: the metric and the endpoint agree once they land.
+	require.Eventually(t, func() bool {
+		return float64(stream(b.URL()).UnknownTopics) == gatewayMetric(t, g, "gateway_kv_unknown_topic_messages_total", b.URL())
+	}, 10*time.Second, 20*time.Millisecond)
+	sb := stream(b.URL())
+	assert.Equal(t, "", sb.LastUnknownTopic)
+	assert.Zero(t, sb.Batches)
+	assert.Nil(t, sb.LastBatchAt)
+	assert.True(t, sb.Trusted, "no request was sent to b: its silence costs nothing")
+
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	require.Eventually(t, func() bool {
+		pa.publish(t, blockStored([]uint64{11, 12}, tokens, 4))
+		return g.index.Match(g.index.Hasher().Keys(tokens)).Blocks(state.EngineID(a.URL())) == 2
+	}, 10*time.Second, 20*time.Millisecond)
+	d := debugKV(t, gwSrv.URL)
+	require.NotNil(t, d.Index)
+	assert.Equal(t, []kvDebugRank{{Engine: a.URL(), DPRank: 0, DeviceBlocks: 2, Trusted: true}}, d.Index.Ranks)
+	sa := stream(a.URL())
+	assert.True(t, sa.Trusted)
+	assert.NotNil(t, sa.LastBatchAt)
+	assert.Zero(t, sa.UnknownTopics)
+	assert.Equal(t, map[string]uint64{"unknown_parent": 0, "block_size": 0, "unknown_medium": 0, "unknown_adapter": 0,
+		"duplicate_hash": 0, "key_conflict": 0, "other": 0}, sa.Refused)
+	require.Eventually(t, func() bool {
+		at := stream(a.URL()).LastBatchAt
+		return at != nil && float64(at.UnixNano())/1e9 == gatewayMetric(t, g, "gateway_kv_last_batch_timestamp_seconds", a.URL())
+	}, 10*time.Second, 20*time.Millisecond)
+}
+
+// debugKV gets GET /debug/kv.
+func debugKV(t *testing.T, base string) kvDebug {
+	t.Helper()
+	resp, err := http.Get(base + "/debug/kv")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var d kvDebug
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&d))
+	return d
+}
+
+// gatewayMetric reads one series of a gateway_kv_* family for an engine's rank 0.
+func gatewayMetric(t *testing.T, g *gateway, name, engine string) float64 {
+	t.Helper()
+	mfs, err := g.server.Metrics().Registry().Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				l[lp.GetName()] = lp.GetValue()
+			}
+			if l["engine"] == engine && l["dp_rank"] == "0" {
+				return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no %s for %s", name, engine)
+	return 0
 }

@@ -1,7 +1,8 @@
 // Command gateway is an OpenAI-compatible HTTP gateway that routes requests to vLLM and SGLang
 // engines with an enginepick.Router: POST /v1/chat/completions and /v1/completions (streams
 // relayed as they arrive), plain and PD (prefill/decode) engines, load polled from the engines'
-// own endpoints, GET /metrics and GET /healthz. Run
+// own endpoints, GET /metrics, GET /healthz and GET /debug/kv (the prefix index and KV-event
+// streams, as JSON). Run
 //
 //	go run ./examples/gateway --engine url=http://127.0.0.1:8000,model=llama,kind=vllm
 //
@@ -25,6 +26,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 func main() {
@@ -150,7 +152,7 @@ Flags:
 	fs.DurationVar(&o.probeInterval, "probe-interval", 5*time.Second, "time between health probes of unhealthy engines")
 	fs.StringVar(&o.probePath, "probe-path", "/health", "health endpoint probed to bring an unhealthy engine back")
 	fs.DurationVar(&o.prefillTimeout, "prefill-timeout", 10*time.Minute, "bound on a PD prefill request, which completes even if the client leaves")
-	fs.BoolVar(&o.debug, "debug", false, "log at debug level (selection failures, upstream errors, failed polls)")
+	fs.BoolVar(&o.debug, "debug", false, "log at debug level (selection failures, upstream errors, failed polls); warnings are logged without it")
 	return fs
 }
 
@@ -181,7 +183,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	if err != nil {
 		return err
 	}
-	log := zap.NewNop()
+	// Warnings (degraded load reports, KV-event feed failures) go to stderr; --debug adds the rest.
+	log := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.Lock(zapcore.AddSync(stderr)), zap.WarnLevel))
 	if o.debug {
 		var err error
 		if log, err = zap.NewDevelopment(); err != nil {

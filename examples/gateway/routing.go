@@ -116,7 +116,7 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 		g.close()
 		return nil, err
 	}
-	g.handler = g.server
+	g.handler = withKVDebug(g.server, g.index, g.router.KVEventStats)
 	g.prober = &gw.Prober{Registry: registry, Interval: o.probeInterval, Path: o.probePath}
 	return g, nil
 }
