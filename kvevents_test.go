@@ -84,15 +84,40 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 		d.Release()
 	}
 
-	send("kv", 5, batch([]uint64{201}, []uint32{9, 9, 9, 9})) // seq 1–4 lost: a gap
+	// A store chained to a block the engine never reported is refused, with its reason.
+	orphan := []any{"BlockStored", []uint64{301}, uint64(999), []uint32{7, 7, 7, 7}, 4, nil, "GPU"}
+	raw, err := msgpack.Marshal([]any{1789095808.83, []any{orphan}, 0})
+	require.NoError(t, err)
+	send("kv", 1, raw)
+	send("kv", 5, batch([]uint64{201}, []uint32{9, 9, 9, 9})) // seq 2–4 lost: a gap
 	require.Eventually(t, func() bool {
 		st := r.KVEventStats().Streams
 		return len(st) == 1 && st[0].Gaps == 1
 	}, 10*time.Second, 5*time.Millisecond)
-	got := scrapeFamily(t, reg, "enginepick_kv_event_gaps_total")
-	assert.Equal(t, map[string]float64{"dp_rank=0,engine=e1": 1}, got)
+	one := map[string]float64{"dp_rank=0,engine=e1": 1}
+	zero := map[string]float64{"dp_rank=0,engine=e1": 0}
+	assert.Equal(t, one, scrapeFamily(t, reg, "enginepick_kv_event_gaps_total"))
 	// Without a replay socket the gap starts one recovery: the rank's blocks are cleared.
-	assert.Equal(t, map[string]float64{"dp_rank=0,engine=e1": 1}, scrapeFamily(t, reg, "enginepick_kv_event_resyncs_total"))
+	assert.Equal(t, one, scrapeFamily(t, reg, "enginepick_kv_event_resyncs_total"))
+	assert.Equal(t, one, scrapeFamily(t, reg, "enginepick_kv_event_rank_clears_total"))
+	assert.Equal(t, map[string]float64{
+		"dp_rank=0,engine=e1,reason=unknown_parent": 1, "dp_rank=0,engine=e1,reason=block_size": 0,
+		"dp_rank=0,engine=e1,reason=unknown_medium": 0, "dp_rank=0,engine=e1,reason=unknown_adapter": 0,
+		"dp_rank=0,engine=e1,reason=duplicate_hash": 0, "dp_rank=0,engine=e1,reason=key_conflict": 0,
+		"dp_rank=0,engine=e1,reason=other": 0,
+	}, scrapeFamily(t, reg, "enginepick_kv_event_refused_events_total"))
+	assert.Equal(t, map[string]float64{"dp_rank=0,engine=e1,result=ok": 0, "dp_rank=0,engine=e1,result=failed": 0},
+		scrapeFamily(t, reg, "enginepick_kv_event_replays_total"))
+	for _, fam := range []string{"replayed_batches_total", "publisher_restarts_total", "malformed_batches_total", "stream_silent"} {
+		assert.Equal(t, zero, scrapeFamily(t, reg, "enginepick_kv_event_"+fam), fam)
+	}
+	st := r.KVEventStats().Streams[0]
+	assert.Equal(t, map[string]float64{"dp_rank=0,engine=e1": float64(st.LastBatchAt.UnixNano()) / 1e9},
+		scrapeFamily(t, reg, "enginepick_kv_event_last_batch_timestamp_seconds"))
+	require.NotZero(t, st.UnknownTopics, "the probes")
+	assert.Equal(t, "probe", st.LastUnknownTopic)
+	assert.Equal(t, map[string]float64{"dp_rank=0,engine=e1": float64(st.UnknownTopics)},
+		scrapeFamily(t, reg, "enginepick_kv_event_unknown_topic_messages_total"))
 
 	r.RemoveEngine("e1")
 	assert.Empty(t, r.KVEventStats().Streams, "RemoveEngine stops the engine's streams")

@@ -702,7 +702,9 @@ func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
 	}
 	inflight := b.inflight
 	sub, err := kvevents.New(kvevents.Options{Index: b.index, Logger: b.s.log, WarnInterval: b.s.warnEvery, Now: b.s.now,
-		Dispatched: func(engine state.EngineID, rank int, since time.Time) bool { return dispatchedSince(inflight, ranks[engine], engine, rank, since) }})
+		Dispatched: func(engine state.EngineID, rank int, since time.Time) bool {
+			return dispatchedSince(inflight, ranks[engine], engine, rank, since)
+		}})
 	if err != nil {
 		return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", ErrBadValue, err)}
 	}

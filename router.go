@@ -380,7 +380,8 @@ func (r *Router) Index() *kvindex.Index { return r.index }
 func (r *Router) Config() *Config { return r.config }
 
 // KVEventStats returns the counters of New's KV-event subscriber (gaps, resynchronisations, drops,
-// trust, per engine and DP rank); empty when no engine has a kv_events publisher.
+// refused events, unknown topics, silence, trust, per engine and DP rank; docs/design.md §13.1);
+// empty when no engine has a kv_events publisher.
 func (r *Router) KVEventStats() kvevents.Stats {
 	if r.kvSub == nil {
 		return kvevents.Stats{}

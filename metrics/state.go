@@ -8,6 +8,7 @@ import (
 
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/kvindex/kvevents"
 )
 
 // stateCollector reads the attached Router's shared state at scrape time. It reports nothing
@@ -31,6 +32,15 @@ type stateCollector struct {
 	kvEvents     *prometheus.Desc
 	kvConnected  *prometheus.Desc
 	kvInStep     *prometheus.Desc
+	kvRefused    *prometheus.Desc
+	kvTopics     *prometheus.Desc
+	kvReplays    *prometheus.Desc
+	kvReplayed   *prometheus.Desc
+	kvRestarts   *prometheus.Desc
+	kvClears     *prometheus.Desc
+	kvMalformed  *prometheus.Desc
+	kvSilent     *prometheus.Desc
+	kvLastBatch  *prometheus.Desc
 	bindings     *prometheus.Desc
 	bindEvicted  *prometheus.Desc
 }
@@ -78,7 +88,25 @@ func newStateCollector(ns string) *stateCollector {
 		kvConnected: d("kv_event_stream_connected",
 			"1 when the stream's socket is connected (or bound).", "engine", "dp_rank"),
 		kvInStep: d("kv_event_stream_in_step",
-			"1 when the stream is in step with its publisher, 0 from a detected loss until it has resynchronised.", "engine", "dp_rank"),
+			"1 when the stream is in step with its publisher and not silent, 0 from a detected loss until it has resynchronised and while silent.", "engine", "dp_rank"),
+		kvRefused: d("kv_event_refused_events_total",
+			"KV events refused, by reason (unknown_parent, block_size, unknown_medium, unknown_adapter, duplicate_hash, key_conflict, other).", "engine", "dp_rank", "reason"),
+		kvTopics: d("kv_event_unknown_topic_messages_total",
+			"Messages on the stream's address whose topic no endpoint names (a wrong topic), when the stream is its address's only one; the warning log names the topic.", "engine", "dp_rank"),
+		kvReplays: d("kv_event_replays_total",
+			"Replay exchanges with the publisher's replay socket, by result (ok, failed).", "engine", "dp_rank", "result"),
+		kvReplayed: d("kv_event_replayed_batches_total",
+			"KV-event batches recovered from replays.", "engine", "dp_rank"),
+		kvRestarts: d("kv_event_publisher_restarts_total",
+			"Times the stream's sequence went back (a publisher restart).", "engine", "dp_rank"),
+		kvClears: d("kv_event_rank_clears_total",
+			"Times the subscriber cleared the rank's blocks after a loss.", "engine", "dp_rank"),
+		kvMalformed: d("kv_event_malformed_batches_total",
+			"KV-event messages or batches that did not decode, or named another DP rank.", "engine", "dp_rank"),
+		kvSilent: d("kv_event_stream_silent",
+			"1 while the stream is untrusted for publishing nothing since its engine was sent requests.", "engine", "dp_rank"),
+		kvLastBatch: d("kv_event_last_batch_timestamp_seconds",
+			"Unix time the stream's last batch arrived; absent before the first.", "engine", "dp_rank"),
 		bindings: d("affinity_bindings",
 			"Session and sticky bindings the in-memory affinity store holds, expired ones not yet swept included."),
 		bindEvicted: d("affinity_evicted_bindings_total",
@@ -89,7 +117,8 @@ func newStateCollector(ns string) *stateCollector {
 // Describe implements prometheus.Collector.
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.loadFresh, c.loadAge, c.polls, c.pollFailures, c.indexBlocks,
-		c.indexApprox, c.indexEvicted, c.engineBlocks, c.trusted, c.kvGaps, c.kvResyncs, c.kvDrops, c.kvEvents, c.kvConnected, c.kvInStep, c.bindings, c.bindEvicted} {
+		c.indexApprox, c.indexEvicted, c.engineBlocks, c.trusted, c.kvGaps, c.kvResyncs, c.kvDrops, c.kvEvents, c.kvConnected, c.kvInStep,
+		c.kvRefused, c.kvTopics, c.kvReplays, c.kvReplayed, c.kvRestarts, c.kvClears, c.kvMalformed, c.kvSilent, c.kvLastBatch, c.bindings, c.bindEvicted} {
 		ch <- d
 	}
 }
@@ -126,13 +155,33 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.pollFailures, prometheus.CounterValue, float64(st.Failures), string(st.Engine))
 	}
 	for _, st := range r.KVEventStats().Streams {
-		l := []string{string(st.Engine), strconv.Itoa(st.DPRank)}
-		ch <- prometheus.MustNewConstMetric(c.kvGaps, prometheus.CounterValue, float64(st.Gaps), l...)
-		ch <- prometheus.MustNewConstMetric(c.kvResyncs, prometheus.CounterValue, float64(st.Resyncs), l...)
-		ch <- prometheus.MustNewConstMetric(c.kvDrops, prometheus.CounterValue, float64(st.Drops), l...)
-		ch <- prometheus.MustNewConstMetric(c.kvEvents, prometheus.CounterValue, float64(st.Events), l...)
-		ch <- prometheus.MustNewConstMetric(c.kvConnected, prometheus.GaugeValue, b2f(st.Connected), l...)
-		ch <- prometheus.MustNewConstMetric(c.kvInStep, prometheus.GaugeValue, b2f(st.Trusted), l...)
+		e, rk := string(st.Engine), strconv.Itoa(st.DPRank)
+		counter := func(d *prometheus.Desc, v uint64, extra ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append([]string{e, rk}, extra...)...)
+		}
+		gauge := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, e, rk)
+		}
+		counter(c.kvGaps, st.Gaps)
+		counter(c.kvResyncs, st.Resyncs)
+		counter(c.kvDrops, st.Drops)
+		counter(c.kvEvents, st.Events)
+		gauge(c.kvConnected, b2f(st.Connected))
+		gauge(c.kvInStep, b2f(st.Trusted))
+		for reason, n := range st.Refused {
+			counter(c.kvRefused, n, kvevents.Refusal(reason).String())
+		}
+		counter(c.kvTopics, st.UnknownTopics)
+		counter(c.kvReplays, st.Replays, "ok")
+		counter(c.kvReplays, st.ReplayFailures, "failed")
+		counter(c.kvReplayed, st.ReplayedBatches)
+		counter(c.kvRestarts, st.Regressions)
+		counter(c.kvClears, st.RankClears)
+		counter(c.kvMalformed, st.Malformed)
+		gauge(c.kvSilent, b2f(st.Silent))
+		if !st.LastBatchAt.IsZero() {
+			gauge(c.kvLastBatch, float64(st.LastBatchAt.UnixNano())/1e9)
+		}
 	}
 	if bc, ok := r.AffinityStore().(bindingCounter); ok {
 		ch <- prometheus.MustNewConstMetric(c.bindings, prometheus.GaugeValue, float64(bc.Len()))

@@ -414,11 +414,18 @@ func (s *stream) checkSilence(now time.Time, timeout time.Duration, dispatched f
 		return
 	}
 	s.trustMu.Lock()
-	if s.lastBatch.Load() != last || s.stopped { // a batch arrived meanwhile
+	if s.stopped {
 		s.trustMu.Unlock()
 		return
 	}
+	// Set the flag, then look for a batch: a receiver that stored a batch's time after this
+	// load sees the flag and clears it (enqueue); one that stored it before is seen here.
 	s.silent.Store(true)
+	if s.lastBatch.Load() != last {
+		s.silent.Store(false)
+		s.trustMu.Unlock()
+		return
+	}
 	s.remark()
 	s.trustMu.Unlock()
 	s.silences.Add(1)
