@@ -138,7 +138,8 @@ func TestReplayReplyShapes(t *testing.T) {
 }
 
 // TestSubscriberReplaysWithTopicFrames: a batch lost on the PUB socket is refilled from a replay
-// socket answering in llm-d's shape; the rank keeps its blocks (no clear).
+// socket answering in llm-d's shape; the rank keeps its blocks (no clear). The first block names
+// parent 0, as llm-d's publishers do for a root.
 func TestSubscriberReplaysWithTopicFrames(t *testing.T) {
 	addr := freeAddr(t)
 	pub := newGoPublisher(t, addr, true, "")
@@ -154,7 +155,7 @@ func TestSubscriberReplaysWithTopicFrames(t *testing.T) {
 	x := newIndex(t, "")
 	sub := newSubscriber(t, x, nil, Endpoint{Engine: eng, Address: addr, Topic: "kv", ReplayAddress: replay})
 	handshake(t, sub, pub)
-	pub.publish("kv", 0, payload(t, 0, block(1, 0)), false)
+	pub.publish("kv", 0, payload(t, 0, storedArray([]uint64{1001}, uint64(0), prompt(1, 1), "GPU")), false)
 	pub.publish("kv", 2, payload(t, 0, block(1, 2)), false)
 	require.Eventually(t, func() bool { st := streamStats(sub, eng); return st.Batches == 2 && st.Trusted }, 10*time.Second, 5*time.Millisecond)
 	assert.Equal(t, 3, held(x, eng, 1, 3), "replayed batch 1 applied, nothing cleared")
@@ -162,6 +163,7 @@ func TestSubscriberReplaysWithTopicFrames(t *testing.T) {
 	assert.EqualValues(t, 1, st.Gaps)
 	assert.EqualValues(t, 1, st.Replays)
 	assert.Zero(t, st.ReplayFailures)
+	assert.Zero(t, st.Rejected)
 }
 
 // fakeClock is a settable clock.
