@@ -154,8 +154,9 @@ type StreamStats struct {
 	// Refused splits Rejected by Refusal (they sum to it).
 	Refused [NumRefusals]uint64
 	// Gaps: forward jumps in the sequence (including a queue overflow, and a first batch after
-	// a publisher restart numbered above 1; not the first batch after the stream was added). Regressions: the sequence went back (a publisher restart). Duplicates: batches
-	// already applied from a replay. Drops: batches dropped because the queue was full.
+	// a publisher restart numbered above 1; not the first batch after the stream was added).
+	// Regressions: the sequence went back (a publisher restart). Duplicates: batches already
+	// applied from a replay. Drops: batches dropped because the queue was full.
 	Gaps, Regressions, Duplicates, Drops uint64
 	// Resyncs: recoveries started (after a gap, a regression, an overflow or a lost batch);
 	// Replays and ReplayFailures: replay exchanges that completed or failed; ReplayedBatches:
