@@ -208,7 +208,7 @@ func (s *stream) applyItem(it item) bool {
 		s.lose(it.seq, err)
 		return false
 	}
-	if s.batch.HasDPRank && s.batch.DPRank != s.ep.DPRank {
+	if s.batch.HasDPRank && s.batch.DPRank != s.ep.RankStart+s.ep.DPRank {
 		s.lose(it.seq, ErrRankMismatch)
 		return false
 	}
@@ -292,7 +292,7 @@ func (s *stream) replay(ctx context.Context, from uint64) bool {
 			s.app.clear() // lost again; the remaining batches rebuild the rank from here
 			return
 		}
-		if s.batch.HasDPRank && s.batch.DPRank != s.ep.DPRank {
+		if s.batch.HasDPRank && s.batch.DPRank != s.ep.RankStart+s.ep.DPRank {
 			s.report(&StreamError{Engine: s.ep.Engine, DPRank: s.ep.DPRank, Seq: seq, Err: ErrRankMismatch})
 			s.app.clear()
 			return
