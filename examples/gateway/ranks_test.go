@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -176,6 +178,24 @@ func TestEngineFlagRankKeys(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, []string{"http://h:8000/metrics", "http://h:8001/metrics"}, tg.RankURLs)
 	assert.Equal(t, 2, tg.RankStart)
+
+	path := filepath.Join(t.TempDir(), "engines.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(`engines:
+  - url: http://h:8000
+    model: m
+    kind: vllm
+    dp_rank_start: 2
+    ranks:
+      - {url: "http://h:8000", load_url: "http://h:8000/metrics", kv_events: "tcp://h:5557", kv_topic: "kv@h:8000@m"}
+      - {url: "http://h:8001", load_url: "http://h:8001/metrics", kv_events: "tcp://h:5557", kv_topic: "kv@h:8001@m", kv_replay: "tcp://h:5600"}
+`), 0o600))
+	specs, err := loadFile(path)
+	require.NoError(t, err)
+	require.Len(t, specs, 1)
+	assert.Equal(t, s, specs[0], "the file's keys are the flag's")
+	require.NoError(t, os.WriteFile(path, []byte("engines:\n  - {url: \"http://h:8000\", model: m, kind: vllm, ranks: [{port: 1}]}\n"), 0o600))
+	_, err = loadFile(path)
+	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "an unknown rank key")
 
 	for _, key := range []string{"ranks.0.port=1", "ranks.x.url=http://h", "ranks.-1.url=http://h", "ranks.1024.url=http://h", "ranks.url=http://h"} {
 		_, err := parseEngineFlag("url=http://h:8000,model=m,kind=vllm," + key)
