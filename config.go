@@ -185,13 +185,45 @@ type EngineConfig struct {
 	Model string `json:"model"`
 	// Stage is "plain" (the default, also the empty string), "prefill" or "decode".
 	Stage string `json:"stage,omitempty"`
-	// DPRanks is the engine's data-parallel rank count (loadmon.Table.Expect). 0 means 1; at most
-	// loadmon.MaxRanks.
+	// DPRanks is the engine's data-parallel rank count (loadmon.Table.Expect). 0 means 1, or
+	// len(Ranks); at most loadmon.MaxRanks.
 	DPRanks int `json:"dp_ranks,omitempty"`
+	// DPRankStart is the global DP rank of the engine's rank 0, for an engine that serves a slice
+	// of a larger DP group (a vLLM node owning global ranks 4..7 has 4). Its load pages and KV
+	// events name global ranks, kept as the engine's ranks 0..N-1; a host sends a picked rank r to
+	// the engine as DPRankStart + r. 0 means the engine's ranks are the global ones.
+	DPRankStart int `json:"dp_rank_start,omitempty"`
 	// Load is the engine's load endpoint, polled by New. Nil means none: the host reports load.
 	Load *LoadEndpoint `json:"load,omitempty"`
 	// KVEvents is the engine's KV-event publisher, which New follows into the prefix index. Nil
 	// means none: the host applies the engine's events itself, or the engine has none.
+	KVEvents *KVEventsEndpoint `json:"kv_events,omitempty"`
+	// Ranks describes an engine whose DP ranks have their own endpoints (one server per rank, as
+	// vLLM's external DP load balancing runs them): one entry per rank, in rank order. It replaces
+	// Load and KVEvents, which must then be unset. Nil means the engine's endpoints serve every
+	// rank.
+	Ranks []RankConfig `json:"ranks,omitempty"`
+}
+
+// RankCount returns the engine's DP rank count: DPRanks, else len(Ranks), else 1.
+func (e *EngineConfig) RankCount() int {
+	if e.DPRanks == 0 && len(e.Ranks) > 0 {
+		return len(e.Ranks)
+	}
+	return max(e.DPRanks, 1)
+}
+
+// RankConfig is one DP rank of an engine with per-rank endpoints (EngineConfig.Ranks). Each of
+// URL, Load and KVEvents is set for every rank of the engine or for none.
+type RankConfig struct {
+	// URL is the base URL of the server that serves only this rank, for hosts that send a picked
+	// rank to its own server (examples/gateway); the Router does not use it. Empty means none.
+	URL string `json:"url,omitempty"`
+	// Load is the rank's own load page, which names this one rank (labelled 0 or its global
+	// rank); every rank's page has the same format.
+	Load *LoadEndpoint `json:"load,omitempty"`
+	// KVEvents is the rank's own KV-event publisher: its endpoint and replay socket as they are
+	// (no port offset), and the topic it publishes (llm-d's "kv@host:port@model", for example).
 	KVEvents *KVEventsEndpoint `json:"kv_events,omitempty"`
 }
 
@@ -199,7 +231,8 @@ type EngineConfig struct {
 // docs/design.md §13.1).
 type KVEventsEndpoint struct {
 	// Endpoint is rank 0's ZMQ endpoint ("tcp://host:5557"); DP rank r publishes on its port + r,
-	// as the engines do. Required; tcp:// (with a port when dp_ranks > 1), ipc:// or inproc://.
+	// as the engines do (in EngineConfig.Ranks, each rank's own endpoint). Required; tcp:// (with
+	// a port when dp_ranks > 1), ipc:// or inproc://.
 	Endpoint string `json:"endpoint"`
 	// Replay is rank 0's replay socket (offset by the rank likewise); empty means none: a gap
 	// clears the rank's blocks instead of refilling them.

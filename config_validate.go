@@ -543,38 +543,121 @@ func (v *validator) engines(c *Config) {
 			v.fail(join(path, "dp_ranks"), ErrOutOfRange, "%d: must be in [0, %d]", e.DPRanks, loadmon.MaxRanks)
 			return
 		}
-		if e.Load != nil {
-			lp := join(path, "load")
-			if e.Load.URL == "" {
-				v.fail(join(lp, "url"), ErrMissingField, "a load endpoint needs a url")
-				return
-			}
-			if u, err := url.Parse(e.Load.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				v.fail(join(lp, "url"), ErrBadValue, "%q: want an absolute http or https URL", e.Load.URL)
-				return
-			}
-			if _, err := loadsource.ParseFormat(e.Load.Format); err != nil {
-				v.fail(join(lp, "format"), ErrBadValue, "%q: want vllm_metrics, sglang_get_load or sglang_loads", e.Load.Format)
-				return
-			}
+		if !v.ranks(e, path) {
+			return
 		}
-		if k := e.KVEvents; k != nil {
-			kp := join(path, "kv_events")
-			for _, a := range []struct{ name, addr string }{{"endpoint", k.Endpoint}, {"replay", k.Replay}} {
-				if a.addr == "" {
-					if a.name == "endpoint" {
-						v.fail(join(kp, a.name), ErrMissingField, "kv_events needs the publisher's endpoint")
-						return
-					}
-					continue
-				}
-				if _, err := rankAddress(a.addr, max(e.DPRanks, 1)-1); err != nil {
-					v.fail(join(kp, a.name), ErrBadValue, "%s", err)
-					return
-				}
-			}
+		if e.Load != nil && !v.loadEndpoint(e.Load, join(path, "load")) {
+			return
+		}
+		if e.KVEvents != nil && !v.kvEndpoint(e.KVEvents, join(path, "kv_events"), e.RankCount()-1) {
+			return
 		}
 	}
+}
+
+// ranks checks an engine's dp_rank_start and per-rank endpoints (docs/design.md §14.6).
+func (v *validator) ranks(e *EngineConfig, path string) bool {
+	n := e.RankCount()
+	switch {
+	case len(e.Ranks) > loadmon.MaxRanks:
+		v.fail(join(path, "ranks"), ErrOutOfRange, "%d ranks: at most %d", len(e.Ranks), loadmon.MaxRanks)
+		return false
+	case len(e.Ranks) > 0 && e.DPRanks != 0 && e.DPRanks != len(e.Ranks):
+		v.fail(join(path, "dp_ranks"), ErrConflict, "%d, but ranks lists %d ranks", e.DPRanks, len(e.Ranks))
+		return false
+	case e.DPRankStart < 0:
+		v.fail(join(path, "dp_rank_start"), ErrOutOfRange, "%d: must be >= 0", e.DPRankStart)
+		return false
+	case e.DPRankStart+n > loadmon.MaxRanks:
+		v.fail(join(path, "dp_rank_start"), ErrOutOfRange, "%d: the engine's global ranks %d..%d must be below %d", e.DPRankStart, e.DPRankStart, e.DPRankStart+n-1, loadmon.MaxRanks)
+		return false
+	case len(e.Ranks) == 0:
+		return true
+	case e.Load != nil:
+		v.fail(join(path, "load"), ErrConflict, "the engine lists ranks: give each rank its load in ranks, not the engine")
+		return false
+	case e.KVEvents != nil:
+		v.fail(join(path, "kv_events"), ErrConflict, "the engine lists ranks: give each rank its kv_events in ranks, not the engine")
+		return false
+	}
+	first := &e.Ranks[0]
+	if first.URL == "" && first.Load == nil && first.KVEvents == nil {
+		v.fail(join(path, "ranks[0]"), ErrMissingField, "a rank needs url, load or kv_events (for a rank count alone, use dp_ranks)")
+		return false
+	}
+	for j := range e.Ranks {
+		r := &e.Ranks[j]
+		rp := fmt.Sprintf("%s.ranks[%d]", path, j)
+		for _, f := range []struct {
+			name      string
+			set, want bool
+		}{{"url", r.URL != "", first.URL != ""}, {"load", r.Load != nil, first.Load != nil}, {"kv_events", r.KVEvents != nil, first.KVEvents != nil}} {
+			if f.set == f.want {
+				continue
+			}
+			if f.want {
+				v.fail(join(rp, f.name), ErrMissingField, "ranks[0] has %s: every rank needs its own", f.name)
+			} else {
+				v.fail(join(rp, f.name), ErrConflict, "ranks[0] has no %s: set it for every rank or none", f.name)
+			}
+			return false
+		}
+		if r.URL != "" {
+			if u, err := url.Parse(r.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				v.fail(join(rp, "url"), ErrBadValue, "%q: want an absolute http or https URL", r.URL)
+				return false
+			}
+		}
+		if r.Load != nil {
+			if !v.loadEndpoint(r.Load, join(rp, "load")) {
+				return false
+			}
+			if r.Load.Format != first.Load.Format {
+				v.fail(join(rp, "load.format"), ErrConflict, "%q, but ranks[0]'s is %q: one format per engine", r.Load.Format, first.Load.Format)
+				return false
+			}
+		}
+		if r.KVEvents != nil && !v.kvEndpoint(r.KVEvents, join(rp, "kv_events"), 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// loadEndpoint checks a load endpoint at path.
+func (v *validator) loadEndpoint(l *LoadEndpoint, path string) bool {
+	if l.URL == "" {
+		v.fail(join(path, "url"), ErrMissingField, "a load endpoint needs a url")
+		return false
+	}
+	if u, err := url.Parse(l.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		v.fail(join(path, "url"), ErrBadValue, "%q: want an absolute http or https URL", l.URL)
+		return false
+	}
+	if _, err := loadsource.ParseFormat(l.Format); err != nil {
+		v.fail(join(path, "format"), ErrBadValue, "%q: want vllm_metrics, sglang_get_load or sglang_loads", l.Format)
+		return false
+	}
+	return true
+}
+
+// kvEndpoint checks a KV-event publisher at path whose addresses serve ranks 0..lastRank by port
+// offset.
+func (v *validator) kvEndpoint(k *KVEventsEndpoint, path string, lastRank int) bool {
+	for _, a := range []struct{ name, addr string }{{"endpoint", k.Endpoint}, {"replay", k.Replay}} {
+		if a.addr == "" {
+			if a.name == "endpoint" {
+				v.fail(join(path, a.name), ErrMissingField, "kv_events needs the publisher's endpoint")
+				return false
+			}
+			continue
+		}
+		if _, err := rankAddress(a.addr, lastRank); err != nil {
+			v.fail(join(path, a.name), ErrBadValue, "%s", err)
+			return false
+		}
+	}
+	return true
 }
 
 // rankAddress returns the ZMQ endpoint of DP rank r: addr itself for rank 0, else a tcp:// address

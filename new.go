@@ -263,8 +263,8 @@ func (b *builder) shared() error {
 			"%v, but the load table passed with WithLoadTable has freshness %v", f, b.load.Freshness())
 	}
 	for i := range cfg.Engines {
-		if e := &cfg.Engines[i]; e.DPRanks > 1 {
-			if err := b.load.Expect(state.EngineID(e.ID), e.DPRanks); err != nil {
+		if e := &cfg.Engines[i]; e.RankCount() > 1 {
+			if err := b.load.Expect(state.EngineID(e.ID), e.RankCount()); err != nil {
 				return &ConfigError{Path: fmt.Sprintf("engines[%d].dp_ranks", i), Err: fmt.Errorf("%w: %v", ErrOutOfRange, err)}
 			}
 		}
@@ -324,8 +324,11 @@ func (b *builder) shared() error {
 		}
 	}
 	for i := range cfg.Engines {
-		if cfg.Engines[i].KVEvents != nil && needLocal == "" && s.index == nil {
-			p := fmt.Sprintf("engines[%d].kv_events", i)
+		e, p := &cfg.Engines[i], fmt.Sprintf("engines[%d].kv_events", i)
+		if len(e.Ranks) > 0 {
+			p = fmt.Sprintf("engines[%d].ranks[0].kv_events", i)
+		}
+		if (e.KVEvents != nil || len(e.Ranks) > 0 && e.Ranks[0].KVEvents != nil) && needLocal == "" && s.index == nil {
 			return cfgErr(p, cfg.lines[p], ErrConflict,
 				"KV events feed the prefix index, which only a cache_aware policy with a local prefix source reads: attach one, or remove kv_events")
 		}
@@ -609,11 +612,19 @@ func (b *builder) start(r *Router) error {
 	var targets []loadsource.Target
 	for i := range b.cfg.Engines {
 		e := &b.cfg.Engines[i]
-		if e.Load == nil {
+		t := loadsource.Target{Engine: state.EngineID(e.ID), Ranks: e.RankCount(), RankStart: e.DPRankStart}
+		switch {
+		case e.Load != nil:
+			t.URL, t.Format = e.Load.URL, loadFormat(e.Load.Format)
+		case len(e.Ranks) > 0 && e.Ranks[0].Load != nil: // Validate checked that every rank has one, in one format
+			t.Format = loadFormat(e.Ranks[0].Load.Format)
+			for _, r := range e.Ranks {
+				t.RankURLs = append(t.RankURLs, r.Load.URL)
+			}
+		default:
 			continue
 		}
-		f, _ := loadsource.ParseFormat(e.Load.Format)
-		targets = append(targets, loadsource.Target{Engine: state.EngineID(e.ID), URL: e.Load.URL, Format: f, Ranks: e.DPRanks})
+		targets = append(targets, t)
 		b.degraded.polled = append(b.degraded.polled, state.EngineID(e.ID))
 	}
 	var poller *loadsource.Poller
@@ -676,23 +687,33 @@ func (b *builder) start(r *Router) error {
 	return nil
 }
 
-// kvEvents builds one KV-event subscriber for every engine with a kv_events publisher, one stream
-// per DP rank (docs/design.md §13.1), or nil when there is none. It is started by start.
+// loadFormat returns the load format of a name Validate checked.
+func loadFormat(name string) loadsource.Format {
+	f, _ := loadsource.ParseFormat(name)
+	return f
+}
+
+// kvEvents builds one KV-event subscriber for every engine with a kv_events publisher (its own or
+// its ranks'), one stream per DP rank (docs/design.md §13.1), or nil when there is none. It is
+// started by start.
 func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
 	var eps []kvevents.Endpoint
 	ranks := map[state.EngineID]int{}
 	for i := range b.cfg.Engines {
 		e := &b.cfg.Engines[i]
-		ranks[state.EngineID(e.ID)] = max(e.DPRanks, 1)
-		k := e.KVEvents
-		if k == nil {
-			continue
-		}
-		for r := range max(e.DPRanks, 1) {
-			ep := kvevents.Endpoint{Engine: state.EngineID(e.ID), DPRank: r, Bind: k.Bind, Topic: k.Topic}
-			ep.Address, _ = rankAddress(k.Endpoint, r) // Validate checked every rank
+		ranks[state.EngineID(e.ID)] = e.RankCount()
+		for r := range e.RankCount() {
+			k, offset := e.KVEvents, r // the engine's publisher: rank r on the port + r
+			if len(e.Ranks) > 0 {
+				k, offset = e.Ranks[r].KVEvents, 0 // the rank's own publisher
+			}
+			if k == nil {
+				break // Validate checked that every rank has one or none
+			}
+			ep := kvevents.Endpoint{Engine: state.EngineID(e.ID), DPRank: r, RankStart: e.DPRankStart, Bind: k.Bind, Topic: k.Topic}
+			ep.Address, _ = rankAddress(k.Endpoint, offset) // Validate checked every rank
 			if k.Replay != "" {
-				ep.ReplayAddress, _ = rankAddress(k.Replay, r)
+				ep.ReplayAddress, _ = rankAddress(k.Replay, offset)
 			}
 			eps = append(eps, ep)
 		}

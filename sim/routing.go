@@ -158,7 +158,7 @@ func (p *routingPlan) simConfig() *enginepick.Config {
 	c := *p.cfg
 	c.Engines = make([]enginepick.EngineConfig, len(p.cfg.Engines))
 	for i, e := range p.cfg.Engines {
-		e.Load, e.KVEvents, e.DPRanks = nil, nil, 0
+		e.Load, e.KVEvents, e.DPRanks, e.DPRankStart, e.Ranks = nil, nil, 0, 0, nil
 		c.Engines[i] = e
 	}
 	c.Affinity.Store, c.Affinity.Redis = "", nil

@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/enginepick/enginepick/examples/gateway/internal/gw"
+	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/loadmon/loadsource"
 	"github.com/enginepick/enginepick/state"
 )
@@ -44,6 +45,29 @@ type engineSpec struct {
 	KVReplay string `yaml:"kv_replay"`
 	// KVBind makes the gateway bind KVEvents instead of dialing it (for publishers that connect).
 	KVBind bool `yaml:"kv_bind"`
+	// DPRankStart is the global DP rank of the engine's rank 0 (a node owning global ranks 4..7
+	// has 4): its load pages and KV events name global ranks, and a picked rank r is sent to the
+	// engine as DPRankStart + r. Default 0.
+	DPRankStart int `yaml:"dp_rank_start"`
+	// Ranks lists the engine's ranks, in order, when they have their own endpoints (one server per
+	// rank, as vLLM's external DP load balancing runs them); empty means the engine's endpoints
+	// serve every rank.
+	Ranks []rankSpec `yaml:"ranks"`
+}
+
+// rankSpec is one DP rank of an engine whose ranks have their own endpoints (the --engine keys
+// ranks.R.KEY). Each field is set for every rank of the engine or for none.
+type rankSpec struct {
+	// URL is the base URL of the server that serves only this rank: a request picked for the rank
+	// is sent there, without a rank in the request.
+	URL string `yaml:"url"`
+	// LoadURL is the rank's own load page (default: URL + the format's path, when URL is set).
+	LoadURL string `yaml:"load_url"`
+	// KVEvents, KVTopic and KVReplay are the rank's own KV-event publisher, its topic, and its
+	// replay socket ("" none), used as they are (no port offset).
+	KVEvents string `yaml:"kv_events"`
+	KVTopic  string `yaml:"kv_topic"`
+	KVReplay string `yaml:"kv_replay"`
 }
 
 // fileConfig is the configuration file: the engine list.
@@ -103,8 +127,12 @@ func parseEngineFlag(text string) (engineSpec, error) {
 			s.KVReplay = v
 		case "kv_bind":
 			s.KVBind, err = strconv.ParseBool(v)
+		case "dp_rank_start":
+			s.DPRankStart, err = strconv.Atoi(v)
 		default:
-			return s, fmt.Errorf("--engine %q: unknown key %q: %w", text, k, state.ErrInvalidConfiguration)
+			if !s.setRankKey(strings.TrimSpace(k), v) {
+				return s, fmt.Errorf("--engine %q: unknown key %q: %w", text, k, state.ErrInvalidConfiguration)
+			}
 		}
 		if err != nil {
 			return s, fmt.Errorf("--engine %q: %s: %w: %w", text, k, err, state.ErrInvalidConfiguration)
@@ -113,8 +141,89 @@ func parseEngineFlag(text string) (engineSpec, error) {
 	return s, nil
 }
 
+// setRankKey sets the key ranks.R.KEY of rank R, growing the rank list; false for any other key.
+func (s *engineSpec) setRankKey(key, v string) bool {
+	idx, field, ok := strings.Cut(strings.TrimPrefix(key, "ranks."), ".")
+	r, err := strconv.Atoi(idx)
+	if !strings.HasPrefix(key, "ranks.") || !ok || err != nil || r < 0 || r >= loadmon.MaxRanks {
+		return false
+	}
+	if r >= len(s.Ranks) {
+		s.Ranks = append(s.Ranks, make([]rankSpec, r+1-len(s.Ranks))...)
+	}
+	rs := &s.Ranks[r]
+	dst := map[string]*string{"url": &rs.URL, "load_url": &rs.LoadURL, "kv_events": &rs.KVEvents, "kv_topic": &rs.KVTopic, "kv_replay": &rs.KVReplay}[field]
+	if dst == nil {
+		return false
+	}
+	*dst = v
+	return true
+}
+
+// checkRanks refuses a contradictory rank description: engine-level endpoints next to per-rank
+// ones, a rank count other than the ranks listed, a key set for some ranks only, or a topic or
+// replay socket without a publisher.
+func (s engineSpec) checkRanks() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("engine %s: "+format+": %w", append([]any{s.URL}, append(args, state.ErrInvalidConfiguration)...)...)
+	}
+	if s.DPRankStart < 0 {
+		return bad("dp_rank_start %d is negative", s.DPRankStart)
+	}
+	if len(s.Ranks) == 0 {
+		return nil
+	}
+	switch {
+	case s.DPRanks != 0 && s.DPRanks != len(s.Ranks):
+		return bad("dp_ranks %d, but %d ranks are listed", s.DPRanks, len(s.Ranks))
+	case s.LoadURL != "" || s.KVEvents != "" || s.KVTopic != "" || s.KVReplay != "":
+		return bad("ranks are listed: give load_url and kv_events, kv_topic, kv_replay per rank, not for the engine")
+	}
+	first := s.Ranks[0]
+	if first == (rankSpec{}) {
+		return bad("ranks.0 is empty: a rank needs url, load_url or kv_events (for a rank count alone, use dp_ranks)")
+	}
+	for r, rs := range s.Ranks {
+		for _, f := range []struct {
+			key       string
+			set, want bool
+		}{{"url", rs.URL != "", first.URL != ""}, {"load_url", rs.LoadURL != "", first.LoadURL != ""}, {"kv_events", rs.KVEvents != "", first.KVEvents != ""}} {
+			if f.set != f.want {
+				return bad("ranks.%d.%s: set it for every rank or none", r, f.key)
+			}
+		}
+		if rs.KVEvents == "" && (rs.KVTopic != "" || rs.KVReplay != "") {
+			return bad("ranks.%d: kv_topic and kv_replay need kv_events", r)
+		}
+	}
+	return nil
+}
+
+// rankURLs returns the ranks' own base URLs, or nil.
+func (s engineSpec) rankURLs() []string {
+	if len(s.Ranks) == 0 || s.Ranks[0].URL == "" {
+		return nil
+	}
+	out := make([]string, len(s.Ranks))
+	for r, rs := range s.Ranks {
+		out[r] = strings.TrimRight(rs.URL, "/")
+	}
+	return out
+}
+
+// ranks returns the engine's DP rank count.
+func (s engineSpec) ranks() int {
+	if s.DPRanks == 0 && len(s.Ranks) > 0 {
+		return len(s.Ranks)
+	}
+	return max(s.DPRanks, 1)
+}
+
 // engineConfig converts a spec to the registry's form.
 func (s engineSpec) engineConfig() (gw.EngineConfig, error) {
+	if err := s.checkRanks(); err != nil {
+		return gw.EngineConfig{}, err
+	}
 	kind, err := gw.ParseKind(s.Kind)
 	if err != nil {
 		return gw.EngineConfig{}, fmt.Errorf("engine %s: %w", s.URL, err)
@@ -126,7 +235,7 @@ func (s engineSpec) engineConfig() (gw.EngineConfig, error) {
 		}
 	}
 	return gw.EngineConfig{URL: strings.TrimRight(s.URL, "/"), Model: state.ModelID(s.Model), Kind: kind, Stage: stage,
-		DPRanks: s.DPRanks, BootstrapPort: s.BootstrapPort, PDCompatibility: s.PDCompatibility}, nil
+		DPRanks: s.ranks(), DPRankStart: s.DPRankStart, RankURLs: s.rankURLs(), BootstrapPort: s.BootstrapPort, PDCompatibility: s.PDCompatibility}, nil
 }
 
 // loadTarget returns the engine's load source, or false for "none".
@@ -142,9 +251,20 @@ func (s engineSpec) loadTarget(kind gw.Kind) (loadsource.Target, bool, error) {
 	if err != nil {
 		return loadsource.Target{}, false, fmt.Errorf("engine %s: %w", s.URL, err)
 	}
-	u := s.LoadURL
-	if u == "" {
-		u = strings.TrimRight(s.URL, "/") + f.Path()
+	t := loadsource.Target{Engine: state.EngineID(strings.TrimRight(s.URL, "/")), Format: f, Ranks: s.ranks(), RankStart: s.DPRankStart}
+	if len(s.Ranks) > 0 && (s.Ranks[0].LoadURL != "" || s.Ranks[0].URL != "") {
+		for _, rs := range s.Ranks { // checkRanks: every rank has a load_url, or every rank a url
+			u := rs.LoadURL
+			if u == "" {
+				u = strings.TrimRight(rs.URL, "/") + f.Path()
+			}
+			t.RankURLs = append(t.RankURLs, u)
+		}
+		return t, true, nil
 	}
-	return loadsource.Target{Engine: state.EngineID(strings.TrimRight(s.URL, "/")), URL: u, Format: f, Ranks: max(s.DPRanks, 1)}, true, nil
+	t.URL = s.LoadURL
+	if t.URL == "" {
+		t.URL = strings.TrimRight(s.URL, "/") + f.Path()
+	}
+	return t, true, nil
 }

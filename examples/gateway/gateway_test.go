@@ -419,7 +419,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	})
 	assert.GreaterOrEqual(t, n, 20)
 	for _, key := range []string{"url=", "model=", "kind=", "stage=", "dp_ranks=", "bootstrap_port=", "pd_compatibility=",
-		"load=", "load_url=", "kv_events=", "kv_topic=", "kv_replay=", "kv_bind="} {
+		"load=", "load_url=", "kv_events=", "kv_topic=", "kv_replay=", "kv_bind=", "dp_rank_start=", "ranks.R.KEY="} {
 		assert.Contains(t, out.String(), key, "engine key %s documented", key)
 	}
 }

@@ -27,7 +27,9 @@ type kvFeed struct {
 
 // newKVFeed returns nil when no engine names a KV-event endpoint. An endpoint without the
 // cache-aware index is an error: the events would have nowhere to go. Rank r of an engine with
-// several DP ranks is followed on the rank-0 endpoint's port + r, as vLLM and SGLang publish.
+// several DP ranks is followed on the rank-0 endpoint's port + r, as vLLM and SGLang publish, or
+// on its own endpoint and topic when the engine lists its ranks; its batches name the global rank
+// dp_rank_start + r.
 //
 // A stream whose engine rank was sent requests (inflight) and that then publishes nothing for
 // kvevents.DefaultSilenceTimeout is untrusted until its next batch (docs/design.md §13.1).
@@ -35,21 +37,27 @@ func newKVFeed(specs []engineSpec, index *kvindex.Index, inflight *loadmon.InFli
 	var endpoints []kvevents.Endpoint
 	ranks := map[state.EngineID]int{}
 	for _, s := range specs {
-		ranks[state.EngineID(strings.TrimRight(s.URL, "/"))] = max(s.DPRanks, 1)
-		if s.KVEvents == "" {
+		ranks[state.EngineID(strings.TrimRight(s.URL, "/"))] = s.ranks()
+		if s.KVEvents == "" && (len(s.Ranks) == 0 || s.Ranks[0].KVEvents == "") {
 			continue
 		}
 		if index == nil {
 			return nil, fmt.Errorf("engine %s: kv_events needs --policy=cache_aware (the prefix index): %w", s.URL, state.ErrInvalidConfiguration)
 		}
-		for r := range max(s.DPRanks, 1) {
-			addr, err := offsetPort(s.KVEvents, r)
+		for r := range s.ranks() {
+			addr, topic, replay, offset := s.KVEvents, s.KVTopic, s.KVReplay, r
+			if len(s.Ranks) > 0 { // the rank's own publisher (checkRanks: every rank has one)
+				rs := s.Ranks[r]
+				addr, topic, replay, offset = rs.KVEvents, rs.KVTopic, rs.KVReplay, 0
+			}
+			addr, err := offsetPort(addr, offset)
 			if err != nil {
 				return nil, fmt.Errorf("engine %s: kv_events: %w", s.URL, err)
 			}
-			ep := kvevents.Endpoint{Engine: state.EngineID(strings.TrimRight(s.URL, "/")), DPRank: r, Address: addr, Bind: s.KVBind, Topic: s.KVTopic}
-			if s.KVReplay != "" {
-				if ep.ReplayAddress, err = offsetPort(s.KVReplay, r); err != nil {
+			ep := kvevents.Endpoint{Engine: state.EngineID(strings.TrimRight(s.URL, "/")), DPRank: r, RankStart: s.DPRankStart,
+				Address: addr, Bind: s.KVBind, Topic: topic}
+			if replay != "" {
+				if ep.ReplayAddress, err = offsetPort(replay, offset); err != nil {
 					return nil, fmt.Errorf("engine %s: kv_replay: %w", s.URL, err)
 				}
 			}

@@ -123,6 +123,14 @@ An --engine value is comma-separated key=value pairs:
   kv_topic=TOPIC          the publisher's topic (default "")
   kv_replay=ZMQ_ENDPOINT  the publisher's replay socket of rank 0 (default none)
   kv_bind=true            bind kv_events instead of dialing it (publishers that connect out)
+  dp_rank_start=N         the global DP rank of the engine's rank 0 (a node owning global ranks
+                          4..7 has 4): load pages and KV events name global ranks, and a picked
+                          rank r is sent as N + r (default 0)
+  ranks.R.KEY=VALUE       rank R's own endpoints, for ranks run as separate servers (one HTTP
+                          port per rank): KEY is url (a request picked for rank R is sent there,
+                          carrying no rank), load_url (default that url + the format's path),
+                          kv_events, kv_topic or kv_replay (used as given, no port offset). Set
+                          each KEY for every rank or none, and no engine-level load_url or kv_*
 
 Flags:
 `)

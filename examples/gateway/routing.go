@@ -31,7 +31,8 @@ var configReplaces = []string{"engine", "engines-file", "policy", "decode-policy
 // the Router from enginepick.New, which polls the listed load endpoints and follows the listed KV
 // events itself (Router.Close stops them), and exports the enginepick_* metrics next to the
 // gateway's. Each engine's server software is read from its load format (sglang_* is SGLang,
-// vllm_metrics vLLM), else --engine-kind. With affinity.store redis, the Redis store is built from
+// vllm_metrics vLLM), else --engine-kind. A request picked for a rank of an engine whose ranks
+// list their own url goes to that url. With affinity.store redis, the Redis store is built from
 // affinity.redis, with the password from $ENGINEPICK_REDIS_PASSWORD.
 func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 	var clash []string
@@ -61,10 +62,13 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 			return nil, fmt.Errorf("--config %s: engines[%d].id %q: the gateway's engine IDs are base URLs without a trailing slash: %w",
 				o.config, i, e.ID, state.ErrInvalidConfiguration)
 		}
-		kind := defaultKind
-		if e.Load != nil {
+		kind, load := defaultKind, e.Load
+		if len(e.Ranks) > 0 {
+			load = e.Ranks[0].Load // LoadConfig checked that every rank has one format, or none has a page
+		}
+		if load != nil {
 			kind = gw.KindVLLM
-			if strings.HasPrefix(e.Load.Format, "sglang_") {
+			if strings.HasPrefix(load.Format, "sglang_") {
 				kind = gw.KindSGLang
 			}
 		}
@@ -72,7 +76,14 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 		if err != nil {
 			return nil, err // LoadConfig checked it
 		}
-		configs[i] = gw.EngineConfig{URL: e.ID, Model: state.ModelID(e.Model), Kind: kind, Stage: st, DPRanks: e.DPRanks}
+		var rankURLs []string
+		if len(e.Ranks) > 0 && e.Ranks[0].URL != "" {
+			for _, r := range e.Ranks {
+				rankURLs = append(rankURLs, r.URL)
+			}
+		}
+		configs[i] = gw.EngineConfig{URL: e.ID, Model: state.ModelID(e.Model), Kind: kind, Stage: st, DPRanks: e.RankCount(),
+			DPRankStart: e.DPRankStart, RankURLs: rankURLs}
 	}
 	registry, err := gw.NewRegistry(configs, gw.BreakerConfig{FailureStreak: o.breakerFailures})
 	if err != nil {

@@ -28,7 +28,7 @@ var (
 	// dropped: its blocks would only match requests for that adapter.
 	ErrUnknownAdapter = errors.New("kvevents: unknown LoRA adapter")
 	// ErrRankMismatch: a batch carries a DP rank other than the one its Endpoint was configured
-	// with. The batch is dropped; the endpoint is misconfigured.
+	// with (RankStart + DPRank). The batch is dropped; the endpoint is misconfigured.
 	ErrRankMismatch = errors.New("kvevents: batch DP rank differs from the endpoint's")
 )
 

@@ -251,7 +251,7 @@ func (s *stream) applyItem(it item) bool {
 // counted, warned about and reported, and its error returned.
 func (s *stream) decode(seq uint64, payload []byte) error {
 	err := s.dec.Decode(payload, &s.batch)
-	if err == nil && s.batch.HasDPRank && s.batch.DPRank != s.ep.DPRank {
+	if err == nil && s.batch.HasDPRank && s.batch.DPRank != s.ep.RankStart+s.ep.DPRank {
 		err = ErrRankMismatch
 	}
 	if err != nil {

@@ -104,9 +104,14 @@ type Endpoint struct {
 	// Engine is the engine's ID, as the host's registry names it (state.Engine.ID). Required.
 	Engine state.EngineID
 	// DPRank is the engine's data-parallel rank this stream publishes (vLLM and SGLang run one
-	// publisher per rank, on the base port + rank). A batch carrying another rank is refused with
-	// ErrRankMismatch. Negative is an error.
+	// publisher per rank, on the base port + rank). A batch carrying another rank than
+	// RankStart + DPRank is refused with ErrRankMismatch. Negative is an error.
 	DPRank int
+	// RankStart is the global DP rank of the engine's rank 0, for an engine that serves a slice of
+	// a larger DP group: its batches carry global ranks (data_parallel_rank RankStart + DPRank) and
+	// are applied to the index as DPRank. 0 means the engine's ranks are the global ones; negative
+	// is an error.
+	RankStart int
 	// Address is the publisher's ZMQ endpoint. By default the subscriber dials it, for an engine
 	// that binds (vLLM and SGLang bind "tcp://*:5557" by default, so dial "tcp://host:5557"
 	// (+ rank)). Required; "tcp://", "ipc://" or "inproc://".
@@ -295,6 +300,8 @@ func (s *Subscriber) Add(ep Endpoint) error {
 		return fmt.Errorf("kvevents: Endpoint.Engine: empty: %w", state.ErrInvalidConfiguration)
 	case ep.DPRank < 0:
 		return fmt.Errorf("kvevents: Endpoint.DPRank: %d, must be >= 0: %w", ep.DPRank, state.ErrInvalidConfiguration)
+	case ep.RankStart < 0:
+		return fmt.Errorf("kvevents: Endpoint.RankStart: %d, must be >= 0: %w", ep.RankStart, state.ErrInvalidConfiguration)
 	case !validAddress(ep.Address):
 		return fmt.Errorf("kvevents: Endpoint.Address: %q, want tcp://, ipc:// or inproc://: %w", ep.Address, state.ErrInvalidConfiguration)
 	case ep.ReplayAddress != "" && !validAddress(ep.ReplayAddress):

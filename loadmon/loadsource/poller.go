@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,19 +31,43 @@ const (
 	DefaultMaxBodyBytes = 16 << 20
 )
 
-// Target is one engine's load endpoint.
+// Target is one engine's load endpoint: one page for every DP rank (URL), or one page per rank
+// (RankURLs).
 type Target struct {
 	// Engine is the engine the page describes; its reports are recorded under this ID. Required.
 	Engine state.EngineID
 	// URL is the absolute http or https URL of the endpoint, for example
-	// "http://10.0.0.7:8000/metrics" (see Format.Path). Required.
+	// "http://10.0.0.7:8000/metrics" (see Format.Path). Required unless RankURLs is set, and empty
+	// then.
 	URL string
+	// RankURLs, when set, are the engine's per-rank pages in rank order: the page of rank r is
+	// served by the process serving only that rank (vLLM's external DP load balancing, one HTTP
+	// port per rank). Each page must name exactly one rank, labelled 0 or the rank's global rank
+	// RankStart + r, and is recorded as rank r. One poll fetches every page concurrently and records
+	// them together; a page that fails leaves its rank out, and the poll returns its error joined
+	// with a *MissingRanksError. Nil means the engine has one page, URL.
+	RankURLs []string
 	// Format is the page format. Required.
 	Format Format
 	// Ranks is the engine's DP rank count, as the host declared it with loadmon.Table.Expect. A page
 	// that lacks a rank below it is recorded for the ranks it has and the poll returns a
-	// *MissingRanksError; a page naming a rank at or above it records nothing. 0 means 1.
+	// *MissingRanksError; a page naming a rank at or above it records nothing. 0 means 1, or
+	// len(RankURLs) when RankURLs is set (which must then be 0 or len(RankURLs)).
 	Ranks int
+	// RankStart is the global DP rank of the engine's rank 0, for an engine that serves a slice of a
+	// larger DP group (a vLLM node owning global ranks 4..7 labels its series engine="4".."7"): the
+	// pages name global ranks RankStart..RankStart+Ranks-1, recorded as ranks 0..Ranks-1. 0 means
+	// the engine's ranks are the global ones; negative, or a last global rank at or above
+	// loadmon.MaxRanks, is invalid.
+	RankStart int
+}
+
+// ranks returns the target's DP rank count.
+func (t *Target) ranks() int {
+	if len(t.RankURLs) > 0 {
+		return len(t.RankURLs)
+	}
+	return max(t.Ranks, 1)
 }
 
 // Options configures a Poller. The zero value is usable: DefaultInterval, DefaultTimeout, no
@@ -80,8 +105,8 @@ var (
 	ErrBodyTooLarge = errors.New("loadsource: load page too large")
 )
 
-// MissingRanksError reports that a page lacked some of the engine's expected DP ranks. The ranks it
-// had were recorded; the missing ones were not refreshed, so the engine's load becomes unknown
+// MissingRanksError reports that a page lacked some of the engine's expected DP ranks, or that some
+// of its per-rank pages (Target.RankURLs) failed. The ranks present were recorded; the missing ones were not refreshed, so the engine's load becomes unknown
 // once their last reports are stale (docs/design.md §6).
 type MissingRanksError struct {
 	// Engine is the polled engine.
@@ -135,9 +160,10 @@ type Poller struct {
 }
 
 // NewPoller validates the targets and options and returns a Poller that starts nothing until Run.
-// A nil table, a target with an empty engine ID, a URL that is not absolute http(s), an invalid
-// format, Ranks outside [0, loadmon.MaxRanks], two targets for one engine, or an invalid option is
-// an error wrapping state.ErrInvalidConfiguration.
+// A nil table, a target with an empty engine ID, a URL that is not absolute http(s), both URL and
+// RankURLs or a rank count that disagrees with RankURLs, an invalid format, Ranks outside
+// [0, loadmon.MaxRanks], global ranks beyond loadmon.MaxRanks, two targets for one engine, or an
+// invalid option is an error wrapping state.ErrInvalidConfiguration.
 func NewPoller(table *loadmon.Table, targets []Target, opts Options) (*Poller, error) {
 	bad := func(format string, args ...any) (*Poller, error) {
 		return nil, fmt.Errorf("loadsource: "+format+": %w", append(args, state.ErrInvalidConfiguration)...)
@@ -184,16 +210,31 @@ func NewPoller(table *loadmon.Table, targets []Target, opts Options) (*Poller, e
 			return bad("target %d: engine %q has two targets", i, t.Engine)
 		}
 		seen[t.Engine] = true
-		u, err := url.Parse(t.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return bad("target %q: URL %q is not an absolute http(s) URL", t.Engine, t.URL)
+		urls := t.RankURLs
+		switch {
+		case len(urls) == 0:
+			urls = []string{t.URL}
+		case t.URL != "":
+			return bad("target %q: both URL and RankURLs are set", t.Engine)
+		case t.Ranks != 0 && t.Ranks != len(urls):
+			return bad("target %q: Ranks %d but %d RankURLs", t.Engine, t.Ranks, len(urls))
+		}
+		for _, raw := range urls {
+			u, err := url.Parse(raw)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return bad("target %q: URL %q is not an absolute http(s) URL", t.Engine, raw)
+			}
 		}
 		if !t.Format.Valid() {
 			return bad("target %q: invalid format %v", t.Engine, t.Format)
 		}
-		if t.Ranks < 0 || t.Ranks > loadmon.MaxRanks {
-			return bad("target %q: Ranks %d outside [0, %d]", t.Engine, t.Ranks, loadmon.MaxRanks)
+		if t.Ranks < 0 || t.Ranks > loadmon.MaxRanks || len(t.RankURLs) > loadmon.MaxRanks {
+			return bad("target %q: Ranks %d outside [0, %d]", t.Engine, max(t.Ranks, len(t.RankURLs)), loadmon.MaxRanks)
 		}
+		if t.RankStart < 0 || t.RankStart+t.ranks() > loadmon.MaxRanks {
+			return bad("target %q: global ranks %d..%d outside [0, %d)", t.Engine, t.RankStart, t.RankStart+t.ranks()-1, loadmon.MaxRanks)
+		}
+		t.RankURLs = slices.Clone(t.RankURLs)
 		p.targets = append(p.targets, &targetState{Target: t})
 	}
 	return p, nil
@@ -244,9 +285,9 @@ func (p *Poller) wait(first bool) time.Duration {
 // rank the page names as one loadmon.Table.ReportBatch. Errors: an error wrapping
 // state.ErrInvalidConfiguration for an engine without a target; a transport error or
 // context.DeadlineExceeded (the endpoint hung); ErrStatus; ErrBodyTooLarge; a *PageError
-// (ErrMalformed); the table's rejection (loadmon.ErrRankOutOfRange for a rank at or above
-// Target.Ranks); in all these cases nothing is recorded. *MissingRanksError follows recording the
-// ranks present.
+// (ErrMalformed); the table's rejection (loadmon.ErrRankOutOfRange for a rank outside the target's
+// ranks); in all these cases nothing is recorded. *MissingRanksError follows recording the ranks
+// present; with per-rank pages, it is joined with each failed page's error.
 func (p *Poller) Poll(ctx context.Context, engine state.EngineID) error {
 	for _, t := range p.targets {
 		if t.Engine == engine {
@@ -276,7 +317,10 @@ func (p *Poller) poll(ctx context.Context, t *targetState) error {
 }
 
 func (p *Poller) fetchAndRecord(ctx context.Context, t *targetState) error {
-	body, err := p.fetch(ctx, t)
+	if len(t.RankURLs) > 0 {
+		return p.fetchRanks(ctx, t)
+	}
+	body, err := p.fetch(ctx, t.Engine, t.URL)
 	if err != nil {
 		return err
 	}
@@ -284,11 +328,13 @@ func (p *Poller) fetchAndRecord(ctx context.Context, t *targetState) error {
 	if err != nil {
 		return err
 	}
-	ranks := max(t.Ranks, 1)
-	for _, r := range page.Reports {
-		if r.DPRank >= ranks {
-			return fmt.Errorf("%w: engine %q page names rank %d, expected ranks %d", loadmon.ErrRankOutOfRange, t.Engine, r.DPRank, ranks)
+	ranks := t.ranks()
+	for i := range page.Reports {
+		r := &page.Reports[i]
+		if r.DPRank < t.RankStart || r.DPRank >= t.RankStart+ranks {
+			return fmt.Errorf("%w: engine %q page names rank %d, expected ranks %d..%d", loadmon.ErrRankOutOfRange, t.Engine, r.DPRank, t.RankStart, t.RankStart+ranks-1)
 		}
+		r.DPRank -= t.RankStart
 	}
 	if err := p.table.ReportBatch(page.Reports); err != nil {
 		return fmt.Errorf("loadsource: engine %q: %w", t.Engine, err)
@@ -310,28 +356,81 @@ func (p *Poller) fetchAndRecord(ctx context.Context, t *targetState) error {
 	return nil
 }
 
-func (p *Poller) fetch(ctx context.Context, t *targetState) ([]byte, error) {
+// fetchRanks polls a target with one page per rank: every page at once, then one ReportBatch of
+// the ranks whose page was good.
+func (p *Poller) fetchRanks(ctx context.Context, t *targetState) error {
+	reports := make([]loadmon.Report, len(t.RankURLs))
+	errs := make([]error, len(t.RankURLs))
+	var wg sync.WaitGroup
+	for r, u := range t.RankURLs {
+		wg.Go(func() { reports[r], errs[r] = p.fetchRank(ctx, t, r, u) })
+	}
+	wg.Wait()
+	var good []loadmon.Report
+	var missing []int
+	for r := range reports {
+		if errs[r] != nil {
+			errs[r] = fmt.Errorf("rank %d: %w", r, errs[r])
+			missing = append(missing, r)
+			continue
+		}
+		good = append(good, reports[r])
+	}
+	if err := p.table.ReportBatch(good); err != nil {
+		return fmt.Errorf("loadsource: engine %q: %w", t.Engine, err)
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return errors.Join(append(errs, &MissingRanksError{Engine: t.Engine, Missing: missing})...)
+}
+
+// fetchRank fetches and parses rank r's page, which must name that one rank (0 or its global
+// rank), and returns its report as rank r.
+func (p *Poller) fetchRank(ctx context.Context, t *targetState, r int, u string) (loadmon.Report, error) {
+	body, err := p.fetch(ctx, t.Engine, u)
+	if err != nil {
+		return loadmon.Report{}, err
+	}
+	page, err := Parse(t.Format, t.Engine, body)
+	if err != nil {
+		return loadmon.Report{}, err
+	}
+	global := t.RankStart + r
+	if len(page.Reports) != 1 || (page.Reports[0].DPRank != 0 && page.Reports[0].DPRank != global) {
+		named := make([]int, len(page.Reports))
+		for i, rep := range page.Reports {
+			named[i] = rep.DPRank
+		}
+		return loadmon.Report{}, fmt.Errorf("%w: engine %q rank %d's page names ranks %v, want one: 0 or %d", loadmon.ErrRankOutOfRange, t.Engine, r, named, global)
+	}
+	rep := page.Reports[0]
+	rep.DPRank = r
+	return rep, nil
+}
+
+func (p *Poller) fetch(ctx context.Context, engine state.EngineID, u string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return nil, fmt.Errorf("loadsource: engine %q: %w", t.Engine, err)
+		return nil, fmt.Errorf("loadsource: engine %q: %w", engine, err)
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("loadsource: engine %q: %w", t.Engine, err)
+		return nil, fmt.Errorf("loadsource: engine %q: %w", engine, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("%w: engine %q answered %d", ErrStatus, t.Engine, resp.StatusCode)
+		return nil, fmt.Errorf("%w: engine %q answered %d", ErrStatus, engine, resp.StatusCode)
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxBody+1))
 	if err != nil {
-		return nil, fmt.Errorf("loadsource: engine %q: reading page: %w", t.Engine, err)
+		return nil, fmt.Errorf("loadsource: engine %q: reading page: %w", engine, err)
 	}
 	if int64(len(body)) > p.maxBody {
-		return nil, fmt.Errorf("%w: engine %q page above %d bytes", ErrBodyTooLarge, t.Engine, p.maxBody)
+		return nil, fmt.Errorf("%w: engine %q page above %d bytes", ErrBodyTooLarge, engine, p.maxBody)
 	}
 	return body, nil
 }

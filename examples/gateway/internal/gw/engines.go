@@ -59,8 +59,16 @@ type EngineConfig struct {
 	Kind Kind
 	// Stage is its role: plain, prefill or decode.
 	Stage state.Stage
-	// DPRanks is its data-parallel rank count; 0 means 1.
+	// DPRanks is its data-parallel rank count; 0 means 1, or len(RankURLs).
 	DPRanks int
+	// DPRankStart is the global DP rank of its rank 0, for an engine that serves a slice of a
+	// larger DP group: a request picked for rank r carries the rank DPRankStart + r. 0 means the
+	// engine's ranks are the global ones.
+	DPRankStart int
+	// RankURLs, when set, are the base URLs of the servers that each serve one rank alone, in rank
+	// order (one per rank): a request picked for rank r is sent to RankURLs[r] and carries no
+	// rank, that server being the rank. Nil means every request goes to URL.
+	RankURLs []string
 	// BootstrapPort is a prefill engine's PD bootstrap port (SGLang --disaggregation-bootstrap-port);
 	// 0 means none is configured and bootstrap_port is sent as null.
 	BootstrapPort int
@@ -78,9 +86,10 @@ type BreakerConfig struct {
 // Engine is one engine of the registry: a state.Engine and state.PDCompatible whose health is its
 // circuit breaker. Safe for concurrent use.
 type Engine struct {
-	cfg  EngineConfig
-	id   state.EngineID
-	base *url.URL
+	cfg   EngineConfig
+	id    state.EngineID
+	base  *url.URL
+	ranks []*url.URL // parsed RankURLs
 
 	threshold int
 	mu        sync.Mutex // serializes breaker transitions
@@ -112,8 +121,25 @@ func (e *Engine) PDCompatibility() string { return e.cfg.PDCompatibility }
 // Config returns the engine's configuration.
 func (e *Engine) Config() EngineConfig { return e.cfg }
 
-// Host returns the host name of the engine's URL (the PD bootstrap host of a prefill engine).
-func (e *Engine) Host() string { return e.base.Hostname() }
+// RankURL returns the base URL a request picked for DP rank rank (hasRank) is sent to, and its
+// host name (the PD bootstrap host of a prefill engine): the rank's own server when the engine
+// has RankURLs, else the engine's URL.
+func (e *Engine) RankURL(rank int, hasRank bool) (base, host string) {
+	if hasRank && rank >= 0 && rank < len(e.ranks) {
+		return e.cfg.RankURLs[rank], e.ranks[rank].Hostname()
+	}
+	return e.cfg.URL, e.base.Hostname()
+}
+
+// WireRank returns the DP rank a request picked for rank (hasRank) carries to the engine: the
+// global rank DPRankStart + rank. False when it carries none: no rank was picked, or the rank has
+// its own server (RankURLs).
+func (e *Engine) WireRank(rank int, hasRank bool) (int, bool) {
+	if !hasRank || len(e.ranks) > 0 {
+		return 0, false
+	}
+	return e.cfg.DPRankStart + rank, true
+}
 
 // Opens counts how often the breaker opened.
 func (e *Engine) Opens() uint64 { return e.opens.Load() }
@@ -181,8 +207,9 @@ type Registry struct {
 var _ state.VersionedRegistry = (*Registry)(nil)
 
 // NewRegistry validates the engines and builds the registry. An empty or non-http(s) URL, an
-// empty model, an invalid kind or stage, DPRanks outside [0, 1024], a negative or too large
-// bootstrap port, or two engines with one URL is an error wrapping state.ErrInvalidConfiguration.
+// empty model, an invalid kind or stage, DPRanks outside [0, 1024], global ranks (DPRankStart on)
+// past 1023, RankURLs that are not one base URL per rank, a negative or too large bootstrap port,
+// or two engines with one URL is an error wrapping state.ErrInvalidConfiguration.
 func NewRegistry(configs []EngineConfig, breaker BreakerConfig) (*Registry, error) {
 	threshold := breaker.FailureStreak
 	if threshold == 0 {
@@ -211,10 +238,26 @@ func NewRegistry(configs []EngineConfig, breaker BreakerConfig) (*Registry, erro
 			return bad("invalid stage %v", c.Stage)
 		}
 		if c.DPRanks == 0 {
-			c.DPRanks = 1
+			c.DPRanks = max(len(c.RankURLs), 1)
 		}
 		if c.DPRanks < 0 || c.DPRanks > 1024 {
 			return bad("DP ranks %d outside [1, 1024]", c.DPRanks)
+		}
+		if c.DPRankStart < 0 || c.DPRankStart+c.DPRanks > 1024 {
+			return bad("global DP ranks %d..%d outside [0, 1024)", c.DPRankStart, c.DPRankStart+c.DPRanks-1)
+		}
+		if len(c.RankURLs) > 0 && len(c.RankURLs) != c.DPRanks {
+			return bad("%d rank URLs for %d DP ranks", len(c.RankURLs), c.DPRanks)
+		}
+		var ranks []*url.URL
+		c.RankURLs = slices.Clone(c.RankURLs)
+		for r, raw := range c.RankURLs {
+			c.RankURLs[r] = strings.TrimRight(raw, "/")
+			ru, err := url.Parse(c.RankURLs[r])
+			if err != nil || (ru.Scheme != "http" && ru.Scheme != "https") || ru.Host == "" || ru.Path != "" {
+				return bad("rank %d URL %q must be an absolute http(s) base URL without a path", r, raw)
+			}
+			ranks = append(ranks, ru)
 		}
 		if c.BootstrapPort < 0 || c.BootstrapPort > 65535 {
 			return bad("bootstrap port %d outside [0, 65535]", c.BootstrapPort)
@@ -223,7 +266,7 @@ func NewRegistry(configs []EngineConfig, breaker BreakerConfig) (*Registry, erro
 		if r.byID[id] != nil {
 			return bad("duplicate engine")
 		}
-		e := &Engine{cfg: c, id: id, base: u, threshold: threshold}
+		e := &Engine{cfg: c, id: id, base: u, ranks: ranks, threshold: threshold}
 		r.engines = append(r.engines, e)
 		r.byID[id] = e
 		r.byModel[c.Model] = append(r.byModel[c.Model], e)

@@ -327,10 +327,12 @@ var hopHeaders = map[string]bool{"Connection": true, "Proxy-Connection": true, "
 	"Proxy-Authenticate": true, "Proxy-Authorization": true, "Te": true, "Trailer": true,
 	"Transfer-Encoding": true, "Upgrade": true}
 
-// send posts body to the engine at the client request's path. A connection failure that is not the
+// send posts body to the engine at the client request's path: to the picked rank's own server
+// when the engine has one per rank (Engine.RankURL). A connection failure that is not the
 // client's own cancellation opens the engine's breaker; a 5xx counts toward its streak.
 func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []byte, rank int, hasRank bool) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.cfg.URL+r.URL.Path, bytes.NewReader(body))
+	base, _ := e.RankURL(rank, hasRank)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.URL.Path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -344,8 +346,8 @@ func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []by
 	if req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if hasRank && e.cfg.Kind == KindVLLM {
-		req.Header.Set(VLLMRankHeader, strconv.Itoa(rank))
+	if wire, ok := e.WireRank(rank, hasRank); ok && e.cfg.Kind == KindVLLM {
+		req.Header.Set(VLLMRankHeader, strconv.Itoa(wire))
 	}
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
@@ -421,9 +423,9 @@ func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []by
 	e := s.engineOf(pick)
 	s.opts.Metrics.dispatch(state.StagePlain, pick)
 	rank, hasRank := pickRank(pick)
-	if hasRank && e.cfg.Kind == KindSGLang {
+	if wire, ok := e.WireRank(rank, hasRank); ok && e.cfg.Kind == KindSGLang {
 		var err error
-		if body, err = withFields(body, map[string]any{sglangRankField: rank}); err != nil {
+		if body, err = withFields(body, map[string]any{sglangRankField: wire}); err != nil {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "the request body is not a JSON object")
 			return
 		}
@@ -508,18 +510,20 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 	if pe.cfg.BootstrapPort != 0 {
 		port = pe.cfg.BootstrapPort
 	}
+	_, host := pe.RankURL(prank, pok)
 	common := func() map[string]any {
-		return map[string]any{"bootstrap_host": pe.Host(), "bootstrap_port": port, "bootstrap_room": room}
+		return map[string]any{"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
 	}
 	pf, df := common(), common()
-	if pok && pe.cfg.Kind == KindSGLang {
-		pf[sglangRankField] = prank
+	pwire, pwok := pe.WireRank(prank, pok)
+	if pwok && pe.cfg.Kind == KindSGLang {
+		pf[sglangRankField] = pwire
 	}
-	if dok && de.cfg.Kind == KindSGLang {
-		df[sglangRankField] = drank
+	if dwire, ok := de.WireRank(drank, dok); ok && de.cfg.Kind == KindSGLang {
+		df[sglangRankField] = dwire
 	}
-	if pok && de.cfg.Kind == KindSGLang {
-		df[sglangPrefillRankField] = prank
+	if pwok && de.cfg.Kind == KindSGLang {
+		df[sglangPrefillRankField] = pwire
 	}
 	pbody, err := withFields(body, pf)
 	if err != nil {
