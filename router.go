@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
@@ -189,6 +190,13 @@ func (d *Dispatch) Done(o Outcome) {
 // every Select is reported to it, timed unless the Observer samples the timing
 // (SelectTimingSampler).
 //
+// A pick admitted under an in-flight cap (Pick.HasInFlightCap) is acquired only while its engine
+// is below the cap, atomically (loadmon.InFlight.TryAcquireRankAt), so that concurrent Selects
+// never put more requests in flight on an engine than its cap. When another Select got there
+// first, the selection's guards are released and the bucket loop runs again, where the policies
+// see the new count; after 4 such runs the error is a *bucket.ExhaustedError holding the
+// in-flight *policy.AdmissionRejectedError (503) (docs/design.md §5).
+//
 // Errors: a nil req wraps policy.ErrInvalidSignal; ErrUnknownModel (404); otherwise bucket.Select's
 // errors (bucket.StatusCode maps them). A nil ctx means context.Background().
 func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, error) {
@@ -241,9 +249,10 @@ func (r *Router) stamp() time.Duration {
 	return r.now().Sub(r.base)
 }
 
-// selectOnce selects and acquires the guards. When at is non-nil and both the Router and its
-// in-flight counters use time.Now, it reads the clock once at dispatch, stamps the guards with that
-// reading and stores it in *at, so that an observed Select times the selection without a clock
+// selectOnce selects and acquires the guards, selecting again when an in-flight cap was reached
+// first (Select). When at is non-nil and both the Router and its in-flight counters use time.Now,
+// it reads the clock once at dispatch, stamps the guards with that reading and, when they were
+// acquired, stores it in *at, so that an observed Select times the selection without a clock
 // reading of its own (docs/performance.md, "metrics: the observer's cost on a pick"); otherwise
 // *at stays zero.
 func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.Time) (*Dispatch, error) {
@@ -263,27 +272,67 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.T
 		withMemo.Memo = kvindex.NewMemo()
 		req = &withMemo
 	}
-	sel, err := bucket.Select(ctx, res, r.registry, req)
-	if err != nil {
-		if ce := r.log.Check(zap.DebugLevel, "selection failed"); ce != nil {
-			ce.Write(zap.String("model", string(req.Model)), zap.Int64("input_tokens", req.InputTokens),
-				zap.Int("status", bucket.StatusCode(err)), zap.Error(err))
+	var err error
+	for attempt := 1; ; attempt++ {
+		var sel bucket.Selection
+		if sel, err = bucket.Select(ctx, res, r.registry, req); err != nil {
+			break
 		}
-		return nil, err
+		var now time.Time // zero: the in-flight counters read their own clock
+		if at != nil && r.realClock && r.inflight.SystemClock() {
+			now = time.Now()
+			*at = now
+		}
+		var guards [2]*loadmon.Guard
+		var lost *policy.AdmissionRejectedError
+		stage := state.StagePlain // of the leg that found its engine at the cap, if one did
+		if sel.IsPD() {
+			stage = state.StagePrefill
+			if guards[0], lost = r.acquire(&sel.Prefill, prefillTokens(&sel.Prefill, req), now); lost == nil {
+				stage = state.StageDecode
+				if guards[1], lost = r.acquire(&sel.Decode, 0, now); lost != nil {
+					guards[0].Release() // the pair is not dispatched
+				}
+			}
+		} else {
+			guards[0], lost = r.acquire(&sel.Plain, prefillTokens(&sel.Plain, req), now)
+		}
+		if lost == nil {
+			return &Dispatch{Selection: sel, guards: guards, r: r, model: req.Model}, nil
+		}
+		if at != nil {
+			*at = time.Time{} // not a dispatch
+		}
+		if attempt == maxSelectAttempts {
+			err = &bucket.ExhaustedError{Rejections: []*policy.AdmissionRejectedError{lost},
+				Last: &bucket.StageError{Bucket: sel.Bucket.ID(), Stage: stage, Err: lost}}
+			break
+		}
 	}
-	d := &Dispatch{Selection: sel, r: r, model: req.Model}
-	var now time.Time // zero: AcquireRankAt reads the counters' own clock
-	if at != nil && r.realClock && r.inflight.SystemClock() {
-		now = time.Now()
-		*at = now
+	if ce := r.log.Check(zap.DebugLevel, "selection failed"); ce != nil {
+		ce.Write(zap.String("model", string(req.Model)), zap.Int64("input_tokens", req.InputTokens),
+			zap.Int("status", bucket.StatusCode(err)), zap.Error(err))
 	}
-	if sel.IsPD() {
-		d.guards[0] = r.inflight.AcquireRankAt(sel.Prefill.Engine.ID(), rankOf(&sel.Prefill), prefillTokens(&sel.Prefill, req), now)
-		d.guards[1] = r.inflight.AcquireRankAt(sel.Decode.Engine.ID(), rankOf(&sel.Decode), 0, now)
-	} else {
-		d.guards[0] = r.inflight.AcquireRankAt(sel.Plain.Engine.ID(), rankOf(&sel.Plain), prefillTokens(&sel.Plain, req), now)
+	return nil, err
+}
+
+// maxSelectAttempts bounds how often Select runs the bucket loop again after concurrent
+// selections took an admitted engine to its in-flight cap first.
+const maxSelectAttempts = 4
+
+// acquire counts a pick's dispatch on its engine (and DP rank), under the in-flight cap the pick
+// was admitted under if any. When the cap has been reached since the check, it acquires nothing
+// and returns the rejection admission would now give.
+func (r *Router) acquire(p *policy.Pick, prefillTokens uint64, now time.Time) (*loadmon.Guard, *policy.AdmissionRejectedError) {
+	id := p.Engine.ID()
+	if !p.HasInFlightCap {
+		return r.inflight.AcquireRankAt(id, rankOf(p), prefillTokens, now), nil
 	}
-	return d, nil
+	g, n := r.inflight.TryAcquireRankAt(id, rankOf(p), prefillTokens, p.InFlightCap, now)
+	if g == nil {
+		return nil, &policy.AdmissionRejectedError{Engine: p.Engine, Limit: admission.LimitInFlightRequests, Observed: n, Cap: p.InFlightCap}
+	}
+	return g, nil
 }
 
 // rankOf is the DP rank a pick names, −1 when none (loadmon.InFlight.AcquireRank counts the engine

@@ -128,7 +128,8 @@ func Observe(o loadmon.Observation) Metrics {
 }
 
 // Verdict is the outcome of one check. When Admit is false, Limit names the first failing cap in
-// check order, Observed is the engine's metric and Cap the configured cap.
+// check order, Observed is the engine's metric and Cap the configured cap. When Admit is true,
+// InFlightCap names the in-flight cap the engine was admitted under, if any.
 type Verdict struct {
 	// Admit reports whether the engine may take the request.
 	Admit bool
@@ -137,12 +138,25 @@ type Verdict struct {
 	// Observed is the engine's metric and Cap the configured cap of Limit; zero when admitted.
 	Observed uint64
 	Cap      uint64
+	// InFlightCap is the in-flight cap the admitted engine is held to, valid when HasInFlightCap
+	// (false: no in-flight cap). The check read an in-flight count that concurrent dispatches
+	// may have raised since, so a configured cap is a promise only if the dispatch is counted
+	// atomically under it: the caller acquires the engine's in-flight guard with
+	// loadmon.InFlight.TryAcquireRankAt and this cap, and treats a failed acquire as a
+	// rejection (docs/design.md §5). policy.Pick carries it to the caller.
+	InFlightCap    uint64
+	HasInFlightCap bool
 }
 
 // Checker decides whether one engine may take a request, given its metrics. Policies call it
 // explicitly, once per engine they are about to return (docs/design.md §5). A returned
 // error means the check itself could not be made; policies return it to the bucket loop, which
 // stops. Implementations must be safe for concurrent use and must not block.
+//
+// Metrics.InFlightRequests is a live read that concurrent selections may overtake: a checker
+// that caps it holds the cap only by returning it in an admitting Verdict's InFlightCap, which
+// the Router enforces atomically when it counts the dispatch. A checker that rejects on the
+// in-flight count without setting InFlightCap checks a snapshot, as for every other metric.
 type Checker interface {
 	Check(engine state.Engine, m Metrics) (Verdict, error)
 }
@@ -151,7 +165,8 @@ var _ Checker = Limits{}
 
 // Check implements Checker. Caps are checked in the order running, waiting, KV tokens, pending
 // prefill tokens, in-flight; the first cap the metric has reached rejects and names itself. An
-// unknown reported metric passes its cap (fails open). Check never returns an error.
+// unknown reported metric passes its cap (fails open). An admitting verdict carries
+// MaxInFlightRequests as its InFlightCap. Check never returns an error.
 func (l Limits) Check(_ state.Engine, m Metrics) (Verdict, error) {
 	// One test per cap, in check order, rather than a loop over a table of them: every pick runs
 	// this for each holder it evaluates, and the table cost more than the tests.
@@ -166,6 +181,9 @@ func (l Limits) Check(_ state.Engine, m Metrics) (Verdict, error) {
 		return rejected(LimitPendingPrefillTokens, l.MaxPendingPrefillTokens, m.PendingPrefillTokens), nil
 	case reached(l.MaxInFlightRequests, Known(m.InFlightRequests)):
 		return rejected(LimitInFlightRequests, l.MaxInFlightRequests, Known(m.InFlightRequests)), nil
+	}
+	if l.MaxInFlightRequests != nil {
+		return Verdict{Admit: true, InFlightCap: *l.MaxInFlightRequests, HasInFlightCap: true}, nil
 	}
 	return Verdict{Admit: true}, nil
 }

@@ -89,21 +89,23 @@ func TestEachLimitCapsItsMetricAndFailsOpenWhenUnknown(t *testing.T) {
 		lim   admission.Limits
 		set   func(m *admission.Metrics, v uint64)
 		unset func(m *admission.Metrics)
+		admit admission.Verdict // below the cap: only the in-flight cap is carried to the acquire
 	}{
 		{admission.LimitRunningRequests, admission.Limits{MaxRunningRequests: admission.Cap(capV)},
 			func(m *admission.Metrics, v uint64) { m.RunningRequests = admission.Known(v) },
-			func(m *admission.Metrics) { m.RunningRequests = admission.Value{} }},
+			func(m *admission.Metrics) { m.RunningRequests = admission.Value{} }, admission.Verdict{Admit: true}},
 		{admission.LimitWaitingRequests, admission.Limits{MaxWaitingRequests: admission.Cap(capV)},
 			func(m *admission.Metrics, v uint64) { m.WaitingRequests = admission.Known(v) },
-			func(m *admission.Metrics) { m.WaitingRequests = admission.Value{} }},
+			func(m *admission.Metrics) { m.WaitingRequests = admission.Value{} }, admission.Verdict{Admit: true}},
 		{admission.LimitKVTokens, admission.Limits{MaxKVTokens: admission.Cap(capV)},
 			func(m *admission.Metrics, v uint64) { m.KVTokens = admission.Known(v) },
-			func(m *admission.Metrics) { m.KVTokens = admission.Value{} }},
+			func(m *admission.Metrics) { m.KVTokens = admission.Value{} }, admission.Verdict{Admit: true}},
 		{admission.LimitPendingPrefillTokens, admission.Limits{MaxPendingPrefillTokens: admission.Cap(capV)},
 			func(m *admission.Metrics, v uint64) { m.PendingPrefillTokens = admission.Known(v) },
-			func(m *admission.Metrics) { m.PendingPrefillTokens = admission.Value{} }},
+			func(m *admission.Metrics) { m.PendingPrefillTokens = admission.Value{} }, admission.Verdict{Admit: true}},
 		{admission.LimitInFlightRequests, admission.Limits{MaxInFlightRequests: admission.Cap(capV)},
-			func(m *admission.Metrics, v uint64) { m.InFlightRequests = v }, nil},
+			func(m *admission.Metrics, v uint64) { m.InFlightRequests = v }, nil,
+			admission.Verdict{Admit: true, InFlightCap: capV, HasInFlightCap: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.limit, func(t *testing.T) {
@@ -112,7 +114,7 @@ func TestEachLimitCapsItsMetricAndFailsOpenWhenUnknown(t *testing.T) {
 			tt.set(&m, capV-1)
 			v, err := tt.lim.Check(nil, m)
 			require.NoError(t, err)
-			assert.Equal(t, admission.Verdict{Admit: true}, v, "metric %d below cap %d admits", capV-1, capV)
+			assert.Equal(t, tt.admit, v, "metric %d below cap %d admits", capV-1, capV)
 
 			tt.set(&m, capV)
 			v, err = tt.lim.Check(nil, m)

@@ -3,8 +3,10 @@
 // be unknown, plus the always-known router-local in-flight count), and the Checker interface that
 // policies call explicitly where their selection algorithm places the check.
 //
-// Admission observes; it never reserves capacity, ranks engines, chooses replacements, changes
-// buckets or touches affinity. Concurrent requests may pass against the same observation. It is
-// not a rate limiter or a request queue: a rejected request is not held anywhere, the bucket loop
-// tries the next bucket.
+// Admission never ranks engines, chooses replacements, changes buckets or touches affinity. The
+// in-flight cap is held exactly: an admitting Verdict carries it (InFlightCap) and the dispatch is
+// counted under it atomically (loadmon.InFlight.TryAcquireRankAt). Caps on reported metrics are
+// checked against the latest report, so concurrent requests may pass against the same report.
+// It is not a rate limiter or a request queue: a rejected request is not held anywhere, the bucket
+// loop tries the next bucket.
 package admission

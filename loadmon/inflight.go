@@ -106,6 +106,14 @@ func (f *InFlight) AcquirePrefill(engine state.EngineID, prefillTokens uint64) *
 }
 
 func (f *InFlight) acquire(engine state.EngineID, prefillTokens uint64, at int64) *Guard {
+	c := f.engineCounter(engine)
+	c.n.Add(1)
+	c.stamp(prefillTokens, at)
+	return &Guard{c: c}
+}
+
+// engineCounter returns the engine's counter, creating it on the engine's first dispatch.
+func (f *InFlight) engineCounter(engine state.EngineID) *counter {
 	c := f.lookup(engine)
 	if c == nil {
 		f.mu.Lock()
@@ -115,8 +123,7 @@ func (f *InFlight) acquire(engine state.EngineID, prefillTokens uint64, at int64
 		}
 		f.mu.Unlock()
 	}
-	c.record(prefillTokens, at)
-	return &Guard{c: c}
+	return c
 }
 
 // AcquireRank is AcquirePrefill for a dispatch that names the engine's DP rank (a pick's
@@ -143,8 +150,43 @@ func (f *InFlight) AcquireRankAt(engine state.EngineID, rank int, prefillTokens 
 	return f.acquireRank(engine, rank, prefillTokens, at.UnixNano())
 }
 
+// TryAcquireRankAt is AcquireRankAt under an in-flight cap: it counts the dispatch only while the
+// engine's in-flight count (Count) is below limit, checking and incrementing in one atomic step,
+// so that concurrent dispatches never take the engine past limit. It returns the guard and the
+// count it found; the guard is nil, and nothing is counted or recorded, when that count had
+// reached limit (a limit of 0 admits nothing). The cap is on the engine's count, as
+// admission.Limits.MaxInFlightRequests is; a named rank is counted as AcquireRank counts it.
+//
+// A configured in-flight cap is a promise only if the dispatch is acquired this way, with the cap
+// its pick was admitted under (policy.Pick.InFlightCap): the admission check read a count that
+// concurrent selections may have raised since. A failed acquire is a rejection: release what the
+// selection already acquired (a PD pair's other leg) and select again, so that the policy sees
+// the new count (docs/design.md §5). Router.Select does this.
+func (f *InFlight) TryAcquireRankAt(engine state.EngineID, rank int, prefillTokens, limit uint64, at time.Time) (*Guard, uint64) {
+	c := f.engineCounter(engine)
+	for {
+		n := c.n.Load()
+		found := uint64(max(n, 0))
+		if found >= limit {
+			return nil, found
+		}
+		if c.n.CompareAndSwap(n, n+1) {
+			ns := at.UnixNano()
+			if at.IsZero() {
+				ns = f.now().UnixNano()
+			}
+			c.stamp(prefillTokens, ns)
+			return f.withRank(&Guard{c: c}, engine, rank, prefillTokens, ns), found
+		}
+	}
+}
+
 func (f *InFlight) acquireRank(engine state.EngineID, rank int, prefillTokens uint64, at int64) *Guard {
-	g := f.acquire(engine, prefillTokens, at)
+	return f.withRank(f.acquire(engine, prefillTokens, at), engine, rank, prefillTokens, at)
+}
+
+// withRank counts the engine's dispatch g on its DP rank too; a negative rank counts on none.
+func (f *InFlight) withRank(g *Guard, engine state.EngineID, rank int, prefillTokens uint64, at int64) *Guard {
 	if rank < 0 {
 		return g
 	}
@@ -164,14 +206,14 @@ func (f *InFlight) acquireRank(engine state.EngineID, rank int, prefillTokens ui
 		}
 		f.mu.Unlock()
 	}
-	rc.record(prefillTokens, at)
+	rc.n.Add(1)
+	rc.stamp(prefillTokens, at)
 	g.rc = rc
 	return g
 }
 
-// record counts one dispatch at unix nanos at.
-func (c *counter) record(prefillTokens uint64, at int64) {
-	c.n.Add(1)
+// stamp records the time (unix nanos) and prefill tokens of a dispatch already counted in n.
+func (c *counter) stamp(prefillTokens uint64, at int64) {
 	i := c.head.Add(1) - 1
 	// Tokens before the time: a reader that sees the new time sees these tokens, unless a later
 	// dispatch has already reused the slot (64 dispatches between a reader's two loads).

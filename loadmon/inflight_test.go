@@ -2,10 +2,12 @@ package loadmon_test
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/loadmon"
 )
@@ -128,4 +130,71 @@ func TestAcquireRankAtRecordsTheGivenTime(t *testing.T) {
 	f.AcquireRankAt("z", -1, 0, time.Time{}) // zero: the counters' own clock
 	assert.Equal(t, uint64(1), f.DispatchesSince("z", clk.Now()))
 	assert.Zero(t, f.DispatchesSince("z", clk.Now().Add(time.Nanosecond)))
+}
+
+func TestTryAcquireRankAtCountsOnlyBelowTheLimit(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	f := loadmon.NewInFlight(clk.Now)
+	at := clk.Now()
+	g1, found := f.TryAcquireRankAt("e", 1, 10, 2, at)
+	require.NotNil(t, g1)
+	assert.Zero(t, found)
+	g2, found := f.TryAcquireRankAt("e", -1, 20, 2, time.Time{}) // zero: the counters' own clock
+	require.NotNil(t, g2)
+	assert.Equal(t, uint64(1), found)
+
+	g3, found := f.TryAcquireRankAt("e", 1, 40, 2, at)
+	assert.Nil(t, g3, "the count has reached the limit")
+	assert.Equal(t, uint64(2), found)
+	assert.Equal(t, uint64(2), f.Count("e"))
+	assert.Equal(t, uint64(1), f.CountRank("e", 1), "the refused dispatch counts on no rank")
+	n, tok := f.DispatchedSince("e", at)
+	assert.Equal(t, [2]uint64{2, 30}, [2]uint64{n, tok}, "and is not recorded as a dispatch")
+	n, tok = f.DispatchedSinceRank("e", 1, at)
+	assert.Equal(t, [2]uint64{1, 10}, [2]uint64{n, tok})
+	g3.Release() // a nil guard
+
+	g1.Release()
+	g3, found = f.TryAcquireRankAt("e", 0, 0, 2, at)
+	require.NotNil(t, g3, "released below the limit again")
+	assert.Equal(t, uint64(1), found)
+	assert.Equal(t, uint64(1), f.CountRank("e", 0))
+
+	g, found := f.TryAcquireRankAt("z", -1, 0, 0, at)
+	assert.Nil(t, g, "a limit of 0 admits nothing")
+	assert.Zero(t, found)
+	assert.Zero(t, f.Count("z"))
+	assert.Zero(t, f.DispatchesSince("z", at))
+}
+
+// Concurrent acquires under a limit never take the count past it, whatever the mix with
+// uncapped acquires and releases.
+func TestTryAcquireRankAtIsAtomic(t *testing.T) {
+	t.Parallel()
+	const limit, workers, rounds = 3, 8, 500
+	f := loadmon.NewInFlight(nil)
+	var wg sync.WaitGroup
+	var over atomic.Int64
+	for range workers {
+		wg.Go(func() {
+			for range rounds {
+				g, found := f.TryAcquireRankAt("e", 0, 0, limit, time.Time{})
+				if g == nil {
+					if found < limit {
+						over.Add(1) // refused below the limit
+					}
+					continue
+				}
+				if n := f.Count("e"); n > limit {
+					over.Add(1)
+				}
+				g.Release()
+			}
+		})
+	}
+	wg.Wait()
+	assert.Zero(t, over.Load())
+	assert.Zero(t, f.Count("e"))
+	assert.Zero(t, f.CountRank("e", 0))
 }

@@ -373,6 +373,7 @@ type cacheCandidate struct {
 	blocks   int
 	uncached uint64
 	obs      loadmon.Observation
+	cap      inFlightCap // set when admitted
 }
 
 // Pick implements Policy. See the type's documentation for the algorithm.
@@ -484,10 +485,11 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	var rejections []*AdmissionRejectedError
 	admitted := sc.admitted
 	for _, c := range evaluated {
-		err := p.cfg.admit(engines[c.idx], c.obs)
+		ic, err := p.cfg.admit(engines[c.idx], c.obs)
 		var rej *AdmissionRejectedError
 		switch {
 		case err == nil:
+			c.cap = ic
 			admitted = append(admitted, c)
 		case asRejection(err, &rej):
 			rejections = append(rejections, rej)
@@ -512,14 +514,14 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 				d.CostOverride = true
 				if alt.holder {
 					forfeit(alt.blocks)
-					return p.finish(engines[alt.idx], &alt.obs, ReasonCacheCandidate, DecisionCacheHit, alt.uncached, req, res, d), nil
+					return p.finish(engines[alt.idx], &alt.obs, alt.cap, ReasonCacheCandidate, DecisionCacheHit, alt.uncached, req, res, d), nil
 				}
 				d.DivertedBlocks = w.blocks - alt.blocks
-				return p.finish(engines[alt.idx], &alt.obs, ReasonCostDiverted, DecisionCostDiverted, alt.uncached, req, res, d), nil
+				return p.finish(engines[alt.idx], &alt.obs, alt.cap, ReasonCostDiverted, DecisionCostDiverted, alt.uncached, req, res, d), nil
 			}
 		}
 		forfeit(w.blocks)
-		return p.finish(engines[w.idx], &w.obs, ReasonCacheCandidate, DecisionCacheHit, w.uncached, req, res, d), nil
+		return p.finish(engines[w.idx], &w.obs, w.cap, ReasonCacheCandidate, DecisionCacheHit, w.uncached, req, res, d), nil
 	}
 
 	if p.floor != 0 && len(gated) > 0 && !p.anyBelowFloor(engines, snap) {
@@ -536,9 +538,9 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 				}
 			}
 			c := pool[best]
-			err := p.cfg.admit(engines[c.idx], c.obs)
+			ic, err := p.cfg.admit(engines[c.idx], c.obs)
 			if err == nil {
-				return p.finish(engines[c.idx], &c.obs, ReasonSaturationPin, DecisionCacheHit, c.uncached, req, res, d), nil
+				return p.finish(engines[c.idx], &c.obs, ic, ReasonSaturationPin, DecisionCacheHit, c.uncached, req, res, d), nil
 			}
 			var rej *AdmissionRejectedError
 			if !asRejection(err, &rej) {
@@ -576,14 +578,15 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			d.CostOverride = true
 		}
 	}
-	if err := p.cfg.admit(engines[i], o); err != nil {
+	ic, err := p.cfg.admit(engines[i], o)
+	if err != nil {
 		return Pick{}, err
 	}
 	decision := CacheAwareFallbackDecision(d.GateRejected, d.Evaluated, d.FleetAllQueued)
 	if decision == DecisionCacheWorkerQueued {
 		d.DivertedBlocks = bestGatedBlocks
 	}
-	return p.finish(engines[i], &o, ReasonNoCacheCandidate, decision, req.InputTokens-v.matched[i], req, res, d), nil
+	return p.finish(engines[i], &o, ic, ReasonNoCacheCandidate, decision, req.InputTokens-v.matched[i], req, res, d), nil
 }
 
 // release returns a pick's scratch to the pool, dropping what it refers to.
@@ -609,7 +612,7 @@ func CacheAwareFallbackDecision(gateRejected, evaluated int, fleetAllQueued bool
 	return DecisionCacheWorkerQueued
 }
 
-func (p *CacheAware) finish(e state.Engine, o *loadmon.Observation, reason, decision string, uncached uint64, req *Request, res *kvindex.Result, d *CacheDecision) Pick {
+func (p *CacheAware) finish(e state.Engine, o *loadmon.Observation, ic inFlightCap, reason, decision string, uncached uint64, req *Request, res *kvindex.Result, d *CacheDecision) Pick {
 	if p.placer != nil && len(req.TokenIDs) > 0 {
 		// Route-time placement (docs/design.md §9.10): a hint, so a failure is only logged. A
 		// pick that names a DP rank places the prompt on that rank (docs/design.md §11).
@@ -635,7 +638,7 @@ func (p *CacheAware) finish(e state.Engine, o *loadmon.Observation, reason, deci
 			p.opts.Observer.ObserveCacheDecision(&dd)
 		}
 	}
-	return Pick{Engine: e, Reason: reason, PrefillTokens: max(uncached, 1)}.withRank(o)
+	return Pick{Engine: e, Reason: reason, PrefillTokens: max(uncached, 1)}.withRank(o).withCap(ic)
 }
 
 // costAlt is the outcome of the cost comparison: idx < 0 keeps the seed's winner.
@@ -645,6 +648,7 @@ type costAlt struct {
 	blocks   int
 	uncached uint64
 	obs      loadmon.Observation
+	cap      inFlightCap // the in-flight cap it was admitted under
 }
 
 // prefillCost is the work a request would wait for and cause on an engine, in prompt tokens:
@@ -773,7 +777,7 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 	best, bestCost := none, wCost
 	for _, c := range admitted {
 		if cc := prefillCost(&c.obs, c.uncached); cc < bestCost {
-			best, bestCost = costAlt{idx: c.idx, holder: true, blocks: c.blocks, uncached: c.uncached, obs: c.obs}, cc
+			best, bestCost = costAlt{idx: c.idx, holder: true, blocks: c.blocks, uncached: c.uncached, obs: c.obs, cap: c.cap}, cc
 		}
 	}
 	if best.idx < 0 && !p.alwaysScan {
@@ -815,10 +819,11 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 		return none, nil
 	}
 	if !best.holder {
-		err := p.cfg.admit(engines[best.idx], best.obs)
+		ic, err := p.cfg.admit(engines[best.idx], best.obs)
 		var rej *AdmissionRejectedError
 		switch {
 		case err == nil:
+			best.cap = ic
 		case asRejection(err, &rej):
 			return none, nil
 		default:

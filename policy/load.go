@@ -108,10 +108,11 @@ func (p *PowerOfN) Pick(_ context.Context, engines []state.Engine, req *Request)
 	if err != nil {
 		return Pick{}, err
 	}
-	if err := p.cfg.admit(engines[i], o); err != nil {
+	ic, err := p.cfg.admit(engines[i], o)
+	if err != nil {
 		return Pick{}, err
 	}
-	return Pick{Engine: engines[i], Reason: p.reason}.withRank(&o), nil
+	return Pick{Engine: engines[i], Reason: p.reason}.withRank(&o).withCap(ic), nil
 }
 
 // sampleLeastPressured returns the least pressured of k distinct uniformly sampled engines, or of
@@ -223,10 +224,11 @@ func (p *LeastLoad) Pick(_ context.Context, engines []state.Engine, req *Request
 	if allFresh {
 		best, obs = bestR, obsR
 	}
-	if err := p.cfg.admit(engines[best], obs); err != nil {
+	ic, err := p.cfg.admit(engines[best], obs)
+	if err != nil {
 		return Pick{}, err
 	}
-	return Pick{Engine: engines[best], Reason: ReasonLeastLoad}.withRank(&obs), nil
+	return Pick{Engine: engines[best], Reason: ReasonLeastLoad}.withRank(&obs).withCap(ic), nil
 }
 
 func satAdd(a, b uint64) uint64 {

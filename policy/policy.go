@@ -81,6 +81,13 @@ type Pick struct {
 	// recompute the last prompt token). 0 means the policy made no estimate: the host counts the
 	// whole input. The Router passes it to loadmon.InFlight.AcquirePrefill (docs/design.md §6).
 	PrefillTokens uint64
+	// InFlightCap is the in-flight cap admission held the engine to, valid when HasInFlightCap
+	// (admission.Verdict.InFlightCap; false: no in-flight cap, as with admission.Limits{}). The
+	// check read a count that concurrent selections may have raised since, so the dispatch must
+	// be counted with loadmon.InFlight.TryAcquireRankAt under this cap, a failed acquire being a
+	// rejection: a configured cap is a promise, checked and acquired atomically. Router.Select
+	// does this; a host that runs bucket.Select itself must too (docs/design.md §5).
+	InFlightCap uint64
 	// DPRank is the engine's data-parallel rank the request should be served on, valid when
 	// HasDPRank. It is named only for an engine with several DP ranks whose ranks report load
 	// separately (loadmon.EngineLoad.RankLoads): for a cache hit, the rank holding the deepest
@@ -90,6 +97,8 @@ type Pick struct {
 	// picks").
 	DPRank    int
 	HasDPRank bool
+	// HasInFlightCap reports whether InFlightCap is set; false means no in-flight cap.
+	HasInFlightCap bool
 }
 
 // withRank returns p naming o's DP rank, when o names one.
@@ -97,6 +106,18 @@ func (p Pick) withRank(o *loadmon.Observation) Pick {
 	if o.HasDPRank {
 		p.DPRank, p.HasDPRank = o.DPRank, true
 	}
+	return p
+}
+
+// inFlightCap is the in-flight cap an admission verdict held an engine to (Pick.InFlightCap).
+type inFlightCap struct {
+	n   uint64
+	set bool
+}
+
+// withCap returns p carrying the in-flight cap c.
+func (p Pick) withCap(c inFlightCap) Pick {
+	p.InFlightCap, p.HasInFlightCap = c.n, c.set
 	return p
 }
 
@@ -261,16 +282,17 @@ func (c *Config) observe(snap loadmon.Snapshot, e state.Engine, stage state.Stag
 }
 
 // admit runs the checker once on the engine with the observation the pick already captured. It
-// returns nil, an *AdmissionRejectedError, or the checker's own error wrapped.
-func (c *Config) admit(e state.Engine, o loadmon.Observation) error {
+// returns the in-flight cap the engine was admitted under, or an *AdmissionRejectedError, or the
+// checker's own error wrapped.
+func (c *Config) admit(e state.Engine, o loadmon.Observation) (inFlightCap, error) {
 	v, err := c.Admission.Check(e, admission.Observe(o))
 	if err != nil {
-		return fmt.Errorf("policy: admission check of %q: %w", e.ID(), err)
+		return inFlightCap{}, fmt.Errorf("policy: admission check of %q: %w", e.ID(), err)
 	}
 	if !v.Admit {
-		return &AdmissionRejectedError{Engine: e, Limit: v.Limit, Observed: v.Observed, Cap: v.Cap}
+		return inFlightCap{}, &AdmissionRejectedError{Engine: e, Limit: v.Limit, Observed: v.Observed, Cap: v.Cap}
 	}
-	return nil
+	return inFlightCap{v.InFlightCap, v.HasInFlightCap}, nil
 }
 
 // pickKeyed is pickChecked for an affinity key (a session or routing key): on an engine with
@@ -289,10 +311,11 @@ func (c *Config) pickKeyed(e state.Engine, key, reason string, stage state.Stage
 		return c.pickChecked(e, reason, stage)
 	}
 	o := loadmon.ObserveRank(snap, c.InFlight, e.ID(), keyRank(key, len(l.RankLoads)))
-	if err := c.admit(e, o); err != nil {
+	ic, err := c.admit(e, o)
+	if err != nil {
 		return Pick{}, err
 	}
-	return Pick{Engine: e, Reason: reason}.withRank(&o), nil
+	return Pick{Engine: e, Reason: reason}.withRank(&o).withCap(ic), nil
 }
 
 // keyRank is the key's DP rank among ranks 0 … n−1: rendezvous (highest random weight) hashing
@@ -313,8 +336,9 @@ func keyRank(key string, n int) int {
 // pressured DP rank for stage when it has several.
 func (c *Config) pickChecked(e state.Engine, reason string, stage state.Stage) (Pick, error) {
 	o := c.observe(c.Load.Snapshot(), e, stage)
-	if err := c.admit(e, o); err != nil {
+	ic, err := c.admit(e, o)
+	if err != nil {
 		return Pick{}, err
 	}
-	return Pick{Engine: e, Reason: reason}.withRank(&o), nil
+	return Pick{Engine: e, Reason: reason}.withRank(&o).withCap(ic), nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -197,5 +198,71 @@ func TestSimplePicksDoNotAllocate(t *testing.T) {
 			}
 		})
 		assert.Zero(t, allocs, "%s allocates %.1f per pick", name, allocs)
+	}
+}
+
+// Every policy's pick carries the in-flight cap its engine was admitted under, from a custom
+// checker's verdict (here a per-engine cap) as from admission.Limits, so that the dispatch can be
+// counted under it atomically (docs/design.md §5). An engine admitted without one carries none.
+func TestPickCarriesTheInFlightCapItWasAdmittedUnder(t *testing.T) {
+	t.Parallel()
+	perEngine := checkerFunc(func(e state.Engine, _ admission.Metrics) (admission.Verdict, error) {
+		if e.ID() == "a" {
+			return admission.Verdict{Admit: true, InFlightCap: 3, HasInFlightCap: true}, nil
+		}
+		return admission.Verdict{Admit: true}, nil
+	})
+	c := newCacheEnv(t)
+	tok := prompt(4*blockTokens, 1)
+	c.hold(t, "a", tok, 4) // a cache-aware pick of a is a hit, of b a miss
+	store, err := affinity.NewMemoryStore(affinity.Options{})
+	require.NoError(t, err)
+	builders := map[string]func(policy.Config) (policy.Policy, error){
+		"round_robin": func(c policy.Config) (policy.Policy, error) { return policy.NewRoundRobin(c) },
+		"random":      func(c policy.Config) (policy.Policy, error) { return policy.NewRandom(c) },
+		"power_of_2":  func(c policy.Config) (policy.Policy, error) { return policy.NewPowerOfN(c, 2) },
+		"least_load":  func(c policy.Config) (policy.Policy, error) { return policy.NewLeastLoad(c) },
+		"cache_aware": func(cfg policy.Config) (policy.Policy, error) {
+			return policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens})
+		},
+		"session_aware": func(c policy.Config) (policy.Policy, error) {
+			return policy.NewSessionAware(c, policy.SessionAwareOptions{Store: store})
+		},
+		"sticky": func(c policy.Config) (policy.Policy, error) {
+			return policy.NewSticky(c, policy.StickyOptions{Store: store})
+		},
+		"sticky_rendezvous": func(c policy.Config) (policy.Policy, error) {
+			return policy.NewSticky(c, policy.StickyOptions{Rendezvous: true})
+		},
+	}
+	for name, build := range builders {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			for _, tt := range []struct {
+				checker admission.Checker
+				engine  state.EngineID
+				cap     uint64
+				has     bool
+			}{
+				{perEngine, "a", 3, true},
+				{perEngine, "b", 0, false},
+				{admission.Limits{MaxInFlightRequests: admission.Cap(5)}, "b", 5, true},
+				{admission.Limits{MaxWaitingRequests: admission.Cap(5)}, "a", 0, false},
+			} {
+				cfg := c.cfg()
+				cfg.Admission = tt.checker
+				p, err := build(cfg)
+				require.NoError(t, err)
+				req := creq(tok)
+				req.SessionKey, req.RoutingKey = name+string(tt.engine), name+string(tt.engine)
+				pk, err := p.Pick(ctx, engines(state.StagePrefill, tt.engine), req)
+				require.NoError(t, err)
+				assert.Equal(t, tt.engine, pk.Engine.ID())
+				assert.Equal(t, [2]any{tt.cap, tt.has}, [2]any{pk.InFlightCap, pk.HasInFlightCap}, "%s admitted by %T", tt.engine, tt.checker)
+				if name == "cache_aware" && tt.engine == "a" {
+					assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason, "a holder's admission")
+				}
+			}
+		})
 	}
 }
