@@ -275,6 +275,69 @@ func TestEngineErrorsAndCircuitBreaker(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 }
 
+// A body the engines refuse is the client's error, never the engines': requests with a 5.5 MiB
+// body, under the gateway's limit and over the engines' 4 MiB, each get a 413 whether the engine
+// answers 413 or closes the connection before reading the body; every breaker stays closed and the
+// next normal request is served. The PD case sends fewer (each costs two 5.5 MiB legs), still more
+// than the breaker's streak of 3.
+func TestOversizedBodiesNeverOpenTheBreaker(t *testing.T) {
+	t.Parallel()
+	const engineLimit = 4 << 20
+	big := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 5<<20+1<<19) + `"}]}`
+	for _, tc := range []struct {
+		name     string
+		pd, drop bool
+		requests int
+	}{
+		{"plain_answers_413", false, false, 8},
+		{"plain_closes_connection", false, true, 8},
+		{"pd_closes_connection", true, true, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			a, b := newEngine(t), newEngine(t)
+			for _, e := range []*fakeengine.Engine{a, b} {
+				e.SetBodyLimit(engineLimit, tc.drop)
+			}
+			args := []string{engineFlag(a, ""), engineFlag(b, ""), "--policy=round_robin"}
+			if tc.pd {
+				// Without tokenization: the oversized prompts' /tokenize calls only cost time here.
+				args = append(pdArgs(a, b), "--tokenize=false")
+			}
+			g, gwSrv := startGateway(t, append(args, "--probe-interval=1h")...)
+			var codes []int
+			for range tc.requests {
+				resp := post(t, context.Background(), gwSrv.URL+"/v1/chat/completions", big, nil)
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				require.NoError(t, err)
+				codes = append(codes, resp.StatusCode)
+				// The engine's own 413 body is relayed as it is; the gateway's is OpenAI-style.
+				var e struct {
+					Error struct {
+						Code int `json:"code"`
+					} `json:"error"`
+					Code int `json:"code"`
+				}
+				require.NoError(t, json.Unmarshal(body, &e), "an error body: %s", body)
+				assert.Equal(t, http.StatusRequestEntityTooLarge, max(e.Error.Code, e.Code), "body %s", body)
+			}
+			want := make([]int, tc.requests)
+			for i := range want {
+				want[i] = http.StatusRequestEntityTooLarge
+			}
+			assert.Equal(t, want, codes)
+			for _, e := range g.registry.All() {
+				assert.True(t, e.Healthy(), "engine %s healthy", e.ID())
+				assert.Zero(t, e.Opens(), "engine %s's breaker never opened", e.ID())
+			}
+			resp := post(t, context.Background(), gwSrv.URL+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusOK, resp.StatusCode, "the next normal request is served")
+		})
+	}
+}
+
 func TestConnectionFailureMarksEngineUnhealthy(t *testing.T) {
 	t.Parallel()
 	eng := newEngine(t)

@@ -27,6 +27,8 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/enginepick/enginepick/examples/gateway/internal/gw"
 )
 
 func main() {
@@ -151,12 +153,12 @@ Flags:
 	fs.BoolVar(&o.tokenize, "tokenize", true, "tokenize prompts through an engine's POST /tokenize (false: estimate every prompt from its body size)")
 	fs.DurationVar(&o.tokenizeTimeout, "tokenize-timeout", 2*time.Second, "bound on one /tokenize request; on failure the length is estimated")
 	fs.IntVar(&o.bytesPerToken, "bytes-per-token", 4, "body bytes per token of the length estimate used when tokenization is unavailable")
-	fs.Int64Var(&o.maxBodyBytes, "max-body-bytes", 32<<20, "request body limit in bytes (larger: 413)")
+	fs.Int64Var(&o.maxBodyBytes, "max-body-bytes", gw.DefaultMaxBodyBytes, "request body limit in bytes; a larger body is a 413 (vLLM's and SGLang's Python servers set none, vLLM's Rust frontend 32 MiB)")
 	fs.DurationVar(&o.loadInterval, "load-interval", time.Second, "time between two load polls of one engine")
 	fs.DurationVar(&o.loadTimeout, "load-timeout", 500*time.Millisecond, "bound on one load poll (an engine that hangs goes stale)")
 	fs.Float64Var(&o.loadJitter, "load-jitter", 0.1, "random extra wait between load polls, as a fraction of --load-interval, in [0, 1]")
 	fs.DurationVar(&o.freshness, "freshness", 5*time.Second, "how long a load report stays usable; older reports make the engine's load unknown")
-	fs.IntVar(&o.breakerFailures, "breaker-failures", 3, "consecutive 5xx answers that mark an engine unhealthy (a connection failure does at once; 4xx never count)")
+	fs.IntVar(&o.breakerFailures, "breaker-failures", 3, "consecutive engine failures (a 5xx answer, no answer after the whole request was sent, an answer cut off) that mark an engine unhealthy; no connection at all does at once; 4xx answers and bodies the engine refused never count")
 	fs.DurationVar(&o.probeInterval, "probe-interval", 5*time.Second, "time between health probes of unhealthy engines")
 	fs.StringVar(&o.probePath, "probe-path", "/health", "health endpoint probed to bring an unhealthy engine back")
 	fs.DurationVar(&o.prefillTimeout, "prefill-timeout", 10*time.Minute, "bound on a PD prefill request, which completes even if the client leaves")

@@ -42,6 +42,8 @@ type Engine struct {
 	health    int
 	load      string // load page body
 	tokenize  int    // /tokenize status; 0 = 200
+	bodyLimit int64  // request bodies longer than this are refused; 0 = no limit
+	bodyDrop  bool   // refuse by closing the connection instead of answering 413
 
 	// Tokenized counts /tokenize calls.
 	Tokenized atomic.Int64
@@ -81,7 +83,7 @@ func (e *Engine) Kill() {
 	e.Server.Close()
 }
 
-func newEngine() (*Engine, *http.ServeMux) {
+func newEngine() (*Engine, http.Handler) {
 	e := &Engine{health: http.StatusOK,
 		chunks: []string{"data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n",
 			"data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\n", "data: [DONE]\n\n"}}
@@ -108,7 +110,31 @@ func newEngine() (*Engine, *http.ServeMux) {
 	mux.HandleFunc("GET /metrics", load)
 	mux.HandleFunc("GET /v1/loads", load)
 	mux.HandleFunc("GET /get_load", load)
-	return e, mux
+	return e, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.mu.Lock()
+		limit, drop := e.bodyLimit, e.bodyDrop
+		e.mu.Unlock()
+		if limit > 0 && r.ContentLength > limit {
+			refuseBody(w, drop)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// refuseBody refuses a request whose body is over the limit without reading it, as a server
+// checking Content-Length does: a 413 with an error body, or (drop) the connection closed without
+// an answer.
+func refuseBody(w http.ResponseWriter, drop bool) {
+	if drop {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	_, _ = io.WriteString(w, `{"object":"error","message":"request body too large","type":"BadRequestError","code":413}`)
 }
 
 // URL returns the engine's base URL.
@@ -145,6 +171,15 @@ func (e *Engine) SetGate(gate <-chan struct{}) {
 func (e *Engine) SetDelay(d time.Duration) {
 	e.mu.Lock()
 	e.delay = d
+	e.mu.Unlock()
+}
+
+// SetBodyLimit makes the engine refuse every request whose Content-Length is over limit bytes
+// (0: no limit) without reading its body: with drop false it answers 413, with drop true it closes
+// the connection without an answer.
+func (e *Engine) SetBodyLimit(limit int64, drop bool) {
+	e.mu.Lock()
+	e.bodyLimit, e.bodyDrop = limit, drop
 	e.mu.Unlock()
 }
 

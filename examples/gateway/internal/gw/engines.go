@@ -77,9 +77,15 @@ type EngineConfig struct {
 }
 
 // BreakerConfig configures every engine's circuit breaker.
+//
+// The breaker counts only the failures the engine causes (Outcome): no connection opens it at
+// once; a 5xx answer, a connection closed, reset or timed out after the whole request was sent,
+// and an answer cut off count toward the streak. What the request causes never counts: a 4xx
+// answer (400, 413, 422, …), a connection the engine closed before reading the whole body (a body
+// over its limit, ErrBodyRefused), the client leaving.
 type BreakerConfig struct {
-	// FailureStreak is how many consecutive 5xx answers open the breaker; 0 means 3. A connection
-	// failure opens it at once; a 4xx answer is the client's error and never counts.
+	// FailureStreak is how many consecutive OutcomeServerError exchanges open the breaker; 0 means
+	// 3.
 	FailureStreak int
 }
 
@@ -151,9 +157,10 @@ type Outcome uint8
 const (
 	// OutcomeOK: a 2xx, 3xx or 4xx answer (a 4xx is the client's error, not the engine's).
 	OutcomeOK Outcome = iota
-	// OutcomeServerError: a 5xx answer, or a response body cut off by the engine.
+	// OutcomeServerError: a 5xx answer; no answer on a connection closed, reset or timed out
+	// after the whole request was sent; or an answer whose body the engine cut off.
 	OutcomeServerError
-	// OutcomeConnError: no answer at all (refused, reset, timed out before headers).
+	// OutcomeConnError: no connection (refused, unreachable, dial timeout).
 	OutcomeConnError
 )
 
@@ -165,8 +172,8 @@ func OutcomeOf(status int) Outcome {
 	return OutcomeOK
 }
 
-// Record feeds an outcome to the breaker: OK resets the 5xx streak; a streak of FailureStreak 5xx
-// answers, or one connection failure, opens the breaker (the engine turns unhealthy and the
+// Record feeds an outcome to the breaker: OK resets the streak; a streak of FailureStreak
+// OutcomeServerError, or one OutcomeConnError, opens the breaker (the engine turns unhealthy and the
 // Router stops picking it until a probe closes it).
 func (e *Engine) Record(o Outcome) {
 	e.mu.Lock()

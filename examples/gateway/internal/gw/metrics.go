@@ -33,7 +33,7 @@ func NewMetrics(reg *prometheus.Registry, registry *Registry) *Metrics {
 		dispatches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gateway_dispatches_total",
 			Help: "Requests sent to an engine, by stage, engine and the policy's reason label."}, []string{"stage", "engine", "reason"}),
 		upstreamFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gateway_upstream_failures_total",
-			Help: "Engine exchanges that failed, by engine and kind (connection, server_error, cut)."}, []string{"engine", "kind"}),
+			Help: "Engine exchanges that failed, by engine and kind (connection, no_answer, body_refused, server_error, cut)."}, []string{"engine", "kind"}),
 		estimated: prometheus.NewCounter(prometheus.CounterOpts{Name: "gateway_estimated_prompts_total",
 			Help: "Prompts whose length was estimated from the body size because tokenization was unavailable."}),
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"sync"
 	"time"
@@ -23,8 +24,13 @@ import (
 
 // Defaults of Options.
 const (
-	// DefaultMaxBodyBytes is the request body limit: 32 MiB, as SGLang's experimental router
-	// (docs/design.md §1).
+	// DefaultMaxBodyBytes is the request body limit: 32 MiB. vLLM's and SGLang's OpenAI servers run
+	// on uvicorn, which sets no body limit (vllm-project/vllm `vllm/entrypoints/launcher.py` bounds
+	// only the headers); 32 MiB is the cap of vLLM's Rust HTTP frontend, so the gateway does not
+	// forward a body an engine's own server refuses. It also bounds the memory one request holds:
+	// the gateway reads the whole body before it routes. Something in front of an engine may set
+	// less (4 MiB is fasthttp's default): the engine's 413, or its closing the connection before
+	// reading the whole body, reaches the client as a 413.
 	DefaultMaxBodyBytes = 32 << 20
 	// DefaultBytesPerToken is the body-size estimate's bytes per token.
 	DefaultBytesPerToken = 4
@@ -182,12 +188,19 @@ func (s *Server) inference(rw http.ResponseWriter, r *http.Request, chat bool) {
 		}
 		s.opts.Metrics.request(r.URL.Path, code)
 	}()
+	tooLarge := func() {
+		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error",
+			fmt.Sprintf("request body is larger than %d bytes", s.opts.MaxBodyBytes))
+	}
+	if r.ContentLength > s.opts.MaxBodyBytes {
+		tooLarge() // refused before it is read
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes))
 	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error",
-				fmt.Sprintf("request body is larger than %d bytes", s.opts.MaxBodyBytes))
+		var maxBytes *http.MaxBytesError
+		if errors.As(err, &maxBytes) {
+			tooLarge()
 			return
 		}
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "could not read the request body")
@@ -327,12 +340,49 @@ var hopHeaders = map[string]bool{"Connection": true, "Proxy-Connection": true, "
 	"Proxy-Authenticate": true, "Proxy-Authorization": true, "Te": true, "Trailer": true,
 	"Transfer-Encoding": true, "Upgrade": true}
 
-// send posts body to the engine at the client request's path: to the picked rank's own server
-// when the engine has one per rank (Engine.RankURL). A connection failure that is not the
-// client's own cancellation opens the engine's breaker; a 5xx counts toward its streak.
+// ErrBodyRefused is the error of an exchange the engine ended by closing the connection before it
+// had read the whole request body, as a server with a body limit does with a body over it. The
+// request caused it, not the engine: the client gets a 413 and the engine's breaker is untouched.
+var ErrBodyRefused = errors.New("gw: the engine closed the connection before reading the whole request body")
+
+// exchange records how far one request to an engine got, from the transport's trace.
+type exchange struct {
+	mu        sync.Mutex
+	connected bool // a connection to the engine was obtained
+	sent      bool // the whole request, body included, was written to it
+}
+
+// traced returns ctx with a trace that records the exchange's progress. Each attempt of the
+// transport (it retries a request its reused connection could not carry) starts the record again.
+func (x *exchange) traced(ctx context.Context) context.Context {
+	set := func(connected, sent bool) {
+		x.mu.Lock()
+		x.connected, x.sent = connected, sent
+		x.mu.Unlock()
+	}
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GetConn:      func(string) { set(false, false) },
+		GotConn:      func(httptrace.GotConnInfo) { set(true, false) },
+		WroteRequest: func(i httptrace.WroteRequestInfo) { set(true, i.Err == nil) },
+	})
+}
+
+func (x *exchange) state() (connected, sent bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.connected, x.sent
+}
+
+// send posts body to the engine at the client request's path (to the picked rank's own server when
+// the engine has one per rank, Engine.RankURL) and feeds the exchange to the engine's breaker. An answer is OutcomeOf its status. Without an answer: the client's own
+// cancellation is nobody's failure; no connection is OutcomeConnError; a connection the engine
+// closed before it had read the whole body returns ErrBodyRefused and is not recorded; a
+// connection closed, reset or timed out (ctx's deadline) after the whole request was written is
+// OutcomeServerError.
 func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []byte, rank int, hasRank bool) (*http.Response, error) {
 	base, _ := e.RankURL(rank, hasRank)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+r.URL.Path, bytes.NewReader(body))
+	x := &exchange{}
+	req, err := http.NewRequestWithContext(x.traced(ctx), http.MethodPost, base+r.URL.Path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -351,22 +401,39 @@ func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []by
 	}
 	resp, err := s.opts.Client.Do(req)
 	if err != nil {
-		if ctx.Err() == nil {
+		connected, sent := x.state()
+		var kind string
+		switch {
+		case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+			return nil, err // the client left
+		case !connected:
+			kind = "connection"
 			e.Record(OutcomeConnError)
-			s.opts.Metrics.upstreamFailure(e, "connection")
-			if ce := s.log.Check(zap.DebugLevel, "engine unreachable"); ce != nil {
-				ce.Write(zap.String("engine", string(e.ID())), zap.Error(err))
-			}
+		case !sent:
+			kind = "body_refused"
+			err = fmt.Errorf("%w: %w", ErrBodyRefused, err)
+		default:
+			kind = "no_answer"
+			e.Record(OutcomeServerError)
+		}
+		s.opts.Metrics.upstreamFailure(e, kind)
+		if ce := s.log.Check(zap.DebugLevel, "no answer from the engine"); ce != nil {
+			ce.Write(zap.String("engine", string(e.ID())), zap.String("kind", kind), zap.Error(err))
 		}
 		return nil, err
 	}
-	if o := OutcomeOf(resp.StatusCode); o != OutcomeOK {
+	o := OutcomeOf(resp.StatusCode)
+	if o != OutcomeOK {
 		s.opts.Metrics.upstreamFailure(e, "server_error")
-		e.Record(o)
-	} else {
-		e.Record(o)
 	}
+	e.Record(o)
 	return resp, nil
+}
+
+// bodyRefused answers a request whose body the engine refused (ErrBodyRefused).
+func bodyRefused(w http.ResponseWriter, n int) {
+	writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error",
+		fmt.Sprintf("the engine closed the connection before reading the whole request body: it does not accept a body of %d bytes", n))
 }
 
 var copyBuf = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
@@ -413,7 +480,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *
 
 // dispatchPlain forwards the request to the plain engine and relays its answer. The dispatch ends
 // with Done when the response (or stream) ends, however it ends: the error (none for a 2xx or 4xx
-// answer relayed whole), and the time to the first byte of the answer's body as its time to first
+// answer relayed whole, nor for a body the engine refused, answered 413), and the time to the first byte of the answer's body as its time to first
 // token (docs/design.md §15.1); token counts are not parsed from the body.
 func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []byte, d *enginepick.Dispatch) {
 	var outcome enginepick.Outcome
@@ -431,7 +498,11 @@ func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []by
 		}
 	}
 	resp, err := s.send(r.Context(), r, e, body, rank, hasRank)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrBodyRefused):
+		bodyRefused(w, len(body))
+		return
+	case err != nil:
 		outcome.Err = err
 		if r.Context().Err() == nil {
 			writeError(w, http.StatusBadGateway, "engine_unavailable", "the selected engine could not be reached")
@@ -479,11 +550,12 @@ func BootstrapRoom(u uint64, dpRanks int, rank int, hasRank bool) uint64 {
 
 // prefillLeg is the outcome of a PD prefill request, set before done is closed.
 type prefillLeg struct {
-	done   chan struct{}
-	err    error
-	status int
-	header http.Header
-	body   []byte
+	done    chan struct{}
+	bodyLen int // the request body's length
+	err     error
+	status  int
+	header  http.Header
+	body    []byte
 }
 
 func (p *prefillLeg) failed() bool { return p.err != nil || p.status >= 400 }
@@ -533,7 +605,7 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 	}
 	dbody, _ := withFields(body, df)
 
-	p := &prefillLeg{done: make(chan struct{})}
+	p := &prefillLeg{done: make(chan struct{}), bodyLen: len(pbody)}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.opts.PrefillTimeout)
 	go func() {
 		defer close(p.done)
@@ -558,7 +630,7 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 	}()
 	var outcome enginepick.Outcome // the decode leg's; set before the deferred end below reads it
 	end := func() {
-		if outcome.Err == nil && (p.err != nil || p.status >= http.StatusInternalServerError) {
+		if outcome.Err == nil && ((p.err != nil && !errors.Is(p.err, ErrBodyRefused)) || p.status >= http.StatusInternalServerError) {
 			outcome = enginepick.Outcome{Err: fmt.Errorf("gw: prefill engine %s failed: %w", pe.ID(), prefillErr(p))}
 		}
 		d.Done(outcome)
@@ -574,6 +646,10 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 	}()
 
 	resp, err := s.send(r.Context(), r, de, dbody, drank, dok)
+	if errors.Is(err, ErrBodyRefused) {
+		bodyRefused(w, len(dbody))
+		return
+	}
 	if err != nil {
 		outcome.Err = err
 		if r.Context().Err() == nil {
@@ -628,9 +704,13 @@ func prefillErr(p *prefillLeg) error {
 	return fmt.Errorf("answered %d", p.status)
 }
 
-// prefillError reports a failed prefill leg: an engine's 4xx answer is relayed as it is (the
-// request is the client's error); anything else is a 502.
+// prefillError reports a failed prefill leg: an engine's 4xx answer is relayed as it is and a body
+// the engine refused is a 413 (the request is the client's error); anything else is a 502.
 func (s *Server) prefillError(w http.ResponseWriter, p *prefillLeg) {
+	if errors.Is(p.err, ErrBodyRefused) {
+		bodyRefused(w, p.bodyLen)
+		return
+	}
 	if p.err == nil && p.status < 500 {
 		for k, vs := range p.header {
 			if !hopHeaders[k] && k != "Content-Length" {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -280,4 +281,74 @@ func TestEstimateTokens(t *testing.T) {
 	assert.Equal(t, int64(1), gw.EstimateTokens(4, 4))
 	assert.Equal(t, int64(2), gw.EstimateTokens(5, 4))
 	assert.Equal(t, int64(7), gw.EstimateTokens(7, 0), "a ratio below 1 reads as 1")
+}
+
+// The breaker counts what the engine causes and nothing the request causes: four requests to one
+// engine whose answers or failures are the case's, with the default streak of 3.
+func TestBreakerCountsOnlyEngineFailures(t *testing.T) {
+	t.Parallel()
+	answer := func(code int) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.WriteHeader(code)
+		}
+	}
+	// closeAfterBody reads the whole request, then closes the connection without an answer.
+	closeAfterBody := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		handler http.HandlerFunc
+		codes   []int
+		healthy []bool
+	}{
+		{"answers_400", answer(400), []int{400, 400, 400, 400}, []bool{true, true, true, true}},
+		{"answers_413", answer(413), []int{413, 413, 413, 413}, []bool{true, true, true, true}},
+		{"answers_422", answer(422), []int{422, 422, 422, 422}, []bool{true, true, true, true}},
+		{"answers_500", answer(500), []int{500, 500, 500, 503}, []bool{true, true, false, false}},
+		{"answers_503", answer(503), []int{503, 503, 503, 503}, []bool{true, true, false, false}},
+		{"closes_after_reading_the_body", closeAfterBody, []int{502, 502, 502, 503}, []bool{true, true, false, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			eng := httptest.NewServer(tc.handler)
+			t.Cleanup(eng.Close)
+			f := newFixture(t, []gw.EngineConfig{{URL: eng.URL, Model: "m", Kind: gw.KindVLLM}}, gw.Options{})
+			var codes []int
+			var healthy []bool
+			for range 4 {
+				code, _ := f.post(t, "/v1/completions", `{"model":"m","prompt":"hi"}`, nil)
+				codes = append(codes, code)
+				healthy = append(healthy, f.registry.All()[0].Healthy())
+			}
+			assert.Equal(t, tc.codes, codes)
+			assert.Equal(t, tc.healthy, healthy)
+		})
+	}
+}
+
+// A prefill leg that outlives PrefillTimeout is the prefill engine's failure: it counts toward its
+// streak.
+func TestPrefillTimeoutCountsAgainstThePrefillEngine(t *testing.T) {
+	t.Parallel()
+	pe, de := engine(t), engine(t)
+	pe.SetDelay(time.Hour) // ends when the gateway gives up on the leg
+	f := newFixture(t, []gw.EngineConfig{
+		{URL: pe.URL(), Model: "m", Kind: gw.KindSGLang, Stage: state.StagePrefill},
+		{URL: de.URL(), Model: "m", Kind: gw.KindSGLang, Stage: state.StageDecode},
+	}, gw.Options{PrefillTimeout: 50 * time.Millisecond})
+	prefill, _ := f.registry.Lookup(state.EngineID(pe.URL()))
+	var codes []int
+	var healthy []bool
+	for range 3 {
+		code, _ := f.post(t, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+		codes = append(codes, code)
+		healthy = append(healthy, prefill.Healthy())
+	}
+	assert.Equal(t, []int{502, 502, 502}, codes)
+	assert.Equal(t, []bool{true, true, false}, healthy)
 }
