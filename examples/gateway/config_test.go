@@ -138,7 +138,7 @@ func TestConfigFileRefusals(t *testing.T) {
 		{"bad_kind", []string{"--config=" + good, "--engine-kind=tgi"}, state.ErrInvalidConfiguration, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := parseArgs(tc.args, io.Discard, io.Discard)
+			o, err := parseArgs(tc.args, io.Discard)
 			require.NoError(t, err)
 			_, err = build(o, zap.NewNop())
 			require.ErrorIs(t, err, tc.want)
@@ -159,7 +159,7 @@ func TestExampleConfigsBuildTheGateway(t *testing.T) {
 	require.Len(t, files, 4)
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
-			o, err := parseArgs([]string{"--config=" + f}, io.Discard, io.Discard)
+			o, err := parseArgs([]string{"--config=" + f}, io.Discard)
 			require.NoError(t, err)
 			g, err := build(o, zap.NewNop())
 			require.NoError(t, err)

@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -29,7 +31,7 @@ import (
 // until the test ends.
 func startGateway(t testing.TB, args ...string) (*gateway, *httptest.Server) {
 	t.Helper()
-	o, err := parseArgs(args, io.Discard, io.Discard)
+	o, err := parseArgs(args, io.Discard)
 	require.NoError(t, err)
 	g, err := build(o, zap.NewNop())
 	require.NoError(t, err)
@@ -466,14 +468,89 @@ func TestHealthz(t *testing.T) {
 	assert.Equal(t, "ok\n", string(b))
 }
 
+// mainArgsEnv makes the test binary run main with these (space-separated) arguments, so that
+// TestHelpPrintedOnce sees the command's real stdout, stderr and exit code.
+const mainArgsEnv = "GATEWAY_TEST_MAIN_ARGS"
+
+// --help and -h print the usage once, to stdout; a bad flag prints one line, to stderr.
+func TestHelpPrintedOnce(t *testing.T) {
+	if args, ok := os.LookupEnv(mainArgsEnv); ok {
+		os.Args = append([]string{"gateway"}, strings.Fields(args)...)
+		main()
+		os.Exit(0)
+	}
+	t.Parallel()
+	command := func(args string) (stdout, stderr string, code int) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelpPrintedOnce$")
+		cmd.Env = append(os.Environ(), mainArgsEnv+"="+args)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			return out.String(), errOut.String(), exit.ExitCode()
+		}
+		require.NoError(t, err)
+		return out.String(), errOut.String(), 0
+	}
+	for _, arg := range []string{"--help", "-h"} {
+		stdout, stderr, code := command(arg)
+		assert.Zero(t, code, arg)
+		assert.Equal(t, 1, strings.Count(stdout, "Usage: gateway [flags]"), "%s: the usage once", arg)
+		assert.Equal(t, 1, strings.Count(stdout, "\n  -listen string\n"), "%s: the flags once", arg)
+		assert.True(t, strings.HasPrefix(stdout, "gateway: an OpenAI-compatible HTTP gateway"), arg)
+		assert.Empty(t, stderr, arg)
+	}
+	stdout, stderr, code := command("--listne=:1")
+	assert.Equal(t, 1, code)
+	assert.Empty(t, stdout)
+	assert.Equal(t, "gateway: flag provided but not defined: -listne (gateway --help lists the flags)\n", stderr)
+}
+
+// GET /v1/models lists the served models in OpenAI's format, as vLLM's server does.
+func TestModelsListsTheServedModels(t *testing.T) {
+	t.Parallel()
+	e1, e2, e3 := newEngine(t), newEngine(t), newEngine(t)
+	before := time.Now().Unix()
+	_, gwSrv := startGateway(t, "--engine=url="+e1.URL()+",model=llama,kind=vllm,load=none",
+		"--engine=url="+e2.URL()+",model=qwen,kind=sglang,load=none",
+		"--engine=url="+e3.URL()+",model=llama,kind=vllm,load=none")
+	after := time.Now().Unix()
+	resp, err := http.Get(gwSrv.URL + "/v1/models")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "body %s", b)
+	assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+	var list struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID      string `json:"id"`
+			Object  string `json:"object"`
+			Created int64  `json:"created"`
+			OwnedBy string `json:"owned_by"`
+		} `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal(b, &list), "body %s", b)
+	assert.Equal(t, "list", list.Object)
+	require.Len(t, list.Data, 2, "each model once: %s", b)
+	for i, id := range []string{"llama", "qwen"} {
+		assert.Equal(t, id, list.Data[i].ID)
+		assert.Equal(t, "model", list.Data[i].Object)
+		assert.Equal(t, "enginepick", list.Data[i].OwnedBy)
+		assert.GreaterOrEqual(t, list.Data[i].Created, before)
+		assert.LessOrEqual(t, list.Data[i].Created, after)
+	}
+}
+
 // --help documents every flag, and each flag has a description.
 func TestHelpDocumentsEveryFlag(t *testing.T) {
 	t.Parallel()
-	var out, errOut bytes.Buffer
-	err := run(context.Background(), []string{"--help"}, &out, &errOut, nil)
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"--help"}, &out, io.Discard, nil)
 	require.ErrorIs(t, err, flag.ErrHelp)
 	var o options
-	fs := newFlagSet(&o, io.Discard)
+	fs := newFlagSet(&o)
 	n := 0
 	fs.VisitAll(func(f *flag.Flag) {
 		n++
@@ -514,14 +591,14 @@ func TestInvalidConfigurationIsRefused(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var o options
-			fs := newFlagSet(&o, io.Discard)
+			fs := newFlagSet(&o)
 			require.NoError(t, fs.Parse(tc.args))
 			_, err := build(o, zap.NewNop())
 			assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
 		})
 	}
 	var o options
-	fs := newFlagSet(&o, io.Discard)
+	fs := newFlagSet(&o)
 	require.NoError(t, fs.Parse([]string{"--engines-file=" + good}))
 	g, err := build(o, zap.NewNop())
 	require.NoError(t, err, "a valid file")

@@ -81,12 +81,8 @@ type options struct {
 	explicit map[string]bool
 }
 
-// newFlagSet declares every flag with its documentation; --help prints them.
-func newFlagSet(o *options, out io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-	fs.SetOutput(out)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `gateway: an OpenAI-compatible HTTP gateway routing to vLLM and SGLang engines with enginepick.
+// usageText is the head of --help; the flags' own documentation follows it.
+const usageText = `gateway: an OpenAI-compatible HTTP gateway routing to vLLM and SGLang engines with enginepick.
 
 Usage: gateway [flags]
 
@@ -135,9 +131,14 @@ An --engine value is comma-separated key=value pairs:
                           each KEY for every rank or none, and no engine-level load_url or kv_*
 
 Flags:
-`)
-		fs.PrintDefaults()
-	}
+`
+
+// newFlagSet declares every flag with its documentation (printUsage prints them). Parsing prints
+// nothing: parseArgs prints the usage for --help and returns errors for its caller to print.
+func newFlagSet(o *options) *flag.FlagSet {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on (host:port)")
 	fs.StringVar(&o.config, "config", "", "routing configuration file (YAML or JSON, enginepick.LoadConfig; examples/configs/) instead of --engine and --engines-file")
 	fs.StringVar(&o.enginesFile, "engines-file", "", "YAML or JSON file with the engine list (engines: [...])")
@@ -166,17 +167,26 @@ Flags:
 	return fs
 }
 
-// parseArgs parses the command line into options, recording which flags were given. --help
-// prints the usage to stdout and returns flag.ErrHelp.
-func parseArgs(args []string, stdout, stderr io.Writer) (options, error) {
+// printUsage writes --help: usageText, then every flag with its documentation and default.
+func printUsage(fs *flag.FlagSet, w io.Writer) {
+	fmt.Fprint(w, usageText)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}
+
+// parseArgs parses the command line into options, recording which flags were given. --help (or
+// -h) prints the usage to stdout once and returns flag.ErrHelp; a bad flag prints nothing and
+// returns its error.
+func parseArgs(args []string, stdout io.Writer) (options, error) {
 	var o options
-	fs := newFlagSet(&o, stderr)
+	fs := newFlagSet(&o)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stdout)
-			fs.Usage()
+			printUsage(fs, stdout)
+			return o, err
 		}
-		return o, err
+		return o, fmt.Errorf("%w (gateway --help lists the flags)", err)
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -186,10 +196,11 @@ func parseArgs(args []string, stdout, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
-// run parses args, builds the gateway and serves until ctx is done. ready, when set, is called
-// with the listening address once the server accepts connections.
+// run parses args, builds the gateway and serves until ctx is done. It writes --help and its
+// start-up line to stdout and its log to stderr, and returns every error for its caller to print.
+// ready, when set, is called with the listening address once the server accepts connections.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready func(addr string)) error {
-	o, err := parseArgs(args, stdout, stderr)
+	o, err := parseArgs(args, stdout)
 	if err != nil {
 		return err
 	}

@@ -227,7 +227,7 @@ func TestEngineRanksRefusals(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			o, err := parseArgs([]string{base + tc.flag, "--policy=round_robin"}, io.Discard, io.Discard)
+			o, err := parseArgs([]string{base + tc.flag, "--policy=round_robin"}, io.Discard)
 			require.NoError(t, err)
 			_, err = build(o, zap.NewNop())
 			require.ErrorIs(t, err, state.ErrInvalidConfiguration)

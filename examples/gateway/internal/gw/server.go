@@ -83,7 +83,7 @@ type Options struct {
 }
 
 // Server is the OpenAI-compatible handler: POST /v1/chat/completions and /v1/completions, GET
-// /healthz and, with Metrics, GET /metrics. Safe for concurrent use.
+// /v1/models, GET /healthz and, with Metrics, GET /metrics. Safe for concurrent use.
 type Server struct {
 	opts Options
 	mux  *http.ServeMux
@@ -118,6 +118,14 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.inference(w, r, true) })
 	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.inference(w, r, false) })
+	models, err := modelsAnswer(opts.Registry, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	s.mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(models)
+	})
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(w, "ok\n")
@@ -126,6 +134,29 @@ func NewServer(opts Options) (*Server, error) {
 		s.mux.Handle("GET /metrics", opts.Metrics.Handler())
 	}
 	return s, nil
+}
+
+// modelCard is one model of GET /v1/models, in OpenAI's format as vLLM's server answers it
+// (vllm-project/vllm `vllm/entrypoints/openai/protocol.py`, ModelCard and ModelList).
+type modelCard struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// modelsAnswer returns GET /v1/models' body: every model of the registry, sorted, created at
+// created (Unix seconds) and owned by "enginepick". The registry never changes, so neither does
+// the answer.
+func modelsAnswer(r *Registry, created time.Time) ([]byte, error) {
+	list := struct {
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}{Object: "list", Data: []modelCard{}}
+	for _, m := range r.Models() {
+		list.Data = append(list.Data, modelCard{ID: string(m), Object: "model", Created: created.Unix(), OwnedBy: "enginepick"})
+	}
+	return json.Marshal(list)
 }
 
 // ServeHTTP implements http.Handler.
@@ -144,16 +175,6 @@ func (s *Server) CloseIdleConnections() {
 	if c, ok := s.opts.Tokenizer.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
-}
-
-// requestHead is what the gateway reads of an OpenAI request body; the body itself is forwarded.
-type requestHead struct {
-	Model               *string         `json:"model"`
-	Stream              bool            `json:"stream"`
-	Messages            json.RawMessage `json:"messages"`
-	Prompt              json.RawMessage `json:"prompt"`
-	MaxTokens           *int64          `json:"max_tokens"`
-	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
 }
 
 // statusWriter records the status written, for the request metric.
@@ -206,29 +227,12 @@ func (s *Server) inference(rw http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "could not read the request body")
 		return
 	}
-	var head requestHead
-	if err := json.Unmarshal(body, &head); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "the request body is not a JSON object")
+	head, err := parseHead(body, chat)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	if head.Model == nil || *head.Model == "" {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "model is required")
-		return
-	}
-	prompt := Prompt{Model: state.ModelID(*head.Model)}
-	if chat {
-		if len(head.Messages) == 0 || bytes.Equal(head.Messages, []byte("null")) {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "messages is required")
-			return
-		}
-		prompt.Messages = head.Messages
-	} else {
-		if len(head.Prompt) == 0 || bytes.Equal(head.Prompt, []byte("null")) {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "prompt is required")
-			return
-		}
-		prompt.Text = head.Prompt
-	}
+	prompt := Prompt{Model: state.ModelID(head.Model), Messages: head.Messages, Text: head.Prompt}
 
 	req := &bucket.Request{Model: prompt.Model}
 	if s.opts.Tokenizer != nil {
@@ -246,14 +250,14 @@ func (s *Server) inference(rw http.ResponseWriter, r *http.Request, chat bool) {
 		req.InputTokens = EstimateTokens(len(body), s.opts.BytesPerToken)
 		s.opts.Metrics.estimate()
 	}
-	out := head.MaxCompletionTokens
-	if out == nil {
-		out = head.MaxTokens
-	}
-	if out != nil {
-		peak, err := bucket.ExpectedPeak(req.InputTokens, *out)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "max_tokens must be a non-negative integer")
+	if out := head.Output; out != nil {
+		if err := out.check(req.InputTokens); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+			return
+		}
+		peak, err := bucket.ExpectedPeak(req.InputTokens, out.N)
+		if err != nil { // not reached: check bounds the sum
+			writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 			return
 		}
 		req.ExpectedPeakTokens, req.HasExpectedPeak = peak, true

@@ -3,7 +3,9 @@ package gw_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -351,4 +353,71 @@ func TestPrefillTimeoutCountsAgainstThePrefillEngine(t *testing.T) {
 	}
 	assert.Equal(t, []int{502, 502, 502}, codes)
 	assert.Equal(t, []bool{true, true, false}, healthy)
+}
+
+// A request the gateway refuses gets a 400 whose message names the field and the cause, quoting
+// the value; nothing reaches the engine.
+func TestRequestValidationNamesTheCause(t *testing.T) {
+	t.Parallel()
+	eng := engine(t)
+	f := newFixture(t, []gw.EngineConfig{{URL: eng.URL(), Model: "m", Kind: gw.KindVLLM}}, gw.Options{})
+	chat := func(extra string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"hi"}]` + extra + `}`
+	}
+	// tooLarge is the message for a token count over the bound left by the prompt's estimated length.
+	tooLarge := func(field, value, body string) string {
+		in := gw.EstimateTokens(len(body), gw.DefaultBytesPerToken)
+		return fmt.Sprintf("%s %s is too large: at most %d, so that it plus the prompt's %d tokens stays within %d",
+			field, value, int64(math.MaxInt64)-in, in, int64(math.MaxInt64))
+	}
+	const maxInt64 = `,"max_tokens":9223372036854775807`
+	const overInt64 = `,"max_completion_tokens":9223372036854775808`
+	for _, tc := range []struct {
+		name, path, body string
+		code             int
+		message          string
+	}{
+		{"max_tokens_max_int64", "/v1/chat/completions", chat(maxInt64), 400, tooLarge("max_tokens", "9223372036854775807", chat(maxInt64))},
+		{"max_completion_tokens_over_int64", "/v1/chat/completions", chat(overInt64), 400, tooLarge("max_completion_tokens", "9223372036854775808", chat(overInt64))},
+		{"max_tokens_word", "/v1/chat/completions", chat(`,"max_tokens":"ten"`), 400, `max_tokens must be an integer, got "ten"`},
+		{"max_tokens_exponent", "/v1/chat/completions", chat(`,"max_tokens":1e30`), 400, `max_tokens must be an integer, got 1e30`},
+		{"max_tokens_fraction", "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":16.5}`, 400, `max_tokens must be an integer, got 16.5`},
+		{"max_tokens_negative", "/v1/chat/completions", chat(`,"max_tokens":-1`), 400, `max_tokens must be a non-negative integer, got -1`},
+		{"max_tokens_below_int64", "/v1/chat/completions", chat(`,"max_tokens":-9223372036854775809`), 400, `max_tokens must be a non-negative integer, got -9223372036854775809`},
+		{"max_completion_tokens_bool", "/v1/chat/completions", chat(`,"max_completion_tokens":true`), 400, `max_completion_tokens must be an integer, got true`},
+		{"max_tokens_long_string", "/v1/chat/completions", chat(`,"max_tokens":"` + strings.Repeat("9", 100) + `"`), 400, `max_tokens must be an integer, got "` + strings.Repeat("9", 31) + `…`},
+		{"messages_empty", "/v1/chat/completions", `{"model":"m","messages":[ ]}`, 400, `messages must be a non-empty array`},
+		{"messages_string", "/v1/chat/completions", `{"model":"m","messages":"hi"}`, 400, `messages must be an array, got "hi"`},
+		{"messages_null", "/v1/chat/completions", `{"model":"m","messages":null}`, 400, `messages is required`},
+		{"messages_missing", "/v1/chat/completions", `{"model":"m"}`, 400, `messages is required`},
+		{"prompt_missing", "/v1/completions", `{"model":"m"}`, 400, `prompt is required`},
+		{"model_missing", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, 400, `model is required`},
+		{"model_empty", "/v1/chat/completions", `{"model":"","messages":[{"role":"user","content":"hi"}]}`, 400, `model is required`},
+		{"model_number", "/v1/chat/completions", `{"model":5,"messages":[{"role":"user","content":"hi"}]}`, 400, `model must be a string, got 5`},
+		{"stream_string", "/v1/chat/completions", chat(`,"stream":"yes"`), 400, `stream must be a boolean, got "yes"`},
+		{"not_json", "/v1/chat/completions", `hello`, 400, `the request body is not a JSON object`},
+		{"json_array", "/v1/chat/completions", `[1,2]`, 400, `the request body is not a JSON object`},
+		{"json_null", "/v1/chat/completions", `null`, 400, `the request body is not a JSON object`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body := f.post(t, tc.path, tc.body, nil)
+			assert.Equal(t, tc.code, code, "body %s", body)
+			var e struct {
+				Error struct {
+					Message string `json:"message"`
+					Type    string `json:"type"`
+					Code    int    `json:"code"`
+				} `json:"error"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(body), &e), "body %s", body)
+			assert.Equal(t, tc.message, e.Error.Message)
+			assert.Equal(t, "invalid_request_error", e.Error.Type)
+			assert.Equal(t, tc.code, e.Error.Code)
+		})
+	}
+	assert.Empty(t, eng.Requests(), "no refused request reached the engine")
+	for _, body := range []string{chat(`,"max_tokens":null`), chat(`,"max_tokens":0,"max_completion_tokens":16,"stream":false`)} {
+		code, answer := f.post(t, "/v1/chat/completions", body, nil)
+		assert.Equal(t, http.StatusOK, code, "%s: %s", body, answer)
+	}
 }
