@@ -377,12 +377,12 @@ func (x *exchange) state() (connected, sent bool) {
 	return x.connected, x.sent
 }
 
-// send posts body to the engine at the client request's path (to the picked rank's own server when
-// the engine has one per rank, Engine.RankURL) and feeds the exchange to the engine's breaker. An answer is OutcomeOf its status. Without an answer: the client's own
-// cancellation is nobody's failure; no connection is OutcomeConnError; a connection the engine
-// closed before it had read the whole body returns ErrBodyRefused and is not recorded; a
-// connection closed, reset or timed out (ctx's deadline) after the whole request was written is
-// OutcomeServerError.
+// send posts body to the engine at the client request's path (to the picked rank's own server
+// when the engine has one per rank, Engine.RankURL) and feeds the exchange to the engine's
+// breaker. An answer is OutcomeOf its status. Without an answer: the client's own cancellation is
+// nobody's failure; no connection is OutcomeConnError; a connection the engine closed before it
+// had read the whole body returns ErrBodyRefused and is not recorded; a connection closed, reset
+// or timed out (ctx's deadline) after the whole request was written is OutcomeServerError.
 func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []byte, rank int, hasRank bool) (*http.Response, error) {
 	base, _ := e.RankURL(rank, hasRank)
 	x := &exchange{}
@@ -484,8 +484,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *
 
 // dispatchPlain forwards the request to the plain engine and relays its answer. The dispatch ends
 // with Done when the response (or stream) ends, however it ends: the error (none for a 2xx or 4xx
-// answer relayed whole, nor for a body the engine refused, answered 413), and the time to the first byte of the answer's body as its time to first
-// token (docs/design.md §15.1); token counts are not parsed from the body.
+// answer relayed whole, nor for a body the engine refused, answered 413), and the time to the
+// first byte of the answer's body as its time to first token (docs/design.md §15.1); token counts
+// are not parsed from the body.
 func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []byte, d *enginepick.Dispatch) {
 	var outcome enginepick.Outcome
 	defer func() { d.Done(outcome) }() // the guard is held until the response or stream ends, or the client leaves

@@ -421,3 +421,24 @@ func TestRequestValidationNamesTheCause(t *testing.T) {
 		assert.Equal(t, http.StatusOK, code, "%s: %s", body, answer)
 	}
 }
+
+// A body over MaxBodyBytes is the gateway's own 413, whether its Content-Length says so (refused
+// unread) or it is sent chunked; nothing reaches the engine.
+func TestBodyOverTheLimitIs413(t *testing.T) {
+	t.Parallel()
+	eng := engine(t)
+	f := newFixture(t, []gw.EngineConfig{{URL: eng.URL(), Model: "m", Kind: gw.KindVLLM}}, gw.Options{MaxBodyBytes: 64})
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 64) + `"}]}`
+	for name, reader := range map[string]io.Reader{
+		"content_length": strings.NewReader(body),
+		"chunked":        io.MultiReader(strings.NewReader(body)), // no length known: sent chunked
+	} {
+		resp, err := http.Post(f.srv.URL+"/v1/chat/completions", "application/json", reader)
+		require.NoError(t, err, name)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, name)
+		assert.JSONEq(t, `{"error":{"message":"request body is larger than 64 bytes","type":"invalid_request_error","code":413}}`, string(b), name)
+	}
+	assert.Empty(t, eng.Requests())
+}
