@@ -1,0 +1,299 @@
+package testengine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// MaxRecordedRequests is how many of the latest inference requests Requests keeps.
+const MaxRecordedRequests = 10_000
+
+// Engine is a running test engine: an HTTP server and, per DP rank, a scheduler, a prefix cache
+// and a KV-event publisher. Start one with Start and stop it with Close. Safe for concurrent use.
+type Engine struct {
+	opts  Options
+	ranks []*rank
+	pubs  []*publisher
+	srv   *http.Server
+	url   string
+	reg   *prometheus.Registry
+	ids   atomic.Uint64
+	serve chan error // Serve's result
+
+	mu       sync.Mutex
+	closed   bool
+	handlers int           // handlers running
+	conns    int           // HTTP connections open
+	idle     chan struct{} // closed and replaced when handlers or conns drops
+	requests []*Request
+}
+
+// Request is one inference request as the engine received and served it.
+type Request struct {
+	// Path is the request path (/v1/completions or /v1/chat/completions).
+	Path string
+	// Header is the request's header.
+	Header http.Header
+	// Body is the request's JSON body, field by field.
+	Body map[string]json.RawMessage
+	// Rank is the DP rank that served it.
+	Rank int
+	// PromptTokens and CachedTokens are the prompt's length and the part of it served from the
+	// prefix cache (0 until the request was admitted).
+	PromptTokens, CachedTokens int
+	// CompletionTokens is the number of output tokens generated so far.
+	CompletionTokens int
+	// Completed reports whether the whole answer was written.
+	Completed bool
+}
+
+// RankStats is a rank's state at one instant.
+type RankStats struct {
+	// Running and Waiting are the requests running and waiting for admission.
+	Running, Waiting int
+	// UsedBlocks are the KV blocks running requests use; CachedBlocks the physical blocks the
+	// prefix cache holds (used or free).
+	UsedBlocks, CachedBlocks int
+	// PromptTokens, CachedPromptTokens and GenerationTokens count the admitted requests' prompt
+	// tokens, the part of those served from the prefix cache, and the tokens generated, since Start
+	// or Restart.
+	PromptTokens, CachedPromptTokens, GenerationTokens uint64
+	// NextSeq is the sequence number the rank's next KV-event batch will carry (FirstSeq before the
+	// first); 0 without KV events.
+	NextSeq uint64
+	// Sleeping reports whether admission is paused by Sleep.
+	Sleeping bool
+}
+
+func (r *rank) stats() RankStats {
+	r.mu.Lock()
+	st := RankStats{Running: r.running, Waiting: len(r.waiting), UsedBlocks: r.pool.usedBlocks(),
+		PromptTokens: r.counts.promptTokens, CachedPromptTokens: r.counts.cacheHits,
+		GenerationTokens: r.counts.generationTokens, Sleeping: r.paused}
+	for _, ids := range r.pool.byHash {
+		st.CachedBlocks += len(ids)
+	}
+	r.mu.Unlock()
+	if r.pub != nil {
+		st.NextSeq = r.pub.nextSeq()
+	}
+	return st
+}
+
+// Start validates opts, binds the HTTP server and the ZMQ sockets and starts serving. Errors: an
+// error wrapping ErrOptions for invalid options; a bind error when a given port is taken.
+func Start(opts Options) (*Engine, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{opts: o, reg: prometheus.NewRegistry(), idle: make(chan struct{}), serve: make(chan error, 1)}
+	if !o.KVEvents.Disabled {
+		if e.pubs, err = startPublishers(&e.opts); err != nil {
+			return nil, err
+		}
+	}
+	for r := range o.DPRanks {
+		var pub *publisher
+		if e.pubs != nil {
+			pub = e.pubs[r]
+		}
+		e.ranks = append(e.ranks, newRank(r, &e.opts, pub))
+	}
+	e.reg.MustRegister(collector{e})
+	ln, err := net.Listen("tcp", o.Addr)
+	if err != nil {
+		e.closePublishers()
+		return nil, fmt.Errorf("testengine: %w", err)
+	}
+	e.url = "http://" + ln.Addr().String()
+	e.srv = &http.Server{Handler: e.handler(), ReadHeaderTimeout: 10 * time.Second, ConnState: e.connState}
+	go func() { e.serve <- e.srv.Serve(ln) }()
+	return e, nil
+}
+
+// URL returns the engine's base URL, http://127.0.0.1:port.
+func (e *Engine) URL() string { return e.url }
+
+// Options returns the engine's options with the defaults applied.
+func (e *Engine) Options() Options { return e.opts }
+
+// KVEndpoint returns the PUB endpoint of rank's KV events (tcp://127.0.0.1:port), or "" when
+// the events are disabled. It panics for a rank outside [0, DPRanks).
+func (e *Engine) KVEndpoint(rank int) string {
+	e.checkRank(rank)
+	if e.pubs == nil {
+		return ""
+	}
+	return e.pubs[rank].addr
+}
+
+// ReplayEndpoint returns the replay (ROUTER) endpoint of rank, or "" without one. It panics for a
+// rank outside [0, DPRanks).
+func (e *Engine) ReplayEndpoint(rank int) string {
+	e.checkRank(rank)
+	if e.pubs == nil {
+		return ""
+	}
+	return e.pubs[rank].replay
+}
+
+func (e *Engine) checkRank(rank int) {
+	if rank < 0 || rank >= len(e.ranks) {
+		panic(fmt.Sprintf("testengine: rank %d outside [0, %d)", rank, len(e.ranks)))
+	}
+}
+
+// Blocks returns the KV blocks rank's prefix cache holds, one per hash, sorted by prefix length
+// then hash. It panics for a rank outside [0, DPRanks).
+func (e *Engine) Blocks(rank int) []Block {
+	e.checkRank(rank)
+	r := e.ranks[rank]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pool.held()
+}
+
+// Stats returns rank's state. It panics for a rank outside [0, DPRanks).
+func (e *Engine) Stats(rank int) RankStats {
+	e.checkRank(rank)
+	return e.ranks[rank].stats()
+}
+
+// Requests returns the latest inference requests received (at most MaxRecordedRequests), oldest
+// first.
+func (e *Engine) Requests() []Request {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]Request, len(e.requests))
+	for i, r := range e.requests {
+		out[i] = *r
+	}
+	return out
+}
+
+// record adds a request to the record and returns it; update changes it under the lock.
+func (e *Engine) record(r *Request) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.requests) == MaxRecordedRequests {
+		e.requests = append(e.requests[:0:0], e.requests[1:]...)
+	}
+	e.requests = append(e.requests, r)
+}
+
+func (e *Engine) update(f func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	f()
+}
+
+// Restart restarts every rank as a restarted engine process would come back: the requests in
+// flight are cut off (their connections closed without an answer), the prefix cache is empty,
+// the counters are zero and each publisher numbers its next batch FirstSeq again, with an empty
+// replay buffer, on the same endpoints. The HTTP server keeps its address. It publishes nothing:
+// a subscriber learns of the restart from the sequence number.
+func (e *Engine) Restart() {
+	for _, r := range e.ranks {
+		r.restart()
+	}
+}
+
+// Sleep is POST /sleep: every rank stops admitting requests, waits for its running requests to
+// end, empties its prefix cache and publishes AllBlocksCleared. Requests that arrive meanwhile
+// wait until WakeUp. It returns ctx's error if ctx ends first (admission stays paused), or an
+// error when the engine restarts or closes meanwhile.
+func (e *Engine) Sleep(ctx context.Context) error {
+	for _, r := range e.ranks {
+		if err := r.sleep(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WakeUp is POST /wake_up: every rank admits requests again.
+func (e *Engine) WakeUp() {
+	for _, r := range e.ranks {
+		r.wakeUp()
+	}
+}
+
+// Close stops the engine: the HTTP server and its connections, every request in flight, and the
+// ZMQ sockets. It returns when every goroutine the engine started has returned. Close after Close
+// does nothing.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.mu.Unlock()
+	err := e.srv.Close()
+	for _, r := range e.ranks {
+		r.stop()
+	}
+	e.mu.Lock()
+	for e.handlers > 0 || e.conns > 0 {
+		idle := e.idle
+		e.mu.Unlock()
+		<-idle
+		e.mu.Lock()
+	}
+	e.mu.Unlock()
+	if serr := <-e.serve; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	e.closePublishers()
+	return err
+}
+
+func (e *Engine) closePublishers() {
+	for _, p := range e.pubs {
+		p.close()
+	}
+}
+
+// enter counts a handler in; it reports false once the engine is closing.
+func (e *Engine) enter() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return false
+	}
+	e.handlers++
+	return true
+}
+
+func (e *Engine) exit() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.handlers--
+	close(e.idle)
+	e.idle = make(chan struct{})
+}
+
+// connState counts the open connections, so that Close waits for their goroutines (a connection
+// closed after an unread body lingers up to 500 ms in net/http).
+func (e *Engine) connState(_ net.Conn, s http.ConnState) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch s {
+	case http.StateNew:
+		e.conns++
+	case http.StateClosed, http.StateHijacked:
+		e.conns--
+		close(e.idle)
+		e.idle = make(chan struct{})
+	}
+}
