@@ -197,12 +197,33 @@ func (e *Engine) update(f func()) {
 	f()
 }
 
+// DropBatches makes rank's publisher lose its next n batches: each is numbered and kept for
+// replay but not sent, as a PUB socket drops messages past its high-water mark, so that a
+// subscriber sees a gap. It panics for a rank outside [0, DPRanks) and does nothing without KV
+// events.
+func (e *Engine) DropBatches(rank, n int) {
+	e.checkRank(rank)
+	if e.pubs == nil {
+		return
+	}
+	p := e.pubs[rank]
+	p.mu.Lock()
+	p.drop = max(n, 0)
+	p.mu.Unlock()
+}
+
 // Restart restarts every rank as a restarted engine process would come back: the requests in
 // flight are cut off (their connections closed without an answer), the prefix cache is empty,
 // the counters are zero and each publisher numbers its next batch FirstSeq again, with an empty
 // replay buffer, on the same endpoints. The HTTP server keeps its address. It publishes nothing:
-// a subscriber learns of the restart from the sequence number.
+// a subscriber learns of the restart from the sequence number. Restart after Close does nothing.
 func (e *Engine) Restart() {
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return
+	}
 	for _, r := range e.ranks {
 		r.restart()
 	}

@@ -175,6 +175,7 @@ type publisher struct {
 	done      sync.WaitGroup
 
 	mu     sync.Mutex
+	drop   int      // batches still to drop (DropBatches)
 	next   uint64   // sequence number of the next batch
 	buf    [][]byte // the latest batches, numbered first, first+1, …
 	first  uint64
@@ -277,6 +278,10 @@ func (p *publisher) publish(events []event) {
 	if over := len(p.buf) - p.opts.ReplayBufferSize; over > 0 {
 		p.buf = p.buf[over:]
 		p.first += uint64(over)
+	}
+	if p.drop > 0 {
+		p.drop--
+		return
 	}
 	// A PUB socket never blocks: zmq4 queues the message for its writer.
 	_ = p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.opts.Topic), be64(seq), payload))

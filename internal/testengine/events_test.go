@@ -310,7 +310,7 @@ func TestReplay(t *testing.T) {
 }
 
 // The PUB socket sends [topic, sequence, payload], numbered one by one, the payload the one the
-// replay socket keeps.
+// replay socket keeps; DropBatches makes it skip one.
 func TestPublishedFrames(t *testing.T) {
 	e := start(t, Options{BlockSize: 4, KVEvents: KVEventsOptions{Topic: "kv@host@test-model", FirstSeq: 1}})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -352,8 +352,23 @@ func TestPublishedFrames(t *testing.T) {
 			require.FailNow(t, "missing messages")
 		}
 	}
+	// A dropped batch is numbered and kept for replay, but never sent.
+	e.DropBatches(0, 1)
+	for i := range 2 {
+		require.Equal(t, http.StatusOK, postJSON(t, e.URL()+"/v1/completions", idsPrompt(seqIDs(2000+10*i, 4), 1), nil, nil))
+	}
+	var after zmq4.Msg
+	select {
+	case after = <-got:
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "missing message")
+	}
 	buffered := replayFrames(t, e.ReplayEndpoint(0), 1)
 	start := binary.BigEndian.Uint64(msgs[0].Frames[1])
+	require.Len(t, after.Frames, 3)
+	assert.Equal(t, start+5, binary.BigEndian.Uint64(after.Frames[1]), "batch %d was dropped", start+4)
+	require.Len(t, buffered, int(start+5)+1, "the replay buffer holds batches 1 to %d, the dropped one included, and the end marker", start+5)
+	assert.Equal(t, be64(start+4), buffered[start+3][0])
 	for i, m := range msgs {
 		require.Len(t, m.Frames, 3)
 		assert.Equal(t, "kv@host@test-model", string(m.Frames[0]))
