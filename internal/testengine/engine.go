@@ -154,7 +154,8 @@ func (e *Engine) checkRank(rank int) {
 }
 
 // Blocks returns the KV blocks rank's prefix cache holds, one per hash, sorted by prefix length
-// then hash. It panics for a rank outside [0, DPRanks).
+// then hash. Their Tokens and Prefix share the engine's memory: read them, never modify them. It
+// panics for a rank outside [0, DPRanks).
 func (e *Engine) Blocks(rank int) []Block {
 	e.checkRank(rank)
 	r := e.ranks[rank]
