@@ -17,10 +17,10 @@ import (
 
 // The router's index, fed by the engine's KV events through kvevents.Subscriber, ends up holding
 // exactly what the engine's cache holds, through stores, evictions (the cache holds a sixth of the
-// blocks the prompts need) and a first batch the subscriber missed (refilled from the replay
-// socket). Every prompt and its output is checked: the index matches as many leading blocks as
-// the engine holds. The prompts never end on a block boundary and never repeat, so the cache holds
-// no second copies (TestCopyOfAParentEvictedWhileItsChildStays shows what those do).
+// blocks the prompts need), a restart and a batch lost on the PUB socket (refilled from the
+// replay socket). Every prompt and its output is checked: the index matches as many leading
+// blocks as the engine holds. The prompts never end on a block boundary and never repeat, so the
+// cache holds no second copies (TestCopyOfAParentEvictedWhileItsChildStays shows what those do).
 func TestIndexFollowsTheEngine(t *testing.T) {
 	for _, enc := range []Encoding{EncodingMap, EncodingArray} {
 		t.Run(map[Encoding]string{EncodingMap: "map", EncodingArray: "array"}[enc], func(t *testing.T) {
@@ -35,12 +35,23 @@ func TestIndexFollowsTheEngine(t *testing.T) {
 			require.NoError(t, err)
 			engine := state.EngineID(e.URL())
 			require.NoError(t, sub.Add(kvevents.Endpoint{Engine: engine, Address: e.KVEndpoint(0), ReplayAddress: e.ReplayEndpoint(0)}))
+			require.NoError(t, sub.Start(context.Background()))
 			defer sub.Close()
+
+			// Batches published before the subscriber is connected are lost for good: send
+			// requests until one arrives, then restart the engine, which empties its cache and
+			// makes the subscriber clear the rank when the sequence starts again.
+			for i := 0; sub.Stats().Streams[0].Batches == 0; i++ {
+				require.Less(t, i, 500, "no batch reached the subscriber")
+				require.Equal(t, http.StatusOK, postJSON(t, e.URL()+"/v1/completions", idsPrompt(seqIDs(50_000+20*i, 17), 1), nil, nil))
+				time.Sleep(5 * time.Millisecond)
+			}
+			e.Restart()
 
 			var sequences [][]uint32 // every prompt followed by its output
 			for i := range 40 {
-				if i == 1 { // the first request's batches are published before anyone listens
-					require.NoError(t, sub.Start(context.Background()))
+				if i == 20 {
+					e.DropBatches(0, 1)
 				}
 				family := seqIDs(1000*(i%5), 40) // 5 families sharing 2 full blocks
 				prompt := append(family, seqIDs(100_000+100*i, 7+i%9)...)
@@ -74,7 +85,8 @@ func TestIndexFollowsTheEngine(t *testing.T) {
 			}
 			st := sub.Stats().Streams[0]
 			assert.Positive(t, st.RemovedBlocks)
-			assert.Positive(t, st.Replays, "the missed batches were replayed")
+			assert.Positive(t, st.Regressions, "the restart was seen")
+			assert.Positive(t, st.Replays, "the dropped batch was replayed")
 			assert.Zero(t, st.Rejected)
 		})
 	}
