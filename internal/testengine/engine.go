@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,11 +25,10 @@ type Engine struct {
 	opts  Options
 	ranks []*rank
 	pubs  []*publisher
-	srv   *http.Server
-	url   string
-	reg   *prometheus.Registry
+	srvs  []*http.Server // one, or one per rank with RankServers
+	urls  []string       // per rank: the base URL of the server serving it
 	ids   atomic.Uint64
-	serve chan error // Serve's result
+	serve chan error // each server's Serve result
 
 	mu       sync.Mutex
 	closed   bool
@@ -96,9 +97,47 @@ func Start(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{opts: o, reg: prometheus.NewRegistry(), idle: make(chan struct{}), serve: make(chan error, 1)}
+	e := &Engine{opts: o, idle: make(chan struct{})}
+	// The HTTP listeners first: a topic may name the address of the server serving its rank.
+	fronts := []*frontend{{reg: prometheus.NewRegistry()}}
+	if o.RankServers {
+		fronts = make([]*frontend, o.DPRanks)
+		for i := range fronts {
+			fronts[i] = &frontend{reg: prometheus.NewRegistry(), fixed: true}
+		}
+	}
+	var lns []net.Listener
+	closeListeners := func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}
+	for i := range fronts {
+		addr := o.Addr
+		if i > 0 { // rank i's server: the next port after rank 0's when Addr names one
+			base, port := lns[0].Addr().(*net.TCPAddr), 0
+			if !strings.HasSuffix(o.Addr, ":0") {
+				port = base.Port + i
+			}
+			addr = net.JoinHostPort(base.IP.String(), strconv.Itoa(port))
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			closeListeners()
+			return nil, fmt.Errorf("testengine: %w", err)
+		}
+		lns = append(lns, ln)
+	}
+	for r := range o.DPRanks {
+		e.urls = append(e.urls, "http://"+lns[min(r, len(lns)-1)].Addr().String())
+	}
 	if !o.KVEvents.Disabled {
-		if e.pubs, err = startPublishers(&e.opts); err != nil {
+		topics := make([]string, o.DPRanks)
+		for r := range topics {
+			topics[r] = strings.NewReplacer("{rank}", strconv.Itoa(r), "{addr}", strings.TrimPrefix(e.urls[r], "http://")).Replace(o.KVEvents.Topic)
+		}
+		if e.pubs, err = startPublishers(&e.opts, topics); err != nil {
+			closeListeners()
 			return nil, err
 		}
 	}
@@ -109,20 +148,42 @@ func Start(opts Options) (*Engine, error) {
 		}
 		e.ranks = append(e.ranks, newRank(r, &e.opts, pub))
 	}
-	e.reg.MustRegister(collector{e})
-	ln, err := net.Listen("tcp", o.Addr)
-	if err != nil {
-		e.closePublishers()
-		return nil, fmt.Errorf("testengine: %w", err)
+	if o.RankServers {
+		for r, f := range fronts {
+			f.ranks = e.ranks[r : r+1]
+		}
+	} else {
+		fronts[0].ranks = e.ranks
 	}
-	e.url = "http://" + ln.Addr().String()
-	e.srv = &http.Server{Handler: e.handler(), ReadHeaderTimeout: 10 * time.Second, ConnState: e.connState}
-	go func() { e.serve <- e.srv.Serve(ln) }()
+	e.serve = make(chan error, len(fronts))
+	for i, f := range fronts {
+		f.reg.MustRegister(collector{opts: &e.opts, ranks: f.ranks})
+		srv := &http.Server{Handler: e.handler(f), ReadHeaderTimeout: 10 * time.Second, ConnState: e.connState}
+		e.srvs = append(e.srvs, srv)
+		go func() { e.serve <- srv.Serve(lns[i]) }()
+	}
 	return e, nil
 }
 
-// URL returns the engine's base URL, http://127.0.0.1:port.
-func (e *Engine) URL() string { return e.url }
+// URL returns the engine's base URL, http://127.0.0.1:port: with RankServers, rank 0's server.
+func (e *Engine) URL() string { return e.urls[0] }
+
+// RankURL returns the base URL of the server serving rank: URL without RankServers. It panics for
+// a rank outside [0, DPRanks).
+func (e *Engine) RankURL(rank int) string {
+	e.checkRank(rank)
+	return e.urls[rank]
+}
+
+// Topic returns the topic of rank's KV events, its placeholders replaced. It panics for a rank
+// outside [0, DPRanks).
+func (e *Engine) Topic(rank int) string {
+	e.checkRank(rank)
+	if e.pubs == nil {
+		return ""
+	}
+	return string(e.pubs[rank].topic)
+}
 
 // Options returns the engine's options with the defaults applied.
 func (e *Engine) Options() Options { return e.opts }
@@ -234,8 +295,13 @@ func (e *Engine) Restart() {
 // end, empties its prefix cache and publishes AllBlocksCleared. Requests that arrive meanwhile
 // wait until WakeUp. It returns ctx's error if ctx ends first (admission stays paused), or an
 // error when the engine restarts or closes meanwhile.
-func (e *Engine) Sleep(ctx context.Context) error {
-	for _, r := range e.ranks {
+func (e *Engine) Sleep(ctx context.Context) error { return sleepRanks(ctx, e.ranks) }
+
+// WakeUp is POST /wake_up: every rank admits requests again.
+func (e *Engine) WakeUp() { wakeUpRanks(e.ranks) }
+
+func sleepRanks(ctx context.Context, ranks []*rank) error {
+	for _, r := range ranks {
 		if err := r.sleep(ctx); err != nil {
 			return err
 		}
@@ -243,9 +309,8 @@ func (e *Engine) Sleep(ctx context.Context) error {
 	return nil
 }
 
-// WakeUp is POST /wake_up: every rank admits requests again.
-func (e *Engine) WakeUp() {
-	for _, r := range e.ranks {
+func wakeUpRanks(ranks []*rank) {
+	for _, r := range ranks {
 		r.wakeUp()
 	}
 }
@@ -261,7 +326,12 @@ func (e *Engine) Close() error {
 	}
 	e.closed = true
 	e.mu.Unlock()
-	err := e.srv.Close()
+	var err error
+	for _, srv := range e.srvs {
+		if cerr := srv.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}
 	for _, r := range e.ranks {
 		r.stop()
 	}
@@ -273,8 +343,10 @@ func (e *Engine) Close() error {
 		e.mu.Lock()
 	}
 	e.mu.Unlock()
-	if serr := <-e.serve; !errors.Is(serr, http.ErrServerClosed) && err == nil {
-		err = serr
+	for range e.srvs {
+		if serr := <-e.serve; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+			err = serr
+		}
 	}
 	e.closePublishers()
 	return err

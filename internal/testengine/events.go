@@ -168,6 +168,7 @@ type publisher struct {
 	opts      *KVEventsOptions
 	rank      int
 	blockSize int
+	topic     []byte
 	pub       zmq4.Socket
 	router    zmq4.Socket // nil without replay
 	addr      string      // tcp://127.0.0.1:port of the PUB socket
@@ -232,8 +233,9 @@ func bindRanks(kind func(context.Context, ...zmq4.Option) zmq4.Socket, base, ran
 	return nil, nil, fmt.Errorf("testengine: binding %d consecutive ZMQ ports: %w", ranks, lastErr)
 }
 
-// startPublishers binds the PUB (and replay) sockets of every rank and starts the replay loops.
-func startPublishers(o *Options) ([]*publisher, error) {
+// startPublishers binds the PUB (and replay) sockets of every rank and starts the replay loops;
+// rank r publishes on topics[r].
+func startPublishers(o *Options, topics []string) ([]*publisher, error) {
 	pubs, addrs, err := bindRanks(zmq4.NewPub, o.KVEvents.Port, o.DPRanks)
 	if err != nil {
 		return nil, err
@@ -250,7 +252,8 @@ func startPublishers(o *Options) ([]*publisher, error) {
 	}
 	out := make([]*publisher, o.DPRanks)
 	for r := range out {
-		p := &publisher{opts: &o.KVEvents, rank: r, blockSize: o.BlockSize, pub: pubs[r], addr: addrs[r], next: o.KVEvents.FirstSeq, first: o.KVEvents.FirstSeq}
+		p := &publisher{opts: &o.KVEvents, rank: r, blockSize: o.BlockSize, topic: []byte(topics[r]), pub: pubs[r], addr: addrs[r],
+			next: o.KVEvents.FirstSeq, first: o.KVEvents.FirstSeq}
 		if routers != nil {
 			p.router, p.replay = routers[r], replays[r]
 			p.done.Add(1)
@@ -284,7 +287,7 @@ func (p *publisher) publish(events []event) {
 		return
 	}
 	// A PUB socket never blocks: zmq4 queues the message for its writer.
-	_ = p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.opts.Topic), be64(seq), payload))
+	_ = p.pub.SendMulti(zmq4.NewMsgFrom(p.topic, be64(seq), payload))
 }
 
 // reset empties the replay buffer and numbers the next batch FirstSeq again, as a restarted
@@ -339,7 +342,7 @@ func (p *publisher) serveReplay() {
 // reply frames one replay answer after the identity and the empty delimiter.
 func (p *publisher) reply(seq uint64, payload []byte) [][]byte {
 	if p.opts.ReplayFormat == ReplayTopic {
-		topic := []byte(p.opts.Topic)
+		topic := p.topic
 		if seq == endSeq {
 			topic = []byte{}
 		}

@@ -23,8 +23,11 @@ var (
 		[]string{"block_size", "enable_prefix_caching", "engine", "num_gpu_blocks"}, nil)
 )
 
-// collector exports the ranks' state at each scrape.
-type collector struct{ e *Engine }
+// collector exports the state of a server's ranks at each scrape.
+type collector struct {
+	opts  *Options
+	ranks []*rank
+}
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{runningDesc, waitingDesc, kvUsageDesc, queriesDesc, hitsDesc, promptDesc, genDesc, cacheDesc} {
@@ -33,8 +36,8 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
-	o := &c.e.opts
-	for _, r := range c.e.ranks {
+	o := c.opts
+	for _, r := range c.ranks {
 		st := r.stats()
 		l := []string{o.Model, strconv.Itoa(r.id)}
 		gauge := func(d *prometheus.Desc, v float64) {

@@ -30,12 +30,17 @@ type Options struct {
 	Model string
 	// Addr is the HTTP listen address (host:port). "" means DefaultAddr, a free port on loopback.
 	Addr string
-	// DPRanks is the number of data-parallel ranks, as vLLM's --data-parallel-size behind one API
-	// server: one HTTP port for all ranks, a request's rank chosen by its X-data-parallel-rank
-	// header or else the least loaded rank, each rank with its own scheduler, KV cache and KV-event
-	// publisher, and /metrics naming each rank in its engine label. 0 means 1. (For vLLM's external
-	// load-balancing mode, one server per rank, start one Engine per rank.)
+	// DPRanks is the number of data-parallel ranks, each with its own scheduler, KV cache and
+	// KV-event publisher (on consecutive ports), in one process. By default they are served as
+	// vLLM's --data-parallel-size behind one API server: one HTTP server for all ranks, a request's
+	// rank chosen by its X-data-parallel-rank header or else the least loaded rank, and /metrics
+	// naming each rank in its engine label; RankServers gives each its own server. 0 means 1.
 	DPRanks int
+	// RankServers serves each rank on its own HTTP server, as vLLM's external DP load balancing
+	// (and llm-d's simulator) runs one server per rank: rank r at RankURL(r), on the port of Addr
+	// plus r when Addr names one, else on a free port. Such a server serves only its rank (it
+	// ignores X-data-parallel-rank), and its /metrics, /sleep and /wake_up are that rank's.
+	RankServers bool
 	// MaxNumSeqs caps the running requests of a rank (vLLM max_num_seqs); later requests wait in
 	// FIFO order. 0 means DefaultMaxNumSeqs.
 	MaxNumSeqs int
@@ -107,8 +112,9 @@ type KVEventsOptions struct {
 	ReplayPort int
 	// NoReplay leaves the replay sockets out.
 	NoReplay bool
-	// Topic is the first frame of every message, the same on every rank (vLLM
-	// KVEventsConfig.topic, "" by default; llm-d names it kv@<pod>@<model>).
+	// Topic is the first frame of every message (vLLM KVEventsConfig.topic, "" by default). In it,
+	// {rank} is replaced by the rank and {addr} by the host:port of the HTTP server serving the
+	// rank, so that "kv@{addr}@m" gives llm-d's per-rank topics with RankServers.
 	Topic string
 	// Encoding is the payload shape; the zero value is EncodingMap.
 	Encoding Encoding

@@ -3,7 +3,9 @@ package testengine
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -14,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/loadmon/loadsource"
 )
 
 // At most MaxNumSeqs requests run; the others wait and are admitted in arrival order.
@@ -293,4 +297,61 @@ func TestRequestsAreRecorded(t *testing.T) {
 	var n int
 	require.NoError(t, json.Unmarshal(r.Body["max_tokens"], &n))
 	assert.Equal(t, 3, n)
+}
+
+// With RankServers each rank has its own HTTP server, serving only that rank (whatever rank a
+// request names) with its own /metrics and /sleep, and the topic names the rank's server.
+func TestRankServers(t *testing.T) {
+	e := start(t, Options{DPRanks: 2, RankServers: true, BlockSize: 4,
+		KVEvents: KVEventsOptions{Topic: "kv@{addr}@{rank}", ReplayFormat: ReplayTopic}})
+	require.Equal(t, e.URL(), e.RankURL(0))
+	require.NotEqual(t, e.RankURL(0), e.RankURL(1))
+	var got completion
+	for range 2 {
+		require.Equal(t, http.StatusOK, postJSON(t, e.RankURL(1)+"/v1/completions", idsPrompt(seqIDs(1, 9), 1), map[string]string{RankHeader: "0"}, &got))
+	}
+	assert.Equal(t, 8, got.Usage.PromptTokensDetails.CachedTokens)
+	assert.Empty(t, e.Blocks(0))
+	assert.Len(t, e.Blocks(1), 2)
+	for _, r := range e.Requests() {
+		assert.Equal(t, 1, r.Rank)
+	}
+
+	_, body := get(t, e.RankURL(1)+"/metrics")
+	page, err := loadsource.ParseVLLMMetrics("e", []byte(body))
+	require.NoError(t, err)
+	require.Len(t, page.Reports, 1)
+	assert.Equal(t, 1, page.Reports[0].DPRank)
+
+	topic := "kv@" + strings.TrimPrefix(e.RankURL(1), "http://") + "@1"
+	assert.Equal(t, topic, e.Topic(1))
+	frames := replayFrames(t, e.ReplayEndpoint(1), 0)
+	require.Len(t, frames, 2)
+	assert.Equal(t, topic, string(frames[0][0]))
+	assert.Equal(t, 1, decodeBatch(t, frames[0][2], EncodingMap).Rank)
+
+	require.Equal(t, http.StatusOK, postJSON(t, e.RankURL(1)+"/sleep", ``, nil, nil))
+	assert.True(t, e.Stats(1).Sleeping)
+	assert.False(t, e.Stats(0).Sleeping)
+	_, body = get(t, e.RankURL(0)+"/is_sleeping")
+	assert.JSONEq(t, `{"is_sleeping":false}`, body)
+	require.Equal(t, http.StatusOK, postJSON(t, e.RankURL(1)+"/wake_up", ``, nil, nil))
+	assert.False(t, e.Stats(1).Sleeping)
+
+	// A given address: rank r listens on its port + r.
+	for try := 0; ; try++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		f, err := Start(Options{DPRanks: 3, RankServers: true, Addr: fmt.Sprintf("127.0.0.1:%d", port), KVEvents: KVEventsOptions{Disabled: true}})
+		if err != nil && try < 5 {
+			continue // a port was taken meanwhile
+		}
+		require.NoError(t, err)
+		assert.Equal(t, []string{fmt.Sprintf("http://127.0.0.1:%d", port), fmt.Sprintf("http://127.0.0.1:%d", port+1), fmt.Sprintf("http://127.0.0.1:%d", port+2)},
+			[]string{f.RankURL(0), f.RankURL(1), f.RankURL(2)})
+		require.NoError(t, f.Close())
+		break
+	}
 }

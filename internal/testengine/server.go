@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -20,7 +21,15 @@ import (
 // _get_data_parallel_rank).
 const RankHeader = "X-data-parallel-rank"
 
-func (e *Engine) handler() http.Handler {
+// frontend is one HTTP server's view of the engine: the ranks it serves and its metrics.
+type frontend struct {
+	ranks []*rank
+	// fixed: the server serves one rank of several (RankServers) and ignores RankHeader.
+	fixed bool
+	reg   *prometheus.Registry
+}
+
+func (e *Engine) handler(f *frontend) http.Handler {
 	mux := http.NewServeMux()
 	guard := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -31,25 +40,25 @@ func (e *Engine) handler() http.Handler {
 			h(w, r)
 		}
 	}
-	mux.HandleFunc("POST /v1/completions", guard(func(w http.ResponseWriter, r *http.Request) { e.inference(w, r, false) }))
-	mux.HandleFunc("POST /v1/chat/completions", guard(func(w http.ResponseWriter, r *http.Request) { e.inference(w, r, true) }))
+	mux.HandleFunc("POST /v1/completions", guard(func(w http.ResponseWriter, r *http.Request) { e.inference(w, r, f, false) }))
+	mux.HandleFunc("POST /v1/chat/completions", guard(func(w http.ResponseWriter, r *http.Request) { e.inference(w, r, f, true) }))
 	mux.HandleFunc("POST /tokenize", guard(e.tokenize))
 	mux.HandleFunc("GET /v1/models", guard(e.models))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(f.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("POST /sleep", guard(func(w http.ResponseWriter, r *http.Request) {
-		if err := e.Sleep(r.Context()); err != nil {
+		if err := sleepRanks(r.Context(), f.ranks); err != nil {
 			writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", err.Error())
 			return
 		}
 		w.WriteHeader(http.StatusOK)
 	}))
 	mux.HandleFunc("POST /wake_up", func(w http.ResponseWriter, _ *http.Request) {
-		e.WakeUp()
+		wakeUpRanks(f.ranks)
 		w.WriteHeader(http.StatusOK)
 	})
 	mux.HandleFunc("GET /is_sleeping", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]bool{"is_sleeping": e.ranks[0].stats().Sleeping})
+		writeJSON(w, http.StatusOK, map[string]bool{"is_sleeping": f.ranks[0].stats().Sleeping})
 	})
 	return mux
 }
@@ -210,18 +219,22 @@ func (e *Engine) models(w http.ResponseWriter, _ *http.Request) {
 		"parent": nil, "max_model_len": e.opts.MaxModelLen}}})
 }
 
-// pickRank returns the rank the request names in RankHeader, else the least loaded one by vLLM's
-// score (waiting × 4 + running; the lowest rank on a tie).
-func (e *Engine) pickRank(r *http.Request) (*rank, *apiError) {
+// pickRank returns the rank of a server that serves one (RankServers), else the rank the request
+// names in RankHeader, else the least loaded one by vLLM's score (waiting × 4 + running; the
+// lowest rank on a tie).
+func (f *frontend) pickRank(r *http.Request) (*rank, *apiError) {
+	if f.fixed {
+		return f.ranks[0], nil
+	}
 	if v := r.Header.Get(RankHeader); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n >= len(e.ranks) {
-			return nil, badRequest("%s %q: want a rank in [0, %d)", RankHeader, v, len(e.ranks))
+		if err != nil || n < 0 || n >= len(f.ranks) {
+			return nil, badRequest("%s %q: want a rank in [0, %d)", RankHeader, v, len(f.ranks))
 		}
-		return e.ranks[n], nil
+		return f.ranks[n], nil
 	}
-	best, bestLoad := e.ranks[0], e.ranks[0].load()
-	for _, rk := range e.ranks[1:] {
+	best, bestLoad := f.ranks[0], f.ranks[0].load()
+	for _, rk := range f.ranks[1:] {
 		if l := rk.load(); l < bestLoad {
 			best, bestLoad = rk, l
 		}
@@ -267,7 +280,7 @@ type (
 // sends the assistant role), then a usage chunk when stream_options.include_usage is set, then
 // "data: [DONE]". usage.prompt_tokens_details.cached_tokens is always present: the prompt tokens
 // served from the prefix cache (vLLM reports it with --enable-prompt-tokens-details).
-func (e *Engine) inference(w http.ResponseWriter, r *http.Request, chat bool) {
+func (e *Engine) inference(w http.ResponseWriter, r *http.Request, f *frontend, chat bool) {
 	var req request
 	fields := map[string]json.RawMessage{}
 	if err := e.readBody(w, r, &req, &fields); err != nil {
@@ -299,7 +312,7 @@ func (e *Engine) inference(w http.ResponseWriter, r *http.Request, chat bool) {
 			e.opts.MaxModelLen, len(prompt)+maxTokens, len(prompt), maxTokens))
 		return
 	}
-	rk, apiErr := e.pickRank(r)
+	rk, apiErr := f.pickRank(r)
 	if apiErr != nil {
 		writeError(w, apiErr.status, apiErr.typ, apiErr.msg)
 		return
