@@ -21,12 +21,20 @@ import (
 // replay socket). Every prompt and its output is checked: the index matches as many leading
 // blocks as the engine holds. The prompts never end on a block boundary and never repeat, so the
 // cache holds no second copies (TestCopyOfAParentEvictedWhileItsChildStays shows what those do).
+// It holds with vLLM's conventions and llm-d's (root parent 0, sequence from 1, per-rank topics,
+// replay replies with a topic frame).
 func TestIndexFollowsTheEngine(t *testing.T) {
-	for _, enc := range []Encoding{EncodingMap, EncodingArray} {
-		t.Run(map[Encoding]string{EncodingMap: "map", EncodingArray: "array"}[enc], func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kv   KVEventsOptions
+	}{
+		{"vllm", KVEventsOptions{}},
+		{"vllm arrays", KVEventsOptions{Encoding: EncodingArray}},
+		{"llm-d", KVEventsOptions{RootParentZero: true, FirstSeq: 1, ReplayFormat: ReplayTopic, Topic: "kv@{addr}@test-model"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			const bs = 16
-			e := start(t, Options{BlockSize: bs, NumBlocks: 40, MaxModelLen: 640, DecodePerToken: -1, PrefillPerToken: -1,
-				KVEvents: KVEventsOptions{Encoding: enc}})
+			e := start(t, Options{BlockSize: bs, NumBlocks: 40, MaxModelLen: 640, DecodePerToken: -1, PrefillPerToken: -1, KVEvents: tc.kv})
 			h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: bs})
 			require.NoError(t, err)
 			index, err := kvindex.NewIndex(h, kvindex.Options{})
@@ -34,7 +42,7 @@ func TestIndexFollowsTheEngine(t *testing.T) {
 			sub, err := kvevents.New(kvevents.Options{Index: index})
 			require.NoError(t, err)
 			engine := state.EngineID(e.URL())
-			require.NoError(t, sub.Add(kvevents.Endpoint{Engine: engine, Address: e.KVEndpoint(0), ReplayAddress: e.ReplayEndpoint(0)}))
+			require.NoError(t, sub.Add(kvevents.Endpoint{Engine: engine, Address: e.KVEndpoint(0), ReplayAddress: e.ReplayEndpoint(0), Topic: e.Topic(0)}))
 			require.NoError(t, sub.Start(context.Background()))
 			defer sub.Close()
 
