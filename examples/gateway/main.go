@@ -76,6 +76,7 @@ type options struct {
 	probePath        string
 	prefillTimeout   time.Duration
 	debug            bool
+	fakeEngines      int
 
 	// explicit holds the names of the flags given on the command line (parseArgs).
 	explicit map[string]bool
@@ -164,6 +165,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.probePath, "probe-path", "/health", "health endpoint probed to bring an unhealthy engine back")
 	fs.DurationVar(&o.prefillTimeout, "prefill-timeout", 10*time.Minute, "bound on a PD prefill request, which completes even if the client leaves")
 	fs.BoolVar(&o.debug, "debug", false, "log at debug level (selection failures, upstream errors, failed polls); warnings are logged without it")
+	fs.IntVar(&o.fakeEngines, "fake-engines", 0, "start this many in-process vLLM-like test engines (model \"fake\", no GPU) and route to them, instead of --engine, --engines-file or --config")
 	return fs
 }
 
@@ -203,6 +205,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready fun
 	o, err := parseArgs(args, stdout)
 	if err != nil {
 		return err
+	}
+	if o.fakeEngines != 0 {
+		stop, err := startFakeEngines(&o, stdout)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	// Warnings (degraded load reports, KV-event feed failures) go to stderr; --debug adds the rest.
 	log := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.Lock(zapcore.AddSync(stderr)), zap.WarnLevel))
