@@ -43,7 +43,21 @@ type applier struct {
 	media  map[string]kvindex.Tier // upper-case keys
 	bt     int
 
+	// copies counts the copies of a block the rank holds beyond the first, per engine hash and
+	// tier: vLLM keeps a second copy of a block computed while an identical one is cached, stores
+	// it again and removes each copy on its own (docs/design.md §13.1). Nil until a store repeats
+	// a held block; an entry goes with its last extra copy, and every entry with a clear of the
+	// rank, so there are never more entries than copies the engine holds.
+	copies   map[copyKey]uint32
+	restored []kvindex.Restored // Store scratch
+
 	remaining, unknown, known []uint64 // Remove scratch
+}
+
+// copyKey names a block's copies in one tier: its engine hash and one Tier bit.
+type copyKey struct {
+	hash uint64
+	tier kvindex.Tier
 }
 
 func newApplier(engine state.EngineID, rank int, o *Options) *applier {
@@ -162,17 +176,49 @@ func (a *applier) store(ev *Event, c *counters) error {
 	}
 	se := kvindex.StoreEvent{Engine: a.engine, DPRank: a.rank, ParentHash: ev.ParentHash,
 		HasParent: ev.HasParent, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, Tier: tier}
-	err = x.Store(se)
+	a.restored, err = x.StoreRestored(se, a.restored[:0])
 	if err != nil && se.HasParent && se.ParentHash == 0 && errors.Is(err, kvindex.ErrUnknownParent) {
 		// Parent 0 that the rank does not hold is a root: llm-d's publishers send 0 where vLLM
 		// sends nil (docs/design.md §13.1).
 		se.HasParent = false
-		err = x.Store(se)
+		a.restored, err = x.StoreRestored(se, a.restored[:0])
 	}
-	if err == nil {
-		c.stored += uint64(len(ev.BlockHashes))
+	if err != nil {
+		return err
 	}
-	return err
+	c.stored += uint64(len(ev.BlockHashes))
+	for _, r := range a.restored {
+		// A block the rank already held in a tier it is stored in again: one more copy there.
+		for t := r.Tiers & tier; t != 0; t &= t - 1 {
+			if a.copies == nil {
+				a.copies = map[copyKey]uint32{}
+			}
+			a.copies[copyKey{ev.BlockHashes[r.Block], t & -t}]++
+		}
+	}
+	return nil
+}
+
+// dropCopy drops one extra copy of the block with engine hash h in each tier of tiers (0: every
+// tier) that holds one, and reports whether it dropped any: the rank then still holds the block.
+func (a *applier) dropCopy(h uint64, tiers kvindex.Tier) bool {
+	if tiers == 0 {
+		tiers = kvindex.AllTiers
+	}
+	dropped := false
+	for t := tiers; t != 0; t &= t - 1 {
+		k := copyKey{h, t & -t}
+		switch n := a.copies[k]; n {
+		case 0:
+			continue
+		case 1:
+			delete(a.copies, k)
+		default:
+			a.copies[k] = n - 1
+		}
+		dropped = true
+	}
+	return dropped
 }
 
 func (a *applier) tier(medium string) (kvindex.Tier, bool) {
@@ -202,7 +248,8 @@ func (a *applier) indexFor(ev *Event) (*kvindex.Index, error) {
 
 // remove removes ev's hashes from whichever index holds them: BlockRemoved names no adapter, and
 // the engine's hashes differ between adapters (vLLM folds lora_name into extra_keys), so each
-// index removes the hashes it holds. Hashes no index holds (blocks the index evicted under its
+// index removes the hashes it holds. A hash with an extra copy in a removed tier loses that copy
+// instead, and the rank keeps the block. Hashes no index holds (blocks the index evicted under its
 // cap, or stored under a group or adapter this subscriber drops) are counted, not reported.
 func (a *applier) remove(ev *Event, c *counters) error {
 	if !ev.MainGroup() || len(ev.BlockHashes) == 0 {
@@ -214,6 +261,17 @@ func (a *applier) remove(ev *Event, c *counters) error {
 		tier, _ = a.tier(ev.Medium)
 	}
 	a.remaining = append(a.remaining[:0], ev.BlockHashes...)
+	if len(a.copies) > 0 {
+		kept := a.remaining[:0]
+		for _, h := range a.remaining {
+			if a.dropCopy(h, tier) {
+				c.removed++
+			} else {
+				kept = append(kept, h)
+			}
+		}
+		a.remaining = kept
+	}
 	for _, x := range a.all {
 		if len(a.remaining) == 0 {
 			break
@@ -251,8 +309,10 @@ func (a *applier) remove(ev *Event, c *counters) error {
 	return nil
 }
 
-// clear drops every block of the stream's (engine, rank) in every index.
+// clear drops every block of the stream's (engine, rank) in every index, and the count of their
+// copies.
 func (a *applier) clear() {
+	a.copies = nil
 	for _, x := range a.all {
 		_ = x.Clear(a.engine, a.rank) // ErrUnknownEngine: it holds nothing there
 	}
