@@ -206,7 +206,8 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 		assert.Zero(t, st.Malformed, "rank %d: no batch refused", st.DPRank)
 	}
 
-	d, err := r.Select(context.Background(), &bucket.Request{Model: "m", TokenIDs: r1, Signals: bucket.Signals{InputTokens: 8}})
+	// A prompt extending rank 1's blocks by a token: both are served from its cache, 8 tokens.
+	d, err := r.Select(context.Background(), &bucket.Request{Model: "m", TokenIDs: append(r1[:8:8], 17), Signals: bucket.Signals{InputTokens: 9}})
 	require.NoError(t, err)
 	defer d.Release()
 	p := d.Selection.Plain

@@ -75,7 +75,9 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 	require.Eventually(t, func() bool {
 		return r.Index().Match(r.Index().Hasher().Keys(tokens)).Blocks("e1") == 2
 	}, 10*time.Second, 5*time.Millisecond)
-	req := &bucket.Request{Model: "m", TokenIDs: tokens, Signals: bucket.Signals{InputTokens: 8}}
+	// A prompt extending the published blocks by a token: the engine serves both blocks from its
+	// cache, 8 tokens, the hit gate.
+	req := &bucket.Request{Model: "m", TokenIDs: append(tokens[:8:8], 9), Signals: bucket.Signals{InputTokens: 9}}
 	for range 3 {
 		d, err := r.Select(context.Background(), req)
 		require.NoError(t, err)

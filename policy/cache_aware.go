@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -691,7 +690,7 @@ func (p *CacheAware) materiallyCheaper(from, to, fromUncached, toUncached uint64
 
 // lookupView maps a lookup result onto the group, once per pick: for each of res.Engines its
 // index among the engines (−1 outside the group), and per engine index the prompt tokens the
-// engine was seen to hold, whatever the hit gate (§9.1's proportional conversion).
+// engine would serve from its prefix cache, whatever the hit gate (servedTokens, §9.1).
 type lookupView struct {
 	idx     []int
 	matched []uint64
@@ -731,7 +730,7 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 			continue
 		}
 		v.idx[j] = i
-		v.matched[i] = scaleTokens(req.InputTokens, uint64(min(m.Blocks, res.QueryBlocks)), uint64(res.QueryBlocks))
+		v.matched[i] = servedTokens(req.InputTokens, min(m.Blocks, res.QueryBlocks), res.BlockTokens)
 	}
 	return v
 }
@@ -809,11 +808,7 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 		return none, nil
 	}
 	if nIdx >= 0 && nCost < bestCost {
-		bb := 0
-		if req.InputTokens > 0 && res.QueryBlocks > 0 {
-			bb = int(matched[nIdx] * uint64(res.QueryBlocks) / req.InputTokens)
-		}
-		best, bestCost = costAlt{idx: nIdx, blocks: bb, uncached: req.InputTokens - matched[nIdx], obs: nObs}, nCost
+		best, bestCost = costAlt{idx: nIdx, blocks: heldBlocks(res, engines[nIdx].ID()), uncached: req.InputTokens - matched[nIdx], obs: nObs}, nCost
 	}
 	if best.idx < 0 || !p.materiallyCheaper(wCost, bestCost, w.uncached, best.uncached, load) {
 		return none, nil
@@ -922,14 +917,28 @@ func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 	return dst
 }
 
-// scaleTokens returns floor(input × blocks ÷ query) without overflow (docs/design.md §9.1).
-func scaleTokens(input, blocks, query uint64) uint64 {
-	hi, lo := bits.Mul64(input, blocks)
-	if hi >= query {
-		return input // blocks > query cannot happen (capped); saturate defensively
+// servedTokens returns the tokens of an input-token prompt that an engine holding its first
+// blocks blocks of blockTokens tokens serves from its prefix cache (docs/design.md §9.1): whole
+// blocks only, and none from the block holding the last prompt token, which the engine computes
+// again for its logits: min(blocks, ⌊(input − 1) ÷ blockTokens⌋) × blockTokens. 0 for an empty
+// prompt or an unknown block size.
+func servedTokens(input uint64, blocks, blockTokens int) uint64 {
+	if input == 0 || blocks <= 0 || blockTokens <= 0 {
+		return 0
 	}
-	q, _ := bits.Div64(hi, lo, query)
-	return q
+	bt := uint64(blockTokens)
+	return min(uint64(blocks), (input-1)/bt) * bt
+}
+
+// heldBlocks returns the leading blocks of the query that res says engine holds, 0 when it holds
+// none.
+func heldBlocks(res *kvindex.Result, engine state.EngineID) int {
+	for _, m := range res.Engines {
+		if m.Engine == engine {
+			return max(min(m.Blocks, res.QueryBlocks), 0)
+		}
+	}
+	return 0
 }
 
 // winner chooses among admitted holders (ranked by uncached tokens, then ID) within the switch

@@ -167,19 +167,42 @@ func TestCacheAwareLocalPrefixWinsWithinGroupAndThresholdMissesUseLoad(t *testin
 	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID())
 }
 
-func TestCacheAwareMatchedTokensAreProportionalForPartialBlocks(t *testing.T) {
+// docs/design.md §9.1: an engine holding b leading blocks of an n-token prompt is credited the
+// tokens it would serve from its prefix cache, min(b, ⌊(n − 1) ÷ 16⌋) × 16: whole blocks, and never
+// the block holding the last prompt token, which the engine computes again. The hit gate reads
+// that, and the pick's PrefillTokens is the rest of the prompt (the whole prompt on a miss).
+func TestCacheAwareMatchedTokensAreTheTokensTheEngineServes(t *testing.T) {
 	t.Parallel()
-	c := newCacheEnv(t)
-	tok := prompt(4*blockTokens+8, 2) // 72 tokens: 4 full blocks and a partial one
-	c.hold(t, "a", tok, 2)
-	c.inflight.Acquire("a") // so that a miss falls back to b
-	group := engines(state.StagePrefill, "a", "b")
-	// matched = floor(72 × 2 / 4) = 36 tokens (docs/design.md §9.1).
-	for gate, want := range map[uint64]state.EngineID{36: "a", 37: "b"} {
-		c.rnd.vals = []int{1, 0}
-		pk, err := c.policy(t, policy.CacheAwareOptions{MinMatchedTokens: gate}).Pick(ctx, group, creq(tok))
-		require.NoError(t, err)
-		assert.Equal(t, want, pk.Engine.ID(), "gate %d", gate)
+	for _, tc := range []struct {
+		name    string
+		n, held int
+		matched uint64
+	}{
+		{"a partial last block is prefilled", 4*blockTokens + 8, 2, 32},
+		{"every full block of a prompt with a partial last block", 4*blockTokens + 8, 4, 64},
+		{"a prompt ending on a block boundary computes its last block again", 4 * blockTokens, 4, 48},
+		{"one token more and the last full block is served", 4*blockTokens + 1, 4, 64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			tok := prompt(tc.n, 2)
+			c.hold(t, "a", tok, tc.held)
+			c.inflight.Acquire("a") // so that a miss falls back to b
+			group := engines(state.StagePrefill, "a", "b")
+			for _, gate := range []uint64{tc.matched, tc.matched + 1} {
+				c.rnd.vals = []int{1, 0}
+				pk, err := c.policy(t, policy.CacheAwareOptions{MinMatchedTokens: gate}).Pick(ctx, group, creq(tok))
+				require.NoError(t, err)
+				if gate == tc.matched {
+					assert.Equal(t, state.EngineID("a"), pk.Engine.ID(), "gate %d: a hit", gate)
+					assert.Equal(t, uint64(tc.n)-tc.matched, pk.PrefillTokens, "gate %d", gate)
+				} else {
+					assert.Equal(t, state.EngineID("b"), pk.Engine.ID(), "gate %d: a miss", gate)
+					assert.Equal(t, uint64(tc.n), pk.PrefillTokens, "gate %d", gate)
+				}
+			}
+		})
 	}
 }
 
@@ -409,12 +432,12 @@ func (f checkerFunc) Check(e state.Engine, m admission.Metrics) (admission.Verdi
 // sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` guard_switches_near_ties_only_with_complete_fresh_telemetry.
 func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testing.T) {
 	t.Parallel()
-	tok := prompt(10*blockTokens, 9)
+	tok := prompt(10*blockTokens+1, 9)
 	group := engines(state.StagePrefill, "deep", "shallow")
 	setup := func() *cacheEnv {
 		c := newCacheEnv(t)
-		c.hold(t, "deep", tok, 10)   // 0 uncached
-		c.hold(t, "shallow", tok, 9) // 16 uncached
+		c.hold(t, "deep", tok, 10)   // 1 uncached
+		c.hold(t, "shallow", tok, 9) // 17 uncached
 		c.native("deep", loadmon.Report{Native: &loadmon.NativeLoad{WaitingUncachedTokens: 5000}})
 		c.native("shallow", loadmon.Report{Native: &loadmon.NativeLoad{WaitingUncachedTokens: 10}})
 		return c
@@ -662,7 +685,7 @@ func TestCacheAwareRejectsTokenIDsThatDisagreeWithInputTokens(t *testing.T) {
 // in-flight requests.
 func TestCacheAwareHoldersWithinTheMarginAreOrderedByPressure(t *testing.T) {
 	t.Parallel()
-	tok := prompt(10*blockTokens, 21)
+	tok := prompt(10*blockTokens+1, 21)
 	t.Run("equal holders, native: less pending prefill wins without a material gap", func(t *testing.T) {
 		t.Parallel()
 		c := newCacheEnv(t)
@@ -687,8 +710,8 @@ func TestCacheAwareHoldersWithinTheMarginAreOrderedByPressure(t *testing.T) {
 	t.Run("no native data: fewer in-flight within the margin wins", func(t *testing.T) {
 		t.Parallel()
 		c := newCacheEnv(t)
-		c.hold(t, "deep", tok, 10)   // 0 uncached
-		c.hold(t, "shallow", tok, 9) // 16 uncached
+		c.hold(t, "deep", tok, 10)   // 1 uncached
+		c.hold(t, "shallow", tok, 9) // 17 uncached
 		for range 3 {
 			c.inflight.Acquire("deep")
 		}

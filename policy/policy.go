@@ -77,9 +77,10 @@ type Pick struct {
 	// Reason is a Reason… label.
 	Reason string
 	// PrefillTokens is the policy's estimate of the prompt tokens the engine will prefill for
-	// this request (input tokens minus the prefix it was seen to hold; at least 1, since engines
-	// recompute the last prompt token). 0 means the policy made no estimate: the host counts the
-	// whole input. The Router passes it to loadmon.InFlight.AcquirePrefill (docs/design.md §6).
+	// this request: the input tokens minus those it would serve from the prefix it was seen to
+	// hold, whole blocks short of the block holding the last prompt token, which engines compute
+	// again (docs/design.md §9.1); at least 1. 0 means the policy made no estimate: the host
+	// counts the whole input. The Router passes it to loadmon.InFlight.AcquirePrefill (docs/design.md §6).
 	PrefillTokens uint64
 	// InFlightCap is the in-flight cap admission held the engine to, valid when HasInFlightCap
 	// (admission.Verdict.InFlightCap; false: no in-flight cap, as with admission.Limits{}). The
