@@ -242,31 +242,55 @@ func TestDownEngineLeavesTheRotation(t *testing.T) {
 }
 
 // Many concurrent failures of one engine, each the request's or the engine's, cause one probe:
-// at most one is in flight per engine, and a failure while one is in flight is covered by it.
+// at most one is in flight per engine, and a failure while one is in flight is left to it. A 5xx
+// is relayed at once; a connection closed without an answer is a 502 once the probe has ended, so
+// that a client retrying finds a dead engine out of rotation already.
 func TestConcurrentFailuresProbeOnce(t *testing.T) {
 	t.Parallel()
-	hold := make(chan struct{})
-	eng := newProbedEngine(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusInternalServerError)
-	}, hold)
-	f := newFixture(t, []gw.EngineConfig{{URL: eng.srv.URL, Model: "m", Kind: gw.KindVLLM}}, gw.Options{})
-	e := f.registry.All()[0]
-	const n = 32
-	codes := make([]int, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { codes[i], _ = f.post(t, "/v1/completions", `{"model":"m","prompt":"hi"}`, nil) })
+	for _, tc := range []struct {
+		name  string
+		infer http.HandlerFunc
+		kind  string // the upstream failure's kind
+		code  int
+	}{
+		{"answers_500", func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.WriteHeader(http.StatusInternalServerError)
+		}, "server_error", 500},
+		{"hangs_up", hangUp(false), "no_answer", 502},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			hold := make(chan struct{})
+			eng := newProbedEngine(t, tc.infer, hold)
+			f := newFixture(t, []gw.EngineConfig{{URL: eng.srv.URL, Model: "m", Kind: gw.KindVLLM}}, gw.Options{})
+			e := f.registry.All()[0]
+			const n = 32
+			codes := make([]int, n)
+			var answered atomic.Int64
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					codes[i], _ = f.post(t, "/v1/completions", `{"model":"m","prompt":"hi"}`, nil)
+					answered.Add(1)
+				})
+			}
+			// Every failure has joined the first probe (it is counted after), which is held.
+			require.Eventually(t, func() bool { return f.upstreamFailures(t, tc.kind) == n }, 10*time.Second, time.Millisecond)
+			if tc.code == http.StatusBadGateway {
+				assert.Zero(t, answered.Load(), "no 502 before the probe has ended")
+			}
+			close(hold)
+			wg.Wait()
+			for i, c := range codes {
+				assert.Equal(t, tc.code, c, "request %d", i)
+			}
+			assert.Zero(t, settled(t, e, 1))
+			assert.Equal(t, int64(1), eng.calls.Load(), "one probe for %d failures", n)
+			assert.Equal(t, int64(1), eng.maxFlight.Load())
+			assert.True(t, e.Healthy())
+			ok, failed := e.Probes()
+			assert.Equal(t, [2]uint64{1, 0}, [2]uint64{ok, failed})
+		})
 	}
-	wg.Wait() // every failure has been seen: each probes (or not) before its answer is relayed
-	for i, c := range codes {
-		assert.Equal(t, http.StatusInternalServerError, c, "request %d", i)
-	}
-	close(hold)
-	assert.Zero(t, settled(t, e, 1))
-	assert.Equal(t, int64(1), eng.calls.Load(), "one probe for %d failures", n)
-	assert.Equal(t, int64(1), eng.maxFlight.Load())
-	assert.True(t, e.Healthy())
-	ok, failed := e.Probes()
-	assert.Equal(t, [2]uint64{1, 0}, [2]uint64{ok, failed})
 }

@@ -108,7 +108,8 @@ type Engine struct {
 	streak    int
 	opens     atomic.Uint64
 
-	probing      atomic.Bool // a probe Prober.Suspect started is in flight
+	probeMu      sync.Mutex
+	probeDone    chan struct{} // closed when the probe Prober.Suspect started ends; nil when none is in flight
 	probesOK     atomic.Uint64
 	probesFailed atomic.Uint64
 }
@@ -396,18 +397,26 @@ func (p *Prober) Round(ctx context.Context) {
 // the probe's outcome as e's (Engine.Record): a 200 resets the streak, no connection opens the
 // breaker at once, anything else counts toward the streak. At most one such probe per engine is
 // in flight: a failure while one is in flight is left to it, so a burst of failures costs one
-// probe. It returns whether it started a probe.
-func (p *Prober) Suspect(e *Engine) bool {
-	if !e.probing.CompareAndSwap(false, true) {
-		return false
+// probe. The channel returned is closed once the probe covering this failure has been recorded
+// (within Timeout).
+func (p *Prober) Suspect(e *Engine) <-chan struct{} {
+	e.probeMu.Lock()
+	defer e.probeMu.Unlock()
+	if e.probeDone != nil {
+		return e.probeDone
 	}
+	done := make(chan struct{})
+	e.probeDone = done
 	go func() {
-		defer e.probing.Store(false)
 		o := p.probe(context.Background(), e)
 		e.Record(o)
 		e.probed(o)
+		e.probeMu.Lock()
+		e.probeDone = nil
+		e.probeMu.Unlock()
+		close(done)
 	}()
-	return true
+	return done
 }
 
 // probe sends GET Path to e within Timeout: OutcomeOK for a 200, OutcomeConnError without a

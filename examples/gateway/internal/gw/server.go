@@ -436,8 +436,8 @@ func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []by
 	}
 	o := OutcomeOf(resp.StatusCode)
 	if o == OutcomeAmbiguous {
-		s.opts.Metrics.upstreamFailure(e, "server_error")
 		s.opts.Prober.Suspect(e)
+		s.opts.Metrics.upstreamFailure(e, "server_error")
 	}
 	e.Record(o)
 	return resp, nil
@@ -448,16 +448,22 @@ func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []by
 // deadline or a transport timeout it is the engine's failure ("timeout", OutcomeServerError);
 // otherwise the engine closed or reset the connection, which the request could have caused (a
 // body over the engine's limit that socket buffers took whole, a request that crashes the
-// engine), so the engine is probed (Prober.Suspect) and kind is returned.
+// engine), so the engine is probed (Prober.Suspect) and kind is returned. It waits for the probe
+// (or ctx), so that the breaker reflects a dead engine before the client learns of the failure
+// and retries.
 func (s *Server) noAnswer(ctx context.Context, e *Engine, err error, kind string) string {
 	var ne net.Error
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-		kind = "timeout"
+		s.opts.Metrics.upstreamFailure(e, "timeout")
 		e.Record(OutcomeServerError)
-	} else {
-		s.opts.Prober.Suspect(e)
+		return "timeout"
 	}
+	probed := s.opts.Prober.Suspect(e)
 	s.opts.Metrics.upstreamFailure(e, kind)
+	select {
+	case <-probed:
+	case <-ctx.Done():
+	}
 	return kind
 }
 

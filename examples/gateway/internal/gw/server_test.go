@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -55,6 +56,7 @@ type fixture struct {
 	rec      *recorder
 	registry *gw.Registry
 	inflight *loadmon.InFlight
+	metrics  *gw.Metrics
 }
 
 // newFixture serves a gateway over the given engines (plain, or one prefill and one decode),
@@ -88,11 +90,35 @@ func newRankedFixture(t *testing.T, configs []gw.EngineConfig, opts gw.Options, 
 		Resolvers: map[state.ModelID]*bucket.Resolver{"m": res}})
 	require.NoError(t, err)
 	opts.Router, opts.Registry = router, reg
+	if opts.Metrics == nil {
+		opts.Metrics = gw.NewMetrics(prometheus.NewRegistry(), reg)
+	}
 	s, err := gw.NewServer(opts)
 	require.NoError(t, err)
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
-	return &fixture{srv: srv, rec: rec, registry: reg, inflight: inflight}
+	return &fixture{srv: srv, rec: rec, registry: reg, inflight: inflight, metrics: opts.Metrics}
+}
+
+// upstreamFailures reads gateway_upstream_failures_total of kind, over every engine.
+func (f *fixture) upstreamFailures(t *testing.T, kind string) float64 {
+	t.Helper()
+	mfs, err := f.metrics.Registry().Gather()
+	require.NoError(t, err)
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "gateway_upstream_failures_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "kind" && lp.GetValue() == kind {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
 }
 
 func (f *fixture) post(t *testing.T, path, body string, header map[string]string) (int, string) {
