@@ -135,6 +135,56 @@ func TestOversizedBodyWrittenWholeNeverOpensTheBreaker(t *testing.T) {
 	}
 }
 
+// An engine that closes the connection before it has read the whole body either refuses the body
+// (a body over its limit) or is dying; its probe tells which. Alive (/health 200), the client gets
+// a 413 and the engine stays in rotation; /health failing, a 502 and the failed probes count;
+// its listener closed, a 502 and the breaker opens at once.
+func TestBodyUnreadIsRefusedOnlyByALiveEngine(t *testing.T) {
+	t.Parallel()
+	const limit = 4 << 20
+	big := `{"model":"m","prompt":"` + strings.Repeat("x", 5<<20+1<<19) + `"}`
+	for _, tc := range []struct {
+		name    string
+		health  int
+		dies    bool // the engine closes its listener before it hangs up
+		codes   []int
+		healthy []bool
+	}{
+		{"alive", http.StatusOK, false, []int{413, 413, 413, 413}, []bool{true, true, true, true}},
+		{"health_failing", http.StatusServiceUnavailable, false, []int{502, 502, 502, 503}, []bool{true, true, false, false}},
+		{"dies", http.StatusOK, true, []int{502, 503, 503, 503}, []bool{false, false, false, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var eng *probedEngine
+			eng = newProbedEngine(t, func(w http.ResponseWriter, r *http.Request) {
+				if r.ContentLength <= limit {
+					answer200(w, r)
+					return
+				}
+				if tc.dies {
+					_ = eng.srv.Listener.Close()
+				}
+				if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+					_ = conn.Close() // without reading the body
+				}
+			}, nil)
+			eng.health.Store(int32(tc.health))
+			f := newFixture(t, []gw.EngineConfig{{URL: eng.srv.URL, Model: "m", Kind: gw.KindVLLM}}, gw.Options{})
+			e := f.registry.All()[0]
+			var codes []int
+			var healthy []bool
+			for range 4 {
+				code, _ := f.post(t, "/v1/completions", big, nil)
+				codes = append(codes, code)
+				healthy = append(healthy, e.Healthy())
+			}
+			assert.Equal(t, tc.codes, codes)
+			assert.Equal(t, tc.healthy, healthy)
+		})
+	}
+}
+
 // A request that makes the engine's handler fail gets the engine's 500, as it is; the engine's
 // /health answers 200, so however often the request is sent the engine stays in rotation.
 func TestRequestCausedServerErrorsNeverOpenTheBreaker(t *testing.T) {

@@ -85,9 +85,10 @@ type EngineConfig struct {
 // the streak. A failure the request could have caused as well, a 5xx answer, a connection closed
 // or reset without an answer after the whole request was sent (a body over the engine's limit
 // that socket buffers took whole ends so), an answer cut off, is OutcomeAmbiguous: it counts only
-// through the health probe it triggers (Prober.Suspect). What the request causes never counts: a
-// 4xx answer (400, 413, 422, …), a connection the engine closed before reading the whole body (a
-// body over its limit, ErrBodyRefused), the client leaving.
+// through the health probe it triggers (Prober.Suspect); so does a connection closed before the
+// whole body was written (a body over the engine's limit if the probe answers 200,
+// ErrBodyRefused, or the engine dying). What the request causes never counts: a 4xx answer (400,
+// 413, 422, …), the client leaving.
 type BreakerConfig struct {
 	// FailureStreak is how many consecutive OutcomeServerError outcomes open the breaker; 0 means
 	// 3.
@@ -109,7 +110,7 @@ type Engine struct {
 	opens     atomic.Uint64
 
 	probeMu      sync.Mutex
-	probeDone    chan struct{} // closed when the probe Prober.Suspect started ends; nil when none is in flight
+	probing      *Probe // the probe Prober.Suspect started, while it is in flight
 	probesOK     atomic.Uint64
 	probesFailed atomic.Uint64
 }
@@ -393,30 +394,47 @@ func (p *Prober) Round(ctx context.Context) {
 	wg.Wait()
 }
 
-// Suspect checks e after an OutcomeAmbiguous failure: it probes e in the background and records
-// the probe's outcome as e's (Engine.Record): a 200 resets the streak, no connection opens the
-// breaker at once, anything else counts toward the streak. At most one such probe per engine is
-// in flight: a failure while one is in flight is left to it, so a burst of failures costs one
-// probe. The channel returned is closed once the probe covering this failure has been recorded
-// (within Timeout).
-func (p *Prober) Suspect(e *Engine) <-chan struct{} {
+// Probe is a health probe of one engine that Prober.Suspect started.
+type Probe struct {
+	done    chan struct{}
+	outcome Outcome // set before done is closed
+}
+
+// Wait waits until the probe has ended and its outcome has been fed to the engine's breaker, and
+// returns the outcome; or until ctx is done, and returns ctx's error.
+func (p *Probe) Wait(ctx context.Context) (Outcome, error) {
+	select {
+	case <-p.done:
+		return p.outcome, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// Suspect checks e after a failure its request could have caused (OutcomeAmbiguous, or a
+// connection closed before the whole request was written): it probes e in the background and
+// records the probe's outcome as e's (Engine.Record): a 200 resets the streak, no connection
+// opens the breaker at once, anything else counts toward the streak. At most one such probe per
+// engine is in flight: a failure while one is in flight is left to it, and gets it, so a burst
+// of failures costs one probe. The probe ends within Timeout.
+func (p *Prober) Suspect(e *Engine) *Probe {
 	e.probeMu.Lock()
 	defer e.probeMu.Unlock()
-	if e.probeDone != nil {
-		return e.probeDone
+	if e.probing != nil {
+		return e.probing
 	}
-	done := make(chan struct{})
-	e.probeDone = done
+	pr := &Probe{done: make(chan struct{})}
+	e.probing = pr
 	go func() {
-		o := p.probe(context.Background(), e)
-		e.Record(o)
-		e.probed(o)
+		pr.outcome = p.probe(context.Background(), e)
+		e.Record(pr.outcome)
+		e.probed(pr.outcome)
 		e.probeMu.Lock()
-		e.probeDone = nil
+		e.probing = nil
 		e.probeMu.Unlock()
-		close(done)
+		close(pr.done)
 	}()
-	return done
+	return pr
 }
 
 // probe sends GET Path to e within Timeout: OutcomeOK for a 200, OutcomeConnError without a

@@ -352,8 +352,8 @@ var hopHeaders = map[string]bool{"Connection": true, "Proxy-Connection": true, "
 	"Transfer-Encoding": true, "Upgrade": true}
 
 // ErrBodyRefused is the error of an exchange the engine ended by closing the connection before it
-// had read the whole request body, as a server with a body limit does with a body over it. The
-// request caused it, not the engine: the client gets a 413 and the engine's breaker is untouched.
+// had read the whole request body, as a server with a body limit does with a body over it, while
+// its health probe answered 200. The request caused it, not the engine: the client gets a 413.
 var ErrBodyRefused = errors.New("gw: the engine closed the connection before reading the whole request body")
 
 // exchange records how far one request to an engine got, from the transport's trace.
@@ -388,9 +388,10 @@ func (x *exchange) state() (connected, sent bool) {
 // when the engine has one per rank, Engine.RankURL) and feeds the exchange to the engine's
 // breaker (BreakerConfig). An answer is OutcomeOf its status: a 5xx probes the engine. Without an
 // answer: the client's own cancellation is nobody's failure; no connection is OutcomeConnError; a
-// connection the engine closed before it had read the whole body returns ErrBodyRefused and is
-// not recorded; after the whole request was written, a timeout (ctx's deadline) is
-// OutcomeServerError and a connection closed or reset probes the engine (noAnswer).
+// connection closed before the whole body was written probes the engine and, if the probe answers
+// 200, returns ErrBodyRefused (the engine refused the body), else the transport's error; after the
+// whole request was written, a timeout (ctx's deadline) is OutcomeServerError and a connection
+// closed or reset probes the engine (noAnswer).
 func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []byte, rank int, hasRank bool) (*http.Response, error) {
 	base, _ := e.RankURL(rank, hasRank)
 	x := &exchange{}
@@ -423,9 +424,18 @@ func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []by
 			s.opts.Metrics.upstreamFailure(e, kind)
 			e.Record(OutcomeConnError)
 		case !sent:
-			kind = "body_refused"
+			// A body over the engine's limit, or the engine dying while it was sent: the probe
+			// tells which.
+			o, werr := s.opts.Prober.Suspect(e).Wait(ctx)
+			if werr != nil && !errors.Is(werr, context.DeadlineExceeded) {
+				return nil, err // the client left
+			}
+			kind = "no_answer"
+			if o == OutcomeOK && werr == nil {
+				kind = "body_refused"
+				err = fmt.Errorf("%w: %w", ErrBodyRefused, err)
+			}
 			s.opts.Metrics.upstreamFailure(e, kind)
-			err = fmt.Errorf("%w: %w", ErrBodyRefused, err)
 		default:
 			kind = s.noAnswer(ctx, e, err, "no_answer")
 		}
@@ -458,12 +468,9 @@ func (s *Server) noAnswer(ctx context.Context, e *Engine, err error, kind string
 		e.Record(OutcomeServerError)
 		return "timeout"
 	}
-	probed := s.opts.Prober.Suspect(e)
+	probe := s.opts.Prober.Suspect(e)
 	s.opts.Metrics.upstreamFailure(e, kind)
-	select {
-	case <-probed:
-	case <-ctx.Done():
-	}
+	_, _ = probe.Wait(ctx)
 	return kind
 }
 
