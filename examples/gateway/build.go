@@ -208,9 +208,10 @@ func build(o options, log *zap.Logger) (*gateway, error) {
 	if o.tokenize {
 		tok = &gw.EngineTokenizer{Registry: registry, Timeout: o.tokenizeTimeout}
 	}
+	g.prober = &gw.Prober{Registry: registry, Interval: o.probeInterval, Path: o.probePath}
 	g.server, err = gw.NewServer(gw.Options{Router: g.router, Registry: registry, Tokenizer: tok,
 		BytesPerToken: o.bytesPerToken, SessionHeader: o.sessionHeader, RoutingKeyHeader: o.routingKeyHeader,
-		MaxBodyBytes: o.maxBodyBytes, PrefillTimeout: o.prefillTimeout, Metrics: metrics, Logger: log})
+		MaxBodyBytes: o.maxBodyBytes, PrefillTimeout: o.prefillTimeout, Metrics: metrics, Logger: log, Prober: g.prober})
 	if err != nil {
 		return nil, err
 	}
@@ -220,7 +221,6 @@ func build(o options, log *zap.Logger) (*gateway, error) {
 		}
 		return g.kv.sub.Stats()
 	})
-	g.prober = &gw.Prober{Registry: registry, Interval: o.probeInterval, Path: o.probePath}
 	return g, nil
 }
 

@@ -234,8 +234,9 @@ func TestPDPrefillClientErrorIsRelayed(t *testing.T) {
 	}
 }
 
-// Engine errors are relayed with their status and body. 4xx never count against the engine;
-// a streak of 5xx marks it unhealthy (selection then fails with 503), and a probe brings it back.
+// Engine errors are relayed with their status and body. 4xx never count against the engine; a 5xx
+// probes it, and a streak of failed probes marks it unhealthy (selection then fails with 503); a
+// probe of the periodic round brings it back.
 func TestEngineErrorsAndCircuitBreaker(t *testing.T) {
 	t.Parallel()
 	eng := newEngine(t)
@@ -257,13 +258,17 @@ func TestEngineErrorsAndCircuitBreaker(t *testing.T) {
 		assert.Equal(t, `{"error":{"message":"context too long"}}`, b)
 	}
 	assert.True(t, e.Healthy(), "4xx answers never count")
+	ok, failed := e.Probes()
+	assert.Equal(t, [2]uint64{0, 0}, [2]uint64{ok, failed}, "nor probe the engine")
 
 	eng.SetStatus(http.StatusInternalServerError, `{"error":{"message":"CUDA error"}}`)
 	for i := range 3 {
 		code, b := call()
 		assert.Equal(t, http.StatusInternalServerError, code, "a 5xx is relayed with its status")
 		assert.Equal(t, `{"error":{"message":"CUDA error"}}`, b)
-		assert.Equal(t, i < 2, e.Healthy(), "after %d 5xx", i+1)
+		require.Eventually(t, func() bool { _, failed := e.Probes(); return failed >= uint64(i+1) }, 5*time.Second, time.Millisecond,
+			"each 5xx probes the engine, whose /health fails")
+		assert.Equal(t, i < 2, e.Healthy(), "after %d 5xx and failed probes", i+1)
 	}
 	code, b := call()
 	assert.Equal(t, http.StatusServiceUnavailable, code, "no healthy engine left")

@@ -118,8 +118,9 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 	if o.tokenize {
 		tok = &gw.EngineTokenizer{Registry: registry, Timeout: o.tokenizeTimeout}
 	}
+	g.prober = &gw.Prober{Registry: registry, Interval: o.probeInterval, Path: o.probePath}
 	g.server, err = gw.NewServer(gw.Options{Router: g.router, Registry: registry, Tokenizer: tok,
-		BytesPerToken: o.bytesPerToken, MaxBodyBytes: o.maxBodyBytes, PrefillTimeout: o.prefillTimeout, Logger: log,
+		BytesPerToken: o.bytesPerToken, MaxBodyBytes: o.maxBodyBytes, PrefillTimeout: o.prefillTimeout, Logger: log, Prober: g.prober,
 		SessionHeader:    cmp.Or(cfg.Affinity.SessionHeader, enginepick.DefaultSessionHeader),
 		RoutingKeyHeader: cmp.Or(cfg.Affinity.RoutingKeyHeader, enginepick.DefaultRoutingKeyHeader),
 		Metrics:          gw.NewMetrics(reg, registry)})
@@ -128,6 +129,5 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 		return nil, err
 	}
 	g.handler = withKVDebug(g.server, g.index, g.router.KVEventStats)
-	g.prober = &gw.Prober{Registry: registry, Interval: o.probeInterval, Path: o.probePath}
 	return g, nil
 }

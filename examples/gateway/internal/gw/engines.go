@@ -3,6 +3,7 @@ package gw
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -78,13 +79,18 @@ type EngineConfig struct {
 
 // BreakerConfig configures every engine's circuit breaker.
 //
-// The breaker counts only the failures the engine causes (Outcome): no connection opens it at
-// once; a 5xx answer, a connection closed, reset or timed out after the whole request was sent,
-// and an answer cut off count toward the streak. What the request causes never counts: a 4xx
-// answer (400, 413, 422, …), a connection the engine closed before reading the whole body (a body
-// over its limit, ErrBodyRefused), the client leaving.
+// Nothing a client sends may change an engine's health, so the breaker counts only what the
+// engine alone causes (Outcome): no connection (refused, unreachable) opens it at once; a timeout
+// waiting for the answer (a prefill leg past its bound) and a failed health probe count toward
+// the streak. A failure the request could have caused as well, a 5xx answer, a connection closed
+// or reset without an answer after the whole request was sent (a body over the engine's limit
+// that socket buffers took whole ends so), an answer cut off, is OutcomeAmbiguous: it counts only
+// through the health probe it triggers (Prober.Suspect); so does a connection closed before the
+// whole body was written (a body over the engine's limit if the probe answers 200,
+// ErrBodyRefused, or the engine dying). What the request causes never counts: a 4xx answer (400,
+// 413, 422, …), the client leaving.
 type BreakerConfig struct {
-	// FailureStreak is how many consecutive OutcomeServerError exchanges open the breaker; 0 means
+	// FailureStreak is how many consecutive OutcomeServerError outcomes open the breaker; 0 means
 	// 3.
 	FailureStreak int
 }
@@ -102,6 +108,11 @@ type Engine struct {
 	open      atomic.Bool
 	streak    int
 	opens     atomic.Uint64
+
+	probeMu      sync.Mutex
+	probing      *Probe // the probe Prober.Suspect started, while it is in flight
+	probesOK     atomic.Uint64
+	probesFailed atomic.Uint64
 }
 
 var (
@@ -150,37 +161,60 @@ func (e *Engine) WireRank(rank int, hasRank bool) (int, bool) {
 // Opens counts how often the breaker opened.
 func (e *Engine) Opens() uint64 { return e.opens.Load() }
 
+// Probes counts the engine's health probes that ended (Prober), those answered 200 and the
+// others. A probe is counted once its outcome has been fed to the breaker.
+func (e *Engine) Probes() (ok, failed uint64) { return e.probesOK.Load(), e.probesFailed.Load() }
+
+func (e *Engine) probed(o Outcome) {
+	if o == OutcomeOK {
+		e.probesOK.Add(1)
+	} else {
+		e.probesFailed.Add(1)
+	}
+}
+
 // Outcome classifies one exchange with an engine for its breaker.
 type Outcome uint8
 
 // The outcomes.
 const (
-	// OutcomeOK: a 2xx, 3xx or 4xx answer (a 4xx is the client's error, not the engine's).
+	// OutcomeOK: a 2xx, 3xx or 4xx answer (a 4xx is the client's error, not the engine's), or a
+	// health probe answered 200.
 	OutcomeOK Outcome = iota
-	// OutcomeServerError: a 5xx answer; no answer on a connection closed, reset or timed out
-	// after the whole request was sent; or an answer whose body the engine cut off.
+	// OutcomeServerError: a failure of the engine alone: no answer within the exchange's time
+	// bound after the whole request was sent, or a failed health probe (a status other than 200,
+	// no answer within the probe's timeout).
 	OutcomeServerError
-	// OutcomeConnError: no connection (refused, unreachable, dial timeout).
+	// OutcomeConnError: no connection (refused, unreachable, dial timeout), for a request or a
+	// probe.
 	OutcomeConnError
+	// OutcomeAmbiguous: a failure the request could have caused as well as the engine: a 5xx
+	// answer, a connection closed or reset without an answer after the whole request was sent, an
+	// answer cut off. It leaves the breaker as it is: its sender probes the engine
+	// (Prober.Suspect), and the probe's outcome is recorded.
+	OutcomeAmbiguous
 )
 
-// OutcomeOf classifies an HTTP status.
+// OutcomeOf classifies an HTTP status: a 5xx is OutcomeAmbiguous (a request can make an engine's
+// handler fail), anything else OutcomeOK.
 func OutcomeOf(status int) Outcome {
 	if status >= 500 {
-		return OutcomeServerError
+		return OutcomeAmbiguous
 	}
 	return OutcomeOK
 }
 
 // Record feeds an outcome to the breaker: OK resets the streak; a streak of FailureStreak
 // OutcomeServerError, or one OutcomeConnError, opens the breaker (the engine turns unhealthy and the
-// Router stops picking it until a probe closes it).
+// Router stops picking it until a probe closes it); OutcomeAmbiguous changes nothing.
 func (e *Engine) Record(o Outcome) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch o {
 	case OutcomeOK:
 		e.streak = 0
+		return
+	case OutcomeAmbiguous:
 		return
 	case OutcomeServerError:
 		e.streak++
@@ -306,8 +340,10 @@ func (r *Registry) Models() []state.ModelID {
 	return out
 }
 
-// Prober brings engines with an open breaker back: every Interval it sends GET Path to each of
-// them and closes the breaker of those that answer 200 within Timeout.
+// Prober checks engines' health with GET Path. It brings engines with an open breaker back: every
+// Interval it probes each of them and closes the breaker of those that answer 200 within Timeout.
+// It also checks an engine after a failure its request could have caused (Suspect). Safe for
+// concurrent use.
 type Prober struct {
 	// Registry holds the engines. Required.
 	Registry *Registry
@@ -342,6 +378,68 @@ func (p *Prober) Run(ctx context.Context) error {
 // Round probes every engine whose breaker is open, once, concurrently, and returns when all
 // probes ended.
 func (p *Prober) Round(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, e := range p.Registry.engines {
+		if e.Healthy() {
+			continue
+		}
+		wg.Go(func() {
+			o := p.probe(ctx, e)
+			if o == OutcomeOK {
+				e.close()
+			}
+			e.probed(o)
+		})
+	}
+	wg.Wait()
+}
+
+// Probe is a health probe of one engine that Prober.Suspect started.
+type Probe struct {
+	done    chan struct{}
+	outcome Outcome // set before done is closed
+}
+
+// Wait waits until the probe has ended and its outcome has been fed to the engine's breaker, and
+// returns the outcome; or until ctx is done, and returns ctx's error.
+func (p *Probe) Wait(ctx context.Context) (Outcome, error) {
+	select {
+	case <-p.done:
+		return p.outcome, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// Suspect checks e after a failure its request could have caused (OutcomeAmbiguous, or a
+// connection closed before the whole request was written): it probes e in the background and
+// records the probe's outcome as e's (Engine.Record): a 200 resets the streak, no connection
+// opens the breaker at once, anything else counts toward the streak. At most one such probe per
+// engine is in flight: a failure while one is in flight is left to it, and gets it, so a burst
+// of failures costs one probe. The probe ends within Timeout.
+func (p *Prober) Suspect(e *Engine) *Probe {
+	e.probeMu.Lock()
+	defer e.probeMu.Unlock()
+	if e.probing != nil {
+		return e.probing
+	}
+	pr := &Probe{done: make(chan struct{})}
+	e.probing = pr
+	go func() {
+		pr.outcome = p.probe(context.Background(), e)
+		e.Record(pr.outcome)
+		e.probed(pr.outcome)
+		e.probeMu.Lock()
+		e.probing = nil
+		e.probeMu.Unlock()
+		close(pr.done)
+	}()
+	return pr
+}
+
+// probe sends GET Path to e within Timeout: OutcomeOK for a 200, OutcomeConnError without a
+// connection, else OutcomeServerError.
+func (p *Prober) probe(ctx context.Context, e *Engine) Outcome {
 	client := p.Client
 	if client == nil {
 		client = http.DefaultClient
@@ -354,27 +452,24 @@ func (p *Prober) Round(ctx context.Context) {
 	if path == "" {
 		path = "/health"
 	}
-	var wg sync.WaitGroup
-	for _, e := range p.Registry.engines {
-		if e.Healthy() {
-			continue
-		}
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.cfg.URL+path, nil)
-			if err != nil {
-				return
-			}
-			resp, err := client.Do(req)
-			if err != nil {
-				return
-			}
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				e.close()
-			}
-		})
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	x := &exchange{}
+	req, err := http.NewRequestWithContext(x.traced(ctx), http.MethodGet, e.cfg.URL+path, nil)
+	if err != nil {
+		return OutcomeServerError // not reached: the URL was validated
 	}
-	wg.Wait()
+	resp, err := client.Do(req)
+	if err != nil {
+		if connected, _ := x.state(); !connected {
+			return OutcomeConnError
+		}
+		return OutcomeServerError
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return OutcomeServerError
+	}
+	return OutcomeOK
 }

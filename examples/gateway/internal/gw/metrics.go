@@ -21,8 +21,8 @@ type Metrics struct {
 	estimated         prometheus.Counter
 }
 
-// NewMetrics registers the gateway's series, and one health gauge and breaker counter per engine
-// of registry, on reg.
+// NewMetrics registers the gateway's series, and per engine of registry a health gauge, a breaker
+// counter and probe counters, on reg.
 func NewMetrics(reg *prometheus.Registry, registry *Registry) *Metrics {
 	m := &Metrics{
 		reg: reg,
@@ -33,7 +33,7 @@ func NewMetrics(reg *prometheus.Registry, registry *Registry) *Metrics {
 		dispatches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gateway_dispatches_total",
 			Help: "Requests sent to an engine, by stage, engine and the policy's reason label."}, []string{"stage", "engine", "reason"}),
 		upstreamFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gateway_upstream_failures_total",
-			Help: "Engine exchanges that failed, by engine and kind (connection, no_answer, body_refused, server_error, cut)."}, []string{"engine", "kind"}),
+			Help: "Engine exchanges that failed, by engine and kind (connection, body_refused, timeout, no_answer, server_error, cut)."}, []string{"engine", "kind"}),
 		estimated: prometheus.NewCounter(prometheus.CounterOpts{Name: "gateway_estimated_prompts_total",
 			Help: "Prompts whose length was estimated from the body size because tokenization was unavailable."}),
 	}
@@ -49,6 +49,17 @@ func NewMetrics(reg *prometheus.Registry, registry *Registry) *Metrics {
 		}))
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gateway_breaker_opens_total",
 			Help: "Times the engine's circuit breaker opened.", ConstLabels: labels}, func() float64 { return float64(e.Opens()) }))
+		for _, result := range []string{"ok", "failed"} {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gateway_engine_probes_total",
+				Help:        "Health probes of the engine that ended, by result (ok: answered 200).",
+				ConstLabels: prometheus.Labels{"engine": string(e.ID()), "result": result}}, func() float64 {
+				ok, failed := e.Probes()
+				if result == "ok" {
+					return float64(ok)
+				}
+				return float64(failed)
+			}))
+		}
 	}
 	return m
 }

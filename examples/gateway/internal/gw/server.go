@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
@@ -80,6 +81,9 @@ type Options struct {
 	Metrics *Metrics
 	// Logger receives upstream failures at debug level. Nil means zap.NewNop().
 	Logger *zap.Logger
+	// Prober probes an engine after a failure its request could have caused (Prober.Suspect).
+	// Nil means a Prober on Registry with its defaults.
+	Prober *Prober
 }
 
 // Server is the OpenAI-compatible handler: POST /v1/chat/completions and /v1/completions, GET
@@ -111,6 +115,9 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if opts.Rand == nil {
 		opts.Rand = rand.Uint64
+	}
+	if opts.Prober == nil {
+		opts.Prober = &Prober{Registry: opts.Registry}
 	}
 	s := &Server{opts: opts, mux: http.NewServeMux(), log: opts.Logger}
 	if s.log == nil {
@@ -345,8 +352,8 @@ var hopHeaders = map[string]bool{"Connection": true, "Proxy-Connection": true, "
 	"Transfer-Encoding": true, "Upgrade": true}
 
 // ErrBodyRefused is the error of an exchange the engine ended by closing the connection before it
-// had read the whole request body, as a server with a body limit does with a body over it. The
-// request caused it, not the engine: the client gets a 413 and the engine's breaker is untouched.
+// had read the whole request body, as a server with a body limit does with a body over it, while
+// its health probe answered 200. The request caused it, not the engine: the client gets a 413.
 var ErrBodyRefused = errors.New("gw: the engine closed the connection before reading the whole request body")
 
 // exchange records how far one request to an engine got, from the transport's trace.
@@ -379,10 +386,12 @@ func (x *exchange) state() (connected, sent bool) {
 
 // send posts body to the engine at the client request's path (to the picked rank's own server
 // when the engine has one per rank, Engine.RankURL) and feeds the exchange to the engine's
-// breaker. An answer is OutcomeOf its status. Without an answer: the client's own cancellation is
-// nobody's failure; no connection is OutcomeConnError; a connection the engine closed before it
-// had read the whole body returns ErrBodyRefused and is not recorded; a connection closed, reset
-// or timed out (ctx's deadline) after the whole request was written is OutcomeServerError.
+// breaker (BreakerConfig). An answer is OutcomeOf its status: a 5xx probes the engine. Without an
+// answer: the client's own cancellation is nobody's failure; no connection is OutcomeConnError; a
+// connection closed before the whole body was written probes the engine and, if the probe answers
+// 200, returns ErrBodyRefused (the engine refused the body), else the transport's error; after the
+// whole request was written, a timeout (ctx's deadline) is OutcomeServerError and a connection
+// closed or reset probes the engine (noAnswer).
 func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []byte, rank int, hasRank bool) (*http.Response, error) {
 	base, _ := e.RankURL(rank, hasRank)
 	x := &exchange{}
@@ -412,26 +421,57 @@ func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []by
 			return nil, err // the client left
 		case !connected:
 			kind = "connection"
+			s.opts.Metrics.upstreamFailure(e, kind)
 			e.Record(OutcomeConnError)
 		case !sent:
-			kind = "body_refused"
-			err = fmt.Errorf("%w: %w", ErrBodyRefused, err)
-		default:
+			// A body over the engine's limit, or the engine dying while it was sent: the probe
+			// tells which.
+			o, werr := s.opts.Prober.Suspect(e).Wait(ctx)
+			if werr != nil && !errors.Is(werr, context.DeadlineExceeded) {
+				return nil, err // the client left
+			}
 			kind = "no_answer"
-			e.Record(OutcomeServerError)
+			if o == OutcomeOK && werr == nil {
+				kind = "body_refused"
+				err = fmt.Errorf("%w: %w", ErrBodyRefused, err)
+			}
+			s.opts.Metrics.upstreamFailure(e, kind)
+		default:
+			kind = s.noAnswer(ctx, e, err, "no_answer")
 		}
-		s.opts.Metrics.upstreamFailure(e, kind)
 		if ce := s.log.Check(zap.DebugLevel, "no answer from the engine"); ce != nil {
 			ce.Write(zap.String("engine", string(e.ID())), zap.String("kind", kind), zap.Error(err))
 		}
 		return nil, err
 	}
 	o := OutcomeOf(resp.StatusCode)
-	if o != OutcomeOK {
+	if o == OutcomeAmbiguous {
+		s.opts.Prober.Suspect(e)
 		s.opts.Metrics.upstreamFailure(e, "server_error")
 	}
 	e.Record(o)
 	return resp, nil
+}
+
+// noAnswer feeds e's breaker an exchange that ended, after the whole request was written, without
+// an answer or with its answer cut off, and returns the failure's kind for the metrics: past ctx's
+// deadline or a transport timeout it is the engine's failure ("timeout", OutcomeServerError);
+// otherwise the engine closed or reset the connection, which the request could have caused (a
+// body over the engine's limit that socket buffers took whole, a request that crashes the
+// engine), so the engine is probed (Prober.Suspect) and kind is returned. It waits for the probe
+// (or ctx), so that the breaker reflects a dead engine before the client learns of the failure
+// and retries.
+func (s *Server) noAnswer(ctx context.Context, e *Engine, err error, kind string) string {
+	var ne net.Error
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		s.opts.Metrics.upstreamFailure(e, "timeout")
+		e.Record(OutcomeServerError)
+		return "timeout"
+	}
+	probe := s.opts.Prober.Suspect(e)
+	s.opts.Metrics.upstreamFailure(e, kind)
+	_, _ = probe.Wait(ctx)
+	return kind
 }
 
 // bodyRefused answers a request whose body the engine refused (ErrBodyRefused).
@@ -445,7 +485,7 @@ var copyBuf = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }
 // relay writes the engine's response to the client as it arrives: headers (hop-by-hop ones
 // excepted), status, then every chunk read from the body, flushed at once, so server-sent events
 // reach the client byte for byte and without delay. It returns when the body ends, the client
-// leaves (a failed write) or the engine cuts the body off (counted against its breaker).
+// leaves (a failed write) or the engine cuts the body off (noAnswer).
 func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *http.Response) (firstByte time.Time, err error) {
 	h := w.Header()
 	for k, vs := range resp.Header {
@@ -474,8 +514,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *
 		}
 		if err != nil {
 			if r.Context().Err() == nil {
-				e.Record(OutcomeServerError)
-				s.opts.Metrics.upstreamFailure(e, "cut")
+				s.noAnswer(r.Context(), e, err, "cut")
 			}
 			return firstByte, err
 		}
@@ -628,8 +667,7 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 			return
 		}
 		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-			pe.Record(OutcomeServerError)
-			s.opts.Metrics.upstreamFailure(pe, "cut")
+			s.noAnswer(pctx, pe, err, "cut")
 			p.err = err
 		}
 	}()
@@ -682,7 +720,7 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 	if err != nil {
 		outcome.Err = err
 		if r.Context().Err() == nil {
-			de.Record(OutcomeServerError)
+			s.noAnswer(r.Context(), de, err, "cut")
 			writeError(w, http.StatusBadGateway, "engine_unavailable", "the decode engine cut its answer off")
 		}
 		return

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -55,6 +56,7 @@ type fixture struct {
 	rec      *recorder
 	registry *gw.Registry
 	inflight *loadmon.InFlight
+	metrics  *gw.Metrics
 }
 
 // newFixture serves a gateway over the given engines (plain, or one prefill and one decode),
@@ -88,11 +90,35 @@ func newRankedFixture(t *testing.T, configs []gw.EngineConfig, opts gw.Options, 
 		Resolvers: map[state.ModelID]*bucket.Resolver{"m": res}})
 	require.NoError(t, err)
 	opts.Router, opts.Registry = router, reg
+	if opts.Metrics == nil {
+		opts.Metrics = gw.NewMetrics(prometheus.NewRegistry(), reg)
+	}
 	s, err := gw.NewServer(opts)
 	require.NoError(t, err)
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
-	return &fixture{srv: srv, rec: rec, registry: reg, inflight: inflight}
+	return &fixture{srv: srv, rec: rec, registry: reg, inflight: inflight, metrics: opts.Metrics}
+}
+
+// upstreamFailures reads gateway_upstream_failures_total of kind, over every engine.
+func (f *fixture) upstreamFailures(t *testing.T, kind string) float64 {
+	t.Helper()
+	mfs, err := f.metrics.Registry().Gather()
+	require.NoError(t, err)
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "gateway_upstream_failures_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "kind" && lp.GetValue() == kind {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
 }
 
 func (f *fixture) post(t *testing.T, path, body string, header map[string]string) (int, string) {
@@ -249,13 +275,22 @@ func TestBreaker(t *testing.T) {
 	e.Record(gw.OutcomeServerError)
 	assert.True(t, e.Healthy(), "an OK answer resets the streak")
 	e.Record(gw.OutcomeServerError)
-	assert.False(t, e.Healthy(), "two 5xx in a row open the breaker")
+	assert.False(t, e.Healthy(), "two engine failures in a row open the breaker")
 	assert.Equal(t, uint64(1), e.Opens())
 	reg2, _ := gw.NewRegistry([]gw.EngineConfig{{URL: "http://127.0.0.1:1", Model: "m", Kind: gw.KindVLLM}}, gw.BreakerConfig{})
 	reg2.All()[0].Record(gw.OutcomeConnError)
 	assert.False(t, reg2.All()[0].Healthy(), "one connection failure opens it")
 	assert.Equal(t, gw.OutcomeOK, gw.OutcomeOf(404))
-	assert.Equal(t, gw.OutcomeServerError, gw.OutcomeOf(503))
+	assert.Equal(t, gw.OutcomeAmbiguous, gw.OutcomeOf(503))
+	reg3, _ := gw.NewRegistry([]gw.EngineConfig{{URL: "http://127.0.0.1:1", Model: "m", Kind: gw.KindVLLM}}, gw.BreakerConfig{FailureStreak: 2})
+	e3 := reg3.All()[0]
+	e3.Record(gw.OutcomeServerError)
+	for range 5 {
+		e3.Record(gw.OutcomeAmbiguous)
+	}
+	assert.True(t, e3.Healthy(), "an ambiguous outcome does not count")
+	e3.Record(gw.OutcomeServerError)
+	assert.False(t, e3.Healthy(), "nor does it reset the streak")
 }
 
 func TestNewRegistryValidates(t *testing.T) {
@@ -286,7 +321,9 @@ func TestEstimateTokens(t *testing.T) {
 }
 
 // The breaker counts what the engine causes and nothing the request causes: four requests to one
-// engine whose answers or failures are the case's, with the default streak of 3.
+// engine whose answers or failures are the case's, with the default streak of 3. A 4xx never
+// counts and probes nothing; a 5xx or a connection closed after the whole request was sent could
+// be the request's doing: each probes the engine, and only a failed probe counts.
 func TestBreakerCountsOnlyEngineFailures(t *testing.T) {
 	t.Parallel()
 	answer := func(code int) http.HandlerFunc {
@@ -295,40 +332,46 @@ func TestBreakerCountsOnlyEngineFailures(t *testing.T) {
 			w.WriteHeader(code)
 		}
 	}
-	// closeAfterBody reads the whole request, then closes the connection without an answer.
-	closeAfterBody := func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			_ = conn.Close()
-		}
-	}
+	const ok, down = http.StatusOK, http.StatusServiceUnavailable
 	for _, tc := range []struct {
 		name    string
 		handler http.HandlerFunc
+		health  int
+		probes  bool // each request probes the engine
 		codes   []int
 		healthy []bool
 	}{
-		{"answers_400", answer(400), []int{400, 400, 400, 400}, []bool{true, true, true, true}},
-		{"answers_413", answer(413), []int{413, 413, 413, 413}, []bool{true, true, true, true}},
-		{"answers_422", answer(422), []int{422, 422, 422, 422}, []bool{true, true, true, true}},
-		{"answers_500", answer(500), []int{500, 500, 500, 503}, []bool{true, true, false, false}},
-		{"answers_503", answer(503), []int{503, 503, 503, 503}, []bool{true, true, false, false}},
-		{"closes_after_reading_the_body", closeAfterBody, []int{502, 502, 502, 503}, []bool{true, true, false, false}},
+		{"answers_400", answer(400), down, false, []int{400, 400, 400, 400}, []bool{true, true, true, true}},
+		{"answers_413", answer(413), down, false, []int{413, 413, 413, 413}, []bool{true, true, true, true}},
+		{"answers_422", answer(422), down, false, []int{422, 422, 422, 422}, []bool{true, true, true, true}},
+		{"answers_500_health_ok", answer(500), ok, true, []int{500, 500, 500, 500}, []bool{true, true, true, true}},
+		{"answers_503_health_ok", answer(503), ok, true, []int{503, 503, 503, 503}, []bool{true, true, true, true}},
+		{"closes_after_reading_the_body_health_ok", hangUp(false), ok, true, []int{502, 502, 502, 502}, []bool{true, true, true, true}},
+		{"answers_500_health_down", answer(500), down, true, []int{500, 500, 500, 503}, []bool{true, true, false, false}},
+		{"answers_503_health_down", answer(503), down, true, []int{503, 503, 503, 503}, []bool{true, true, false, false}},
+		{"closes_after_reading_the_body_health_down", hangUp(false), down, true, []int{502, 502, 502, 503}, []bool{true, true, false, false}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			eng := httptest.NewServer(tc.handler)
-			t.Cleanup(eng.Close)
-			f := newFixture(t, []gw.EngineConfig{{URL: eng.URL, Model: "m", Kind: gw.KindVLLM}}, gw.Options{})
+			eng := newProbedEngine(t, tc.handler, nil)
+			eng.health.Store(int32(tc.health))
+			f := newFixture(t, []gw.EngineConfig{{URL: eng.srv.URL, Model: "m", Kind: gw.KindVLLM}}, gw.Options{})
+			e := f.registry.All()[0]
 			var codes []int
 			var healthy []bool
+			var probes uint64
 			for range 4 {
-				code, _ := f.post(t, "/v1/completions", `{"model":"m","prompt":"hi"}`, nil)
+				code, body := f.post(t, "/v1/completions", `{"model":"m","prompt":"hi"}`, nil)
 				codes = append(codes, code)
-				healthy = append(healthy, f.registry.All()[0].Healthy())
+				if tc.probes && !strings.Contains(body, "no engine can take the request now") { // it reached the engine
+					probes++
+				}
+				settled(t, e, probes)
+				healthy = append(healthy, e.Healthy())
 			}
 			assert.Equal(t, tc.codes, codes)
 			assert.Equal(t, tc.healthy, healthy)
+			assert.Equal(t, int64(probes), eng.calls.Load())
 		})
 	}
 }
