@@ -58,7 +58,7 @@ func build(o options, log *zap.Logger) (*gateway, error) {
 		specs = append(specs, s)
 	}
 	if len(specs) == 0 {
-		return nil, fmt.Errorf("no engines: give --config, --engine or --engines-file: %w", state.ErrInvalidConfiguration)
+		return nil, fmt.Errorf("no engines: give --config, --engine, --engines-file or --fake-engines N: %w", state.ErrInvalidConfiguration)
 	}
 	configs := make([]gw.EngineConfig, len(specs))
 	for i, s := range specs {

@@ -393,6 +393,9 @@ func TestSelectionErrorsAreOpenAIJSON(t *testing.T) {
 			assert.Equal(t, tc.code, e.Error.Code)
 			assert.NotEmpty(t, e.Error.Message)
 			assert.NotContains(t, string(b), eng.URL())
+			if tc.code == http.StatusNotFound {
+				assert.Equal(t, `model "other" is not served here: GET /v1/models lists the served models`, e.Error.Message)
+			}
 		})
 	}
 	assert.Empty(t, eng.Requests(), "no request reached the engine")

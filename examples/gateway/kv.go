@@ -198,6 +198,8 @@ type kvDebug struct {
 	LastUnknownTopic     string `json:"last_unknown_topic"`
 }
 
+// kvDebugIndex is GET /debug/kv's view of the index: Blocks counts distinct blocks (a block
+// several engines hold counts once), while each rank's figures count the blocks that rank holds.
 type kvDebugIndex struct {
 	Blocks            int           `json:"blocks"`
 	ApproximateBlocks int           `json:"approximate_blocks"`

@@ -278,7 +278,7 @@ func (s *Server) inference(rw http.ResponseWriter, r *http.Request, chat bool) {
 
 	d, err := s.opts.Router.Select(r.Context(), req)
 	if err != nil {
-		s.selectionError(w, err)
+		s.selectionError(w, err, req.Model)
 		return
 	}
 	if d.Selection.IsPD() {
@@ -290,7 +290,7 @@ func (s *Server) inference(rw http.ResponseWriter, r *http.Request, chat bool) {
 
 // selectionError answers a failed selection with bucket.StatusCode's status and an OpenAI-style
 // error whose message never names an engine (docs/design.md §16: error texts carry engine URLs).
-func (s *Server) selectionError(w http.ResponseWriter, err error) {
+func (s *Server) selectionError(w http.ResponseWriter, err error, model state.ModelID) {
 	code := bucket.StatusCode(err)
 	s.opts.Metrics.selectionFailure(code)
 	if ce := s.log.Check(zap.DebugLevel, "selection failed"); ce != nil {
@@ -301,7 +301,7 @@ func (s *Server) selectionError(w http.ResponseWriter, err error) {
 	case http.StatusBadRequest:
 		typ, msg = "invalid_request_error", "no engine group accepts a request of this length"
 	case http.StatusNotFound:
-		typ, msg = "model_not_found", "the model is not served here"
+		typ, msg = "model_not_found", fmt.Sprintf("model %q is not served here: GET /v1/models lists the served models", model)
 	case http.StatusServiceUnavailable:
 		typ, msg = "engine_unavailable", "no engine can take the request now"
 	case 499:
