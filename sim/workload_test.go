@@ -525,3 +525,24 @@ func FuzzParseWorkload(f *testing.F) {
 		}
 	})
 }
+
+// TestDefaultWorkloadLimits pins the default workloads at seed 1, the figures docs/traces.md
+// gives: requests, prompt tokens and the infinite-cache hit limit.
+func TestDefaultWorkloadLimits(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		w        Workload
+		requests int
+		want     CacheStats
+	}{
+		{Chats{}, 25000, CacheStats{Tokens: 35477989, HitTokens: 24879950}},
+		{Chats{SharedSystemPrompt: true}, 25000, CacheStats{Tokens: 39749586, HitTokens: 31896835}},
+		// The first pass over the 750 prompts hits the prefix of all but each group's first
+		// request; the three passes after it hit whole prompts.
+		{PrefixGroups{}, 3000, CacheStats{Tokens: 3000 * 7200, HitTokens: 600*6000 + 2250*7200}},
+	} {
+		tr := generate(t, tt.w, 1)
+		assert.Len(t, tr.Requests, tt.requests, tt.w.String())
+		assert.Equal(t, tt.want, tr.InfiniteCache(), tt.w.String())
+	}
+}

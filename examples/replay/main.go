@@ -55,6 +55,11 @@
 //	                 throughput ceiling of any routing (sim.ComputeCeiling). Each policy takes about 8
 //	                 replays, so under -sweep -limit defaults to 3000 requests (-limit 0: all)
 //	-slo D           TTFT p99 target of -sweep (default 10s)
+//	-workload SPEC   replay a generated workload instead of a trace: chats (short multi-turn chats)
+//	                 or prefix-groups (groups of requests sharing a long prefix), optionally with
+//	                 parameters, e.g. chats:conversations=500,rate=5 (sim.ParseWorkload,
+//	                 docs/traces.md); -speed then defaults to 1 and KV blocks are 16 tokens
+//	-workload-seed N random seed of -workload (default: -seed)
 //	-json            print the report as JSON instead of a table
 //	-admission JSON  per-engine admission caps, e.g. '{"max_waiting_requests": 32}' (default:
 //	                 admit everything); unknown fields and values that are not non-negative
