@@ -7,6 +7,8 @@
 // deterministic synthetic token IDs in which equal block-ID prefixes become equal token prefixes,
 // so a prefix-aware router sees exactly the reuse the trace records. The Mooncake conversation
 // trace is embedded (see [MooncakeConversation]) so tests and benchmarks need no external file.
+// Workload generators ([Chats], [PrefixGroups], [ParseWorkload]) produce synthetic traces of the
+// same requests, whose prompts share prefixes token for token.
 //
 // The package also holds the simulated engines and the replay driver that feed these requests to
 // a router and report what it decided.

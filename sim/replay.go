@@ -82,7 +82,8 @@ func wrapf(err error, format string, args ...any) error {
 }
 
 // RequestError reports a request of a hand-built Trace that the readers would have rejected. It
-// wraps ErrEmptyTrace, ErrNegative, ErrOutOfRange, ErrUnsorted or ErrHashIDMismatch.
+// wraps ErrEmptyTrace, ErrNegative, ErrOutOfRange, ErrUnsorted, ErrHashIDMismatch or
+// ErrSegmentMismatch.
 type RequestError struct {
 	// Position is the request's 0-based position in Trace.Requests.
 	Position int
@@ -375,8 +376,31 @@ func validateRequests(reqs []Request) error {
 			return fail(fmt.Errorf("%w: %v after %v", ErrUnsorted, r.Arrival, prev))
 		case r.HashIDs != nil && len(r.HashIDs) != ceilBlocks(r.InputTokens):
 			return fail(fmt.Errorf("%w: %d IDs for %d tokens", ErrHashIDMismatch, len(r.HashIDs), r.InputTokens))
+		case r.Segments != nil:
+			if err := checkSegments(r); err != nil {
+				return fail(err)
+			}
 		}
 		prev = r.Arrival
+	}
+	return nil
+}
+
+// checkSegments reports a request whose Segments do not spell exactly InputTokens tokens or that
+// also has HashIDs (ErrSegmentMismatch).
+func checkSegments(r *Request) error {
+	if r.HashIDs != nil {
+		return fmt.Errorf("%w: both segments and hash IDs", ErrSegmentMismatch)
+	}
+	sum := 0
+	for _, s := range r.Segments {
+		if s.Tokens < 0 || s.Tokens > MaxTraceTokens {
+			return fmt.Errorf("%w: a segment of %d tokens", ErrSegmentMismatch, s.Tokens)
+		}
+		sum += s.Tokens // at most len(Segments) × MaxTraceTokens: no overflow
+	}
+	if sum != r.InputTokens {
+		return fmt.Errorf("%w: %d segment tokens for %d input tokens", ErrSegmentMismatch, sum, r.InputTokens)
 	}
 	return nil
 }

@@ -38,7 +38,8 @@ type Report struct {
 	ReportInterval float64 `json:"report_interval_s"`
 	// InfiniteCacheHitRate is the trace's own limit: the fraction of replayed prompt tokens an
 	// infinite prefix cache shared by every engine would hold (Trace.InfiniteCacheTokenHitRatio
-	// over the replayed requests). 0 for a trace without hash IDs and no system prompt. With a
+	// over the replayed requests). 0 for a trace without hash IDs or segments and no system
+	// prompt; token-exact for a generated trace, whose requests have segments. With a
 	// system prompt of S tokens, every request but the first also hits its S tokens:
 	// (hit + S·(requests − 1)) ÷ (prompt tokens + S·requests), exact at token granularity.
 	InfiniteCacheHitRate float64 `json:"infinite_cache_hit_rate"`

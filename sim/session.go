@@ -22,6 +22,7 @@ const (
 // SessionKey returns the request's conversation key, which the replay sends as both the session
 // key and the routing key, or "" when the trace does not say (docs/traces.md):
 //
+//   - Session, when set: a generated chat names its conversation, "conv-<n>".
 //   - Mooncake: every request of the conversation trace starts with block 0, the shared system
 //     prompt, and the turns of one conversation repeat the earlier turns' prefix, so the second
 //     hash ID names the conversation chain: "conv-<HashIDs[1]>". A request of one block, or none,
@@ -32,6 +33,9 @@ const (
 // The key is a derivation, not a field of the trace: two conversations that share their second
 // block (for example a common long instruction) get one key.
 func (r *Request) SessionKey() string {
+	if r.Session != "" {
+		return r.Session
+	}
 	if len(r.HashIDs) < 2 {
 		return ""
 	}

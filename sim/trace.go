@@ -81,6 +81,10 @@ var (
 	// ErrHeaderMismatch reports an Azure CSV whose first record is not exactly
 	// TIMESTAMP,ContextTokens,GeneratedTokens.
 	ErrHeaderMismatch = errors.New("unexpected CSV header")
+	// ErrSegmentMismatch reports a hand-built request whose Segments do not spell exactly
+	// InputTokens tokens (a negative Tokens, or a sum that differs), or that has both Segments and
+	// HashIDs.
+	ErrSegmentMismatch = errors.New("segments do not match input length")
 	// ErrUnknownFormat reports a file that [ReadTraceFile] can attribute to no format, neither by
 	// extension nor by content. It is not wrapped in a *TraceError.
 	ErrUnknownFormat = errors.New("unknown trace format")
@@ -133,6 +137,25 @@ type Request struct {
 	// for a Mooncake request; nil for an Azure request, which has no prefix information. The
 	// slice shares memory with other requests of its trace: do not append to it.
 	HashIDs []uint64
+	// Segments, when non-nil, spell the prompt instead of HashIDs: the concatenation, in order, of
+	// each segment's run of Tokens token IDs, whose Tokens sum to InputTokens (see
+	// AppendTokenIDs). The workload generators set it, which share prefixes at token granularity
+	// (docs/traces.md "Generated workloads"); the readers leave it nil. A request has Segments or
+	// HashIDs, never both. The slice may share memory with other requests: do not append to it.
+	Segments []Segment
+	// Session is the request's conversation key when its source names one (a generated chat);
+	// "" otherwise. See SessionKey.
+	Session string
+}
+
+// Segment is a run of synthetic prompt tokens: the first Tokens token IDs of the stream that
+// Stream names. Runs of one stream agree on their common length, so two prompts whose segments
+// agree share exactly those tokens; different streams give unrelated runs.
+type Segment struct {
+	// Stream names the token stream.
+	Stream uint64
+	// Tokens is the length of the run, in tokens.
+	Tokens int
 }
 
 // Splitmix64 constants (Steele, Lea and Flood, "Fast splittable pseudorandom number generators",
@@ -141,6 +164,7 @@ const (
 	splitmixGamma = 0x9e3779b97f4a7c15
 	blockSalt     = 0x6d6f6f6e63616b65 // "mooncake"
 	requestSalt   = 0x7265717565737421 // "request!"
+	segmentSalt   = 0x7365676d656e7473 // "segments"
 	vocabShift    = 64 - 17            // keeps the top 17 bits: IDs < VocabSize
 )
 
@@ -167,9 +191,12 @@ func fillStream(out []uint32, seed uint64) {
 // that depends on HashIDs[i] alone: a splitmix64 stream seeded by the hash ID. Two Mooncake
 // requests that share their first k hash IDs therefore share exactly their first 512·k token IDs
 // (the last block cut to InputTokens), as docs/traces.md describes; different hash IDs give
-// unrelated runs. Tokens that no hash ID covers — all of them for an Azure request — come from a
-// stream seeded by Index, so requests with different Index values share no block. Surplus hash
-// IDs are ignored. InputTokens ≤ 0 appends nothing.
+// unrelated runs. A request with Segments takes its tokens from them instead: segment k's Tokens
+// IDs are the start of a splitmix64 stream seeded by its Stream, so prompts share exactly the
+// tokens their segments share, at any length. Tokens that no hash ID or segment covers — all of
+// them for an Azure request — come from a stream seeded by Index, so requests with different Index
+// values share no block. Surplus hash IDs and segments are ignored. InputTokens ≤ 0 appends
+// nothing.
 //
 // The mapping is part of the package contract: it never changes between releases, so replay
 // results stay comparable.
@@ -190,6 +217,14 @@ func (r *Request) AppendTokenIDs(dst []uint32) []uint32 {
 		fillStream(out[pos:end], h^blockSalt)
 		pos = end
 	}
+	for _, s := range r.Segments {
+		if pos >= n {
+			break
+		}
+		end := min(pos+max(s.Tokens, 0), n)
+		fillStream(out[pos:end], s.Stream^segmentSalt)
+		pos = end
+	}
 	if pos < n {
 		fillStream(out[pos:], uint64(r.Index)^requestSalt)
 	}
@@ -206,7 +241,7 @@ type Trace struct {
 	// Name identifies the trace, e.g. "mooncake_conversation": the file's base name without
 	// extensions for ReadTraceFile, "" for ReadMooncake and ReadAzure.
 	Name string
-	// Format is the format the trace was read from.
+	// Format is the format the trace was read from; "" for a generated trace (Workload).
 	Format Format
 	// Start is the wall-clock time of Arrival 0: the first row's TIMESTAMP (UTC) for an Azure
 	// trace; the zero time.Time for a Mooncake trace, whose timestamps are already offsets.
@@ -218,16 +253,18 @@ type Trace struct {
 
 // CacheStats counts how much of a trace's prompts an infinite prefix cache would already hold.
 // Blocks are Mooncake hash_id blocks; tokens are the prompt tokens those blocks cover (a last,
-// partial block counts its actual size). All zero for a trace without hash IDs (Azure).
+// partial block counts its actual size) plus the prompt tokens of requests with Segments, which
+// hit token by token. All zero for a trace without hash IDs or segments (Azure).
 type CacheStats struct {
 	// Blocks is the number of prompt blocks: the sum of len(HashIDs).
 	Blocks int64
 	// HitBlocks is the number of those blocks that were cache hits.
 	HitBlocks int64
-	// Tokens is the number of prompt tokens the blocks cover; equal to the sum of InputTokens
-	// for a trace from ReadMooncake.
+	// Tokens is the number of prompt tokens the blocks and segments cover; equal to the sum of
+	// InputTokens for a trace from ReadMooncake or a workload generator.
 	Tokens int64
-	// HitTokens is the number of prompt tokens in hit blocks.
+	// HitTokens is the number of prompt tokens in hit blocks, plus the hit tokens of requests
+	// with Segments.
 	HitTokens int64
 }
 
@@ -254,8 +291,18 @@ func (s CacheStats) TokenHitRatio() float64 {
 // are chained, an ID seen earlier always had the same prefix before it, so on the real traces
 // this equals counting every earlier occurrence; on the conversation trace both give
 // 105,710 of 288,500 blocks = 36.64 %, the figure in docs/traces.md.
+//
+// A request with Segments hits, token by token, its longest common prefix with any earlier
+// request's segments (see segmentCache): exact, whatever the block size.
 func (t *Trace) InfiniteCache() CacheStats {
 	var s CacheStats
+	var sc segmentCache
+	for i := range t.Requests {
+		if r := &t.Requests[i]; r.Segments != nil {
+			s.Tokens += int64(max(r.InputTokens, 0))
+			s.HitTokens += int64(sc.add(r))
+		}
+	}
 	total := 0
 	for i := range t.Requests {
 		total += len(t.Requests[i].HashIDs)
@@ -285,6 +332,56 @@ func (t *Trace) InfiniteCache() CacheStats {
 	return s
 }
 
+// segmentCache is an infinite prefix cache over prompts spelled by segments: a trie whose edges
+// are whole segments (stream and length, as cut to the prompt's InputTokens; empty segments
+// skipped), with, per node and stream, the longest run of that stream any prompt had there.
+type segmentCache struct {
+	longest map[segmentRun]int     // (node, stream) → longest run seen after the node
+	nodes   map[segmentEdge]uint32 // (node, stream, tokens) → child node; the root is 0
+}
+
+type segmentRun struct {
+	node   uint32
+	stream uint64
+}
+
+type segmentEdge struct {
+	node   uint32
+	stream uint64
+	tokens int
+}
+
+// add returns how many leading tokens of r's prompt an earlier added prompt had, then adds r.
+// Tokens past the segments (a hand-built request whose segments fall short) never hit.
+func (c *segmentCache) add(r *Request) int {
+	if c.longest == nil {
+		c.longest, c.nodes = map[segmentRun]int{}, map[segmentEdge]uint32{}
+	}
+	hit, pos := 0, 0
+	var node uint32
+	for _, s := range r.Segments {
+		n := min(max(s.Tokens, 0), r.InputTokens-pos)
+		if n <= 0 {
+			continue
+		}
+		pos += n
+		run := segmentRun{node, s.Stream}
+		m := c.longest[run]
+		hit += min(m, n)
+		c.longest[run] = max(m, n)
+		edge := segmentEdge{node, s.Stream, n}
+		child, ok := c.nodes[edge]
+		if !ok {
+			// No earlier prompt went on past this segment's end (none did when m < n): the new
+			// node has no runs, so no later segment of r hits.
+			child = uint32(len(c.nodes) + 1)
+			c.nodes[edge] = child
+		}
+		node = child
+	}
+	return hit
+}
+
 // InfiniteCacheHitRatio returns the fraction of prompt blocks an infinite prefix cache would
 // already hold (see InfiniteCache): 0.3664 for the Mooncake conversation trace
 // (docs/traces.md: 36.64 %), 0 for a trace without hash IDs.
@@ -296,27 +393,33 @@ func (t *Trace) InfiniteCacheHitRatio() float64 { return t.InfiniteCache().Block
 // hash IDs.
 func (t *Trace) InfiniteCacheTokenHitRatio() float64 { return t.InfiniteCache().TokenHitRatio() }
 
-// Clone returns a deep copy of t that shares no memory with it; nil for a nil t. Nil HashIDs stay
-// nil and empty ones stay empty.
+// Clone returns a deep copy of t that shares no memory with it; nil for a nil t. Nil HashIDs and
+// Segments stay nil and empty ones stay empty.
 func (t *Trace) Clone() *Trace {
 	if t == nil {
 		return nil
 	}
 	c := *t
 	c.Requests = slices.Clone(t.Requests)
-	total := 0
+	ids, segs := 0, 0
 	for i := range t.Requests {
-		total += len(t.Requests[i].HashIDs)
+		ids += len(t.Requests[i].HashIDs)
+		segs += len(t.Requests[i].Segments)
 	}
-	arena := make([]uint64, 0, total)
+	idArena := make([]uint64, 0, ids)
+	segArena := make([]Segment, 0, segs)
 	for i := range c.Requests {
-		ids := c.Requests[i].HashIDs
-		if ids == nil {
-			continue
+		r := &c.Requests[i]
+		if r.HashIDs != nil {
+			start := len(idArena)
+			idArena = append(idArena, r.HashIDs...)
+			r.HashIDs = idArena[start:len(idArena):len(idArena)]
 		}
-		start := len(arena)
-		arena = append(arena, ids...)
-		c.Requests[i].HashIDs = arena[start:len(arena):len(arena)]
+		if r.Segments != nil {
+			start := len(segArena)
+			segArena = append(segArena, r.Segments...)
+			r.Segments = segArena[start:len(segArena):len(segArena)]
+		}
 	}
 	return &c
 }

@@ -19,14 +19,16 @@ import (
 const defaultSweepLimit = 3000
 
 // scenarioFlags are the replay's scenario flags, kept apart from the basic ones: a shared system
-// prompt in front of every request (-system-prompt), router replicas (-routers) and the engines'
-// prefill time model (-prefill-model).
+// prompt in front of every request (-system-prompt), router replicas (-routers), the engines'
+// prefill time model (-prefill-model) and a generated workload instead of a trace (-workload).
 type scenarioFlags struct {
 	systemPrompt *int
 	routers      *int
 	prefillModel *string
 	sweep        *bool
 	slo          *time.Duration
+	workload     *string
+	workloadSeed *uint64
 }
 
 // addScenarioFlags defines the scenario flags on fs.
@@ -41,11 +43,16 @@ func addScenarioFlags(fs *flag.FlagSet) *scenarioFlags {
 		sweep: fs.Bool("sweep", false, fmt.Sprintf("instead of one replay, find per policy the highest -speed with TTFT p99 <= -slo, "+
 			"by bisection to 5 %% (each probe replays -limit requests, default %d under -sweep)", defaultSweepLimit)),
 		slo: fs.Duration("slo", sim.DefaultSweepSLO, "TTFT p99 target of -sweep"),
+		workload: fs.String("workload", "", fmt.Sprintf("replay a generated workload instead of a trace: %s or %s, "+
+			"optionally with parameters, e.g. %s:conversations=500,rate=5 (see sim.ParseWorkload); -speed then defaults to 1",
+			sim.WorkloadChats, sim.WorkloadPrefixGroups, sim.WorkloadChats)),
+		workloadSeed: fs.Uint64("workload-seed", 0, "random seed of -workload (default: -seed)"),
 	}
 }
 
-// apply sets the scenario fields of cfg. A bad value is a command-line mistake (usage error).
-func (s *scenarioFlags) apply(cfg *sim.Config) error {
+// apply sets the scenario fields of cfg, and its trace when -workload asks for a generated one. A
+// bad value is a command-line mistake (usage error).
+func (s *scenarioFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 	if *s.systemPrompt < 0 || *s.systemPrompt > sim.MaxTraceTokens {
 		return usage(fmt.Errorf("-system-prompt %d: must be in [0, %d]", *s.systemPrompt, sim.MaxTraceTokens))
 	}
@@ -63,6 +70,41 @@ func (s *scenarioFlags) apply(cfg *sim.Config) error {
 	}
 	cfg.SystemPromptTokens = *s.systemPrompt
 	cfg.Routers = *s.routers
+	return s.generate(fs, cfg)
+}
+
+// generate sets cfg.Trace to the -workload trace, if one is asked for, with -speed 1 unless given
+// and, unless a -config file sets it, sim.WorkloadBlockTokens-token KV blocks. A bad spec, a spec
+// with -trace and a -workload-seed without -workload are command-line mistakes.
+func (s *scenarioFlags) generate(fs *flag.FlagSet, cfg *sim.Config) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *s.workload == "" {
+		if set["workload-seed"] {
+			return usage(errors.New("-workload-seed needs -workload"))
+		}
+		return nil
+	}
+	if set["trace"] {
+		return usage(errors.New("-trace and -workload are exclusive: replay one or the other"))
+	}
+	w, err := sim.ParseWorkload(*s.workload)
+	if err != nil {
+		return usage(err)
+	}
+	seed := cfg.Seed
+	if set["workload-seed"] {
+		seed = *s.workloadSeed
+	}
+	if cfg.Trace, err = w.Generate(seed); err != nil {
+		return usage(err)
+	}
+	if !set["speed"] {
+		cfg.Speed = 1
+	}
+	if cfg.Routing == nil {
+		cfg.Model.BlockTokens = sim.WorkloadBlockTokens
+	}
 	return nil
 }
 

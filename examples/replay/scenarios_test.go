@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -75,5 +76,91 @@ func TestRunSweep(t *testing.T) {
 	assert.Equal(t, 200, rep.Requests)
 	for _, r := range rep.Results {
 		assert.Positive(t, r.Speed, r.Policy)
+	}
+}
+
+// TestRunWorkloads replays a short run of each generated workload: the trace named by its
+// canonical spec and seed, -speed 1 by default, 16-token KV blocks, every request served.
+func TestRunWorkloads(t *testing.T) {
+	for _, tc := range []struct{ spec, name string }{
+		{"chats:conversations=40,turns=4", "chats:conversations=40,turns=4,rate=45,think=5s,shared-system=false (seed 1)"},
+		{"prefix-groups:requests=80", "prefix-groups:groups=150,prompts=5,prefix=6000,question=1200,output=1000,requests=80,rate=20 (seed 1)"},
+	} {
+		t.Run(tc.spec, func(t *testing.T) {
+			var out, stderr bytes.Buffer
+			args := []string{"-workload", tc.spec, "-limit", "60", "-engines", "4", "-policies", "round_robin,cache_aware", "-json"}
+			require.NoError(t, run(context.Background(), args, &out, &stderr, false))
+			var rep sim.Report
+			require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+			assert.Equal(t, tc.name, rep.Trace)
+			assert.Equal(t, 60, rep.Requests)
+			assert.Equal(t, 1.0, rep.Speed)
+			assert.Equal(t, sim.WorkloadBlockTokens, rep.Model.BlockTokens)
+			assert.Positive(t, rep.InfiniteCacheHitRate)
+			require.Len(t, rep.Results, 2)
+			for _, r := range rep.Results {
+				assert.Equal(t, 60, r.Completed, r.Policy)
+			}
+
+			out.Reset()
+			require.NoError(t, run(context.Background(), args[:len(args)-1], &out, &stderr, false))
+			assert.Contains(t, out.String(), "trace "+tc.name+": 60 requests")
+			assert.Contains(t, out.String(), "in 16-token blocks")
+		})
+	}
+}
+
+// TestRunWorkloadSeed: -workload-seed defaults to -seed, and another seed is another trace;
+// -speed still applies.
+func TestRunWorkloadSeed(t *testing.T) {
+	replay := func(args ...string) sim.Report {
+		t.Helper()
+		var out, stderr bytes.Buffer
+		args = append([]string{"-workload", "chats:conversations=20,turns=2", "-engines", "2", "-policies", "round_robin", "-json"}, args...)
+		require.NoError(t, run(context.Background(), args, &out, &stderr, false))
+		var rep sim.Report
+		require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+		return rep
+	}
+	bySeed := replay("-seed", "5")
+	explicit := replay("-seed", "5", "-workload-seed", "5")
+	assert.Equal(t, bySeed, explicit)
+	assert.Contains(t, bySeed.Trace, "(seed 5)")
+	other := replay("-seed", "5", "-workload-seed", "6")
+	assert.Contains(t, other.Trace, "(seed 6)")
+	assert.NotEqual(t, bySeed.Results[0].PromptTokens, other.Results[0].PromptTokens)
+	assert.Equal(t, 2.5, replay("-speed", "2.5").Speed)
+}
+
+// TestRunWorkloadWithConfig: a -config file keeps its own KV block size under -workload.
+func TestRunWorkloadWithConfig(t *testing.T) {
+	var out, stderr bytes.Buffer
+	require.NoError(t, run(context.Background(), []string{"-config", "../configs/plain-round-robin.yaml", "-workload",
+		"prefix-groups:requests=30", "-json"}, &out, &stderr, false))
+	var rep sim.Report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+	assert.Equal(t, 30, rep.Requests)
+	assert.NotEqual(t, sim.WorkloadBlockTokens, rep.Model.BlockTokens, "the file's kv.block_tokens or the default")
+}
+
+func TestRunRejectsBadWorkloadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"-workload", "chats:turns=0"}, `replay: sim: workload "chats:turns=0": turns="0": must be >= 1 (omit it for the default): invalid configuration`},
+		{[]string{"-workload", "sessions"}, `unknown workload "sessions" (known: chats, prefix-groups)`},
+		{[]string{"-workload", "chats:rate=1e-9"}, "passes MaxArrival"},
+		{[]string{"-workload", "chats", "-trace", "x.jsonl"}, "replay: -trace and -workload are exclusive"},
+		{[]string{"-workload-seed", "3"}, "replay: -workload-seed needs -workload"},
+	} {
+		var out, stderr bytes.Buffer
+		err := run(context.Background(), tc.args, &out, &stderr, false)
+		var ue *usageError
+		require.True(t, errors.As(err, &ue), "%v: %v is not a usage error", tc.args, err)
+		assert.Equal(t, 2, exitCode(err, &stderr), "%v", tc.args)
+		assert.Contains(t, stderr.String(), tc.msg, "%v", tc.args)
+		assert.Equal(t, 1, strings.Count(stderr.String(), "\n"), "one line: %q", stderr.String())
+		assert.Empty(t, out.String())
 	}
 }
