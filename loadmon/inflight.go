@@ -43,6 +43,8 @@ type counter struct {
 	head   atomic.Uint64               // number of dispatches recorded
 	ring   [dispatchRing]atomic.Int64  // unix nanos of recent dispatches
 	tokens [dispatchRing]atomic.Uint64 // prefill tokens of the same dispatches
+	// ringTokens is the sum of tokens: the prefill tokens of the recorded dispatches.
+	ringTokens atomic.Uint64
 }
 
 // NewInFlight returns empty counters that timestamp dispatches with now (nil: time.Now).
@@ -217,8 +219,22 @@ func (c *counter) stamp(prefillTokens uint64, at int64) {
 	i := c.head.Add(1) - 1
 	// Tokens before the time: a reader that sees the new time sees these tokens, unless a later
 	// dispatch has already reused the slot (64 dispatches between a reader's two loads).
-	c.tokens[i%dispatchRing].Store(prefillTokens)
+	old := c.tokens[i%dispatchRing].Swap(prefillTokens)
+	c.ringTokens.Add(prefillTokens - old) // modular: the sum stays exact
 	c.ring[i%dispatchRing].Store(at)
+}
+
+// meanTokens returns the mean prefill tokens of the recorded dispatches (the 64 most recent),
+// rounded down; 0 for none or for a nil counter.
+func (c *counter) meanTokens() uint64 {
+	if c == nil {
+		return 0
+	}
+	n := min(c.head.Load(), dispatchRing)
+	if n == 0 {
+		return 0
+	}
+	return c.ringTokens.Load() / n
 }
 
 // CountRank returns the in-flight requests dispatched to the engine's DP rank through AcquireRank;

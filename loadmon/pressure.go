@@ -2,6 +2,7 @@ package loadmon
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"math/bits"
 	"time"
@@ -28,6 +29,11 @@ type Observation struct {
 	// (InFlight.DispatchedSinceRank). Both are 0 when Load is nil.
 	Dispatched       uint64
 	DispatchedTokens uint64
+	// MeanPrefillTokens is the mean prefill tokens of this router's most recent dispatches (up to
+	// 64) to the engine, or to the named rank, whatever their time: what a request routed there
+	// typically brings to prefill, for estimating the pending prefill behind a report without
+	// native figures (EstimatePendingPrefillTokens). 0 when none brought any, and when Load is nil.
+	MeanPrefillTokens uint64
 	// DPRank is the DP rank the observation names, valid when HasDPRank. A rank is named only for
 	// an engine with several ranks whose load is known.
 	DPRank    int
@@ -60,6 +66,7 @@ func Observe(snap Snapshot, inflight *InFlight, engine state.EngineID) Observati
 		o.InFlight = c.count()
 		if o.Load != nil {
 			o.Dispatched, o.DispatchedTokens = c.since(o.Load.ReportedAt)
+			o.MeanPrefillTokens = c.meanTokens()
 		}
 	}
 	return o
@@ -87,33 +94,36 @@ func withRank(o Observation, inflight *InFlight, engine state.EngineID, rank int
 		return o
 	}
 	o.DPRank, o.HasDPRank, o.RankLoad = rank, true, rl
-	o.Dispatched, o.DispatchedTokens, o.RankInFlight = 0, 0, 0
+	o.Dispatched, o.DispatchedTokens, o.RankInFlight, o.MeanPrefillTokens = 0, 0, 0, 0
 	if inflight != nil {
-		o.Dispatched, o.DispatchedTokens = inflight.DispatchedSinceRank(engine, rank, rl.ReportedAt)
-		o.RankInFlight = inflight.CountRank(engine, rank)
+		rc := (*inflight.ranks.Load())[rankKey{engine, rank}]
+		o.Dispatched, o.DispatchedTokens = rc.since(rl.ReportedAt)
+		o.RankInFlight = rc.count()
+		o.MeanPrefillTokens = rc.meanTokens()
 	}
 	return o
 }
 
 // ObserveLeastPressured is Observe naming the engine's least pressured DP rank, for an engine with
 // several ranks whose load is known (otherwise it is Observe and names no rank). Ranks are compared
-// by ComparePressure on their own figures for stage (reported when every rank has native data),
-// then, for ranks without native data, waiting requests (with the dispatches since the rank's
-// report) and running requests; then fewer router-local in-flight requests to the rank; then the
-// lower rank (docs/design.md §6). It allocates nothing.
+// by ComparePressure's reported keys for stage on their own figures, on the best basis every rank
+// has (BasisNative when every rank is native, else BasisReported); then fewer router-local
+// in-flight requests to the rank; then the lower rank (docs/design.md §6). It allocates nothing.
 func ObserveLeastPressured(snap Snapshot, inflight *InFlight, stage state.Stage, engine state.EngineID) Observation {
 	o := Observe(snap, inflight, engine)
 	if o.Load == nil || len(o.Load.RankLoads) < 2 {
 		return o
 	}
-	native := true
+	basis := BasisNative
 	for _, rl := range o.Load.RankLoads {
-		native = native && rl.Native
+		if !rl.Native {
+			basis = BasisReported
+		}
 	}
 	best := withRank(o, inflight, engine, 0)
 	for r := 1; r < len(o.Load.RankLoads); r++ {
 		c := withRank(o, inflight, engine, r)
-		if compareRanks(stage, &c, &best, native) < 0 {
+		if compareRanks(stage, &c, &best, basis) < 0 {
 			best = c
 		}
 	}
@@ -121,20 +131,9 @@ func ObserveLeastPressured(snap Snapshot, inflight *InFlight, stage state.Stage,
 }
 
 // compareRanks orders two observations of one engine naming different ranks (ObserveLeastPressured).
-func compareRanks(stage state.Stage, a, b *Observation, native bool) int {
-	if native {
-		if c := compareReported(stage, a, b); c != 0 {
-			return c
-		}
-	} else {
-		wa, _ := a.WaitingRequests()
-		wb, _ := b.WaitingRequests()
-		if c := cmp.Compare(wa, wb); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.RankLoad.RunningRequests, b.RankLoad.RunningRequests); c != 0 {
-			return c
-		}
+func compareRanks(stage state.Stage, a, b *Observation, basis Basis) int {
+	if c := compareReported(stage, a, b, basis); c != 0 {
+		return c
 	}
 	if c := cmp.Compare(a.RankInFlight, b.RankInFlight); c != 0 {
 		return c
@@ -160,6 +159,30 @@ func (o *Observation) PendingPrefillTokens() (uint64, bool) {
 		return 0, false
 	}
 	return satAdd(o.Figures().WaitingUncachedTokens, o.DispatchedTokens), true
+}
+
+// EstimatePendingPrefillTokens returns the prompt tokens a new request would wait behind, as the
+// cost comparison and the pressure guard price it (docs/design.md §9.7, §9.11): PendingPrefillTokens
+// with a native report; with any other fresh report, the reported waiting requests ×
+// MeanPrefillTokens (perRequest when the router has recorded no prefill work there) plus the
+// prefill tokens dispatched since the report. It returns false when the load is unknown.
+func (o *Observation) EstimatePendingPrefillTokens(perRequest uint64) (uint64, bool) {
+	l := o.Figures()
+	switch {
+	case l == nil:
+		return 0, false
+	case l.Native:
+		return o.PendingPrefillTokens()
+	}
+	mean := o.MeanPrefillTokens
+	if mean == 0 {
+		mean = perRequest
+	}
+	hi, queued := bits.Mul64(l.WaitingRequests, mean)
+	if hi != 0 {
+		queued = math.MaxUint64
+	}
+	return satAdd(queued, o.DispatchedTokens), true
 }
 
 // PendingPrefillTime returns PendingPrefillTokens divided by the engine's measured prefill
@@ -198,23 +221,69 @@ func satAddDuration(a, b time.Duration) time.Duration {
 
 // HasNative reports whether the observation carries a fresh, complete native report with valid
 // capacity (Figures: the named rank's, else the engine's): the condition for comparing it on
-// reported pressure (docs/design.md §6).
+// native figures (docs/design.md §6).
 func (o *Observation) HasNative() bool {
 	l := o.Figures()
 	return l != nil && l.Native
 }
 
+// Basis is the figures a pressure comparison reads, from the fewest to the most. Under the
+// coverage rule (docs/design.md §6) a compared set of engines is compared on the best basis every
+// engine of the set has (the least of their Basis values), so that every engine is ranked on the
+// same keys.
+type Basis uint8
+
+const (
+	// BasisInFlight compares router-local in-flight requests only: some engine of the set has no
+	// fresh, complete report.
+	BasisInFlight Basis = iota
+	// BasisReported compares reported running and waiting requests (waiting plus the dispatches
+	// since the report) and, for decode, KV usage, then in-flight: what every fresh report
+	// carries, vLLM's /metrics included.
+	BasisReported
+	// BasisNative adds, for plain and prefill, the native figures in front: the estimated prefill
+	// queue time and the waiting uncached tokens (plus the prefill tokens dispatched since).
+	BasisNative
+)
+
+// String returns "in_flight", "reported" or "native".
+func (b Basis) String() string {
+	switch b {
+	case BasisInFlight:
+		return "in_flight"
+	case BasisReported:
+		return "reported"
+	case BasisNative:
+		return "native"
+	}
+	return fmt.Sprintf("Basis(%d)", uint8(b))
+}
+
+// Basis returns the best basis the observation supports: BasisNative with a native report
+// (HasNative), BasisReported with any other fresh, complete report, BasisInFlight when its load is
+// unknown.
+func (o *Observation) Basis() Basis {
+	switch l := o.Figures(); {
+	case l == nil:
+		return BasisInFlight
+	case l.Native:
+		return BasisNative
+	}
+	return BasisReported
+}
+
 // ComparePressure compares the stage pressure of two candidates: negative when a is less
 // pressured, positive when b is, zero on a complete tie. The rules are docs/design.md §6
-// (pressure comparisons):
+// (pressure comparisons). basis is the compared set's basis (the least Basis of its engines: the
+// coverage rule, so that every engine of the set is compared on the same keys); the comparison
+// never reads more than a and b both have, whatever basis says.
 //
-//   - reported is false: router-local in-flight only. Callers pass false when ANY candidate of the
-//     compared set lacks a fresh, complete native report (the coverage rule), so every engine of
-//     the set is compared on the same key.
-//   - plain and prefill: estimated prefill queue time when both engines have it, then waiting
-//     uncached tokens, waiting requests, running requests; then in-flight.
-//   - decode: waiting requests, running requests, KV usage fraction (compared exactly by 128-bit
-//     cross-multiplication), used KV tokens; then in-flight.
+//   - BasisNative, plain and prefill: estimated prefill queue time when both engines have it, then
+//     waiting uncached tokens; then the reported keys below.
+//   - BasisReported (and after the native keys): plain and prefill: waiting requests, running
+//     requests; decode: waiting requests, running requests, KV usage fraction (compared exactly by
+//     128-bit cross-multiplication), used KV tokens.
+//   - Every basis ends with router-local in-flight requests; BasisInFlight compares only those.
 //
 // Reported waiting figures include the dispatches made since each engine's report
 // (Observation.Dispatched and DispatchedTokens): the queue time and waiting uncached tokens add
@@ -225,16 +294,18 @@ func (o *Observation) HasNative() bool {
 //
 // The result is not a total order over a set (engines with and without a queue estimate are
 // compared on different keys): use it in linear scans, never to sort.
-func ComparePressure(stage state.Stage, a, b *Observation, reported bool) int {
-	if reported && a.HasNative() && b.HasNative() {
-		if c := compareReported(stage, a, b); c != 0 {
+func ComparePressure(stage state.Stage, a, b *Observation, basis Basis) int {
+	if basis = min(basis, a.Basis(), b.Basis()); basis > BasisInFlight {
+		if c := compareReported(stage, a, b, basis); c != 0 {
 			return c
 		}
 	}
 	return cmp.Compare(a.InFlight, b.InFlight)
 }
 
-func compareReported(stage state.Stage, oa, ob *Observation) int {
+// compareReported compares the reported figures of two observations whose load is known, the
+// native keys first when basis is BasisNative.
+func compareReported(stage state.Stage, oa, ob *Observation, basis Basis) int {
 	a, b := oa.Figures(), ob.Figures()
 	wa, _ := oa.WaitingRequests()
 	wb, _ := ob.WaitingRequests()
@@ -250,17 +321,19 @@ func compareReported(stage state.Stage, oa, ob *Observation) int {
 		}
 		return cmp.Compare(a.UsedKVTokens, b.UsedKVTokens)
 	}
-	if ta, ok := oa.PendingPrefillTime(); ok {
-		if tb, ok := ob.PendingPrefillTime(); ok {
-			if c := cmp.Compare(ta, tb); c != 0 {
-				return c
+	if basis == BasisNative {
+		if ta, ok := oa.PendingPrefillTime(); ok {
+			if tb, ok := ob.PendingPrefillTime(); ok {
+				if c := cmp.Compare(ta, tb); c != 0 {
+					return c
+				}
 			}
 		}
-	}
-	ua, _ := oa.PendingPrefillTokens()
-	ub, _ := ob.PendingPrefillTokens()
-	if c := cmp.Compare(ua, ub); c != 0 {
-		return c
+		ua, _ := oa.PendingPrefillTokens()
+		ub, _ := ob.PendingPrefillTokens()
+		if c := cmp.Compare(ua, ub); c != 0 {
+			return c
+		}
 	}
 	if c := cmp.Compare(wa, wb); c != 0 {
 		return c

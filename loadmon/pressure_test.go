@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
@@ -23,6 +24,25 @@ func nat(l loadmon.EngineLoad, inflight uint64) loadmon.Observation {
 	return loadmon.Observation{Load: &l, InFlight: inflight}
 }
 
+// basic returns a fresh, complete observation without native figures, as a vLLM /metrics poll
+// gives.
+func basic(l loadmon.EngineLoad, inflight uint64) loadmon.Observation {
+	return loadmon.Observation{Load: &l, InFlight: inflight}
+}
+
+func TestObservationBasis(t *testing.T) {
+	t.Parallel()
+	unknown := loadmon.Observation{InFlight: 4}
+	b := basic(loadmon.EngineLoad{WaitingRequests: 3}, 0)
+	n := nat(loadmon.EngineLoad{}, 0)
+	assert.Equal(t, loadmon.BasisInFlight, unknown.Basis())
+	assert.Equal(t, loadmon.BasisReported, b.Basis())
+	assert.Equal(t, loadmon.BasisNative, n.Basis())
+	assert.Equal(t, "in_flight reported native", unknown.Basis().String()+" "+b.Basis().String()+" "+n.Basis().String())
+	rank := loadmon.Observation{Load: n.Load, RankLoad: b.Load, HasDPRank: true}
+	assert.Equal(t, loadmon.BasisReported, rank.Basis(), "a named rank's own figures decide")
+}
+
 // since adds dispatches made after the observation's report.
 func since(o loadmon.Observation, n, tokens uint64) loadmon.Observation {
 	o.Dispatched, o.DispatchedTokens = n, tokens
@@ -36,22 +56,23 @@ func withQueue(d time.Duration) loadmon.EngineLoad {
 func TestComparePressure(t *testing.T) {
 	t.Parallel()
 	plain, prefill, decode := state.StagePlain, state.StagePrefill, state.StageDecode
+	native, reported, inFlight := loadmon.BasisNative, loadmon.BasisReported, loadmon.BasisInFlight
 	tests := []struct {
-		name     string
-		stage    state.Stage
-		a, b     loadmon.Observation
-		reported bool
-		want     int
+		name  string
+		stage state.Stage
+		a, b  loadmon.Observation
+		basis loadmon.Basis
+		want  int
 	}{
 		{"prefill: uncached tokens before waiting requests", prefill,
 			nat(loadmon.EngineLoad{WaitingUncachedTokens: 10, WaitingRequests: 9}, 0),
-			nat(loadmon.EngineLoad{WaitingUncachedTokens: 20, WaitingRequests: 1}, 0), true, -1},
+			nat(loadmon.EngineLoad{WaitingUncachedTokens: 20, WaitingRequests: 1}, 0), native, -1},
 		{"prefill: waiting requests then running", prefill,
 			nat(loadmon.EngineLoad{WaitingRequests: 2, RunningRequests: 0}, 0),
-			nat(loadmon.EngineLoad{WaitingRequests: 1, RunningRequests: 9}, 0), true, 1},
+			nat(loadmon.EngineLoad{WaitingRequests: 1, RunningRequests: 9}, 0), native, 1},
 		{"prefill: running requests", plain,
 			nat(loadmon.EngineLoad{RunningRequests: 3}, 0),
-			nat(loadmon.EngineLoad{RunningRequests: 4}, 0), true, -1},
+			nat(loadmon.EngineLoad{RunningRequests: 4}, 0), native, -1},
 		{"prefill: queue time wins when both have it", prefill,
 			nat(func() loadmon.EngineLoad {
 				l := withQueue(10 * time.Millisecond)
@@ -62,61 +83,85 @@ func TestComparePressure(t *testing.T) {
 				l := withQueue(20 * time.Millisecond)
 				l.WaitingUncachedTokens = 10
 				return l
-			}(), 0), true, -1},
+			}(), 0), native, -1},
 		{"prefill: queue time ignored when one lacks it", prefill,
 			nat(func() loadmon.EngineLoad {
 				l := withQueue(10 * time.Millisecond)
 				l.WaitingUncachedTokens = 9000
 				return l
 			}(), 0),
-			nat(loadmon.EngineLoad{WaitingUncachedTokens: 10}, 0), true, 1},
+			nat(loadmon.EngineLoad{WaitingUncachedTokens: 10}, 0), native, 1},
 		{"decode ignores uncached tokens, orders by waiting", decode,
 			nat(loadmon.EngineLoad{WaitingRequests: 1, WaitingUncachedTokens: 9999}, 0),
-			nat(loadmon.EngineLoad{WaitingRequests: 2}, 0), true, -1},
+			nat(loadmon.EngineLoad{WaitingRequests: 2}, 0), native, -1},
 		{"decode: running after waiting", decode,
 			nat(loadmon.EngineLoad{WaitingRequests: 1, RunningRequests: 5}, 0),
-			nat(loadmon.EngineLoad{WaitingRequests: 1, RunningRequests: 4}, 0), true, 1},
+			nat(loadmon.EngineLoad{WaitingRequests: 1, RunningRequests: 4}, 0), native, 1},
 		{"decode: KV fraction before used tokens", decode,
 			nat(loadmon.EngineLoad{UsedKVTokens: 500, KVCapacityTokens: 1000}, 0),
-			nat(loadmon.EngineLoad{UsedKVTokens: 600, KVCapacityTokens: 2000}, 0), true, 1},
+			nat(loadmon.EngineLoad{UsedKVTokens: 600, KVCapacityTokens: 2000}, 0), native, 1},
 		{"decode: huge fractions that round to the same float64 compare exactly", decode,
 			nat(loadmon.EngineLoad{UsedKVTokens: math.MaxUint64 - 1, KVCapacityTokens: math.MaxUint64}, 0),
-			nat(loadmon.EngineLoad{UsedKVTokens: math.MaxUint64 - 2, KVCapacityTokens: math.MaxUint64}, 0), true, 1},
+			nat(loadmon.EngineLoad{UsedKVTokens: math.MaxUint64 - 2, KVCapacityTokens: math.MaxUint64}, 0), native, 1},
 		{"decode: equal fraction, fewer used tokens", decode,
 			nat(loadmon.EngineLoad{UsedKVTokens: 100, KVCapacityTokens: 1000}, 0),
-			nat(loadmon.EngineLoad{UsedKVTokens: 200, KVCapacityTokens: 2000}, 0), true, -1},
+			nat(loadmon.EngineLoad{UsedKVTokens: 200, KVCapacityTokens: 2000}, 0), native, -1},
 		{"equal reported pressure falls to in-flight", prefill,
 			nat(loadmon.EngineLoad{WaitingRequests: 1}, 5),
-			nat(loadmon.EngineLoad{WaitingRequests: 1}, 3), true, 1},
-		{"complete tie", decode, nat(loadmon.EngineLoad{}, 2), nat(loadmon.EngineLoad{}, 2), true, 0},
+			nat(loadmon.EngineLoad{WaitingRequests: 1}, 3), native, 1},
+		{"complete tie", decode, nat(loadmon.EngineLoad{}, 2), nat(loadmon.EngineLoad{}, 2), native, 0},
 		{"coverage rule off: in-flight only", prefill,
 			nat(loadmon.EngineLoad{WaitingRequests: 0}, 5),
-			nat(loadmon.EngineLoad{WaitingRequests: 100}, 3), false, 1},
+			nat(loadmon.EngineLoad{WaitingRequests: 100}, 3), inFlight, 1},
 		{"one side unknown: in-flight only", decode,
 			nat(loadmon.EngineLoad{WaitingRequests: 0}, 5),
-			loadmon.Observation{InFlight: 3}, true, 1},
+			loadmon.Observation{InFlight: 3}, native, 1},
 		{"prefill: dispatched tokens add to the reported uncached tokens", prefill,
 			since(nat(loadmon.EngineLoad{WaitingUncachedTokens: 0}, 1), 1, 600),
-			nat(loadmon.EngineLoad{WaitingUncachedTokens: 512, WaitingRequests: 1}, 0), true, 1},
+			nat(loadmon.EngineLoad{WaitingUncachedTokens: 512, WaitingRequests: 1}, 0), native, 1},
 		{"prefill: dispatched tokens add to the queue time at the engine's rate", prefill,
 			since(nat(withQueue(10*time.Millisecond), 0), 1, 1), // 1 token at 1 token/s: +1 s
-			nat(withQueue(20*time.Millisecond), 0), true, 1},
+			nat(withQueue(20*time.Millisecond), 0), native, 1},
 		{"prefill: dispatch count adds to waiting requests", prefill,
 			since(nat(loadmon.EngineLoad{WaitingRequests: 1}, 0), 2, 0),
-			nat(loadmon.EngineLoad{WaitingRequests: 2}, 0), true, 1},
+			nat(loadmon.EngineLoad{WaitingRequests: 2}, 0), native, 1},
 		{"decode: dispatch count adds to waiting requests", decode,
 			since(nat(loadmon.EngineLoad{WaitingRequests: 0}, 0), 1, 0),
-			nat(loadmon.EngineLoad{WaitingRequests: 0, RunningRequests: 9}, 0), true, 1},
-		{"one side not native: in-flight only", plain,
-			loadmon.Observation{Load: &loadmon.EngineLoad{WaitingRequests: 0}, InFlight: 5},
-			nat(loadmon.EngineLoad{WaitingRequests: 100}, 3), true, 1},
+			nat(loadmon.EngineLoad{WaitingRequests: 0, RunningRequests: 9}, 0), native, 1},
+		{"one side not native: reported requests, not native figures", plain,
+			loadmon.Observation{Load: &loadmon.EngineLoad{WaitingRequests: 1}, InFlight: 5},
+			nat(loadmon.EngineLoad{WaitingRequests: 0, WaitingUncachedTokens: 9000}, 3), native, 1},
+		{"basic reports: waiting requests", plain,
+			basic(loadmon.EngineLoad{WaitingRequests: 0, RunningRequests: 9}, 5),
+			basic(loadmon.EngineLoad{WaitingRequests: 83, RunningRequests: 1}, 0), native, -1},
+		{"basic reports: running requests after waiting", prefill,
+			basic(loadmon.EngineLoad{WaitingRequests: 2, RunningRequests: 3}, 0),
+			basic(loadmon.EngineLoad{WaitingRequests: 2, RunningRequests: 1}, 9), reported, 1},
+		{"basic reports: dispatch count adds to waiting requests", plain,
+			since(basic(loadmon.EngineLoad{WaitingRequests: 0}, 0), 3, 0),
+			basic(loadmon.EngineLoad{WaitingRequests: 2}, 0), reported, 1},
+		{"basic reports: decode reads KV usage", decode,
+			basic(loadmon.EngineLoad{UsedKVTokens: 500, KVCapacityTokens: 1000}, 0),
+			basic(loadmon.EngineLoad{UsedKVTokens: 600, KVCapacityTokens: 2000}, 0), reported, 1},
+		{"reported basis skips native figures", prefill,
+			nat(loadmon.EngineLoad{WaitingUncachedTokens: 10, WaitingRequests: 9}, 0),
+			nat(loadmon.EngineLoad{WaitingUncachedTokens: 20, WaitingRequests: 1}, 0), reported, 1},
+		{"reported basis skips queue time", prefill,
+			nat(withQueue(10*time.Millisecond), 2),
+			nat(withQueue(20*time.Millisecond), 1), reported, 1},
+		{"in-flight basis ignores basic reports", plain,
+			basic(loadmon.EngineLoad{WaitingRequests: 0}, 5),
+			basic(loadmon.EngineLoad{WaitingRequests: 100}, 3), inFlight, 1},
+		{"one side unknown, other basic: in-flight only", plain,
+			basic(loadmon.EngineLoad{WaitingRequests: 0}, 5),
+			loadmon.Observation{InFlight: 3}, native, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got := loadmon.ComparePressure(tt.stage, &tt.a, &tt.b, tt.reported)
+			got := loadmon.ComparePressure(tt.stage, &tt.a, &tt.b, tt.basis)
 			assert.Equal(t, tt.want, sign(got), "ComparePressure(a, b)")
-			assert.Equal(t, -tt.want, sign(loadmon.ComparePressure(tt.stage, &tt.b, &tt.a, tt.reported)), "ComparePressure(b, a) is the mirror")
+			assert.Equal(t, -tt.want, sign(loadmon.ComparePressure(tt.stage, &tt.b, &tt.a, tt.basis)), "ComparePressure(b, a) is the mirror")
 		})
 	}
 }
@@ -181,6 +226,69 @@ func TestObserveCountsDispatchesSinceTheReport(t *testing.T) {
 	assert.False(t, ok)
 	_, ok = u.WaitingRequests()
 	assert.False(t, ok)
+}
+
+// Without native figures the pending prefill is estimated from the waiting requests, priced at the
+// mean prefill tokens of the router's recent dispatches to the engine (the caller's per-request
+// figure when it has recorded none), plus the tokens dispatched since the report.
+func TestEstimatePendingPrefillTokens(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
+	f := loadmon.NewInFlight(clk.Now)
+	f.AcquirePrefill("a", 1000)
+	f.AcquirePrefill("a", 3000)
+	f.Acquire("a") // no prefill work: counts in the mean as 0 tokens
+	clk.Advance(time.Millisecond)
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 4}))
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "b", WaitingRequests: 4}))
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "n", WaitingRequests: 4, KVCapacityTokens: 100,
+		Native: &loadmon.NativeLoad{MaxRunningRequests: 8, WaitingUncachedTokens: 700}}))
+	clk.Advance(time.Millisecond)
+	f.AcquirePrefill("a", 500)
+	f.AcquirePrefill("n", 50)
+	snap := tab.Snapshot()
+
+	a := loadmon.Observe(snap, f, "a")
+	assert.Equal(t, uint64(1125), a.MeanPrefillTokens, "(1000 + 3000 + 0 + 500) ÷ 4")
+	got, ok := a.EstimatePendingPrefillTokens(77)
+	assert.True(t, ok)
+	assert.Equal(t, uint64(4*1125+500), got, "4 waiting × 1,125 + the 500 dispatched since")
+
+	b := loadmon.Observe(snap, f, "b")
+	got, ok = b.EstimatePendingPrefillTokens(77)
+	assert.True(t, ok)
+	assert.Equal(t, uint64(4*77), got, "no dispatch recorded: the caller's figure per request")
+
+	n := loadmon.Observe(snap, f, "n")
+	got, ok = n.EstimatePendingPrefillTokens(77)
+	assert.True(t, ok)
+	assert.Equal(t, uint64(750), got, "native: the reported waiting uncached tokens, exact")
+
+	u := loadmon.Observe(snap, f, "unknown")
+	_, ok = u.EstimatePendingPrefillTokens(77)
+	assert.False(t, ok)
+
+	huge := basic(loadmon.EngineLoad{WaitingRequests: math.MaxUint64}, 0)
+	got, _ = huge.EstimatePendingPrefillTokens(2)
+	assert.Equal(t, uint64(math.MaxUint64), got, "saturates")
+}
+
+// The mean prefill tokens cover the 64 most recent dispatches.
+func TestMeanPrefillTokensCoversTheRecentDispatches(t *testing.T) {
+	t.Parallel()
+	tab := loadmon.NewTable()
+	f := loadmon.NewInFlight(nil)
+	for range 64 {
+		f.AcquirePrefill("a", 10)
+	}
+	for range 64 {
+		f.AcquirePrefill("a", 30)
+	}
+	f.AcquirePrefill("a", 94)
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "a"}))
+	o := loadmon.Observe(tab.Snapshot(), f, "a")
+	assert.Equal(t, uint64(31), o.MeanPrefillTokens, "(63 × 30 + 94) ÷ 64")
 }
 
 func TestPendingPrefillTimeAddsDispatchedTokensAtTheMeasuredRate(t *testing.T) {

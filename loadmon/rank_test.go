@@ -86,6 +86,28 @@ func TestObserveLeastPressuredNamesTheRank(t *testing.T) {
 	assert.Equal(t, 2, o.DPRank)
 }
 
+// Ranks are compared on the best basis every rank has: one rank without native figures makes
+// them all compare on reported requests, and decode reads basic ranks' KV usage too.
+func TestObserveLeastPressuredComparesOnTheRanksBasis(t *testing.T) {
+	t.Parallel()
+	// Rank 0 has the fewest waiting uncached tokens but more waiting requests; rank 1 then reports
+	// without the native extension.
+	tab, inf := rankTable(t, false,
+		loadmon.Report{WaitingRequests: 3, Native: &loadmon.NativeLoad{MaxRunningRequests: 8, WaitingUncachedTokens: 10}},
+		loadmon.Report{},
+		loadmon.Report{WaitingRequests: 2, Native: &loadmon.NativeLoad{MaxRunningRequests: 8, WaitingUncachedTokens: 9000}})
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "e", DPRank: 1, WaitingRequests: 1, KVCapacityTokens: 1000}))
+	o := loadmon.ObserveLeastPressured(tab.Snapshot(), inf, state.StagePrefill, "e")
+	assert.Equal(t, 1, o.DPRank, "reported requests: rank 1's single waiting request")
+	assert.Equal(t, loadmon.BasisReported, o.Basis())
+
+	tab, inf = rankTable(t, true,
+		loadmon.Report{UsedKVTokens: 600, KVCapacityTokens: 1000},
+		loadmon.Report{UsedKVTokens: 700, KVCapacityTokens: 2000})
+	o = loadmon.ObserveLeastPressured(tab.Snapshot(), inf, state.StageDecode, "e")
+	assert.Equal(t, 1, o.DPRank, "decode, basic ranks: KV usage 35 % against 60 %")
+}
+
 // A burst between two reports spreads over the ranks: dispatches that named a rank count on it.
 func TestObserveLeastPressuredCountsRankDispatches(t *testing.T) {
 	t.Parallel()

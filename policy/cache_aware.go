@@ -56,7 +56,11 @@ const (
 const (
 	PressureSourceQueueTime   = "estimated_prefill_queue_ms"
 	PressureSourceNativeQueue = "native_queue_tokens"
-	PressureSourceRouterLocal = "router_local"
+	// PressureSourceEstimatedQueue: the guard compared pending prefill tokens, estimated from
+	// reported waiting requests for the holders without native figures (as vLLM's /metrics gives;
+	// docs/design.md §9.7).
+	PressureSourceEstimatedQueue = "estimated_queue_tokens"
+	PressureSourceRouterLocal    = "router_local"
 )
 
 // CacheDecision is the audit of one cache-aware pick that selected an engine. It does not affect
@@ -498,7 +502,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	}
 
 	if len(admitted) > 0 {
-		w := p.winner(admitted, evaluated, req.Stage, d)
+		w := p.winner(admitted, evaluated, req, d)
 		forfeit := func(blocks int) {
 			if !readmitted && bestGatedBlocks > blocks {
 				d.ForfeitedBlocks = bestGatedBlocks - blocks
@@ -526,13 +530,13 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if p.floor != 0 && len(gated) > 0 && !p.anyBelowFloor(engines, snap) {
 		// Saturation pin: least pressured gate-rejected holder that passes hard admission, ties
 		// by engine ID (candidate indexes follow the ID-sorted engines).
-		native := allNative(gated)
+		basis := coverage(gated)
 		pool := slices.Clone(gated)
 		slices.SortFunc(pool, func(a, b cacheCandidate) int { return a.idx - b.idx })
 		for len(pool) > 0 {
 			best := 0
 			for i := 1; i < len(pool); i++ {
-				if loadmon.ComparePressure(req.Stage, &pool[i].obs, &pool[best].obs, native) < 0 {
+				if loadmon.ComparePressure(req.Stage, &pool[i].obs, &pool[best].obs, basis) < 0 {
 					best = i
 				}
 			}
@@ -558,7 +562,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if err != nil {
 		return Pick{}, err
 	}
-	if !p.opts.DisableCostComparison && o.HasNative() {
+	if !p.opts.DisableCostComparison && o.Basis() != loadmon.BasisInFlight {
 		// Cost comparison (docs/design.md §9.11): the sample's winner against the cheapest
 		// engine of the same tier.
 		matched := v.matched
@@ -572,7 +576,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		if j >= 0 {
 			uj = req.InputTokens - matched[j]
 		}
-		if covered && j >= 0 && j != i && p.materiallyCheaper(prefillCost(&o, ui), jc, ui, uj, load) {
+		if covered && j >= 0 && j != i && p.materiallyCheaper(prefillCost(&o, ui, req), jc, ui, uj, load) {
 			i, o = j, jo
 			d.CostOverride = true
 		}
@@ -651,11 +655,20 @@ type costAlt struct {
 }
 
 // prefillCost is the work a request would wait for and cause on an engine, in prompt tokens:
-// its pending prefill tokens (reported waiting uncached tokens plus the prefill tokens dispatched
-// since the report) plus the request's uncached tokens there (docs/design.md §9.11).
-func prefillCost(o *loadmon.Observation, uncached uint64) uint64 {
-	pending, _ := o.PendingPrefillTokens()
-	return satAdd(pending, uncached)
+// its pending prefill tokens (pendingPrefill) plus the request's uncached tokens there
+// (docs/design.md §9.11).
+func prefillCost(o *loadmon.Observation, uncached uint64, req *Request) uint64 {
+	return satAdd(pendingPrefill(o, req), uncached)
+}
+
+// pendingPrefill is the prompt tokens a request waits behind on the engine
+// (loadmon.Observation.EstimatePendingPrefillTokens): the reported waiting uncached tokens of a
+// native report, else the reported waiting requests × the mean prefill tokens of this router's
+// recent dispatches there (the request's input tokens when it has recorded none); plus the prefill
+// tokens dispatched since the report. 0 when the load is unknown.
+func pendingPrefill(o *loadmon.Observation, req *Request) uint64 {
+	pending, _ := o.EstimatePendingPrefillTokens(req.InputTokens)
+	return pending
 }
 
 // fleetLoad counts, over the engines a cost comparison priced, how many have pending prefill
@@ -664,9 +677,9 @@ type fleetLoad struct {
 	busy, priced int
 }
 
-func (l *fleetLoad) add(o *loadmon.Observation) {
+func (l *fleetLoad) add(o *loadmon.Observation, req *Request) {
 	l.priced++
-	if pending, _ := o.PendingPrefillTokens(); pending > 0 {
+	if pendingPrefill(o, req) > 0 {
 		l.busy++
 	}
 }
@@ -750,11 +763,11 @@ func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 		if gated && p.queued(&o) {
 			continue
 		}
-		if !o.HasNative() {
+		if o.Basis() == loadmon.BasisInFlight {
 			return -1, 0, loadmon.Observation{}, false
 		}
-		load.add(&o)
-		if c := prefillCost(&o, req.InputTokens-matched[i]); idx < 0 || c < cost {
+		load.add(&o, req)
+		if c := prefillCost(&o, req.InputTokens-matched[i], req); idx < 0 || c < cost {
 			idx, cost, obs = i, c, o
 		}
 	}
@@ -769,13 +782,13 @@ func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.Result, matched []uint64, snap loadmon.Snapshot,
 	w cacheCandidate, admitted, evaluated []cacheCandidate, d *CacheDecision) (costAlt, error) {
 	none := costAlt{idx: -1}
-	if !allNative(evaluated) {
+	if coverage(evaluated) == loadmon.BasisInFlight {
 		return none, nil
 	}
-	wCost := prefillCost(&w.obs, w.uncached)
+	wCost := prefillCost(&w.obs, w.uncached, req)
 	best, bestCost := none, wCost
 	for _, c := range admitted {
-		if cc := prefillCost(&c.obs, c.uncached); cc < bestCost {
+		if cc := prefillCost(&c.obs, c.uncached, req); cc < bestCost {
 			best, bestCost = costAlt{idx: c.idx, holder: true, blocks: c.blocks, uncached: c.uncached, obs: c.obs, cap: c.cap}, cc
 		}
 	}
@@ -801,7 +814,7 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 	}
 	var load fleetLoad
 	for i := range evaluated {
-		load.add(&evaluated[i].obs)
+		load.add(&evaluated[i].obs, req)
 	}
 	nIdx, nCost, nObs, covered := p.cheapest(engines, req, matched, snap, evaluated, p.queueCap != 0, &load)
 	if !covered {
@@ -889,7 +902,7 @@ func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 	// More holders within the margin than the limit: keep the limit least pressured of them, by
 	// repeated linear scans (never a sort: the comparison is not a total order), in rank order.
 	w := all[:window]
-	native := allNative(w)
+	basis := coverage(w)
 	var tbuf [64]bool
 	var taken []bool
 	if window > len(tbuf) {
@@ -903,7 +916,7 @@ func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 			if taken[i] {
 				continue
 			}
-			if best < 0 || loadmon.ComparePressure(req.Stage, &w[i].obs, &w[best].obs, native) < 0 {
+			if best < 0 || loadmon.ComparePressure(req.Stage, &w[i].obs, &w[best].obs, basis) < 0 {
 				best = i
 			}
 		}
@@ -946,18 +959,22 @@ func heldBlocks(res *kvindex.Result, engine state.EngineID) int {
 //   - holders with as many uncached tokens as the incumbent are ordered by stage pressure
 //     (loadmon.ComparePressure under the coverage rule over the evaluated holders), ID last;
 //   - a holder with more uncached tokens (still within the margin) replaces the incumbent when
-//     every evaluated holder has fresh native data and the guard is on, if the incumbent is
-//     materially more pressured (the pressure guard); when some holder lacks native data, if it
-//     has fewer router-local in-flight requests.
-func (p *CacheAware) winner(admitted, evaluated []cacheCandidate, stage state.Stage, d *CacheDecision) cacheCandidate {
+//     every evaluated holder has a fresh report and the guard is on, if the incumbent is
+//     materially more pressured (the pressure guard, on pending prefill tokens estimated from
+//     waiting requests for holders without native figures); when some holder's load is unknown,
+//     if it has fewer router-local in-flight requests.
+func (p *CacheAware) winner(admitted, evaluated []cacheCandidate, req *Request, d *CacheDecision) cacheCandidate {
 	best := admitted[0]
-	native := allNative(evaluated)
-	comparable := !p.opts.DisablePressureGuard && native
-	if comparable {
+	stage := req.Stage
+	basis := coverage(evaluated)
+	comparable := !p.opts.DisablePressureGuard && basis != loadmon.BasisInFlight
+	switch {
+	case comparable && basis == loadmon.BasisReported:
+		d.PressureSource = PressureSourceEstimatedQueue
+	case comparable && p.opts.PressureAbsThreshold > 0:
+		d.PressureSource = PressureSourceQueueTime
+	case comparable:
 		d.PressureSource = PressureSourceNativeQueue
-		if p.opts.PressureAbsThreshold > 0 {
-			d.PressureSource = PressureSourceQueueTime
-		}
 	}
 	least := best.uncached
 	for _, c := range admitted[1:] {
@@ -966,17 +983,17 @@ func (p *CacheAware) winner(admitted, evaluated []cacheCandidate, stage state.St
 		}
 		switch {
 		case c.uncached == best.uncached:
-			if loadmon.ComparePressure(stage, &c.obs, &best.obs, native) < 0 {
+			if loadmon.ComparePressure(stage, &c.obs, &best.obs, basis) < 0 {
 				best = c
 			}
 		case comparable:
 			d.GuardCompared++
-			if p.materiallyMorePressured(&best.obs, &c.obs) {
+			if p.materiallyMorePressured(&best.obs, &c.obs, req) {
 				best = c
 				d.GuardOverrides++
 			}
-		case !native:
-			if loadmon.ComparePressure(stage, &c.obs, &best.obs, false) < 0 {
+		case basis == loadmon.BasisInFlight:
+			if loadmon.ComparePressure(stage, &c.obs, &best.obs, basis) < 0 {
 				best = c
 			}
 		}
@@ -985,8 +1002,10 @@ func (p *CacheAware) winner(admitted, evaluated []cacheCandidate, stage state.St
 }
 
 // materiallyMorePressured reports whether a is materially more pressured than b
-// (docs/design.md §9.7), counting the prefill work dispatched since each report.
-func (p *CacheAware) materiallyMorePressured(a, b *loadmon.Observation) bool {
+// (docs/design.md §9.7), counting the prefill work dispatched since each report: on estimated
+// prefill queue times when both have one and a threshold is set, else on pending prefill tokens
+// (pendingPrefill).
+func (p *CacheAware) materiallyMorePressured(a, b *loadmon.Observation, req *Request) bool {
 	rel := p.opts.PressureRelThreshold
 	if p.opts.PressureAbsThreshold > 0 {
 		if da, ok := a.PendingPrefillTime(); ok {
@@ -995,21 +1014,20 @@ func (p *CacheAware) materiallyMorePressured(a, b *loadmon.Observation) bool {
 			}
 		}
 	}
-	ua, _ := a.PendingPrefillTokens()
-	ub, _ := b.PendingPrefillTokens()
+	ua, ub := pendingPrefill(a, req), pendingPrefill(b, req)
 	return ua > ub && ua-ub > p.opts.PressureAbsThresholdTokens && float64(ua) > float64(ub)*rel
 }
 
-// queued reports whether the soft queue gate sets the engine aside: its fresh waiting count is at or
-// over WorkerQueueLimit, or, without a fresh report, its router-local in-flight count is. Unknown
-// load fails open only while this router has fewer requests in flight there than the limit: it
-// is never taken for idle (docs/design.md §9.3).
+// queued reports whether the soft queue gate sets the engine aside: its fresh waiting count, with
+// the dispatches since the report, is at or over WorkerQueueLimit, or, without a fresh report, its
+// router-local in-flight count is. Unknown load fails open only while this router has fewer
+// requests in flight there than the limit: it is never taken for idle (docs/design.md §9.3). The
+// waiting count is the named rank's own when the engine has several (docs/design.md §6).
 func (p *CacheAware) queued(o *loadmon.Observation) bool {
-	l := o.Figures() // the named rank's own queue when the engine has several (docs/design.md §6)
-	if l == nil {
-		return o.InFlight >= p.queueCap
+	if w, ok := o.WaitingRequests(); ok {
+		return w >= p.queueCap
 	}
-	return l.WaitingRequests >= p.queueCap
+	return o.InFlight >= p.queueCap
 }
 
 // anyBelowFloor reports whether some group engine has a fresh queue strictly below the saturation
@@ -1048,13 +1066,17 @@ func (p *CacheAware) fallback(engines []state.Engine, stage state.Stage, snap lo
 	return tier[j], o, err
 }
 
-func allNative(cs []cacheCandidate) bool {
-	for i := range cs {
-		if !cs[i].obs.HasNative() {
-			return false
-		}
+// coverage returns the best basis every candidate of cs has (the coverage rule, docs/design.md
+// §6); loadmon.BasisInFlight for none.
+func coverage(cs []cacheCandidate) loadmon.Basis {
+	if len(cs) == 0 {
+		return loadmon.BasisInFlight
 	}
-	return len(cs) > 0
+	b := loadmon.BasisNative
+	for i := range cs {
+		b = min(b, cs[i].obs.Basis())
+	}
+	return b
 }
 
 func asRejection(err error, out **AdmissionRejectedError) bool {

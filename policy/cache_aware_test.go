@@ -348,6 +348,16 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "one below the limit passes the gate")
 	assert.Equal(t, policy.DecisionCacheHit, c.dec.last().Decision)
 
+	c = setup(3, 0)
+	c.inflight.AcquirePrefill("owner", 100) // dispatched after the report: a fourth waiting request
+	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "3 reported + 1 dispatched since reach the limit")
+
+	c = setup(3, 0)
+	require.NoError(t, c.load.Report(loadmon.Report{Engine: "owner", WaitingRequests: 4})) // no native data
+	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "a basic report's waiting requests gate as a native one's")
+
 	c = setup(5, 4)
 	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4), SaturationQueueFloor: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "the cold peer queues too: pinned to the owner")
@@ -460,10 +470,37 @@ func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testin
 	pk, _ = c.policy(t, policy.CacheAwareOptions{DisableCostComparison: true, SwitchMarginTokens: u64(16), PressureAbsThresholdTokens: 5000}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "a 4,990-token gap is not above an absolute threshold of 5,000")
 
+	// Without native figures the guard still compares, on pending prefill tokens estimated from the
+	// reported waiting requests (docs/design.md §9.7): the shallow holder's report shows an empty
+	// queue, the deep one's 5,000 waiting uncached tokens.
 	c = setup()
 	require.NoError(t, c.load.Report(loadmon.Report{Engine: "shallow"})) // an old publisher: no native data
+	guarded := policy.CacheAwareOptions{DisableCostComparison: true, SwitchMarginTokens: u64(16)}
+	pk, _ = c.policy(t, guarded).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("shallow"), pk.Engine.ID(), "a native queue against an empty basic one")
+	assert.Equal(t, policy.PressureSourceEstimatedQueue, c.dec.last().PressureSource)
+	assert.Equal(t, 1, c.dec.last().GuardOverrides)
+
+	// Both basic: 3 waiting requests priced at the request's own 160 input tokens (the router has
+	// recorded no dispatch to the engine) are 480 tokens, not materially more.
+	require.NoError(t, c.load.Report(loadmon.Report{Engine: "deep", WaitingRequests: 3}))
+	pk, _ = c.policy(t, guarded).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "480 estimated tokens are within the 1,024-token threshold")
+	assert.Equal(t, 1, c.dec.last().GuardCompared)
+	assert.Zero(t, c.dec.last().GuardOverrides)
+	// Priced at the mean of the router's dispatches there (2,000 tokens each): 6,000 tokens.
+	c.inflight.AcquirePrefill("deep", 2000)
+	c.clk.Advance(time.Millisecond)
+	require.NoError(t, c.load.Report(loadmon.Report{Engine: "deep", WaitingRequests: 3}))
+	pk, _ = c.policy(t, guarded).Pick(ctx, group, creq(tok))
+	assert.Equal(t, state.EngineID("shallow"), pk.Engine.ID(), "3 × 2,000 estimated tokens against none")
+	assert.Equal(t, 1, c.dec.last().GuardOverrides)
+
+	c = setup()
+	c.clk.Advance(loadmon.DefaultFreshness + time.Millisecond)
+	c.native("deep", loadmon.Report{Native: &loadmon.NativeLoad{WaitingUncachedTokens: 5000}}) // shallow is stale
 	pk, _ = c.policy(t, policy.CacheAwareOptions{DisableCostComparison: true, SwitchMarginTokens: u64(16)}).Pick(ctx, group, creq(tok))
-	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "incomplete telemetry on one side: no switch")
+	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "unknown load on one side: in-flight only, a tie")
 	assert.Equal(t, policy.PressureSourceRouterLocal, c.dec.last().PressureSource)
 }
 

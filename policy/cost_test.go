@@ -160,20 +160,31 @@ func TestCostComparisonPicksTheCheapestHolder(t *testing.T) {
 	assert.True(t, c.dec.last().CostOverride)
 }
 
-func TestCostComparisonNeedsNativeDataEverywhereAndKeepsTheWinnerOnRejection(t *testing.T) {
+func TestCostComparisonNeedsAFreshReportEverywhereAndKeepsTheWinnerOnRejection(t *testing.T) {
 	t.Parallel()
 	tok := prompt(256, 34)
 	group := engines(state.StagePrefill, "holder", "idle", "silent")
-	t.Run("an engine without a native report: no comparison", func(t *testing.T) {
+	t.Run("an engine without a fresh report: no comparison", func(t *testing.T) {
 		t.Parallel()
 		c := newCacheEnv(t)
 		c.hold(t, "holder", tok, 8)
 		c.pending("holder", 1<<20)
 		c.pending("idle", 0)
-		require.NoError(t, c.load.Report(loadmon.Report{Engine: "silent"})) // an old publisher
 		pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(tok))
 		require.NoError(t, err)
 		assert.Equal(t, state.EngineID("holder"), pk.Engine.ID())
+	})
+	t.Run("an engine without native figures is priced on its waiting requests", func(t *testing.T) {
+		t.Parallel()
+		c := newCacheEnv(t)
+		c.hold(t, "holder", tok, 8)
+		c.pending("holder", 1<<20)
+		require.NoError(t, c.load.Report(loadmon.Report{Engine: "idle", WaitingRequests: 1})) // an old publisher
+		require.NoError(t, c.load.Report(loadmon.Report{Engine: "silent", WaitingRequests: 2}))
+		pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(tok))
+		require.NoError(t, err)
+		assert.Equal(t, state.EngineID("idle"), pk.Engine.ID(), "1 waiting request priced at 256 tokens, against 1 Mi")
+		assert.True(t, c.dec.last().CostOverride)
 	})
 	t.Run("the alternative is rejected by admission: the holder stays", func(t *testing.T) {
 		t.Parallel()

@@ -13,56 +13,53 @@ import (
 const DefaultChoices = 2
 
 // pressureScan finds the least pressured of the engines offered to it in one linear pass, under
-// the coverage rule: it tracks the best by reported pressure and the best by in-flight alone, and
-// reports the former only if every offered engine had fresh native data. Only a strict improvement
-// displaces the incumbent; a complete tie keeps the first offered, or, when rand is set, is broken
-// uniformly at random among the tied engines (reservoir sampling: the j-th tied engine replaces the
-// incumbent with probability 1/j), which needs no allocation.
+// the coverage rule: it tracks the best engine on each basis (loadmon.Basis) up to the best basis
+// every engine offered so far has, and reports the one on that basis. Only a strict improvement
+// displaces an incumbent; a complete tie keeps the first offered, or, when rand is set, is broken
+// uniformly at random among the tied engines (reservoir sampling: the j-th tied engine replaces
+// the incumbent with probability 1/j), which needs no allocation.
 type pressureScan struct {
-	stage        state.Stage
-	rand         func(n int) int // nil: ties keep the first offered
-	n            int
-	allNative    bool
-	bestR, bestL int
-	tieR, tieL   int // engines tied with the incumbent so far, the incumbent included
-	obsR, obsL   loadmon.Observation
+	stage state.Stage
+	rand  func(n int) int // nil: ties keep the first offered
+	n     int
+	basis loadmon.Basis                     // the best basis every offered engine has
+	best  [loadmon.BasisNative + 1]scanBest // the incumbent on each basis up to basis
+}
+
+// scanBest is a pressureScan's incumbent on one basis.
+type scanBest struct {
+	i    int
+	ties int // engines tied with the incumbent so far, the incumbent included
+	o    loadmon.Observation
 }
 
 func (s *pressureScan) offer(i int, o loadmon.Observation) {
 	if s.n == 0 {
-		s.bestR, s.bestL, s.obsR, s.obsL, s.allNative = i, i, o, o, o.HasNative()
-		s.tieR, s.tieL = 1, 1
-		s.n = 1
+		s.n, s.basis = 1, o.Basis()
+		for b := range s.basis + 1 {
+			s.best[b] = scanBest{i: i, ties: 1, o: o}
+		}
 		return
 	}
 	s.n++
-	s.allNative = s.allNative && o.HasNative()
-	if s.allNative {
-		switch c := loadmon.ComparePressure(s.stage, &o, &s.obsR, true); {
+	s.basis = min(s.basis, o.Basis())
+	for b := int(s.basis); b >= 0; b-- { // the richest basis first, in-flight last
+		t := &s.best[b]
+		switch c := loadmon.ComparePressure(s.stage, &o, &t.o, loadmon.Basis(b)); {
 		case c < 0:
-			s.bestR, s.obsR, s.tieR = i, o, 1
+			*t = scanBest{i: i, ties: 1, o: o}
 		case c == 0 && s.rand != nil:
-			if s.tieR++; s.rand(s.tieR) == 0 {
-				s.bestR, s.obsR = i, o
+			if t.ties++; s.rand(t.ties) == 0 {
+				t.i, t.o = i, o
 			}
-		}
-	}
-	switch {
-	case o.InFlight < s.obsL.InFlight:
-		s.bestL, s.obsL, s.tieL = i, o, 1
-	case o.InFlight == s.obsL.InFlight && s.rand != nil:
-		if s.tieL++; s.rand(s.tieL) == 0 {
-			s.bestL, s.obsL = i, o
 		}
 	}
 }
 
 // result returns the winner's index and observation.
 func (s *pressureScan) result() (int, loadmon.Observation) {
-	if s.allNative {
-		return s.bestR, s.obsR
-	}
-	return s.bestL, s.obsL
+	t := &s.best[s.basis]
+	return t.i, t.o
 }
 
 // PowerOfN samples N distinct candidates uniformly and picks the one with the lower stage

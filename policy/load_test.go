@@ -96,6 +96,36 @@ func TestPowerOfNStagePressure(t *testing.T) {
 	}
 }
 
+// A fresh report without usable native data (an older publisher, a vLLM /metrics poll, unknown
+// capacity) still counts: both engines are compared on reported running and waiting requests,
+// not on in-flight alone, as the upstream router does (docs/design-notes.md "Basic reports count").
+func TestPowerOfNBasicReportsCompareOnReportedRequests(t *testing.T) {
+	t.Parallel()
+	cases := map[string]loadmon.Report{
+		"old publisher":    {Engine: "b", KVCapacityTokens: 100},
+		"unknown capacity": {Engine: "b", Native: &loadmon.NativeLoad{MaxRunningRequests: 8}},
+	}
+	for name, rb := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv()
+			// a reports far more load than b, but has fewer requests in flight from this router.
+			e.native("a", loadmon.Report{WaitingRequests: 50})
+			require.NoError(t, e.load.Report(rb))
+			e.inflight.Acquire("b")
+			e.inflight.Acquire("b")
+			e.inflight.Acquire("a")
+			p, _ := policy.NewPowerOfN(e.cfg(), 2)
+			for _, stage := range []state.Stage{state.StagePrefill, state.StageDecode} {
+				e.rnd.vals = []int{1, 0}
+				pk, err := p.Pick(ctx, engines(stage, "a", "b"), &policy.Request{Stage: stage})
+				require.NoError(t, err)
+				assert.Equal(t, state.EngineID("b"), pk.Engine.ID(), "%s: compared on waiting requests (a 50, b 0)", stage)
+			}
+		})
+	}
+}
+
 // sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_power_of_n.rs` unusable_telemetry_falls_back_to_local_load_for_both_candidates.
 func TestPowerOfNUnusableTelemetryFallsBackToLocalLoadForBoth(t *testing.T) {
 	t.Parallel()
@@ -109,12 +139,6 @@ func TestPowerOfNUnusableTelemetryFallsBackToLocalLoadForBoth(t *testing.T) {
 		"incomplete ranks": func(e *env) {
 			require.NoError(t, e.load.Expect("b", 2))
 			e.native("b", loadmon.Report{WaitingRequests: 0})
-		},
-		"old publisher": func(e *env) {
-			require.NoError(t, e.load.Report(loadmon.Report{Engine: "b", KVCapacityTokens: 100}))
-		},
-		"unknown capacity": func(e *env) {
-			require.NoError(t, e.load.Report(loadmon.Report{Engine: "b", Native: &loadmon.NativeLoad{MaxRunningRequests: 8}}))
 		},
 	}
 	for name, setup := range cases {
@@ -332,4 +356,70 @@ func TestPowerOfNTerminatesWithADegenerateRandomSource(t *testing.T) {
 	pk, err := p.Pick(ctx, engines(state.StagePlain, "a", "b", "c", "d"), &policy.Request{})
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("c"), pk.Engine.ID(), "samples a, then b and c by probing; c is least loaded")
+}
+
+// The coverage rule compares a set on the best basis every engine of it has (docs/design.md §6):
+// native figures when all are native, reported requests when all have a fresh report, else
+// in-flight only. PowerOfN with N covering the group scans every engine.
+func TestPowerOfNComparesOnTheBestCommonBasis(t *testing.T) {
+	t.Parallel()
+	basic := func(e *env, id state.EngineID, waiting uint64) {
+		require.NoError(t, e.load.Report(loadmon.Report{Engine: id, WaitingRequests: waiting}))
+	}
+	cases := []struct {
+		name  string
+		setup func(e *env)
+		want  state.EngineID
+	}{
+		{"all native: fewest waiting uncached tokens", func(e *env) {
+			e.native("a", loadmon.Report{WaitingRequests: 5, Native: &loadmon.NativeLoad{WaitingUncachedTokens: 100}})
+			e.native("b", loadmon.Report{WaitingRequests: 1, Native: &loadmon.NativeLoad{WaitingUncachedTokens: 5000}})
+			e.native("c", loadmon.Report{WaitingRequests: 3, Native: &loadmon.NativeLoad{WaitingUncachedTokens: 9000}})
+		}, "a"},
+		{"native and basic: fewest waiting requests", func(e *env) {
+			e.native("a", loadmon.Report{WaitingRequests: 5, Native: &loadmon.NativeLoad{WaitingUncachedTokens: 100}})
+			basic(e, "b", 1)
+			e.native("c", loadmon.Report{WaitingRequests: 3, Native: &loadmon.NativeLoad{WaitingUncachedTokens: 9000}})
+		}, "b"},
+		{"all basic: fewest waiting requests, in-flight after them", func(e *env) {
+			e.inflight.Acquire("b") // before the reports: they reflect these
+			e.inflight.Acquire("b")
+			e.clk.Advance(time.Millisecond)
+			basic(e, "a", 4)
+			basic(e, "b", 2)
+			basic(e, "c", 3)
+		}, "b"},
+		{"all basic: the dispatches since a report count as waiting", func(e *env) {
+			basic(e, "a", 4)
+			basic(e, "b", 2)
+			basic(e, "c", 3)
+			e.inflight.Acquire("b")
+			e.inflight.Acquire("b")
+		}, "c"},
+		{"one unknown: in-flight only", func(e *env) {
+			basic(e, "a", 0)
+			basic(e, "b", 9)
+			e.inflight.Acquire("a")
+			e.inflight.Acquire("c")
+		}, "b"},
+		{"unknown is not idle: a known idle engine with fewer in flight wins", func(e *env) {
+			basic(e, "a", 0)
+			basic(e, "b", 0)
+			e.inflight.Acquire("b")
+			e.inflight.Acquire("c")
+			e.inflight.Acquire("c")
+		}, "a"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv()
+			tc.setup(e)
+			p, err := policy.NewPowerOfN(e.cfg(), 3)
+			require.NoError(t, err)
+			pk, err := p.Pick(ctx, engines(state.StagePrefill, "a", "b", "c"), &policy.Request{Stage: state.StagePrefill})
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, pk.Engine.ID())
+		})
+	}
 }
