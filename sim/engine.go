@@ -104,8 +104,8 @@ func (e *engine) running() int {
 	return len(e.prefilling) + len(e.decoding)
 }
 
-// report publishes the engine's load to the replay's table. Waiting uncached tokens are the
-// prompt tokens still to prefill: the queue's (estimated against the cache when each request was
+// report publishes the engine's load to the replay's table, with the native extension unless
+// Config.Reports is ReportsBasic. Waiting uncached tokens are the prompt tokens still to prefill: the queue's (estimated against the cache when each request was
 // queued) plus the rest of any prompt whose prefill is in progress, so that waiting uncached ÷
 // prefill throughput estimates when a new request's prefill could start.
 func (e *engine) report() error {
@@ -131,6 +131,9 @@ func (e *engine) reportTo(reps []*replica) error {
 		UsedKVTokens:     uint64(e.cache.used()),
 		KVCapacityTokens: uint64(e.cache.capacity),
 		Native:           &e.native,
+	}
+	if e.r.rc.Reports == ReportsBasic {
+		rep.Native = nil
 	}
 	for _, x := range reps {
 		if err := x.load.Report(rep); err != nil {

@@ -215,6 +215,9 @@ type Config struct {
 	// ReportInterval is the virtual time between two load reports of every engine. 0 means
 	// DefaultReportInterval; negative is invalid.
 	ReportInterval time.Duration
+	// Reports is what the engines' load reports carry: ReportsNative or ReportsBasic. "" means
+	// ReportsNative; any other value is invalid.
+	Reports LoadReports
 	// Admission checks every engine a policy returns. Nil means admission.Limits{} (admit all).
 	// A request no bucket admits is dropped and counted in PolicyResult.Rejected.
 	Admission admission.Checker
@@ -236,6 +239,19 @@ type Config struct {
 	// and runs keep each cached block's kvindex key for the index check.
 	inspect func(*run) error
 }
+
+// LoadReports names what the simulated engines' load reports carry (Config.Reports).
+type LoadReports string
+
+const (
+	// ReportsNative: running and waiting requests, KV use and capacity, and the native extension
+	// (waiting uncached tokens, running-batch cap, prefill counters), as SGLang's load report
+	// (loadmon.NativeLoad).
+	ReportsNative LoadReports = "native"
+	// ReportsBasic: running and waiting requests, KV use and capacity only, as vLLM's /metrics
+	// page gives them (loadsource.ParseVLLMMetrics): no native extension.
+	ReportsBasic LoadReports = "basic"
+)
 
 // MaxRouters bounds Config.Routers.
 const MaxRouters = 64
@@ -296,6 +312,13 @@ func (cfg *Config) resolve() (*resolved, error) {
 	}
 	if rc.ReportInterval < 0 {
 		return nil, fmt.Errorf("sim: Config.ReportInterval = %v: must be > 0: %w", cfg.ReportInterval, state.ErrInvalidConfiguration)
+	}
+	switch rc.Reports {
+	case "":
+		rc.Reports = ReportsNative
+	case ReportsNative, ReportsBasic:
+	default:
+		return nil, fmt.Errorf("sim: Config.Reports = %q: must be %q or %q: %w", cfg.Reports, ReportsNative, ReportsBasic, state.ErrInvalidConfiguration)
 	}
 	if rc.Parallelism == 0 {
 		rc.Parallelism = runtime.GOMAXPROCS(0)

@@ -491,3 +491,73 @@ func TestReplayRouters(t *testing.T) {
 		assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "Routers %d", bad)
 	}
 }
+
+// reportSpy is power-of-two that records, at each pick, whether the engines' loads it saw were
+// fresh and whether they were native.
+type reportSpy struct {
+	policy.Policy
+	env                 PolicyEnv
+	mu                  sync.Mutex
+	fresh, native, seen int
+}
+
+func (s *reportSpy) Pick(ctx context.Context, engines []state.Engine, req *policy.Request) (policy.Pick, error) {
+	snap := s.env.Load.Snapshot()
+	s.mu.Lock()
+	for _, e := range engines {
+		s.seen++
+		if l, ok := snap.Load(e.ID()); ok {
+			s.fresh++
+			if l.Native {
+				s.native++
+			}
+		}
+	}
+	s.mu.Unlock()
+	return s.Policy.Pick(ctx, engines, req)
+}
+
+// TestReplayReports checks Config.Reports: native reports carry the native extension, basic ones
+// (vLLM's /metrics) only running, waiting and KV figures; the default is native, byte for byte,
+// and the report names basic reports.
+func TestReplayReports(t *testing.T) {
+	tr, err := MooncakeConversation()
+	require.NoError(t, err)
+	spies := map[LoadReports]*reportSpy{}
+	var mu sync.Mutex
+	cfgFor := func(r LoadReports) Config {
+		f := DefaultPolicies()
+		f["spy"] = func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
+			p, err := policy.NewPowerOfN(env.PolicyConfig(), 2)
+			s := &reportSpy{Policy: p, env: env}
+			mu.Lock()
+			spies[r] = s
+			mu.Unlock()
+			return s, err
+		}
+		return Config{Trace: tr, Fleet: Fleet{Plain: 4}, Speed: 4, Limit: 300, Seed: 5, Reports: r,
+			Policies: []string{"spy", NameCacheAware}, Factories: f}
+	}
+	_, def := replayTable(t, cfgFor(""))
+	_, native := replayTable(t, cfgFor(ReportsNative))
+	assert.Equal(t, string(def), string(native), "native is the default")
+	assert.NotContains(t, string(native), "basic load reports")
+	assert.NotContains(t, string(native), `"reports"`)
+	n := spies[ReportsNative]
+	assert.Positive(t, n.fresh)
+	assert.Equal(t, n.fresh, n.native, "every fresh native report is native")
+
+	rep, basic := replayTable(t, cfgFor(ReportsBasic))
+	assert.Equal(t, ReportsBasic, rep.Reports)
+	assert.Contains(t, string(basic), ", basic load reports (running and waiting only)\n")
+	assert.Contains(t, string(basic), `"reports": "basic"`)
+	b := spies[ReportsBasic]
+	assert.Positive(t, b.fresh, "basic reports are fresh reports")
+	assert.Zero(t, b.native, "no native extension")
+	for _, r := range rep.Results {
+		assert.Equal(t, 300, r.Completed, r.Policy)
+	}
+
+	_, err = Replay(context.Background(), cfgFor("sglang"))
+	assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
+}

@@ -32,6 +32,9 @@ type Report struct {
 	SystemPromptTokens int `json:"system_prompt_tokens,omitempty"`
 	// Routers is the number of router replicas (Config.Routers, at least 1).
 	Routers int `json:"routers"`
+	// Reports is ReportsBasic when the engines' load reports had no native extension
+	// (Config.Reports); empty for native reports.
+	Reports LoadReports `json:"reports,omitempty"`
 	// Model is the engines' performance model, defaults filled in.
 	Model EngineModel `json:"model"`
 	// ReportInterval is the engines' load report interval, in seconds.
@@ -226,11 +229,21 @@ func newReport(rc *resolved, results []PolicyResult) *Report {
 		Fleet:                rc.Fleet,
 		SystemPromptTokens:   rc.SystemPromptTokens,
 		Routers:              rc.Routers,
+		Reports:              basicOnly(rc.Reports),
 		Model:                rc.Model,
 		ReportInterval:       rc.ReportInterval.Seconds(),
 		InfiniteCacheHitRate: hitRate,
 		Results:              results,
 	}
+}
+
+// basicOnly returns ReportsBasic for basic reports and "" for native ones: reports record only the
+// departure from the default.
+func basicOnly(r LoadReports) LoadReports {
+	if r == ReportsBasic {
+		return r
+	}
+	return ""
 }
 
 // Result returns the result of the named policy.
@@ -269,6 +282,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	if rep.Routers > 1 {
 		fmt.Fprintf(bw, ", %d router replicas", rep.Routers)
+	}
+	if rep.Reports == ReportsBasic {
+		fmt.Fprint(bw, ", basic load reports (running and waiting only)")
 	}
 	fmt.Fprintln(bw)
 	m := &rep.Model

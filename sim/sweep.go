@@ -71,14 +71,15 @@ type SweepResult struct {
 
 // SweepReport is the outcome of a Sweep, one result per policy in Config.Policies order.
 type SweepReport struct {
-	// Trace, Requests, Fleet, Seed, SystemPromptTokens and Routers describe the replays, as in
-	// Report.
+	// Trace, Requests, Fleet, Seed, SystemPromptTokens, Routers and Reports describe the replays,
+	// as in Report.
 	Trace              string      `json:"trace"`
 	Requests           int         `json:"requests"`
 	Fleet              Fleet       `json:"fleet"`
 	Seed               uint64      `json:"seed"`
 	SystemPromptTokens int         `json:"system_prompt_tokens,omitempty"`
 	Routers            int         `json:"routers"`
+	Reports            LoadReports `json:"reports,omitempty"`
 	Model              EngineModel `json:"model"`
 	// SLO is the TTFT p99 target, in seconds; Tolerance the relative bracket width.
 	SLO       float64 `json:"slo_s"`
@@ -147,7 +148,7 @@ func Sweep(ctx context.Context, cfg SweepConfig) (*SweepReport, error) {
 		}
 	}
 	return &SweepReport{Trace: rc.Trace.Name, Requests: len(rc.requests), Fleet: rc.Fleet, Seed: rc.Seed,
-		SystemPromptTokens: rc.SystemPromptTokens, Routers: rc.Routers, Model: rc.Model,
+		SystemPromptTokens: rc.SystemPromptTokens, Routers: rc.Routers, Reports: basicOnly(rc.Reports), Model: rc.Model,
 		SLO: cfg.SLO.Seconds(), Tolerance: cfg.Tolerance, Results: results, Ceiling: ceiling}, nil
 }
 
@@ -301,6 +302,9 @@ func (rep *SweepReport) WriteTable(w io.Writer) error {
 	}
 	if rep.Routers > 1 {
 		fmt.Fprintf(bw, ", %d router replicas", rep.Routers)
+	}
+	if rep.Reports == ReportsBasic {
+		fmt.Fprint(bw, ", basic load reports (running and waiting only)")
 	}
 	fmt.Fprintf(bw, "\nhighest speed with TTFT p99 <= %g s and no admission rejection, to within %g %%\n\n", rep.SLO, 100*rep.Tolerance)
 	ref, ok := rep.Result(NamePowerOfTwo)

@@ -49,6 +49,9 @@
 //	-prefill-model M attention (default): an uncached token costs its linear work plus attention
 //	                 over its whole context, cached tokens included; flat: one rate for uncached
 //	                 tokens at any length, the earlier model, for comparison (see sim.EngineModel)
+//	-reports R       what the engines' load reports carry: native (default), as SGLang's, with
+//	                 the native fields (waiting uncached tokens, prefill counters); basic, as
+//	                 vLLM's /metrics: running and waiting requests and KV use only (sim.LoadReports)
 //	-sweep           instead of one replay at -speed, find for each policy the highest speed at
 //	                 which TTFT p99 stays at or under -slo, by bisection to 5 % (sim.Sweep), and
 //	                 print it as a table: the capacity a policy buys, followed by the sustained

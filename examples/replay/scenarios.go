@@ -20,9 +20,11 @@ const defaultSweepLimit = 3000
 
 // scenarioFlags are the replay's scenario flags, kept apart from the basic ones: a shared system
 // prompt in front of every request (-system-prompt), router replicas (-routers), the engines'
-// prefill time model (-prefill-model) and a generated workload instead of a trace (-workload).
+// prefill time model (-prefill-model), what their load reports carry (-reports) and a generated
+// workload instead of a trace (-workload).
 type scenarioFlags struct {
 	systemPrompt *int
+	reports      *string
 	routers      *int
 	prefillModel *string
 	sweep        *bool
@@ -37,6 +39,9 @@ func addScenarioFlags(fs *flag.FlagSet) *scenarioFlags {
 		systemPrompt: fs.Int("system-prompt", 0, "prepend one shared prompt of N tokens to every request (0: none)"),
 		routers: fs.Int("routers", 1, fmt.Sprintf("N independent router replicas (at most %d), requests round-robin over them, "+
 			"every engine's events and load reports delivered to all", sim.MaxRouters)),
+		reports: fs.String("reports", string(sim.ReportsNative), fmt.Sprintf(
+			"what the engines' load reports carry: %q (as SGLang: running, waiting, KV and the native fields) or %q (as vLLM's /metrics: running, waiting and KV only)",
+			sim.ReportsNative, sim.ReportsBasic)),
 		prefillModel: fs.String("prefill-model", string(sim.PrefillAttention), fmt.Sprintf(
 			"prefill time model: %q (attention over the whole context, cached tokens included) or %q (one rate for uncached tokens, the earlier model)",
 			sim.PrefillAttention, sim.PrefillFlat)),
@@ -64,6 +69,12 @@ func (s *scenarioFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 		cfg.Model.PrefillModel = pm
 	default:
 		return usage(fmt.Errorf("-prefill-model %q: must be %q or %q", *s.prefillModel, sim.PrefillAttention, sim.PrefillFlat))
+	}
+	switch r := sim.LoadReports(*s.reports); r {
+	case sim.ReportsNative, sim.ReportsBasic:
+		cfg.Reports = r
+	default:
+		return usage(fmt.Errorf("-reports %q: must be %q or %q", *s.reports, sim.ReportsNative, sim.ReportsBasic))
 	}
 	if *s.slo <= 0 {
 		return usage(fmt.Errorf("-slo %v: must be > 0", *s.slo))

@@ -37,6 +37,7 @@ func TestRunRejectsBadScenarioFlags(t *testing.T) {
 		{"-routers", "0"},
 		{"-routers", "65"},
 		{"-prefill-model", "quadratic"},
+		{"-reports", "vllm"},
 		{"-sweep", "-slo", "0s"},
 		{"-sweep", "-plot", "/tmp/x"},
 	} {
@@ -57,6 +58,19 @@ func TestRunPrefillModel(t *testing.T) {
 		var rep sim.Report
 		require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
 		assert.Equal(t, pm, rep.Model.PrefillModel)
+	}
+}
+
+func TestRunReports(t *testing.T) {
+	for _, r := range []sim.LoadReports{sim.ReportsNative, sim.ReportsBasic} {
+		var out, stderr bytes.Buffer
+		require.NoError(t, run(context.Background(), []string{"-limit", "60", "-engines", "2", "-policies", "power_of_two",
+			"-reports", string(r)}, &out, &stderr, false))
+		if r == sim.ReportsBasic {
+			assert.Contains(t, out.String(), "seed 1, basic load reports (running and waiting only)\n")
+		} else {
+			assert.Contains(t, out.String(), "seed 1\n", "native, the default, is not named")
+		}
 	}
 }
 
