@@ -157,9 +157,10 @@ type CacheAwareOptions struct {
 	// PressureAbsThreshold, when > 0, compares estimated prefill queue times instead when both
 	// engines have one: A − B > abs AND A > B × rel. 0 means unset; negative is invalid.
 	PressureAbsThreshold time.Duration
-	// WorkerQueueLimit is the soft queue gate: a prefix holder whose fresh waiting-request count
-	// is ≥ the limit is diverted (unknown passes: the gate fails open). Nil disables the gate; 0
-	// is invalid (docs/design.md §9.3).
+	// WorkerQueueLimit is the soft queue gate: a prefix holder whose fresh waiting-request count,
+	// with the dispatches since the report, is ≥ the limit is diverted (unknown passes while its
+	// in-flight count is below the limit: the gate fails open). Nil disables the gate; 0 is
+	// invalid (docs/design.md §9.3).
 	WorkerQueueLimit *uint64
 	// SaturationQueueFloor pins a gate-rejected holder when no group engine has a fresh queue
 	// strictly below the floor (unknown is not idle). Nil disables; requires WorkerQueueLimit and
@@ -203,13 +204,13 @@ type CacheAwareOptions struct {
 //     snapshot.
 //  2. Keep group engines whose matched tokens pass the hit gate; rank by uncached tokens, then ID;
 //     keep the first limit (candidate bounds) — before any admission.
-//  3. Soft queue gate: holders with a fresh waiting count ≥ WorkerQueueLimit are set aside. If that
-//     empties the set and every group engine has a fresh sample at or over the limit (and no
-//     saturation floor is set), they are re-admitted.
+//  3. Soft queue gate: holders with a fresh waiting count (with the dispatches since the report)
+//     ≥ WorkerQueueLimit are set aside. If that empties the set and every group engine has a fresh
+//     sample at or over the limit (and no saturation floor is set), they are re-admitted.
 //  4. Hard admission on every remaining holder, once each.
 //  5. Winner: the least uncached admitted holder; a holder within SwitchMarginTokens of it replaces
-//     it when the incumbent is materially more pressured and every evaluated holder has fresh
-//     native data (the pressure guard). Reason ReasonCacheCandidate.
+//     it when the incumbent is materially more pressured and every evaluated holder has a fresh
+//     report (the pressure guard). Reason ReasonCacheCandidate.
 //  6. No admitted holder: with a saturation floor, gate-rejected holders and no fresh group queue
 //     below the floor, the least pressured gate-rejected holder that passes admission is pinned
 //     (ReasonSaturationPin). Otherwise, if admission rejected any holder, the pick fails with
@@ -751,8 +752,8 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 // cheapest scans the group's engines, skipping the holders in skip and, when gated, the engines
 // the queue gate sets aside, and returns the index, cost and observation of the cheapest (complete
 // ties keep the lowest ID; idx −1 when every engine is skipped), counting every scanned engine in
-// load. covered is false, and idx −1, when some scanned engine lacks fresh native data (the
-// coverage rule).
+// load. covered is false, and idx −1, when some scanned engine has no fresh report (the coverage
+// rule).
 func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool, load *fleetLoad) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
 	idx = -1
 	for i, e := range engines {
@@ -778,7 +779,7 @@ func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 // admitted holder and the cheapest engine outside the evaluated holders are priced by
 // prefillCost, and the cheapest replaces w when materially cheaper; a non-holder must then pass
 // admission (once), else w stays. It applies only when every evaluated holder and every engine it
-// scans has fresh native data (the coverage rule); otherwise w stays.
+// scans has a fresh report (the coverage rule); otherwise w stays.
 func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.Result, matched []uint64, snap loadmon.Snapshot,
 	w cacheCandidate, admitted, evaluated []cacheCandidate, d *CacheDecision) (costAlt, error) {
 	none := costAlt{idx: -1}
