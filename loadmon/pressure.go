@@ -29,11 +29,6 @@ type Observation struct {
 	// (InFlight.DispatchedSinceRank). Both are 0 when Load is nil.
 	Dispatched       uint64
 	DispatchedTokens uint64
-	// MeanPrefillTokens is the mean prefill tokens of this router's most recent dispatches (up to
-	// 64) to the engine, or to the named rank, whatever their time: what a request routed there
-	// typically brings to prefill, for estimating the pending prefill behind a report without
-	// native figures (EstimatePendingPrefillTokens). 0 when none brought any, and when Load is nil.
-	MeanPrefillTokens uint64
 	// DPRank is the DP rank the observation names, valid when HasDPRank. A rank is named only for
 	// an engine with several ranks whose load is known.
 	DPRank    int
@@ -66,7 +61,6 @@ func Observe(snap Snapshot, inflight *InFlight, engine state.EngineID) Observati
 		o.InFlight = c.count()
 		if o.Load != nil {
 			o.Dispatched, o.DispatchedTokens = c.since(o.Load.ReportedAt)
-			o.MeanPrefillTokens = c.meanTokens()
 		}
 	}
 	return o
@@ -94,12 +88,10 @@ func withRank(o Observation, inflight *InFlight, engine state.EngineID, rank int
 		return o
 	}
 	o.DPRank, o.HasDPRank, o.RankLoad = rank, true, rl
-	o.Dispatched, o.DispatchedTokens, o.RankInFlight, o.MeanPrefillTokens = 0, 0, 0, 0
+	o.Dispatched, o.DispatchedTokens, o.RankInFlight = 0, 0, 0
 	if inflight != nil {
-		rc := (*inflight.ranks.Load())[rankKey{engine, rank}]
-		o.Dispatched, o.DispatchedTokens = rc.since(rl.ReportedAt)
-		o.RankInFlight = rc.count()
-		o.MeanPrefillTokens = rc.meanTokens()
+		o.Dispatched, o.DispatchedTokens = inflight.DispatchedSinceRank(engine, rank, rl.ReportedAt)
+		o.RankInFlight = inflight.CountRank(engine, rank)
 	}
 	return o
 }
@@ -163,10 +155,12 @@ func (o *Observation) PendingPrefillTokens() (uint64, bool) {
 
 // EstimatePendingPrefillTokens returns the prompt tokens a new request would wait behind, as the
 // cost comparison and the pressure guard price it (docs/design.md §9.7, §9.11): PendingPrefillTokens
-// with a native report; with any other fresh report, the reported waiting requests ×
-// MeanPrefillTokens (perRequest when the router has recorded no prefill work there) plus the
-// prefill tokens dispatched since the report. It returns false when the load is unknown.
-func (o *Observation) EstimatePendingPrefillTokens(perRequest uint64) (uint64, bool) {
+// with a native report; with any other fresh report, the reported waiting requests × the mean
+// prefill tokens of the 64 most recent dispatches inflight recorded to the engine (to the named
+// rank when the observation names one), plus the prefill tokens dispatched since the report. The
+// mean is what a request routed there typically brings to prefill; perRequest stands for it when
+// inflight is nil or no recorded dispatch brought any. It returns false when the load is unknown.
+func (o *Observation) EstimatePendingPrefillTokens(inflight *InFlight, perRequest uint64) (uint64, bool) {
 	l := o.Figures()
 	switch {
 	case l == nil:
@@ -174,7 +168,14 @@ func (o *Observation) EstimatePendingPrefillTokens(perRequest uint64) (uint64, b
 	case l.Native:
 		return o.PendingPrefillTokens()
 	}
-	mean := o.MeanPrefillTokens
+	var mean uint64
+	if inflight != nil {
+		if o.HasDPRank {
+			mean = (*inflight.ranks.Load())[rankKey{l.Engine, o.DPRank}].meanTokens()
+		} else {
+			mean = inflight.lookup(l.Engine).meanTokens()
+		}
+	}
 	if mean == 0 {
 		mean = perRequest
 	}

@@ -250,35 +250,37 @@ func TestEstimatePendingPrefillTokens(t *testing.T) {
 	snap := tab.Snapshot()
 
 	a := loadmon.Observe(snap, f, "a")
-	assert.Equal(t, uint64(1125), a.MeanPrefillTokens, "(1000 + 3000 + 0 + 500) ÷ 4")
-	got, ok := a.EstimatePendingPrefillTokens(77)
+	got, ok := a.EstimatePendingPrefillTokens(f, 77)
 	assert.True(t, ok)
-	assert.Equal(t, uint64(4*1125+500), got, "4 waiting × 1,125 + the 500 dispatched since")
+	assert.Equal(t, uint64(4*1125+500), got, "4 waiting × (1000 + 3000 + 0 + 500) ÷ 4, + the 500 dispatched since")
+	got, _ = a.EstimatePendingPrefillTokens(nil, 77)
+	assert.Equal(t, uint64(4*77+500), got, "no in-flight counters: the caller's figure per request")
 
 	b := loadmon.Observe(snap, f, "b")
-	got, ok = b.EstimatePendingPrefillTokens(77)
+	got, ok = b.EstimatePendingPrefillTokens(f, 77)
 	assert.True(t, ok)
 	assert.Equal(t, uint64(4*77), got, "no dispatch recorded: the caller's figure per request")
 
 	n := loadmon.Observe(snap, f, "n")
-	got, ok = n.EstimatePendingPrefillTokens(77)
+	got, ok = n.EstimatePendingPrefillTokens(f, 77)
 	assert.True(t, ok)
 	assert.Equal(t, uint64(750), got, "native: the reported waiting uncached tokens, exact")
 
 	u := loadmon.Observe(snap, f, "unknown")
-	_, ok = u.EstimatePendingPrefillTokens(77)
+	_, ok = u.EstimatePendingPrefillTokens(f, 77)
 	assert.False(t, ok)
 
 	huge := basic(loadmon.EngineLoad{WaitingRequests: math.MaxUint64}, 0)
-	got, _ = huge.EstimatePendingPrefillTokens(2)
+	got, _ = huge.EstimatePendingPrefillTokens(nil, 2)
 	assert.Equal(t, uint64(math.MaxUint64), got, "saturates")
 }
 
-// The mean prefill tokens cover the 64 most recent dispatches.
-func TestMeanPrefillTokensCoversTheRecentDispatches(t *testing.T) {
+// The mean covers the 64 most recent dispatches; a named rank's, the dispatches that named it.
+func TestEstimatePendingPrefillTokensMeansTheRecentDispatches(t *testing.T) {
 	t.Parallel()
-	tab := loadmon.NewTable()
-	f := loadmon.NewInFlight(nil)
+	clk := newClock()
+	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
+	f := loadmon.NewInFlight(clk.Now)
 	for range 64 {
 		f.AcquirePrefill("a", 10)
 	}
@@ -286,9 +288,20 @@ func TestMeanPrefillTokensCoversTheRecentDispatches(t *testing.T) {
 		f.AcquirePrefill("a", 30)
 	}
 	f.AcquirePrefill("a", 94)
-	require.NoError(t, tab.Report(loadmon.Report{Engine: "a"}))
+	f.AcquireRank("r", 1, 200)
+	f.AcquirePrefill("r", 5000)   // named no rank
+	clk.Advance(time.Millisecond) // the reports follow the dispatches
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 1}))
 	o := loadmon.Observe(tab.Snapshot(), f, "a")
-	assert.Equal(t, uint64(31), o.MeanPrefillTokens, "(63 × 30 + 94) ÷ 64")
+	got, _ := o.EstimatePendingPrefillTokens(f, 0)
+	assert.Equal(t, uint64(31), got, "(63 × 30 + 94) ÷ 64")
+
+	require.NoError(t, tab.Expect("r", 2))
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "r", DPRank: 0, WaitingRequests: 1}))
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "r", DPRank: 1, WaitingRequests: 3}))
+	o = loadmon.ObserveRank(tab.Snapshot(), f, "r", 1)
+	got, _ = o.EstimatePendingPrefillTokens(f, 0)
+	assert.Equal(t, uint64(600), got, "3 waiting × the rank's 200")
 }
 
 func TestPendingPrefillTimeAddsDispatchedTokensAtTheMeasuredRate(t *testing.T) {

@@ -577,7 +577,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		if j >= 0 {
 			uj = req.InputTokens - matched[j]
 		}
-		if covered && j >= 0 && j != i && p.materiallyCheaper(prefillCost(&o, ui, req), jc, ui, uj, load) {
+		if covered && j >= 0 && j != i && p.materiallyCheaper(p.prefillCost(&o, ui, req), jc, ui, uj, load) {
 			i, o = j, jo
 			d.CostOverride = true
 		}
@@ -658,8 +658,8 @@ type costAlt struct {
 // prefillCost is the work a request would wait for and cause on an engine, in prompt tokens:
 // its pending prefill tokens (pendingPrefill) plus the request's uncached tokens there
 // (docs/design.md §9.11).
-func prefillCost(o *loadmon.Observation, uncached uint64, req *Request) uint64 {
-	return satAdd(pendingPrefill(o, req), uncached)
+func (p *CacheAware) prefillCost(o *loadmon.Observation, uncached uint64, req *Request) uint64 {
+	return satAdd(p.pendingPrefill(o, req), uncached)
 }
 
 // pendingPrefill is the prompt tokens a request waits behind on the engine
@@ -667,8 +667,8 @@ func prefillCost(o *loadmon.Observation, uncached uint64, req *Request) uint64 {
 // native report, else the reported waiting requests × the mean prefill tokens of this router's
 // recent dispatches there (the request's input tokens when it has recorded none); plus the prefill
 // tokens dispatched since the report. 0 when the load is unknown.
-func pendingPrefill(o *loadmon.Observation, req *Request) uint64 {
-	pending, _ := o.EstimatePendingPrefillTokens(req.InputTokens)
+func (p *CacheAware) pendingPrefill(o *loadmon.Observation, req *Request) uint64 {
+	pending, _ := o.EstimatePendingPrefillTokens(p.cfg.InFlight, req.InputTokens)
 	return pending
 }
 
@@ -678,9 +678,10 @@ type fleetLoad struct {
 	busy, priced int
 }
 
-func (l *fleetLoad) add(o *loadmon.Observation, req *Request) {
+// add counts an engine whose pending prefill tokens are pending.
+func (l *fleetLoad) add(pending uint64) {
 	l.priced++
-	if pendingPrefill(o, req) > 0 {
+	if pending > 0 {
 		l.busy++
 	}
 }
@@ -767,8 +768,9 @@ func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 		if o.Basis() == loadmon.BasisInFlight {
 			return -1, 0, loadmon.Observation{}, false
 		}
-		load.add(&o, req)
-		if c := prefillCost(&o, req.InputTokens-matched[i], req); idx < 0 || c < cost {
+		pending := p.pendingPrefill(&o, req)
+		load.add(pending)
+		if c := satAdd(pending, req.InputTokens-matched[i]); idx < 0 || c < cost {
 			idx, cost, obs = i, c, o
 		}
 	}
@@ -786,10 +788,10 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 	if coverage(evaluated) == loadmon.BasisInFlight {
 		return none, nil
 	}
-	wCost := prefillCost(&w.obs, w.uncached, req)
+	wCost := p.prefillCost(&w.obs, w.uncached, req)
 	best, bestCost := none, wCost
 	for _, c := range admitted {
-		if cc := prefillCost(&c.obs, c.uncached, req); cc < bestCost {
+		if cc := p.prefillCost(&c.obs, c.uncached, req); cc < bestCost {
 			best, bestCost = costAlt{idx: c.idx, holder: true, blocks: c.blocks, uncached: c.uncached, obs: c.obs, cap: c.cap}, cc
 		}
 	}
@@ -815,7 +817,7 @@ func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 	}
 	var load fleetLoad
 	for i := range evaluated {
-		load.add(&evaluated[i].obs, req)
+		load.add(p.pendingPrefill(&evaluated[i].obs, req))
 	}
 	nIdx, nCost, nObs, covered := p.cheapest(engines, req, matched, snap, evaluated, p.queueCap != 0, &load)
 	if !covered {
@@ -1015,7 +1017,7 @@ func (p *CacheAware) materiallyMorePressured(a, b *loadmon.Observation, req *Req
 			}
 		}
 	}
-	ua, ub := pendingPrefill(a, req), pendingPrefill(b, req)
+	ua, ub := p.pendingPrefill(a, req), p.pendingPrefill(b, req)
 	return ua > ub && ua-ub > p.opts.PressureAbsThresholdTokens && float64(ua) > float64(ub)*rel
 }
 

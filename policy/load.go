@@ -1,8 +1,10 @@
 package policy
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"math/bits"
 
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
@@ -18,48 +20,80 @@ const DefaultChoices = 2
 // displaces an incumbent; a complete tie keeps the first offered, or, when rand is set, is broken
 // uniformly at random among the tied engines (reservoir sampling: the j-th tied engine replaces
 // the incumbent with probability 1/j), which needs no allocation.
+//
+// The caller observes each engine into next() and then offers it: the scan keeps observations in
+// place, one per distinct incumbent, and copies none.
 type pressureScan struct {
 	stage state.Stage
 	rand  func(n int) int // nil: ties keep the first offered
+	total int             // engines to be offered; the last offer updates only the final basis
 	n     int
-	basis loadmon.Basis                     // the best basis every offered engine has
-	best  [loadmon.BasisNative + 1]scanBest // the incumbent on each basis up to basis
+	basis loadmon.Basis // the best basis every offered engine has
+	best  [loadmon.BasisNative + 1]scanBest
+	// obs holds the incumbents' observations (at most three distinct) and the one being offered.
+	obs  [loadmon.BasisNative + 2]loadmon.Observation
+	free int // the slot of obs next returns
 }
 
 // scanBest is a pressureScan's incumbent on one basis.
 type scanBest struct {
-	i    int
+	i    int // the engine's index
 	ties int // engines tied with the incumbent so far, the incumbent included
-	o    loadmon.Observation
+	slot int // its observation in pressureScan.obs
 }
 
-func (s *pressureScan) offer(i int, o loadmon.Observation) {
+// next returns where to observe the next engine offered: a slot no incumbent uses.
+func (s *pressureScan) next() *loadmon.Observation { return &s.obs[s.free] }
+
+// offer offers engine i, whose observation the caller wrote to next().
+func (s *pressureScan) offer(i int) {
+	o := &s.obs[s.free]
 	if s.n == 0 {
 		s.n, s.basis = 1, o.Basis()
 		for b := range s.basis + 1 {
-			s.best[b] = scanBest{i: i, ties: 1, o: o}
+			s.best[b] = scanBest{i: i, ties: 1, slot: s.free}
 		}
+		s.free++
 		return
 	}
 	s.n++
 	s.basis = min(s.basis, o.Basis())
-	for b := int(s.basis); b >= 0; b-- { // the richest basis first, in-flight last
+	lo := 0 // the lowest basis kept up: every one until the last offer settles the basis
+	if s.n == s.total {
+		lo = int(s.basis)
+	}
+	took := false
+	for b := int(s.basis); b >= lo; b-- { // the richest basis first, in-flight last
 		t := &s.best[b]
-		switch c := loadmon.ComparePressure(s.stage, &o, &t.o, loadmon.Basis(b)); {
+		inc := &s.obs[t.slot]
+		var c int
+		if b == int(loadmon.BasisInFlight) {
+			c = cmp.Compare(o.InFlight, inc.InFlight) // ComparePressure on the in-flight basis
+		} else {
+			c = loadmon.ComparePressure(s.stage, o, inc, loadmon.Basis(b))
+		}
+		switch {
 		case c < 0:
-			*t = scanBest{i: i, ties: 1, o: o}
+			*t, took = scanBest{i: i, ties: 1, slot: s.free}, true
 		case c == 0 && s.rand != nil:
 			if t.ties++; s.rand(t.ties) == 0 {
-				t.i, t.o = i, o
+				t.i, t.slot, took = i, s.free, true
 			}
 		}
+	}
+	if took {
+		var used uint
+		for b := range s.basis + 1 {
+			used |= 1 << s.best[b].slot
+		}
+		s.free = bits.TrailingZeros(^used)
 	}
 }
 
 // result returns the winner's index and observation.
-func (s *pressureScan) result() (int, loadmon.Observation) {
+func (s *pressureScan) result() (int, *loadmon.Observation) {
 	t := &s.best[s.basis]
-	return t.i, t.o
+	return t.i, &s.obs[t.slot]
 }
 
 // PowerOfN samples N distinct candidates uniformly and picks the one with the lower stage
@@ -119,11 +153,12 @@ func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.En
 	if n == 0 {
 		return 0, loadmon.Observation{}, ErrNoCandidates
 	}
-	s := pressureScan{stage: stage}
+	s := pressureScan{stage: stage, total: min(k, n)}
 	if k >= n {
 		s.rand = cfg.Rand
 		for i, e := range engines {
-			s.offer(i, cfg.observe(snap, e, stage))
+			*s.next() = cfg.observe(snap, e, stage)
+			s.offer(i)
 		}
 	} else {
 		var small [4]uint64
@@ -145,11 +180,12 @@ func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.En
 			}
 			misses = 0
 			seen[j/64] |= 1 << (j % 64)
-			s.offer(j, cfg.observe(snap, engines[j], stage))
+			*s.next() = cfg.observe(snap, engines[j], stage)
+			s.offer(j)
 		}
 	}
 	i, o := s.result()
-	return i, o, nil
+	return i, *o, nil
 }
 
 // maxRedraws bounds consecutive duplicate draws in sampleLeastPressured.
