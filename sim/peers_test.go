@@ -688,3 +688,49 @@ func TestSMGEviction(t *testing.T) {
 	assert.Equal(t, 16, s.tree.size["b"])
 	assert.Equal(t, simEpoch.Add(2*SMGEvictionInterval), s.tree.nextEviction)
 }
+
+// TestPeerBookkeepingDrains replays a short trace prefix with the peers that follow their requests
+// (Dynamo, LLMD) on two router replicas, PD fleet included, and checks that their per-request
+// records drain to zero once every request has ended.
+func TestPeerBookkeepingDrains(t *testing.T) {
+	tr, err := MooncakeConversation()
+	require.NoError(t, err)
+	for _, fleet := range []Fleet{{Plain: 4}, {Prefill: 2, Decode: 2}} {
+		cfg := Config{Trace: tr, Fleet: fleet, Speed: 4, Limit: 200, Seed: 2, Routers: 2,
+			Policies: []string{NameDynamo, NameLLMD, NameDynamoLegacy}}
+		var mu sync.Mutex
+		checked := 0
+		cfg.inspect = func(r *run) error {
+			for _, rep := range r.replicas {
+				for _, tk := range rep.trackers {
+					switch p := tk.(type) {
+					case *Dynamo:
+						assert.Empty(t, p.active, "%s", r.name)
+						for id, w := range p.workers {
+							assert.Zero(t, w.prefillTokens, "%s: %s", r.name, id)
+							assert.Empty(t, w.blocks, "%s: %s", r.name, id)
+						}
+					case *LLMD:
+						assert.Empty(t, p.active, "%s", r.name)
+						assert.Nil(t, p.pending, "%s", r.name)
+						for id, n := range p.inflight {
+							assert.Zero(t, n, "%s: %s", r.name, id)
+						}
+					default:
+						t.Errorf("%s: unexpected tracker %T", r.name, tk)
+					}
+					mu.Lock()
+					checked++
+					mu.Unlock()
+				}
+			}
+			return nil
+		}
+		rep, err := Replay(context.Background(), cfg)
+		require.NoError(t, err)
+		assert.Equal(t, 6, checked, "%+v: two replicas × three tracking peers", fleet)
+		for _, r := range rep.Results {
+			assert.Equal(t, 200, r.Completed, "%+v: %s", fleet, r.Policy)
+		}
+	}
+}
