@@ -165,7 +165,7 @@ func (d *Dynamo) Pick(_ context.Context, engines []state.Engine, req *policy.Req
 		if d.legacy {
 			cost = DynamoOverlapScoreWeight*float64(w.prefillTokens+newTokens)/bs + decode
 		} else {
-			// selector/mod.rs: active + (ISL − min(cached, ISL)) + cached tokens.
+			// The candidate row: active + (ISL − min(cached, ISL)) + cached tokens.
 			raw := float64(w.prefillTokens+newTokens+overlap*d.bs) / bs
 			cost = DynamoPrefillLoadScale*max(raw-DynamoOverlapScoreCredit*float64(overlap), 0) + decode
 		}

@@ -43,9 +43,12 @@ const (
 
 // LLMD is the llm-d router's current default scheduling profile, "sticky until saturated", as a
 // replay baseline (name "llmd"; the earlier scorer blend is LLMDLegacy). Sources: the profile in
-// llm-d/llm-d `guides/optimized-baseline/router/optimized-baseline.values.yaml` (the plugins at
-// their defaults: approx-prefix-cache-producer, inflight-load-producer, prefix-cache-affinity-filter,
-// token-load-scorer, then the max-score picker the loader adds); the filter in llm-d/llm-d-router
+// llm-d/llm-d `guides/optimized-baseline/router/optimized-baseline.values.yaml` and
+// `guides/optimized-baseline/README.md` (approx-prefix-cache-producer, inflight-load-producer,
+// prefix-cache-affinity-filter, token-load-scorer, then the max-score picker the loader adds; the
+// plugins at their defaults, which are calibrated for the guide's reference fleet; an earlier
+// revision set the same gate in tokens, maxTokensInFlightPenalty 286,720); the filter in
+// llm-d/llm-d-router
 // `pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity/plugin.go` and its README.md;
 // the scorer in llm-d/llm-d-router `pkg/epp/framework/plugins/scheduling/scorer/tokenload/token_load.go`;
 // the in-flight tokens in llm-d/llm-d-router
@@ -54,10 +57,9 @@ const (
 // `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/hashing.go` and
 // `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/types.go`.
 //
-// Per request, with B the engines' block size (the index auto-tunes to it) and the prompt cut to
-// its first LLMDMaxPrefixTokens tokens:
-//   - the prompt is hashed in blocks of B, a trailing partial block included; total = the number
-//     of blocks, matched(e) = the leading blocks endpoint e holds in the router's own index (as
+// Per request, with B the engines' block size (the index auto-tunes to it):
+//   - the prompt's first LLMDMaxPrefixTokens tokens are hashed in blocks of B, a trailing partial
+//     block included; total = the number of blocks, matched(e) = the leading blocks endpoint e holds in the router's own index (as
 //     LLMDLegacy's, recorded after each decision, at most the endpoint's KV capacity in blocks per
 //     endpoint, least recently added evicted);
 //   - prefix(e) = matched(e) ÷ total; uncached(e) = (total − matched(e))·B + the prompt tokens
@@ -79,10 +81,12 @@ const (
 // index's capacity, which without a reported KV capacity is LLMDDefaultLRUCapacity blocks per
 // endpoint (the auto-tuned capacity comes from the engine's cache configuration otherwise).
 //
-// Deviations: the filter's partial-block hash and the index use the run's kvindex.Hasher keys for
-// the full blocks (512 tokens on the Mooncake traces, which record reuse in whole 512-token blocks
-// anyway). Not modelled: flow control (off unless configured), multi-replica state sync. The
-// engine's admission checker (Config.Admission) runs once on the winner.
+// Deviations: the full blocks' keys are the run's kvindex.Hasher keys and a partial block's key
+// chains from the last of them (llm-d chains xxhash digests of the blocks' tokens; either way two
+// prompts share a key exactly when they share the tokens up to it); every request streams, so its
+// tokens leave inflight at its first token. Not modelled: flow control (off unless configured) and
+// the state sync between router replicas. The engine's admission checker (Config.Admission) runs
+// once on the winner.
 //
 // LLMD implements policy.Policy and is safe for concurrent use, but its in-flight bookkeeping
 // pairs each pick with the request the replay binds next, so it is meant for the replay's

@@ -56,8 +56,8 @@ func PeerPolicyNames() []string {
 }
 
 // requestTracker is implemented by baselines that keep per-request bookkeeping of their own, as
-// Dynamo's router does (its ActiveSequences): they must learn when a request they routed produces
-// its first token and when it ends. The replay calls these methods on its own goroutine, one
+// Dynamo's ActiveSequences and llm-d's in-flight load producer do: they must learn when a request
+// they routed produces its first token and when it ends. The replay calls these methods on its own goroutine, one
 // request at a time: after every Router.Select it calls bind with the request's position when the
 // selection succeeded and discard when it failed, so a tracker pairs its most recent pick with the
 // request; firstToken and finished follow for every bound request. A pick that the group did not
@@ -87,8 +87,8 @@ func newPeerBase(name string, env PolicyEnv) (peerBase, error) {
 }
 
 // admit runs the admission checker once on the engine a baseline chose, as PowerOfN does for its
-// winner (none of the three peers has a per-engine admission cap of its own; Config.Admission
-// applies to them as to every replayed policy). It returns nil, a *policy.AdmissionRejectedError
+// winner (none of the peers has a per-engine admission cap of its own at its defaults;
+// Config.Admission applies to them as to every replayed policy). It returns nil, a *policy.AdmissionRejectedError
 // or the checker's error.
 func (b *peerBase) admit(e state.Engine) error {
 	o := loadmon.Observe(b.env.Load.Snapshot(), b.env.InFlight, e.ID())

@@ -734,3 +734,37 @@ func TestPeerBookkeepingDrains(t *testing.T) {
 		}
 	}
 }
+
+// TestPeersBasicReports checks how each peer reads a basic load report (running and waiting
+// requests, no KV figures) against a full one in which a's KV cache is 90 % used. Only
+// llmd_legacy reads KV usage: with it b wins (score 4 against 2 + 2·0.1); without it a missing
+// usage reads 0, as llm-d's zero metrics do, and the exact tie goes to the first candidate. The
+// others read none of the reports and pick the same in both.
+func TestPeersBasicReports(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		full, basic state.EngineID
+	}{
+		{NameDynamo, "a", "a"}, {NameLLMD, "a", "a"}, {NameSMG, "a", "a"},
+		{NameDynamoLegacy, "a", "a"}, {NameLLMDLegacy, "b", "a"}, {NameSGLangLegacy, "a", "a"},
+	} {
+		for _, basic := range []bool{false, true} {
+			f := newPeerFixture(t, "a", "b")
+			if basic {
+				f.report(t, "a", 0, 0, 0)
+				f.report(t, "b", 0, 0, 0)
+			} else {
+				f.report(t, "a", 0, 900, 1000)
+				f.report(t, "b", 0, 0, 1000)
+			}
+			p, err := DefaultPolicies()[tc.name](f.env, state.StagePlain)
+			require.NoError(t, err)
+			id, _ := pickID(t, p, f, prompt(100, 16))
+			want := tc.full
+			if basic {
+				want = tc.basic
+			}
+			assert.Equal(t, want, id, "%s, basic %v", tc.name, basic)
+		}
+	}
+}
