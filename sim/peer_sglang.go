@@ -115,7 +115,7 @@ func (s *SGLangLegacy) Pick(_ context.Context, engines []state.Engine, req *poli
 	} else {
 		node, depth := t.match()
 		rate := 0.0
-		if n := len(t.tokens); n > 0 {
+		if n := t.promptTokens; n > 0 {
 			rate = float64(depth*t.bs) / float64(n)
 		}
 		var id state.EngineID
@@ -184,7 +184,7 @@ type sglangTree struct {
 	seed         uint64
 	salts        uint64 // nodes created, to derive node salts
 	nextEviction time.Time
-	tokens       []uint32 // the prepared request's prompt
+	promptTokens int      // the prepared request's prompt length
 	keys         []uint64 // its full blocks' keys
 	seq          uint64   // tie order of eviction entries
 }
@@ -208,11 +208,12 @@ func (s *sglangTree) prepare(now time.Time, engines []state.Engine, req *policy.
 	for _, e := range engines {
 		s.register(e.ID())
 	}
-	s.tokens = nil
+	var tokens []uint32
 	if req != nil {
-		s.tokens = req.TokenIDs
+		tokens = req.TokenIDs
 	}
-	s.keys = s.hasher.AppendKeys(s.keys[:0], s.tokens)
+	s.promptTokens = len(tokens)
+	s.keys = s.hasher.AppendKeys(s.keys[:0], tokens)
 }
 
 // register makes id a tenant with an empty tree (init_workers inserts "" for every worker).

@@ -124,7 +124,7 @@ func (s *SMG) Pick(_ context.Context, engines []state.Engine, req *policy.Reques
 	chosen, reason, insert := minI, policy.ReasonNoCacheCandidate, true
 	node, depth := t.match()
 	rate := float32(0)
-	if n := len(t.tokens); n > 0 {
+	if n := t.promptTokens; n > 0 {
 		rate = float32(depth*t.bs) / float32(n)
 	}
 	if rate > SMGCacheThreshold {
