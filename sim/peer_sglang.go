@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"slices"
@@ -63,27 +64,89 @@ const (
 // SGLangLegacy implements policy.Policy and is safe for concurrent use.
 type SGLangLegacy struct {
 	peerBase
-	hasher kvindex.Hasher
-	bs     int
 
-	// Tunables, set to the defaults by NewSGLangLegacy (tests shrink them).
-	maxTreeTokens    int
-	evictionInterval time.Duration
-
-	mu           sync.Mutex
-	root         *sglangNode
-	nodes        map[uint64]*sglangNode
-	size         map[state.EngineID]int // tokens per tenant (tenant_char_count ÷ chars per token)
-	tenantHash   map[state.EngineID]uint64
-	tenants      []state.EngineID // every tenant ever seen, for the smallest-tree scan
-	seed         uint64
-	salts        uint64 // nodes created, to derive node salts
-	nextEviction time.Time
-	keys         []uint64
-	seq          uint64 // tie order of eviction entries
+	mu   sync.Mutex
+	tree sglangTree
 }
 
 var _ policy.Policy = (*SGLangLegacy)(nil)
+
+// NewSGLangLegacy returns the SGLang legacy baseline over env: env.InFlight supplies the loads,
+// env.Index's Hasher the block keys, env.Now the clock of the tree's access times and eviction,
+// env.Rand the seed of its tie orders, env.Admission checks the chosen worker. A PolicyEnv without
+// Load, InFlight, Index, Rand or Now is an error wrapping state.ErrInvalidConfiguration.
+func NewSGLangLegacy(env PolicyEnv) (*SGLangLegacy, error) {
+	base, err := newPeerBase(NameSGLangLegacy, env)
+	if err != nil {
+		return nil, err
+	}
+	if env.Now == nil {
+		return nil, errNoClock(NameSGLangLegacy)
+	}
+	s := &SGLangLegacy{peerBase: base}
+	s.tree.init(env, sglangMaxTreeSizeTokens, SGLangEvictionInterval, false)
+	return s, nil
+}
+
+// Pick implements policy.Policy. No candidates → policy.ErrNoCandidates. A request without
+// TokenIDs matches nothing and goes to the smallest tree unless the loads are imbalanced.
+func (s *SGLangLegacy) Pick(_ context.Context, engines []state.Engine, req *policy.Request) (policy.Pick, error) {
+	if len(engines) == 0 {
+		return policy.Pick{}, policy.ErrNoCandidates
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.env.Now()
+	t := &s.tree
+	t.prepare(now, engines, req)
+
+	minI, minLoad, maxLoad := 0, uint64(0), uint64(0)
+	for i, e := range engines {
+		l := s.env.InFlight.Count(e.ID())
+		if i == 0 || l < minLoad {
+			minI, minLoad = i, l
+		}
+		maxLoad = max(maxLoad, l)
+	}
+	var chosen state.Engine
+	reason := policy.ReasonLeastLoad
+	if maxLoad-minLoad > SGLangBalanceAbsThreshold && float32(maxLoad) > float32(minLoad)*SGLangBalanceRelThreshold {
+		chosen = engines[minI]
+	} else {
+		node, depth := t.match()
+		rate := 0.0
+		if n := t.promptTokens; n > 0 {
+			rate = float64(depth*t.bs) / float64(n)
+		}
+		var id state.EngineID
+		if i := t.firstTenant(node); i >= 0 {
+			id = node.tenants[i].id
+			for n := node; n != nil; n = n.parent { // prefix_match refreshes the matched path
+				n.touch(id, now)
+			}
+		}
+		if rate > SGLangCacheThreshold {
+			reason = policy.ReasonCacheCandidate
+		} else {
+			reason = policy.ReasonNoCacheCandidate
+			id = t.smallestTenant()
+		}
+		for _, e := range engines {
+			if e.ID() == id {
+				chosen = e
+				break
+			}
+		}
+		if chosen == nil { // the tenant is not a candidate: SGLang falls back to the first healthy worker
+			chosen = engines[0]
+		}
+	}
+	if err := s.admit(chosen); err != nil {
+		return policy.Pick{}, err
+	}
+	t.insert(chosen.ID(), now)
+	return policy.Pick{Engine: chosen, Reason: reason}, nil
+}
 
 // sglangNode is one block of the tree: the workers whose routed prompts passed through it, with
 // the time each last did.
@@ -100,37 +163,44 @@ type sglangTenant struct {
 	last time.Time
 }
 
-// NewSGLangLegacy returns the SGLang legacy baseline over env: env.InFlight supplies the loads,
-// env.Index's Hasher the block keys, env.Now the clock of the tree's access times and eviction,
-// env.Rand the seed of its tie orders, env.Admission checks the chosen worker. A PolicyEnv without
-// Load, InFlight, Index, Rand or Now is an error wrapping state.ErrInvalidConfiguration.
-func NewSGLangLegacy(env PolicyEnv) (*SGLangLegacy, error) {
-	base, err := newPeerBase(NameSGLangLegacy, env)
-	if err != nil {
-		return nil, err
-	}
-	if env.Now == nil {
-		return nil, errNoClock(NameSGLangLegacy)
-	}
-	h := env.Index.Hasher()
-	s := &SGLangLegacy{peerBase: base, hasher: h, bs: h.BlockTokens(),
-		maxTreeTokens: sglangMaxTreeSizeTokens, evictionInterval: SGLangEvictionInterval,
-		nodes: map[uint64]*sglangNode{}, size: map[state.EngineID]int{}, tenantHash: map[state.EngineID]uint64{},
-		seed: uint64(env.Rand(1<<30))<<32 | uint64(env.Rand(1<<30))}
-	s.root = &sglangNode{salt: mix64(s.seed ^ sglangRootTenantSaltOffset)}
-	s.nextEviction = env.Now().Add(s.evictionInterval)
-	return s, nil
+// sglangTree is the router's own radix tree of the prompts it routed to each worker (tenant), in
+// whole blocks of the run's kvindex.Hasher, shared by SGLangLegacy and SMG. It is used under its
+// owner's lock.
+type sglangTree struct {
+	hasher kvindex.Hasher
+	bs     int
+
+	// Tunables, set by init (tests shrink them).
+	maxTreeTokens    int
+	evictionInterval time.Duration
+	sharedBudget     bool // maxTreeTokens bounds the whole tree (SMG), not each tenant (legacy)
+
+	root         *sglangNode
+	nodes        map[uint64]*sglangNode
+	size         map[state.EngineID]int // tokens per tenant (tenant_char_count ÷ chars per token)
+	total        int                    // Σ size
+	tenantHash   map[state.EngineID]uint64
+	tenants      []state.EngineID // every tenant ever seen, for the smallest-tree scan
+	seed         uint64
+	salts        uint64 // nodes created, to derive node salts
+	nextEviction time.Time
+	promptTokens int      // the prepared request's prompt length
+	keys         []uint64 // its full blocks' keys
+	seq          uint64   // tie order of eviction entries
 }
 
-// Pick implements policy.Policy. No candidates → policy.ErrNoCandidates. A request without
-// TokenIDs matches nothing and goes to the smallest tree unless the loads are imbalanced.
-func (s *SGLangLegacy) Pick(_ context.Context, engines []state.Engine, req *policy.Request) (policy.Pick, error) {
-	if len(engines) == 0 {
-		return policy.Pick{}, policy.ErrNoCandidates
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.env.Now()
+func (s *sglangTree) init(env PolicyEnv, maxTreeTokens int, evictionInterval time.Duration, sharedBudget bool) {
+	h := env.Index.Hasher()
+	*s = sglangTree{hasher: h, bs: h.BlockTokens(), maxTreeTokens: maxTreeTokens, evictionInterval: evictionInterval,
+		sharedBudget: sharedBudget, nodes: map[uint64]*sglangNode{}, size: map[state.EngineID]int{},
+		tenantHash: map[state.EngineID]uint64{}, seed: uint64(env.Rand(1<<30))<<32 | uint64(env.Rand(1<<30))}
+	s.root = &sglangNode{salt: mix64(s.seed ^ sglangRootTenantSaltOffset)}
+	s.nextEviction = env.Now().Add(s.evictionInterval)
+}
+
+// prepare runs the evictions due by now, registers the candidates as tenants and hashes the
+// request's prompt.
+func (s *sglangTree) prepare(now time.Time, engines []state.Engine, req *policy.Request) {
 	for !now.Before(s.nextEviction) {
 		s.evict(s.maxTreeTokens)
 		s.nextEviction = s.nextEviction.Add(s.evictionInterval)
@@ -142,58 +212,12 @@ func (s *SGLangLegacy) Pick(_ context.Context, engines []state.Engine, req *poli
 	if req != nil {
 		tokens = req.TokenIDs
 	}
+	s.promptTokens = len(tokens)
 	s.keys = s.hasher.AppendKeys(s.keys[:0], tokens)
-
-	minI, minLoad, maxLoad := 0, uint64(0), uint64(0)
-	for i, e := range engines {
-		l := s.env.InFlight.Count(e.ID())
-		if i == 0 || l < minLoad {
-			minI, minLoad = i, l
-		}
-		maxLoad = max(maxLoad, l)
-	}
-	var chosen state.Engine
-	reason := policy.ReasonLeastLoad
-	if maxLoad-minLoad > SGLangBalanceAbsThreshold && float32(maxLoad) > float32(minLoad)*SGLangBalanceRelThreshold {
-		chosen = engines[minI]
-	} else {
-		node, depth := s.match()
-		rate := 0.0
-		if len(tokens) > 0 {
-			rate = float64(depth*s.bs) / float64(len(tokens))
-		}
-		var id state.EngineID
-		if t := s.firstTenant(node); t >= 0 {
-			id = node.tenants[t].id
-			for n := node; n != nil; n = n.parent { // prefix_match refreshes the matched path
-				n.touch(id, now)
-			}
-		}
-		if rate > SGLangCacheThreshold {
-			reason = policy.ReasonCacheCandidate
-		} else {
-			reason = policy.ReasonNoCacheCandidate
-			id = s.smallestTenant()
-		}
-		for _, e := range engines {
-			if e.ID() == id {
-				chosen = e
-				break
-			}
-		}
-		if chosen == nil { // the tenant is not a candidate: SGLang falls back to the first healthy worker
-			chosen = engines[0]
-		}
-	}
-	if err := s.admit(chosen); err != nil {
-		return policy.Pick{}, err
-	}
-	s.insert(chosen.ID(), now)
-	return policy.Pick{Engine: chosen, Reason: reason}, nil
 }
 
 // register makes id a tenant with an empty tree (init_workers inserts "" for every worker).
-func (s *SGLangLegacy) register(id state.EngineID) {
+func (s *sglangTree) register(id state.EngineID) {
 	if _, ok := s.tenantHash[id]; ok {
 		return
 	}
@@ -205,7 +229,7 @@ func (s *SGLangLegacy) register(id state.EngineID) {
 
 // match walks the prompt's keys down the tree and returns the deepest matched node and its depth
 // in blocks (the root and 0 when nothing matches).
-func (s *SGLangLegacy) match() (*sglangNode, int) {
+func (s *sglangTree) match() (*sglangNode, int) {
 	n := s.root
 	depth := 0
 	for _, k := range s.keys {
@@ -220,13 +244,13 @@ func (s *SGLangLegacy) match() (*sglangNode, int) {
 }
 
 // order is the position of tenant id in the pseudo-random iteration order salted by salt.
-func (s *SGLangLegacy) order(salt uint64, id state.EngineID) uint64 {
+func (s *sglangTree) order(salt uint64, id state.EngineID) uint64 {
 	return mix64(salt ^ s.tenantHash[id])
 }
 
 // firstTenant returns the index in n.tenants of the tenant DashMap iteration would yield first,
 // or -1 when n has none.
-func (s *SGLangLegacy) firstTenant(n *sglangNode) int {
+func (s *sglangTree) firstTenant(n *sglangNode) int {
 	best, bestOrder := -1, uint64(0)
 	for i, t := range n.tenants {
 		if o := s.order(n.salt, t.id); best < 0 || o < bestOrder {
@@ -236,9 +260,22 @@ func (s *SGLangLegacy) firstTenant(n *sglangNode) int {
 	return best
 }
 
+// firstTenants appends to dst up to n tenants of node in the order DashMap iteration would yield
+// them (the per-node pseudo-random order of firstTenant).
+func (s *sglangTree) firstTenants(dst []state.EngineID, node *sglangNode, n int) []state.EngineID {
+	start := len(dst)
+	for _, t := range node.tenants {
+		dst = append(dst, t.id)
+	}
+	slices.SortFunc(dst[start:], func(a, b state.EngineID) int {
+		return cmp.Compare(s.order(node.salt, a), s.order(node.salt, b))
+	})
+	return dst[:min(len(dst), start+n)]
+}
+
 // smallestTenant returns the tenant with the smallest tree; among equal sizes, the first in the
 // tree's own iteration order.
-func (s *SGLangLegacy) smallestTenant() state.EngineID {
+func (s *sglangTree) smallestTenant() state.EngineID {
 	var best state.EngineID
 	bestSize, bestOrder := 0, uint64(0)
 	for i, id := range s.tenants {
@@ -252,7 +289,7 @@ func (s *SGLangLegacy) smallestTenant() state.EngineID {
 
 // insert records the prompt's blocks for id: every node on the path gets id with access time now;
 // a block new to id adds its tokens to id's size.
-func (s *SGLangLegacy) insert(id state.EngineID, now time.Time) {
+func (s *sglangTree) insert(id state.EngineID, now time.Time) {
 	n := s.root
 	n.touch(id, now)
 	for _, k := range s.keys {
@@ -265,6 +302,7 @@ func (s *SGLangLegacy) insert(id state.EngineID, now time.Time) {
 		}
 		if c.touch(id, now) {
 			s.size[id] += s.bs
+			s.total += s.bs
 		}
 		n = c
 	}
@@ -300,13 +338,20 @@ func (n *sglangNode) leafFor(id state.EngineID) bool {
 }
 
 // evict is evict_tenant_by_size: every (leaf, tenant) entry goes into a min-heap by access time;
-// entries are popped oldest first, and each pop of a tenant still above maxTokens removes the
-// tenant from that node (a node left with no tenant leaves the tree), then queues the parent if it
-// has become a leaf for the tenant.
-func (s *SGLangLegacy) evict(maxTokens int) {
+// entries are popped oldest first, and each pop while the budget is exceeded removes the tenant
+// from that node (a node left with no tenant leaves the tree), then queues the parent if it has
+// become a leaf for the tenant. The budget is per tenant (the popped entry's tenant above
+// maxTokens) or, with sharedBudget, the whole tree's (the total above maxTokens).
+func (s *sglangTree) evict(maxTokens int) {
+	within := func(id state.EngineID) bool {
+		if s.sharedBudget {
+			return s.total <= maxTokens
+		}
+		return s.size[id] <= maxTokens
+	}
 	over := false
 	for _, id := range s.tenants {
-		over = over || s.size[id] > maxTokens
+		over = over || !within(id)
 	}
 	if !over {
 		return
@@ -331,7 +376,10 @@ func (s *SGLangLegacy) evict(maxTokens int) {
 	heap.Init(&h)
 	for h.Len() > 0 {
 		e := heap.Pop(&h).(evictionEntry)
-		if s.size[e.id] <= maxTokens {
+		if within(e.id) {
+			if s.sharedBudget {
+				break
+			}
 			continue
 		}
 		n := e.node
@@ -341,6 +389,7 @@ func (s *SGLangLegacy) evict(maxTokens int) {
 		}
 		n.tenants = slices.Delete(n.tenants, i, i+1)
 		s.size[e.id] -= s.bs
+		s.total -= s.bs
 		p := n.parent
 		if len(n.tenants) == 0 {
 			if j := slices.Index(p.children, n); j >= 0 {

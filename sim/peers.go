@@ -10,36 +10,54 @@ import (
 )
 
 // Names of the peer baselines: independent Go implementations of the engine-selection rule of
-// three public routers at their defaults, so that a replay can measure enginepick's policies
-// against them on the same trace, fleet and seed. They are measuring sticks, not production
-// policies: they live in sim, not in policy, and the root Config cannot name them.
+// public routers at their defaults, so that a replay can measure enginepick's policies against
+// them on the same trace, fleet and seed. Each peer has its current defaults under its plain name
+// and the rule of earlier releases under a _legacy name. They are measuring sticks, not
+// production policies: they live in sim, not in policy, and the root Config cannot name them.
 const (
-	// NameDynamo is NVIDIA Dynamo's KV router with its default cost (see Dynamo).
+	// NameDynamo is NVIDIA Dynamo's KV router with its current default cost (see Dynamo).
 	NameDynamo = "dynamo"
-	// NameLLMD is the llm-d inference scheduler's default scorer profile (see LLMD).
+	// NameLLMD is the llm-d router's current default profile, "sticky until saturated" (see LLMD).
 	NameLLMD = "llmd"
+	// NameSMG is the Shepherd Model Gateway's current cache_aware policy (see SMG).
+	NameSMG = "smg"
+	// NameDynamoLegacy is Dynamo's earlier default cost and tie-break (see Dynamo).
+	NameDynamoLegacy = "dynamo_legacy"
+	// NameLLMDLegacy is the llm-d inference scheduler's earlier default scorer profile (see
+	// LLMDLegacy).
+	NameLLMDLegacy = "llmd_legacy"
 	// NameSGLangLegacy is the SGLang router's legacy cache_aware policy (see SGLangLegacy).
 	NameSGLangLegacy = "sglang_legacy"
 )
 
-// Reason labels of the peer baselines' picks (policy.Pick.Reason). SGLangLegacy reuses
-// policy.ReasonCacheCandidate, policy.ReasonNoCacheCandidate and policy.ReasonLeastLoad for its
-// three branches.
+// Reason labels of the peer baselines' picks (policy.Pick.Reason). SGLangLegacy and SMG reuse
+// policy.ReasonCacheCandidate, policy.ReasonNoCacheCandidate and policy.ReasonLeastLoad for their
+// branches.
 const (
 	// ReasonDynamoCost labels a Dynamo pick: the lowest cost.
 	ReasonDynamoCost = "dynamo_cost"
-	// ReasonLLMDMaxScore labels an LLMD pick: the highest weighted score.
+	// ReasonLLMDMaxScore labels an LLMD or LLMDLegacy pick: the highest weighted score over every
+	// candidate.
 	ReasonLLMDMaxScore = "llmd_max_score"
+	// ReasonLLMDSticky labels an LLMD pick made within the sticky set: the candidates the prefix
+	// affinity filter kept.
+	ReasonLLMDSticky = "llmd_sticky"
+	// ReasonSMGSpill labels an SMG pick that left a matched worker for the least-loaded one
+	// because the matched worker's load cleared both spill margins.
+	ReasonSMGSpill = "smg_spill"
 )
 
-// PeerPolicyNames returns the peer baselines' names in report order: dynamo, llmd,
-// sglang_legacy. The slice is new on every call. DefaultPolicies has a factory for each; they are
-// not in DefaultPolicyNames, so a replay runs them only when Config.Policies names them.
-func PeerPolicyNames() []string { return []string{NameDynamo, NameLLMD, NameSGLangLegacy} }
+// PeerPolicyNames returns the peer baselines' names in report order: the current defaults dynamo,
+// llmd, smg, then the earlier rules dynamo_legacy, llmd_legacy, sglang_legacy. The slice is new on
+// every call. DefaultPolicies has a factory for each; they are not in DefaultPolicyNames, so a
+// replay runs them only when Config.Policies names them.
+func PeerPolicyNames() []string {
+	return []string{NameDynamo, NameLLMD, NameSMG, NameDynamoLegacy, NameLLMDLegacy, NameSGLangLegacy}
+}
 
 // requestTracker is implemented by baselines that keep per-request bookkeeping of their own, as
-// Dynamo's router does (its ActiveSequences): they must learn when a request they routed produces
-// its first token and when it ends. The replay calls these methods on its own goroutine, one
+// Dynamo's ActiveSequences and llm-d's in-flight load producer do: they must learn when a request
+// they routed produces its first token and when it ends. The replay calls these methods on its own goroutine, one
 // request at a time: after every Router.Select it calls bind with the request's position when the
 // selection succeeded and discard when it failed, so a tracker pairs its most recent pick with the
 // request; firstToken and finished follow for every bound request. A pick that the group did not
@@ -69,8 +87,8 @@ func newPeerBase(name string, env PolicyEnv) (peerBase, error) {
 }
 
 // admit runs the admission checker once on the engine a baseline chose, as PowerOfN does for its
-// winner (none of the three peers has a per-engine admission cap of its own; Config.Admission
-// applies to them as to every replayed policy). It returns nil, a *policy.AdmissionRejectedError
+// winner (none of the peers has a per-engine admission cap of its own at its defaults;
+// Config.Admission applies to them as to every replayed policy). It returns nil, a *policy.AdmissionRejectedError
 // or the checker's error.
 func (b *peerBase) admit(e state.Engine) error {
 	o := loadmon.Observe(b.env.Load.Snapshot(), b.env.InFlight, e.ID())

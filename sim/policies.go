@@ -75,7 +75,8 @@ func DefaultPolicyNames() []string {
 // (policy.NewRoundRobin), random (policy.NewRandom), power_of_two (policy.NewPowerOfN, N = 2),
 // least_load and load_based (policy.NewLeastLoad), cache_aware (policy.NewCacheAware over a
 // kvindex.LocalSource of the run's index, with the policy's default options), and the peer
-// baselines dynamo (NewDynamo), llmd (NewLLMD) and sglang_legacy (NewSGLangLegacy), the oracle
+// baselines dynamo (NewDynamo), llmd (NewLLMD), smg (NewSMG), dynamo_legacy (NewDynamoLegacy),
+// llmd_legacy (NewLLMDLegacy) and sglang_legacy (NewSGLangLegacy), the oracle
 // baselines oracle and oracle_work (NewOracle with work weight 0 and 1; they read the simulated
 // engines, so they only run inside a replay), and the
 // affinity policies session_aware and sticky (over PolicyEnv.Affinity) and sticky_rendezvous (see
@@ -97,6 +98,15 @@ func DefaultPolicies() map[string]PolicyFactory {
 		},
 		NameLLMD: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
 			return NewLLMD(env)
+		},
+		NameSMG: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
+			return NewSMG(env)
+		},
+		NameDynamoLegacy: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
+			return NewDynamoLegacy(env)
+		},
+		NameLLMDLegacy: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
+			return NewLLMDLegacy(env)
 		},
 		NameSGLangLegacy: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
 			return NewSGLangLegacy(env)

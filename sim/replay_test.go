@@ -360,13 +360,14 @@ func TestReplaySystemPrompt(t *testing.T) {
 }
 
 // TestReplayPeers replays the first 1,500 requests of the conversation trace at the default load
-// point with every library policy and the three peer baselines, then again with a 2,048-token
-// system prompt, and checks the orderings that hold by construction of the peers: every prefix-
-// aware router gets at least twice round-robin's hit rate; the routers that record their own
-// decisions (llmd, sglang_legacy) see more reuse than Dynamo, whose index hears only engine
-// events; Dynamo's cost keeps its TTFT tail below power-of-two's; a shared system prompt raises
-// every prefix-aware router's hit rate. The full tables are logged; issue-level targets for
-// cache_aware against the peers are reported by examples/replay, not asserted here.
+// point with every library policy and every peer baseline, current and legacy, then again with a
+// 2,048-token system prompt, and checks the orderings that hold by construction of the peers, in
+// both generations: every prefix-aware router gets at least twice round-robin's hit rate; the
+// routers that record their own decisions (llmd, smg; llmd_legacy, sglang_legacy) see more reuse
+// than Dynamo of the same generation, whose index hears only engine events; Dynamo's cost keeps its
+// TTFT tail below power-of-two's; a shared system prompt raises every prefix-aware router's hit
+// rate. The full tables are logged; issue-level targets for cache_aware against the peers are
+// reported by examples/replay, not asserted here.
 func TestReplayPeers(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sim: TestReplayPeers replays on one goroutine; .ci/run runs it without -race")
@@ -383,20 +384,27 @@ func TestReplayPeers(t *testing.T) {
 		return r
 	}
 	rr, p2 := get(rep, NameRoundRobin), get(rep, NamePowerOfTwo)
-	dyn, llmd, sgl := get(rep, NameDynamo), get(rep, NameLLMD), get(rep, NameSGLangLegacy)
-	for _, r := range []PolicyResult{dyn, llmd, sgl, get(rep, NameCacheAware)} {
+	for _, name := range append(PeerPolicyNames(), NameCacheAware) {
+		r := get(rep, name)
 		assert.GreaterOrEqual(t, r.HitRate, 2*rr.HitRate, "%s hit rate %.3f, round_robin %.3f", r.Policy, r.HitRate, rr.HitRate)
 		assert.LessOrEqual(t, r.HitRate, rep.InfiniteCacheHitRate, "%s beats an infinite shared cache", r.Policy)
 	}
-	assert.Greater(t, llmd.HitRate, dyn.HitRate, "route-time records see queued prefixes")
-	assert.Greater(t, sgl.HitRate, dyn.HitRate, "route-time records see queued prefixes")
-	assert.Less(t, dyn.TTFT.P99, p2.TTFT.P99, "TTFT p99: dynamo %.2f s, power_of_two %.2f s", dyn.TTFT.P99, p2.TTFT.P99)
+	for _, gen := range []struct{ dynamo, recorders []string }{
+		{[]string{NameDynamo}, []string{NameLLMD, NameSMG}},
+		{[]string{NameDynamoLegacy}, []string{NameLLMDLegacy, NameSGLangLegacy}},
+	} {
+		dyn := get(rep, gen.dynamo[0])
+		for _, name := range gen.recorders {
+			assert.Greater(t, get(rep, name).HitRate, dyn.HitRate, "%s: route-time records see queued prefixes (%s)", name, dyn.Policy)
+		}
+		assert.Less(t, dyn.TTFT.P99, p2.TTFT.P99, "TTFT p99: %s %.2f s, power_of_two %.2f s", dyn.Policy, dyn.TTFT.P99, p2.TTFT.P99)
+	}
 
 	cfg.SystemPromptTokens = 2048
-	cfg.Policies = []string{NamePowerOfTwo, NameCacheAware, NameDynamo, NameLLMD, NameSGLangLegacy}
+	cfg.Policies = append([]string{NamePowerOfTwo, NameCacheAware}, PeerPolicyNames()...)
 	sp := replayLogged(t, cfg)
 	assert.Greater(t, sp.InfiniteCacheHitRate, rep.InfiniteCacheHitRate)
-	for _, name := range []string{NameDynamo, NameLLMD, NameSGLangLegacy} {
+	for _, name := range PeerPolicyNames() {
 		before, after := get(rep, name), get(sp, name)
 		assert.Greater(t, after.HitRate, before.HitRate, "%s: the shared prefix must raise the hit rate", name)
 	}

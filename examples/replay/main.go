@@ -27,9 +27,11 @@
 //	                 uses the policy under test, decode uses power_of_two
 //	-policies LIST   comma-separated policies (default
 //	                 round_robin,random,power_of_two,least_load,cache_aware; load_based is accepted
-//	                 for least_load). The peer baselines dynamo, llmd and sglang_legacy (NVIDIA
-//	                 Dynamo's default cost, llm-d's default scorer profile, SGLang's legacy
-//	                 cache_aware; see sim.Dynamo, sim.LLMD, sim.SGLangLegacy) run when listed,
+//	                 for least_load). The peer baselines dynamo, llmd and smg (the current
+//	                 defaults of NVIDIA Dynamo's cost, llm-d's router profile and the Shepherd
+//	                 Model Gateway's cache_aware; see sim.Dynamo, sim.LLMD, sim.SMG) and
+//	                 dynamo_legacy, llmd_legacy and sglang_legacy (their earlier rules; see
+//	                 sim.Dynamo, sim.LLMDLegacy, sim.SGLangLegacy) run when listed,
 //	                 and so do the affinity policies session_aware, sticky (over one in-memory
 //	                 affinity store per run) and sticky_rendezvous (stateless, load factor 1.25),
 //	                 keyed by the request's conversation chain (sim.Request.SessionKey; an Azure
