@@ -422,7 +422,7 @@ func (v *validator) cacheAware(p *PolicyConfig, path string) {
 		return
 	}
 	if p.MinMatchedTokens != nil && *p.MinMatchedTokens < 1 {
-		v.fail(f("min_matched_tokens"), ErrOutOfRange, "0: must be >= 1 (unset means %d)", policy.DefaultMinMatchedTokens)
+		v.fail(f("min_matched_tokens"), ErrOutOfRange, "0: must be >= 1 (unset means min(%d, a quarter of the prompt))", policy.DefaultMinMatchedTokens)
 		return
 	}
 	if r := p.MinMatchRatio; r != nil && !(*r > 0 && *r <= 1) {

@@ -197,11 +197,12 @@ func selectNextTurn(router *enginepick.Router, conversation []uint32) {
 	fmt.Println(" ", d.Selection.Plain.Engine.ID())
 }
 
-// A conversation of 592 tokens (37 blocks) is cached on engine b. With the default hit gate of
-// 1,024 matched tokens its next turn is a miss and goes by load (power-of-two over the group,
-// here sampling a and c); with MinMatchedTokens lowered to 256 it goes to b.
+// A conversation of 592 tokens (37 blocks) is cached on engine b. With the default hit gate,
+// min(1,024, ⌈595 ÷ 4⌉) = 149 matched tokens for its 595-token next turn, that turn goes to b; with
+// MinMatchedTokens set to 1,024 (the experimental router's gate) it is a miss and goes by load
+// (power-of-two over the group, here sampling a and c).
 func Example_cacheAwareMinMatchedTokens() {
-	for _, minMatched := range []uint64{0, 256} { // 0: the default, policy.DefaultMinMatchedTokens
+	for _, minMatched := range []uint64{0, 1024} { // 0: the default gate
 		fmt.Println("MinMatchedTokens", minMatched)
 		router, conversation, err := cacheAwareRouter(loadmon.NewTable(),
 			policy.CacheAwareOptions{MinMatchedTokens: minMatched}, 592)
@@ -213,11 +214,11 @@ func Example_cacheAwareMinMatchedTokens() {
 	}
 	// Output:
 	// MinMatchedTokens 0
-	//   no_cache_candidate cache_miss
-	//   http://a:30000
-	// MinMatchedTokens 256
 	//   cache_candidate cache_hit
 	//   http://b:30000
+	// MinMatchedTokens 1024
+	//   no_cache_candidate cache_miss
+	//   http://a:30000
 }
 
 // The queue gate is off by default: the engine holding the prefix wins however long its queue.

@@ -129,9 +129,10 @@ type CacheDecisionBorrower interface {
 type CacheAwareOptions struct {
 	// Source answers prefix lookups (local index or remote indexer). Required.
 	Source kvindex.Source
-	// MinMatchedTokens is the hit gate: an engine's matched prefix must reach this many tokens.
-	// 0 means DefaultMinMatchedTokens (1024), an absolute floor because indexer scans can be
-	// truncated (docs/design.md §9.1).
+	// MinMatchedTokens is the hit gate: an engine's matched prefix must reach this many tokens,
+	// an absolute floor because indexer scans can be truncated (docs/design.md §9.1). 0 means the
+	// default gate, min(DefaultMinMatchedTokens, ⌈input tokens ÷ 4⌉): 1,024 tokens, or a quarter
+	// of a prompt shorter than 4,096 tokens.
 	MinMatchedTokens uint64
 	// MinMatchRatio optionally also requires matched ÷ input tokens ≥ this ratio. 0 means unset;
 	// otherwise it must be in (0, 1].
@@ -232,6 +233,7 @@ type CacheAware struct {
 	// each scan of the group: tests only (export_test.go).
 	alwaysScan   bool
 	costScanHook func()
+	shortGate    bool   // MinMatchedTokens was unset: the gate is at most a quarter of the prompt
 	queueCap     uint64 // 0 = gate off
 	floor        uint64 // 0 = off
 	blind        atomic.Uint64
@@ -281,7 +283,8 @@ func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
 	if opts.Source == nil {
 		return nil, bad("Source", nil, "required")
 	}
-	if opts.MinMatchedTokens == 0 {
+	shortGate := opts.MinMatchedTokens == 0
+	if shortGate {
 		opts.MinMatchedTokens = DefaultMinMatchedTokens
 	}
 	if r := opts.MinMatchRatio; r != 0 && !(r > 0 && r <= 1) {
@@ -363,7 +366,7 @@ func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
 		placer, _ = opts.Source.(kvindex.Placer)
 	}
 	borrower, _ := opts.Observer.(CacheDecisionBorrower)
-	return &CacheAware{cfg: cfg, opts: opts, placer: placer, borrower: borrower, margin: margin, costMargin: costMargin, queueCap: queueCap, floor: floor, log: log}, nil
+	return &CacheAware{cfg: cfg, opts: opts, placer: placer, borrower: borrower, margin: margin, costMargin: costMargin, shortGate: shortGate, queueCap: queueCap, floor: floor, log: log}, nil
 }
 
 // SupportsStage implements StageSupporter: plain and prefill only.
@@ -862,6 +865,10 @@ func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return dst
 	}
+	gate := p.opts.MinMatchedTokens
+	if p.shortGate {
+		gate = min(gate, (req.InputTokens+3)/4)
+	}
 	n := len(engines)
 	limit := min(n, p.opts.CandidateMaxEngines, max(p.opts.CandidateMinEngines, int(math.Ceil(p.opts.CandidateRatio*float64(n)))))
 	all = all[:0]
@@ -876,7 +883,7 @@ func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 		}
 		blocks := min(m.Blocks, res.QueryBlocks)
 		matched := v.matched[idx]
-		if matched < p.opts.MinMatchedTokens {
+		if matched < gate {
 			continue
 		}
 		if p.opts.MinMatchRatio > 0 && float64(matched) < p.opts.MinMatchRatio*float64(req.InputTokens) {

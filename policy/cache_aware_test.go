@@ -206,6 +206,48 @@ func TestCacheAwareMatchedTokensAreTheTokensTheEngineServes(t *testing.T) {
 	}
 }
 
+// docs/design.md §9.1: unset, the hit gate is min(1,024, ⌈input tokens ÷ 4⌉) matched tokens, so a
+// short chat's prefix counts while a long prompt still needs 1,024.
+func TestCacheAwareDefaultHitGate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		n    int // prompt tokens
+		held int // blocks engine a holds
+		hit  bool
+	}{
+		{"321 tokens: gate 81, 80 matched", 20*blockTokens + 1, 5, false},
+		{"321 tokens: gate 81, 96 matched", 20*blockTokens + 1, 6, true},
+		{"320 tokens: gate 80, 80 matched", 20 * blockTokens, 5, true},
+		{"4,095 tokens: gate 1,024, 1,008 matched", 4095, 63, false},
+		{"4,095 tokens: gate 1,024, 1,024 matched", 4095, 64, true},
+		{"8,193 tokens: gate 1,024, 1,008 matched", 8193, 63, false},
+		{"8,193 tokens: gate 1,024, 1,024 matched", 8193, 64, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			tok := prompt(tc.n, 4)
+			c.hold(t, "a", tok, tc.held)
+			c.inflight.Acquire("a") // so that a miss falls back to b
+			c.rnd.vals = []int{1, 0}
+			p, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: c.source})
+			require.NoError(t, err)
+			pk, err := p.Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(tok))
+			require.NoError(t, err)
+			if tc.hit {
+				assert.Equal(t, state.EngineID("a"), pk.Engine.ID())
+				assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+				assert.Equal(t, uint64(tc.n-tc.held*blockTokens), pk.PrefillTokens)
+			} else {
+				assert.Equal(t, state.EngineID("b"), pk.Engine.ID())
+				assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+				assert.Equal(t, uint64(tc.n), pk.PrefillTokens)
+			}
+		})
+	}
+}
+
 // sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` remote_urls_are_exact_duplicate_depths_merge_and_block_counts_are_capped.
 func TestCacheAwareRemoteEngineIdentityIsExact(t *testing.T) {
 	t.Parallel()
