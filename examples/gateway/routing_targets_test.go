@@ -220,8 +220,12 @@ func runTargets(t *testing.T, targets []rtTarget) {
 //     engine whose cache never evicts.
 //
 // The policies run one after the other, on fresh engines, and the test runs alone (not parallel),
-// so that their latencies are comparable.
+// so that their latencies are comparable. Under the race detector the fleet is CPU-bound and the
+// latency targets are skipped; the others still hold.
 func TestRoutingTargets(t *testing.T) {
+	if testing.Short() && raceEnabled {
+		t.Skip("six fleet runs take 20 to 30 s under the race detector")
+	}
 	t.Run("shared system prompt", func(t *testing.T) {
 		convs := sharedPromptChats()
 		res := map[string]rtResult{}
@@ -233,15 +237,17 @@ func TestRoutingTargets(t *testing.T) {
 		ca, rr, p2 := res["cache_aware"], res["round_robin"], res["power_of_two"]
 		latency := func(q float64) func(t *testing.T) {
 			return func(t *testing.T) {
+				if raceEnabled {
+					t.Skip("the race detector makes the fleet CPU-bound: latencies measure the CPU, not the routing")
+				}
 				best := min(pct(rr.latencies, q), pct(p2.latencies, q))
 				assert.LessOrEqual(t, pct(ca.latencies, q), best*11/10, "cache_aware p%.0f against 1.1 × the better of the others", 100*q)
 			}
 		}
 		runTargets(t, []rtTarget{
 			{name: "p50", check: latency(0.5),
-				notMet: "every chat goes to the engine holding the system prompt: p50 109 ms against 48 ms (round_robin), 49 ms (power_of_two); requests per engine [0 0 0 64]"},
-			{name: "p99", check: latency(0.99),
-				notMet: "p99 depends on p50's cause (one engine takes every chat): 142 ms against 155 ms (round_robin) and 166 ms (power_of_two) in one run, above them in others"},
+				notMet: "every chat goes to the engine holding the system prompt (requests per engine [0 0 0 64]): p50 109-120 ms against 38-67 ms (round_robin) and 39-61 ms (power_of_two)"},
+			{name: "p99", check: latency(0.99)},
 			{name: "hit rate", check: func(t *testing.T) {
 				assert.GreaterOrEqual(t, ca.hitRate(), max(rr.hitRate(), p2.hitRate()), "cache_aware hit rate against the others'")
 			}},
@@ -275,6 +281,6 @@ func TestRoutingTargets(t *testing.T) {
 		t.Logf("best possible hit rate %.1f%%", 100*best)
 		runTargets(t, []rtTarget{{name: "hit rate", check: func(t *testing.T) {
 			assert.GreaterOrEqual(t, ca.hitRate(), 0.9*best, "cache_aware hit rate against 90%% of the best possible")
-		}, notMet: "hit rate 25-34% against the best possible 65.6% (90%: 59.0%): most prefixes are below the 1,024-token hit gate"}})
+		}, notMet: "hit rate 25-43% against the best possible 65.6% (90%: 59.0%): most prefixes are below the 1,024-token hit gate"}})
 	})
 }
