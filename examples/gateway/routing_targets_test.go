@@ -259,7 +259,7 @@ func TestRoutingTargets(t *testing.T) {
 				for i, n := range ca.perEngine {
 					assert.GreaterOrEqual(t, 2*rtEngines*n, total, "cache_aware: engine %d served %d of %d requests, under half the mean", i, n, total)
 				}
-			}, notMet: "requests per engine [0 0 0 64] (one engine, 64 of 64) in 9 of 10 runs, [6 58 0 0] in the other: every chat stays on the engine that first holds the system prompt, its 4 running slots full and the rest waiting"},
+			}, notMet: "requests per engine [0 0 0 64] (one engine, 64 of 64) in 12 of 13 runs, [6 58 0 0] in the other (under -race): every chat stays on the engine that first holds the system prompt, its 4 running slots full and the rest waiting"},
 		})
 	})
 	t.Run("short chats", func(t *testing.T) {
