@@ -281,6 +281,6 @@ func TestRoutingTargets(t *testing.T) {
 		t.Logf("best possible hit rate %.1f%%", 100*best)
 		runTargets(t, []rtTarget{{name: "hit rate", check: func(t *testing.T) {
 			assert.GreaterOrEqual(t, ca.hitRate(), 0.9*best, "cache_aware hit rate against 90%% of the best possible")
-		}, notMet: "hit rate 25-43% against the best possible 65.6% (90%: 59.0%): most prefixes are below the 1,024-token hit gate"}})
+		}}})
 	})
 }
