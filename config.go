@@ -109,9 +109,9 @@ type PDConfig struct {
 
 // GroupConfig is one engine group: its membership and, optionally, its policy.
 type GroupConfig struct {
-	// WorkerIDs is the membership. Absent (nil) means every healthy engine of the model and the
+	// EngineIDs is the membership. Absent (nil) means every healthy engine of the model and the
 	// group's stage; an empty list means none (docs/design.md §4).
-	WorkerIDs *[]string `json:"worker_ids,omitempty"`
+	EngineIDs *[]string `json:"engine_ids,omitempty"`
 	// Policy is the group's policy. Nil inherits the model's stage default, else its default
 	// policy, else power_of_two.
 	Policy *PolicyConfig `json:"policy,omitempty"`
@@ -121,8 +121,8 @@ type GroupConfig struct {
 // A parameter set for a type that does not use it is an error, never ignored (docs/design.md
 // §14.2). Pointer fields distinguish unset from an explicit zero.
 type PolicyConfig struct {
-	// Type is the policy name: round_robin, random, power_of_two, power_of_n, least_load (legacy
-	// spelling load_based), cache_aware, session_aware, sticky. Required.
+	// Type is the policy name: round_robin, random, power_of_two, power_of_n, least_load,
+	// cache_aware, session_aware, sticky. Required.
 	Type string `json:"type"`
 	// Admission is the per-engine caps the policy checks (docs/design.md §5). The zero value
 	// admits everything.
@@ -134,7 +134,7 @@ type PolicyConfig struct {
 
 	// The session_aware and sticky parameters (policy.SessionAwareOptions, policy.StickyOptions;
 	// docs/design.md §12). Fallback is sticky's policy for new, unbound and keyless routing keys:
-	// round_robin (the default), random, power_of_two or load_based (also least_load).
+	// round_robin (the default), random, power_of_two or least_load.
 	// Rendezvous selects sticky's stateless mode, with an optional LoadFactor bound (>= 1).
 	// FallbackOnUnavailable degrades a failing affinity store to the fallback's pick.
 	Fallback              string   `json:"fallback,omitempty"`
@@ -150,15 +150,15 @@ type PolicyConfig struct {
 	// policy's default.
 	MinMatchedTokens           *uint64  `json:"min_matched_tokens,omitempty"`
 	MinMatchRatio              *float64 `json:"min_match_ratio,omitempty"`
-	CandidateMinWorkers        *int     `json:"candidate_min_workers,omitempty"`
+	CandidateMinEngines        *int     `json:"candidate_min_engines,omitempty"`
 	CandidateRatio             *float64 `json:"candidate_ratio,omitempty"`
-	CandidateMaxWorkers        *int     `json:"candidate_max_workers,omitempty"`
+	CandidateMaxEngines        *int     `json:"candidate_max_engines,omitempty"`
 	SwitchMarginTokens         *uint64  `json:"switch_margin_tokens,omitempty"`
 	PressureGuard              *bool    `json:"pressure_guard,omitempty"`
 	PressureAbsThresholdTokens *uint64  `json:"pressure_abs_threshold_tokens,omitempty"`
 	PressureAbsThresholdMs     *uint64  `json:"pressure_abs_threshold_ms,omitempty"`
 	PressureRelThreshold       *float64 `json:"pressure_rel_threshold,omitempty"`
-	WorkerQueueLimit           *uint64  `json:"worker_queue_limit,omitempty"`
+	EngineQueueLimit           *uint64  `json:"engine_queue_limit,omitempty"`
 	SaturationQueueFloor       *uint64  `json:"saturation_queue_floor,omitempty"`
 	MinLoadChoices             *int     `json:"min_load_choices,omitempty"`
 	// RoutePlacements (default true) records each pick's prompt for its engine as approximate

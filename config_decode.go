@@ -365,6 +365,10 @@ var removedFields = map[string]string{
 	"fuse_weights":           `"fuse_weights" was removed with the fused_score policy: use policy type cache_aware instead`,
 	"stable_pair":            `"stable_pair" was removed: both engines of a PD pair always come from one bucket; use policy type session_aware on the prefill and decode groups instead`,
 	"prefix_cache_min_share": `"prefix_cache_min_share" was removed with filter prefix_cache, and cache_aware's gate is not equivalent to it: use policy type cache_aware with min_match_ratio instead`,
+	"worker_ids":             `"worker_ids" was renamed engine_ids: use engine_ids instead`,
+	"worker_queue_limit":     `"worker_queue_limit" was renamed engine_queue_limit: use engine_queue_limit instead`,
+	"candidate_min_workers":  `"candidate_min_workers" was renamed candidate_min_engines: use candidate_min_engines instead`,
+	"candidate_max_workers":  `"candidate_max_workers" was renamed candidate_max_engines: use candidate_max_engines instead`,
 }
 
 var (

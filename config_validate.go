@@ -19,15 +19,14 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Policy type names of the configuration (docs/design.md §14.2). TypeLoadBased is the legacy
-// spelling of TypeLeastLoad; TypePowerOfTwo is TypePowerOfN with choices 2.
+// Policy type names of the configuration (docs/design.md §14.2). TypePowerOfTwo is TypePowerOfN
+// with choices 2.
 const (
 	TypeRoundRobin   = policy.NameRoundRobin
 	TypeRandom       = policy.NameRandom
 	TypePowerOfTwo   = policy.NamePowerOfTwo
 	TypePowerOfN     = "power_of_n"
-	TypeLeastLoad    = "least_load"
-	TypeLoadBased    = policy.NameLoadBased
+	TypeLeastLoad    = policy.NameLeastLoad
 	TypeCacheAware   = policy.NameCacheAware
 	TypeSessionAware = policy.NameSessionAware
 	TypeSticky       = policy.NameSticky
@@ -41,19 +40,12 @@ var removedTypes = map[string]string{
 	"fused_score":          `policy type "fused_score" was removed: use cache_aware, which weighs prefix hits against load, instead`,
 	"score_policy":         `policy type "score_policy" was removed: use cache_aware, which weighs prefix hits against load, instead`,
 	"legacy_host_affinity": `policy type "legacy_host_affinity" was removed: use power_of_two on the decode group instead`,
-}
-
-// canonicalType returns the policy's canonical type name (load_based → least_load).
-func canonicalType(t string) string {
-	if t == TypeLoadBased {
-		return TypeLeastLoad
-	}
-	return t
+	"load_based":           `policy type "load_based" was renamed least_load: use least_load instead`,
 }
 
 // stageSupports reports whether a policy type can serve stage s (docs/design.md §4).
 func stageSupports(typ string, s state.Stage) bool {
-	return !(canonicalType(typ) == TypeCacheAware && s == state.StageDecode)
+	return !(typ == TypeCacheAware && s == state.StageDecode)
 }
 
 // Validate checks every rule of docs/design.md §14.4 that needs no engine registry and returns
@@ -232,10 +224,10 @@ func (v *validator) bucket(m *ModelConfig, b *BucketConfig, path string, seen ma
 		default:
 			v.group(m, g.PD.Prefill, join(gpath, "pd.prefill"), state.StagePrefill, mpath)
 			v.group(m, g.PD.Decode, join(gpath, "pd.decode"), state.StageDecode, mpath)
-			if v.err == nil && g.PD.Prefill.WorkerIDs != nil && g.PD.Decode.WorkerIDs != nil {
-				for k, id := range *g.PD.Decode.WorkerIDs {
-					if slices.Contains(*g.PD.Prefill.WorkerIDs, id) {
-						v.fail(fmt.Sprintf("%s.pd.decode.worker_ids[%d]", gpath, k), ErrWrongStage,
+			if v.err == nil && g.PD.Prefill.EngineIDs != nil && g.PD.Decode.EngineIDs != nil {
+				for k, id := range *g.PD.Decode.EngineIDs {
+					if slices.Contains(*g.PD.Prefill.EngineIDs, id) {
+						v.fail(fmt.Sprintf("%s.pd.decode.engine_ids[%d]", gpath, k), ErrWrongStage,
 							"engine %q is also a member of the prefill group: an engine has one stage", id)
 						return
 					}
@@ -247,10 +239,10 @@ func (v *validator) bucket(m *ModelConfig, b *BucketConfig, path string, seen ma
 
 // group checks one group's membership and its effective policy for stage s.
 func (v *validator) group(m *ModelConfig, g *GroupConfig, path string, s state.Stage, mpath string) {
-	if g.WorkerIDs != nil {
+	if g.EngineIDs != nil {
 		seen := map[string]bool{}
-		for k, id := range *g.WorkerIDs {
-			p := fmt.Sprintf("%s.worker_ids[%d]", path, k)
+		for k, id := range *g.EngineIDs {
+			p := fmt.Sprintf("%s.engine_ids[%d]", path, k)
 			if id == "" {
 				v.fail(p, ErrMissingField, "empty engine ID")
 				return
@@ -315,15 +307,15 @@ var paramsOf = []struct {
 	{"prefix_source", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PrefixSource != "" }},
 	{"min_matched_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinMatchedTokens != nil }},
 	{"min_match_ratio", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinMatchRatio != nil }},
-	{"candidate_min_workers", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CandidateMinWorkers != nil }},
+	{"candidate_min_engines", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CandidateMinEngines != nil }},
 	{"candidate_ratio", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CandidateRatio != nil }},
-	{"candidate_max_workers", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CandidateMaxWorkers != nil }},
+	{"candidate_max_engines", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CandidateMaxEngines != nil }},
 	{"switch_margin_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.SwitchMarginTokens != nil }},
 	{"pressure_guard", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureGuard != nil }},
 	{"pressure_abs_threshold_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureAbsThresholdTokens != nil }},
 	{"pressure_abs_threshold_ms", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureAbsThresholdMs != nil }},
 	{"pressure_rel_threshold", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureRelThreshold != nil }},
-	{"worker_queue_limit", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.WorkerQueueLimit != nil }},
+	{"engine_queue_limit", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.EngineQueueLimit != nil }},
 	{"saturation_queue_floor", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.SaturationQueueFloor != nil }},
 	{"min_load_choices", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinLoadChoices != nil }},
 	{"route_placements", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.RoutePlacements != nil }},
@@ -343,9 +335,9 @@ func (v *validator) policy(p *PolicyConfig, path string) {
 		v.err = &ConfigError{Path: tpath, Line: v.lineOf(tpath), Err: &causeError{sentinel: ErrRemovedOption, msg: msg}}
 		return
 	}
-	typ := canonicalType(p.Type)
+	typ := p.Type
 	if !slices.Contains(policyTypes, typ) {
-		v.fail(tpath, ErrBadValue, "unknown policy type %q: want one of %s (load_based is least_load)", p.Type, strings.Join(policyTypes, ", "))
+		v.fail(tpath, ErrBadValue, "unknown policy type %q: want one of %s", p.Type, strings.Join(policyTypes, ", "))
 		return
 	}
 	for _, prm := range paramsOf {
@@ -367,9 +359,14 @@ func (v *validator) policy(p *PolicyConfig, path string) {
 		v.cacheAware(p, path)
 	case TypeSticky:
 		switch p.Fallback {
-		case "", TypeRoundRobin, TypeRandom, TypePowerOfTwo, TypeLoadBased, TypeLeastLoad:
+		case "", TypeRoundRobin, TypeRandom, TypePowerOfTwo, TypeLeastLoad:
+		case "load_based":
+			fp := join(path, "fallback")
+			v.err = &ConfigError{Path: fp, Line: v.lineOf(fp), Err: &causeError{sentinel: ErrRemovedOption,
+				msg: `fallback "load_based" was renamed least_load: use least_load instead`}}
+			return
 		default:
-			v.fail(join(path, "fallback"), ErrBadValue, "%q: want round_robin, random, power_of_two or load_based", p.Fallback)
+			v.fail(join(path, "fallback"), ErrBadValue, "%q: want round_robin, random, power_of_two or least_load", p.Fallback)
 			return
 		}
 		rendezvous := p.Rendezvous != nil && *p.Rendezvous
@@ -430,21 +427,21 @@ func (v *validator) cacheAware(p *PolicyConfig, path string) {
 		return
 	}
 	minW, maxW := policy.DefaultCandidateMinEngines, policy.DefaultCandidateMaxEngines
-	if p.CandidateMinWorkers != nil {
-		if minW = *p.CandidateMinWorkers; minW < 1 {
-			v.fail(f("candidate_min_workers"), ErrOutOfRange, "%d: must be >= 1", minW)
+	if p.CandidateMinEngines != nil {
+		if minW = *p.CandidateMinEngines; minW < 1 {
+			v.fail(f("candidate_min_engines"), ErrOutOfRange, "%d: must be >= 1", minW)
 			return
 		}
 	}
-	if p.CandidateMaxWorkers != nil {
-		maxW = *p.CandidateMaxWorkers
+	if p.CandidateMaxEngines != nil {
+		maxW = *p.CandidateMaxEngines
 	}
 	if maxW < minW {
-		name, other := "candidate_max_workers", "candidate_min_workers"
-		if p.CandidateMaxWorkers == nil {
+		name, other := "candidate_max_engines", "candidate_min_engines"
+		if p.CandidateMaxEngines == nil {
 			name, other = other, name
 		}
-		v.fail(f(name), ErrOutOfRange, "candidate_max_workers %d is below candidate_min_workers %d (unset %s is its default)", maxW, minW, other)
+		v.fail(f(name), ErrOutOfRange, "candidate_max_engines %d is below candidate_min_engines %d (unset %s is its default)", maxW, minW, other)
 		return
 	}
 	if r := p.CandidateRatio; r != nil && !(*r > 0 && *r <= 1) {
@@ -477,17 +474,17 @@ func (v *validator) cacheAware(p *PolicyConfig, path string) {
 		v.fail(f("pressure_rel_threshold"), ErrOutOfRange, "%v: must be > 1", *r)
 		return
 	}
-	if p.WorkerQueueLimit != nil && *p.WorkerQueueLimit < 1 {
-		v.fail(f("worker_queue_limit"), ErrOutOfRange, "0: must be >= 1 (unset turns the queue gate off)")
+	if p.EngineQueueLimit != nil && *p.EngineQueueLimit < 1 {
+		v.fail(f("engine_queue_limit"), ErrOutOfRange, "0: must be >= 1 (unset turns the queue gate off)")
 		return
 	}
 	if fl := p.SaturationQueueFloor; fl != nil {
-		if p.WorkerQueueLimit == nil {
-			v.fail(f("saturation_queue_floor"), ErrConflict, "saturation_queue_floor needs worker_queue_limit")
+		if p.EngineQueueLimit == nil {
+			v.fail(f("saturation_queue_floor"), ErrConflict, "saturation_queue_floor needs engine_queue_limit")
 			return
 		}
-		if *fl < 1 || *fl > *p.WorkerQueueLimit {
-			v.fail(f("saturation_queue_floor"), ErrOutOfRange, "%d: must be in [1, worker_queue_limit %d]", *fl, *p.WorkerQueueLimit)
+		if *fl < 1 || *fl > *p.EngineQueueLimit {
+			v.fail(f("saturation_queue_floor"), ErrOutOfRange, "%d: must be in [1, engine_queue_limit %d]", *fl, *p.EngineQueueLimit)
 			return
 		}
 	}
@@ -838,15 +835,15 @@ func (v *validator) checkMembers(c *Config, lookup func(model, id string) (strin
 		m := &c.Models[i]
 		for j := range m.Buckets {
 			for _, g := range groupsOf(&m.Buckets[j], fmt.Sprintf("models[%d].buckets[%d].groups", i, j)) {
-				if g.g.WorkerIDs == nil {
+				if g.g.EngineIDs == nil {
 					continue
 				}
-				for k, id := range *g.g.WorkerIDs {
+				for k, id := range *g.g.EngineIDs {
 					model, stage, ok := lookup(m.ID, id)
 					if !ok {
 						continue
 					}
-					p := fmt.Sprintf("%s.worker_ids[%d]", g.path, k)
+					p := fmt.Sprintf("%s.engine_ids[%d]", g.path, k)
 					if model != m.ID {
 						v.fail(p, ErrWrongStage, "engine %q serves model %q, not %q", id, model, m.ID)
 						return

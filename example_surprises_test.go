@@ -116,7 +116,7 @@ func Example_fallbackBucket() {
 	route(true)
 	// Output:
 	// 503 after http://b:30000 max_waiting_requests
-	// least-load http://c:30000 load_based
+	// least-load http://c:30000 least_load
 }
 
 // printDecisions is a policy.CacheObserver that prints each decision label.
@@ -222,7 +222,7 @@ func Example_cacheAwareMinMatchedTokens() {
 }
 
 // The queue gate is off by default: the engine holding the prefix wins however long its queue.
-// With WorkerQueueLimit set, a holder whose fresh report shows at least that many waiting requests
+// With EngineQueueLimit set, a holder whose fresh report shows at least that many waiting requests
 // is passed over for an unqueued engine (decision cache_worker_queued; a and c tie, and the scripted
 // random source breaks the tie to c); a holder without a fresh report passes the gate while this
 // router has fewer requests in flight to it than the limit (unknown is not "queued", nor idle).
@@ -244,7 +244,7 @@ func Example_cacheAwareQueueGate() {
 				return
 			}
 		}
-		router, conversation, err := cacheAwareRouter(load, policy.CacheAwareOptions{WorkerQueueLimit: c.limit}, 2048)
+		router, conversation, err := cacheAwareRouter(load, policy.CacheAwareOptions{EngineQueueLimit: c.limit}, 2048)
 		if err != nil {
 			fmt.Println(err)
 			return

@@ -66,7 +66,7 @@ func Example_cacheAware() {
 	index, _ := kvindex.NewIndex(hasher, kvindex.Options{})
 	source, _ := kvindex.NewLocalSource(index)
 	cache, _ := policy.NewCacheAware(policy.Config{Load: load, InFlight: inflight},
-		policy.CacheAwareOptions{Source: source, WorkerQueueLimit: admission.Cap(8)})
+		policy.CacheAwareOptions{Source: source, EngineQueueLimit: admission.Cap(8)})
 	group, _ := bucket.NewEngineGroup(cache, nil)
 	all, _ := bucket.NewPlainBucket(bucket.Spec{ID: "all"}, group)
 	resolver, _ := bucket.NewResolver([]*bucket.Bucket{all}, bucket.ResolverOptions{})

@@ -211,7 +211,7 @@ func TestInFlightCapHoldsUnderConcurrency(t *testing.T) {
 			return policy.NewSessionAware(cfg, policy.SessionAwareOptions{Store: store})
 		}, plain2, plainCap, false},
 		{"sticky", func(cfg policy.Config, _ kvindex.Source, store affinity.Store) (policy.Policy, error) {
-			return policy.NewSticky(cfg, policy.StickyOptions{Store: store, Fallback: policy.NameLoadBased})
+			return policy.NewSticky(cfg, policy.StickyOptions{Store: store, Fallback: policy.NameLeastLoad})
 		}, plain2, plainCap, false},
 		// PD: one leg's cap is the tighter; when the decode leg loses the race, the pair gives its
 		// prefill leg back.

@@ -278,7 +278,7 @@ func (b *builder) shared() error {
 	}
 	needLocal, needRemote, needStore := "", "", ""
 	b.eachGroup(func(gp groupPath) {
-		switch canonicalType(gp.policy.Type) {
+		switch gp.policy.Type {
 		case TypeSessionAware:
 			needStore = cmpOr(needStore, gp.policyPath+".type")
 			return
@@ -476,7 +476,7 @@ func (b *builder) resolvers() error {
 
 func (b *builder) policyName(m *ModelConfig, g *GroupConfig, s state.Stage) string {
 	p, _ := effectivePolicy(m, g, s, "")
-	return canonicalType(p.Type)
+	return p.Type
 }
 
 // limits returns the policy's admission caps with the legacy in-flight cap folded in.
@@ -495,7 +495,7 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 		p   policy.Policy
 		err error
 	)
-	typ := canonicalType(gp.policy.Type)
+	typ := gp.policy.Type
 	switch typ {
 	case TypeRoundRobin:
 		p, err = policy.NewRoundRobin(pc)
@@ -519,9 +519,6 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 	case TypeSticky:
 		o := policy.StickyOptions{Fallback: gp.policy.Fallback, Rendezvous: deref(gp.policy.Rendezvous),
 			LoadFactor: deref(gp.policy.LoadFactor), FallbackOnUnavailable: deref(gp.policy.FallbackOnUnavailable)}
-		if o.Fallback == TypeLeastLoad {
-			o.Fallback = policy.NameLoadBased
-		}
 		if !o.Rendezvous {
 			o.Store = b.store
 		}
@@ -542,7 +539,7 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 			b.degraded.reportedCaps = append(b.degraded.reportedCaps, state.ModelID(gp.model.ID))
 		}
 	}
-	if typ == TypeCacheAware && gp.policy.WorkerQueueLimit != nil {
+	if typ == TypeCacheAware && gp.policy.EngineQueueLimit != nil {
 		b.degraded.reportedCaps = append(b.degraded.reportedCaps, state.ModelID(gp.model.ID))
 	}
 	if b.s.obs != nil {
@@ -551,9 +548,9 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 		}
 	}
 	var members []state.EngineID
-	if gp.group.WorkerIDs != nil {
-		members = make([]state.EngineID, 0, len(*gp.group.WorkerIDs))
-		for _, id := range *gp.group.WorkerIDs {
+	if gp.group.EngineIDs != nil {
+		members = make([]state.EngineID, 0, len(*gp.group.EngineIDs))
+		for _, id := range *gp.group.EngineIDs {
 			members = append(members, state.EngineID(id))
 		}
 	}
@@ -569,11 +566,11 @@ func (b *builder) cacheOptions(p *PolicyConfig) policy.CacheAwareOptions {
 	o := policy.CacheAwareOptions{
 		MinMatchRatio:              deref(p.MinMatchRatio),
 		CandidateRatio:             deref(p.CandidateRatio),
-		CandidateMinEngines:        deref(p.CandidateMinWorkers),
-		CandidateMaxEngines:        deref(p.CandidateMaxWorkers),
+		CandidateMinEngines:        deref(p.CandidateMinEngines),
+		CandidateMaxEngines:        deref(p.CandidateMaxEngines),
 		SwitchMarginTokens:         p.SwitchMarginTokens,
 		DisablePressureGuard:       p.PressureGuard != nil && !*p.PressureGuard,
-		WorkerQueueLimit:           p.WorkerQueueLimit,
+		EngineQueueLimit:           p.EngineQueueLimit,
 		SaturationQueueFloor:       p.SaturationQueueFloor,
 		MinLoadChoices:             deref(p.MinLoadChoices),
 		DisableRoutePlacements:     p.RoutePlacements != nil && !*p.RoutePlacements,
@@ -764,8 +761,8 @@ func (b *builder) summary(r *Router) {
 			var gs []string
 			for _, g := range groupsOf(bc, "") {
 				members := "all"
-				if g.g.WorkerIDs != nil {
-					members = fmt.Sprintf("%d engines", len(*g.g.WorkerIDs))
+				if g.g.EngineIDs != nil {
+					members = fmt.Sprintf("%d engines", len(*g.g.EngineIDs))
 				}
 				gs = append(gs, fmt.Sprintf("%s=%s(%s)", g.stage, b.policyName(m, g.g, g.stage), members))
 			}

@@ -137,12 +137,12 @@ models:
         groups:
           pd:
             prefill:
-              worker_ids: [P1, P2]
+              engine_ids: [P1, P2]
               policy:
                 type: cache_aware
                 admission: {max_running_requests: 64, max_kv_tokens: 1048576}
             decode:
-              worker_ids: [D1, D2]
+              engine_ids: [D1, D2]
               policy:
                 type: power_of_two
                 admission: {max_running_requests: 64, max_kv_tokens: 1048576}
@@ -153,10 +153,10 @@ models:
         groups:
           pd:
             prefill:
-              worker_ids: [P3, P4]
+              engine_ids: [P3, P4]
               policy: {type: cache_aware}
             decode:
-              worker_ids: [D3, D4]
+              engine_ids: [D3, D4]
               policy: {type: power_of_two}
 `
 
@@ -205,7 +205,7 @@ models:
   - id: m
     default_policy: {type: random}
     stage_policies:
-      decode: {type: load_based}
+      decode: {type: least_load}
     buckets:
       - id: own
         limits: {max: 100}
@@ -220,7 +220,7 @@ models:
 	r := mustNew(t, cfg, nil, enginepick.WithObserver(rec))
 	assert.Equal(t, enginepick.TypeRoundRobin, rec.policyOf("m", "own", state.StagePlain), "explicit group policy")
 	assert.Equal(t, enginepick.TypeRandom, rec.policyOf("m", "inherits", state.StagePrefill), "model default")
-	assert.Equal(t, enginepick.TypeLeastLoad, rec.policyOf("m", "inherits", state.StageDecode), "stage default over model default; load_based is least_load")
+	assert.Equal(t, enginepick.TypeLeastLoad, rec.policyOf("m", "inherits", state.StageDecode), "stage default over model default")
 	assert.Equal(t, enginepick.TypePowerOfTwo, rec.policyOf("bare", "b", state.StagePlain), "built-in default")
 
 	for _, tc := range []struct {
@@ -257,7 +257,7 @@ func TestNewLegacyInFlightFilter(t *testing.T) {
 		capped bool
 	}{
 		{"legacy filter", "{type: round_robin, filter: overloaded, max_in_flight: 1}", true},
-		{"legacy filter as a list", "{type: load_based, filter: [overloaded], max_in_flight: 1}", true},
+		{"legacy filter as a list", "{type: least_load, filter: [overloaded], max_in_flight: 1}", true},
 		{"admission cap", "{type: round_robin, admission: {max_inflight_requests: 1}}", true},
 		{"no cap", "{type: round_robin}", false},
 	} {
@@ -304,10 +304,10 @@ func TestNewRejectsMembersOfAnotherRole(t *testing.T) {
 	for _, tc := range []struct {
 		name, prefill, path, msg string
 	}{
-		{"decode engine as prefill member", "[p1, d1]", "models[0].buckets[0].groups.pd.prefill.worker_ids[1]",
-			`config: line 4: models[0].buckets[0].groups.pd.prefill.worker_ids[1]: engine "d1" is a decode engine, not prefill`},
-		{"engine of another model", "[o1]", "models[0].buckets[0].groups.pd.prefill.worker_ids[0]",
-			`config: line 4: models[0].buckets[0].groups.pd.prefill.worker_ids[0]: engine "o1" serves model "other", not "m"`},
+		{"decode engine as prefill member", "[p1, d1]", "models[0].buckets[0].groups.pd.prefill.engine_ids[1]",
+			`config: line 4: models[0].buckets[0].groups.pd.prefill.engine_ids[1]: engine "d1" is a decode engine, not prefill`},
+		{"engine of another model", "[o1]", "models[0].buckets[0].groups.pd.prefill.engine_ids[0]",
+			`config: line 4: models[0].buckets[0].groups.pd.prefill.engine_ids[0]: engine "o1" serves model "other", not "m"`},
 		{"unknown engine is allowed", "[p1, p9]", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -315,7 +315,7 @@ func TestNewRejectsMembersOfAnotherRole(t *testing.T) {
 			cfg := mustParse(t, `
 models:
   - id: m
-    buckets: [{id: a, groups: {pd: {prefill: {worker_ids: `+tc.prefill+`}, decode: {}}}}]
+    buckets: [{id: a, groups: {pd: {prefill: {engine_ids: `+tc.prefill+`}, decode: {}}}}]
   - id: other
     buckets: [{id: a, groups: {plain: {}}}]
 `)
@@ -456,7 +456,7 @@ models:
   - id: m
     buckets:
       - {id: short, limits: {max: 100}, groups: {plain: {policy: {type: least_load}}}}
-      - {id: long, limits: {min: 101}, groups: {plain: {worker_ids: [e1, e2], policy: {type: power_of_two}}}}
+      - {id: long, limits: {min: 101}, groups: {plain: {engine_ids: [e1, e2], policy: {type: power_of_two}}}}
       - {id: sessions, limits: {min: 101}, rank: 1, groups: {plain: {policy: {type: session_aware}}}}
 `, srv.URL))
 	r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(5*time.Millisecond))
@@ -641,7 +641,7 @@ engines:
   - {id: e2, model: m}
 models:
   - id: m
-    buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, worker_queue_limit: 4}}}}]
+    buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, engine_queue_limit: 4}}}}]
 `, srv.URL))
 	r := mustNew(t, cfg, nil, enginepick.WithLogger(zap.New(core)), enginepick.WithWarnInterval(time.Hour))
 	require.NoError(t, r.Index().MarkUntrusted("e2", 0))
@@ -785,7 +785,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware
 }
 
 // TestInertQueueGateWarnsThroughTheRouterLogger checks the cache-aware policy's own degraded-state
-// warning (docs/design.md §9.3, §15.4) as New wires it: with worker_queue_limit set and no engine
+// warning (docs/design.md §9.3, §15.4) as New wires it: with engine_queue_limit set and no engine
 // reporting load, the gate is inert; the warning reaches the Router's logger, rate-limited to one
 // per warn interval however many picks meet the condition (the policy alone samples 1 in 64).
 func TestInertQueueGateWarnsThroughTheRouterLogger(t *testing.T) {
@@ -793,7 +793,7 @@ func TestInertQueueGateWarnsThroughTheRouterLogger(t *testing.T) {
 	core, logs := observer.New(zapcore.WarnLevel)
 	cfg := mustParse(t, `
 engines: [{id: e1, model: m}, {id: e2, model: m}]
-models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, worker_queue_limit: 4}}}}]}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, engine_queue_limit: 4}}}}]}]
 `)
 	r := mustNew(t, cfg, nil, enginepick.WithLogger(zap.New(core)), enginepick.WithWarnInterval(time.Hour))
 	inert := func() []observer.LoggedEntry {
@@ -808,7 +808,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 	}
 	got := inert()
 	require.Len(t, got, 1, "one warning per interval, not one per pick")
-	assert.Equal(t, map[string]any{"model": "m", "bucket": "a", "worker_queue_limit": uint64(4), "engines": int64(2)}, got[0].ContextMap())
+	assert.Equal(t, map[string]any{"model": "m", "bucket": "a", "engine_queue_limit": uint64(4), "engines": int64(2)}, got[0].ContextMap())
 }
 
 // TestNewCapsMemoryBindings checks that affinity.max_bindings reaches the in-memory store New

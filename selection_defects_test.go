@@ -167,11 +167,11 @@ func TestDefectCandidateCutOrdersEqualHoldersByPressure(t *testing.T) {
 }
 
 // Defect b: an engine without a fresh report was the whole unqueued tier. a never reports, b reports
-// 1 waiting, WorkerQueueLimit 1: 50 cold selections held open went a=50. Unknown load passes the
+// 1 waiting, EngineQueueLimit 1: 50 cold selections held open went a=50. Unknown load passes the
 // gate only while the engine's router-local in-flight count is below the limit.
 func TestDefectUnknownLoadIsNotAnIdleTier(t *testing.T) {
 	t.Parallel()
-	r := newPlainRouter(t, []state.EngineID{"a", "b"}, cacheAwareWith(policy.CacheAwareOptions{WorkerQueueLimit: admission.Cap(1)}))
+	r := newPlainRouter(t, []state.EngineID{"a", "b"}, cacheAwareWith(policy.CacheAwareOptions{EngineQueueLimit: admission.Cap(1)}))
 	require.NoError(t, r.load.Report(loadmon.Report{Engine: "b", WaitingRequests: 1}))
 	got := r.selectHeld(t, 50, func(i int) []uint32 { return tokens(512, uint32(100+i)) })
 	assert.LessOrEqual(t, got["a"], 30, "picks %v", got)

@@ -211,7 +211,7 @@ func newStress(t *testing.T) *stress {
 	}
 	cacheOpts := func(floor *uint64) policy.CacheAwareOptions {
 		return policy.CacheAwareOptions{Source: src, MinMatchedTokens: stressBlockTokens,
-			WorkerQueueLimit: admission.Cap(6), SaturationQueueFloor: floor}
+			EngineQueueLimit: admission.Cap(6), SaturationQueueFloor: floor}
 	}
 	s.specs = map[string]bucket.Spec{
 		"short": {ID: "short", MaxInputTokens: 256},

@@ -71,7 +71,7 @@ type Limits struct {
 	// MaxRunningRequests caps the reported running requests.
 	MaxRunningRequests *uint64 `json:"max_running_requests,omitempty" yaml:"max_running_requests,omitempty"`
 	// MaxWaitingRequests caps the reported waiting requests. This is a hard rejection, unlike the
-	// cache policy's soft worker_queue_limit.
+	// cache policy's soft engine_queue_limit.
 	MaxWaitingRequests *uint64 `json:"max_waiting_requests,omitempty" yaml:"max_waiting_requests,omitempty"`
 	// MaxKVTokens caps the reported KV tokens in use.
 	MaxKVTokens *uint64 `json:"max_kv_tokens,omitempty" yaml:"max_kv_tokens,omitempty"`

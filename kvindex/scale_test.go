@@ -623,7 +623,7 @@ func newScalePicker(tb testing.TB, w *scaleWorkload, x *kvindex.Index, place boo
 	limit := uint64(8)
 	sp.p, err = policy.NewCacheAware(policy.Config{Load: load, InFlight: loadmon.NewInFlight(nil),
 		Admission: admission.Limits{MaxRunningRequests: admission.Cap(256), MaxInFlightRequests: admission.Cap(256)}},
-		policy.CacheAwareOptions{Source: src, WorkerQueueLimit: &limit, DisableRoutePlacements: !place})
+		policy.CacheAwareOptions{Source: src, EngineQueueLimit: &limit, DisableRoutePlacements: !place})
 	require.NoError(tb, err)
 	sp.req = policy.Request{Model: "m", Stage: state.StagePrefill, BucketID: "b"}
 	return sp

@@ -87,7 +87,7 @@ models:
       - id: chat
         groups:
           plain:
-            policy: {type: cache_aware, min_matched_tokens: 4, worker_queue_limit: 2, route_placements: false, cost_comparison: false, admission: {max_running_requests: 8}}
+            policy: {type: cache_aware, min_matched_tokens: 4, engine_queue_limit: 2, route_placements: false, cost_comparison: false, admission: {max_running_requests: 8}}
   - id: pd
     buckets:
       - id: all

@@ -83,7 +83,7 @@ func BenchmarkCacheAwarePick8192(b *testing.B) {
 	cfg := c.cfg()
 	cfg.Admission = admission.Limits{MaxRunningRequests: admission.Cap(256), MaxInFlightRequests: admission.Cap(256)}
 	var seen countDecisions
-	p, _ := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, WorkerQueueLimit: u64(8), Observer: &seen})
+	p, _ := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, EngineQueueLimit: u64(8), Observer: &seen})
 	p2, _ := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, Observer: &seen})
 	// The same policy over the bare LocalSource, which implements kvindex.Placer: route-time
 	// placements on, as in production (the counting wrapper above hides the Placer).
@@ -215,7 +215,7 @@ func BenchmarkCacheAwareQueueGate(b *testing.B) {
 			}
 			src := fixedSource{kvindex.Result{Outcome: kvindex.OutcomeHit, QueryBlocks: 512, BlockTokens: blockTokens,
 				Engines: []kvindex.EngineMatch{{Engine: group[n/2].ID(), Blocks: 400}}}}
-			gated, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: src, WorkerQueueLimit: u64(8)})
+			gated, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: src, EngineQueueLimit: u64(8)})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -158,13 +158,13 @@ type CacheAwareOptions struct {
 	// PressureAbsThreshold, when > 0, compares estimated prefill queue times instead when both
 	// engines have one: A − B > abs AND A > B × rel. 0 means unset; negative is invalid.
 	PressureAbsThreshold time.Duration
-	// WorkerQueueLimit is the soft queue gate: a prefix holder whose fresh waiting-request count,
+	// EngineQueueLimit is the soft queue gate: a prefix holder whose fresh waiting-request count,
 	// with the dispatches since the report, is ≥ the limit is diverted (unknown passes while its
 	// in-flight count is below the limit: the gate fails open). Nil disables the gate; 0 is
 	// invalid (docs/design.md §9.3).
-	WorkerQueueLimit *uint64
+	EngineQueueLimit *uint64
 	// SaturationQueueFloor pins a gate-rejected holder when no group engine has a fresh queue
-	// strictly below the floor (unknown is not idle). Nil disables; requires WorkerQueueLimit and
+	// strictly below the floor (unknown is not idle). Nil disables; requires EngineQueueLimit and
 	// must be in [1, limit].
 	SaturationQueueFloor *uint64
 	// DisableRoutePlacements turns route-time placements off (docs/design.md §9.10). By default,
@@ -206,7 +206,7 @@ type CacheAwareOptions struct {
 //  2. Keep group engines whose matched tokens pass the hit gate; rank by uncached tokens, then ID;
 //     keep the first limit (candidate bounds) — before any admission.
 //  3. Soft queue gate: holders with a fresh waiting count (with the dispatches since the report)
-//     ≥ WorkerQueueLimit are set aside. If that empties the set and every group engine has a fresh
+//     ≥ EngineQueueLimit are set aside. If that empties the set and every group engine has a fresh
 //     sample at or over the limit (and no saturation floor is set), they are re-admitted.
 //  4. Hard admission on every remaining holder, once each.
 //  5. Winner: the least uncached admitted holder; a holder within SwitchMarginTokens of it replaces
@@ -325,16 +325,16 @@ func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
 		return nil, bad("PressureAbsThreshold", opts.PressureAbsThreshold, "must be >= 0")
 	}
 	var queueCap, floor uint64
-	if opts.WorkerQueueLimit != nil {
-		if *opts.WorkerQueueLimit == 0 {
-			return nil, bad("WorkerQueueLimit", 0, "must be >= 1")
+	if opts.EngineQueueLimit != nil {
+		if *opts.EngineQueueLimit == 0 {
+			return nil, bad("EngineQueueLimit", 0, "must be >= 1")
 		}
-		queueCap = *opts.WorkerQueueLimit
+		queueCap = *opts.EngineQueueLimit
 	}
 	if opts.SaturationQueueFloor != nil {
 		f := *opts.SaturationQueueFloor
 		if queueCap == 0 {
-			return nil, bad("SaturationQueueFloor", f, "requires WorkerQueueLimit")
+			return nil, bad("SaturationQueueFloor", f, "requires EngineQueueLimit")
 		}
 		if f == 0 || f > queueCap {
 			return nil, bad("SaturationQueueFloor", f, fmt.Sprintf("must be in [1, %d]", queueCap))
@@ -460,7 +460,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		if !anyFresh && p.blind.Add(1)%inertWarnSample == 1 {
 			if ce := p.log.Check(zap.WarnLevel, "worker queue limit is set but no engine of the group has a fresh load sample, so the queue gate is inert; check that engines publish load reports"); ce != nil {
 				ce.Write(zap.String("model", string(req.Model)), zap.String("bucket", req.BucketID),
-					zap.Uint64("worker_queue_limit", p.queueCap), zap.Int("engines", len(engines)))
+					zap.Uint64("engine_queue_limit", p.queueCap), zap.Int("engines", len(engines)))
 			}
 		}
 	}
@@ -1029,7 +1029,7 @@ func (p *CacheAware) materiallyMorePressured(a, b *loadmon.Observation, req *Req
 }
 
 // queued reports whether the soft queue gate sets the engine aside: its fresh waiting count, with
-// the dispatches since the report, is at or over WorkerQueueLimit, or, without a fresh report, its
+// the dispatches since the report, is at or over EngineQueueLimit, or, without a fresh report, its
 // router-local in-flight count is. Unknown load fails open only while this router has fewer
 // requests in flight there than the limit: it is never taken for idle (docs/design.md §9.3). The
 // waiting count is the named rank's own when the engine has several (docs/design.md §6).

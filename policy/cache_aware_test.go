@@ -375,7 +375,7 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	}
 
 	c := setup(4, 0)
-	pk, err := c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	pk, err := c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "the owner at the limit (4 of 4) is queued: diverted to the idle peer")
 	assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
@@ -386,41 +386,41 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	assert.Zero(t, d.Evaluated)
 
 	c = setup(3, 0)
-	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "one below the limit passes the gate")
 	assert.Equal(t, policy.DecisionCacheHit, c.dec.last().Decision)
 
 	c = setup(3, 0)
 	c.inflight.AcquirePrefill("owner", 100) // dispatched after the report: a fourth waiting request
-	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "3 reported + 1 dispatched since reach the limit")
 
 	c = setup(3, 0)
 	require.NoError(t, c.load.Report(loadmon.Report{Engine: "owner", WaitingRequests: 4})) // no native data
-	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "a basic report's waiting requests gate as a native one's")
 
 	c = setup(5, 4)
-	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4), SaturationQueueFloor: u64(4)}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4), SaturationQueueFloor: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "the cold peer queues too: pinned to the owner")
 	assert.Equal(t, policy.ReasonSaturationPin, pk.Reason)
 
 	c = setup(5, 3)
-	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4), SaturationQueueFloor: u64(2)}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4), SaturationQueueFloor: u64(2)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "floor 2, cold at 3: nothing provably idle, owner pinned")
 	assert.Equal(t, policy.ReasonSaturationPin, pk.Reason)
 
 	c = setup(5, 1)
-	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4), SaturationQueueFloor: u64(2)}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4), SaturationQueueFloor: u64(2)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "a provably idle group engine (1 < floor 2) vetoes the pin")
 
 	c = setup(5, 4)
 	c.load.Forget("cold") // unknown queue is not idle
-	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4), SaturationQueueFloor: u64(4)}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4), SaturationQueueFloor: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, policy.ReasonSaturationPin, pk.Reason, "an unknown queue is not idle")
 
 	c = setup(4, 9)
-	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "the whole group queues and no floor: the prefix is kept")
 	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
 	assert.True(t, c.dec.last().FleetAllQueued)
@@ -428,7 +428,7 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	c = setup(4, 9)
 	c.load.Forget("cold")
 	c.rnd.vals = []int{0, 1}
-	pk, _ = c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "fleet saturation needs a fresh sample everywhere: no re-admission")
 }
 
@@ -461,7 +461,7 @@ func TestCacheAwareHardRejectionNeverBecomesColdFallbackOrSaturationBypass(t *te
 
 	// The saturation pin cannot bypass admission either.
 	p, _ = policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens,
-		WorkerQueueLimit: u64(1), SaturationQueueFloor: u64(1)})
+		EngineQueueLimit: u64(1), SaturationQueueFloor: u64(1)})
 	c.native("cold", loadmon.Report{WaitingRequests: 1})
 	_, err = p.Pick(ctx, group, creq(tok))
 	require.ErrorAs(t, err, &none, "the pinned owner is rejected: no fallback")
@@ -581,10 +581,10 @@ func TestCacheAwareRejectsDecodeAndInvalidConfiguration(t *testing.T) {
 		"rel threshold NaN":        {Source: c.source, PressureRelThreshold: math.NaN()},
 		"rel threshold inf":        {Source: c.source, PressureRelThreshold: math.Inf(1)},
 		"negative abs duration":    {Source: c.source, PressureAbsThreshold: -1},
-		"queue limit 0":            {Source: c.source, WorkerQueueLimit: u64(0)},
+		"queue limit 0":            {Source: c.source, EngineQueueLimit: u64(0)},
 		"floor without limit":      {Source: c.source, SaturationQueueFloor: u64(1)},
-		"floor above limit":        {Source: c.source, WorkerQueueLimit: u64(2), SaturationQueueFloor: u64(3)},
-		"floor 0":                  {Source: c.source, WorkerQueueLimit: u64(2), SaturationQueueFloor: u64(0)},
+		"floor above limit":        {Source: c.source, EngineQueueLimit: u64(2), SaturationQueueFloor: u64(3)},
+		"floor 0":                  {Source: c.source, EngineQueueLimit: u64(2), SaturationQueueFloor: u64(0)},
 		"negative min load choice": {Source: c.source, MinLoadChoices: -2},
 	} {
 		_, err := policy.NewCacheAware(c.cfg(), opts)
@@ -627,7 +627,7 @@ func TestCacheAwareInertQueueGateWarningIsSampled(t *testing.T) {
 	t.Parallel()
 	core, logs := observer.New(zap.WarnLevel)
 	c := newCacheEnv(t)
-	p, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: c.source, WorkerQueueLimit: u64(4), Logger: zap.New(core)})
+	p, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: c.source, EngineQueueLimit: u64(4), Logger: zap.New(core)})
 	require.NoError(t, err)
 	for range 128 {
 		_, err := p.Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(prompt(32, 1)))
@@ -660,12 +660,12 @@ func TestCacheAwareRecordsExactlyOneDecisionPerSelection(t *testing.T) {
 func TestCacheAwareConcurrentPicksRaceEventsAndRemoval(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
-	p := c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(3)})
+	p := c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(3)})
 	// The same over the bare LocalSource: every pick records a route-time placement, racing the
 	// engines' events (which take the placed blocks), their removal and expiry.
 	local, err := kvindex.NewLocalSource(c.index)
 	require.NoError(t, err)
-	placed, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: local, WorkerQueueLimit: u64(3)})
+	placed, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: local, EngineQueueLimit: u64(3)})
 	require.NoError(t, err)
 	group := engines(state.StagePrefill, "a", "b", "c")
 	var wg sync.WaitGroup
@@ -724,7 +724,7 @@ func TestCacheAwareDiversionAllocatesLikeAHit(t *testing.T) {
 	cfg := c.cfg()
 	cfg.Admission = admission.Limits{}
 	cfg.Rand = nil
-	p, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens, WorkerQueueLimit: u64(4)})
+	p, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens, EngineQueueLimit: u64(4)})
 	require.NoError(t, err)
 	req := creq(tok)
 	pick := func() policy.Pick {
@@ -850,7 +850,7 @@ func TestCacheAwareUnknownLoadPassesTheGateOnlyBelowTheLimitInFlight(t *testing.
 	c.hold(t, "holder", tok, 10) // never reports
 	c.native("cold", loadmon.Report{WaitingRequests: 0})
 	group := engines(state.StagePrefill, "cold", "holder")
-	p := c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(2)})
+	p := c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(2)})
 	c.inflight.Acquire("holder")
 	pk, err := p.Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
@@ -903,7 +903,7 @@ func TestCacheAwarePartialDiversionRecordsForfeitedBlocks(t *testing.T) {
 			c.native("deep", loadmon.Report{WaitingRequests: tc.deep, Native: &loadmon.NativeLoad{WaitingUncachedTokens: tc.deepUncached}})
 			c.native("shallow", loadmon.Report{WaitingRequests: tc.shallow})
 			c.native("cold", loadmon.Report{WaitingRequests: tc.cold})
-			pk, err := c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
+			pk, err := c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 			require.NoError(t, err)
 			assert.Equal(t, tc.winner, pk.Engine.ID())
 			d := c.dec.last()

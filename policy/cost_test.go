@@ -318,7 +318,7 @@ func TestCostComparisonSkipsOnlyScansThatCannotChangeThePick(t *testing.T) {
 			// Holders below the threshold are not candidates, but the scan prices them with
 			// their cached tokens; a queue limit sets queued holders aside.
 			MinMatchedTokens:       blockTokens * []uint64{1, 4, 16}[rng.IntN(3)],
-			WorkerQueueLimit:       []*uint64{nil, u64(2)}[rng.IntN(2)],
+			EngineQueueLimit:       []*uint64{nil, u64(2)}[rng.IntN(2)],
 			DisableRoutePlacements: true, // both picks see the same index
 			CostMarginTokens:       u64([]uint64{0, 16, 64, 512}[rng.IntN(4)]),
 			RecomputeFactor:        []float64{0, 1, 4}[rng.IntN(3)],

@@ -1,7 +1,7 @@
 // Package policy defines how one engine is chosen from one engine group's candidates: the Policy
 // interface, the Request facts a policy may read, the Pick it returns, the error taxonomy the
 // bucket loop branches on, and the concrete policies: RoundRobin, Random, PowerOfN, LeastLoad
-// (load_based), CacheAware, SessionAware and Sticky.
+// (least_load), CacheAware, SessionAware and Sticky.
 //
 // A policy owns its selection, its within-group fallback, its admission checks and its state
 // dependencies, which it receives at construction in a Config (docs/design.md §1).

@@ -114,8 +114,8 @@ func ExampleLeastLoad() {
 		fmt.Println(pick.Engine.ID(), pick.Reason)
 	}
 	// Output:
-	// http://b:30000 load_based
-	// http://b:30000 load_based
-	// http://a:30000 load_based
-	// http://b:30000 load_based
+	// http://b:30000 least_load
+	// http://b:30000 least_load
+	// http://a:30000 least_load
+	// http://b:30000 least_load
 }

@@ -198,7 +198,7 @@ func stageOf(req *Request) state.Stage {
 	return req.Stage
 }
 
-// LeastLoad picks the least loaded candidate (CLI name load_based; docs/design.md §8). When every candidate has a fresh report, an engine's load is waiting + running
+// LeastLoad picks the least loaded candidate (configuration name least_load; docs/design.md §8). When every candidate has a fresh report, an engine's load is waiting + running
 // requests + the dispatches this router made after that report (so dispatches the report has not
 // seen count once); otherwise every candidate is scored by router-local in-flight requests alone.
 // Ties go to the fewer in-flight requests; complete ties are broken uniformly at random, without
@@ -213,7 +213,7 @@ var _ Policy = (*LeastLoad)(nil)
 // NewLeastLoad returns a least-load policy. It returns an error wrapping ErrInvalidConfiguration
 // when a required Config handle is nil.
 func NewLeastLoad(cfg Config) (*LeastLoad, error) {
-	if err := cfg.validate(NameLoadBased); err != nil {
+	if err := cfg.validate(NameLeastLoad); err != nil {
 		return nil, err
 	}
 	return &LeastLoad{cfg: cfg}, nil

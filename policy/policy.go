@@ -130,7 +130,7 @@ const (
 	ReasonRandom           = "random"
 	ReasonPowerOfTwo       = "power_of_two"
 	ReasonPowerOfN         = "power_of_n"
-	ReasonLeastLoad        = "load_based"
+	ReasonLeastLoad        = "least_load"
 	ReasonCacheCandidate   = "cache_candidate"
 	ReasonSaturationPin    = "saturation_pin"
 	ReasonNoCacheCandidate = "no_cache_candidate"
@@ -140,13 +140,13 @@ const (
 	ReasonNoSession        = "no_session"
 )
 
-// Configuration names of the policies (docs/design.md §14; load_based is the CLI name of
-// LeastLoad, power_of_two builds PowerOfN with N = 2).
+// Configuration names of the policies (docs/design.md §14; power_of_two builds PowerOfN with
+// N = 2).
 const (
 	NameRoundRobin = "round_robin"
 	NameRandom     = "random"
 	NamePowerOfTwo = "power_of_two"
-	NameLoadBased  = "load_based"
+	NameLeastLoad  = "least_load"
 	NameCacheAware = "cache_aware"
 )
 

@@ -56,7 +56,7 @@ func TestCacheAwarePicksTheRankHoldingTheDeepestPrefix(t *testing.T) {
 }
 
 // The reproduction of the PR report's known flaw: the queue gate compared the sum of the DP
-// ranks' queues with WorkerQueueLimit, so an engine of four ranks each queueing 2 (8 in all) was
+// ranks' queues with EngineQueueLimit, so an engine of four ranks each queueing 2 (8 in all) was
 // diverted at a limit of 4 although the rank holding the prefix queues 2. It now reads the rank's
 // own queue (docs/design.md §9.3).
 func TestCacheAwareQueueGateReadsTheRanksOwnQueue(t *testing.T) {
@@ -67,7 +67,7 @@ func TestCacheAwareQueueGateReadsTheRanksOwnQueue(t *testing.T) {
 	two := loadmon.Report{WaitingRequests: 2}
 	c.ranks(t, "a", two, two, two, two)
 	c.native("b", loadmon.Report{})
-	p := c.policy(t, policy.CacheAwareOptions{WorkerQueueLimit: u64(4), DisableCostComparison: true})
+	p := c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4), DisableCostComparison: true})
 	group := engines(state.StagePrefill, "a", "b")
 	pk, err := p.Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
@@ -132,7 +132,7 @@ func TestEveryPolicyNamesTheLeastPressuredRank(t *testing.T) {
 	require.NoError(t, err)
 	ll, err := policy.NewLeastLoad(e.cfg())
 	require.NoError(t, err)
-	for name, p := range map[string]policy.Policy{"round_robin": rr, "random": rnd, "load_based": ll} {
+	for name, p := range map[string]policy.Policy{"round_robin": rr, "random": rnd, "least_load": ll} {
 		pk, err := p.Pick(ctx, engines(state.StagePlain, "a"), &policy.Request{})
 		require.NoError(t, err, name)
 		assert.True(t, pk.HasDPRank, name)

@@ -18,7 +18,7 @@ type StickyOptions struct {
 	// Store holds the routing-key bindings. Required unless Rendezvous; must be nil with it.
 	Store affinity.Store
 	// Fallback names the policy for new, unbound and keyless routing keys: NameRoundRobin
-	// (default, also ""), NameRandom, NamePowerOfTwo or NameLoadBased. It is built with
+	// (default, also ""), NameRandom, NamePowerOfTwo or NameLeastLoad. It is built with
 	// admission.Limits{}; Sticky checks its pick with its own admission. In Rendezvous mode it
 	// serves only keyless requests.
 	Fallback string
@@ -89,11 +89,11 @@ func NewSticky(cfg Config, opts StickyOptions) (*Sticky, error) {
 		fallback, err = NewRandom(fb)
 	case NamePowerOfTwo:
 		fallback, err = NewPowerOfN(fb, 2)
-	case NameLoadBased:
+	case NameLeastLoad:
 		fallback, err = NewLeastLoad(fb)
 	default:
 		return fail("StickyOptions.Fallback %q: want %s, %s, %s or %s", opts.Fallback,
-			NameRoundRobin, NameRandom, NamePowerOfTwo, NameLoadBased)
+			NameRoundRobin, NameRandom, NamePowerOfTwo, NameLeastLoad)
 	}
 	if err != nil {
 		return nil, err

@@ -70,7 +70,7 @@ func TestStickyFallbacks(t *testing.T) {
 		{policy.NameRoundRobin, nil, []state.EngineID{"a", "b", "c", "a"}},
 		{policy.NameRandom, []int{2, 0, 2, 1}, []state.EngineID{"c", "a", "c", "b"}},
 		{policy.NamePowerOfTwo, []int{0, 1, 2, 1, 0, 2, 1, 2}, []state.EngineID{"b", "b", "a", "b"}}, // (a,c) sampled: a
-		{policy.NameLoadBased, nil, []state.EngineID{"b", "b", "b", "b"}},
+		{policy.NameLeastLoad, nil, []state.EngineID{"b", "b", "b", "b"}},
 	}
 	for _, c := range cases {
 		t.Run("fallback="+c.fallback, func(t *testing.T) {

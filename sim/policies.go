@@ -53,14 +53,12 @@ func (env PolicyEnv) PolicyConfig() policy.Config {
 // error aborts the replay.
 type PolicyFactory func(env PolicyEnv, stage state.Stage) (policy.Policy, error)
 
-// Policy names of the replay. NameLeastLoad is the display name of policy.LeastLoad, whose
-// configuration name is policy.NameLoadBased ("load_based"); DefaultPolicies accepts both.
+// Policy names of the replay: the configuration names of the library's policies.
 const (
 	NameRoundRobin = policy.NameRoundRobin
 	NameRandom     = policy.NameRandom
 	NamePowerOfTwo = policy.NamePowerOfTwo
-	NameLeastLoad  = "least_load"
-	NameLoadBased  = policy.NameLoadBased
+	NameLeastLoad  = policy.NameLeastLoad
 	NameCacheAware = policy.NameCacheAware
 )
 
@@ -73,7 +71,7 @@ func DefaultPolicyNames() []string {
 
 // DefaultPolicies returns a new name → factory table with the library's policies: round_robin
 // (policy.NewRoundRobin), random (policy.NewRandom), power_of_two (policy.NewPowerOfN, N = 2),
-// least_load and load_based (policy.NewLeastLoad), cache_aware (policy.NewCacheAware over a
+// least_load (policy.NewLeastLoad), cache_aware (policy.NewCacheAware over a
 // kvindex.LocalSource of the run's index, with the policy's default options), and the peer
 // baselines dynamo (NewDynamo), llmd (NewLLMD), smg (NewSMG), dynamo_legacy (NewDynamoLegacy),
 // llmd_legacy (NewLLMDLegacy) and sglang_legacy (NewSGLangLegacy), the oracle
@@ -91,7 +89,6 @@ func DefaultPolicies() map[string]PolicyFactory {
 		},
 		NamePowerOfTwo: powerOfTwo,
 		NameLeastLoad:  leastLoad,
-		NameLoadBased:  leastLoad,
 		NameCacheAware: cacheAware,
 		NameDynamo: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
 			return NewDynamo(env)

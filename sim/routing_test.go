@@ -87,7 +87,7 @@ func TestReplayRoutingUsesTheFile(t *testing.T) {
 engines: [{id: a, model: m}, {id: b, model: m}, {id: c, model: m}, {id: d, model: m}]
 models:
   - id: m
-    buckets: [{id: only-two, groups: {plain: {worker_ids: [b, d], policy: {type: power_of_two}}}}]
+    buckets: [{id: only-two, groups: {plain: {engine_ids: [b, d], policy: {type: power_of_two}}}}]
 `)
 	rep, err := Replay(context.Background(), Config{Trace: tr, Speed: 4, Limit: 300, Seed: 1, Routing: &Routing{Config: members}})
 	require.NoError(t, err)
@@ -96,7 +96,7 @@ models:
 	assert.Equal(t, Fleet{Plain: 4}, rep.Fleet)
 	er := rep.Results[0].EngineRequests // in file order: a, b, c, d
 	require.Len(t, er, 4)
-	assert.Zero(t, er[0]+er[2], "engines outside the bucket's worker_ids get nothing")
+	assert.Zero(t, er[0]+er[2], "engines outside the bucket's engine_ids get nothing")
 	assert.Equal(t, 300, er[1]+er[3])
 
 	sessions := parseRouting(t, `

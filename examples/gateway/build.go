@@ -103,20 +103,20 @@ func build(o options, log *zap.Logger) (*gateway, error) {
 			return policy.NewRandom(cfg)
 		case policy.NamePowerOfTwo:
 			return policy.NewPowerOfN(cfg, 2)
-		case policy.NameLoadBased:
+		case policy.NameLeastLoad:
 			return policy.NewLeastLoad(cfg)
 		case policy.NameCacheAware:
 			if source == nil {
 				return nil, fmt.Errorf("policy cache_aware is only allowed as --policy: %w", state.ErrInvalidConfiguration)
 			}
 			opts := policy.CacheAwareOptions{Source: source, MinMatchedTokens: o.minMatched}
-			if o.workerQueueLimit > 0 {
-				limit := o.workerQueueLimit
-				opts.WorkerQueueLimit = &limit
+			if o.engineQueueLimit > 0 {
+				limit := o.engineQueueLimit
+				opts.EngineQueueLimit = &limit
 			}
 			return policy.NewCacheAware(cfg, opts)
 		}
-		return nil, fmt.Errorf("policy %q: want round_robin, random, power_of_two, load_based or cache_aware: %w", name, state.ErrInvalidConfiguration)
+		return nil, fmt.Errorf("policy %q: want round_robin, random, power_of_two, least_load or cache_aware: %w", name, state.ErrInvalidConfiguration)
 	}
 	group := func(name string) (*bucket.EngineGroup, error) {
 		p, err := newPolicy(name)

@@ -47,7 +47,7 @@ models:
   - id: m
     buckets: [{id: all, groups: {plain: {policy: {type: round_robin}}}}]
   - id: chat
-    buckets: [{id: all, groups: {plain: {worker_ids: [], policy: {type: session_aware}}}}]
+    buckets: [{id: all, groups: {plain: {engine_ids: [], policy: {type: session_aware}}}}]
 `, a.URL(), a.URL(), b.URL(), b.URL()))
 	g, gwSrv := startGateway(t, "--config="+path, "--tokenize=false")
 	require.Len(t, g.registry.All(), 2)

@@ -612,3 +612,24 @@ func TestInvalidConfigurationIsRefused(t *testing.T) {
 	require.NoError(t, err, "a valid file")
 	assert.Len(t, g.registry.All(), 1)
 }
+
+// Every policy flag value is the policy's configuration name (policy.NameLeastLoad and the others):
+// the gateway accepts each name the configuration accepts, and the former load_based spelling is
+// refused.
+func TestPolicyFlagNamesAreConfigurationNames(t *testing.T) {
+	t.Parallel()
+	plain := "--engine=url=http://127.0.0.1:1,model=m,kind=vllm"
+	for _, name := range []string{"round_robin", "random", "power_of_two", "least_load", "cache_aware"} {
+		t.Run(name, func(t *testing.T) {
+			o, err := parseArgs([]string{plain, "--policy=" + name}, io.Discard)
+			require.NoError(t, err)
+			g, err := build(o, zap.NewNop())
+			require.NoError(t, err, "--policy=%s", name)
+			g.close()
+		})
+	}
+	o, err := parseArgs([]string{plain, "--policy=load_based"}, io.Discard)
+	require.NoError(t, err)
+	_, err = build(o, zap.NewNop())
+	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "load_based is no longer a name")
+}

@@ -59,7 +59,7 @@ type options struct {
 	policy           string
 	decodePolicy     string
 	blockTokens      int
-	workerQueueLimit uint64
+	engineQueueLimit uint64
 	minMatched       uint64
 	sessionHeader    string
 	routingKeyHeader string
@@ -93,7 +93,7 @@ The routing comes from one of two places:
                   its engines, models, buckets, groups, policies, admission caps, load and KV
                   settings and affinity settings, the same file examples/replay -config replays.
                   The flags the file replaces (--engine, --engines-file, --policy,
-                  --decode-policy, --block-tokens, --worker-queue-limit, --min-matched-tokens,
+                  --decode-policy, --block-tokens, --engine-queue-limit, --min-matched-tokens,
                   --session-header, --routing-key-header, --load-*, --freshness) are refused
                   with it. An engine's ID is its base URL; its software is SGLang when its load
                   format is sglang_*, vLLM for vllm_metrics, else --engine-kind. With
@@ -145,10 +145,10 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.enginesFile, "engines-file", "", "YAML or JSON file with the engine list (engines: [...])")
 	fs.StringVar(&o.engineKind, "engine-kind", "vllm", "with --config: server software (vllm or sglang) of the engines without a load endpoint")
 	fs.Var(&o.engines, "engine", "an engine, as comma-separated key=value pairs (repeat for each engine; keys above)")
-	fs.StringVar(&o.policy, "policy", "cache_aware", "policy of plain and prefill groups: round_robin, random, power_of_two, load_based or cache_aware")
-	fs.StringVar(&o.decodePolicy, "decode-policy", "power_of_two", "policy of decode groups: round_robin, random, power_of_two or load_based")
+	fs.StringVar(&o.policy, "policy", "cache_aware", "policy of plain and prefill groups: round_robin, random, power_of_two, least_load or cache_aware")
+	fs.StringVar(&o.decodePolicy, "decode-policy", "power_of_two", "policy of decode groups: round_robin, random, power_of_two or least_load")
 	fs.IntVar(&o.blockTokens, "block-tokens", 16, "KV block size in tokens of the engines (vLLM block_size, SGLang page_size); the prefix index hashes prompts with it")
-	fs.Uint64Var(&o.workerQueueLimit, "worker-queue-limit", 0, "cache-aware soft queue gate: divert from a prefix holder with this many waiting requests (0: off)")
+	fs.Uint64Var(&o.engineQueueLimit, "engine-queue-limit", 0, "cache-aware soft queue gate: divert from a prefix holder with this many waiting requests (0: off)")
 	fs.Uint64Var(&o.minMatched, "min-matched-tokens", 0, "cache-aware hit gate in tokens (0: the library default, min(1024, a quarter of the prompt))")
 	fs.StringVar(&o.sessionHeader, "session-header", "x-session-id", "request header read as the session key (empty: none)")
 	fs.StringVar(&o.routingKeyHeader, "routing-key-header", "x-sgl-routing-key", "request header read as the sticky routing key (empty: none)")

@@ -89,7 +89,7 @@ func TestLeastPressuredRankReachesTheEngine(t *testing.T) {
 	v, s := newEngine(t), newEngine(t)
 	v.SetLoad(vllmRankLoad(5, 3, 0, 2))
 	s.SetLoad(`{"loads":[{"dp_rank":0,"num_running_reqs":1,"num_waiting_reqs":4},{"dp_rank":1,"num_running_reqs":1,"num_waiting_reqs":1}]}`)
-	g, gwSrv := startGateway(t, "--policy=load_based",
+	g, gwSrv := startGateway(t, "--policy=least_load",
 		"--engine=url="+v.URL()+",model=v,kind=vllm,dp_ranks=4",
 		"--engine=url="+s.URL()+",model=s,kind=sglang,dp_ranks=2", "--load-interval=200ms", "--load-timeout=200ms")
 	waitLoad(t, g, v, s)
@@ -168,7 +168,7 @@ func TestPDRanksEndToEnd(t *testing.T) {
 	p, d := newEngine(t), newEngine(t)
 	p.SetLoad(`{"loads":[{"dp_rank":0,"num_running_reqs":1,"num_waiting_reqs":3},{"dp_rank":1,"num_running_reqs":1,"num_waiting_reqs":2},{"dp_rank":2,"num_running_reqs":1,"num_waiting_reqs":0},{"dp_rank":3,"num_running_reqs":1,"num_waiting_reqs":1}]}`)
 	d.SetLoad(`{"loads":[{"dp_rank":0,"num_running_reqs":5,"num_waiting_reqs":0},{"dp_rank":1,"num_running_reqs":2,"num_waiting_reqs":0}]}`)
-	g, gwSrv := startGateway(t, "--policy=load_based", "--decode-policy=load_based",
+	g, gwSrv := startGateway(t, "--policy=least_load", "--decode-policy=least_load",
 		"--engine=url="+p.URL()+",model=m,kind=sglang,stage=prefill,dp_ranks=4,bootstrap_port=8998",
 		"--engine=url="+d.URL()+",model=m,kind=sglang,stage=decode,dp_ranks=2", "--load-interval=200ms", "--load-timeout=200ms")
 	waitLoad(t, g, p, d)

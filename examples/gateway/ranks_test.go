@@ -144,7 +144,7 @@ func TestRankStartEngineGetsTheGlobalRank(t *testing.T) {
 	v, s := newEngine(t), newEngine(t)
 	v.SetLoad(vllmLabelledLoad([]string{"4", "5", "6", "7"}, 5, 3, 0, 2))
 	s.SetLoad(`{"loads":[{"dp_rank":2,"num_running_reqs":1,"num_waiting_reqs":4},{"dp_rank":3,"num_running_reqs":1,"num_waiting_reqs":1}]}`)
-	g, gwSrv := startGateway(t, "--policy=load_based", "--tokenize=false",
+	g, gwSrv := startGateway(t, "--policy=least_load", "--tokenize=false",
 		"--engine=url="+v.URL()+",model=v,kind=vllm,dp_ranks=4,dp_rank_start=4",
 		"--engine=url="+s.URL()+",model=s,kind=sglang,dp_ranks=2,dp_rank_start=2", "--load-interval=100ms", "--load-timeout=100ms")
 	waitLoad(t, g, v, s)

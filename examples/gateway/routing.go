@@ -23,7 +23,7 @@ const redisPasswordEnv = "ENGINEPICK_REDIS_PASSWORD"
 
 // configReplaces are the flags whose settings a --config file holds; giving one with --config is
 // an error rather than a silent override.
-var configReplaces = []string{"engine", "engines-file", "policy", "decode-policy", "block-tokens", "worker-queue-limit",
+var configReplaces = []string{"engine", "engines-file", "policy", "decode-policy", "block-tokens", "engine-queue-limit",
 	"min-matched-tokens", "session-header", "routing-key-header", "load-interval", "load-timeout", "load-jitter", "freshness"}
 
 // buildFromConfig wires the gateway from a routing configuration file, the same file

@@ -59,7 +59,7 @@ func TestRunConfigReplaysEveryExampleConfig(t *testing.T) {
 }
 
 // TestRunConfigModelAndTable checks -model (the sessions file's second model, sticky over
-// load_based) and the table output.
+// least_load) and the table output.
 func TestRunConfigModelAndTable(t *testing.T) {
 	var out, stderr bytes.Buffer
 	require.NoError(t, run(context.Background(), []string{"-config", "../configs/sessions-redis.yaml", "-model", "tenant-lora",

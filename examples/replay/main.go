@@ -26,8 +26,8 @@
 //	-pd P:D          prefill/decode fleet instead: P prefill and D decode engines; the prefill group
 //	                 uses the policy under test, decode uses power_of_two
 //	-policies LIST   comma-separated policies (default
-//	                 round_robin,random,power_of_two,least_load,cache_aware; load_based is accepted
-//	                 for least_load). The peer baselines dynamo, llmd and smg (the current
+//	                 round_robin,random,power_of_two,least_load,cache_aware). The peer
+//	                 baselines dynamo, llmd and smg (the current
 //	                 defaults of NVIDIA Dynamo's cost, llm-d's router profile and the Shepherd
 //	                 Model Gateway's cache_aware; see sim.Dynamo, sim.LLMD, sim.SMG) and
 //	                 dynamo_legacy, llmd_legacy and sglang_legacy (their earlier rules; see

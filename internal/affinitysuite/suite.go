@@ -43,7 +43,7 @@ type Variant struct {
 	Primary, Assigned, NoKey string
 }
 
-// Variants returns SessionAware and Sticky (store mode, load_based fallback, which like
+// Variants returns SessionAware and Sticky (store mode, least_load fallback, which like
 // power-of-N picks the least pressured engine here).
 func Variants() []Variant {
 	return []Variant{
@@ -59,7 +59,7 @@ func Variants() []Variant {
 		{
 			Name: policy.NameSticky,
 			Build: func(cfg policy.Config, st affinity.Store, _ int, failOpen bool) (policy.Policy, error) {
-				return policy.NewSticky(cfg, policy.StickyOptions{Store: st, Fallback: policy.NameLoadBased, FallbackOnUnavailable: failOpen})
+				return policy.NewSticky(cfg, policy.StickyOptions{Store: st, Fallback: policy.NameLeastLoad, FallbackOnUnavailable: failOpen})
 			},
 			SetKey:    func(r *policy.Request, k string) { r.RoutingKey = k },
 			Namespace: policy.StickyNamespace,
