@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/state"
 )
 
 // Config is the whole routing configuration of a Router: the served models with their buckets,
@@ -117,59 +118,25 @@ type GroupConfig struct {
 	Policy *PolicyConfig `json:"policy,omitempty"`
 }
 
-// PolicyConfig is one policy attachment: the policy type, its admission caps and its parameters.
-// A parameter set for a type that does not use it is an error, never ignored (docs/design.md
-// §14.2). Pointer fields distinguish unset from an explicit zero.
+// PolicyConfig is one policy attachment: the policy type, its admission caps and the type's own
+// options block, a mapping named after the type (docs/design.md §14.2):
+//
+//	policy: {type: cache_aware, admission: {max_waiting_requests: 16}, cache_aware: {min_matched_tokens: 512}}
+//
+// The type's policy.Builder owns the block: it is decoded strictly into the value the builder's
+// NewOptions returns, and validated by that value's Validate method. A block named after another
+// type is an error, never ignored.
 type PolicyConfig struct {
-	// Type is the policy name: round_robin, random, power_of_two, power_of_n, least_load,
-	// cache_aware, session_aware, sticky. Required.
+	// Type is a registered policy type (policy.Lookup): round_robin, random, power_of_two,
+	// power_of_n, least_load, cache_aware, session_aware, sticky, or one the host registered with
+	// policy.Register. Required.
 	Type string `json:"type"`
 	// Admission is the per-engine caps the policy checks (docs/design.md §5). The zero value
 	// admits everything.
 	Admission admission.Limits `json:"admission,omitzero"`
-
-	// Choices is N of power_of_n, and of session_aware's power-of-N pick for new sessions;
-	// unset means 2, otherwise >= 1. power_of_two is power_of_n with N = 2.
-	Choices *int `json:"choices,omitempty"`
-
-	// The session_aware and sticky parameters (policy.SessionAwareOptions, policy.StickyOptions;
-	// docs/design.md §12). Fallback is sticky's policy for new, unbound and keyless routing keys:
-	// round_robin (the default), random, power_of_two or least_load.
-	// Rendezvous selects sticky's stateless mode, with an optional LoadFactor bound (>= 1).
-	// FallbackOnUnavailable degrades a failing affinity store to the fallback's pick.
-	Fallback              string   `json:"fallback,omitempty"`
-	Rendezvous            *bool    `json:"rendezvous,omitempty"`
-	LoadFactor            *float64 `json:"load_factor,omitempty"`
-	FallbackOnUnavailable *bool    `json:"fallback_on_unavailable,omitempty"`
-
-	// PrefixSource is where cache_aware looks prefixes up: "local" (the default: the shared
-	// KV-block index) or "remote" (the remote indexer the host passes with WithRemoteIndexer,
-	// bounded by KVSettings.RemoteTimeout and RemoteMaxConcurrent).
-	PrefixSource string `json:"prefix_source,omitempty"`
-	// The cache_aware parameters (policy.CacheAwareOptions; docs/design.md §9). Unset means the
-	// policy's default.
-	MinMatchedTokens           *uint64  `json:"min_matched_tokens,omitempty"`
-	MinMatchRatio              *float64 `json:"min_match_ratio,omitempty"`
-	CandidateMinEngines        *int     `json:"candidate_min_engines,omitempty"`
-	CandidateRatio             *float64 `json:"candidate_ratio,omitempty"`
-	CandidateMaxEngines        *int     `json:"candidate_max_engines,omitempty"`
-	SwitchMarginTokens         *uint64  `json:"switch_margin_tokens,omitempty"`
-	PressureGuard              *bool    `json:"pressure_guard,omitempty"`
-	PressureAbsThresholdTokens *uint64  `json:"pressure_abs_threshold_tokens,omitempty"`
-	PressureAbsThresholdMs     *uint64  `json:"pressure_abs_threshold_ms,omitempty"`
-	PressureRelThreshold       *float64 `json:"pressure_rel_threshold,omitempty"`
-	EngineQueueLimit           *uint64  `json:"engine_queue_limit,omitempty"`
-	SaturationQueueFloor       *uint64  `json:"saturation_queue_floor,omitempty"`
-	MinLoadChoices             *int     `json:"min_load_choices,omitempty"`
-	// RoutePlacements (default true) records each pick's prompt for its engine as approximate
-	// entries (docs/design.md §9.10); false sets policy.CacheAwareOptions.DisableRoutePlacements.
-	// It applies to the local prefix source only.
-	RoutePlacements *bool `json:"route_placements,omitempty"`
-	// CostComparison (default true) and its thresholds CostMarginTokens (1,024) and
-	// RecomputeFactor (2, > 0) are the cost comparison (docs/design.md §9.11).
-	CostComparison   *bool    `json:"cost_comparison,omitempty"`
-	CostMarginTokens *uint64  `json:"cost_margin_tokens,omitempty"`
-	RecomputeFactor  *float64 `json:"recompute_factor,omitempty"`
+	// Options is the type's block as its builder decoded it: a pointer of the type
+	// policy.Builder.NewOptions returns. Nil means no block: the type's defaults.
+	Options any `json:"-"`
 
 	// Filter and MaxInFlight are the legacy spelling of an in-flight cap: filter "overloaded"
 	// with max_in_flight N is admission.max_inflight_requests N (docs/design.md §14.3).
@@ -362,7 +329,7 @@ func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d)
 func (d *Duration) UnmarshalText(b []byte) error {
 	v, err := time.ParseDuration(string(b))
 	if err != nil {
-		return fmt.Errorf("%w %s: want a duration such as 5s or 250ms", ErrBadValue, strconv.Quote(string(b)))
+		return fmt.Errorf("%w %s: want a duration such as 5s or 250ms", state.ErrBadValue, strconv.Quote(string(b)))
 	}
 	*d = Duration(v)
 	return nil

@@ -16,6 +16,9 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
 )
 
 // Format is the syntax of a configuration document.
@@ -107,7 +110,7 @@ type cnode struct {
 // parseTree parses data into a cnode tree, rejecting duplicate keys.
 func parseTree(data []byte, format Format) (*cnode, error) {
 	if len(data) > MaxConfigBytes {
-		return nil, cfgErr("", 0, ErrBadValue, "document is %d bytes, more than %d", len(data), MaxConfigBytes)
+		return nil, cfgErr("", 0, state.ErrBadValue, "document is %d bytes, more than %d", len(data), MaxConfigBytes)
 	}
 	if format == FormatAuto {
 		format = FormatYAML
@@ -125,13 +128,13 @@ func parseTree(data []byte, format Format) (*cnode, error) {
 	case FormatYAML:
 		root, err = parseYAML(data)
 	default:
-		return nil, cfgErr("", 0, ErrBadValue, "unknown format %d", format)
+		return nil, cfgErr("", 0, state.ErrBadValue, "unknown format %d", format)
 	}
 	if err != nil {
 		return nil, err
 	}
 	if root == nil || root.kind == kindNull {
-		return nil, cfgErr("", 0, ErrMissingField, "empty document: want a mapping with models")
+		return nil, cfgErr("", 0, state.ErrMissingField, "empty document: want a mapping with models")
 	}
 	return root, nil
 }
@@ -143,11 +146,11 @@ func parseYAML(data []byte) (*cnode, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, nil
 		}
-		return nil, cfgErr("", 0, ErrBadValue, "not valid YAML: %v", strings.TrimPrefix(err.Error(), "yaml: "))
+		return nil, cfgErr("", 0, state.ErrBadValue, "not valid YAML: %v", strings.TrimPrefix(err.Error(), "yaml: "))
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, cfgErr("", extra.Line, ErrBadValue, "more than one YAML document")
+		return nil, cfgErr("", extra.Line, state.ErrBadValue, "more than one YAML document")
 	}
 	budget := maxConfigNodes
 	return fromYAML(&doc, &budget, 0)
@@ -155,10 +158,10 @@ func parseYAML(data []byte) (*cnode, error) {
 
 func fromYAML(n *yaml.Node, budget *int, depth int) (*cnode, error) {
 	if *budget--; *budget < 0 {
-		return nil, cfgErr("", n.Line, ErrBadValue, "document has more than %d values", maxConfigNodes)
+		return nil, cfgErr("", n.Line, state.ErrBadValue, "document has more than %d values", maxConfigNodes)
 	}
 	if depth > 64 {
-		return nil, cfgErr("", n.Line, ErrBadValue, "document nests deeper than 64 levels")
+		return nil, cfgErr("", n.Line, state.ErrBadValue, "document nests deeper than 64 levels")
 	}
 	switch n.Kind {
 	case yaml.DocumentNode:
@@ -170,16 +173,16 @@ func fromYAML(n *yaml.Node, budget *int, depth int) (*cnode, error) {
 		return fromYAML(n.Alias, budget, depth+1)
 	case yaml.MappingNode:
 		if n.Tag != "!!map" && n.Tag != "" {
-			return nil, cfgErr("", n.Line, ErrBadValue, "mapping has tag %s: want a plain mapping", n.Tag)
+			return nil, cfgErr("", n.Line, state.ErrBadValue, "mapping has tag %s: want a plain mapping", n.Tag)
 		}
 		out := &cnode{kind: kindMap, line: n.Line}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
 			if k.Tag == "!!merge" {
-				return nil, cfgErr("", k.Line, ErrBadValue, "YAML merge keys (<<) are not supported: write the fields out, or use default_policy and stage_policies")
+				return nil, cfgErr("", k.Line, state.ErrBadValue, "YAML merge keys (<<) are not supported: write the fields out, or use default_policy and stage_policies")
 			}
 			if k.Kind != yaml.ScalarNode || (k.Tag != "!!str" && k.Tag != "!!int" && k.Tag != "!!bool" && k.Tag != "!!float") {
-				return nil, cfgErr("", k.Line, ErrBadValue, "mapping key at column %d is not a plain name", k.Column)
+				return nil, cfgErr("", k.Line, state.ErrBadValue, "mapping key at column %d is not a plain name", k.Column)
 			}
 			c, err := fromYAML(v, budget, depth+1)
 			if err != nil {
@@ -192,7 +195,7 @@ func fromYAML(n *yaml.Node, budget *int, depth int) (*cnode, error) {
 		return out, nil
 	case yaml.SequenceNode:
 		if n.Tag != "!!seq" && n.Tag != "" {
-			return nil, cfgErr("", n.Line, ErrBadValue, "list has tag %s: want a plain list", n.Tag)
+			return nil, cfgErr("", n.Line, state.ErrBadValue, "list has tag %s: want a plain list", n.Tag)
 		}
 		out := &cnode{kind: kindSeq, line: n.Line}
 		for _, item := range n.Content {
@@ -213,7 +216,7 @@ func fromYAML(n *yaml.Node, budget *int, depth int) (*cnode, error) {
 		case "!!bool":
 			var b bool
 			if err := n.Decode(&b); err != nil {
-				return nil, cfgErr("", n.Line, ErrBadValue, "%s is not a boolean", strconv.Quote(n.Value))
+				return nil, cfgErr("", n.Line, state.ErrBadValue, "%s is not a boolean", strconv.Quote(n.Value))
 			}
 			out.kind, out.text = kindBool, strconv.FormatBool(b)
 		case "!!int":
@@ -237,15 +240,15 @@ func fromYAML(n *yaml.Node, budget *int, depth int) (*cnode, error) {
 			}
 			var f float64
 			if err := n.Decode(&f); err != nil {
-				return nil, cfgErr("", n.Line, ErrBadValue, "%s is not a number", strconv.Quote(n.Value))
+				return nil, cfgErr("", n.Line, state.ErrBadValue, "%s is not a number", strconv.Quote(n.Value))
 			}
 			out.kind, out.text = kindFloat, strconv.FormatFloat(f, 'g', -1, 64)
 		default:
-			return nil, cfgErr("", n.Line, ErrBadValue, "value %s has tag %s: want a plain string, number, boolean or null", strconv.Quote(n.Value), n.Tag)
+			return nil, cfgErr("", n.Line, state.ErrBadValue, "value %s has tag %s: want a plain string, number, boolean or null", strconv.Quote(n.Value), n.Tag)
 		}
 		return out, nil
 	}
-	return nil, cfgErr("", n.Line, ErrBadValue, "unsupported YAML node")
+	return nil, cfgErr("", n.Line, state.ErrBadValue, "unsupported YAML node")
 }
 
 // integerText reports whether s is an optionally signed run of decimal digits (and underscores).
@@ -264,7 +267,7 @@ func parseJSON(data []byte) (*cnode, error) {
 		return nil, err
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, cfgErr("", p.line(), ErrBadValue, "more than one JSON value")
+		return nil, cfgErr("", p.line(), state.ErrBadValue, "more than one JSON value")
 	}
 	return root, nil
 }
@@ -283,10 +286,10 @@ func (p *jsonParser) line() int {
 
 func (p *jsonParser) value(depth int) (*cnode, error) {
 	if p.budget--; p.budget < 0 {
-		return nil, cfgErr("", p.line(), ErrBadValue, "document has more than %d values", maxConfigNodes)
+		return nil, cfgErr("", p.line(), state.ErrBadValue, "document has more than %d values", maxConfigNodes)
 	}
 	if depth > 64 {
-		return nil, cfgErr("", p.line(), ErrBadValue, "document nests deeper than 64 levels")
+		return nil, cfgErr("", p.line(), state.ErrBadValue, "document nests deeper than 64 levels")
 	}
 	tok, err := p.dec.Token()
 	if err != nil {
@@ -296,7 +299,7 @@ func (p *jsonParser) value(depth int) (*cnode, error) {
 			}
 			err = io.ErrUnexpectedEOF
 		}
-		return nil, cfgErr("", p.line(), ErrBadValue, "not valid JSON: %v", err)
+		return nil, cfgErr("", p.line(), state.ErrBadValue, "not valid JSON: %v", err)
 	}
 	// A token never spans lines (JSON strings hold no raw newline), so the line of the offset
 	// just after it is its own line.
@@ -308,7 +311,7 @@ func (p *jsonParser) value(depth int) (*cnode, error) {
 			for p.dec.More() {
 				kt, err := p.dec.Token()
 				if err != nil {
-					return nil, cfgErr("", p.line(), ErrBadValue, "not valid JSON: %v", err)
+					return nil, cfgErr("", p.line(), state.ErrBadValue, "not valid JSON: %v", err)
 				}
 				key, _ := kt.(string)
 				kl := p.line()
@@ -321,7 +324,7 @@ func (p *jsonParser) value(depth int) (*cnode, error) {
 				out.vals = append(out.vals, v)
 			}
 			if _, err := p.dec.Token(); err != nil {
-				return nil, cfgErr("", p.line(), ErrBadValue, "not valid JSON: %v", err)
+				return nil, cfgErr("", p.line(), state.ErrBadValue, "not valid JSON: %v", err)
 			}
 			return out, nil
 		}
@@ -334,7 +337,7 @@ func (p *jsonParser) value(depth int) (*cnode, error) {
 			out.items = append(out.items, v)
 		}
 		if _, err := p.dec.Token(); err != nil {
-			return nil, cfgErr("", p.line(), ErrBadValue, "not valid JSON: %v", err)
+			return nil, cfgErr("", p.line(), state.ErrBadValue, "not valid JSON: %v", err)
 		}
 		return out, nil
 	case string:
@@ -346,7 +349,7 @@ func (p *jsonParser) value(depth int) (*cnode, error) {
 		}
 		f, err := strconv.ParseFloat(s, 64)
 		if err != nil && !errors.Is(err, strconv.ErrRange) {
-			return nil, cfgErr("", line, ErrBadValue, "%s is not a number", s)
+			return nil, cfgErr("", line, state.ErrBadValue, "%s is not a number", s)
 		}
 		return &cnode{kind: kindFloat, line: line, text: strconv.FormatFloat(f, 'g', -1, 64)}, nil
 	case bool:
@@ -354,7 +357,7 @@ func (p *jsonParser) value(depth int) (*cnode, error) {
 	case nil:
 		return &cnode{kind: kindNull, line: line}, nil
 	}
-	return nil, cfgErr("", line, ErrBadValue, "unexpected JSON token %v", tok)
+	return nil, cfgErr("", line, state.ErrBadValue, "unexpected JSON token %v", tok)
 }
 
 // removedFields are options that were dropped; each maps to the message that says what to use
@@ -372,9 +375,10 @@ var removedFields = map[string]string{
 }
 
 var (
-	textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
-	stringListType  = reflect.TypeFor[StringList]()
-	durationType    = reflect.TypeFor[Duration]()
+	textUnmarshaler  = reflect.TypeFor[encoding.TextUnmarshaler]()
+	stringListType   = reflect.TypeFor[StringList]()
+	durationType     = reflect.TypeFor[Duration]()
+	policyConfigType = reflect.TypeFor[PolicyConfig]()
 )
 
 // decodeValue decodes n into v strictly; path is v's path.
@@ -397,14 +401,14 @@ func (d *decoder) decodeValue(n *cnode, v reflect.Value, path string) error {
 			out := make(StringList, len(n.items))
 			for i, it := range n.items {
 				if it.kind != kindString {
-					return cfgErr(fmt.Sprintf("%s[%d]", path, i), it.line, ErrBadValue, "%s: want a string", describe(it))
+					return cfgErr(fmt.Sprintf("%s[%d]", path, i), it.line, state.ErrBadValue, "%s: want a string", describe(it))
 				}
 				out[i] = it.text
 			}
 			v.Set(reflect.ValueOf(out))
 			return nil
 		}
-		return cfgErr(path, n.line, ErrBadValue, "%s: want a string or a list of strings", describe(n))
+		return cfgErr(path, n.line, state.ErrBadValue, "%s: want a string or a list of strings", describe(n))
 	}
 	if v.Kind() == reflect.Pointer {
 		p := reflect.New(v.Type().Elem())
@@ -417,9 +421,9 @@ func (d *decoder) decodeValue(n *cnode, v reflect.Value, path string) error {
 	if reflect.PointerTo(v.Type()).Implements(textUnmarshaler) {
 		if n.kind != kindString {
 			if v.Type() == durationType {
-				return cfgErr(path, n.line, ErrBadValue, "%s: want a duration such as 5s or 250ms", describe(n))
+				return cfgErr(path, n.line, state.ErrBadValue, "%s: want a duration such as 5s or 250ms", describe(n))
 			}
-			return cfgErr(path, n.line, ErrBadValue, "%s: want a string", describe(n))
+			return cfgErr(path, n.line, state.ErrBadValue, "%s: want a string", describe(n))
 		}
 		if err := v.Addr().Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(n.text)); err != nil {
 			return &ConfigError{Path: path, Line: n.line, Err: err}
@@ -428,10 +432,13 @@ func (d *decoder) decodeValue(n *cnode, v reflect.Value, path string) error {
 	}
 	switch v.Kind() {
 	case reflect.Struct:
+		if v.Type() == policyConfigType {
+			return d.decodePolicy(n, v.Addr().Interface().(*PolicyConfig), path)
+		}
 		return d.decodeStruct(n, v, path)
 	case reflect.Slice:
 		if n.kind != kindSeq {
-			return cfgErr(path, n.line, ErrBadValue, "%s: want a list", describe(n))
+			return cfgErr(path, n.line, state.ErrBadValue, "%s: want a list", describe(n))
 		}
 		out := reflect.MakeSlice(v.Type(), len(n.items), len(n.items))
 		for i, it := range n.items {
@@ -443,48 +450,48 @@ func (d *decoder) decodeValue(n *cnode, v reflect.Value, path string) error {
 		return nil
 	case reflect.String:
 		if n.kind != kindString {
-			return cfgErr(path, n.line, ErrBadValue, "%s: want a string (quote it)", describe(n))
+			return cfgErr(path, n.line, state.ErrBadValue, "%s: want a string (quote it)", describe(n))
 		}
 		v.SetString(n.text)
 		return nil
 	case reflect.Bool:
 		if n.kind != kindBool {
-			return cfgErr(path, n.line, ErrBadValue, "%s: want true or false", describe(n))
+			return cfgErr(path, n.line, state.ErrBadValue, "%s: want true or false", describe(n))
 		}
 		v.SetBool(n.text == "true")
 		return nil
 	case reflect.Int, reflect.Int64:
 		if n.kind != kindInt {
-			return cfgErr(path, n.line, ErrBadValue, "%s: want an integer", describe(n))
+			return cfgErr(path, n.line, state.ErrBadValue, "%s: want an integer", describe(n))
 		}
 		i, err := strconv.ParseInt(n.text, 10, v.Type().Bits())
 		if err != nil {
-			return cfgErr(path, n.line, ErrOutOfRange, "%s does not fit in %d bits", n.text, v.Type().Bits())
+			return cfgErr(path, n.line, state.ErrOutOfRange, "%s does not fit in %d bits", n.text, v.Type().Bits())
 		}
 		v.SetInt(i)
 		return nil
 	case reflect.Uint64:
 		if n.kind != kindInt || strings.HasPrefix(n.text, "-") {
-			return cfgErr(path, n.line, ErrBadValue, "%s: want a non-negative integer", describe(n))
+			return cfgErr(path, n.line, state.ErrBadValue, "%s: want a non-negative integer", describe(n))
 		}
 		u, err := strconv.ParseUint(n.text, 10, 64)
 		if err != nil {
-			return cfgErr(path, n.line, ErrOutOfRange, "%s does not fit in 64 bits", n.text)
+			return cfgErr(path, n.line, state.ErrOutOfRange, "%s does not fit in 64 bits", n.text)
 		}
 		v.SetUint(u)
 		return nil
 	case reflect.Float64:
 		if n.kind != kindInt && n.kind != kindFloat {
-			return cfgErr(path, n.line, ErrBadValue, "%s: want a number", describe(n))
+			return cfgErr(path, n.line, state.ErrBadValue, "%s: want a number", describe(n))
 		}
 		f, err := strconv.ParseFloat(n.text, 64)
 		if (err != nil && !errors.Is(err, strconv.ErrRange)) || math.IsNaN(f) || math.IsInf(f, 0) {
-			return cfgErr(path, n.line, ErrBadValue, "%s: want a finite number", describe(n))
+			return cfgErr(path, n.line, state.ErrBadValue, "%s: want a finite number", describe(n))
 		}
 		v.SetFloat(f)
 		return nil
 	}
-	return cfgErr(path, n.line, ErrBadValue, "unsupported field type %s", v.Type())
+	return cfgErr(path, n.line, state.ErrBadValue, "unsupported field type %s", v.Type())
 }
 
 // decoder decodes a cnode tree into configuration structs, recording each field's line.
@@ -521,12 +528,69 @@ func fieldNames(t reflect.Type) []string {
 	return names
 }
 
+// decodePolicy decodes a policy attachment: its own fields, and the block named after its type
+// into the options value of the type's builder (policy.Builder.NewOptions). A block named after
+// another registered type is a conflict; an unregistered type is left to Validate.
+func (d *decoder) decodePolicy(n *cnode, pc *PolicyConfig, path string) error {
+	if n.kind != kindMap {
+		return cfgErr(path, n.line, state.ErrBadValue, "%s: want a mapping", describe(n))
+	}
+	typ := ""
+	for i, k := range n.keys {
+		if k == "type" && n.vals[i].kind == kindString {
+			typ = n.vals[i].text
+		}
+	}
+	own := &cnode{kind: kindMap, line: n.line}
+	var block *cnode
+	blockKey, blockLine := "", 0
+	for i, k := range n.keys {
+		if _, registered := policy.Lookup(k); !registered {
+			own.keys, own.klines, own.vals = append(own.keys, k), append(own.klines, n.klines[i]), append(own.vals, n.vals[i])
+			continue
+		}
+		fpath := join(path, k)
+		if k != typ {
+			return cfgErr(fpath, n.klines[i], state.ErrConflict, "options for policy type %s, but the type is %q: name the block after the type", k, typ)
+		}
+		if block != nil {
+			return cfgErr(fpath, n.klines[i], state.ErrDuplicate, "field set twice")
+		}
+		block, blockKey, blockLine = n.vals[i], k, n.klines[i]
+	}
+	if err := d.decodeStruct(own, reflect.ValueOf(pc).Elem(), path); err != nil {
+		return err
+	}
+	if block == nil || block.kind == kindNull {
+		return nil
+	}
+	b, _ := policy.Lookup(blockKey)
+	opts := b.NewOptions()
+	ov := reflect.ValueOf(opts)
+	if ov.Kind() != reflect.Pointer || ov.IsNil() {
+		return cfgErr(join(path, blockKey), blockLine, state.ErrBadValue, "policy type %s takes no options", blockKey)
+	}
+	bpath := join(path, blockKey)
+	if ov.Elem().Kind() == reflect.Struct && ov.Elem().NumField() == 0 && block.kind == kindMap && len(block.keys) > 0 {
+		p := join(bpath, block.keys[0])
+		return cfgErr(p, block.klines[0], state.ErrUnknownField, "unknown field: policy type %s takes no options", blockKey)
+	}
+	if d.lines != nil {
+		d.lines[bpath] = blockLine
+	}
+	if err := d.decodeValue(block, ov.Elem(), bpath); err != nil {
+		return err
+	}
+	pc.Options = opts
+	return nil
+}
+
 func (d *decoder) decodeStruct(n *cnode, v reflect.Value, path string) error {
 	if n.kind != kindMap {
 		if path == "" {
-			return cfgErr(path, n.line, ErrBadValue, "the document is %s: want a mapping with models", describe(n))
+			return cfgErr(path, n.line, state.ErrBadValue, "the document is %s: want a mapping with models", describe(n))
 		}
-		return cfgErr(path, n.line, ErrBadValue, "%s: want a mapping", describe(n))
+		return cfgErr(path, n.line, state.ErrBadValue, "%s: want a mapping", describe(n))
 	}
 	t := v.Type()
 	seen := make(map[string]bool, len(n.keys))
@@ -537,7 +601,7 @@ func (d *decoder) decodeStruct(n *cnode, v reflect.Value, path string) error {
 		}
 		line := n.klines[i]
 		if seen[key] {
-			return cfgErr(fpath, line, ErrDuplicate, "field set twice")
+			return cfgErr(fpath, line, state.ErrDuplicate, "field set twice")
 		}
 		seen[key] = true
 		idx := -1
@@ -549,9 +613,13 @@ func (d *decoder) decodeStruct(n *cnode, v reflect.Value, path string) error {
 		}
 		if idx < 0 {
 			if msg, ok := removedFields[key]; ok {
-				return &ConfigError{Path: fpath, Line: line, Err: &causeError{sentinel: ErrRemovedOption, msg: msg}}
+				return &ConfigError{Path: fpath, Line: line, Err: &causeError{sentinel: state.ErrRemovedOption, msg: msg}}
 			}
-			return cfgErr(fpath, line, ErrUnknownField, "unknown field: want one of %s", strings.Join(slices.Sorted(slices.Values(fieldNames(t))), ", "))
+			names := fieldNames(t)
+			if t == policyConfigType {
+				names = append(names, "<the type's options block>")
+			}
+			return cfgErr(fpath, line, state.ErrUnknownField, "unknown field: want one of %s", strings.Join(slices.Sorted(slices.Values(names)), ", "))
 		}
 		if d.lines != nil {
 			d.lines[fpath] = line

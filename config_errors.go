@@ -1,37 +1,13 @@
 package enginepick
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/enginepick/enginepick/state"
 )
 
-// Causes of a *ConfigError, usable with errors.Is (docs/design.md §14.4).
-var (
-	// ErrUnknownField: the input names a field the configuration does not have.
-	ErrUnknownField = errors.New("unknown field")
-	// ErrRemovedOption: the input uses an option that was removed; the message says what to use
-	// instead.
-	ErrRemovedOption = errors.New("removed option")
-	// ErrBadValue: a value of the wrong kind (a string where a number is wanted, say), an
-	// unknown name, or input that is not YAML or JSON at all.
-	ErrBadValue = errors.New("bad value")
-	// ErrMissingField: a required field is absent or empty.
-	ErrMissingField = errors.New("missing field")
-	// ErrDuplicate: an ID or a key that must be unique appears twice.
-	ErrDuplicate = errors.New("duplicate")
-	// ErrOutOfRange: a number outside its allowed range, or an inverted range.
-	ErrOutOfRange = errors.New("out of range")
-	// ErrConflict: fields that cannot be combined, or a field that needs another one.
-	ErrConflict = errors.New("conflicting fields")
-	// ErrWrongStage: a policy attached to a stage it cannot serve, or membership naming an engine
-	// of another role or model.
-	ErrWrongStage = errors.New("wrong stage")
-)
-
-// ConfigError reports one invalid part of a configuration. It matches its cause (one of the
-// Err… sentinels above) and state.ErrInvalidConfiguration with errors.Is.
+// ConfigError reports one invalid part of a configuration. It matches its cause (one of state's
+// state.ErrUnknownField … state.ErrWrongStage) and state.ErrInvalidConfiguration with errors.Is.
 //
 // Path names the field as written, from the root: `models[0].buckets[1].groups.pd.decode.policy.type`
 // (list elements by 0-based index). Line is the 1-based line of the field in the input when the
@@ -41,7 +17,7 @@ type ConfigError struct {
 	Path string
 	// Line is the field's 1-based line in the input; 0 when unknown.
 	Line int
-	// Err is the cause; it wraps one of the Err… sentinels.
+	// Err is the cause; it wraps one of state's cause sentinels.
 	Err error
 }
 

@@ -2,14 +2,14 @@ package enginepick
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
-	"math"
 	"net"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
@@ -19,22 +19,6 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Policy type names of the configuration (docs/design.md §14.2). TypePowerOfTwo is TypePowerOfN
-// with choices 2.
-const (
-	TypeRoundRobin   = policy.NameRoundRobin
-	TypeRandom       = policy.NameRandom
-	TypePowerOfTwo   = policy.NamePowerOfTwo
-	TypePowerOfN     = "power_of_n"
-	TypeLeastLoad    = policy.NameLeastLoad
-	TypeCacheAware   = policy.NameCacheAware
-	TypeSessionAware = policy.NameSessionAware
-	TypeSticky       = policy.NameSticky
-)
-
-// policyTypes lists the accepted types, sorted, for messages.
-var policyTypes = []string{TypeCacheAware, TypeLeastLoad, TypePowerOfN, TypePowerOfTwo, TypeRandom, TypeRoundRobin, TypeSessionAware, TypeSticky}
-
 // removedTypes maps each dropped policy type to what to use instead (docs/design.md §14.3).
 var removedTypes = map[string]string{
 	"fused_score":          `policy type "fused_score" was removed: use cache_aware, which weighs prefix hits against load, instead`,
@@ -43,9 +27,26 @@ var removedTypes = map[string]string{
 	"load_based":           `policy type "load_based" was renamed least_load: use least_load instead`,
 }
 
-// stageSupports reports whether a policy type can serve stage s (docs/design.md §4).
+// stageSupports reports whether a registered policy type can serve stage s (docs/design.md §4):
+// whether its builder, when it implements policy.StageSupporter, supports s.
 func stageSupports(typ string, s state.Stage) bool {
-	return !(typ == TypeCacheAware && s == state.StageDecode)
+	b, ok := policy.Lookup(typ)
+	if !ok {
+		return true // Validate reports the unknown type
+	}
+	ss, ok := b.(policy.StageSupporter)
+	return !ok || ss.SupportsStage(s)
+}
+
+// stageTypes lists the registered policy types that can serve stage s, for messages.
+func stageTypes(s state.Stage) string {
+	var names []string
+	for _, n := range policy.Names() {
+		if stageSupports(n, s) {
+			names = append(names, n)
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // Validate checks every rule of docs/design.md §14.4 that needs no engine registry and returns
@@ -95,7 +96,7 @@ func join(path, field string) string {
 
 func (v *validator) config(c *Config) {
 	if len(c.Models) == 0 {
-		v.fail("models", ErrMissingField, "at least one model is required")
+		v.fail("models", state.ErrMissingField, "at least one model is required")
 		return
 	}
 	models := map[string]int{}
@@ -117,11 +118,11 @@ func (v *validator) config(c *Config) {
 
 func (v *validator) model(m *ModelConfig, path string, seen map[string]int, i int) {
 	if m.ID == "" {
-		v.fail(join(path, "id"), ErrMissingField, "a model needs an id")
+		v.fail(join(path, "id"), state.ErrMissingField, "a model needs an id")
 		return
 	}
 	if j, dup := seen[m.ID]; dup {
-		v.fail(join(path, "id"), ErrDuplicate, "duplicate model ID %q (also models[%d])", m.ID, j)
+		v.fail(join(path, "id"), state.ErrDuplicate, "duplicate model ID %q (also models[%d])", m.ID, j)
 		return
 	}
 	seen[m.ID] = i
@@ -140,14 +141,14 @@ func (v *validator) model(m *ModelConfig, path string, seen map[string]int, i in
 		p := join(path, "stage_policies."+sp.stage.String())
 		v.policy(sp.p, p)
 		if v.err == nil && !stageSupports(sp.p.Type, sp.stage) {
-			v.fail(join(p, "type"), ErrWrongStage, "%q cannot serve the %s stage: use %s", sp.p.Type, sp.stage, decodeTypes)
+			v.fail(join(p, "type"), state.ErrWrongStage, "%q cannot serve the %s stage: use one of %s", sp.p.Type, sp.stage, stageTypes(sp.stage))
 		}
 	}
 	if v.err != nil {
 		return
 	}
 	if len(m.Buckets) == 0 {
-		v.fail(join(path, "buckets"), ErrMissingField, "model %q needs at least one bucket", m.ID)
+		v.fail(join(path, "buckets"), state.ErrMissingField, "model %q needs at least one bucket", m.ID)
 		return
 	}
 	buckets := map[string]int{}
@@ -159,12 +160,9 @@ func (v *validator) model(m *ModelConfig, path string, seen map[string]int, i in
 	}
 }
 
-// decodeTypes is the list of policies a decode group may use, for messages.
-const decodeTypes = "power_of_two, power_of_n, least_load, round_robin or random"
-
 func (v *validator) sloPreference(path, s string) {
 	if _, err := parseSLOPreference(s); err != nil {
-		v.fail(path, ErrBadValue, "%q: want disabled, best_effort or slo_first", s)
+		v.fail(path, state.ErrBadValue, "%q: want disabled, best_effort or slo_first", s)
 	}
 }
 
@@ -177,57 +175,57 @@ func parseSLOPreference(s string) (bucket.SLOPreference, error) {
 	if s == "" {
 		return bucket.SLODisabled, nil
 	}
-	return 0, ErrBadValue
+	return 0, state.ErrBadValue
 }
 
 func (v *validator) bucket(m *ModelConfig, b *BucketConfig, path string, seen map[string]int, j int, mpath string) {
 	if b.ID == "" {
-		v.fail(join(path, "id"), ErrMissingField, "a bucket needs an id")
+		v.fail(join(path, "id"), state.ErrMissingField, "a bucket needs an id")
 		return
 	}
 	if k, dup := seen[b.ID]; dup {
-		v.fail(join(path, "id"), ErrDuplicate, "duplicate bucket ID %q in model %q (also %s.buckets[%d])", b.ID, m.ID, mpath, k)
+		v.fail(join(path, "id"), state.ErrDuplicate, "duplicate bucket ID %q in model %q (also %s.buckets[%d])", b.ID, m.ID, mpath, k)
 		return
 	}
 	seen[b.ID] = j
 	if b.Limits.Max != 0 && b.Limits.Min > b.Limits.Max {
-		v.fail(join(path, "limits"), ErrOutOfRange, "inverted range: min %d is above max %d", b.Limits.Min, b.Limits.Max)
+		v.fail(join(path, "limits"), state.ErrOutOfRange, "inverted range: min %d is above max %d", b.Limits.Min, b.Limits.Max)
 		return
 	}
 	if b.MaxContextTokens != 0 && b.Limits.Min > b.MaxContextTokens {
-		v.fail(join(path, "limits.min"), ErrOutOfRange, "min %d is above max_context_tokens %d: no request fits", b.Limits.Min, b.MaxContextTokens)
+		v.fail(join(path, "limits.min"), state.ErrOutOfRange, "min %d is above max_context_tokens %d: no request fits", b.Limits.Min, b.MaxContextTokens)
 		return
 	}
 	if b.TTFTEstimate < 0 {
-		v.fail(join(path, "ttft_estimate"), ErrOutOfRange, "%v is negative", b.TTFTEstimate.D())
+		v.fail(join(path, "ttft_estimate"), state.ErrOutOfRange, "%v is negative", b.TTFTEstimate.D())
 		return
 	}
 	if b.TPSEstimate < 0 {
-		v.fail(join(path, "tps_estimate"), ErrOutOfRange, "%v is negative", b.TPSEstimate)
+		v.fail(join(path, "tps_estimate"), state.ErrOutOfRange, "%v is negative", b.TPSEstimate)
 		return
 	}
 	gpath := join(path, "groups")
 	g := &b.Groups
 	switch {
 	case g.Plain != nil && g.PD != nil:
-		v.fail(gpath, ErrConflict, "a bucket is plain or PD: set plain or pd, not both")
+		v.fail(gpath, state.ErrConflict, "a bucket is plain or PD: set plain or pd, not both")
 	case g.Plain == nil && g.PD == nil:
-		v.fail(gpath, ErrMissingField, "set plain or pd")
+		v.fail(gpath, state.ErrMissingField, "set plain or pd")
 	case g.Plain != nil:
 		v.group(m, g.Plain, join(gpath, "plain"), state.StagePlain, mpath)
 	default:
 		switch {
 		case g.PD.Prefill == nil:
-			v.fail(join(gpath, "pd.prefill"), ErrMissingField, "a PD bucket needs both a prefill and a decode group")
+			v.fail(join(gpath, "pd.prefill"), state.ErrMissingField, "a PD bucket needs both a prefill and a decode group")
 		case g.PD.Decode == nil:
-			v.fail(join(gpath, "pd.decode"), ErrMissingField, "a PD bucket needs both a prefill and a decode group")
+			v.fail(join(gpath, "pd.decode"), state.ErrMissingField, "a PD bucket needs both a prefill and a decode group")
 		default:
 			v.group(m, g.PD.Prefill, join(gpath, "pd.prefill"), state.StagePrefill, mpath)
 			v.group(m, g.PD.Decode, join(gpath, "pd.decode"), state.StageDecode, mpath)
 			if v.err == nil && g.PD.Prefill.EngineIDs != nil && g.PD.Decode.EngineIDs != nil {
 				for k, id := range *g.PD.Decode.EngineIDs {
 					if slices.Contains(*g.PD.Prefill.EngineIDs, id) {
-						v.fail(fmt.Sprintf("%s.pd.decode.engine_ids[%d]", gpath, k), ErrWrongStage,
+						v.fail(fmt.Sprintf("%s.pd.decode.engine_ids[%d]", gpath, k), state.ErrWrongStage,
 							"engine %q is also a member of the prefill group: an engine has one stage", id)
 						return
 					}
@@ -244,11 +242,11 @@ func (v *validator) group(m *ModelConfig, g *GroupConfig, path string, s state.S
 		for k, id := range *g.EngineIDs {
 			p := fmt.Sprintf("%s.engine_ids[%d]", path, k)
 			if id == "" {
-				v.fail(p, ErrMissingField, "empty engine ID")
+				v.fail(p, state.ErrMissingField, "empty engine ID")
 				return
 			}
 			if seen[id] {
-				v.fail(p, ErrDuplicate, "engine %q listed twice", id)
+				v.fail(p, state.ErrDuplicate, "engine %q listed twice", id)
 				return
 			}
 			seen[id] = true
@@ -258,12 +256,12 @@ func (v *validator) group(m *ModelConfig, g *GroupConfig, path string, s state.S
 		pp := join(path, "policy")
 		v.policy(g.Policy, pp)
 		if v.err == nil && !stageSupports(g.Policy.Type, s) {
-			v.fail(join(pp, "type"), ErrWrongStage, "%q cannot serve the %s stage: use %s", g.Policy.Type, s, decodeTypes)
+			v.fail(join(pp, "type"), state.ErrWrongStage, "%q cannot serve the %s stage: use one of %s", g.Policy.Type, s, stageTypes(s))
 		}
 		return
 	}
 	if p, from := effectivePolicy(m, g, s, mpath); from != "" && !stageSupports(p.Type, s) {
-		v.fail(path, ErrWrongStage, "the %s group inherits %q from %s, which cannot serve the %s stage: set a policy on the group or in stage_policies.%s",
+		v.fail(path, state.ErrWrongStage, "the %s group inherits %q from %s, which cannot serve the %s stage: set a policy on the group or in stage_policies.%s",
 			s, p.Type, from, s, s)
 	}
 }
@@ -293,93 +291,65 @@ func effectivePolicy(m *ModelConfig, g *GroupConfig, s state.Stage, mpath string
 	return &PolicyConfig{Type: DefaultPolicy}, ""
 }
 
-// paramsOf lists which policy types use each parameter (docs/design.md §14.2).
-var paramsOf = []struct {
-	name  string
-	types []string
-	set   func(p *PolicyConfig) bool
-}{
-	{"choices", []string{TypePowerOfN, TypeSessionAware}, func(p *PolicyConfig) bool { return p.Choices != nil }},
-	{"fallback", []string{TypeSticky}, func(p *PolicyConfig) bool { return p.Fallback != "" }},
-	{"rendezvous", []string{TypeSticky}, func(p *PolicyConfig) bool { return p.Rendezvous != nil }},
-	{"load_factor", []string{TypeSticky}, func(p *PolicyConfig) bool { return p.LoadFactor != nil }},
-	{"fallback_on_unavailable", []string{TypeSessionAware, TypeSticky}, func(p *PolicyConfig) bool { return p.FallbackOnUnavailable != nil }},
-	{"prefix_source", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PrefixSource != "" }},
-	{"min_matched_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinMatchedTokens != nil }},
-	{"min_match_ratio", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinMatchRatio != nil }},
-	{"candidate_min_engines", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CandidateMinEngines != nil }},
-	{"candidate_ratio", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CandidateRatio != nil }},
-	{"candidate_max_engines", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CandidateMaxEngines != nil }},
-	{"switch_margin_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.SwitchMarginTokens != nil }},
-	{"pressure_guard", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureGuard != nil }},
-	{"pressure_abs_threshold_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureAbsThresholdTokens != nil }},
-	{"pressure_abs_threshold_ms", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureAbsThresholdMs != nil }},
-	{"pressure_rel_threshold", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.PressureRelThreshold != nil }},
-	{"engine_queue_limit", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.EngineQueueLimit != nil }},
-	{"saturation_queue_floor", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.SaturationQueueFloor != nil }},
-	{"min_load_choices", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.MinLoadChoices != nil }},
-	{"route_placements", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.RoutePlacements != nil }},
-	{"cost_comparison", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CostComparison != nil }},
-	{"cost_margin_tokens", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.CostMarginTokens != nil }},
-	{"recompute_factor", []string{TypeCacheAware}, func(p *PolicyConfig) bool { return p.RecomputeFactor != nil }},
-}
-
-// policy checks one policy attachment at path.
+// policy checks one policy attachment at path: its type, the legacy in-flight filter, and its
+// options block with the block's own Validate (policy.Builder).
 func (v *validator) policy(p *PolicyConfig, path string) {
 	tpath := join(path, "type")
 	if p.Type == "" {
-		v.fail(tpath, ErrMissingField, "want one of %s", strings.Join(policyTypes, ", "))
+		v.fail(tpath, state.ErrMissingField, "want one of %s", strings.Join(policy.Names(), ", "))
 		return
 	}
 	if msg, ok := removedTypes[p.Type]; ok {
-		v.err = &ConfigError{Path: tpath, Line: v.lineOf(tpath), Err: &causeError{sentinel: ErrRemovedOption, msg: msg}}
+		v.err = &ConfigError{Path: tpath, Line: v.lineOf(tpath), Err: &causeError{sentinel: state.ErrRemovedOption, msg: msg}}
 		return
 	}
-	typ := p.Type
-	if !slices.Contains(policyTypes, typ) {
-		v.fail(tpath, ErrBadValue, "unknown policy type %q: want one of %s", p.Type, strings.Join(policyTypes, ", "))
+	b, ok := policy.Lookup(p.Type)
+	if !ok {
+		v.fail(tpath, state.ErrBadValue, "unknown policy type %q: want one of %s", p.Type, strings.Join(policy.Names(), ", "))
 		return
-	}
-	for _, prm := range paramsOf {
-		if prm.set(p) && !slices.Contains(prm.types, typ) {
-			v.fail(join(path, prm.name), ErrConflict, "%s applies to %s only, not %s", prm.name, strings.Join(prm.types, ", "), p.Type)
-			return
-		}
 	}
 	v.legacyFilter(p, path)
-	if v.err != nil {
+	if v.err != nil || p.Options == nil {
 		return
 	}
-	switch typ {
-	case TypePowerOfN, TypeSessionAware:
-		if p.Choices != nil && *p.Choices < 1 {
-			v.fail(join(path, "choices"), ErrOutOfRange, "%d: must be >= 1", *p.Choices)
-		}
-	case TypeCacheAware:
-		v.cacheAware(p, path)
-	case TypeSticky:
-		switch p.Fallback {
-		case "", TypeRoundRobin, TypeRandom, TypePowerOfTwo, TypeLeastLoad:
-		case "load_based":
-			fp := join(path, "fallback")
-			v.err = &ConfigError{Path: fp, Line: v.lineOf(fp), Err: &causeError{sentinel: ErrRemovedOption,
-				msg: `fallback "load_based" was renamed least_load: use least_load instead`}}
-			return
-		default:
-			v.fail(join(path, "fallback"), ErrBadValue, "%q: want round_robin, random, power_of_two or least_load", p.Fallback)
-			return
-		}
-		rendezvous := p.Rendezvous != nil && *p.Rendezvous
-		if lf := p.LoadFactor; lf != nil {
-			if !rendezvous {
-				v.fail(join(path, "load_factor"), ErrConflict, "load_factor bounds rendezvous hashing: it needs rendezvous true")
-				return
-			}
-			if !(*lf >= 1) {
-				v.fail(join(path, "load_factor"), ErrOutOfRange, "%v: must be >= 1", *lf)
-			}
+	bpath := join(path, p.Type)
+	if want := reflect.TypeOf(b.NewOptions()); reflect.TypeOf(p.Options) != want {
+		v.fail(bpath, state.ErrBadValue, "options of type %T: policy type %s wants %v", p.Options, p.Type, want)
+		return
+	}
+	if c, ok := p.Options.(interface{ Validate() error }); ok {
+		v.optionErr(bpath, c.Validate())
+	}
+}
+
+// optionErr records err, a policy's validation error, at its field's path under the block at
+// bpath (*policy.OptionError), or at the block.
+func (v *validator) optionErr(bpath string, err error) {
+	if err == nil || v.err != nil {
+		return
+	}
+	v.err = optionConfigErr(bpath, bpath, v.lineOf, err)
+}
+
+// optionConfigErr converts a policy's error into a *ConfigError: an *policy.OptionError at its
+// field's path under the block at bpath with its cause, a *ConfigError as it is, anything else at
+// path (the attachment's) with the cause it wraps, else as a bad value.
+func optionConfigErr(path, bpath string, lineOf func(string) int, err error) error {
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		return err
+	}
+	var oe *policy.OptionError
+	if errors.As(err, &oe) {
+		p := join(bpath, oe.Field)
+		return &ConfigError{Path: p, Line: lineOf(p), Err: &causeError{sentinel: oe.Cause, msg: oe.Msg}}
+	}
+	for _, c := range []error{state.ErrMissingField, state.ErrConflict, state.ErrOutOfRange} {
+		if errors.Is(err, c) {
+			return &ConfigError{Path: path, Line: lineOf(path), Err: err}
 		}
 	}
+	return &ConfigError{Path: path, Line: lineOf(path), Err: fmt.Errorf("%w: %w", state.ErrBadValue, err)}
 }
 
 // legacyFilter checks the legacy filter/max_in_flight pair (docs/design.md §14.3).
@@ -394,116 +364,21 @@ func (v *validator) legacyFilter(p *PolicyConfig, path string) {
 		case "overloaded":
 			overloaded = true
 		case "prefix_cache":
-			v.err = &ConfigError{Path: fp, Line: v.lineOf(fp), Err: &causeError{sentinel: ErrRemovedOption,
+			v.err = &ConfigError{Path: fp, Line: v.lineOf(fp), Err: &causeError{sentinel: state.ErrRemovedOption,
 				msg: `filter "prefix_cache" was removed: it is not equivalent to cache_aware's hit gate; use policy type cache_aware (with min_matched_tokens or min_match_ratio) instead`}}
 			return
 		default:
-			v.fail(fp, ErrBadValue, "unknown filter %q: want overloaded (with max_in_flight)", f)
+			v.fail(fp, state.ErrBadValue, "unknown filter %q: want overloaded (with max_in_flight)", f)
 			return
 		}
 	}
 	switch {
 	case overloaded && p.MaxInFlight == nil:
-		v.fail(join(path, "max_in_flight"), ErrMissingField, "filter overloaded needs max_in_flight")
+		v.fail(join(path, "max_in_flight"), state.ErrMissingField, "filter overloaded needs max_in_flight")
 	case !overloaded && p.MaxInFlight != nil:
-		v.fail(join(path, "max_in_flight"), ErrConflict, "max_in_flight needs filter overloaded; or use admission.max_inflight_requests")
+		v.fail(join(path, "max_in_flight"), state.ErrConflict, "max_in_flight needs filter overloaded; or use admission.max_inflight_requests")
 	case overloaded && p.Admission.MaxInFlightRequests != nil:
-		v.fail(join(path, "max_in_flight"), ErrConflict, "filter overloaded with max_in_flight is the legacy spelling of admission.max_inflight_requests: set one of them")
-	}
-}
-
-func (v *validator) cacheAware(p *PolicyConfig, path string) {
-	f := func(name string) string { return join(path, name) }
-	if p.PrefixSource != "" && p.PrefixSource != "local" && p.PrefixSource != "remote" {
-		v.fail(f("prefix_source"), ErrBadValue, "%q: want local or remote", p.PrefixSource)
-		return
-	}
-	if p.MinMatchedTokens != nil && *p.MinMatchedTokens < 1 {
-		v.fail(f("min_matched_tokens"), ErrOutOfRange, "0: must be >= 1 (unset means min(%d, a quarter of the prompt))", policy.DefaultMinMatchedTokens)
-		return
-	}
-	if r := p.MinMatchRatio; r != nil && !(*r > 0 && *r <= 1) {
-		v.fail(f("min_match_ratio"), ErrOutOfRange, "%v: must be in (0, 1]", *r)
-		return
-	}
-	minW, maxW := policy.DefaultCandidateMinEngines, policy.DefaultCandidateMaxEngines
-	if p.CandidateMinEngines != nil {
-		if minW = *p.CandidateMinEngines; minW < 1 {
-			v.fail(f("candidate_min_engines"), ErrOutOfRange, "%d: must be >= 1", minW)
-			return
-		}
-	}
-	if p.CandidateMaxEngines != nil {
-		maxW = *p.CandidateMaxEngines
-	}
-	if maxW < minW {
-		name, other := "candidate_max_engines", "candidate_min_engines"
-		if p.CandidateMaxEngines == nil {
-			name, other = other, name
-		}
-		v.fail(f(name), ErrOutOfRange, "candidate_max_engines %d is below candidate_min_engines %d (unset %s is its default)", maxW, minW, other)
-		return
-	}
-	if r := p.CandidateRatio; r != nil && !(*r > 0 && *r <= 1) {
-		v.fail(f("candidate_ratio"), ErrOutOfRange, "%v: must be in (0, 1]", *r)
-		return
-	}
-	guardOff := p.PressureGuard != nil && !*p.PressureGuard
-	for _, t := range []struct {
-		name string
-		set  bool
-	}{{"pressure_abs_threshold_tokens", p.PressureAbsThresholdTokens != nil}, {"pressure_abs_threshold_ms", p.PressureAbsThresholdMs != nil}, {"pressure_rel_threshold", p.PressureRelThreshold != nil}} {
-		if t.set && guardOff {
-			v.fail(f(t.name), ErrConflict, "%s tunes the pressure guard, which pressure_guard false turns off", t.name)
-			return
-		}
-	}
-	if p.PressureAbsThresholdTokens != nil && *p.PressureAbsThresholdTokens < 1 {
-		v.fail(f("pressure_abs_threshold_tokens"), ErrOutOfRange, "0: must be >= 1 (unset means %d)", policy.DefaultPressureAbsThresholdTokens)
-		return
-	}
-	if p.PressureAbsThresholdMs != nil && *p.PressureAbsThresholdMs < 1 {
-		v.fail(f("pressure_abs_threshold_ms"), ErrOutOfRange, "0: must be >= 1 (unset compares tokens only)")
-		return
-	}
-	if p.PressureAbsThresholdMs != nil && *p.PressureAbsThresholdMs > math.MaxInt64/uint64(time.Millisecond) {
-		v.fail(f("pressure_abs_threshold_ms"), ErrOutOfRange, "%d: too large", *p.PressureAbsThresholdMs)
-		return
-	}
-	if r := p.PressureRelThreshold; r != nil && !(*r > 1) {
-		v.fail(f("pressure_rel_threshold"), ErrOutOfRange, "%v: must be > 1", *r)
-		return
-	}
-	if p.EngineQueueLimit != nil && *p.EngineQueueLimit < 1 {
-		v.fail(f("engine_queue_limit"), ErrOutOfRange, "0: must be >= 1 (unset turns the queue gate off)")
-		return
-	}
-	if fl := p.SaturationQueueFloor; fl != nil {
-		if p.EngineQueueLimit == nil {
-			v.fail(f("saturation_queue_floor"), ErrConflict, "saturation_queue_floor needs engine_queue_limit")
-			return
-		}
-		if *fl < 1 || *fl > *p.EngineQueueLimit {
-			v.fail(f("saturation_queue_floor"), ErrOutOfRange, "%d: must be in [1, engine_queue_limit %d]", *fl, *p.EngineQueueLimit)
-			return
-		}
-	}
-	if p.MinLoadChoices != nil && *p.MinLoadChoices < 1 {
-		v.fail(f("min_load_choices"), ErrOutOfRange, "%d: must be >= 1", *p.MinLoadChoices)
-		return
-	}
-	costOff := p.CostComparison != nil && !*p.CostComparison
-	for _, t := range []struct {
-		name string
-		set  bool
-	}{{"cost_margin_tokens", p.CostMarginTokens != nil}, {"recompute_factor", p.RecomputeFactor != nil}} {
-		if t.set && costOff {
-			v.fail(f(t.name), ErrConflict, "%s tunes the cost comparison, which cost_comparison false turns off", t.name)
-			return
-		}
-	}
-	if r := p.RecomputeFactor; r != nil && !(*r > 0 && !math.IsInf(*r, 1)) {
-		v.fail(f("recompute_factor"), ErrOutOfRange, "%v: must be finite and > 0", *r)
+		v.fail(join(path, "max_in_flight"), state.ErrConflict, "filter overloaded with max_in_flight is the legacy spelling of admission.max_inflight_requests: set one of them")
 	}
 }
 
@@ -516,28 +391,28 @@ func (v *validator) engines(c *Config) {
 		e := &c.Engines[i]
 		path := fmt.Sprintf("engines[%d]", i)
 		if e.ID == "" {
-			v.fail(join(path, "id"), ErrMissingField, "an engine needs an id")
+			v.fail(join(path, "id"), state.ErrMissingField, "an engine needs an id")
 			return
 		}
 		if j, dup := seen[e.ID]; dup {
-			v.fail(join(path, "id"), ErrDuplicate, "duplicate engine ID %q (also engines[%d])", e.ID, j)
+			v.fail(join(path, "id"), state.ErrDuplicate, "duplicate engine ID %q (also engines[%d])", e.ID, j)
 			return
 		}
 		seen[e.ID] = i
 		if e.Model == "" {
-			v.fail(join(path, "model"), ErrMissingField, "engine %q needs a model", e.ID)
+			v.fail(join(path, "model"), state.ErrMissingField, "engine %q needs a model", e.ID)
 			return
 		}
 		if !slices.ContainsFunc(c.Models, func(m ModelConfig) bool { return m.ID == e.Model }) {
-			v.fail(join(path, "model"), ErrBadValue, "model %q is not one of models", e.Model)
+			v.fail(join(path, "model"), state.ErrBadValue, "model %q is not one of models", e.Model)
 			return
 		}
 		if _, err := parseStage(e.Stage); err != nil {
-			v.fail(join(path, "stage"), ErrBadValue, "%q: want plain, prefill or decode", e.Stage)
+			v.fail(join(path, "stage"), state.ErrBadValue, "%q: want plain, prefill or decode", e.Stage)
 			return
 		}
 		if e.DPRanks < 0 || e.DPRanks > loadmon.MaxRanks {
-			v.fail(join(path, "dp_ranks"), ErrOutOfRange, "%d: must be in [0, %d]", e.DPRanks, loadmon.MaxRanks)
+			v.fail(join(path, "dp_ranks"), state.ErrOutOfRange, "%d: must be in [0, %d]", e.DPRanks, loadmon.MaxRanks)
 			return
 		}
 		if !v.ranks(e, path) {
@@ -557,29 +432,29 @@ func (v *validator) ranks(e *EngineConfig, path string) bool {
 	n := e.RankCount()
 	switch {
 	case len(e.Ranks) > loadmon.MaxRanks:
-		v.fail(join(path, "ranks"), ErrOutOfRange, "%d ranks: at most %d", len(e.Ranks), loadmon.MaxRanks)
+		v.fail(join(path, "ranks"), state.ErrOutOfRange, "%d ranks: at most %d", len(e.Ranks), loadmon.MaxRanks)
 		return false
 	case len(e.Ranks) > 0 && e.DPRanks != 0 && e.DPRanks != len(e.Ranks):
-		v.fail(join(path, "dp_ranks"), ErrConflict, "%d, but ranks lists %d ranks", e.DPRanks, len(e.Ranks))
+		v.fail(join(path, "dp_ranks"), state.ErrConflict, "%d, but ranks lists %d ranks", e.DPRanks, len(e.Ranks))
 		return false
 	case e.DPRankStart < 0:
-		v.fail(join(path, "dp_rank_start"), ErrOutOfRange, "%d: must be >= 0", e.DPRankStart)
+		v.fail(join(path, "dp_rank_start"), state.ErrOutOfRange, "%d: must be >= 0", e.DPRankStart)
 		return false
 	case e.DPRankStart+n > loadmon.MaxRanks:
-		v.fail(join(path, "dp_rank_start"), ErrOutOfRange, "%d: the engine's global ranks %d..%d must be below %d", e.DPRankStart, e.DPRankStart, e.DPRankStart+n-1, loadmon.MaxRanks)
+		v.fail(join(path, "dp_rank_start"), state.ErrOutOfRange, "%d: the engine's global ranks %d..%d must be below %d", e.DPRankStart, e.DPRankStart, e.DPRankStart+n-1, loadmon.MaxRanks)
 		return false
 	case len(e.Ranks) == 0:
 		return true
 	case e.Load != nil:
-		v.fail(join(path, "load"), ErrConflict, "the engine lists ranks: give each rank its load in ranks, not the engine")
+		v.fail(join(path, "load"), state.ErrConflict, "the engine lists ranks: give each rank its load in ranks, not the engine")
 		return false
 	case e.KVEvents != nil:
-		v.fail(join(path, "kv_events"), ErrConflict, "the engine lists ranks: give each rank its kv_events in ranks, not the engine")
+		v.fail(join(path, "kv_events"), state.ErrConflict, "the engine lists ranks: give each rank its kv_events in ranks, not the engine")
 		return false
 	}
 	first := &e.Ranks[0]
 	if first.URL == "" && first.Load == nil && first.KVEvents == nil {
-		v.fail(join(path, "ranks[0]"), ErrMissingField, "a rank needs url, load or kv_events (for a rank count alone, use dp_ranks)")
+		v.fail(join(path, "ranks[0]"), state.ErrMissingField, "a rank needs url, load or kv_events (for a rank count alone, use dp_ranks)")
 		return false
 	}
 	for j := range e.Ranks {
@@ -593,15 +468,15 @@ func (v *validator) ranks(e *EngineConfig, path string) bool {
 				continue
 			}
 			if f.want {
-				v.fail(join(rp, f.name), ErrMissingField, "ranks[0] has %s: every rank needs its own", f.name)
+				v.fail(join(rp, f.name), state.ErrMissingField, "ranks[0] has %s: every rank needs its own", f.name)
 			} else {
-				v.fail(join(rp, f.name), ErrConflict, "ranks[0] has no %s: set it for every rank or none", f.name)
+				v.fail(join(rp, f.name), state.ErrConflict, "ranks[0] has no %s: set it for every rank or none", f.name)
 			}
 			return false
 		}
 		if r.URL != "" {
 			if u, err := url.Parse(r.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				v.fail(join(rp, "url"), ErrBadValue, "%q: want an absolute http or https URL", r.URL)
+				v.fail(join(rp, "url"), state.ErrBadValue, "%q: want an absolute http or https URL", r.URL)
 				return false
 			}
 		}
@@ -610,7 +485,7 @@ func (v *validator) ranks(e *EngineConfig, path string) bool {
 				return false
 			}
 			if r.Load.Format != first.Load.Format {
-				v.fail(join(rp, "load.format"), ErrConflict, "%q, but ranks[0]'s is %q: one format per engine", r.Load.Format, first.Load.Format)
+				v.fail(join(rp, "load.format"), state.ErrConflict, "%q, but ranks[0]'s is %q: one format per engine", r.Load.Format, first.Load.Format)
 				return false
 			}
 		}
@@ -624,15 +499,15 @@ func (v *validator) ranks(e *EngineConfig, path string) bool {
 // loadEndpoint checks a load endpoint at path.
 func (v *validator) loadEndpoint(l *LoadEndpoint, path string) bool {
 	if l.URL == "" {
-		v.fail(join(path, "url"), ErrMissingField, "a load endpoint needs a url")
+		v.fail(join(path, "url"), state.ErrMissingField, "a load endpoint needs a url")
 		return false
 	}
 	if u, err := url.Parse(l.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		v.fail(join(path, "url"), ErrBadValue, "%q: want an absolute http or https URL", l.URL)
+		v.fail(join(path, "url"), state.ErrBadValue, "%q: want an absolute http or https URL", l.URL)
 		return false
 	}
 	if _, err := loadsource.ParseFormat(l.Format); err != nil {
-		v.fail(join(path, "format"), ErrBadValue, "%q: want vllm_metrics, sglang_get_load or sglang_loads", l.Format)
+		v.fail(join(path, "format"), state.ErrBadValue, "%q: want vllm_metrics, sglang_get_load or sglang_loads", l.Format)
 		return false
 	}
 	return true
@@ -644,13 +519,13 @@ func (v *validator) kvEndpoint(k *KVEventsEndpoint, path string, lastRank int) b
 	for _, a := range []struct{ name, addr string }{{"endpoint", k.Endpoint}, {"replay", k.Replay}} {
 		if a.addr == "" {
 			if a.name == "endpoint" {
-				v.fail(join(path, a.name), ErrMissingField, "kv_events needs the publisher's endpoint")
+				v.fail(join(path, a.name), state.ErrMissingField, "kv_events needs the publisher's endpoint")
 				return false
 			}
 			continue
 		}
 		if _, err := rankAddress(a.addr, lastRank); err != nil {
-			v.fail(join(path, a.name), ErrBadValue, "%s", err)
+			v.fail(join(path, a.name), state.ErrBadValue, "%s", err)
 			return false
 		}
 	}
@@ -694,7 +569,7 @@ func (v *validator) load(l *LoadSettings) {
 		d    Duration
 	}{{"freshness", l.Freshness}, {"poll_interval", l.PollInterval}, {"poll_timeout", l.PollTimeout}} {
 		if d.d < 0 {
-			v.fail("load."+d.name, ErrOutOfRange, "%v is negative", d.d.D())
+			v.fail("load."+d.name, state.ErrOutOfRange, "%v is negative", d.d.D())
 			return
 		}
 	}
@@ -706,11 +581,11 @@ func (v *validator) load(l *LoadSettings) {
 		timeout = loadsource.DefaultTimeout
 	}
 	if timeout > interval {
-		v.fail("load.poll_timeout", ErrOutOfRange, "%v is longer than poll_interval %v", timeout, interval)
+		v.fail("load.poll_timeout", state.ErrOutOfRange, "%v is longer than poll_interval %v", timeout, interval)
 		return
 	}
 	if !(l.PollJitter >= 0 && l.PollJitter <= 1) {
-		v.fail("load.poll_jitter", ErrOutOfRange, "%v: must be in [0, 1]", l.PollJitter)
+		v.fail("load.poll_jitter", state.ErrOutOfRange, "%v: must be in [0, 1]", l.PollJitter)
 	}
 }
 
@@ -720,21 +595,21 @@ func (v *validator) kv(k *KVSettings) {
 	}
 	switch {
 	case k.BlockTokens < 0 || k.BlockTokens > kvindex.MaxBlockTokens:
-		v.fail("kv.block_tokens", ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.BlockTokens, kvindex.MaxBlockTokens, DefaultBlockTokens)
+		v.fail("kv.block_tokens", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.BlockTokens, kvindex.MaxBlockTokens, DefaultBlockTokens)
 	case k.MaxBlocks < 0 || int64(k.MaxBlocks) > 1<<32-2:
-		v.fail("kv.max_blocks", ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.MaxBlocks, int64(1<<32-2), kvindex.DefaultMaxBlocks)
+		v.fail("kv.max_blocks", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.MaxBlocks, int64(1<<32-2), kvindex.DefaultMaxBlocks)
 	case k.ExpectedBlocks < 0 || k.ExpectedBlocks > cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks):
-		v.fail("kv.expected_blocks", ErrOutOfRange, "%d: must be in [0, max_blocks = %d]", k.ExpectedBlocks, cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks))
+		v.fail("kv.expected_blocks", state.ErrOutOfRange, "%d: must be in [0, max_blocks = %d]", k.ExpectedBlocks, cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks))
 	case k.ExpectedHolderBlocks < 0 || k.ExpectedHolderBlocks > cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks):
-		v.fail("kv.expected_holder_blocks", ErrOutOfRange, "%d: must be in [0, max_blocks = %d]", k.ExpectedHolderBlocks, cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks))
+		v.fail("kv.expected_holder_blocks", state.ErrOutOfRange, "%d: must be in [0, max_blocks = %d]", k.ExpectedHolderBlocks, cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks))
 	case k.MaxApproxBlocks < 0:
-		v.fail("kv.max_approx_blocks", ErrOutOfRange, "%d is negative", k.MaxApproxBlocks)
+		v.fail("kv.max_approx_blocks", state.ErrOutOfRange, "%d is negative", k.MaxApproxBlocks)
 	case k.ApproxTTL < 0:
-		v.fail("kv.approx_ttl", ErrOutOfRange, "%v is negative", k.ApproxTTL.D())
+		v.fail("kv.approx_ttl", state.ErrOutOfRange, "%v is negative", k.ApproxTTL.D())
 	case k.RemoteTimeout < 0:
-		v.fail("kv.remote_timeout", ErrOutOfRange, "%v is negative", k.RemoteTimeout.D())
+		v.fail("kv.remote_timeout", state.ErrOutOfRange, "%v is negative", k.RemoteTimeout.D())
 	case k.RemoteMaxConcurrent < 0:
-		v.fail("kv.remote_max_concurrent", ErrOutOfRange, "%d is negative", k.RemoteMaxConcurrent)
+		v.fail("kv.remote_max_concurrent", state.ErrOutOfRange, "%d is negative", k.RemoteMaxConcurrent)
 	}
 }
 
@@ -746,54 +621,54 @@ func (v *validator) affinity(a *AffinitySettings) {
 	case "", "strict":
 	case "soft":
 		p := "affinity.affinity_mode"
-		v.err = &ConfigError{Path: p, Line: v.lineOf(p), Err: &causeError{sentinel: ErrRemovedOption,
+		v.err = &ConfigError{Path: p, Line: v.lineOf(p), Err: &causeError{sentinel: state.ErrRemovedOption,
 			msg: `affinity mode "soft" was removed: an admitted binding is always reused; use strict (or omit affinity_mode) instead`}}
 		return
 	default:
-		v.fail("affinity.affinity_mode", ErrBadValue, "%q: want strict", a.Mode)
+		v.fail("affinity.affinity_mode", state.ErrBadValue, "%q: want strict", a.Mode)
 		return
 	}
 	switch a.Store {
 	case "", "memory":
 		if a.Redis != nil {
-			v.fail("affinity.redis", ErrConflict, "redis settings need store redis")
+			v.fail("affinity.redis", state.ErrConflict, "redis settings need store redis")
 			return
 		}
 	case "redis":
 		if a.Redis == nil || len(a.Redis.Addrs) == 0 {
-			v.fail("affinity.redis.addrs", ErrMissingField, "store redis needs at least one Redis address")
+			v.fail("affinity.redis.addrs", state.ErrMissingField, "store redis needs at least one Redis address")
 			return
 		}
 		for k, addr := range a.Redis.Addrs {
 			if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
-				v.fail(fmt.Sprintf("affinity.redis.addrs[%d]", k), ErrBadValue, "%q: want host:port", addr)
+				v.fail(fmt.Sprintf("affinity.redis.addrs[%d]", k), state.ErrBadValue, "%q: want host:port", addr)
 				return
 			}
 		}
 		if strings.ContainsAny(a.Redis.Prefix, "{}") {
-			v.fail("affinity.redis.prefix", ErrBadValue, "%q: must not contain { or }, which move the cluster hash tag", a.Redis.Prefix)
+			v.fail("affinity.redis.prefix", state.ErrBadValue, "%q: must not contain { or }, which move the cluster hash tag", a.Redis.Prefix)
 			return
 		}
 		if a.Redis.Shards < 0 || a.Redis.Shards > 16384 {
-			v.fail("affinity.redis.shards", ErrOutOfRange, "%d: must be in [1, 16384] (unset means 256)", a.Redis.Shards)
+			v.fail("affinity.redis.shards", state.ErrOutOfRange, "%d: must be in [1, 16384] (unset means 256)", a.Redis.Shards)
 			return
 		}
 	default:
-		v.fail("affinity.store", ErrBadValue, "%q: want memory or redis", a.Store)
+		v.fail("affinity.store", state.ErrBadValue, "%q: want memory or redis", a.Store)
 		return
 	}
 	for _, h := range []struct{ name, v string }{{"session_header", a.SessionHeader}, {"routing_key_header", a.RoutingKeyHeader}} {
 		if h.v != "" && !validHeaderName(h.v) {
-			v.fail("affinity."+h.name, ErrBadValue, "%s is not an HTTP header name", strconv.Quote(h.v))
+			v.fail("affinity."+h.name, state.ErrBadValue, "%s is not an HTTP header name", strconv.Quote(h.v))
 			return
 		}
 	}
 	if a.IdleTimeout < 0 {
-		v.fail("affinity.idle_timeout", ErrOutOfRange, "%v is negative", a.IdleTimeout.D())
+		v.fail("affinity.idle_timeout", state.ErrOutOfRange, "%v is negative", a.IdleTimeout.D())
 	} else if a.SweepInterval < 0 {
-		v.fail("affinity.sweep_interval", ErrOutOfRange, "%v is negative", a.SweepInterval.D())
+		v.fail("affinity.sweep_interval", state.ErrOutOfRange, "%v is negative", a.SweepInterval.D())
 	} else if a.MaxBindings < 0 {
-		v.fail("affinity.max_bindings", ErrOutOfRange, "%d is negative", a.MaxBindings)
+		v.fail("affinity.max_bindings", state.ErrOutOfRange, "%d is negative", a.MaxBindings)
 	}
 }
 
@@ -845,11 +720,11 @@ func (v *validator) checkMembers(c *Config, lookup func(model, id string) (strin
 					}
 					p := fmt.Sprintf("%s.engine_ids[%d]", g.path, k)
 					if model != m.ID {
-						v.fail(p, ErrWrongStage, "engine %q serves model %q, not %q", id, model, m.ID)
+						v.fail(p, state.ErrWrongStage, "engine %q serves model %q, not %q", id, model, m.ID)
 						return
 					}
 					if stage != g.stage {
-						v.fail(p, ErrWrongStage, "engine %q is a %s engine, not %s", id, stage, g.stage)
+						v.fail(p, state.ErrWrongStage, "engine %q is a %s engine, not %s", id, stage, g.stage)
 						return
 					}
 				}

@@ -192,7 +192,7 @@ engines:
     model: m
     ranks:
 `+ranks.String()+`
-models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, min_matched_tokens: 8}}}}]}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {min_matched_tokens: 8}}}}}]}]
 `)
 	r := mustNew(t, cfg, nil)
 	defer r.Close()
@@ -228,7 +228,7 @@ kv: {block_tokens: 4}
 load: {poll_interval: 50ms, poll_timeout: 50ms}
 engines:
   - {id: node, model: m, dp_ranks: 4, dp_rank_start: 4, load: {url: "%s/metrics", format: vllm_metrics}, kv_events: {endpoint: "tcp://127.0.0.1:%d", topic: kv}}
-models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, min_matched_tokens: 8}}}}]}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {min_matched_tokens: 8}}}}}]}]
 `, web.URL, port-1))
 	r := mustNew(t, cfg, nil)
 	defer r.Close()

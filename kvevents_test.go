@@ -43,7 +43,7 @@ kv: {block_tokens: 4}
 engines:
   - {id: e1, model: m, kv_events: {endpoint: "%s", topic: kv}}
   - {id: e2, model: m}
-models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, min_matched_tokens: 8}}}}]}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {min_matched_tokens: 8}}}}}]}]
 `, addr))
 	reg := prometheus.NewRegistry()
 	obs, err := metrics.New(reg, metrics.Options{})

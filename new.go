@@ -128,7 +128,7 @@ type groupLabels [3]string
 // state.ErrInvalidConfiguration for invalid options; RouterAttacher's error.
 func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) {
 	if cfg == nil {
-		return nil, cfgErr("", 0, ErrMissingField, "nil configuration")
+		return nil, cfgErr("", 0, state.ErrMissingField, "nil configuration")
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -150,7 +150,8 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 	if realClock {
 		s.now = time.Now
 	}
-	b := builder{cfg: cfg, s: &s, realClock: realClock}
+	b := builder{cfg: cfg, s: &s, realClock: realClock,
+		warnLog: s.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewSamplerWithOptions(c, s.warnEvery, 1, 0) }))}
 	if err := b.registry(registry); err != nil {
 		return nil, err
 	}
@@ -158,6 +159,9 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 		return nil, err
 	}
 	if err := b.resolvers(); err != nil {
+		return nil, err
+	}
+	if err := b.kvEventsNeedIndex(); err != nil {
 		return nil, err
 	}
 	r := &Router{
@@ -199,6 +203,8 @@ type builder struct {
 	realClock bool // no WithClock: every clock is time.Now
 
 	reg      state.Registry
+	hasher   kvindex.Hasher
+	warnLog  *zap.Logger // the logger with warnings rate-limited, for the policies
 	load     *loadmon.Table
 	inflight *loadmon.InFlight
 	index    *kvindex.Index
@@ -216,14 +222,14 @@ type builder struct {
 func (b *builder) registry(reg state.Registry) error {
 	if reg == nil {
 		if len(b.cfg.Engines) == 0 {
-			return cfgErr("engines", 0, ErrMissingField, "no registry was passed to New and the configuration lists no engines")
+			return cfgErr("engines", 0, state.ErrMissingField, "no registry was passed to New and the configuration lists no engines")
 		}
 		sr := &state.StaticRegistry{}
 		for i := range b.cfg.Engines {
 			e := &b.cfg.Engines[i]
 			st, _ := parseStage(e.Stage)
 			if err := sr.Add(state.NewStaticEngine(state.EngineID(e.ID), state.ModelID(e.Model), st)); err != nil {
-				return &ConfigError{Path: fmt.Sprintf("engines[%d]", i), Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+				return &ConfigError{Path: fmt.Sprintf("engines[%d]", i), Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 			}
 		}
 		reg = sr
@@ -259,13 +265,13 @@ func (b *builder) shared() error {
 	if b.load = s.load; b.load == nil {
 		b.load = loadmon.NewTable(loadmon.WithClock(s.now), loadmon.WithFreshness(cfg.Load.Freshness.D()))
 	} else if f := cfg.Load.Freshness.D(); f != 0 && f != b.load.Freshness() {
-		return cfgErr("load.freshness", cfg.lines["load.freshness"], ErrConflict,
+		return cfgErr("load.freshness", cfg.lines["load.freshness"], state.ErrConflict,
 			"%v, but the load table passed with WithLoadTable has freshness %v", f, b.load.Freshness())
 	}
 	for i := range cfg.Engines {
 		if e := &cfg.Engines[i]; e.RankCount() > 1 {
 			if err := b.load.Expect(state.EngineID(e.ID), e.RankCount()); err != nil {
-				return &ConfigError{Path: fmt.Sprintf("engines[%d].dp_ranks", i), Err: fmt.Errorf("%w: %v", ErrOutOfRange, err)}
+				return &ConfigError{Path: fmt.Sprintf("engines[%d].dp_ranks", i), Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
 			}
 		}
 	}
@@ -276,109 +282,101 @@ func (b *builder) shared() error {
 		}
 		b.inflight = loadmon.NewInFlight(clock)
 	}
-	needLocal, needRemote, needStore := "", "", ""
-	b.eachGroup(func(gp groupPath) {
-		switch gp.policy.Type {
-		case TypeSessionAware:
-			needStore = cmpOr(needStore, gp.policyPath+".type")
-			return
-		case TypeSticky:
-			if gp.policy.Rendezvous == nil || !*gp.policy.Rendezvous {
-				needStore = cmpOr(needStore, gp.policyPath+".type")
-			}
-			return
-		case TypeCacheAware:
-		default:
-			return
-		}
-		if gp.policy.PrefixSource == "remote" {
-			needRemote = cmpOr(needRemote, gp.policyPath+".prefix_source")
-		} else {
-			needLocal = cmpOr(needLocal, gp.policyPath)
-		}
-	})
 	bt := cfg.KV.BlockTokens
 	if bt == 0 {
 		bt = DefaultBlockTokens
 	}
-	hasher, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: bt, Seed: cfg.KV.HashSeed, Namespace: cfg.KV.Namespace})
-	if err != nil {
-		return &ConfigError{Path: "kv.block_tokens", Err: fmt.Errorf("%w: %v", ErrOutOfRange, err)}
+	var err error
+	if b.hasher, err = kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: bt, Seed: cfg.KV.HashSeed, Namespace: cfg.KV.Namespace}); err != nil {
+		return &ConfigError{Path: "kv.block_tokens", Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
 	}
-	if b.index = s.index; b.index != nil {
-		if cfg.KV.BlockTokens != 0 && cfg.KV.BlockTokens != b.index.Hasher().BlockTokens() {
-			return cfgErr("kv.block_tokens", cfg.lines["kv.block_tokens"], ErrConflict,
-				"%d, but the index passed with WithIndex has %d-token blocks", cfg.KV.BlockTokens, b.index.Hasher().BlockTokens())
-		}
-	} else if needLocal != "" {
-		b.index, err = kvindex.NewIndex(hasher, kvindex.Options{MaxBlocks: cfg.KV.MaxBlocks, MaxApproxBlocks: cfg.KV.MaxApproxBlocks,
-			ApproxTTL: cfg.KV.ApproxTTL.D(), Now: s.now, ExpectedBlocks: cfg.KV.ExpectedBlocks, ExpectedHolderBlocks: cfg.KV.ExpectedHolderBlocks,
-			WriterYieldBlocks: cfg.KV.WriterYieldBlocks})
+	if b.index = s.index; b.index != nil && cfg.KV.BlockTokens != 0 && cfg.KV.BlockTokens != b.index.Hasher().BlockTokens() {
+		return cfgErr("kv.block_tokens", cfg.lines["kv.block_tokens"], state.ErrConflict,
+			"%d, but the index passed with WithIndex has %d-token blocks", cfg.KV.BlockTokens, b.index.Hasher().BlockTokens())
+	}
+	if s.store != nil && cfg.Affinity.Store == "memory" {
+		return cfgErr("affinity.store", cfg.lines["affinity.store"], state.ErrConflict,
+			"memory, but a store was passed with WithAffinityStore: remove one of them")
+	}
+	b.store = s.store
+	return nil
+}
+
+// localSource returns the prefix source over the shared KV-block index, building the index (unless
+// the host passed one) and the source on the first call (policy.Env.LocalSource).
+func (b *builder) localSource() (kvindex.Source, error) {
+	if b.local != nil {
+		return b.local, nil
+	}
+	kv := &b.cfg.KV
+	if b.index == nil {
+		x, err := kvindex.NewIndex(b.hasher, kvindex.Options{MaxBlocks: kv.MaxBlocks, MaxApproxBlocks: kv.MaxApproxBlocks,
+			ApproxTTL: kv.ApproxTTL.D(), Now: b.s.now, ExpectedBlocks: kv.ExpectedBlocks, ExpectedHolderBlocks: kv.ExpectedHolderBlocks,
+			WriterYieldBlocks: kv.WriterYieldBlocks})
 		if err != nil {
-			return &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", ErrOutOfRange, err)}
+			return nil, &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
 		}
+		b.index = x
 	}
-	if needLocal != "" {
-		if b.local, err = kvindex.NewLocalSource(b.index); err != nil {
-			return &ConfigError{Path: needLocal, Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
-		}
+	local, err := kvindex.NewLocalSource(b.index)
+	if err != nil {
+		return nil, &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 	}
-	for i := range cfg.Engines {
-		e, p := &cfg.Engines[i], fmt.Sprintf("engines[%d].kv_events", i)
+	b.local = local
+	return local, nil
+}
+
+// remoteSource returns the one remote prefix source every policy shares, built on the first call
+// over the host's remote indexer (policy.Env.RemoteSource).
+func (b *builder) remoteSource() (kvindex.Source, error) {
+	if b.remote != nil {
+		return b.remote, nil
+	}
+	r, err := kvindex.NewRemoteSource(b.s.remote, b.hasher, kvindex.RemoteOptions{Timeout: b.cfg.KV.RemoteTimeout.D(), MaxConcurrent: b.cfg.KV.RemoteMaxConcurrent})
+	if err != nil {
+		return nil, &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+	}
+	b.remote = r
+	return r, nil
+}
+
+// kvEventsNeedIndex rejects kv_events publishers when no policy built the KV-block index and the
+// host passed none: their events would feed nothing.
+func (b *builder) kvEventsNeedIndex() error {
+	if b.index != nil {
+		return nil
+	}
+	for i := range b.cfg.Engines {
+		e, p := &b.cfg.Engines[i], fmt.Sprintf("engines[%d].kv_events", i)
 		if len(e.Ranks) > 0 {
 			p = fmt.Sprintf("engines[%d].ranks[0].kv_events", i)
 		}
-		if (e.KVEvents != nil || len(e.Ranks) > 0 && e.Ranks[0].KVEvents != nil) && needLocal == "" && s.index == nil {
-			return cfgErr(p, cfg.lines[p], ErrConflict,
+		if e.KVEvents != nil || len(e.Ranks) > 0 && e.Ranks[0].KVEvents != nil {
+			return cfgErr(p, b.cfg.lines[p], state.ErrConflict,
 				"KV events feed the prefix index, which only a cache_aware policy with a local prefix source reads: attach one, or remove kv_events")
 		}
 	}
-	if err := b.affinityStore(needStore); err != nil {
-		return err
-	}
-	if needRemote != "" {
-		if s.remote == nil {
-			return cfgErr(needRemote, cfg.lines[needRemote], ErrMissingField, "prefix_source remote needs a remote indexer: pass enginepick.WithRemoteIndexer to New")
-		}
-		b.remote, err = kvindex.NewRemoteSource(s.remote, hasher, kvindex.RemoteOptions{Timeout: cfg.KV.RemoteTimeout.D(), MaxConcurrent: cfg.KV.RemoteMaxConcurrent})
-		if err != nil {
-			return &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
-		}
-	}
 	return nil
 }
 
-// affinityStore sets the store session_aware and sticky policies share: the host's, or a new
-// in-memory one (docs/design.md §14.5).
-func (b *builder) affinityStore(needStore string) error {
+// affinityStore returns the store session_aware and sticky policies share: the host's, or a new
+// in-memory one built on the first call (policy.Env.AffinityStore; docs/design.md §14.5).
+func (b *builder) affinityStore() (affinity.Store, error) {
+	if b.store != nil {
+		return b.store, nil
+	}
 	a := &b.cfg.Affinity
-	switch {
-	case b.s.store != nil && a.Store == "memory":
-		return cfgErr("affinity.store", b.cfg.lines["affinity.store"], ErrConflict,
-			"memory, but a store was passed with WithAffinityStore: remove one of them")
-	case b.s.store != nil:
-		b.store = b.s.store
-	case a.Store == "redis":
-		if needStore != "" {
-			return cfgErr("affinity.store", b.cfg.lines["affinity.store"], ErrMissingField,
-				"store redis needs the Redis store: build it with affinity/redisstore from affinity.redis and pass enginepick.WithAffinityStore to New")
-		}
-	case needStore != "":
-		ms, err := affinity.NewMemoryStore(affinity.Options{IdleTimeout: a.IdleTimeout.D(), SweepInterval: a.SweepInterval.D(),
-			MaxBindings: a.MaxBindings, Now: b.s.now})
-		if err != nil {
-			return &ConfigError{Path: "affinity", Err: fmt.Errorf("%w: %v", ErrOutOfRange, err)}
-		}
-		b.store, b.memStore = ms, ms
+	if a.Store == "redis" {
+		return nil, cfgErr("affinity.store", b.cfg.lines["affinity.store"], state.ErrMissingField,
+			"store redis needs the Redis store: build it with affinity/redisstore from affinity.redis and pass enginepick.WithAffinityStore to New")
 	}
-	return nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
+	ms, err := affinity.NewMemoryStore(affinity.Options{IdleTimeout: a.IdleTimeout.D(), SweepInterval: a.SweepInterval.D(),
+		MaxBindings: a.MaxBindings, Now: b.s.now})
+	if err != nil {
+		return nil, &ConfigError{Path: "affinity", Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
 	}
-	return b
+	b.store, b.memStore = ms, ms
+	return ms, nil
 }
 
 // groupPath is one group of the configuration with its effective policy.
@@ -457,7 +455,7 @@ func (b *builder) resolvers() error {
 				lb[state.StageDecode] = b.policyName(m, bc.Groups.PD.Decode, state.StageDecode)
 			}
 			if err != nil {
-				return &ConfigError{Path: path, Line: b.cfg.lines[path], Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+				return &ConfigError{Path: path, Line: b.cfg.lines[path], Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 			}
 			b.labels[bk] = lb
 			buckets = append(buckets, bk)
@@ -466,7 +464,7 @@ func (b *builder) resolvers() error {
 		tps, _ := parseSLOPreference(m.SLO.TPSPreference)
 		res, err := bucket.NewResolver(buckets, bucket.ResolverOptions{TTFTPreference: ttft, TPSPreference: tps})
 		if err != nil {
-			return &ConfigError{Path: fmt.Sprintf("models[%d]", i), Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+			return &ConfigError{Path: fmt.Sprintf("models[%d]", i), Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 		}
 		b.res[state.ModelID(m.ID)] = res
 		b.models = append(b.models, state.ModelID(m.ID))
@@ -488,50 +486,37 @@ func limits(p *PolicyConfig) admission.Limits {
 	return l
 }
 
-// group builds one engine group with its policy.
+// group builds one engine group with its policy, through the policy type's builder.
 func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
-	pc := policy.Config{Load: b.load, InFlight: b.inflight, Admission: limits(gp.policy), Rand: b.s.rand}
-	var (
-		p   policy.Policy
-		err error
-	)
-	typ := gp.policy.Type
-	switch typ {
-	case TypeRoundRobin:
-		p, err = policy.NewRoundRobin(pc)
-	case TypeRandom:
-		p, err = policy.NewRandom(pc)
-	case TypePowerOfTwo:
-		p, err = policy.NewPowerOfN(pc, 2)
-	case TypePowerOfN:
-		n := policy.DefaultChoices
-		if gp.policy.Choices != nil {
-			n = *gp.policy.Choices
-		}
-		p, err = policy.NewPowerOfN(pc, n)
-	case TypeLeastLoad:
-		p, err = policy.NewLeastLoad(pc)
-	case TypeCacheAware:
-		p, err = policy.NewCacheAware(pc, b.cacheOptions(gp.policy))
-	case TypeSessionAware:
-		p, err = policy.NewSessionAware(pc, policy.SessionAwareOptions{Store: b.store, Choices: deref(gp.policy.Choices),
-			FallbackOnUnavailable: deref(gp.policy.FallbackOnUnavailable)})
-	case TypeSticky:
-		o := policy.StickyOptions{Fallback: gp.policy.Fallback, Rendezvous: deref(gp.policy.Rendezvous),
-			LoadFactor: deref(gp.policy.LoadFactor), FallbackOnUnavailable: deref(gp.policy.FallbackOnUnavailable)}
-		if !o.Rendezvous {
-			o.Store = b.store
-		}
-		p, err = policy.NewSticky(pc, o)
-	default:
-		err = fmt.Errorf("%w: unknown policy type %q", ErrBadValue, gp.policy.Type) // Validate rejects it first
+	path := gp.policyPath
+	if path == "" {
+		path = gp.path
 	}
+	bpath := join(path, gp.policy.Type)
+	lineOf := func(p string) int { return b.cfg.lines[p] }
+	bl, ok := policy.Lookup(gp.policy.Type)
+	if !ok { // Validate rejects it first
+		return nil, cfgErr(join(path, "type"), lineOf(join(path, "type")), state.ErrBadValue, "unknown policy type %q", gp.policy.Type)
+	}
+	var obs any
+	if b.s.obs != nil {
+		obs = b.s.obs
+	}
+	env := policy.Env{
+		Config: policy.Config{Load: b.load, InFlight: b.inflight, Admission: limits(gp.policy), Rand: b.s.rand},
+		Stage:  gp.stage, Logger: b.warnLog, Now: b.s.now, Observer: obs,
+		LocalSource: b.localSource,
+		RemoteSource: func() (kvindex.Source, error) {
+			if b.s.remote == nil {
+				return nil, cfgErr(bpath, lineOf(bpath), state.ErrMissingField, "prefix_source remote needs a remote indexer: pass enginepick.WithRemoteIndexer to New")
+			}
+			return b.remoteSource()
+		},
+		AffinityStore: b.affinityStore,
+	}
+	p, err := bl.Build(gp.policy.Options, env)
 	if err != nil {
-		path := gp.policyPath
-		if path == "" {
-			path = gp.path
-		}
-		return nil, &ConfigError{Path: path, Line: b.cfg.lines[path], Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+		return nil, optionConfigErr(path, bpath, lineOf, err)
 	}
 	if a := gp.policy.Admission; !a.IsZero() || gp.policy.MaxInFlight != nil {
 		l := limits(gp.policy)
@@ -539,11 +524,11 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 			b.degraded.reportedCaps = append(b.degraded.reportedCaps, state.ModelID(gp.model.ID))
 		}
 	}
-	if typ == TypeCacheAware && gp.policy.EngineQueueLimit != nil {
+	if rl, ok := p.(policy.ReportedLoadReader); ok && rl.ReadsReportedLoad() {
 		b.degraded.reportedCaps = append(b.degraded.reportedCaps, state.ModelID(gp.model.ID))
 	}
 	if b.s.obs != nil {
-		if po := b.s.obs.ObserveGroup(GroupInfo{Model: state.ModelID(gp.model.ID), Bucket: gp.bucket.ID, Stage: gp.stage, Policy: typ}); po != nil {
+		if po := b.s.obs.ObserveGroup(GroupInfo{Model: state.ModelID(gp.model.ID), Bucket: gp.bucket.ID, Stage: gp.stage, Policy: gp.policy.Type}); po != nil {
 			p = &observedPolicy{inner: p, obs: po}
 		}
 	}
@@ -556,52 +541,9 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 	}
 	g, err := bucket.NewEngineGroup(p, members)
 	if err != nil {
-		return nil, &ConfigError{Path: gp.path, Line: b.cfg.lines[gp.path], Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+		return nil, &ConfigError{Path: gp.path, Line: b.cfg.lines[gp.path], Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 	}
 	return g, nil
-}
-
-// cacheOptions converts a cache_aware attachment to policy.CacheAwareOptions.
-func (b *builder) cacheOptions(p *PolicyConfig) policy.CacheAwareOptions {
-	o := policy.CacheAwareOptions{
-		MinMatchRatio:              deref(p.MinMatchRatio),
-		CandidateRatio:             deref(p.CandidateRatio),
-		CandidateMinEngines:        deref(p.CandidateMinEngines),
-		CandidateMaxEngines:        deref(p.CandidateMaxEngines),
-		SwitchMarginTokens:         p.SwitchMarginTokens,
-		DisablePressureGuard:       p.PressureGuard != nil && !*p.PressureGuard,
-		EngineQueueLimit:           p.EngineQueueLimit,
-		SaturationQueueFloor:       p.SaturationQueueFloor,
-		MinLoadChoices:             deref(p.MinLoadChoices),
-		DisableRoutePlacements:     p.RoutePlacements != nil && !*p.RoutePlacements,
-		DisableCostComparison:      p.CostComparison != nil && !*p.CostComparison,
-		CostMarginTokens:           p.CostMarginTokens,
-		RecomputeFactor:            deref(p.RecomputeFactor),
-		MinMatchedTokens:           deref(p.MinMatchedTokens),
-		PressureAbsThresholdTokens: deref(p.PressureAbsThresholdTokens),
-		PressureRelThreshold:       deref(p.PressureRelThreshold),
-		Logger:                     b.s.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewSamplerWithOptions(c, b.s.warnEvery, 1, 0) })),
-	}
-	if p.PressureAbsThresholdMs != nil {
-		o.PressureAbsThreshold = time.Duration(*p.PressureAbsThresholdMs) * time.Millisecond
-	}
-	if p.PrefixSource == "remote" {
-		o.Source = b.remote
-	} else {
-		o.Source = b.local
-	}
-	if co, ok := b.s.obs.(policy.CacheObserver); ok {
-		o.Observer = co
-	}
-	return o
-}
-
-func deref[T any](p *T) T {
-	if p == nil {
-		var zero T
-		return zero
-	}
-	return *p
 }
 
 // start starts the shared services: the load poller and the degraded-state checks.
@@ -636,7 +578,7 @@ func (b *builder) start(r *Router) error {
 		poller, err = loadsource.NewPoller(b.load, targets, loadsource.Options{Client: client, Interval: b.cfg.Load.PollInterval.D(),
 			Timeout: b.cfg.Load.PollTimeout.D(), Jitter: b.cfg.Load.PollJitter, Logger: b.s.log})
 		if err != nil {
-			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: %v", ErrBadValue, err)}
+			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 		}
 	}
 	sub, err := b.kvEvents()
@@ -658,7 +600,7 @@ func (b *builder) start(r *Router) error {
 		if err := sub.Start(ctx); err != nil {
 			cancel()
 			_ = sub.Close()
-			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", ErrBadValue, err)}
+			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", state.ErrBadValue, err)}
 		}
 	}
 	if poller != nil {
@@ -724,12 +666,12 @@ func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
 			return dispatchedSince(inflight, ranks[engine], engine, rank, since)
 		}})
 	if err != nil {
-		return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", ErrBadValue, err)}
+		return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", state.ErrBadValue, err)}
 	}
 	for _, ep := range eps {
 		if err := sub.Add(ep); err != nil {
 			_ = sub.Close()
-			return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events of %q rank %d: %v", ErrConflict, ep.Engine, ep.DPRank, err)}
+			return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events of %q rank %d: %v", state.ErrConflict, ep.Engine, ep.DPRank, err)}
 		}
 	}
 	return sub, nil

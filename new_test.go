@@ -218,10 +218,10 @@ models:
 `)
 	rec := &recorder{}
 	r := mustNew(t, cfg, nil, enginepick.WithObserver(rec))
-	assert.Equal(t, enginepick.TypeRoundRobin, rec.policyOf("m", "own", state.StagePlain), "explicit group policy")
-	assert.Equal(t, enginepick.TypeRandom, rec.policyOf("m", "inherits", state.StagePrefill), "model default")
-	assert.Equal(t, enginepick.TypeLeastLoad, rec.policyOf("m", "inherits", state.StageDecode), "stage default over model default")
-	assert.Equal(t, enginepick.TypePowerOfTwo, rec.policyOf("bare", "b", state.StagePlain), "built-in default")
+	assert.Equal(t, policy.NameRoundRobin, rec.policyOf("m", "own", state.StagePlain), "explicit group policy")
+	assert.Equal(t, policy.NameRandom, rec.policyOf("m", "inherits", state.StagePrefill), "model default")
+	assert.Equal(t, policy.NameLeastLoad, rec.policyOf("m", "inherits", state.StageDecode), "stage default over model default")
+	assert.Equal(t, policy.NamePowerOfTwo, rec.policyOf("bare", "b", state.StagePlain), "built-in default")
 
 	for _, tc := range []struct {
 		model string
@@ -327,7 +327,7 @@ models:
 			}
 			var ce *enginepick.ConfigError
 			require.ErrorAs(t, err, &ce)
-			assert.ErrorIs(t, err, enginepick.ErrWrongStage)
+			assert.ErrorIs(t, err, state.ErrWrongStage)
 			assert.Equal(t, tc.path, ce.Path)
 			assert.Equal(t, tc.msg, err.Error())
 		})
@@ -349,9 +349,9 @@ engines:
   - {id: bd1, model: b, stage: decode}
 models:
   - id: a
-    buckets: [{id: x, groups: {plain: {policy: {type: cache_aware, min_matched_tokens: 4}}}}]
+    buckets: [{id: x, groups: {plain: {policy: {type: cache_aware, cache_aware: {min_matched_tokens: 4}}}}}]
   - id: b
-    stage_policies: {prefill: {type: cache_aware, min_matched_tokens: 4}}
+    stage_policies: {prefill: {type: cache_aware, cache_aware: {min_matched_tokens: 4}}}
     buckets: [{id: y, groups: {pd: {prefill: {}, decode: {}}}}]
 `)
 	rec := &recorder{}
@@ -392,13 +392,13 @@ func TestNewRemotePrefixSource(t *testing.T) {
 	t.Parallel()
 	const yaml = `
 engines: [{id: e1, model: m}, {id: e2, model: m}]
-models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, prefix_source: remote, min_matched_tokens: 16}}}}]}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {prefix_source: remote, min_matched_tokens: 16}}}}}]}]
 `
 	_, err := enginepick.New(mustParse(t, yaml), nil, enginepick.WithHealthInterval(0))
 	var ce *enginepick.ConfigError
 	require.ErrorAs(t, err, &ce)
-	assert.ErrorIs(t, err, enginepick.ErrMissingField)
-	assert.Equal(t, `config: line 3: models[0].buckets[0].groups.plain.policy.prefix_source: prefix_source remote needs a remote indexer: pass enginepick.WithRemoteIndexer to New`, err.Error())
+	assert.ErrorIs(t, err, state.ErrMissingField)
+	assert.Equal(t, `config: line 3: models[0].buckets[0].groups.plain.policy.cache_aware: prefix_source remote needs a remote indexer: pass enginepick.WithRemoteIndexer to New`, err.Error())
 
 	var calls atomic.Int32
 	ri := kvindex.RemoteIndexerFunc(func(_ context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
@@ -510,18 +510,18 @@ engines: [{id: e1, model: m}]
 models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware}}}}]}]
 `)
 	_, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithLoadTable(loadmon.NewTable()))
-	assert.ErrorIs(t, err, enginepick.ErrConflict)
+	assert.ErrorIs(t, err, state.ErrConflict)
 	assert.EqualError(t, err, "config: line 2: load.freshness: 2s, but the load table passed with WithLoadTable has freshness 5s")
 	h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: 16})
 	require.NoError(t, err)
 	x, err := kvindex.NewIndex(h, kvindex.Options{})
 	require.NoError(t, err)
 	_, err = enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithIndex(x))
-	assert.ErrorIs(t, err, enginepick.ErrConflict)
+	assert.ErrorIs(t, err, state.ErrConflict)
 	assert.EqualError(t, err, "config: line 3: kv.block_tokens: 32, but the index passed with WithIndex has 16-token blocks")
 
 	_, err = enginepick.New(mustParse(t, "models: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), nil)
-	assert.ErrorIs(t, err, enginepick.ErrMissingField, "no registry and no engines")
+	assert.ErrorIs(t, err, state.ErrMissingField, "no registry and no engines")
 	_, err = enginepick.New(nil, nil)
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
 	_, err = enginepick.New(cfg, nil, enginepick.WithHealthInterval(-time.Second))
@@ -558,8 +558,8 @@ func TestDispatchDoneReleasesOnceAndReports(t *testing.T) {
 	assert.Equal(t, enginepick.ReasonError, ev.Reason)
 	assert.Equal(t, 3*time.Second, ev.Duration)
 	assert.Equal(t, [2]enginepick.DispatchedEngine{
-		{ID: p, Stage: state.StagePrefill, Policy: enginepick.TypeCacheAware, Reason: policy.ReasonNoCacheCandidate},
-		{ID: dec, Stage: state.StageDecode, Policy: enginepick.TypePowerOfTwo, Reason: policy.ReasonPowerOfTwo},
+		{ID: p, Stage: state.StagePrefill, Policy: policy.NameCacheAware, Reason: policy.ReasonNoCacheCandidate},
+		{ID: dec, Stage: state.StageDecode, Policy: policy.NamePowerOfTwo, Reason: policy.ReasonPowerOfTwo},
 	}, ev.Engines)
 	assert.Equal(t, 2, ev.N)
 	assert.Equal(t, uint64(64), ev.Outcome.CachedTokens)
@@ -641,7 +641,7 @@ engines:
   - {id: e2, model: m}
 models:
   - id: m
-    buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, engine_queue_limit: 4}}}}]
+    buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {engine_queue_limit: 4}}}}}]
 `, srv.URL))
 	r := mustNew(t, cfg, nil, enginepick.WithLogger(zap.New(core)), enginepick.WithWarnInterval(time.Hour))
 	require.NoError(t, r.Index().MarkUntrusted("e2", 0))
@@ -673,10 +673,10 @@ affinity: {idle_timeout: 10m}
 engines: [{id: e1, model: chat}, {id: e2, model: chat}, {id: e3, model: chat}, {id: t1, model: tenants}, {id: t2, model: tenants}]
 models:
   - id: chat
-    default_policy: {type: session_aware, choices: 3}
+    default_policy: {type: session_aware, session_aware: {choices: 3}}
     buckets: [{id: a, groups: {plain: {}}}]
   - id: tenants
-    buckets: [{id: a, groups: {plain: {policy: {type: sticky, fallback: least_load}}}}]
+    buckets: [{id: a, groups: {plain: {policy: {type: sticky, sticky: {fallback: least_load}}}}}]
 `
 	r := mustNew(t, mustParse(t, yaml), nil)
 	require.NotNil(t, r.AffinityStore())
@@ -708,7 +708,7 @@ models:
 
 	stateless := mustNew(t, mustParse(t, `
 engines: [{id: t1, model: m}, {id: t2, model: m}]
-models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: sticky, rendezvous: true, load_factor: 1.25}}}}]}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: sticky, sticky: {rendezvous: true, load_factor: 1.25}}}}}]}]
 `), nil)
 	assert.Nil(t, stateless.AffinityStore(), "rendezvous hashing needs no store")
 
@@ -718,7 +718,7 @@ engines: [{id: e1, model: m}]
 models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]
 `)
 	_, err = enginepick.New(redisCfg, nil, enginepick.WithHealthInterval(0))
-	assert.ErrorIs(t, err, enginepick.ErrMissingField)
+	assert.ErrorIs(t, err, state.ErrMissingField)
 	assert.EqualError(t, err, "config: line 2: affinity.store: store redis needs the Redis store: build it with affinity/redisstore from affinity.redis and pass enginepick.WithAffinityStore to New")
 	host, err := affinity.NewMemoryStore(affinity.Options{})
 	require.NoError(t, err)
@@ -727,7 +727,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware
 
 	memCfg := mustParse(t, "affinity: {store: memory}\nengines: [{id: e1, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]\n")
 	_, err = enginepick.New(memCfg, nil, enginepick.WithHealthInterval(0), enginepick.WithAffinityStore(host))
-	assert.ErrorIs(t, err, enginepick.ErrConflict)
+	assert.ErrorIs(t, err, state.ErrConflict)
 }
 
 // TestNewRejectsKVEventsNobodyReads checks that KV events need a reader: without a cache_aware
@@ -739,7 +739,7 @@ engines: [{id: e1, model: m, kv_events: {endpoint: "tcp://127.0.0.1:5557"}}]
 models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: power_of_two}}}}]}]
 `)
 	_, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0))
-	assert.ErrorIs(t, err, enginepick.ErrConflict)
+	assert.ErrorIs(t, err, state.ErrConflict)
 	assert.EqualError(t, err, "config: line 2: engines[0].kv_events: KV events feed the prefix index, which only a cache_aware policy with a local prefix source reads: attach one, or remove kv_events")
 }
 
@@ -793,7 +793,7 @@ func TestInertQueueGateWarnsThroughTheRouterLogger(t *testing.T) {
 	core, logs := observer.New(zapcore.WarnLevel)
 	cfg := mustParse(t, `
 engines: [{id: e1, model: m}, {id: e2, model: m}]
-models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, engine_queue_limit: 4}}}}]}]
+models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {engine_queue_limit: 4}}}}}]}]
 `)
 	r := mustNew(t, cfg, nil, enginepick.WithLogger(zap.New(core)), enginepick.WithWarnInterval(time.Hour))
 	inert := func() []observer.LoggedEntry {

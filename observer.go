@@ -52,7 +52,7 @@ type SelectTimingSampler interface {
 }
 
 // GroupInfo identifies one engine group: its model, bucket, stage and the configuration name of
-// its policy (TypeRoundRobin … TypeCacheAware).
+// its policy type (policy.NameRoundRobin … policy.NameCacheAware, or a type the host registered).
 type GroupInfo struct {
 	Model  state.ModelID
 	Bucket string

@@ -17,19 +17,20 @@ import (
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/metrics"
+	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
 
 // benchRouter builds a Router over 16 plain engines with fresh loads, running policy, with or
 // without the Prometheus observer (built with opts when observed). For cache_aware, engine e03
 // holds the prompt's first half.
-func benchRouter(b testing.TB, policy string, observed bool, mopts metrics.Options) (*enginepick.Router, *bucket.Request) {
+func benchRouter(b testing.TB, pol string, observed bool, mopts metrics.Options) (*enginepick.Router, *bucket.Request) {
 	b.Helper()
 	yaml := "kv: {block_tokens: 16}\nengines:\n"
 	for i := range 16 {
 		yaml += fmt.Sprintf("  - {id: e%02d, model: m}\n", i)
 	}
-	yaml += "models: [{id: m, buckets: [{id: chat, groups: {plain: {policy: {type: " + policy + "}}}}]}]\n"
+	yaml += "models: [{id: m, buckets: [{id: chat, groups: {plain: {policy: {type: " + pol + "}}}}]}]\n"
 	cfg, err := enginepick.ParseConfig([]byte(yaml), enginepick.FormatYAML)
 	require.NoError(b, err)
 	opts := []enginepick.Option{enginepick.WithHealthInterval(0)}
@@ -56,7 +57,7 @@ func benchRouter(b testing.TB, policy string, observed bool, mopts metrics.Optio
 		require.NoError(b, x.Store(kvindex.StoreEvent{Engine: "e03", BlockHashes: hs, TokenIDs: tokens[:1024], Tier: kvindex.TierDevice}))
 	}
 	req := &bucket.Request{Model: "m", Signals: bucket.Signals{InputTokens: 2048, ExpectedPeakTokens: 2304, HasExpectedPeak: true}}
-	if policy == enginepick.TypeCacheAware {
+	if pol == policy.NameCacheAware {
 		req.TokenIDs = tokens
 	}
 	return r, req
@@ -86,7 +87,7 @@ func pickLoop(ctx context.Context, b *testing.B, r *enginepick.Router, req *buck
 // less than wall time; run it with -cpu 1 so that no other goroutine's work is counted.
 func BenchmarkPickObserver(b *testing.B) {
 	ctx := context.Background()
-	for _, pol := range []string{enginepick.TypeRoundRobin, enginepick.TypePowerOfTwo, enginepick.TypeCacheAware} {
+	for _, pol := range []string{policy.NameRoundRobin, policy.NamePowerOfTwo, policy.NameCacheAware} {
 		for _, obs := range []string{"none", "prometheus", "prometheus_done"} {
 			b.Run("policy="+pol+"/observer="+obs, func(b *testing.B) {
 				r, req := benchRouter(b, pol, obs != "none", metrics.Options{})
@@ -108,9 +109,9 @@ func TestObserverAllocatesNothingPerPick(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are not exact under the race detector")
 	}
-	for _, policy := range []string{enginepick.TypeRoundRobin, enginepick.TypePowerOfTwo, enginepick.TypeCacheAware} {
+	for _, pol := range []string{policy.NameRoundRobin, policy.NamePowerOfTwo, policy.NameCacheAware} {
 		allocs := func(observed bool) float64 {
-			r, req := benchRouter(t, policy, observed, metrics.Options{})
+			r, req := benchRouter(t, pol, observed, metrics.Options{})
 			ctx := context.Background()
 			return testing.AllocsPerRun(200, func() {
 				d, err := r.Select(ctx, req)
@@ -120,7 +121,7 @@ func TestObserverAllocatesNothingPerPick(t *testing.T) {
 				d.Release()
 			})
 		}
-		assert.Equal(t, allocs(false), allocs(true), policy)
+		assert.Equal(t, allocs(false), allocs(true), pol)
 	}
 }
 
@@ -144,7 +145,7 @@ func BenchmarkPickObserverPaired(b *testing.B) {
 		b.Skip("no thread CPU clock on this platform")
 	}
 	ctx := context.Background()
-	for _, pol := range []string{enginepick.TypeRoundRobin, enginepick.TypePowerOfTwo, enginepick.TypeCacheAware} {
+	for _, pol := range []string{policy.NameRoundRobin, policy.NamePowerOfTwo, policy.NameCacheAware} {
 		for _, timing := range []struct {
 			name  string
 			every int

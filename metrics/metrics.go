@@ -119,15 +119,15 @@ const limitOther = "other"
 
 // reasonsOf lists the reason labels each policy type produces, for pre-resolved series.
 var reasonsOf = map[string][]string{
-	enginepick.TypeRoundRobin: {policy.ReasonRoundRobin},
-	enginepick.TypeRandom:     {policy.ReasonRandom},
-	enginepick.TypePowerOfTwo: {policy.ReasonPowerOfTwo},
-	enginepick.TypePowerOfN:   {policy.ReasonPowerOfN, policy.ReasonPowerOfTwo},
-	enginepick.TypeLeastLoad:  {policy.ReasonLeastLoad},
-	enginepick.TypeCacheAware: {policy.ReasonCacheCandidate, policy.ReasonSaturationPin, policy.ReasonNoCacheCandidate, policy.ReasonCostDiverted},
-	enginepick.TypeSessionAware: {policy.ReasonSessionPrimary, policy.ReasonAssigned, policy.ReasonNoSession,
+	policy.NameRoundRobin: {policy.ReasonRoundRobin},
+	policy.NameRandom:     {policy.ReasonRandom},
+	policy.NamePowerOfTwo: {policy.ReasonPowerOfTwo},
+	policy.NamePowerOfN:   {policy.ReasonPowerOfN, policy.ReasonPowerOfTwo},
+	policy.NameLeastLoad:  {policy.ReasonLeastLoad},
+	policy.NameCacheAware: {policy.ReasonCacheCandidate, policy.ReasonSaturationPin, policy.ReasonNoCacheCandidate, policy.ReasonCostDiverted},
+	policy.NameSessionAware: {policy.ReasonSessionPrimary, policy.ReasonAssigned, policy.ReasonNoSession,
 		policy.ReasonAffinityUnavailable},
-	enginepick.TypeSticky: {policy.ReasonStickyPrimary, policy.ReasonStickyAssigned, policy.ReasonNoRoutingKey,
+	policy.NameSticky: {policy.ReasonStickyPrimary, policy.ReasonStickyAssigned, policy.ReasonNoRoutingKey,
 		policy.ReasonRendezvous, policy.ReasonRendezvousBounded, policy.ReasonAffinityUnavailable},
 }
 
@@ -316,7 +316,7 @@ type reasonCounter struct {
 // policy produces, each admission limit) and the model's and bucket's.
 func (p *Prometheus) ObserveGroup(g enginepick.GroupInfo) enginepick.PickObserver {
 	p.addBucket(g.Model, g.Bucket)
-	if g.Policy == enginepick.TypeCacheAware {
+	if g.Policy == policy.NameCacheAware {
 		p.cacheModel(g.Model)
 	}
 	o := &groupObs{p: p, labels: [4]string{string(g.Model), g.Bucket, g.Stage.String(), g.Policy}}

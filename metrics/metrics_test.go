@@ -87,7 +87,7 @@ models:
       - id: chat
         groups:
           plain:
-            policy: {type: cache_aware, min_matched_tokens: 4, engine_queue_limit: 2, route_placements: false, cost_comparison: false, admission: {max_running_requests: 8}}
+            policy: {type: cache_aware, admission: {max_running_requests: 8}, cache_aware: {min_matched_tokens: 4, engine_queue_limit: 2, route_placements: false, cost_comparison: false}}
   - id: pd
     buckets:
       - id: all
@@ -415,7 +415,7 @@ func TestEveryCacheDecisionIsCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	p, err := metrics.New(reg, metrics.Options{})
 	require.NoError(t, err)
-	po := p.ObserveGroup(enginepick.GroupInfo{Model: "m", Bucket: "a", Stage: state.StagePlain, Policy: enginepick.TypeCacheAware})
+	po := p.ObserveGroup(enginepick.GroupInfo{Model: "m", Bucket: "a", Stage: state.StagePlain, Policy: policy.NameCacheAware})
 	decisions := map[string]string{ // decision label → the pick's reason
 		policy.DecisionCacheHit:          policy.ReasonCacheCandidate,
 		policy.DecisionCacheMiss:         policy.ReasonNoCacheCandidate,

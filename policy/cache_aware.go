@@ -273,15 +273,30 @@ const inertWarnSample = 64
 // NewCacheAware fills defaults, validates every parameter and returns the policy. Any invalid
 // parameter is an error wrapping ErrInvalidConfiguration that names it
 // (docs/design.md §9 and §14).
+//
+// Errors: an *OptionError naming the invalid option, or an error wrapping ErrInvalidConfiguration
+// for a nil Config handle.
 func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
 	if err := cfg.validate(NameCacheAware); err != nil {
 		return nil, err
 	}
-	bad := func(field string, v any, rule string) error {
-		return fmt.Errorf("policy: cache_aware: %s = %v: %s: %w", field, v, rule, ErrInvalidConfiguration)
-	}
 	if opts.Source == nil {
-		return nil, bad("Source", nil, "required")
+		return nil, optionErr(NameCacheAware, "Source", state.ErrMissingField, "required")
+	}
+	p, err := opts.resolve()
+	if err != nil {
+		return nil, err
+	}
+	p.cfg = cfg
+	return p, nil
+}
+
+// resolve fills the options' defaults, validates them and returns the policy without its Config.
+// Every rule on the options is here, once: NewCacheAware and the configuration's cache_aware block
+// both apply it.
+func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
+	bad := func(field string, v any, rule string) error {
+		return optionErr(NameCacheAware, field, state.ErrOutOfRange, "%v: %s", v, rule)
 	}
 	shortGate := opts.MinMatchedTokens == 0
 	if shortGate {
@@ -334,7 +349,7 @@ func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
 	if opts.SaturationQueueFloor != nil {
 		f := *opts.SaturationQueueFloor
 		if queueCap == 0 {
-			return nil, bad("SaturationQueueFloor", f, "requires EngineQueueLimit")
+			return nil, optionErr(NameCacheAware, "SaturationQueueFloor", state.ErrConflict, "%v: requires EngineQueueLimit", f)
 		}
 		if f == 0 || f > queueCap {
 			return nil, bad("SaturationQueueFloor", f, fmt.Sprintf("must be in [1, %d]", queueCap))
@@ -366,7 +381,7 @@ func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
 		placer, _ = opts.Source.(kvindex.Placer)
 	}
 	borrower, _ := opts.Observer.(CacheDecisionBorrower)
-	return &CacheAware{cfg: cfg, opts: opts, placer: placer, borrower: borrower, margin: margin, costMargin: costMargin, shortGate: shortGate, queueCap: queueCap, floor: floor, log: log}, nil
+	return &CacheAware{opts: opts, placer: placer, borrower: borrower, margin: margin, costMargin: costMargin, shortGate: shortGate, queueCap: queueCap, floor: floor, log: log}, nil
 }
 
 // SupportsStage implements StageSupporter: plain and prefill only.

@@ -73,10 +73,9 @@ func NewSticky(cfg Config, opts StickyOptions) (*Sticky, error) {
 		return fail("StickyOptions.Store is set with Rendezvous: choose one mode")
 	case !opts.Rendezvous && opts.Store == nil:
 		return fail("StickyOptions.Store is nil and Rendezvous is off: choose one mode")
-	case opts.LoadFactor != 0 && !opts.Rendezvous:
-		return fail("StickyOptions.LoadFactor %v needs Rendezvous", opts.LoadFactor)
-	case opts.LoadFactor != 0 && !(opts.LoadFactor >= 1 && !math.IsInf(opts.LoadFactor, 1)):
-		return fail("StickyOptions.LoadFactor %v: must be 0 or a finite number >= 1", opts.LoadFactor)
+	}
+	if err := opts.check(); err != nil {
+		return nil, err
 	}
 	fb := cfg
 	fb.Admission = admission.Limits{}
@@ -91,9 +90,6 @@ func NewSticky(cfg Config, opts StickyOptions) (*Sticky, error) {
 		fallback, err = NewPowerOfN(fb, 2)
 	case NameLeastLoad:
 		fallback, err = NewLeastLoad(fb)
-	default:
-		return fail("StickyOptions.Fallback %q: want %s, %s, %s or %s", opts.Fallback,
-			NameRoundRobin, NameRandom, NamePowerOfTwo, NameLeastLoad)
 	}
 	if err != nil {
 		return nil, err
@@ -200,4 +196,22 @@ func fmix64(x uint64) uint64 {
 	x *= 0xc4ceb9fe1a85ec53
 	x ^= x >> 33
 	return x
+}
+
+// check applies the rules on Fallback and LoadFactor, which NewSticky and the configuration's
+// sticky block share; errors are *OptionError values.
+func (opts StickyOptions) check() error {
+	switch opts.Fallback {
+	case "", NameRoundRobin, NameRandom, NamePowerOfTwo, NameLeastLoad:
+	default:
+		return optionErr(NameSticky, "Fallback", state.ErrBadValue, "%q: want %s, %s, %s or %s", opts.Fallback,
+			NameRoundRobin, NameRandom, NamePowerOfTwo, NameLeastLoad)
+	}
+	switch {
+	case opts.LoadFactor != 0 && !opts.Rendezvous:
+		return optionErr(NameSticky, "LoadFactor", state.ErrConflict, "%v: bounds rendezvous hashing, so it needs Rendezvous", opts.LoadFactor)
+	case opts.LoadFactor != 0 && !(opts.LoadFactor >= 1 && !math.IsInf(opts.LoadFactor, 1)):
+		return optionErr(NameSticky, "LoadFactor", state.ErrOutOfRange, "%v: must be a finite number >= 1", opts.LoadFactor)
+	}
+	return nil
 }

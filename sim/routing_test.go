@@ -168,7 +168,7 @@ func TestReplayRoutingRejects(t *testing.T) {
 			`sim: Config.Routing.Model "zzz" is not a model of the configuration: invalid configuration`},
 		{"model_without_engines", Config{Routing: &Routing{Config: good, Model: "n"}}, ErrEmptyFleet,
 			`sim: fleet has no engines: invalid configuration: the configuration lists no engines of model "n"`},
-		{"invalid_file", Config{Routing: &Routing{Config: &enginepick.Config{}}}, enginepick.ErrMissingField, ""},
+		{"invalid_file", Config{Routing: &Routing{Config: &enginepick.Config{}}}, state.ErrMissingField, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Trace = tr

@@ -132,7 +132,7 @@ func TestConfigFileRefusals(t *testing.T) {
 		{"with_policy_flags", []string{"--config=" + good, "--policy=random", "--freshness=1s"}, state.ErrInvalidConfiguration,
 			"--config and --policy, --freshness are exclusive: the file holds the engines, policies and shared settings: invalid configuration"},
 		{"with_engine", []string{"--config=" + good, "--engine=url=http://127.0.0.1:2,model=m,kind=vllm"}, state.ErrInvalidConfiguration, ""},
-		{"removed_option", []string{"--config=" + removed}, enginepick.ErrRemovedOption, ""},
+		{"removed_option", []string{"--config=" + removed}, state.ErrRemovedOption, ""},
 		{"trailing_slash", []string{"--config=" + slash}, state.ErrInvalidConfiguration, ""},
 		{"no_engines", []string{"--config=" + noEngines}, state.ErrInvalidConfiguration, ""},
 		{"bad_kind", []string{"--config=" + good, "--engine-kind=tgi"}, state.ErrInvalidConfiguration, ""},
