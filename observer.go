@@ -18,13 +18,15 @@ import (
 // safe for concurrent use. Label values the Router hands over are bounded: configured model,
 // bucket and engine IDs, policy names, reason labels; never a per-request value.
 //
-// Optional capabilities, detected once by New: an Observer that also implements
-// policy.CacheObserver receives every cache-aware decision (docs/design.md §9.8); one that
-// implements RouterAttacher is attached to the Router New built, to read its shared state when
-// scraped; one that implements SelectTimingSampler has only a sample of selections timed.
+// Optional capabilities, detected once when the Router is built: an Observer that also implements
+// policy.CacheObserver receives every cache-aware decision (docs/design.md §9.8) from the policies
+// package config builds; one that implements config.RouterAttacher is attached to the Router
+// config.New built, to read its shared state when scraped; one that implements
+// SelectTimingSampler has only a sample of selections timed.
 type Observer interface {
-	// ObserveGroup is called once per engine group, by New, before the Router serves a request.
-	// The returned PickObserver (nil for none) receives every pick of that group's policy.
+	// ObserveGroup is called once per engine group by config.New, before the Router serves a
+	// request (a host that builds its groups itself calls it, and wraps the group's policy,
+	// itself). The returned PickObserver (nil for none) receives every pick of that group's policy.
 	ObserveGroup(g GroupInfo) PickObserver
 	// ObserveSelect is called once per Router.Select, successful or not. The event is passed by
 	// value so that reporting allocates nothing; e.Selection is valid only during the call.
@@ -33,14 +35,8 @@ type Observer interface {
 	ObserveDone(e DoneEvent)
 }
 
-// RouterAttacher is an optional interface of an Observer: New calls AttachRouter once, after
-// building the Router and before returning it. An error fails New (and stops what it started).
-type RouterAttacher interface {
-	AttachRouter(r *Router) error
-}
-
 // SelectTimingSampler is an optional interface of an Observer that needs the duration of only a
-// sample of selections, for a latency distribution: New asks once, and the Router then reads the
+// sample of selections, for a latency distribution: NewRouter asks once, and the Router then reads the
 // clock at the start of one Router.Select in SelectTimingEvery, chosen at random, and reports the
 // others with SelectEvent.Timed false. Every selection is still reported. A clock reading and a
 // histogram observation are most of what observing a cheap pick costs (docs/performance.md,
@@ -178,29 +174,4 @@ func FailureReason(err error) string {
 		return ReasonNoCandidates
 	}
 	return ReasonError
-}
-
-// observedPolicy reports every pick of a group's policy to its PickObserver. It keeps the
-// wrapped policy's stage support visible to the bucket.
-type observedPolicy struct {
-	inner policy.Policy
-	obs   PickObserver
-}
-
-var (
-	_ policy.Policy         = (*observedPolicy)(nil)
-	_ policy.StageSupporter = (*observedPolicy)(nil)
-)
-
-func (p *observedPolicy) Pick(ctx context.Context, engines []state.Engine, req *policy.Request) (policy.Pick, error) {
-	pk, err := p.inner.Pick(ctx, engines, req)
-	p.obs.ObservePick(pk, err)
-	return pk, err
-}
-
-func (p *observedPolicy) SupportsStage(s state.Stage) bool {
-	if ss, ok := p.inner.(policy.StageSupporter); ok {
-		return ss.SupportsStage(s)
-	}
-	return true
 }

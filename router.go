@@ -3,22 +3,19 @@ package enginepick
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
-	"net/http"
 	"slices"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/kvindex"
-	"github.com/enginepick/enginepick/kvindex/kvevents"
 	"github.com/enginepick/enginepick/loadmon"
-	"github.com/enginepick/enginepick/loadmon/loadsource"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -45,11 +42,27 @@ type Options struct {
 	Index *kvindex.Index
 	// Logger receives debug logs of selection failures. Nil means zap.NewNop().
 	Logger *zap.Logger
+	// Observer receives the Router's decisions and dispatch outcomes (for example a
+	// *metrics.Prometheus). Nil means none.
+	Observer Observer
+	// Now is the clock of the Router's latency measurements. Nil means time.Now.
+	Now func() time.Time
+	// Models lists the served models in the order Models reports them; every entry must have a
+	// resolver and appear once. Nil means the models of Resolvers, sorted by ID.
+	Models []state.ModelID
+	// PolicyName names the policy type of bucket b's group of stage s, for
+	// DispatchedEngine.Policy; NewRouter calls it once per group of every resolver's buckets. Nil
+	// means unnamed ("").
+	PolicyName func(b *bucket.Bucket, s state.Stage) string
+	// AffinityStore is the store the session and sticky policies share. Optional: when set,
+	// RemoveEngine invalidates the engine's bindings in it.
+	AffinityStore affinity.Store
 }
 
 // Router selects engines for requests of several models and accounts for the dispatches that
 // follow. It is safe for concurrent use; its resolver map is fixed at construction. Build it with
-// New from a Config, or with NewRouter from parts built in code; call Close when done.
+// NewRouter from parts built in code, or from a configuration file with package config, which also
+// runs the load pollers, KV-event subscribers and health checks a deployment needs.
 type Router struct {
 	registry  state.Registry
 	resolvers map[state.ModelID]*bucket.Resolver
@@ -57,8 +70,6 @@ type Router struct {
 	load      *loadmon.Table
 	index     *kvindex.Index
 	log       *zap.Logger
-
-	// Set by New only.
 	obs       Observer
 	now       func() time.Time
 	realClock bool      // now is time.Now: stamp reads the monotonic clock only
@@ -66,18 +77,15 @@ type Router struct {
 	base      time.Time // the Router's clock at construction: dispatch and selection times are offsets from it (stamp)
 	labels    map[*bucket.Bucket]groupLabels
 	models    []state.ModelID
-	config    *Config
-	warn      *zap.Logger // rate-limited
-	poller    *loadsource.Poller
-	ownClient *http.Client // the pollers' client when New made it; Close drops its idle connections
 	store     affinity.Store
-	kvSub     *kvevents.Subscriber
-	svc       *services
-	degraded  degradedChecks
 }
 
-// NewRouter validates opts and returns a Router. A nil Registry, nil InFlight, nil Resolvers map or
-// a nil resolver in it is an error wrapping policy.ErrInvalidConfiguration.
+// groupLabels are the policy names of one bucket's groups, by stage.
+type groupLabels [3]string
+
+// NewRouter validates opts and returns a Router. It starts nothing. A nil Registry, nil InFlight,
+// nil Resolvers map, a nil resolver in it, or a Models list that is not a permutation of the
+// resolvers' models is an error wrapping policy.ErrInvalidConfiguration.
 func NewRouter(opts Options) (*Router, error) {
 	if opts.Registry == nil {
 		return nil, fmt.Errorf("enginepick: Options.Registry is nil: %w", policy.ErrInvalidConfiguration)
@@ -104,10 +112,37 @@ func NewRouter(opts Options) (*Router, error) {
 		models = append(models, m)
 	}
 	slices.Sort(models)
-	return &Router{registry: opts.Registry, resolvers: resolvers, inflight: opts.InFlight, load: opts.Load, index: opts.Index,
-		log: log, warn: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-			return zapcore.NewSamplerWithOptions(c, DefaultWarnInterval, 1, 0)
-		})), now: time.Now, realClock: true, base: time.Now(), models: models}, nil
+	if opts.Models != nil {
+		given := slices.Sorted(slices.Values(opts.Models))
+		if !slices.Equal(given, models) {
+			return nil, fmt.Errorf("enginepick: Options.Models %v: want each model of Resolvers once: %w", opts.Models, policy.ErrInvalidConfiguration)
+		}
+		models = slices.Clone(opts.Models)
+	}
+	r := &Router{registry: opts.Registry, resolvers: resolvers, inflight: opts.InFlight, load: opts.Load, index: opts.Index,
+		log: log, obs: opts.Observer, now: opts.Now, realClock: opts.Now == nil, models: models, store: opts.AffinityStore,
+		labels: map[*bucket.Bucket]groupLabels{}}
+	if r.realClock {
+		r.now = time.Now
+	}
+	r.base = r.now()
+	if ts, ok := opts.Observer.(SelectTimingSampler); ok {
+		r.timeEvery = uint32(max(1, min(int64(ts.SelectTimingEvery()), math.MaxUint32)))
+	}
+	if opts.PolicyName != nil {
+		for _, m := range models {
+			for _, b := range resolvers[m].Buckets() {
+				var lb groupLabels
+				if b.IsPD() {
+					lb[state.StagePrefill], lb[state.StageDecode] = opts.PolicyName(b, state.StagePrefill), opts.PolicyName(b, state.StageDecode)
+				} else {
+					lb[state.StagePlain] = opts.PolicyName(b, state.StagePlain)
+				}
+				r.labels[b] = lb
+			}
+		}
+	}
+	return r, nil
 }
 
 // Dispatch is a complete selection whose engines have been counted as in flight. Forward the
@@ -353,16 +388,12 @@ func prefillTokens(p *policy.Pick, req *bucket.Request) uint64 {
 }
 
 // RemoveEngine forgets router-side state of an engine the host removed from its registry: its
-// KV-event streams (a Router built by New), its load reports (when Options.Load is set), its blocks in the prefix index (when Options.Index is set),
-// its affinity bindings (a Router built by New with a session_aware or sticky policy; a remote
-// store is asked without a deadline, and its failure is ignored: a binding to an engine that is no
-// candidate never wins, docs/design.md §12) and its in-flight counter. Guards of requests still
-// running release safely into the detached counter. Removing an engine the router never heard of
-// does nothing.
+// load reports (when Options.Load is set), its blocks in the prefix index (when Options.Index is
+// set), its affinity bindings (when Options.AffinityStore is set; a remote store is asked without
+// a deadline, and its failure is ignored: a binding to an engine that is no candidate never wins,
+// docs/design.md §12) and its in-flight counter. Guards of requests still running release safely
+// into the detached counter. Removing an engine the router never heard of does nothing.
 func (r *Router) RemoveEngine(id state.EngineID) {
-	if r.kvSub != nil {
-		r.kvSub.Remove(id)
-	}
 	if r.store != nil {
 		_, _ = r.store.InvalidateEngine(context.Background(), id)
 	}
@@ -375,28 +406,6 @@ func (r *Router) RemoveEngine(id state.EngineID) {
 	r.inflight.Remove(id)
 }
 
-// Close stops every service New started (load pollers, KV-event subscriber, the affinity store's
-// sweeper, degraded-state checks) and waits for their
-// goroutines to exit. The Router keeps selecting with the state it has: loads go stale (unknown,
-// never zero). Close is idempotent and returns nil; a Router built with NewRouter has nothing to
-// stop.
-func (r *Router) Close() error {
-	if r.svc == nil {
-		return nil
-	}
-	r.svc.once.Do(func() {
-		r.svc.cancel()
-		if r.kvSub != nil {
-			_ = r.kvSub.Close()
-		}
-		r.svc.wg.Wait()
-		if r.ownClient != nil {
-			r.ownClient.CloseIdleConnections()
-		}
-	})
-	return nil
-}
-
 // Resolver returns the model's resolver, or false for a model the Router does not serve.
 func (r *Router) Resolver(model state.ModelID) (*bucket.Resolver, bool) {
 	res, ok := r.resolvers[model]
@@ -406,51 +415,21 @@ func (r *Router) Resolver(model state.ModelID) (*bucket.Resolver, bool) {
 // Registry returns the engine registry the Router selects from.
 func (r *Router) Registry() state.Registry { return r.registry }
 
-// Models returns the served models, in configuration order (sorted by ID for NewRouter). The slice
+// Models returns the served models, in Options.Models order (sorted by ID without it). The slice
 // is shared; do not modify it.
 func (r *Router) Models() []state.ModelID { return r.models }
 
-// LoadTable returns the shared engine-reported load table; nil for a NewRouter without one. Hosts
-// report load into it (Table.Report) unless New polls it.
+// LoadTable returns the shared engine-reported load table (Options.Load); nil without one. Hosts
+// report load into it (Table.Report) unless a poller does.
 func (r *Router) LoadTable() *loadmon.Table { return r.load }
 
 // InFlight returns the router-local in-flight counters.
 func (r *Router) InFlight() *loadmon.InFlight { return r.inflight }
 
-// AffinityStore returns the store session_aware and sticky policies share; nil when none is
-// configured.
-func (r *Router) AffinityStore() affinity.Store { return r.store }
-
 // Index returns the shared KV-block index; nil when no policy looks prefixes up locally. Hosts
 // apply their engines' KV events to it.
 func (r *Router) Index() *kvindex.Index { return r.index }
 
-// Config returns the configuration New built the Router from; nil for NewRouter. Do not modify it.
-func (r *Router) Config() *Config { return r.config }
-
-// KVEventStats returns the counters of New's KV-event subscriber (gaps, resynchronisations, drops,
-// refused events, unknown topics, silence, trust, per engine and DP rank; docs/design.md §13.1);
-// empty when no engine has a kv_events publisher.
-func (r *Router) KVEventStats() kvevents.Stats {
-	if r.kvSub == nil {
-		return kvevents.Stats{}
-	}
-	return r.kvSub.Stats()
-}
-
-// kvStreams counts the KV-event streams followed.
-func (r *Router) kvStreams() int {
-	if r.kvSub == nil {
-		return 0
-	}
-	return len(r.kvSub.Stats().Streams)
-}
-
-// LoadPollStats returns the counters of New's load poller, one entry per engine with a load
-// endpoint; nil when there is none.
-func (r *Router) LoadPollStats() []loadsource.TargetStats {
-	if r.poller == nil {
-		return nil
-	}
-	return r.poller.Stats()
-}
+// AffinityStore returns Options.AffinityStore: the store session_aware and sticky policies share;
+// nil when none was given.
+func (r *Router) AffinityStore() affinity.Store { return r.store }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/internal/cputime"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -24,22 +25,22 @@ import (
 // benchRouter builds a Router over 16 plain engines with fresh loads, running policy, with or
 // without the Prometheus observer (built with opts when observed). For cache_aware, engine e03
 // holds the prompt's first half.
-func benchRouter(b testing.TB, pol string, observed bool, mopts metrics.Options) (*enginepick.Router, *bucket.Request) {
+func benchRouter(b testing.TB, pol string, observed bool, mopts metrics.Options) (*config.Router, *bucket.Request) {
 	b.Helper()
 	yaml := "kv: {block_tokens: 16}\nengines:\n"
 	for i := range 16 {
 		yaml += fmt.Sprintf("  - {id: e%02d, model: m}\n", i)
 	}
 	yaml += "models: [{id: m, buckets: [{id: chat, groups: {plain: {policy: {type: " + pol + "}}}}]}]\n"
-	cfg, err := enginepick.ParseConfig([]byte(yaml), enginepick.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
 	require.NoError(b, err)
-	opts := []enginepick.Option{enginepick.WithHealthInterval(0)}
+	opts := []config.Option{config.WithHealthInterval(0)}
 	if observed {
 		p, err := metrics.New(prometheus.NewRegistry(), mopts)
 		require.NoError(b, err)
-		opts = append(opts, enginepick.WithObserver(p))
+		opts = append(opts, config.WithObserver(p))
 	}
-	r, err := enginepick.New(cfg, nil, opts...)
+	r, err := config.New(cfg, nil, opts...)
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = r.Close() })
 	for i := range 16 {
@@ -65,7 +66,7 @@ func benchRouter(b testing.TB, pol string, observed bool, mopts metrics.Options)
 
 // pickLoop is the measured loop, a named function so that callgrind can count its instructions
 // alone (--toggle-collect=*pickLoop, docs/performance.md).
-func pickLoop(ctx context.Context, b *testing.B, r *enginepick.Router, req *bucket.Request, done bool, outcome enginepick.Outcome) {
+func pickLoop(ctx context.Context, b *testing.B, r *config.Router, req *bucket.Request, done bool, outcome enginepick.Outcome) {
 	for b.Loop() {
 		d, err := r.Select(ctx, req)
 		if err != nil {
@@ -151,7 +152,7 @@ func BenchmarkPickObserverPaired(b *testing.B) {
 			every int
 		}{{"sampled", 0}, {"every", 1}, {"control", -1}} {
 			b.Run("policy="+pol+"/timing="+timing.name, func(b *testing.B) {
-				routers := [2]*enginepick.Router{}
+				routers := [2]*config.Router{}
 				reqs := [2]*bucket.Request{}
 				routers[0], reqs[0] = benchRouter(b, pol, false, metrics.Options{})
 				routers[1], reqs[1] = benchRouter(b, pol, timing.every >= 0, metrics.Options{SelectTimingEvery: timing.every})

@@ -10,6 +10,7 @@ import (
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -48,9 +49,9 @@ type Options struct {
 	SelectTimingEvery int
 }
 
-// Prometheus is an enginepick.Observer (and policy.CacheObserver and enginepick.RouterAttacher)
+// Prometheus is an enginepick.Observer (and policy.CacheObserver and config.RouterAttacher)
 // that exports a Router's decisions, dispatch outcomes and shared state as Prometheus metrics
-// (docs/design.md §15). Build it with New, pass it to enginepick.New with WithObserver; one
+// (docs/design.md §15). Build it with New, pass it to config.New with config.WithObserver; one
 // Prometheus serves one Router. Safe for concurrent use.
 type Prometheus struct {
 	decisions        *prometheus.CounterVec
@@ -133,7 +134,7 @@ var reasonsOf = map[string][]string{
 
 var (
 	_ enginepick.Observer            = (*Prometheus)(nil)
-	_ enginepick.RouterAttacher      = (*Prometheus)(nil)
+	_ config.RouterAttacher          = (*Prometheus)(nil)
 	_ policy.CacheObserver           = (*Prometheus)(nil)
 	_ policy.CacheDecisionBorrower   = (*Prometheus)(nil)
 	_ enginepick.SelectTimingSampler = (*Prometheus)(nil)
@@ -510,10 +511,10 @@ func (p *Prometheus) ObserveDone(e enginepick.DoneEvent) {
 	}
 }
 
-// AttachRouter implements enginepick.RouterAttacher: the Router's shared state (KV-block index,
+// AttachRouter implements config.RouterAttacher: the Router's shared state (KV-block index,
 // in-flight counters, load reports, load polls) is read at each scrape. Attaching a second Router
 // is an error.
-func (p *Prometheus) AttachRouter(r *enginepick.Router) error {
+func (p *Prometheus) AttachRouter(r *config.Router) error {
 	if !p.state.router.CompareAndSwap(nil, r) {
 		return fmt.Errorf("metrics: this Prometheus already observes a Router: %w", state.ErrInvalidConfiguration)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/metrics"
@@ -101,7 +102,7 @@ models:
 // manual clock.
 type fixture struct {
 	reg *prometheus.Registry
-	r   *enginepick.Router
+	r   *config.Router
 	mu  sync.Mutex
 	now time.Time
 }
@@ -126,9 +127,9 @@ func newFixtureWith(t testing.TB, yaml string, opts metrics.Options) *fixture {
 	f := &fixture{reg: prometheus.NewRegistry(), now: time.Unix(1_700_000_000, 0)}
 	p, err := metrics.New(f.reg, opts)
 	require.NoError(t, err)
-	cfg, err := enginepick.ParseConfig([]byte(yaml), enginepick.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
 	require.NoError(t, err)
-	f.r, err = enginepick.New(cfg, nil, enginepick.WithObserver(p), enginepick.WithClock(f.clock), enginepick.WithHealthInterval(0))
+	f.r, err = config.New(cfg, nil, config.WithObserver(p), config.WithClock(f.clock), config.WithHealthInterval(0))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = f.r.Close() })
 	return f
@@ -140,7 +141,7 @@ func (f *fixture) report(t *testing.T, id state.EngineID, running, waiting uint6
 }
 
 // TestScrapeAfterScriptedPicks runs a scripted sequence of picks and dispatch outcomes through a
-// Router built by enginepick.New with the Prometheus observer, then scrapes the registry and checks
+// Router built by config.New with the Prometheus observer, then scrapes the registry and checks
 // every family with exact values (docs/design.md §15). The cache-aware decision labels sum to the
 // cache-aware picks of decisions_total.
 func TestScrapeAfterScriptedPicks(t *testing.T) {
@@ -351,12 +352,12 @@ func TestRegistrationErrors(t *testing.T) {
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "a negative timing sample")
 	assert.Equal(t, metrics.DefaultSelectTimingEvery, p.SelectTimingEvery(), "zero means the default")
 
-	cfg, err := enginepick.ParseConfig([]byte("engines: [{id: e, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), enginepick.FormatYAML)
+	cfg, err := config.Parse([]byte("engines: [{id: e, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), config.FormatYAML)
 	require.NoError(t, err)
-	r, err := enginepick.New(cfg, nil, enginepick.WithObserver(p), enginepick.WithHealthInterval(0))
+	r, err := config.New(cfg, nil, config.WithObserver(p), config.WithHealthInterval(0))
 	require.NoError(t, err)
 	defer r.Close()
-	_, err = enginepick.New(cfg, nil, enginepick.WithObserver(p), enginepick.WithHealthInterval(0))
+	_, err = config.New(cfg, nil, config.WithObserver(p), config.WithHealthInterval(0))
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "a second Router on the same Prometheus")
 }
 

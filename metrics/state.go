@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/kvindex/kvevents"
 )
@@ -14,7 +14,7 @@ import (
 // stateCollector reads the attached Router's shared state at scrape time. It reports nothing
 // until a Router is attached.
 type stateCollector struct {
-	router atomic.Pointer[enginepick.Router]
+	router atomic.Pointer[config.Router]
 
 	inflight     *prometheus.Desc
 	loadFresh    *prometheus.Desc

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -52,17 +52,17 @@ func ExampleRegister() {
 	}))
 	fmt.Println("register:", err)
 
-	cfg, err := enginepick.ParseConfig([]byte(`
+	cfg, err := config.Parse([]byte(`
 engines: [{id: "http://b:8000", model: m}, {id: "http://a:8000", model: m}]
 models:
   - id: m
     buckets: [{id: all, groups: {plain: {policy: {type: lowest_id, lowest_id: {trim_prefix: "http://"}}}}}]
-`), enginepick.FormatYAML)
+`), config.FormatYAML)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0))
+	r, err := config.New(cfg, nil, config.WithHealthInterval(0))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -76,7 +76,7 @@ models:
 	fmt.Println(d.Selection.Plain.Engine.ID(), d.Selection.Plain.Reason)
 	d.Release()
 
-	_, err = enginepick.ParseConfig([]byte(`models: [{id: m, buckets: [{id: all, groups: {plain: {policy: {type: lowest_id, lowest_id: {trim: x}}}}}]}]`), enginepick.FormatYAML)
+	_, err = config.Parse([]byte(`models: [{id: m, buckets: [{id: all, groups: {plain: {policy: {type: lowest_id, lowest_id: {trim: x}}}}}]}]`), config.FormatYAML)
 	fmt.Println(err)
 	// Output:
 	// register: <nil>

@@ -225,7 +225,7 @@ type Config struct {
 	// independent, so the report does not depend on it. 0 means runtime.GOMAXPROCS(0).
 	Parallelism int
 	// Routing, when set, replays a routing configuration file instead of Policies: one run,
-	// over exactly the engines the file lists for Routing.Model, routed by enginepick.New from the
+	// over exactly the engines the file lists for Routing.Model, routed by config.New from the
 	// file (see Routing). Fleet, Policies, Factories and Admission must then be zero
 	// (ErrRoutingConflict); the file's kv.block_tokens sets Model.BlockTokens.
 	Routing *Routing

@@ -6,15 +6,16 @@ import (
 
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/affinity"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
 )
 
 // Routing replays a routing configuration, the file a production router is built from
-// (enginepick.LoadConfig, docs/design.md §14), instead of comparing built-in policies: the replay
+// (config.Load, docs/design.md §14), instead of comparing built-in policies: the replay
 // simulates exactly the engines the configuration lists for Model, with their IDs and stages, and
-// routes every request of the trace through enginepick.New(Config, …), so that the buckets,
+// routes every request of the trace through config.New(Config, …), so that the buckets,
 // groups, memberships, policies, admission caps, load freshness, KV block size and hashing and
 // affinity idle time are the file's. The same file thus describes the fleet in the replay and in
 // production.
@@ -29,7 +30,7 @@ import (
 //     shared by every router replica as replicas share Redis, with the file's idle timeout.
 type Routing struct {
 	// Config is the routing configuration. Required; it is only read.
-	Config *enginepick.Config
+	Config *config.Config
 	// Model is the model of Config whose engines the replay simulates and whose buckets route
 	// every request. Empty means Config.Models[0].
 	Model state.ModelID
@@ -47,9 +48,9 @@ var ErrRoutingConflict = fmt.Errorf("sim: Config.Routing replaces Fleet, Policie
 
 // routingPlan is a resolved Routing: the model and its engines.
 type routingPlan struct {
-	cfg     *enginepick.Config
+	cfg     *config.Config
 	model   state.ModelID
-	engines []enginepick.EngineConfig // of model, in file order
+	engines []config.Engine // of model, in file order
 }
 
 // resolveRouting validates rc.Routing and fills rc.Fleet, rc.Model.BlockTokens, rc.names and
@@ -154,9 +155,9 @@ func (p *routingPlan) affinityOptions(now func() time.Time) affinity.Options {
 // without load endpoints, KV-event publishers or DP ranks (the simulation feeds the load table and
 // index itself, one rank per engine), and no affinity store setting (the run's in-memory store is
 // passed instead).
-func (p *routingPlan) simConfig() *enginepick.Config {
+func (p *routingPlan) simConfig() *config.Config {
 	c := *p.cfg
-	c.Engines = make([]enginepick.EngineConfig, len(p.cfg.Engines))
+	c.Engines = make([]config.Engine, len(p.cfg.Engines))
 	for i, e := range p.cfg.Engines {
 		e.Load, e.KVEvents, e.DPRanks, e.DPRankStart, e.Ranks = nil, nil, 0, 0, nil
 		c.Engines[i] = e
@@ -168,10 +169,14 @@ func (p *routingPlan) simConfig() *enginepick.Config {
 // newRouter builds replica rep's Router from the configuration over the simulated registry and the
 // replica's own state.
 func (p *routingPlan) newRouter(r *run, reg state.Registry, rep *replica, rand func(int) int) (*enginepick.Router, error) {
-	opts := []enginepick.Option{
-		enginepick.WithClock(r.clock), enginepick.WithRand(rand), enginepick.WithHealthInterval(0),
-		enginepick.WithLoadTable(rep.load), enginepick.WithInFlight(rep.inflight), enginepick.WithIndex(rep.index),
-		enginepick.WithAffinityStore(r.affinity),
+	opts := []config.Option{
+		config.WithClock(r.clock), config.WithRand(rand), config.WithHealthInterval(0),
+		config.WithLoadTable(rep.load), config.WithInFlight(rep.inflight), config.WithIndex(rep.index),
+		config.WithAffinityStore(r.affinity),
 	}
-	return enginepick.New(p.simConfig(), reg, opts...)
+	cr, err := config.New(p.simConfig(), reg, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return cr.Router, nil // with no pollers, publishers or health checks, nothing to close
 }

@@ -10,14 +10,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/state"
 )
 
 // parseRouting parses a YAML routing configuration.
-func parseRouting(t *testing.T, yaml string) *enginepick.Config {
+func parseRouting(t *testing.T, yaml string) *config.Config {
 	t.Helper()
-	cfg, err := enginepick.ParseConfig([]byte(yaml), enginepick.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
 	require.NoError(t, err)
 	return cfg
 }
@@ -33,7 +33,7 @@ func fleetYAML(m, prefix, st string, n int) string {
 
 // TestReplayRoutingMatchesBuiltInFleet checks that a routing configuration describing the same
 // fleet and policy as a built-in run replays to exactly the same figures: the file's engines are
-// simulated as the built-in ones are, and enginepick.New builds the same policies from the file
+// simulated as the built-in ones are, and config.New builds the same policies from the file
 // (plain round_robin and cache_aware; PD with cache_aware prefill and power_of_two decode, the
 // decode group of every built-in PD run). The load endpoints in the file are not dialled.
 func TestReplayRoutingMatchesBuiltInFleet(t *testing.T) {
@@ -168,7 +168,7 @@ func TestReplayRoutingRejects(t *testing.T) {
 			`sim: Config.Routing.Model "zzz" is not a model of the configuration: invalid configuration`},
 		{"model_without_engines", Config{Routing: &Routing{Config: good, Model: "n"}}, ErrEmptyFleet,
 			`sim: fleet has no engines: invalid configuration: the configuration lists no engines of model "n"`},
-		{"invalid_file", Config{Routing: &Routing{Config: &enginepick.Config{}}}, state.ErrMissingField, ""},
+		{"invalid_file", Config{Routing: &Routing{Config: &config.Config{}}}, state.ErrMissingField, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Trace = tr

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
-	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -163,7 +163,7 @@ func TestExampleConfigsBuildTheGateway(t *testing.T) {
 			require.NoError(t, err)
 			g, err := build(o, zap.NewNop())
 			require.NoError(t, err)
-			cfg, err := enginepick.LoadConfig(f)
+			cfg, err := config.Load(f)
 			require.NoError(t, err)
 			assert.Len(t, g.registry.All(), len(cfg.Engines))
 			assert.Equal(t, cfg.Affinity.Store == "redis", g.router.AffinityStore() != nil && len(g.closers) == 2)

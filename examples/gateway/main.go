@@ -141,7 +141,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on (host:port)")
-	fs.StringVar(&o.config, "config", "", "routing configuration file (YAML or JSON, enginepick.LoadConfig; examples/configs/) instead of --engine and --engines-file")
+	fs.StringVar(&o.config, "config", "", "routing configuration file (YAML or JSON, config.Load; examples/configs/) instead of --engine and --engines-file")
 	fs.StringVar(&o.enginesFile, "engines-file", "", "YAML or JSON file with the engine list (engines: [...])")
 	fs.StringVar(&o.engineKind, "engine-kind", "vllm", "with --config: server software (vllm or sglang) of the engines without a load endpoint")
 	fs.Var(&o.engines, "engine", "an engine, as comma-separated key=value pairs (repeat for each engine; keys above)")

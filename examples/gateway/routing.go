@@ -10,15 +10,15 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
-	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/affinity/redisstore"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/examples/gateway/internal/gw"
 	"github.com/enginepick/enginepick/metrics"
 	"github.com/enginepick/enginepick/state"
 )
 
 // redisPasswordEnv names the environment variable the Redis password is read from: credentials do
-// not belong in the routing configuration (enginepick.RedisSettings).
+// not belong in the routing configuration (config.RedisSettings).
 const redisPasswordEnv = "ENGINEPICK_REDIS_PASSWORD"
 
 // configReplaces are the flags whose settings a --config file holds; giving one with --config is
@@ -28,7 +28,7 @@ var configReplaces = []string{"engine", "engines-file", "policy", "decode-policy
 
 // buildFromConfig wires the gateway from a routing configuration file, the same file
 // examples/replay -config replays (docs/design.md §14): the engines come from its engines list,
-// the Router from enginepick.New, which polls the listed load endpoints and follows the listed KV
+// the Router from config.New, which polls the listed load endpoints and follows the listed KV
 // events itself (Router.Close stops them), and exports the enginepick_* metrics next to the
 // gateway's. Each engine's server software is read from its load format (sglang_* is SGLang,
 // vllm_metrics vLLM), else --engine-kind. A request picked for a rank of an engine whose ranks
@@ -45,7 +45,7 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 		return nil, fmt.Errorf("--config and %s are exclusive: the file holds the engines, policies and shared settings: %w",
 			strings.Join(clash, ", "), state.ErrInvalidConfiguration)
 	}
-	cfg, err := enginepick.LoadConfig(o.config)
+	cfg, err := config.Load(o.config)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +95,7 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 		return nil, err
 	}
 	g := &gateway{registry: registry}
-	opts := []enginepick.Option{enginepick.WithLogger(log), enginepick.WithObserver(obs)}
+	opts := []config.Option{config.WithLogger(log), config.WithObserver(obs)}
 	if cfg.Affinity.Store == "redis" {
 		rs := cfg.Affinity.Redis
 		client := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: rs.Addrs, Password: os.Getenv(redisPasswordEnv)})
@@ -105,13 +105,15 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 			return nil, fmt.Errorf("affinity.redis: %w", err)
 		}
 		g.closers = append(g.closers, client.Close)
-		opts = append(opts, enginepick.WithAffinityStore(store))
+		opts = append(opts, config.WithAffinityStore(store))
 	}
-	if g.router, err = enginepick.New(cfg, registry, opts...); err != nil {
+	cr, err := config.New(cfg, registry, opts...)
+	if err != nil {
 		g.close()
 		return nil, err
 	}
-	g.closers = append(g.closers, g.router.Close)
+	g.router = cr.Router
+	g.closers = append(g.closers, cr.Close)
 	g.table, g.inflight, g.index = g.router.LoadTable(), g.router.InFlight(), g.router.Index()
 
 	var tok gw.Tokenizer
@@ -121,13 +123,13 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 	g.prober = &gw.Prober{Registry: registry, Interval: o.probeInterval, Path: o.probePath}
 	g.server, err = gw.NewServer(gw.Options{Router: g.router, Registry: registry, Tokenizer: tok,
 		BytesPerToken: o.bytesPerToken, MaxBodyBytes: o.maxBodyBytes, PrefillTimeout: o.prefillTimeout, Logger: log, Prober: g.prober,
-		SessionHeader:    cmp.Or(cfg.Affinity.SessionHeader, enginepick.DefaultSessionHeader),
-		RoutingKeyHeader: cmp.Or(cfg.Affinity.RoutingKeyHeader, enginepick.DefaultRoutingKeyHeader),
+		SessionHeader:    cmp.Or(cfg.Affinity.SessionHeader, config.DefaultSessionHeader),
+		RoutingKeyHeader: cmp.Or(cfg.Affinity.RoutingKeyHeader, config.DefaultRoutingKeyHeader),
 		Metrics:          gw.NewMetrics(reg, registry)})
 	if err != nil {
 		g.close()
 		return nil, err
 	}
-	g.handler = withKVDebug(g.server, g.index, g.router.KVEventStats)
+	g.handler = withKVDebug(g.server, g.index, cr.KVEventStats)
 	return g, nil
 }

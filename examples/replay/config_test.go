@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/sim"
 )
 
@@ -34,7 +34,7 @@ func TestRunConfigReplaysEveryExampleConfig(t *testing.T) {
 		t.Run(base, func(t *testing.T) {
 			fleet, ok := want[base]
 			require.True(t, ok, "add %s to the test", base)
-			cfg, err := enginepick.LoadConfig(f)
+			cfg, err := config.Load(f)
 			require.NoError(t, err)
 			if fleet == (sim.Fleet{}) { // count the first model's engines from the file
 				for _, e := range cfg.Engines {

@@ -71,11 +71,11 @@
 //	                 integers are errors that name the field and what is allowed
 //	-plot DIR        also write PNG charts to DIR: ttft_cdf.png, hit_rate.png, imbalance.png
 //	-config FILE     replay a routing configuration file instead of -engines, -pd, -policies and
-//	                 -admission: the file production builds its router from (enginepick.LoadConfig,
+//	                 -admission: the file production builds its router from (config.Load,
 //	                 docs/design.md §14, examples/configs/). The replay simulates exactly the
 //	                 engines the file lists for the model (their IDs and stages; each one DP rank,
 //	                 its load and KV events fed by the simulation instead of its endpoints) and
-//	                 routes with enginepick.New from the file: its buckets, groups, policies,
+//	                 routes with config.New from the file: its buckets, groups, policies,
 //	                 admission caps, freshness, KV block size and affinity idle time. Redis
 //	                 affinity is replaced by one in-memory store shared by the -routers replicas.
 //	                 The report has one row, named after the file (see sim.Routing)
@@ -116,8 +116,8 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
-	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/sim"
 	"github.com/enginepick/enginepick/state"
 )
@@ -246,7 +246,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	asJSON := fs.Bool("json", false, "print the report as JSON (undefined figures are null; warnings go to stderr)")
 	plotDir := fs.String("plot", "", "directory to write PNG charts to, created if needed (checked before the replay)")
 	limitsJSON := fs.String("admission", "", `per-engine admission caps as JSON, e.g. '{"max_waiting_requests": 32}' (default: admit everything)`)
-	configPath := fs.String("config", "", "routing configuration file (YAML or JSON, as enginepick.LoadConfig reads) to replay instead of -engines, -pd, -policies and -admission")
+	configPath := fs.String("config", "", "routing configuration file (YAML or JSON, as config.Load reads) to replay instead of -engines, -pd, -policies and -admission")
 	model := fs.String("model", "", "with -config: the model to replay (default: the file's first model)")
 	scenario := addScenarioFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -357,7 +357,7 @@ var errConfigFlags = errors.New("the file describes the fleet, its policies and 
 
 // applyConfigFile loads the -config file into cfg.Routing, for model (empty: the file's first).
 // -engines, -pd, -policies and -admission are the file's business, and -model needs -config: each
-// such combination, and a file enginepick.LoadConfig rejects, is a command-line mistake.
+// such combination, and a file config.Load rejects, is a command-line mistake.
 func applyConfigFile(fs *flag.FlagSet, cfg *sim.Config, path, model string) error {
 	if path == "" {
 		return usage(errors.New("-model needs -config"))
@@ -372,7 +372,7 @@ func applyConfigFile(fs *flag.FlagSet, cfg *sim.Config, path, model string) erro
 	if len(clash) > 0 {
 		return usage(fmt.Errorf("-config and %s are exclusive: %w", strings.Join(clash, ", "), errConfigFlags))
 	}
-	rc, err := enginepick.LoadConfig(path)
+	rc, err := config.Load(path)
 	if err != nil {
 		return usage(&flagError{msg: "-config " + path + ": " + err.Error(), err: err})
 	}

@@ -1,4 +1,4 @@
-package enginepick_test
+package config_test
 
 import (
 	"errors"
@@ -8,14 +8,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/state"
 )
 
 // malformedCase is one invalid configuration and the exact error it must produce.
 type malformedCase struct {
 	name   string
-	format enginepick.Format
+	format config.Format
 	input  string
 	cause  error  // the sentinel the *ConfigError wraps
 	path   string // ConfigError.Path
@@ -44,7 +44,7 @@ var malformedCases = []malformedCase{
 		path: "", msg: `config: empty document: want a mapping with models`},
 	{name: "not YAML", input: "models: [\n", cause: state.ErrBadValue,
 		path: "", msg: `config: not valid YAML: line 1: did not find expected node content`},
-	{name: "not JSON", format: enginepick.FormatJSON, input: `{"models": [}`, cause: state.ErrBadValue,
+	{name: "not JSON", format: config.FormatJSON, input: `{"models": [}`, cause: state.ErrBadValue,
 		path: "", msg: `config: line 1: not valid JSON: invalid character '}' looking for beginning of value`},
 	{name: "two YAML documents", input: "models: []\n---\nmodels: []\n", cause: state.ErrBadValue,
 		path: "", msg: `config: line 2: more than one YAML document`},
@@ -52,11 +52,11 @@ var malformedCases = []malformedCase{
 		path: "", msg: `config: line 1: the document is a list: want a mapping with models`},
 	{name: "unknown top-level field", input: "modles: []\n", cause: state.ErrUnknownField,
 		path: "modles", msg: `config: line 1: modles: unknown field: want one of affinity, engines, kv, load, models`},
-	{name: "unknown field in JSON names its line", format: enginepick.FormatJSON, input: "{\n  \"models\": [\n    {\"id\": \"m\", \"buckest\": []}\n  ]\n}\n", cause: state.ErrUnknownField,
+	{name: "unknown field in JSON names its line", format: config.FormatJSON, input: "{\n  \"models\": [\n    {\"id\": \"m\", \"buckest\": []}\n  ]\n}\n", cause: state.ErrUnknownField,
 		path: "models[0].buckest", msg: `config: line 3: models[0].buckest: unknown field: want one of buckets, default_policy, id, slo, stage_policies`},
 	{name: "YAML key set twice", input: "models: []\nmodels: []\n", cause: state.ErrDuplicate,
 		path: "models", msg: `config: line 2: models: field set twice`},
-	{name: "JSON key set twice", format: enginepick.FormatJSON, input: `{"kv": {"block_tokens": 16, "block_tokens": 32}, "models": []}`, cause: state.ErrDuplicate,
+	{name: "JSON key set twice", format: config.FormatJSON, input: `{"kv": {"block_tokens": 16, "block_tokens": 32}, "models": []}`, cause: state.ErrDuplicate,
 		path: "kv.block_tokens", msg: `config: line 1: kv.block_tokens: field set twice`},
 	{name: "custom YAML tag", input: "models: !custom []\n", cause: state.ErrBadValue,
 		path: "", msg: `config: line 1: list has tag !custom: want a plain list`},
@@ -238,7 +238,7 @@ var malformedCases = []malformedCase{
 		path: "models[0].buckets[0].groups.plain.policy.admission.max_queue", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.admission.max_queue: unknown field: want one of max_inflight_requests, max_kv_tokens, max_pending_prefill_tokens, max_running_requests, max_waiting_requests`},
 	{name: "negative admission cap", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: round_robin, admission: {max_kv_tokens: -5}}}}\n", cause: state.ErrBadValue,
 		path: "models[0].buckets[0].groups.plain.policy.admission.max_kv_tokens", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.admission.max_kv_tokens: an integer -5: want a non-negative integer`},
-	{name: "admission cap as a string", format: enginepick.FormatJSON, input: `{"models": [{"id": "m", "buckets": [{"id": "a", "groups": {"plain": {"policy": {"type": "random", "admission": {"max_running_requests": "64"}}}}}]}]}`, cause: state.ErrBadValue,
+	{name: "admission cap as a string", format: config.FormatJSON, input: `{"models": [{"id": "m", "buckets": [{"id": "a", "groups": {"plain": {"policy": {"type": "random", "admission": {"max_running_requests": "64"}}}}}]}]}`, cause: state.ErrBadValue,
 		path: "models[0].buckets[0].groups.plain.policy.admission.max_running_requests", msg: `config: line 1: models[0].buckets[0].groups.plain.policy.admission.max_running_requests: string "64": want a non-negative integer`},
 	{name: "unknown SLO preference", input: "models:\n  - id: m\n    slo: {ttft_preference: fastest}\n    buckets: [{id: a, groups: {plain: {}}}]\n", cause: state.ErrBadValue,
 		path: "models[0].slo.ttft_preference", msg: `config: line 3: models[0].slo.ttft_preference: "fastest": want disabled, best_effort or slo_first`},
@@ -284,10 +284,10 @@ func TestConfigMalformed(t *testing.T) {
 		names[tc.name] = true
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cfg, err := enginepick.ParseConfig([]byte(tc.input), tc.format)
+			cfg, err := config.Parse([]byte(tc.input), tc.format)
 			require.Error(t, err, "ParseConfig(%q) accepted it", tc.input)
 			assert.Nil(t, cfg)
-			var ce *enginepick.ConfigError
+			var ce *config.Error
 			require.True(t, errors.As(err, &ce), "ParseConfig = %T %v, want *ConfigError", err, err)
 			assert.ErrorIs(t, err, tc.cause)
 			assert.ErrorIs(t, err, state.ErrInvalidConfiguration)

@@ -1,4 +1,4 @@
-package enginepick_test
+package config_test
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -101,16 +102,16 @@ func (r *recorder) policyOf(model, bkt string, stage state.Stage) string {
 	return ""
 }
 
-func mustParse(t *testing.T, yaml string) *enginepick.Config {
+func mustParse(t *testing.T, yaml string) *config.Config {
 	t.Helper()
-	cfg, err := enginepick.ParseConfig([]byte(yaml), enginepick.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
 	require.NoError(t, err)
 	return cfg
 }
 
-func mustNew(t *testing.T, cfg *enginepick.Config, reg state.Registry, opts ...enginepick.Option) *enginepick.Router {
+func mustNew(t *testing.T, cfg *config.Config, reg state.Registry, opts ...config.Option) *config.Router {
 	t.Helper()
-	r, err := enginepick.New(cfg, reg, append([]enginepick.Option{enginepick.WithHealthInterval(0)}, opts...)...)
+	r, err := config.New(cfg, reg, append([]config.Option{config.WithHealthInterval(0)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	return r
@@ -217,7 +218,7 @@ models:
     buckets: [{id: b, groups: {plain: {}}}]
 `)
 	rec := &recorder{}
-	r := mustNew(t, cfg, nil, enginepick.WithObserver(rec))
+	r := mustNew(t, cfg, nil, config.WithObserver(rec))
 	assert.Equal(t, policy.NameRoundRobin, rec.policyOf("m", "own", state.StagePlain), "explicit group policy")
 	assert.Equal(t, policy.NameRandom, rec.policyOf("m", "inherits", state.StagePrefill), "model default")
 	assert.Equal(t, policy.NameLeastLoad, rec.policyOf("m", "inherits", state.StageDecode), "stage default over model default")
@@ -319,13 +320,13 @@ models:
   - id: other
     buckets: [{id: a, groups: {plain: {}}}]
 `)
-			r, err := enginepick.New(cfg, reg, enginepick.WithHealthInterval(0))
+			r, err := config.New(cfg, reg, config.WithHealthInterval(0))
 			if tc.msg == "" {
 				require.NoError(t, err)
 				require.NoError(t, r.Close())
 				return
 			}
-			var ce *enginepick.ConfigError
+			var ce *config.Error
 			require.ErrorAs(t, err, &ce)
 			assert.ErrorIs(t, err, state.ErrWrongStage)
 			assert.Equal(t, tc.path, ce.Path)
@@ -355,7 +356,7 @@ models:
     buckets: [{id: y, groups: {pd: {prefill: {}, decode: {}}}}]
 `)
 	rec := &recorder{}
-	r := mustNew(t, cfg, nil, enginepick.WithObserver(rec))
+	r := mustNew(t, cfg, nil, config.WithObserver(rec))
 	require.NotNil(t, r.Index())
 	assert.Equal(t, 4, r.Index().Hasher().BlockTokens())
 	assert.Equal(t, 100, r.Index().WriterYieldBlocks())
@@ -394,18 +395,18 @@ func TestNewRemotePrefixSource(t *testing.T) {
 engines: [{id: e1, model: m}, {id: e2, model: m}]
 models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {prefix_source: remote, min_matched_tokens: 16}}}}}]}]
 `
-	_, err := enginepick.New(mustParse(t, yaml), nil, enginepick.WithHealthInterval(0))
-	var ce *enginepick.ConfigError
+	_, err := config.New(mustParse(t, yaml), nil, config.WithHealthInterval(0))
+	var ce *config.Error
 	require.ErrorAs(t, err, &ce)
 	assert.ErrorIs(t, err, state.ErrMissingField)
-	assert.Equal(t, `config: line 3: models[0].buckets[0].groups.plain.policy.cache_aware: prefix_source remote needs a remote indexer: pass enginepick.WithRemoteIndexer to New`, err.Error())
+	assert.Equal(t, `config: line 3: models[0].buckets[0].groups.plain.policy.cache_aware: prefix_source remote needs a remote indexer: pass config.WithRemoteIndexer to New`, err.Error())
 
 	var calls atomic.Int32
 	ri := kvindex.RemoteIndexerFunc(func(_ context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
 		calls.Add(1)
 		return []kvindex.EngineMatch{{Engine: "e2", Blocks: len(q.Keys)}}, nil
 	})
-	r := mustNew(t, mustParse(t, yaml), nil, enginepick.WithRemoteIndexer(ri))
+	r := mustNew(t, mustParse(t, yaml), nil, config.WithRemoteIndexer(ri))
 	assert.Nil(t, r.Index(), "a remote source needs no local index")
 	req := selectReq("m", 32, 40)
 	req.TokenIDs = make([]uint32, 32)
@@ -459,7 +460,7 @@ models:
       - {id: long, limits: {min: 101}, groups: {plain: {engine_ids: [e1, e2], policy: {type: power_of_two}}}}
       - {id: sessions, limits: {min: 101}, rank: 1, groups: {plain: {policy: {type: session_aware}}}}
 `, srv.URL))
-	r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(5*time.Millisecond))
+	r, err := config.New(cfg, nil, config.WithHealthInterval(5*time.Millisecond))
 	require.NoError(t, err)
 	require.NotNil(t, r.AffinityStore(), "the session group's store, whose sweeper runs until Close")
 	require.Eventually(t, func() bool {
@@ -509,22 +510,22 @@ kv: {block_tokens: 32}
 engines: [{id: e1, model: m}]
 models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware}}}}]}]
 `)
-	_, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithLoadTable(loadmon.NewTable()))
+	_, err := config.New(cfg, nil, config.WithHealthInterval(0), config.WithLoadTable(loadmon.NewTable()))
 	assert.ErrorIs(t, err, state.ErrConflict)
 	assert.EqualError(t, err, "config: line 2: load.freshness: 2s, but the load table passed with WithLoadTable has freshness 5s")
 	h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: 16})
 	require.NoError(t, err)
 	x, err := kvindex.NewIndex(h, kvindex.Options{})
 	require.NoError(t, err)
-	_, err = enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithIndex(x))
+	_, err = config.New(cfg, nil, config.WithHealthInterval(0), config.WithIndex(x))
 	assert.ErrorIs(t, err, state.ErrConflict)
 	assert.EqualError(t, err, "config: line 3: kv.block_tokens: 32, but the index passed with WithIndex has 16-token blocks")
 
-	_, err = enginepick.New(mustParse(t, "models: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), nil)
+	_, err = config.New(mustParse(t, "models: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), nil)
 	assert.ErrorIs(t, err, state.ErrMissingField, "no registry and no engines")
-	_, err = enginepick.New(nil, nil)
+	_, err = config.New(nil, nil)
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
-	_, err = enginepick.New(cfg, nil, enginepick.WithHealthInterval(-time.Second))
+	_, err = config.New(cfg, nil, config.WithHealthInterval(-time.Second))
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
 }
 
@@ -538,7 +539,7 @@ func TestDispatchDoneReleasesOnceAndReports(t *testing.T) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
 	rec := &recorder{}
-	r := mustNew(t, mustParse(t, seedPD), nil, enginepick.WithObserver(rec), enginepick.WithClock(clock))
+	r := mustNew(t, mustParse(t, seedPD), nil, config.WithObserver(rec), config.WithClock(clock))
 
 	d, err := r.Select(context.Background(), selectReq("llama", 100, 200))
 	require.NoError(t, err)
@@ -581,7 +582,7 @@ func TestSelectReportsFailures(t *testing.T) {
 	r := mustNew(t, mustParse(t, `
 engines: [{id: e1, model: m}]
 models: [{id: m, buckets: [{id: a, limits: {max: 100}, groups: {plain: {policy: {type: round_robin, admission: {max_inflight_requests: 1}}}}}]}]
-`), nil, enginepick.WithObserver(rec))
+`), nil, config.WithObserver(rec))
 	held, err := r.Select(context.Background(), selectReq("m", 10, 10))
 	require.NoError(t, err)
 	_, err = r.Select(context.Background(), selectReq("m", 10, 10))
@@ -643,7 +644,7 @@ models:
   - id: m
     buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {engine_queue_limit: 4}}}}}]
 `, srv.URL))
-	r := mustNew(t, cfg, nil, enginepick.WithLogger(zap.New(core)), enginepick.WithWarnInterval(time.Hour))
+	r := mustNew(t, cfg, nil, config.WithLogger(zap.New(core)), config.WithWarnInterval(time.Hour))
 	require.NoError(t, r.Index().MarkUntrusted("e2", 0))
 	r.CheckHealth()
 	r.CheckHealth()
@@ -717,16 +718,16 @@ affinity: {store: redis, redis: {addrs: ["127.0.0.1:6379"]}}
 engines: [{id: e1, model: m}]
 models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]
 `)
-	_, err = enginepick.New(redisCfg, nil, enginepick.WithHealthInterval(0))
+	_, err = config.New(redisCfg, nil, config.WithHealthInterval(0))
 	assert.ErrorIs(t, err, state.ErrMissingField)
-	assert.EqualError(t, err, "config: line 2: affinity.store: store redis needs the Redis store: build it with affinity/redisstore from affinity.redis and pass enginepick.WithAffinityStore to New")
+	assert.EqualError(t, err, "config: line 2: affinity.store: store redis needs the Redis store: build it with affinity/redisstore from affinity.redis and pass config.WithAffinityStore to New")
 	host, err := affinity.NewMemoryStore(affinity.Options{})
 	require.NoError(t, err)
-	r = mustNew(t, redisCfg, nil, enginepick.WithAffinityStore(host))
+	r = mustNew(t, redisCfg, nil, config.WithAffinityStore(host))
 	assert.Same(t, host, r.AffinityStore())
 
 	memCfg := mustParse(t, "affinity: {store: memory}\nengines: [{id: e1, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]\n")
-	_, err = enginepick.New(memCfg, nil, enginepick.WithHealthInterval(0), enginepick.WithAffinityStore(host))
+	_, err = config.New(memCfg, nil, config.WithHealthInterval(0), config.WithAffinityStore(host))
 	assert.ErrorIs(t, err, state.ErrConflict)
 }
 
@@ -738,7 +739,7 @@ func TestNewRejectsKVEventsNobodyReads(t *testing.T) {
 engines: [{id: e1, model: m, kv_events: {endpoint: "tcp://127.0.0.1:5557"}}]
 models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: power_of_two}}}}]}]
 `)
-	_, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0))
+	_, err := config.New(cfg, nil, config.WithHealthInterval(0))
 	assert.ErrorIs(t, err, state.ErrConflict)
 	assert.EqualError(t, err, "config: line 2: engines[0].kv_events: KV events feed the prefix index, which only a cache_aware policy with a local prefix source reads: attach one, or remove kv_events")
 }
@@ -758,7 +759,7 @@ affinity: {idle_timeout: 1m, sweep_interval: 5ms}
 engines: [{id: e1, model: m}, {id: e2, model: m}]
 models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]
 `)
-	r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithClock(clock))
+	r, err := config.New(cfg, nil, config.WithHealthInterval(0), config.WithClock(clock))
 	require.NoError(t, err)
 	ms, ok := r.AffinityStore().(*affinity.MemoryStore)
 	require.True(t, ok)
@@ -795,7 +796,7 @@ func TestInertQueueGateWarnsThroughTheRouterLogger(t *testing.T) {
 engines: [{id: e1, model: m}, {id: e2, model: m}]
 models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {engine_queue_limit: 4}}}}}]}]
 `)
-	r := mustNew(t, cfg, nil, enginepick.WithLogger(zap.New(core)), enginepick.WithWarnInterval(time.Hour))
+	r := mustNew(t, cfg, nil, config.WithLogger(zap.New(core)), config.WithWarnInterval(time.Hour))
 	inert := func() []observer.LoggedEntry {
 		return logs.FilterMessageSnippet("the queue gate is inert").All()
 	}
@@ -821,7 +822,7 @@ affinity: {max_bindings: 32}
 engines: [{id: e1, model: m}, {id: e2, model: m}]
 models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware}}}}]}]
 `)
-	r := mustNew(t, cfg, nil, enginepick.WithHealthInterval(0))
+	r := mustNew(t, cfg, nil, config.WithHealthInterval(0))
 	ms, ok := r.AffinityStore().(*affinity.MemoryStore)
 	require.True(t, ok)
 	for i := range 100 {
@@ -842,7 +843,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: session_aware
 func TestObservedSelectStampsTheDispatchWithItsEnd(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
-	r := mustNew(t, mustParse(t, seedPD), nil, enginepick.WithObserver(rec))
+	r := mustNew(t, mustParse(t, seedPD), nil, config.WithObserver(rec))
 	require.True(t, r.InFlight().SystemClock(), "New without WithClock keeps time.Now for the in-flight counters")
 
 	before := time.Now()
@@ -879,7 +880,7 @@ func TestSelectTimingSampler(t *testing.T) {
 		lo, hi int // timed selections of 600: more than 6 standard deviations wide
 	}{{-5, 600, 600}, {1, 600, 600}, {3, 130, 270}} { // every 3: mean 200, σ ≈ 11.5
 		rec := &samplingRecorder{every: tc.every}
-		r := mustNew(t, mustParse(t, seedPD), nil, enginepick.WithObserver(rec))
+		r := mustNew(t, mustParse(t, seedPD), nil, config.WithObserver(rec))
 		for range 600 {
 			d, err := r.Select(context.Background(), selectReq("llama", 100, 200))
 			require.NoError(t, err)

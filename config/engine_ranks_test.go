@@ -1,4 +1,4 @@
-package enginepick_test
+package config_test
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -25,18 +25,18 @@ import (
 // ranks) in YAML and JSON; their refusals are cases of TestConfigMalformed.
 func TestConfigEngineRanks(t *testing.T) {
 	t.Parallel()
-	want := enginepick.EngineConfig{ID: "e1", Model: "m", DPRankStart: 2, Ranks: []enginepick.RankConfig{
-		{URL: "http://h:8000", Load: &enginepick.LoadEndpoint{URL: "http://h:8000/metrics", Format: "vllm_metrics"},
-			KVEvents: &enginepick.KVEventsEndpoint{Endpoint: "tcp://h:5557", Replay: "tcp://h:5600", Topic: "kv@h:8000@m"}},
-		{URL: "http://h:8001", Load: &enginepick.LoadEndpoint{URL: "http://h:8001/metrics", Format: "vllm_metrics"},
-			KVEvents: &enginepick.KVEventsEndpoint{Endpoint: "ipc:///run/kv1", Topic: "kv@h:8001@m", Bind: true}},
+	want := config.Engine{ID: "e1", Model: "m", DPRankStart: 2, Ranks: []config.Rank{
+		{URL: "http://h:8000", Load: &config.LoadEndpoint{URL: "http://h:8000/metrics", Format: "vllm_metrics"},
+			KVEvents: &config.KVEventsEndpoint{Endpoint: "tcp://h:5557", Replay: "tcp://h:5600", Topic: "kv@h:8000@m"}},
+		{URL: "http://h:8001", Load: &config.LoadEndpoint{URL: "http://h:8001/metrics", Format: "vllm_metrics"},
+			KVEvents: &config.KVEventsEndpoint{Endpoint: "ipc:///run/kv1", Topic: "kv@h:8001@m", Bind: true}},
 	}}
 	docs := []struct {
 		name   string
-		format enginepick.Format
+		format config.Format
 		doc    string
 	}{
-		{"yaml", enginepick.FormatYAML, `
+		{"yaml", config.FormatYAML, `
 engines:
   - id: e1
     model: m
@@ -50,7 +50,7 @@ engines:
         kv_events: {endpoint: "ipc:///run/kv1", topic: "kv@h:8001@m", bind: true}
 models: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]
 `},
-		{"json", enginepick.FormatJSON, `{"engines": [{"id": "e1", "model": "m", "dp_rank_start": 2, "ranks": [
+		{"json", config.FormatJSON, `{"engines": [{"id": "e1", "model": "m", "dp_rank_start": 2, "ranks": [
   {"url": "http://h:8000", "load": {"url": "http://h:8000/metrics", "format": "vllm_metrics"},
    "kv_events": {"endpoint": "tcp://h:5557", "replay": "tcp://h:5600", "topic": "kv@h:8000@m"}},
   {"url": "http://h:8001", "load": {"url": "http://h:8001/metrics", "format": "vllm_metrics"},
@@ -60,7 +60,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]
 	for _, d := range docs {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
-			cfg, err := enginepick.ParseConfig([]byte(d.doc), d.format)
+			cfg, err := config.Parse([]byte(d.doc), d.format)
 			require.NoError(t, err)
 			require.Len(t, cfg.Engines, 1)
 			assert.Equal(t, want, cfg.Engines[0])
@@ -68,13 +68,13 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]
 		})
 	}
 	counts := []struct {
-		e    enginepick.EngineConfig
+		e    config.Engine
 		want int
 	}{
-		{enginepick.EngineConfig{}, 1},
-		{enginepick.EngineConfig{DPRanks: 4}, 4},
-		{enginepick.EngineConfig{Ranks: make([]enginepick.RankConfig, 3)}, 3},
-		{enginepick.EngineConfig{DPRanks: 3, Ranks: make([]enginepick.RankConfig, 3)}, 3},
+		{config.Engine{}, 1},
+		{config.Engine{DPRanks: 4}, 4},
+		{config.Engine{Ranks: make([]config.Rank, 3)}, 3},
+		{config.Engine{DPRanks: 3, Ranks: make([]config.Rank, 3)}, 3},
 	}
 	for _, c := range counts {
 		assert.Equal(t, c.want, c.e.RankCount(), "%+v", c.e)
@@ -125,7 +125,7 @@ func kvPublisher(t *testing.T, port int) zmq4.Socket {
 // publishUntilHeld publishes one BlockStored batch of tokens as the given global DP rank (batch
 // 0, again and again until the subscriber has joined) until the index holds the tokens for
 // engine, and returns the rank the index holds them under.
-func publishUntilHeld(t *testing.T, r *enginepick.Router, pub zmq4.Socket, topic string, globalRank int, hashes []uint64, tokens []uint32, engine state.EngineID) int {
+func publishUntilHeld(t *testing.T, r *config.Router, pub zmq4.Socket, topic string, globalRank int, hashes []uint64, tokens []uint32, engine state.EngineID) int {
 	t.Helper()
 	ev := []any{"BlockStored", hashes, nil, tokens, 4, nil, "GPU"}
 	payload, err := msgpack.Marshal([]any{1789095808.83, []any{ev}, globalRank})
@@ -147,7 +147,7 @@ func publishUntilHeld(t *testing.T, r *enginepick.Router, pub zmq4.Socket, topic
 }
 
 // rankLoads returns each rank's running and waiting requests once the engine's load is known.
-func rankLoads(t *testing.T, r *enginepick.Router, engine state.EngineID) [][2]uint64 {
+func rankLoads(t *testing.T, r *config.Router, engine state.EngineID) [][2]uint64 {
 	t.Helper()
 	var out [][2]uint64
 	require.Eventually(t, func() bool {

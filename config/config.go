@@ -1,6 +1,7 @@
-package enginepick
+package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
@@ -12,20 +13,20 @@ import (
 // Config is the whole routing configuration of a Router: the served models with their buckets,
 // engine groups and policies, an optional description of the engine fleet, and the settings of
 // the state every policy shares (docs/design.md §14). It is loaded from YAML or JSON with
-// LoadConfig or ParseConfig, which reject unknown fields and every invalid value with a
-// *ConfigError naming the field's path; New builds a Router from it.
+// Load or Parse, which reject unknown fields and every invalid value with a
+// *Error naming the field's path; New builds a Router from it.
 //
 // The zero value of every optional field is its documented default. A Config is plain data: New
 // copies what it needs and never modifies it.
 type Config struct {
 	// Models lists the served models; at least one, IDs unique and non-empty. A request for a
 	// model that is not listed is unknown (HTTP 404, docs/design.md §16).
-	Models []ModelConfig `json:"models"`
+	Models []Model `json:"models"`
 	// Engines optionally describes the fleet: each engine's ID, model, stage, DP ranks and load
 	// endpoint. New builds a static registry from it when the host passes no registry, starts one
 	// load poller for the engines with a load endpoint, and examples/replay simulates exactly
 	// these engines. Empty means the host's registry is the only source of engines.
-	Engines []EngineConfig `json:"engines,omitempty"`
+	Engines []Engine `json:"engines,omitempty"`
 	// Load configures the engine-reported load table and its pollers.
 	Load LoadSettings `json:"load,omitzero"`
 	// KV configures block hashing and the KV-block prefix index that cache_aware policies with a
@@ -40,40 +41,40 @@ type Config struct {
 	lines map[string]int
 }
 
-// ModelConfig is one served model: its buckets and the default policies its groups inherit.
-type ModelConfig struct {
+// Model is one served model: its buckets and the default policies its groups inherit.
+type Model struct {
 	// ID is the model name requests carry (state.ModelID). Required, unique.
 	ID string `json:"id"`
 	// DefaultPolicy is the policy of every group of this model that sets none and has no stage
 	// default. Nil means the built-in default, power_of_two (docs/design.md §14).
-	DefaultPolicy *PolicyConfig `json:"default_policy,omitempty"`
+	DefaultPolicy *Policy `json:"default_policy,omitempty"`
 	// StagePolicies are per-stage defaults: they override DefaultPolicy for groups of their stage.
 	// An explicit group policy overrides both.
 	StagePolicies StagePolicies `json:"stage_policies,omitzero"`
 	// SLO sets how TTFT and TPS targets order this model's buckets (docs/design.md §2). The zero
 	// value disables both.
-	SLO SLOConfig `json:"slo,omitzero"`
+	SLO SLO `json:"slo,omitzero"`
 	// Buckets lists the model's buckets; at least one, IDs unique and non-empty within the model.
-	Buckets []BucketConfig `json:"buckets"`
+	Buckets []Bucket `json:"buckets"`
 }
 
 // StagePolicies holds one optional default policy per stage.
 type StagePolicies struct {
-	Plain   *PolicyConfig `json:"plain,omitempty"`
-	Prefill *PolicyConfig `json:"prefill,omitempty"`
-	Decode  *PolicyConfig `json:"decode,omitempty"`
+	Plain   *Policy `json:"plain,omitempty"`
+	Prefill *Policy `json:"prefill,omitempty"`
+	Decode  *Policy `json:"decode,omitempty"`
 }
 
-// SLOConfig sets the SLO preferences of a model's resolver: each is "disabled" (the default,
+// SLO sets the SLO preferences of a model's resolver: each is "disabled" (the default,
 // also the empty string), "best_effort" or "slo_first" (bucket.SLOPreference).
-type SLOConfig struct {
+type SLO struct {
 	TTFTPreference string `json:"ttft_preference,omitempty"`
 	TPSPreference  string `json:"tps_preference,omitempty"`
 }
 
-// BucketConfig is one bucket: identity, length constraints, SLO estimates and its groups
+// Bucket is one bucket: identity, length constraints, SLO estimates and its groups
 // (bucket.Spec; docs/design.md §2).
-type BucketConfig struct {
+type Bucket struct {
 	// ID identifies the bucket within its model. Required, unique within the model.
 	ID string `json:"id"`
 	// Rank orders buckets of equal input capacity: lower first.
@@ -87,7 +88,7 @@ type BucketConfig struct {
 	TTFTEstimate Duration `json:"ttft_estimate,omitzero"`
 	TPSEstimate  float64  `json:"tps_estimate,omitempty"`
 	// Groups holds exactly one of a plain group or a PD pair of groups.
-	Groups GroupsConfig `json:"groups"`
+	Groups Groups `json:"groups"`
 }
 
 // TokenRange is an inclusive range of input tokens. Max 0 means no upper bound.
@@ -96,29 +97,29 @@ type TokenRange struct {
 	Max uint64 `json:"max,omitempty"`
 }
 
-// GroupsConfig holds a bucket's groups: exactly one of Plain and PD.
-type GroupsConfig struct {
-	Plain *GroupConfig `json:"plain,omitempty"`
-	PD    *PDConfig    `json:"pd,omitempty"`
+// Groups holds a bucket's groups: exactly one of Plain and PD.
+type Groups struct {
+	Plain *Group `json:"plain,omitempty"`
+	PD    *PD    `json:"pd,omitempty"`
 }
 
-// PDConfig is a PD bucket's two groups; both are required (docs/design.md §3).
-type PDConfig struct {
-	Prefill *GroupConfig `json:"prefill"`
-	Decode  *GroupConfig `json:"decode"`
+// PD is a PD bucket's two groups; both are required (docs/design.md §3).
+type PD struct {
+	Prefill *Group `json:"prefill"`
+	Decode  *Group `json:"decode"`
 }
 
-// GroupConfig is one engine group: its membership and, optionally, its policy.
-type GroupConfig struct {
+// Group is one engine group: its membership and, optionally, its policy.
+type Group struct {
 	// EngineIDs is the membership. Absent (nil) means every healthy engine of the model and the
 	// group's stage; an empty list means none (docs/design.md §4).
 	EngineIDs *[]string `json:"engine_ids,omitempty"`
 	// Policy is the group's policy. Nil inherits the model's stage default, else its default
 	// policy, else power_of_two.
-	Policy *PolicyConfig `json:"policy,omitempty"`
+	Policy *Policy `json:"policy,omitempty"`
 }
 
-// PolicyConfig is one policy attachment: the policy type, its admission caps and the type's own
+// Policy is one policy attachment: the policy type, its admission caps and the type's own
 // options block, a mapping named after the type (docs/design.md §14.2):
 //
 //	policy: {type: cache_aware, admission: {max_waiting_requests: 16}, cache_aware: {min_matched_tokens: 512}}
@@ -126,7 +127,7 @@ type GroupConfig struct {
 // The type's policy.Builder owns the block: it is decoded strictly into the value the builder's
 // NewOptions returns, and validated by that value's Validate method. A block named after another
 // type is an error, never ignored.
-type PolicyConfig struct {
+type Policy struct {
 	// Type is a registered policy type (policy.Lookup): round_robin, random, power_of_two,
 	// power_of_n, least_load, cache_aware, session_aware, sticky, or one the host registered with
 	// policy.Register. Required.
@@ -144,8 +145,8 @@ type PolicyConfig struct {
 	MaxInFlight *uint64    `json:"max_in_flight,omitempty"`
 }
 
-// EngineConfig describes one engine of the fleet.
-type EngineConfig struct {
+// Engine describes one engine of the fleet.
+type Engine struct {
 	// ID is the engine's stable, unique ID (state.EngineID), usually its base URL. Required.
 	ID string `json:"id"`
 	// Model is the model the engine serves; it must be one of Config.Models. Required.
@@ -169,20 +170,20 @@ type EngineConfig struct {
 	// vLLM's external DP load balancing runs them): one entry per rank, in rank order. It replaces
 	// Load and KVEvents, which must then be unset. Nil means the engine's endpoints serve every
 	// rank.
-	Ranks []RankConfig `json:"ranks,omitempty"`
+	Ranks []Rank `json:"ranks,omitempty"`
 }
 
 // RankCount returns the engine's DP rank count: DPRanks, else len(Ranks), else 1.
-func (e *EngineConfig) RankCount() int {
+func (e *Engine) RankCount() int {
 	if e.DPRanks == 0 && len(e.Ranks) > 0 {
 		return len(e.Ranks)
 	}
 	return max(e.DPRanks, 1)
 }
 
-// RankConfig is one DP rank of an engine with per-rank endpoints (EngineConfig.Ranks). Each of
+// Rank is one DP rank of an engine with per-rank endpoints (Engine.Ranks). Each of
 // URL, Load and KVEvents is set for every rank of the engine or for none.
-type RankConfig struct {
+type Rank struct {
 	// URL is the base URL of the server that serves only this rank, for hosts that send a picked
 	// rank to its own server (examples/gateway); the Router does not use it. Empty means none.
 	URL string `json:"url,omitempty"`
@@ -198,7 +199,7 @@ type RankConfig struct {
 // docs/design.md §13.1).
 type KVEventsEndpoint struct {
 	// Endpoint is rank 0's ZMQ endpoint ("tcp://host:5557"); DP rank r publishes on its port + r,
-	// as the engines do (in EngineConfig.Ranks, each rank's own endpoint). Required; tcp:// (with
+	// as the engines do (in Engine.Ranks, each rank's own endpoint). Required; tcp:// (with
 	// a port when dp_ranks > 1), ipc:// or inproc://.
 	Endpoint string `json:"endpoint"`
 	// Replay is rank 0's replay socket (offset by the rank likewise); empty means none: a gap
@@ -337,3 +338,21 @@ func (d *Duration) UnmarshalText(b []byte) error {
 
 // StringList is a list of strings that may also be written as a single string.
 type StringList []string
+
+// MarshalJSON writes the attachment as the configuration spells it: the options block, when
+// there is one, under the type's name.
+func (p Policy) MarshalJSON() ([]byte, error) {
+	type fields Policy // the fields without this method
+	b, err := json.Marshal(fields(p))
+	if err != nil || p.Options == nil {
+		return b, err
+	}
+	m := map[string]json.RawMessage{}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	if m[p.Type], err = json.Marshal(p.Options); err != nil {
+		return nil, err
+	}
+	return json.Marshal(m)
+}

@@ -1,9 +1,8 @@
-package enginepick
+package config
 
 import (
 	"context"
 	"fmt"
-	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
@@ -29,7 +29,7 @@ type Option func(*settings)
 
 type settings struct {
 	log            *zap.Logger
-	obs            Observer
+	obs            enginepick.Observer
 	now            func() time.Time
 	rand           func(n int) int
 	load           *loadmon.Table
@@ -58,7 +58,7 @@ func WithLogger(l *zap.Logger) Option { return func(s *settings) { s.log = l } }
 
 // WithObserver sets the Observer that receives the Router's decisions and dispatch outcomes (for
 // example a *metrics.Prometheus). Nil (and the default) is none.
-func WithObserver(o Observer) Option { return func(s *settings) { s.obs = o } }
+func WithObserver(o enginepick.Observer) Option { return func(s *settings) { s.obs = o } }
 
 // WithClock sets the clock of every freshness, expiry and latency measurement New sets up. Nil
 // (and the default) is time.Now.
@@ -108,10 +108,30 @@ type services struct {
 	once   sync.Once
 }
 
-// groupLabels are the policy names of one bucket's groups, by stage.
-type groupLabels [3]string
+// Router is an enginepick.Router built from a configuration, with the services that keep its
+// shared state current: the load poller, the KV-event subscriber, the in-memory affinity store's
+// sweeper and the degraded-state checks, which New starts and Close stops. Every method of the
+// embedded Router is available; RemoveEngine also drops the engine's KV-event streams.
+type Router struct {
+	*enginepick.Router
 
-// New builds a Router from cfg (docs/design.md §14). It validates cfg (Config.Validate), checks
+	config    *Config
+	warn      *zap.Logger // rate-limited
+	poller    *loadsource.Poller
+	ownClient *http.Client // the pollers' client when New made it; Close drops its idle connections
+	kvSub     *kvevents.Subscriber
+	svc       *services
+	degraded  degradedChecks
+}
+
+// RouterAttacher is an optional interface of an enginepick.Observer: New calls AttachRouter once,
+// after building the Router and before returning it. An error fails New (and stops what it
+// started).
+type RouterAttacher interface {
+	AttachRouter(r *Router) error
+}
+
+// New builds a Router from cfg (docs/design.md §14) with enginepick.NewRouter. It validates cfg (Config.Validate), checks
 // every group's members against registry (an engine of another model or stage is an error), then
 // builds the state every policy shares, once: one load table, one in-flight counter set, one
 // KV-block index and one local prefix source when a cache_aware policy looks prefixes up locally,
@@ -122,7 +142,7 @@ type groupLabels [3]string
 // A nil registry means a static registry of cfg.Engines (every engine healthy). Hosts with their
 // own registry pass it; it stays authoritative for role and health.
 //
-// Errors: a *ConfigError (matching state.ErrInvalidConfiguration) naming the field for every
+// Errors: a *Error (matching state.ErrInvalidConfiguration) naming the field for every
 // configuration problem, including a missing WithRemoteIndexer, or a load table or index passed
 // with options that disagrees with the configuration; an error wrapping
 // state.ErrInvalidConfiguration for invalid options; RouterAttacher's error.
@@ -138,10 +158,10 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 		o(&s)
 	}
 	if s.healthInterval < 0 {
-		return nil, fmt.Errorf("enginepick: WithHealthInterval(%v): must be >= 0: %w", s.healthInterval, state.ErrInvalidConfiguration)
+		return nil, fmt.Errorf("config: WithHealthInterval(%v): must be >= 0: %w", s.healthInterval, state.ErrInvalidConfiguration)
 	}
 	if s.warnEvery <= 0 {
-		return nil, fmt.Errorf("enginepick: WithWarnInterval(%v): must be > 0: %w", s.warnEvery, state.ErrInvalidConfiguration)
+		return nil, fmt.Errorf("config: WithWarnInterval(%v): must be > 0: %w", s.warnEvery, state.ErrInvalidConfiguration)
 	}
 	if s.log == nil {
 		s.log = zap.NewNop()
@@ -164,25 +184,17 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 	if err := b.kvEventsNeedIndex(); err != nil {
 		return nil, err
 	}
-	r := &Router{
-		registry:  b.reg,
-		resolvers: b.res,
-		inflight:  b.inflight,
-		load:      b.load,
-		index:     b.index,
-		log:       s.log,
-		obs:       s.obs,
-		now:       s.now,
-		realClock: realClock,
-		base:      s.now(),
-		labels:    b.labels,
-		models:    b.models,
-		config:    cfg,
-		warn:      s.log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewSamplerWithOptions(c, s.warnEvery, 1, 0) })),
+	ro := enginepick.Options{Registry: b.reg, Resolvers: b.res, InFlight: b.inflight, Load: b.load, Index: b.index,
+		Logger: s.log, Observer: s.obs, Models: b.models, AffinityStore: b.store,
+		PolicyName: func(bk *bucket.Bucket, st state.Stage) string { return b.labels[bk][st] }}
+	if !realClock {
+		ro.Now = s.now
 	}
-	if ts, ok := s.obs.(SelectTimingSampler); ok {
-		r.timeEvery = uint32(max(1, min(int64(ts.SelectTimingEvery()), math.MaxUint32)))
+	er, err := enginepick.NewRouter(ro)
+	if err != nil {
+		return nil, err
 	}
+	r := &Router{Router: er, config: cfg, warn: b.warnLog}
 	if err := b.start(r); err != nil {
 		return nil, err
 	}
@@ -213,7 +225,7 @@ type builder struct {
 	store    affinity.Store
 	memStore *affinity.MemoryStore // the store New built, which its sweeper runs
 	res      map[state.ModelID]*bucket.Resolver
-	labels   map[*bucket.Bucket]groupLabels
+	labels   map[*bucket.Bucket][3]string
 	models   []state.ModelID
 	degraded degradedChecks
 }
@@ -229,7 +241,7 @@ func (b *builder) registry(reg state.Registry) error {
 			e := &b.cfg.Engines[i]
 			st, _ := parseStage(e.Stage)
 			if err := sr.Add(state.NewStaticEngine(state.EngineID(e.ID), state.ModelID(e.Model), st)); err != nil {
-				return &ConfigError{Path: fmt.Sprintf("engines[%d]", i), Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+				return &Error{Path: fmt.Sprintf("engines[%d]", i), Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 			}
 		}
 		reg = sr
@@ -271,7 +283,7 @@ func (b *builder) shared() error {
 	for i := range cfg.Engines {
 		if e := &cfg.Engines[i]; e.RankCount() > 1 {
 			if err := b.load.Expect(state.EngineID(e.ID), e.RankCount()); err != nil {
-				return &ConfigError{Path: fmt.Sprintf("engines[%d].dp_ranks", i), Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
+				return &Error{Path: fmt.Sprintf("engines[%d].dp_ranks", i), Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
 			}
 		}
 	}
@@ -288,7 +300,7 @@ func (b *builder) shared() error {
 	}
 	var err error
 	if b.hasher, err = kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: bt, Seed: cfg.KV.HashSeed, Namespace: cfg.KV.Namespace}); err != nil {
-		return &ConfigError{Path: "kv.block_tokens", Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
+		return &Error{Path: "kv.block_tokens", Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
 	}
 	if b.index = s.index; b.index != nil && cfg.KV.BlockTokens != 0 && cfg.KV.BlockTokens != b.index.Hasher().BlockTokens() {
 		return cfgErr("kv.block_tokens", cfg.lines["kv.block_tokens"], state.ErrConflict,
@@ -314,13 +326,13 @@ func (b *builder) localSource() (kvindex.Source, error) {
 			ApproxTTL: kv.ApproxTTL.D(), Now: b.s.now, ExpectedBlocks: kv.ExpectedBlocks, ExpectedHolderBlocks: kv.ExpectedHolderBlocks,
 			WriterYieldBlocks: kv.WriterYieldBlocks})
 		if err != nil {
-			return nil, &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
+			return nil, &Error{Path: "kv", Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
 		}
 		b.index = x
 	}
 	local, err := kvindex.NewLocalSource(b.index)
 	if err != nil {
-		return nil, &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+		return nil, &Error{Path: "kv", Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 	}
 	b.local = local
 	return local, nil
@@ -334,7 +346,7 @@ func (b *builder) remoteSource() (kvindex.Source, error) {
 	}
 	r, err := kvindex.NewRemoteSource(b.s.remote, b.hasher, kvindex.RemoteOptions{Timeout: b.cfg.KV.RemoteTimeout.D(), MaxConcurrent: b.cfg.KV.RemoteMaxConcurrent})
 	if err != nil {
-		return nil, &ConfigError{Path: "kv", Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+		return nil, &Error{Path: "kv", Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 	}
 	b.remote = r
 	return r, nil
@@ -368,12 +380,12 @@ func (b *builder) affinityStore() (affinity.Store, error) {
 	a := &b.cfg.Affinity
 	if a.Store == "redis" {
 		return nil, cfgErr("affinity.store", b.cfg.lines["affinity.store"], state.ErrMissingField,
-			"store redis needs the Redis store: build it with affinity/redisstore from affinity.redis and pass enginepick.WithAffinityStore to New")
+			"store redis needs the Redis store: build it with affinity/redisstore from affinity.redis and pass config.WithAffinityStore to New")
 	}
 	ms, err := affinity.NewMemoryStore(affinity.Options{IdleTimeout: a.IdleTimeout.D(), SweepInterval: a.SweepInterval.D(),
 		MaxBindings: a.MaxBindings, Now: b.s.now})
 	if err != nil {
-		return nil, &ConfigError{Path: "affinity", Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
+		return nil, &Error{Path: "affinity", Err: fmt.Errorf("%w: %v", state.ErrOutOfRange, err)}
 	}
 	b.store, b.memStore = ms, ms
 	return ms, nil
@@ -381,12 +393,12 @@ func (b *builder) affinityStore() (affinity.Store, error) {
 
 // groupPath is one group of the configuration with its effective policy.
 type groupPath struct {
-	model      *ModelConfig
-	bucket     *BucketConfig
-	group      *GroupConfig
+	model      *Model
+	bucket     *Bucket
+	group      *Group
 	stage      state.Stage
 	path       string // the group's path
-	policy     *PolicyConfig
+	policy     *Policy
 	policyPath string // where the effective policy is written ("" for the built-in default)
 }
 
@@ -412,9 +424,9 @@ func (b *builder) eachGroup(fn func(groupPath)) {
 // resolvers builds every model's policies, groups, buckets and resolver.
 func (b *builder) resolvers() error {
 	b.res = map[state.ModelID]*bucket.Resolver{}
-	b.labels = map[*bucket.Bucket]groupLabels{}
+	b.labels = map[*bucket.Bucket][3]string{}
 	var firstErr error
-	built := map[*BucketConfig]map[state.Stage]*bucket.EngineGroup{}
+	built := map[*Bucket]map[state.Stage]*bucket.EngineGroup{}
 	b.eachGroup(func(gp groupPath) {
 		if firstErr != nil {
 			return
@@ -445,7 +457,7 @@ func (b *builder) resolvers() error {
 				bk  *bucket.Bucket
 				err error
 			)
-			var lb groupLabels
+			var lb [3]string
 			if bc.Groups.Plain != nil {
 				bk, err = bucket.NewPlainBucket(spec, gs[state.StagePlain])
 				lb[state.StagePlain] = b.policyName(m, bc.Groups.Plain, state.StagePlain)
@@ -455,7 +467,7 @@ func (b *builder) resolvers() error {
 				lb[state.StageDecode] = b.policyName(m, bc.Groups.PD.Decode, state.StageDecode)
 			}
 			if err != nil {
-				return &ConfigError{Path: path, Line: b.cfg.lines[path], Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+				return &Error{Path: path, Line: b.cfg.lines[path], Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 			}
 			b.labels[bk] = lb
 			buckets = append(buckets, bk)
@@ -464,7 +476,7 @@ func (b *builder) resolvers() error {
 		tps, _ := parseSLOPreference(m.SLO.TPSPreference)
 		res, err := bucket.NewResolver(buckets, bucket.ResolverOptions{TTFTPreference: ttft, TPSPreference: tps})
 		if err != nil {
-			return &ConfigError{Path: fmt.Sprintf("models[%d]", i), Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+			return &Error{Path: fmt.Sprintf("models[%d]", i), Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 		}
 		b.res[state.ModelID(m.ID)] = res
 		b.models = append(b.models, state.ModelID(m.ID))
@@ -472,13 +484,13 @@ func (b *builder) resolvers() error {
 	return nil
 }
 
-func (b *builder) policyName(m *ModelConfig, g *GroupConfig, s state.Stage) string {
+func (b *builder) policyName(m *Model, g *Group, s state.Stage) string {
 	p, _ := effectivePolicy(m, g, s, "")
 	return p.Type
 }
 
 // limits returns the policy's admission caps with the legacy in-flight cap folded in.
-func limits(p *PolicyConfig) admission.Limits {
+func limits(p *Policy) admission.Limits {
 	l := p.Admission
 	if p.MaxInFlight != nil && slices.Contains(p.Filter, "overloaded") {
 		l.MaxInFlightRequests = admission.Cap(*p.MaxInFlight)
@@ -508,7 +520,7 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 		LocalSource: b.localSource,
 		RemoteSource: func() (kvindex.Source, error) {
 			if b.s.remote == nil {
-				return nil, cfgErr(bpath, lineOf(bpath), state.ErrMissingField, "prefix_source remote needs a remote indexer: pass enginepick.WithRemoteIndexer to New")
+				return nil, cfgErr(bpath, lineOf(bpath), state.ErrMissingField, "prefix_source remote needs a remote indexer: pass config.WithRemoteIndexer to New")
 			}
 			return b.remoteSource()
 		},
@@ -528,7 +540,7 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 		b.degraded.reportedCaps = append(b.degraded.reportedCaps, state.ModelID(gp.model.ID))
 	}
 	if b.s.obs != nil {
-		if po := b.s.obs.ObserveGroup(GroupInfo{Model: state.ModelID(gp.model.ID), Bucket: gp.bucket.ID, Stage: gp.stage, Policy: gp.policy.Type}); po != nil {
+		if po := b.s.obs.ObserveGroup(enginepick.GroupInfo{Model: state.ModelID(gp.model.ID), Bucket: gp.bucket.ID, Stage: gp.stage, Policy: gp.policy.Type}); po != nil {
 			p = &observedPolicy{inner: p, obs: po}
 		}
 	}
@@ -541,7 +553,7 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 	}
 	g, err := bucket.NewEngineGroup(p, members)
 	if err != nil {
-		return nil, &ConfigError{Path: gp.path, Line: b.cfg.lines[gp.path], Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+		return nil, &Error{Path: gp.path, Line: b.cfg.lines[gp.path], Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 	}
 	return g, nil
 }
@@ -578,7 +590,7 @@ func (b *builder) start(r *Router) error {
 		poller, err = loadsource.NewPoller(b.load, targets, loadsource.Options{Client: client, Interval: b.cfg.Load.PollInterval.D(),
 			Timeout: b.cfg.Load.PollTimeout.D(), Jitter: b.cfg.Load.PollJitter, Logger: b.s.log})
 		if err != nil {
-			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+			return &Error{Path: "engines", Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 		}
 	}
 	sub, err := b.kvEvents()
@@ -587,7 +599,6 @@ func (b *builder) start(r *Router) error {
 	}
 	r.poller = poller
 	r.kvSub = sub
-	r.store = b.store
 	r.degraded = b.degraded
 	slices.Sort(r.degraded.reportedCaps)
 	r.degraded.reportedCaps = slices.Compact(r.degraded.reportedCaps)
@@ -600,7 +611,7 @@ func (b *builder) start(r *Router) error {
 		if err := sub.Start(ctx); err != nil {
 			cancel()
 			_ = sub.Close()
-			return &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", state.ErrBadValue, err)}
+			return &Error{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", state.ErrBadValue, err)}
 		}
 	}
 	if poller != nil {
@@ -666,12 +677,12 @@ func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
 			return dispatchedSince(inflight, ranks[engine], engine, rank, since)
 		}})
 	if err != nil {
-		return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", state.ErrBadValue, err)}
+		return nil, &Error{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", state.ErrBadValue, err)}
 	}
 	for _, ep := range eps {
 		if err := sub.Add(ep); err != nil {
 			_ = sub.Close()
-			return nil, &ConfigError{Path: "engines", Err: fmt.Errorf("%w: KV events of %q rank %d: %v", state.ErrConflict, ep.Engine, ep.DPRank, err)}
+			return nil, &Error{Path: "engines", Err: fmt.Errorf("%w: KV events of %q rank %d: %v", state.ErrConflict, ep.Engine, ep.DPRank, err)}
 		}
 	}
 	return sub, nil
@@ -690,7 +701,7 @@ func dispatchedSince(f *loadmon.InFlight, ranks int, engine state.EngineID, rank
 
 // summary logs the configuration at Info (docs/design.md §15).
 func (b *builder) summary(r *Router) {
-	ce := r.log.Check(zap.InfoLevel, "enginepick router configured")
+	ce := b.s.log.Check(zap.InfoLevel, "enginepick router configured")
 	if ce == nil {
 		return
 	}
@@ -730,4 +741,29 @@ func (b *builder) storeKind() string {
 		return "memory"
 	}
 	return "host"
+}
+
+// observedPolicy reports every pick of a group's policy to its PickObserver. It keeps the
+// wrapped policy's stage support visible to the bucket.
+type observedPolicy struct {
+	inner policy.Policy
+	obs   enginepick.PickObserver
+}
+
+var (
+	_ policy.Policy         = (*observedPolicy)(nil)
+	_ policy.StageSupporter = (*observedPolicy)(nil)
+)
+
+func (p *observedPolicy) Pick(ctx context.Context, engines []state.Engine, req *policy.Request) (policy.Pick, error) {
+	pk, err := p.inner.Pick(ctx, engines, req)
+	p.obs.ObservePick(pk, err)
+	return pk, err
+}
+
+func (p *observedPolicy) SupportsStage(s state.Stage) bool {
+	if ss, ok := p.inner.(policy.StageSupporter); ok {
+		return ss.SupportsStage(s)
+	}
+	return true
 }

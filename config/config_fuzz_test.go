@@ -1,4 +1,4 @@
-package enginepick_test
+package config_test
 
 import (
 	"encoding/json"
@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/enginepick/enginepick"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -18,20 +18,20 @@ import (
 // every example configuration, every malformed case of TestConfigMalformed, and the corpus under
 // testdata/fuzz/FuzzParseConfig.
 func FuzzParseConfig(f *testing.F) {
-	files, _ := filepath.Glob("examples/configs/*")
+	files, _ := filepath.Glob("../examples/configs/*")
 	for _, p := range files {
 		if b, err := os.ReadFile(p); err == nil {
-			f.Add(b, uint8(enginepick.FormatAuto))
+			f.Add(b, uint8(config.FormatAuto))
 		}
 	}
 	for _, tc := range malformedCases {
 		f.Add([]byte(tc.input), uint8(tc.format))
 	}
-	f.Add([]byte(seedPD), uint8(enginepick.FormatYAML))
+	f.Add([]byte(seedPD), uint8(config.FormatYAML))
 	f.Fuzz(func(t *testing.T, data []byte, format uint8) {
-		cfg, err := enginepick.ParseConfig(data, enginepick.Format(format%3))
+		cfg, err := config.Parse(data, config.Format(format%3))
 		if err != nil {
-			var ce *enginepick.ConfigError
+			var ce *config.Error
 			if !errors.As(err, &ce) || !errors.Is(err, state.ErrInvalidConfiguration) {
 				t.Fatalf("ParseConfig error %T %v: want a *ConfigError matching ErrInvalidConfiguration", err, err)
 			}
@@ -47,7 +47,7 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil {
 			t.Fatalf("marshal: %v", err)
 		}
-		again, err := enginepick.ParseConfig(first, enginepick.FormatJSON)
+		again, err := config.Parse(first, config.FormatJSON)
 		if err != nil {
 			t.Fatalf("the JSON of an accepted Config is rejected: %v\n%s", err, first)
 		}

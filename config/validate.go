@@ -1,4 +1,4 @@
-package enginepick
+package config
 
 import (
 	"cmp"
@@ -50,7 +50,7 @@ func stageTypes(s state.Stage) string {
 }
 
 // Validate checks every rule of docs/design.md §14.4 that needs no engine registry and returns
-// the first violation, in document order, as a *ConfigError naming the field. ParseConfig and New
+// the first violation, in document order, as a *Error naming the field. Parse and New
 // call it; call it yourself on a Config built in code.
 func (c *Config) Validate() error {
 	v := validator{lines: c.lines}
@@ -116,7 +116,7 @@ func (v *validator) config(c *Config) {
 	v.membership(c)
 }
 
-func (v *validator) model(m *ModelConfig, path string, seen map[string]int, i int) {
+func (v *validator) model(m *Model, path string, seen map[string]int, i int) {
 	if m.ID == "" {
 		v.fail(join(path, "id"), state.ErrMissingField, "a model needs an id")
 		return
@@ -132,7 +132,7 @@ func (v *validator) model(m *ModelConfig, path string, seen map[string]int, i in
 		v.policy(m.DefaultPolicy, join(path, "default_policy"))
 	}
 	for _, sp := range []struct {
-		p     *PolicyConfig
+		p     *Policy
 		stage state.Stage
 	}{{m.StagePolicies.Plain, state.StagePlain}, {m.StagePolicies.Prefill, state.StagePrefill}, {m.StagePolicies.Decode, state.StageDecode}} {
 		if sp.p == nil {
@@ -178,7 +178,7 @@ func parseSLOPreference(s string) (bucket.SLOPreference, error) {
 	return 0, state.ErrBadValue
 }
 
-func (v *validator) bucket(m *ModelConfig, b *BucketConfig, path string, seen map[string]int, j int, mpath string) {
+func (v *validator) bucket(m *Model, b *Bucket, path string, seen map[string]int, j int, mpath string) {
 	if b.ID == "" {
 		v.fail(join(path, "id"), state.ErrMissingField, "a bucket needs an id")
 		return
@@ -236,7 +236,7 @@ func (v *validator) bucket(m *ModelConfig, b *BucketConfig, path string, seen ma
 }
 
 // group checks one group's membership and its effective policy for stage s.
-func (v *validator) group(m *ModelConfig, g *GroupConfig, path string, s state.Stage, mpath string) {
+func (v *validator) group(m *Model, g *Group, path string, s state.Stage, mpath string) {
 	if g.EngineIDs != nil {
 		seen := map[string]bool{}
 		for k, id := range *g.EngineIDs {
@@ -269,11 +269,11 @@ func (v *validator) group(m *ModelConfig, g *GroupConfig, path string, s state.S
 // effectivePolicy returns the policy a group runs and where it comes from: the group's own, the
 // model's stage default, the model's default, or the built-in power_of_two (from is "" for the
 // group's own and for the built-in).
-func effectivePolicy(m *ModelConfig, g *GroupConfig, s state.Stage, mpath string) (*PolicyConfig, string) {
+func effectivePolicy(m *Model, g *Group, s state.Stage, mpath string) (*Policy, string) {
 	if g.Policy != nil {
 		return g.Policy, ""
 	}
-	var stageDefault *PolicyConfig
+	var stageDefault *Policy
 	switch s {
 	case state.StagePlain:
 		stageDefault = m.StagePolicies.Plain
@@ -288,19 +288,19 @@ func effectivePolicy(m *ModelConfig, g *GroupConfig, s state.Stage, mpath string
 	if m.DefaultPolicy != nil {
 		return m.DefaultPolicy, join(mpath, "default_policy")
 	}
-	return &PolicyConfig{Type: DefaultPolicy}, ""
+	return &Policy{Type: DefaultPolicy}, ""
 }
 
 // policy checks one policy attachment at path: its type, the legacy in-flight filter, and its
 // options block with the block's own Validate (policy.Builder).
-func (v *validator) policy(p *PolicyConfig, path string) {
+func (v *validator) policy(p *Policy, path string) {
 	tpath := join(path, "type")
 	if p.Type == "" {
 		v.fail(tpath, state.ErrMissingField, "want one of %s", strings.Join(policy.Names(), ", "))
 		return
 	}
 	if msg, ok := removedTypes[p.Type]; ok {
-		v.err = &ConfigError{Path: tpath, Line: v.lineOf(tpath), Err: &causeError{sentinel: state.ErrRemovedOption, msg: msg}}
+		v.err = &Error{Path: tpath, Line: v.lineOf(tpath), Err: &causeError{sentinel: state.ErrRemovedOption, msg: msg}}
 		return
 	}
 	b, ok := policy.Lookup(p.Type)
@@ -331,29 +331,29 @@ func (v *validator) optionErr(bpath string, err error) {
 	v.err = optionConfigErr(bpath, bpath, v.lineOf, err)
 }
 
-// optionConfigErr converts a policy's error into a *ConfigError: an *policy.OptionError at its
-// field's path under the block at bpath with its cause, a *ConfigError as it is, anything else at
+// optionConfigErr converts a policy's error into a *Error: an *policy.OptionError at its
+// field's path under the block at bpath with its cause, a *Error as it is, anything else at
 // path (the attachment's) with the cause it wraps, else as a bad value.
 func optionConfigErr(path, bpath string, lineOf func(string) int, err error) error {
-	var ce *ConfigError
+	var ce *Error
 	if errors.As(err, &ce) {
 		return err
 	}
 	var oe *policy.OptionError
 	if errors.As(err, &oe) {
 		p := join(bpath, oe.Field)
-		return &ConfigError{Path: p, Line: lineOf(p), Err: &causeError{sentinel: oe.Cause, msg: oe.Msg}}
+		return &Error{Path: p, Line: lineOf(p), Err: &causeError{sentinel: oe.Cause, msg: oe.Msg}}
 	}
 	for _, c := range []error{state.ErrMissingField, state.ErrConflict, state.ErrOutOfRange} {
 		if errors.Is(err, c) {
-			return &ConfigError{Path: path, Line: lineOf(path), Err: err}
+			return &Error{Path: path, Line: lineOf(path), Err: err}
 		}
 	}
-	return &ConfigError{Path: path, Line: lineOf(path), Err: fmt.Errorf("%w: %w", state.ErrBadValue, err)}
+	return &Error{Path: path, Line: lineOf(path), Err: fmt.Errorf("%w: %w", state.ErrBadValue, err)}
 }
 
 // legacyFilter checks the legacy filter/max_in_flight pair (docs/design.md §14.3).
-func (v *validator) legacyFilter(p *PolicyConfig, path string) {
+func (v *validator) legacyFilter(p *Policy, path string) {
 	overloaded := false
 	for k, f := range p.Filter {
 		fp := fmt.Sprintf("%s.filter[%d]", path, k)
@@ -364,7 +364,7 @@ func (v *validator) legacyFilter(p *PolicyConfig, path string) {
 		case "overloaded":
 			overloaded = true
 		case "prefix_cache":
-			v.err = &ConfigError{Path: fp, Line: v.lineOf(fp), Err: &causeError{sentinel: state.ErrRemovedOption,
+			v.err = &Error{Path: fp, Line: v.lineOf(fp), Err: &causeError{sentinel: state.ErrRemovedOption,
 				msg: `filter "prefix_cache" was removed: it is not equivalent to cache_aware's hit gate; use policy type cache_aware (with min_matched_tokens or min_match_ratio) instead`}}
 			return
 		default:
@@ -403,7 +403,7 @@ func (v *validator) engines(c *Config) {
 			v.fail(join(path, "model"), state.ErrMissingField, "engine %q needs a model", e.ID)
 			return
 		}
-		if !slices.ContainsFunc(c.Models, func(m ModelConfig) bool { return m.ID == e.Model }) {
+		if !slices.ContainsFunc(c.Models, func(m Model) bool { return m.ID == e.Model }) {
 			v.fail(join(path, "model"), state.ErrBadValue, "model %q is not one of models", e.Model)
 			return
 		}
@@ -428,7 +428,7 @@ func (v *validator) engines(c *Config) {
 }
 
 // ranks checks an engine's dp_rank_start and per-rank endpoints (docs/design.md §14.6).
-func (v *validator) ranks(e *EngineConfig, path string) bool {
+func (v *validator) ranks(e *Engine, path string) bool {
 	n := e.RankCount()
 	switch {
 	case len(e.Ranks) > loadmon.MaxRanks:
@@ -621,7 +621,7 @@ func (v *validator) affinity(a *AffinitySettings) {
 	case "", "strict":
 	case "soft":
 		p := "affinity.affinity_mode"
-		v.err = &ConfigError{Path: p, Line: v.lineOf(p), Err: &causeError{sentinel: state.ErrRemovedOption,
+		v.err = &Error{Path: p, Line: v.lineOf(p), Err: &causeError{sentinel: state.ErrRemovedOption,
 			msg: `affinity mode "soft" was removed: an admitted binding is always reused; use strict (or omit affinity_mode) instead`}}
 		return
 	default:
@@ -689,7 +689,7 @@ func (v *validator) membership(c *Config) {
 	if len(c.Engines) == 0 {
 		return
 	}
-	byID := map[string]*EngineConfig{}
+	byID := map[string]*Engine{}
 	for i := range c.Engines {
 		byID[c.Engines[i].ID] = &c.Engines[i]
 	}
@@ -734,13 +734,13 @@ func (v *validator) checkMembers(c *Config, lookup func(model, id string) (strin
 }
 
 type groupRef struct {
-	g     *GroupConfig
+	g     *Group
 	stage state.Stage
 	path  string
 }
 
 // groupsOf returns a valid bucket's groups with their stages and paths.
-func groupsOf(b *BucketConfig, path string) []groupRef {
+func groupsOf(b *Bucket, path string) []groupRef {
 	if b.Groups.Plain != nil {
 		return []groupRef{{b.Groups.Plain, state.StagePlain, path + ".plain"}}
 	}

@@ -1,4 +1,4 @@
-package enginepick_test
+package config_test
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/kvindex/kvevents"
 	"github.com/enginepick/enginepick/metrics"
 	"github.com/enginepick/enginepick/policy"
@@ -48,7 +48,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 	reg := prometheus.NewRegistry()
 	obs, err := metrics.New(reg, metrics.Options{})
 	require.NoError(t, err)
-	r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithObserver(obs))
+	r, err := config.New(cfg, nil, config.WithHealthInterval(0), config.WithObserver(obs))
 	require.NoError(t, err)
 	defer r.Close()
 
@@ -171,7 +171,7 @@ engines:
   - {id: e1, model: m, kv_events: {endpoint: "%s", topic: kv}}
 models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware}}}}]}]
 `, addr))
-	r, err := enginepick.New(cfg, nil, enginepick.WithHealthInterval(0), enginepick.WithClock(clock), enginepick.WithLogger(zap.New(core)))
+	r, err := config.New(cfg, nil, config.WithHealthInterval(0), config.WithClock(clock), config.WithLogger(zap.New(core)))
 	require.NoError(t, err)
 	defer r.Close()
 

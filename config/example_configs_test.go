@@ -1,4 +1,4 @@
-package enginepick_test
+package config_test
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/affinity/redisstore"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -31,10 +32,10 @@ func (offline) RoundTrip(*http.Request) (*http.Response, error) { return nil, er
 // routes a request that shows what the file is for (docs/design.md §14).
 func TestExampleConfigs(t *testing.T) {
 	t.Parallel()
-	files, err := filepath.Glob("examples/configs/*")
+	files, err := filepath.Glob("../examples/configs/*")
 	require.NoError(t, err)
-	checks := map[string]func(t *testing.T, r *enginepick.Router){
-		"plain-round-robin.yaml": func(t *testing.T, r *enginepick.Router) {
+	checks := map[string]func(t *testing.T, r *config.Router){
+		"plain-round-robin.yaml": func(t *testing.T, r *config.Router) {
 			var got []state.EngineID
 			for range 4 {
 				d := mustSelect(t, r, &bucket.Request{Model: "llama-3.1-8b", Signals: bucket.Signals{InputTokens: 100}})
@@ -43,7 +44,7 @@ func TestExampleConfigs(t *testing.T) {
 			}
 			assert.Equal(t, []state.EngineID{"http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000", "http://10.0.0.4:8000"}, got)
 		},
-		"pd-cache-aware.yaml": func(t *testing.T, r *enginepick.Router) {
+		"pd-cache-aware.yaml": func(t *testing.T, r *config.Router) {
 			assert.Equal(t, 64, r.Index().Hasher().BlockTokens())
 			for _, tc := range []struct {
 				peak   int64
@@ -57,7 +58,7 @@ func TestExampleConfigs(t *testing.T) {
 			}
 			assert.Len(t, r.LoadPollStats(), 8, "one poll target per engine")
 		},
-		"sessions-redis.yaml": func(t *testing.T, r *enginepick.Router) {
+		"sessions-redis.yaml": func(t *testing.T, r *config.Router) {
 			for _, tc := range []struct{ model, session, key string }{{"llama-3.1-8b", "conversation-1", ""}, {"tenant-lora", "", "tenant-a"}} {
 				var first state.EngineID
 				for i := range 3 {
@@ -71,7 +72,7 @@ func TestExampleConfigs(t *testing.T) {
 				}
 			}
 		},
-		"length-buckets-slo.json": func(t *testing.T, r *enginepick.Router) {
+		"length-buckets-slo.json": func(t *testing.T, r *config.Router) {
 			for _, tc := range []struct {
 				input  int64
 				ttft   time.Duration
@@ -99,13 +100,13 @@ func TestExampleConfigs(t *testing.T) {
 		seen = append(seen, name)
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			cfg, err := enginepick.LoadConfig(f)
+			cfg, err := config.Load(f)
 			require.NoError(t, err)
-			opts := []enginepick.Option{enginepick.WithHealthInterval(0), enginepick.WithHTTPClient(&http.Client{Transport: offline{}})}
+			opts := []config.Option{config.WithHealthInterval(0), config.WithHTTPClient(&http.Client{Transport: offline{}})}
 			if cfg.Affinity.Store == "redis" {
-				opts = append(opts, enginepick.WithAffinityStore(testRedisStore(t, cfg)))
+				opts = append(opts, config.WithAffinityStore(testRedisStore(t, cfg)))
 			}
-			r, err := enginepick.New(cfg, nil, opts...)
+			r, err := config.New(cfg, nil, opts...)
 			require.NoError(t, err)
 			defer r.Close()
 			check, ok := checks[name]
@@ -116,14 +117,14 @@ func TestExampleConfigs(t *testing.T) {
 	for name := range checks {
 		assert.True(t, slices.Contains(seen, name), "examples/configs/%s is gone", name)
 	}
-	_, err = os.Stat("examples/configs")
+	_, err = os.Stat("../examples/configs")
 	require.NoError(t, err)
 }
 
 // testRedisStore builds the Redis store a configuration describes, as a host does, but on the test
 // server of ENGINEPICK_REDIS_ADDR (.ci/redis.sh) under a fresh prefix. Without a server the test
 // skips, or fails when ENGINEPICK_REQUIRE_SERVERS=1 (CI).
-func testRedisStore(t *testing.T, cfg *enginepick.Config) *redisstore.Store {
+func testRedisStore(t *testing.T, cfg *config.Config) *redisstore.Store {
 	t.Helper()
 	addr := os.Getenv("ENGINEPICK_REDIS_ADDR")
 	if addr == "" {
@@ -141,7 +142,7 @@ func testRedisStore(t *testing.T, cfg *enginepick.Config) *redisstore.Store {
 	return st
 }
 
-func mustSelect(t *testing.T, r *enginepick.Router, req *bucket.Request) *enginepick.Dispatch {
+func mustSelect(t *testing.T, r *config.Router, req *bucket.Request) *enginepick.Dispatch {
 	t.Helper()
 	d, err := r.Select(context.Background(), req)
 	require.NoError(t, err)

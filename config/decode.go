@@ -1,4 +1,4 @@
-package enginepick
+package config
 
 import (
 	"bytes"
@@ -33,21 +33,21 @@ const (
 	FormatJSON
 )
 
-// MaxConfigBytes bounds a configuration document, and maxConfigNodes the values in it (after
+// MaxBytes bounds a configuration document, and maxConfigNodes the values in it (after
 // YAML aliases are expanded), so that a hostile input cannot exhaust memory.
 const (
-	MaxConfigBytes = 4 << 20
+	MaxBytes       = 4 << 20
 	maxConfigNodes = 200_000
 )
 
-// LoadConfig reads and parses a configuration file: JSON when its name ends in .json, YAML when it
+// Load reads and parses a configuration file: JSON when its name ends in .json, YAML when it
 // ends in .yaml or .yml, otherwise as FormatAuto. The result is validated (Config.Validate).
 //
-// Errors: the file's read error, or a *ConfigError (docs/design.md §14.4).
-func LoadConfig(path string) (*Config, error) {
+// Errors: the file's read error, or a *Error (docs/design.md §14.4).
+func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("enginepick: config: %w", err)
+		return nil, fmt.Errorf("config: %w", err)
 	}
 	f := FormatAuto
 	switch strings.ToLower(filepath.Ext(path)) {
@@ -56,14 +56,14 @@ func LoadConfig(path string) (*Config, error) {
 	case ".yaml", ".yml":
 		f = FormatYAML
 	}
-	return ParseConfig(data, f)
+	return Parse(data, f)
 }
 
-// ParseConfig decodes a configuration document strictly and validates it: an unknown field, a
+// Parse decodes a configuration document strictly and validates it: an unknown field, a
 // removed option, a value of the wrong kind, a duplicate key, or any rule of Config.Validate
-// broken is a *ConfigError naming the field's path (and, when known, its line). On error the
+// broken is a *Error naming the field's path (and, when known, its line). On error the
 // returned Config is nil.
-func ParseConfig(data []byte, format Format) (*Config, error) {
+func Parse(data []byte, format Format) (*Config, error) {
 	root, err := parseTree(data, format)
 	if err != nil {
 		return nil, err
@@ -109,8 +109,8 @@ type cnode struct {
 
 // parseTree parses data into a cnode tree, rejecting duplicate keys.
 func parseTree(data []byte, format Format) (*cnode, error) {
-	if len(data) > MaxConfigBytes {
-		return nil, cfgErr("", 0, state.ErrBadValue, "document is %d bytes, more than %d", len(data), MaxConfigBytes)
+	if len(data) > MaxBytes {
+		return nil, cfgErr("", 0, state.ErrBadValue, "document is %d bytes, more than %d", len(data), MaxBytes)
 	}
 	if format == FormatAuto {
 		format = FormatYAML
@@ -378,7 +378,7 @@ var (
 	textUnmarshaler  = reflect.TypeFor[encoding.TextUnmarshaler]()
 	stringListType   = reflect.TypeFor[StringList]()
 	durationType     = reflect.TypeFor[Duration]()
-	policyConfigType = reflect.TypeFor[PolicyConfig]()
+	policyConfigType = reflect.TypeFor[Policy]()
 )
 
 // decodeValue decodes n into v strictly; path is v's path.
@@ -426,14 +426,14 @@ func (d *decoder) decodeValue(n *cnode, v reflect.Value, path string) error {
 			return cfgErr(path, n.line, state.ErrBadValue, "%s: want a string", describe(n))
 		}
 		if err := v.Addr().Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(n.text)); err != nil {
-			return &ConfigError{Path: path, Line: n.line, Err: err}
+			return &Error{Path: path, Line: n.line, Err: err}
 		}
 		return nil
 	}
 	switch v.Kind() {
 	case reflect.Struct:
 		if v.Type() == policyConfigType {
-			return d.decodePolicy(n, v.Addr().Interface().(*PolicyConfig), path)
+			return d.decodePolicy(n, v.Addr().Interface().(*Policy), path)
 		}
 		return d.decodeStruct(n, v, path)
 	case reflect.Slice:
@@ -531,7 +531,7 @@ func fieldNames(t reflect.Type) []string {
 // decodePolicy decodes a policy attachment: its own fields, and the block named after its type
 // into the options value of the type's builder (policy.Builder.NewOptions). A block named after
 // another registered type is a conflict; an unregistered type is left to Validate.
-func (d *decoder) decodePolicy(n *cnode, pc *PolicyConfig, path string) error {
+func (d *decoder) decodePolicy(n *cnode, pc *Policy, path string) error {
 	if n.kind != kindMap {
 		return cfgErr(path, n.line, state.ErrBadValue, "%s: want a mapping", describe(n))
 	}
@@ -613,7 +613,7 @@ func (d *decoder) decodeStruct(n *cnode, v reflect.Value, path string) error {
 		}
 		if idx < 0 {
 			if msg, ok := removedFields[key]; ok {
-				return &ConfigError{Path: fpath, Line: line, Err: &causeError{sentinel: state.ErrRemovedOption, msg: msg}}
+				return &Error{Path: fpath, Line: line, Err: &causeError{sentinel: state.ErrRemovedOption, msg: msg}}
 			}
 			names := fieldNames(t)
 			if t == policyConfigType {

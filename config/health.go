@@ -1,10 +1,12 @@
-package enginepick
+package config
 
 import (
 	"slices"
 
 	"go.uber.org/zap"
 
+	"github.com/enginepick/enginepick/kvindex/kvevents"
+	"github.com/enginepick/enginepick/loadmon/loadsource"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -34,8 +36,8 @@ func (r *Router) CheckHealth() {
 	if r.kvSub != nil {
 		r.kvSub.CheckSilence()
 	}
-	if r.load != nil {
-		snap := r.load.Snapshot()
+	if load := r.LoadTable(); load != nil {
+		snap := load.Snapshot()
 		var stale []string
 		for _, id := range r.degraded.polled {
 			if _, ok := snap.Load(id); !ok {
@@ -44,12 +46,12 @@ func (r *Router) CheckHealth() {
 		}
 		if len(stale) > 0 {
 			if ce := r.warn.Check(zap.WarnLevel, "load reports are stale or missing for polled engines: their load is unknown, so pressure comparisons fall back to in-flight counts and caps on reported metrics fail open"); ce != nil {
-				ce.Write(zap.Strings("engines", stale), zap.Duration("freshness", r.load.Freshness()))
+				ce.Write(zap.Strings("engines", stale), zap.Duration("freshness", load.Freshness()))
 			}
 		}
 		var blind []string
 		for _, m := range r.degraded.reportedCaps {
-			engines := r.registry.Engines(m)
+			engines := r.Registry().Engines(m)
 			if len(engines) == 0 || slices.ContainsFunc(engines, func(e state.Engine) bool {
 				_, ok := snap.Load(e.ID())
 				return ok
@@ -64,8 +66,8 @@ func (r *Router) CheckHealth() {
 			}
 		}
 	}
-	if r.index != nil {
-		if bad := r.index.Untrusted(); len(bad) > 0 {
+	if x := r.Index(); x != nil {
+		if bad := x.Untrusted(); len(bad) > 0 {
 			ids := make([]string, len(bad))
 			for i, id := range bad {
 				ids[i] = string(id)
@@ -75,4 +77,64 @@ func (r *Router) CheckHealth() {
 			}
 		}
 	}
+}
+
+// RemoveEngine drops the engine's KV-event streams, then forgets its router-side state as
+// enginepick.Router.RemoveEngine does.
+func (r *Router) RemoveEngine(id state.EngineID) {
+	if r.kvSub != nil {
+		r.kvSub.Remove(id)
+	}
+	r.Router.RemoveEngine(id)
+}
+
+// Close stops every service New started (load poller, KV-event subscriber, the in-memory affinity
+// store's sweeper, degraded-state checks) and waits for their goroutines to exit. The Router keeps
+// selecting with the state it has: loads go stale (unknown, never zero). Close is idempotent and
+// returns nil.
+func (r *Router) Close() error {
+	if r.svc == nil {
+		return nil
+	}
+	r.svc.once.Do(func() {
+		r.svc.cancel()
+		if r.kvSub != nil {
+			_ = r.kvSub.Close()
+		}
+		r.svc.wg.Wait()
+		if r.ownClient != nil {
+			r.ownClient.CloseIdleConnections()
+		}
+	})
+	return nil
+}
+
+// Config returns the configuration the Router was built from. Do not modify it.
+func (r *Router) Config() *Config { return r.config }
+
+// KVEventStats returns the counters of the KV-event subscriber (gaps, resynchronisations, drops,
+// refused events, unknown topics, silence, trust, per engine and DP rank; docs/design.md §13.1);
+// empty when no engine has a kv_events publisher.
+func (r *Router) KVEventStats() kvevents.Stats {
+	if r.kvSub == nil {
+		return kvevents.Stats{}
+	}
+	return r.kvSub.Stats()
+}
+
+// kvStreams counts the KV-event streams followed.
+func (r *Router) kvStreams() int {
+	if r.kvSub == nil {
+		return 0
+	}
+	return len(r.kvSub.Stats().Streams)
+}
+
+// LoadPollStats returns the counters of the load poller, one entry per engine with a load
+// endpoint; nil when there is none.
+func (r *Router) LoadPollStats() []loadsource.TargetStats {
+	if r.poller == nil {
+		return nil
+	}
+	return r.poller.Stats()
 }
