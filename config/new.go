@@ -131,13 +131,14 @@ type RouterAttacher interface {
 	AttachRouter(r *Router) error
 }
 
-// New builds a Router from cfg (docs/design.md §14) with enginepick.NewRouter. It validates cfg (Config.Validate), checks
+// New builds a Router from cfg (docs/design.md §14). It validates cfg (Config.Validate), checks
 // every group's members against registry (an engine of another model or stage is an error), then
-// builds the state every policy shares, once: one load table, one in-flight counter set, one
-// KV-block index and one local prefix source when a cache_aware policy looks prefixes up locally,
-// one remote prefix source when one looks them up remotely. Each policy receives only the handles
-// it needs. New then starts the shared services: one load poller for every engine with a load
-// endpoint, and the degraded-state checks. Close stops them.
+// builds the state every policy shares, once: one load table and one in-flight counter set, and,
+// on a policy's first request through policy.Env, one KV-block index with its local prefix
+// source, one remote prefix source, and one affinity store. It builds each group's policy with its
+// type's policy.Builder, assembles the Router with enginepick.NewRouter, and starts the shared
+// services: one load poller for every engine with a load endpoint, one KV-event subscriber, the
+// in-memory affinity store's sweeper, and the degraded-state checks. Close stops them.
 //
 // A nil registry means a static registry of cfg.Engines (every engine healthy). Hosts with their
 // own registry pass it; it stays authoritative for role and health.
