@@ -1,5 +1,11 @@
-// Package admission decides whether one engine may take one more request: the per-engine caps of
-// docs/design.md §5, the Metrics they read (engine-reported values that may
+// Package admission decides whether one engine may take one more request.
+//
+// Start with Limits: set the caps you want (Cap(8) for at most 8 waiting requests, say; a nil
+// cap is no cap) and pass them as policy.Config.Admission. Limits decodes strictly from JSON and
+// YAML, with the field names of its caps; an unknown or invalid field is a *FieldError. A host
+// that needs other rules implements Checker.
+//
+// It holds the per-engine caps of docs/design.md §5, the Metrics they read (engine-reported values that may
 // be unknown, plus the always-known router-local in-flight count), and the Checker interface that
 // policies call explicitly where their selection algorithm places the check.
 //

@@ -2,6 +2,11 @@
 // bound to, within one (model, bucket, stage) scope, with idle expiry, engine invalidation and the
 // atomic first-bind and replace that router replicas need to agree (docs/design.md §12).
 //
+// Start with NewMemoryStore for one router process (run its Run method for the sweep, and set
+// Options.MaxBindings when session or routing keys come from untrusted clients), or
+// affinity/redisstore for router replicas; give the store to policy.NewSessionAware or
+// policy.NewSticky.
+//
 // A binding records a preferred placement, not a successful execution, and the store decides
 // nothing: policy.SessionAware and policy.Sticky decide when a binding is reused, created or
 // replaced, and only after admission passed. The store never sees candidates, load or admission.

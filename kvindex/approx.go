@@ -13,11 +13,8 @@ import (
 // per Assume (per run of blocks the holder does not hold through a real event) holding the
 // blocks' chained keys, the depth of the first one in its prompt, the holder and one expiry.
 // Recording one costs a copy of its keys and a few table operations, whatever its length; expiry
-// drops a whole record at once; the tree keeps real entries only. An approximate entry used to
-// be a holding in the tree, which cost a node (key-table insert, holding run, LRU links) per
-// block to create and as much again to expire: about 200 ns per block of a route-time
-// placement, five times the cost of hashing the prompt (docs/design-notes.md, "Placements as
-// records"; docs/performance.md, "policy", "Placements as records").
+// drops a whole record at once; the tree keeps real entries only, so a route-time placement
+// creates no tree node (docs/design-notes.md, "Placements as records").
 //
 // The records keep three invariants, which checkInvariants verifies:
 //

@@ -6,10 +6,9 @@ package kvindex
 // itself is not stored: it is the aux of the holder's real entry at that node, which Index.binding
 // reads to confirm a tag match (a 2^-32 chance per probed slot that another hash's tag matches).
 //
-// It replaces a table of separate key and value arrays (12 bytes a slot, two cache misses per
-// probe and per insert): every stored block looks its hash up and binds it, and on the
-// production-scale workload those probes and the tables' growth were the largest part of ingest
-// (docs/performance.md, "kvindex at production scale"). Sizes are powers of two and the home slot
+// One array of 8-byte slots costs one cache miss per probe and per insert, where separate key
+// and value arrays (12 bytes a slot) cost two: every stored block looks its hash up and binds
+// it, so these probes are a large part of ingest. Sizes are powers of two and the home slot
 // is the tag's top bits, so resizing never reads a node. The zero bindTable is empty; it is the
 // writers' alone (readers never read it).
 type bindTable struct {

@@ -1,10 +1,17 @@
-// Package kvindex is enginepick's KV-cache prefix index: it hashes token IDs into chained 64-bit
-// block keys (Hasher), keeps a radix tree of which engines hold which blocks, per DP rank and
-// storage tier (Index), applies KV events (Store, Remove, Clear) and engine removal, bounds its
-// memory with LRU eviction of leaves, records approximate, router-predicted placements with a TTL
-// for engines that publish no events (Assume), and answers prefix lookups through the Source
-// interface, from this process's Index (LocalSource) or a remote indexer (RemoteSource), looked
-// up at most once per request (Memo) (docs/design.md §10 and §11).
+// Package kvindex is enginepick's KV-cache prefix index: which engines hold which prefix blocks.
+//
+// Start with NewHasher (the engines' block size in tokens), NewIndex and NewLocalSource, and give
+// the source to policy.NewCacheAware; feed the index with package kvindex/kvevents, which
+// subscribes to the engines' KV events. Size Options.MaxBlocks to the fleet (docs/performance.md,
+// "Sizing MaxBlocks"). A host with a shared prefix indexer uses NewRemoteSource instead.
+//
+// The index hashes token IDs into chained 64-bit block keys (Hasher), keeps a radix tree of which
+// engines hold which blocks, per DP rank and storage tier (Index), applies KV events (Store,
+// Remove, Clear) and engine removal, bounds its memory with LRU eviction of leaves, records
+// approximate, router-predicted placements with a TTL for engines that publish no events
+// (Assume), and answers prefix lookups through the Source interface, from this process's Index
+// (LocalSource) or a remote indexer (RemoteSource), looked up at most once per request (Memo)
+// (docs/design.md §10 and §11).
 //
 // It is not a KV cache: it records ownership, never tensors. It does not subscribe to publishers
 // or decode engine event wire formats (vLLM's and SGLang's msgpack KV events over ZMQ): package
@@ -31,10 +38,9 @@
 // walk the prompt block by block: it
 // probes a few depths in rounds (an 8-ary, then 4-ary, search per group of holders still at the
 // same interval), issuing every probe of a round before using any so that their cache misses
-// overlap, and caps each holder at the first holey block of the prompt it is not live at. On the
-// production-scale workload of docs/performance.md (5.66 M blocks, 16 engines) a 512-block lookup
-// takes about 16 probes instead of up to 512, and finding its holders costs about as much as
-// hashing the prompt. Approximate entries (Assume) are not in the tree: they are records beside
+// overlap, and caps each holder at the first holey block of the prompt it is not live at: a
+// 512-block lookup takes a few dozen probes instead of up to 512, and finding its holders costs
+// less than hashing the prompt. Approximate entries (Assume) are not in the tree: they are records beside
 // it, one per Assume, found by their first key, and Match extends each holder's depth through
 // the record that starts where its real blocks end (approx.go).
 //
@@ -61,7 +67,7 @@
 // with the same block (docs/traces.md). Sharding by engine cannot serve a Match, which reads every
 // engine. Copy-on-write would copy the whole table (tens of megabytes at a million blocks) per
 // event, and a persistent tree would add pointer chasing to every probe. docs/performance.md
-// ("kvindex at production scale") has the measurements (hashing, lookup, the complete cache-aware
+// ("kvindex at production scale") has the costs (hashing, lookup, the complete cache-aware
 // decision, ingest, memory per (block, engine), lookups beside a writer) and the commands that
-// reproduce them, and says how to size Options.MaxBlocks.
+// measure them.
 package kvindex

@@ -16,10 +16,9 @@ func hugeRange(p, size uintptr) (start, end uintptr) {
 
 // makeTable returns make([]T, n) for a table's slot array, advising the kernel to back it with
 // transparent huge pages when it is large (adviseHuge). A growing table's new array is fresh
-// memory written all over at once; on the virtual machine of docs/performance.md ("Pre-sizing,
-// and the cost of fresh memory") the first write to a fresh 4 KiB page cost about 18 µs (4.3 ns
-// per byte) and to a huge page 0.9–2.4 ns per byte, and huge pages spare a table's random probes
-// most TLB misses.
+// memory written all over at once, whose first touch costs less per byte in huge pages, and huge
+// pages spare a table's random probes most TLB misses (docs/performance.md, "Pre-sizing, and the
+// cost of fresh memory").
 func makeTable[T any](n int) []T {
 	s := make([]T, n)
 	if n > 0 {

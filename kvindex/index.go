@@ -16,17 +16,15 @@ import (
 // (ai-dynamo/dynamo `lib/kv-router/src/approx.rs`: TTL 120 s, at most 2^20 =
 // 1,048,576 blocks, pruned to 0.8 of that; docs/design.md §11).
 const (
-	// DefaultMaxBlocks is the default block cap: 4,194,304 blocks, about 64 Mi tokens at 16
-	// tokens per block, and about 435 MiB at 1.44 holders per block (docs/performance.md,
-	// "Sizing MaxBlocks", says how to size it for a fleet).
+	// DefaultMaxBlocks is the default block cap: 4,194,304 blocks, 64 Mi tokens at 16 tokens per
+	// block (docs/performance.md, "Sizing MaxBlocks", says how to size it and what it costs).
 	DefaultMaxBlocks = 1 << 22
 	// DefaultApproxTTL is how long an Assume entry lives unless the call names another TTL.
 	DefaultApproxTTL = 120 * time.Second
 	// DefaultMaxApproxBlocks caps the number of approximate (block, engine) entries.
 	DefaultMaxApproxBlocks = 1 << 20
 	// DefaultWriterYieldBlocks is how many blocks a writer stores between two yields of its
-	// processor (Options.WriterYieldBlocks): about 1.5 ms of Stores on the production-scale
-	// workload of docs/performance.md ("A writer that yields to readers").
+	// processor (Options.WriterYieldBlocks).
 	DefaultWriterYieldBlocks = 4096
 	// ApproxPruneFraction is the fraction of MaxApproxBlocks an over-cap index prunes back to,
 	// earliest expiry first and, within one expiry, deepest block first.
@@ -57,15 +55,11 @@ type Options struct {
 	MaxBlocks int
 	// ExpectedBlocks is how many blocks the index is expected to hold when full: the fleet's
 	// distinct blocks, at most MaxBlocks (docs/performance.md, "Sizing MaxBlocks"). NewIndex then
-	// allocates the key → block table at the size that many blocks need (the least power of two
-	// of slots at least 4/3 of it, 16 bytes a slot: 21 to 43 bytes per expected block, from the
-	// start), and the table never shrinks below it, so filling the index never grows and rehashes
-	// it: on the production-scale workload a build then allocates 920 MB instead of 1,187 MB,
-	// and a first build on fresh memory stores 3.02 M blocks per CPU-second against 2.43 with the
-	// table growing, 2.66 counting NewIndex, which then faults the table in (medians;
-	// docs/performance.md, "Pre-sizing, and the cost of fresh memory"). 0 means the table starts
-	// small and doubles as blocks arrive; negative or above MaxBlocks (after its default) is an
-	// error.
+	// allocates the key → block table for that many blocks (the least power of two of slots at
+	// least 4/3 of it, 16 bytes a slot: 21 to 43 bytes per expected block, from the start), and
+	// the table never shrinks below it, so filling the index never grows and rehashes it. 0 means
+	// the table starts small and doubles as blocks arrive; negative or above MaxBlocks (after its
+	// default) is an error.
 	ExpectedBlocks int
 	// ExpectedHolderBlocks is how many blocks one holder, an (engine, DP rank), is expected to hold:
 	// its KV capacity in blocks over every tier it reports (for an engine with DP, one rank's
@@ -86,15 +80,11 @@ type Options struct {
 	Now func() time.Time
 	// WriterYieldBlocks is how many blocks Stores add between two yields of the writer's
 	// processor (runtime.Gosched, after a Store, outside every lock), so that lookups waiting
-	// for a processor run first. On a machine with an idle processor a yield costs nothing; when
-	// lookups keep every processor busy, the writer then gets a share of the machine instead of
-	// a processor to itself: on the production-scale workload, 2 readers beside a flat-out writer
-	// on 2 cores keep 77–83 % of their lookups with the default, and the writer stores 0.27 M
-	// blocks per second (about 11 times what 16 H100-class engines create) instead of 1.0–1.6 M
-	// with 34–42 % kept; 16,384 gives 63–67 % and 0.70 M, 65,536 48–51 % and 1.04 M
-	// (docs/performance.md, "A writer that yields to readers"). Only Stores count and yield;
-	// Clear and RemoveEngine let readers in between their chunks instead. 0 means
-	// DefaultWriterYieldBlocks (4,096); negative never yields.
+	// for a processor run first. With an idle processor a yield costs nothing; when lookups keep
+	// every processor busy, a smaller value keeps more lookups and ingests fewer blocks per
+	// second (docs/performance.md, "A writer that yields to readers", has the trade-off). Only
+	// Stores count and yield; Clear and RemoveEngine let readers in between their chunks instead.
+	// 0 means DefaultWriterYieldBlocks (4,096); negative never yields.
 	WriterYieldBlocks int
 }
 
@@ -390,13 +380,10 @@ type StoreEvent struct {
 
 // storeChunk is the most blocks a Store applies under one hold of the read-excluding lock, so a
 // Match waits for at most about this many blocks' publication (doc.go, "Concurrency"). A chunk's
-// new blocks are built before the hold (prebuild), which leaves about 95 ns per block under it on
-// the production-scale workload beside readers (160 ns before), so holds of at most 2,048 blocks
-// average 66 µs there, as holds of at most 512 did before prebuild (61 µs; most events are
-// shorter than a chunk), and a full chunk holds the lock about 0.2 ms. Each hold parks the readers
-// that arrive during it, and each park costs a wake-up, so fewer holds keep more lookups: beside
-// 2 readers, 2,048 kept 28.5–31.0 % of their lookups per wall second against 25.1–28.1 % with 512
-// (docs/performance.md, "Readers beside a writer, and a control").
+// new blocks are built before the hold (prebuild), so a full chunk holds the lock for a fraction
+// of a millisecond. Each hold parks the readers that arrive during it and each park costs a
+// wake-up, so fewer, longer holds keep more lookups (docs/performance.md, "Readers beside a
+// writer, and a control").
 const storeChunk = 2048
 
 // Store records that ev.Engine's DP rank ev.DPRank holds ev's blocks in ev.Tier, attaching the first
@@ -784,8 +771,8 @@ func (x *Index) subTiers(h *holder, drop uint8) {
 //
 // Removing a block the holder still holds blocks below (a hole in its prefix) also records the
 // block as holey, which costs every later Match of a prompt through it a few table probes until
-// the block has no children left (match.go, docs/performance.md); engines evict their deepest
-// blocks first, so this is rare.
+// the block has no children left (match.go); engines evict their deepest blocks first, so this
+// is rare.
 //
 // Errors (an *EventError; the index is unchanged): ErrInvalidEngine (engine is empty),
 // ErrInvalidRank, ErrInvalidTier, ErrUnknownEngine (the (engine, rank) holds nothing and never did, or was removed), ErrUnknownHash (listing every
@@ -860,10 +847,9 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 // ErrUnknownHash rather than ErrUnknownEngine. Errors (an *EventError; the index is unchanged):
 // ErrInvalidEngine (engine is empty), ErrInvalidRank, ErrUnknownEngine. Cost: O(blocks the holder held + approximate entries in the index),
 // in chunks that let readers in between; Match leaves the rank out from the first chunk on, so it
-// never sees the rank partly cleared. On the production-scale workload a rank of 484,000 pairs
-// takes 0.3–0.6 s to clear; the longest lookup meanwhile took 5.6–7.8 ms, and 2 readers that
-// kept both cores busy kept 12–16 % of their lookups (docs/performance.md, "Clearing an engine
-// beside readers"). Other writers wait for the whole clear.
+// never sees the rank partly cleared, and a lookup waits for at most one chunk
+// (docs/performance.md, "Clearing an engine beside readers"). Other writers wait for the whole
+// clear.
 func (x *Index) Clear(engine state.EngineID, rank int) error {
 	if engine == "" {
 		return &EventError{Op: "clear", Engine: engine, DPRank: rank, Err: ErrInvalidEngine}
@@ -915,11 +901,8 @@ func (x *Index) RemoveEngine(engine state.EngineID) error {
 }
 
 // clearChunk is the work clearHolders does per hold of the read-excluding lock: entries dropped
-// plus nodes freed. On the production-scale workload (BenchmarkScale/clear-engine), clearing one
-// engine's rank 0 drops 484,000 entries and frees 221,000 nodes in 0.32–0.56 s, so about 0.7 ms
-// per hold, and the longest lookup beside it took 5.6–7.8 ms against 2.6–4.9 ms with no clear
-// (the scheduler's slices, two readers on two cores); in one piece, the clear held every lookup
-// for 0.44 s (docs/performance.md, "Clearing an engine beside readers").
+// plus nodes freed, about a millisecond of work (docs/performance.md, "Clearing an engine beside
+// readers").
 const clearChunk = 1024
 
 // clearHolders drops every entry, real and approximate, of the holders hids, and then runs done
@@ -1228,10 +1211,8 @@ const evictWarmBatch = 256
 // list, each followed by the ancestors that its eviction leaves childless), the key-table home
 // slot of each node's key and the binding-table home slot of each of its entries' engine hashes,
 // which evictNode is about to probe: the loads are independent, so their cache misses overlap,
-// where evicting one leaf after another waited for two misses at a time (on the production-scale
-// workload capped below its blocks, eviction was two-thirds of the ingest time, most of it those
-// two probes; docs/performance.md, "Pre-sizing, and the cost of fresh memory"). It returns how
-// many nodes it walked.
+// where evicting one leaf after another would wait for two misses at a time. It returns how many
+// nodes it walked.
 func (x *Index) warmEviction(k int) int {
 	var sink uint64
 	walked := 0

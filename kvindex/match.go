@@ -121,10 +121,9 @@ const maxQueryBlocks = 1<<31 - 1
 // range, then up to fanout depths inside each group's interval. A probe reads one key-table slot,
 // whose holder summary answers it (the node and its holding run only when the summary is not
 // exact: nodeTable); the probes of a round are independent, so their cache misses overlap, but
-// on the production-scale workload each probe still costs memory bandwidth and each round a
-// miss's latency. 7 then 3 answers a 512-block prompt in four or five rounds of at most a few
-// dozen probes, and beat both fewer probes (binary search) and fewer rounds (wider fanouts)
-// there (docs/performance.md, "kvindex at production scale").
+// each probe still costs memory bandwidth and each round a miss's latency. 7 then 3 answers a
+// 512-block prompt in four or five rounds of at most a few dozen probes, and is faster than both
+// fewer probes in more rounds (binary search) and fewer rounds of more probes.
 const (
 	firstFanout = 7
 	fanout      = 3

@@ -7,15 +7,13 @@ package kvindex
 // The slot carries the whole key, so a probe is verified without reading the node, and the
 // summary (see holderBit) says which holders have an entry at the node, so that Match's search
 // learns a probed block's holders from the slot alone: one cache miss (and one TLB miss) per
-// probe instead of three (slot, node, holding run). On the production-scale workload the
-// search's cost grew with its probes, at about 0.1 µs each, and each round of probes waited for
-// three dependent misses (docs/performance.md, "kvindex at production scale"). The writers keep
-// the summary exact: insertHolding adds the new entry's bit, deleteHolding recomputes it from
-// the run (Index.summarize); checkInvariants verifies it.
+// probe instead of three (slot, node, holding run). The writers keep the summary exact:
+// insertHolding adds the new entry's bit, deleteHolding recomputes it from the run
+// (Index.summarize); checkInvariants verifies it.
 //
 // Sizes are powers of two and the home slot is the top bits of key × fib, so resizing and
-// backward shifts never read a node. A table of 5.66 M nodes takes 128 MiB (8 Mi slots), 8 B per
-// slot more than a tag-and-node layout that must read the node to verify a key.
+// backward shifts never read a node. A slot costs 8 B more than a tag-and-node layout that must
+// read the node to verify a key.
 //
 // The zero nodeTable is empty and ready to use; it is not safe for concurrent mutation, and
 // concurrent get calls are safe.

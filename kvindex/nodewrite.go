@@ -4,8 +4,7 @@ package kvindex
 // probes every key of its event while validating it (resolveChain); these let the apply step
 // reuse where each probe ended instead of probing again: inserting a new block's key from the
 // empty slot its lookup stopped at, and adding a holder's summary bit at the slot its lookup
-// found. On the production-scale workload every block costs one such probe less
-// (docs/performance.md, "kvindex at production scale").
+// found: one probe less per stored block.
 
 // reserve grows the table, if needed, so that k more keys fit without a resize: slot positions
 // found before the inserts stay valid until a key is removed. Store grows its table with grown
@@ -19,8 +18,8 @@ func (t *nodeTable) reserve(k int) {
 // grown returns a copy of the table at the least size at which k more keys fit under the load
 // limit (3/4), and whether it had to grow; t is only read, so that Store can rehash a large
 // table beside readers (they only read it too) and exclude them just to install the copy, rather
-// than for the whole rehash: 8 Mi slots (128 MiB) take hundreds of milliseconds, most of it the
-// first touch of the new array's memory (docs/performance.md, "kvindex at production scale").
+// than for the whole rehash, which for a table of millions of slots takes hundreds of
+// milliseconds, most of it the first touch of the new array's memory.
 // The copy's slot positions are its own.
 func (t *nodeTable) grown(k int) (nodeTable, bool) {
 	b := max(t.bits, nodeTableMinBits)

@@ -255,9 +255,9 @@ func TestPrebuiltBlockClearsAReusedNodesReferenceBit(t *testing.T) {
 
 // A Store that grows the key table rehashes it without excluding readers: a Match run while the
 // grown table is being built (growHook) completes, and sees the index as it was before the
-// Store; after the Store, Matches see the new blocks in the grown table. Before, the rehash ran
-// under the lock, which on the production-scale workload held every lookup for hundreds of
-// milliseconds at each doubling (docs/performance.md, "kvindex at production scale").
+// Store; after the Store, Matches see the new blocks in the grown table. A rehash under the lock
+// would hold every lookup for hundreds of milliseconds at each doubling of a large table
+// (docs/performance.md, "kvindex at production scale").
 func TestKeyTableGrowsBesideReaders(t *testing.T) {
 	t.Parallel()
 	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
@@ -292,8 +292,8 @@ func TestKeyTableGrowsBesideReaders(t *testing.T) {
 // Clear and RemoveEngine drop a holder's entries in chunks of clearChunk, releasing the lock
 // between chunks, and Match leaves the holders being cleared out whole: a Match run between two
 // chunks (clearHook) completes, does not see the cleared engine, and sees the other engines as
-// before. Before, the whole holder was dropped under the lock, which on the production-scale
-// workload held every lookup for 0.45 s (docs/performance.md, "Clearing an engine beside readers").
+// before. A whole holder dropped under one hold of the lock would hold every lookup for the
+// whole clear (docs/performance.md, "Clearing an engine beside readers").
 func TestClearReleasesTheLockBetweenChunks(t *testing.T) {
 	t.Parallel()
 	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})

@@ -8,9 +8,8 @@ import (
 
 // slab is a growable array addressed by index, kept as fixed pages so that growing it never
 // copies what it holds: the index's node and holding slabs reach hundreds of megabytes, and
-// growing them as one slice (append's 1.25× steps, each copying the whole slab into freshly
-// mapped memory) cost half of the ingest time on the production-scale workload
-// (docs/performance.md, "kvindex at production scale"). Page 0 grows like a slice until it is
+// growing them as one slice would copy the whole slab into fresh memory at every step. Page 0
+// grows like a slice until it is
 // full, so a small index stays small; every later page has slabPageLen entries, except that a
 // run longer than a page (spanPages) gets one allocation shared by as many page slots as it
 // covers. Entries of a full page never move; page 0 moves while it grows, as a slice would. The zero
@@ -97,23 +96,19 @@ func (s *slab[T]) alignFor(k int, fn func(off int, class uint32)) {
 // the slab when that is more, up to slabBatchMaxBytes (and never more pages than the slab
 // already has, so a small slab at most doubles, as a slice would). Huge-page advice covers the 2
 // MiB regions a batch overlaps (adviseHuge), but a region shared with a neighbour that was
-// touched first stays in 4 KiB pages, so a large index gains from large batches: in the
-// production-scale build, batches of 16 MiB took 7,500–11,700 first-touch faults against
-// 13,100–13,700 with 4 MiB (docs/performance.md, "Pre-sizing, and the cost of fresh memory").
-// The last batch's unused tail is address space the heap counts and nothing touches; an eighth
-// of the slab bounds it, where a fixed 16 MiB cost an index of a million blocks 12 B per block
-// (BenchmarkMemory).
+// touched first stays in 4 KiB pages, so a large index gains from large batches, which leave
+// fewer such edges. The last batch's unused tail is address space the heap counts and nothing
+// touches; an eighth of the slab bounds it, so a small index does not pay for a large batch.
 const (
 	slabBatchMinBytes = 2 * hugePage
 	slabBatchMaxBytes = 8 * hugePage
 )
 
 // newPage returns a fresh page after page 0, from the current batch (above), advised to be
-// backed by huge pages before anything touches them: on the virtual machine of
-// docs/performance.md ("Pre-sizing, and the cost of fresh memory") the first write to fresh
-// memory cost about 4.3 ns per byte in 4 KiB pages and 0.9–2.4 ns in huge pages, and the node and
-// holding slabs are half of a large index's memory; huge pages also spare the random node reads
-// of an ingest TLB misses.
+// backed by huge pages before anything touches them: the first write to fresh memory costs less
+// per byte in huge pages (docs/performance.md, "Pre-sizing, and the cost of fresh memory"), the
+// node and holding slabs are half of a large index's memory, and huge pages spare the random
+// node reads of an ingest TLB misses.
 func (s *slab[T]) newPage() []T {
 	if len(s.spare) == 0 {
 		s.spare = makeTable[T](s.batchPages() * slabPageLen)

@@ -27,8 +27,7 @@ const (
 
 // slot maps k to its home slot: the high half of (k × fib) × len, which spreads keys over any
 // table length. Tables double when three-quarters full (so they stay between three-eighths and
-// three-quarters full): growing by 1.5× rehashed every entry twice as often and cost 16 % of the
-// ingest time on the production-scale workload (docs/performance.md, "kvindex at production scale").
+// three-quarters full), which rehashes each entry half as often as growing by 1.5× would.
 func (t *table) slot(k uint64) int {
 	hi, _ := bits.Mul64(k*fib, uint64(len(t.keys)))
 	return int(hi)
@@ -217,8 +216,7 @@ type u64Set struct {
 // clearFor empties s and sizes it for n values (n ≥ 0): the least power of two above 2n slots,
 // at least 16 (2 to 4 slots per value from n = 4 up). The set is sized for each event, so that it
 // stays small enough for the L1 cache even after a longer event grew the array's capacity (a set
-// kept at the capacity of the trace's longest event cost a cache miss per add on the
-// production-scale workload; docs/performance.md, "Pre-sizing, and the cost of fresh memory").
+// kept at the capacity of the longest event would cost a cache miss per add).
 // The array keeps the capacity of the longest event so far (at most max(16, 4n) slots of 8 bytes
 // for that event's n) and is reallocated only when an event needs more.
 func (s *u64Set) clearFor(n int) {

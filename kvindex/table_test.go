@@ -95,9 +95,8 @@ func TestU64SetFindsDuplicates(t *testing.T) {
 }
 
 // TestU64SetSizedForEachEvent checks that the set is sized for the event at hand, not for the
-// largest one before it, and reuses its array: a set left at a long event's size cost a cache
-// miss per add, and reallocating it after every long event faulted fresh memory in, on the
-// production-scale ingest (docs/performance.md).
+// largest one before it, and reuses its array: a set left at a long event's size would cost a
+// cache miss per add, and reallocating it after every long event would fault fresh memory in.
 func TestU64SetSizedForEachEvent(t *testing.T) {
 	var s u64Set
 	s.clearFor(5000)

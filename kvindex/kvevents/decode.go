@@ -490,11 +490,11 @@ func (d *Decoder) tokens(dst []uint32) ([]uint32, bool, error) {
 
 // fastTokens reads the leading token IDs of an n-element array straight from the payload bytes:
 // msgpack's integer encodings (positive fixint, uint8/16/32/64 and int8/16/32/64 holding a value
-// in [0, 2^32)) are decoded inline, which is about 4× faster than one library call per token
-// (BenchmarkDecode64; docs/performance.md). It stops at the first element of any other shape (a
-// bigram pair, a negative or too large value, garbage, the end of the payload) and returns how
-// many it read, leaving the reader there, so the library's path decodes the rest and reports any
-// error exactly as before.
+// in [0, 2^32)) are decoded inline, several times faster than one library call per token
+// (BenchmarkDecode64). It stops at the first element of any other shape (a bigram pair, a
+// negative or too large value, garbage, the end of the payload) and returns how many it read,
+// leaving the reader there, so the library's path decodes the rest and reports any error as it
+// would have for the whole array.
 func (d *Decoder) fastTokens(dst []uint32, n int) ([]uint32, int) {
 	start := len(d.raw) - d.r.Len()
 	b := d.raw[start:]

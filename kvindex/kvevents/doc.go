@@ -1,5 +1,12 @@
-// Package kvevents decodes vLLM's and SGLang's KV-cache events and follows their ZMQ publishers,
-// applying each (engine, DP rank) stream to a kvindex.Index in order: the message framing
+// Package kvevents feeds a kvindex.Index from vLLM's and SGLang's KV-cache events.
+//
+// Start with New (the Index to feed), Add one Endpoint per engine DP rank (its ZMQ address and
+// topic, and its replay address when the engine has one), then Start; Stats and the host's
+// metrics show each stream's state. Engines publish events when started with KV events enabled
+// (vLLM --kv-events-config, SGLang --kv-events-config).
+//
+// It decodes the events and follows the ZMQ publishers, applying each (engine, DP rank) stream to
+// the index in order: the message framing
 // [topic, sequence, msgpack payload] (ParseMessage), the payload in every encoding the engines
 // have published (Decoder: tagged arrays of any length and tagged maps; signed, unsigned and
 // bytes block hashes), and a Subscriber that dials or binds per endpoint, reconnects with
@@ -16,7 +23,5 @@
 // BlockStored events carry), does not poll engine load (package loadmon), and does not discover
 // engines: the host adds and removes endpoints.
 //
-// # Performance
-//
-// Figures are in docs/performance.md ("KV events").
+// Costs are in docs/performance.md ("kvindex/kvevents").
 package kvevents
