@@ -19,10 +19,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/internal/sim"
 )
 
-// traceFile returns the path of a trace file of the module (sim/traces), seen from the package
+// traceFile returns the path of a trace file of the module (internal/sim/traces), seen from the package
 // directory the tests run in.
 func traceFile(name string) string { return filepath.Join("traces", name) }
 

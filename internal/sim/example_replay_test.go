@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/internal/sim"
 )
 
 // ExampleReplay replays a hand-built trace of three two-turn conversations on two engines: each
