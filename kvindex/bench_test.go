@@ -316,9 +316,9 @@ func BenchmarkMatchParallel(b *testing.B) {
 // BenchmarkMatchMooncake loads the Mooncake conversation trace into 16 engines (requests
 // round-robin; each hash_id is 512 deterministic tokens, 32 blocks of 16) and matches a
 // 512-block query taken from a late request. The trace is the one embedded in package sim
-// (sim/traces/mooncake_conversation.jsonl.gz), read from the file because sim imports kvindex.
+// (internal/sim/traces/mooncake_conversation.jsonl.gz), read from the file because sim imports kvindex.
 func BenchmarkMatchMooncake(b *testing.B) {
-	f, err := os.Open("../sim/traces/mooncake_conversation.jsonl.gz")
+	f, err := os.Open("../internal/sim/traces/mooncake_conversation.jsonl.gz")
 	if err != nil {
 		b.Fatal(err)
 	}

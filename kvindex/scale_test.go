@@ -20,10 +20,10 @@ import (
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/internal/cputime"
+	"github.com/enginepick/enginepick/internal/sim"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
-	"github.com/enginepick/enginepick/sim"
 	"github.com/enginepick/enginepick/state"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/config"
-	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/internal/sim"
 )
 
 // TestRunConfigReplaysEveryExampleConfig replays each file under examples/configs with -config:

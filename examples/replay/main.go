@@ -118,7 +118,7 @@ import (
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/config"
-	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/internal/sim"
 	"github.com/enginepick/enginepick/state"
 )
 

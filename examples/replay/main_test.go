@@ -18,7 +18,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/enginepick/enginepick/admission"
-	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/internal/sim"
 	"github.com/enginepick/enginepick/state"
 )
 

@@ -15,7 +15,7 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
-	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/internal/sim"
 )
 
 // Plot file names written by -plot.

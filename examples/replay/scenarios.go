@@ -8,7 +8,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/internal/sim"
 	"github.com/enginepick/enginepick/state"
 )
 

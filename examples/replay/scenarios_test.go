@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/internal/sim"
 )
 
 func TestRunSystemPromptAndRouters(t *testing.T) {

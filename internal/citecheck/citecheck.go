@@ -1,6 +1,6 @@
 // Package citecheck verifies that the repository's citations resolve. It scans the comments of
 // every .go file and the whole text of every .md file, finds the repository paths they cite
-// (docs/design.md, kvindex/index.go, sim/traces, or a bare file name, which resolves next to the
+// (docs/design.md, kvindex/index.go, internal/sim/traces, or a bare file name, which resolves next to the
 // citing file or at the root) and the
 // numbered sections they cite (docs/design.md §9.3), and reports each one that does not exist.
 //

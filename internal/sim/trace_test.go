@@ -3,6 +3,8 @@ package sim_test
 import (
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,29 +19,18 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/internal/sim"
 )
 
-// sharedTraces is where the tests look for the Azure traces, which the module does not include
-// (docs/traces.md): a directory shared/traces beside the repository checkout, seen from the package
-// directory the tests run in. Tests that need them skip when it is absent.
-var sharedTraces = filepath.Join("..", "..", "shared", "traces")
-
-// sharedTrace returns the path of a shared trace, or skips the test when it is absent.
-func sharedTrace(tb testing.TB, name string) string {
-	tb.Helper()
-	path := filepath.Join(sharedTraces, name)
-	if _, err := os.Stat(path); err != nil {
-		tb.Skipf("shared trace %s not available: %v", path, err)
-	}
-	return path
-}
+// traceFile returns the path of a trace file of the module (internal/sim/traces), seen from the package
+// directory the tests run in.
+func traceFile(name string) string { return filepath.Join("traces", name) }
 
 // embeddedJSONL returns the embedded conversation trace, decompressed, read from the package
 // directory (the test's working directory).
 func embeddedJSONL(tb testing.TB) []byte {
 	tb.Helper()
-	gz, err := os.ReadFile(filepath.Join("traces", "mooncake_conversation.jsonl.gz"))
+	gz, err := os.ReadFile(traceFile("mooncake_conversation.jsonl.gz"))
 	require.NoError(tb, err)
 	zr, err := gzip.NewReader(bytes.NewReader(gz))
 	require.NoError(tb, err)
@@ -90,11 +81,13 @@ func TestMooncakeConversation(t *testing.T) {
 	}
 }
 
-func TestMooncakeConversationMatchesSharedFile(t *testing.T) {
+// TestMooncakeConversationIsUpstream checks that the embedded trace is the upstream file unchanged:
+// the SHA-256 of kvcache-ai/Mooncake FAST25-release/traces/conversation_trace.jsonl, as NOTICE
+// states it.
+func TestMooncakeConversationIsUpstream(t *testing.T) {
 	t.Parallel()
-	want, err := os.ReadFile(sharedTrace(t, "mooncake_conversation.jsonl"))
-	require.NoError(t, err)
-	assert.True(t, bytes.Equal(want, embeddedJSONL(t)), "embedded trace differs from %s", sharedTraces)
+	sum := sha256.Sum256(embeddedJSONL(t))
+	assert.Equal(t, "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df", hex.EncodeToString(sum[:]))
 }
 
 func TestMooncakeConversationReturnsFreshCopies(t *testing.T) {
@@ -624,7 +617,7 @@ func TestReadAzureValues(t *testing.T) {
 	}, tr)
 }
 
-func TestReadAzureSharedTraces(t *testing.T) {
+func TestReadAzureTraces(t *testing.T) {
 	t.Parallel()
 	at := func(h, m, s, ns int) time.Time { return time.Date(2023, 11, 16, h, m, s, ns, time.UTC) }
 	tests := []struct {
@@ -635,16 +628,16 @@ func TestReadAzureSharedTraces(t *testing.T) {
 		wantStart time.Time
 		wantEnd   time.Time // the last row's TIMESTAMP
 	}{
-		{"azure_llm_2023_code.csv", 8819, [2]int{4808, 10}, [2]int{549, 173}, at(18, 17, 3, 979960000), at(19, 14, 19, 928016000)},
-		{"azure_llm_2023_conv.csv", 19366, [2]int{374, 44}, [2]int{197, 183}, at(18, 15, 46, 680590000), at(19, 14, 8, 402527000)},
+		{"azure_llm_2023_code.csv.gz", 8819, [2]int{4808, 10}, [2]int{549, 173}, at(18, 17, 3, 979960000), at(19, 14, 19, 928016000)},
+		{"azure_llm_2023_conv.csv.gz", 19366, [2]int{374, 44}, [2]int{197, 183}, at(18, 15, 46, 680590000), at(19, 14, 8, 402527000)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
 			t.Parallel()
-			tr, err := sim.ReadTraceFile(sharedTrace(t, tt.file))
+			tr, err := sim.ReadTraceFile(traceFile(tt.file))
 			require.NoError(t, err)
 			assert.Equal(t, sim.FormatAzure, tr.Format)
-			assert.Equal(t, strings.TrimSuffix(tt.file, ".csv"), tr.Name)
+			assert.Equal(t, strings.TrimSuffix(tt.file, ".csv.gz"), tr.Name)
 			require.Len(t, tr.Requests, tt.wantRows)
 			assert.Equal(t, tt.wantStart, tr.Start)
 			first, last := tr.Requests[0], tr.Requests[len(tr.Requests)-1]
@@ -727,7 +720,7 @@ func TestReadTraceFile(t *testing.T) {
 	})
 	t.Run("embedded trace, gzip", func(t *testing.T) {
 		t.Parallel()
-		tr, err := sim.ReadTraceFile(filepath.Join("traces", "mooncake_conversation.jsonl.gz"))
+		tr, err := sim.ReadTraceFile(traceFile("mooncake_conversation.jsonl.gz"))
 		require.NoError(t, err)
 		assert.Equal(t, "mooncake_conversation", tr.Name)
 		assert.Equal(t, conversation(t), tr)
@@ -810,7 +803,11 @@ func BenchmarkReadMooncake(b *testing.B) {
 }
 
 func BenchmarkReadAzure(b *testing.B) {
-	input, err := os.ReadFile(sharedTrace(b, "azure_llm_2023_conv.csv"))
+	gz, err := os.ReadFile(traceFile("azure_llm_2023_conv.csv.gz"))
+	require.NoError(b, err)
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	require.NoError(b, err)
+	input, err := io.ReadAll(zr)
 	require.NoError(b, err)
 	b.SetBytes(int64(len(input)))
 	b.ReportAllocs()

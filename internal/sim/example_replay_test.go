@@ -5,21 +5,22 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/enginepick/enginepick/sim"
+	"github.com/enginepick/enginepick/internal/sim"
 )
 
 // ExampleReplay replays a hand-built trace of three two-turn conversations on two engines: each
-// second turn repeats its conversation's 2,048-token first prompt and adds 512 tokens.
+// second turn repeats its conversation's 2,560-token first prompt and adds 512 tokens.
 // Round-robin sends every second turn to the other engine, where nothing is cached but the shared
 // first block; cache_aware sends it back to the engine that holds its conversation. (At this load
 // both engines are idle at every arrival, so the first turns, which share only one 512-token block,
-// are spread over the engines by the fallback's random tie-break.)
+// less than the quarter of their prompt the hit gate asks for, are spread over the engines by the
+// fallback's random tie-break.)
 func ExampleReplay() {
 	tr := &sim.Trace{Name: "three-conversations"}
 	for turn := range 2 {
 		for conv := range 3 {
 			ids := []uint64{0} // a shared system-prompt block
-			for b := range 3 + turn {
+			for b := range 4 + turn {
 				ids = append(ids, uint64(100*conv+b+1))
 			}
 			tr.Requests = append(tr.Requests, sim.Request{
@@ -46,7 +47,7 @@ func ExampleReplay() {
 			r.Policy, 100*r.HitRate, r.TTFT.P50, r.EngineRequests)
 	}
 	// Output:
-	// infinite cache: 51.9 %
-	// round_robin hit 14.8 %  TTFT p50 0.085 s  requests per engine [3 3]
-	// cache_aware hit 48.1 %  TTFT p50 0.022 s  requests per engine [4 2]
+	// infinite cache: 51.5 %
+	// round_robin hit 12.1 %  TTFT p50 0.107 s  requests per engine [3 3]
+	// cache_aware hit 48.5 %  TTFT p50 0.022 s  requests per engine [4 2]
 }

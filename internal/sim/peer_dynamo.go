@@ -51,7 +51,7 @@ const (
 // router-side queue), router_predicted_ttl_secs unset (no predicted-on-route index),
 // router_track_output_blocks false. The credit also has host (0.75) and disk (0.25) weights for
 // blocks held beyond the device prefix in lower tiers; the replay's engines store every block on
-// the device tier (sim/cache.go), so those terms are always 0 here.
+// the device tier (internal/sim/cache.go), so those terms are always 0 here.
 //
 // Legacy cost (NewDynamoLegacy, name "dynamo_legacy"). Sources: ai-dynamo/dynamo
 // `lib/llm/src/kv_router/scheduler.rs` (DefaultWorkerSelector.select_worker, softmax_sample) and
