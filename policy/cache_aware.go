@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -675,41 +674,10 @@ type costAlt struct {
 }
 
 // prefillCost is the work a request would wait for and cause on an engine, in prompt tokens:
-// its pending prefill tokens (pendingPrefill) plus the request's uncached tokens there, plus the
-// KV term (kvLoad) (docs/design.md §9.11).
+// its pending prefill tokens (pendingPrefill) plus the request's uncached tokens there
+// (docs/design.md §9.11).
 func (p *CacheAware) prefillCost(o *loadmon.Observation, uncached uint64, req *Request) uint64 {
-	return satAdd(satAdd(p.pendingPrefill(o, req), uncached), p.kvLoad(o, req))
-}
-
-// kvLoadWeight prices a KV token an engine holds for its requests against a prompt token it would
-// prefill: the cost comparison adds kvLoadWeight × the engine's KV demand (kvDemand) to the prefill
-// work (docs/design.md §9.11).
-const kvLoadWeight = 0.1
-
-// kvLoad is the KV term of an engine's cost in the cost comparison: kvLoadWeight × kvDemand.
-func (p *CacheAware) kvLoad(o *loadmon.Observation, req *Request) uint64 {
-	d := float64(kvDemand(o, req.InputTokens))
-	return uint64(min(kvLoadWeight*d, math.MaxUint64/2))
-}
-
-// kvDemand returns the KV tokens an engine's requests hold or are about to hold: with a report that
-// carries KV figures (a KV capacity), the used KV tokens plus perRequest for each waiting request
-// and each dispatch since the report (each will hold about as many tokens as the request being
-// priced); otherwise perRequest for each request this router has in flight there (to the named DP
-// rank when the observation names one), so an engine without KV figures is never taken for empty.
-func kvDemand(o *loadmon.Observation, perRequest uint64) uint64 {
-	n, base := o.InFlight, uint64(0)
-	if o.HasDPRank {
-		n = o.RankInFlight
-	}
-	if l := o.Figures(); l != nil && l.KVCapacityTokens > 0 {
-		n, base = satAdd(l.WaitingRequests, o.Dispatched), l.UsedKVTokens
-	}
-	hi, lo := bits.Mul64(n, perRequest)
-	if hi != 0 {
-		return math.MaxUint64
-	}
-	return satAdd(base, lo)
+	return satAdd(p.pendingPrefill(o, req), uncached)
 }
 
 // pendingPrefill is the prompt tokens a request waits behind on the engine
@@ -820,7 +788,7 @@ func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 		}
 		pending := p.pendingPrefill(&o, req)
 		load.add(pending)
-		if c := satAdd(satAdd(pending, req.InputTokens-matched[i]), p.kvLoad(&o, req)); idx < 0 || c < cost {
+		if c := satAdd(pending, req.InputTokens-matched[i]); idx < 0 || c < cost {
 			idx, cost, obs = i, c, o
 		}
 	}
