@@ -221,7 +221,7 @@ func runTargets(t *testing.T, targets []rtTarget) {
 //
 // The policies run one after the other, on fresh engines, and the test runs alone (not parallel),
 // so that their latencies are comparable. Under the race detector the fleet is CPU-bound and the
-// latency targets are skipped; the others still hold.
+// latency and short-chat hit-rate targets are skipped; the others still hold.
 func TestRoutingTargets(t *testing.T) {
 	if testing.Short() && raceEnabled {
 		t.Skip("six fleet runs take 20 to 30 s under the race detector")
@@ -280,6 +280,9 @@ func TestRoutingTargets(t *testing.T) {
 		best := bestHitRate(prompts)
 		t.Logf("best possible hit rate %.1f%%", 100*best)
 		runTargets(t, []rtTarget{{name: "hit rate", check: func(t *testing.T) {
+			if raceEnabled {
+				t.Skip("the race detector makes the fleet CPU-bound: KV events reach the router after the next turn is routed (58-65 % measured); .ci/run checks this target without it")
+			}
 			assert.GreaterOrEqual(t, ca.hitRate(), 0.9*best, "cache_aware hit rate against 90%% of the best possible")
 		}}})
 	})
