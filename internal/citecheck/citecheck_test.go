@@ -20,8 +20,8 @@ var (
 	corpusArch   = "ARCHITECTURE" + ".md"
 	corpusStyle  = "STYLE" + ".md"
 	corpusTraces = slash("traces", "README.md")
-	outsideRel   = slash("..", "..", "shared", "traces", "azure.csv")
-	outsideAbs   = "/" + slash("work", "shared", "x.md")
+	outsideRel   = slash("..", "..", "elsewhere", "traces", "azure.csv")
+	outsideAbs   = "/" + slash("work", "elsewhere", "x.md")
 )
 
 func slash(parts ...string) string { return strings.Join(parts, "/") }
@@ -115,7 +115,7 @@ func TestCheck(t *testing.T) {
 			want: []citecheck.Finding{{File: "sim/t.go", Line: 3, Cite: outsideRel, Reason: citecheck.ReasonOutside}},
 		},
 		{
-			name: "an absolute path into the shared folder is rejected",
+			name: "an absolute path into the work folder is rejected",
 			file: "docs/guide.md",
 			text: "Copied from " + outsideAbs + ".\n",
 			want: []citecheck.Finding{{File: "docs/guide.md", Line: 1, Cite: outsideAbs, Reason: citecheck.ReasonOutside}},
