@@ -1,9 +1,9 @@
 package enginepick_test
 
-// These tests hold README.md to the code: every Go block type-checks against this module and
-// follows the error rules below, the package table lists exactly the module's packages, the
-// dependency table lists exactly go.mod's requirements, and every Example and program the README
-// names exists.
+// These tests hold README.md and docs/guide.md to the code: every Go block of either type-checks
+// against this module and follows the error rules below, the README's package table lists exactly
+// the module's packages, its dependency table lists exactly go.mod's requirements, and every
+// Example and program either file names exists.
 
 import (
 	"bytes"
@@ -503,36 +503,53 @@ func goCommand(args ...string) (string, error) {
 
 func readREADME(t *testing.T) string {
 	t.Helper()
-	md, err := os.ReadFile("README.md")
+	return readDoc(t, "README.md")
+}
+
+// checkedDocs are the Markdown files whose Go blocks and references the tests check: the README
+// and the guide its Go walkthroughs moved to.
+var checkedDocs = []string{"README.md", "docs/guide.md"}
+
+func readDoc(t *testing.T, file string) string {
+	t.Helper()
+	md, err := os.ReadFile(file)
 	require.NoError(t, err)
 	return string(md)
 }
 
-// TestREADMEGoBlocks type-checks every Go block of README.md against this module and applies the
-// error rules. Every fence must name its language, so that no Go code escapes the check.
+// TestREADMEGoBlocks type-checks every Go block of README.md and docs/guide.md against this module
+// and applies the error rules. Every fence must name its language, so that no Go code escapes the
+// check. The README keeps at least its quick start; the two files together at least 8 blocks.
 func TestREADMEGoBlocks(t *testing.T) {
-	blocks, err := markdownBlocks(readREADME(t))
-	require.NoError(t, err, "README.md")
-	var goBlocks []mdBlock
-	for _, b := range blocks {
-		switch b.lang {
-		case "go":
-			goBlocks = append(goBlocks, b)
-		case "":
-			t.Errorf("README.md:%d: a code fence without a language: label it (go, sh, text)", b.line-1)
-		case "sh", "text":
-		default:
-			t.Errorf("README.md:%d: code fence language %q: use go, sh or text", b.line-1, b.lang)
+	total := 0
+	for _, file := range checkedDocs {
+		blocks, err := markdownBlocks(readDoc(t, file))
+		require.NoError(t, err, file)
+		var goBlocks []mdBlock
+		for _, b := range blocks {
+			switch b.lang {
+			case "go":
+				goBlocks = append(goBlocks, b)
+			case "":
+				t.Errorf("%s:%d: a code fence without a language: label it (go, sh, text)", file, b.line-1)
+			case "sh", "text":
+			default:
+				t.Errorf("%s:%d: code fence language %q: use go, sh or text", file, b.line-1, b.lang)
+			}
 		}
-	}
-	found, err := newSnippetChecker(t, "README.md").checkAll(goBlocks)
-	require.NoError(t, err)
-	for _, fs := range found {
-		for _, f := range fs {
-			t.Error(f)
+		found, err := newSnippetChecker(t, file).checkAll(goBlocks)
+		require.NoError(t, err)
+		for _, fs := range found {
+			for _, f := range fs {
+				t.Error(f)
+			}
 		}
+		if file == "README.md" {
+			assert.NotEmpty(t, goBlocks, "README.md keeps its Go quick start")
+		}
+		total += len(goBlocks)
 	}
-	assert.GreaterOrEqual(t, len(goBlocks), 8, "Go blocks checked in README.md")
+	assert.GreaterOrEqual(t, total, 8, "Go blocks checked in %v", checkedDocs)
 }
 
 // TestREADMECheckerRules feeds the checker blocks that break each rule, and one that breaks none,
@@ -701,10 +718,9 @@ func TestREADMEDependencies(t *testing.T) {
 		tableFirstColumn(readmeSection(t, readREADME(t), "Dependencies")))
 }
 
-// TestREADMEReferences checks that every Example function and every examples/ directory the README
-// names exists, so that "run Example_x" never points at nothing.
+// TestREADMEReferences checks that every Example function and every examples/ directory README.md
+// and docs/guide.md name exists, so that "run Example_x" never points at nothing.
 func TestREADMEReferences(t *testing.T) {
-	md := readREADME(t)
 	examples := map[string]bool{}
 	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
@@ -722,15 +738,18 @@ func TestREADMEReferences(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, err)
-	named := regexp.MustCompile(`\bExample[A-Za-z0-9_]*`).FindAllString(md, -1)
-	require.NotEmpty(t, named)
-	for _, name := range named {
-		assert.True(t, examples[name], "README.md names %s, which no _test.go file declares", name)
-	}
-	for _, dir := range regexp.MustCompile("`(examples/[a-z0-9/]+)`").FindAllStringSubmatch(md, -1) {
-		info, err := os.Stat(dir[1])
-		if assert.NoError(t, err, "README.md names %s", dir[1]) {
-			assert.True(t, info.IsDir(), "README.md names %s as a directory", dir[1])
+	for _, file := range checkedDocs {
+		md := readDoc(t, file)
+		named := regexp.MustCompile(`\bExample[A-Za-z0-9_]*`).FindAllString(md, -1)
+		require.NotEmpty(t, named, file)
+		for _, name := range named {
+			assert.True(t, examples[name], "%s names %s, which no _test.go file declares", file, name)
+		}
+		for _, dir := range regexp.MustCompile("`(examples/[a-z0-9/]+)`").FindAllStringSubmatch(md, -1) {
+			info, err := os.Stat(dir[1])
+			if assert.NoError(t, err, "%s names %s", file, dir[1]) {
+				assert.True(t, info.IsDir(), "%s names %s as a directory", file, dir[1])
+			}
 		}
 	}
 }
