@@ -24,7 +24,7 @@ func scriptedRand(seq ...int) func(int) int {
 	}
 }
 
-// Why a request gets a 503 while an engine is idle, and the fix (README, "What surprises users").
+// Why a request gets a 503 while an engine is idle, and the fix (docs/guide.md §4, "What surprises users").
 // Power-of-two samples two of three engines, keeps the less pressured one and checks admission on
 // it alone: both sampled engines are at the cap of 8 waiting requests, so with one bucket the
 // request fails although engine c is idle. A second bucket over the same engines, with least-load

@@ -13,7 +13,7 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// The router of the README's Embedding section (newRouter), run with hand-written load reports: a
+// The router of docs/guide.md §3 ("Embedding without a file") (newRouter), run with hand-written load reports: a
 // request that fits the bucket goes to the less pressured engine, and one whose output budget does
 // not fit any bucket is refused with 400.
 func Example() {
@@ -54,7 +54,7 @@ func Example() {
 	// 400 bucket: input 1000 tokens (peak 41000): no matching bucket
 }
 
-// The README's cache-aware example: one engine publishes the blocks of a 2,048-token prompt, and
+// docs/guide.md's cache-aware example (§3): one engine publishes the blocks of a 2,048-token prompt, and
 // the next request with that prefix goes to it.
 func Example_cacheAware() {
 	load, inflight := loadmon.NewTable(), loadmon.NewInFlight(nil)
