@@ -13,7 +13,7 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// The router of docs/guide.md §3 ("Embedding without a file") (newRouter), run with hand-written load reports: a
+// The router of docs/guide.md §3 (newRouter), run with hand-written load reports: a
 // request that fits the bucket goes to the less pressured engine, and one whose output budget does
 // not fit any bucket is refused with 400.
 func Example() {
