@@ -686,26 +686,23 @@ func validHeaderName(s string) bool {
 // membership checks group members against the engines the configuration lists: an engine of
 // another model or stage cannot be a member (docs/design.md §14.4).
 func (v *validator) membership(c *Config) {
-	if len(c.Engines) == 0 {
-		return
-	}
-	byID := map[string]*Engine{}
+	byID := make(map[string]*Engine, len(c.Engines))
 	for i := range c.Engines {
 		byID[c.Engines[i].ID] = &c.Engines[i]
 	}
-	lookup := func(model string, id string) (string, state.Stage, bool) {
+	v.checkMembers(c, func(id string) (string, state.Stage, bool) {
 		e, ok := byID[id]
 		if !ok {
 			return "", 0, false
 		}
 		s, _ := parseStage(e.Stage)
 		return e.Model, s, true
-	}
-	v.checkMembers(c, lookup)
+	})
 }
 
-// checkMembers reports the first member whose engine lookup names another model or stage.
-func (v *validator) checkMembers(c *Config, lookup func(model, id string) (string, state.Stage, bool)) {
+// checkMembers reports the first member whose engine, as lookup finds it (its model and stage;
+// false for an unknown engine, which is allowed), is of another model or stage.
+func (v *validator) checkMembers(c *Config, lookup func(id string) (model string, stage state.Stage, ok bool)) {
 	for i := range c.Models {
 		m := &c.Models[i]
 		for j := range m.Buckets {
@@ -714,7 +711,7 @@ func (v *validator) checkMembers(c *Config, lookup func(model, id string) (strin
 					continue
 				}
 				for k, id := range *g.g.EngineIDs {
-					model, stage, ok := lookup(m.ID, id)
+					model, stage, ok := lookup(id)
 					if !ok {
 						continue
 					}
