@@ -475,7 +475,7 @@ func (v *validator) ranks(e *Engine, path string) bool {
 			return false
 		}
 		if r.URL != "" {
-			if u, err := url.Parse(r.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			if !httpURL(r.URL) {
 				v.fail(join(rp, "url"), state.ErrBadValue, "%q: want an absolute http or https URL", r.URL)
 				return false
 			}
@@ -502,7 +502,7 @@ func (v *validator) loadEndpoint(l *LoadEndpoint, path string) bool {
 		v.fail(join(path, "url"), state.ErrMissingField, "a load endpoint needs a url")
 		return false
 	}
-	if u, err := url.Parse(l.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if !httpURL(l.URL) {
 		v.fail(join(path, "url"), state.ErrBadValue, "%q: want an absolute http or https URL", l.URL)
 		return false
 	}
@@ -511,6 +511,12 @@ func (v *validator) loadEndpoint(l *LoadEndpoint, path string) bool {
 		return false
 	}
 	return true
+}
+
+// httpURL reports whether s is an absolute http or https URL with a host.
+func httpURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
 
 // kvEndpoint checks a KV-event publisher at path whose addresses serve ranks 0..lastRank by port
