@@ -33,8 +33,9 @@ const (
 	FormatJSON
 )
 
-// MaxBytes bounds a configuration document, and maxConfigNodes the values in it (after
-// YAML aliases are expanded), so that a hostile input cannot exhaust memory.
+// MaxBytes is the largest configuration document Parse accepts, in bytes (4 MiB; a larger one is
+// an error wrapping state.ErrBadValue); maxConfigNodes bounds the values in it (after YAML aliases
+// are expanded), so that a hostile input cannot exhaust memory.
 const (
 	MaxBytes       = 4 << 20
 	maxConfigNodes = 200_000
@@ -61,8 +62,9 @@ func Load(path string) (*Config, error) {
 
 // Parse decodes a configuration document strictly and validates it: an unknown field, a
 // removed option, a value of the wrong kind, a duplicate key, or any rule of Config.Validate
-// broken is a *Error naming the field's path (and, when known, its line). On error the
-// returned Config is nil.
+// broken is a *Error naming the field's path (and, when known, its line); so is an empty
+// document (state.ErrMissingField), a document above MaxBytes or a Format other than the three
+// (state.ErrBadValue). On error the returned Config is nil.
 func Parse(data []byte, format Format) (*Config, error) {
 	root, err := parseTree(data, format)
 	if err != nil {
