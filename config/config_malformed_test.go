@@ -17,8 +17,8 @@ type malformedCase struct {
 	name   string
 	format config.Format
 	input  string
-	cause  error  // the sentinel the *ConfigError wraps
-	path   string // ConfigError.Path
+	cause  error  // the sentinel the *config.Error wraps
+	path   string // config.Error.Path
 	msg    string // the whole Error()
 }
 
@@ -291,10 +291,10 @@ func TestConfigMalformed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			cfg, err := config.Parse([]byte(tc.input), tc.format)
-			require.Error(t, err, "ParseConfig(%q) accepted it", tc.input)
+			require.Error(t, err, "Parse(%q) accepted it", tc.input)
 			assert.Nil(t, cfg)
 			var ce *config.Error
-			require.True(t, errors.As(err, &ce), "ParseConfig = %T %v, want *ConfigError", err, err)
+			require.True(t, errors.As(err, &ce), "Parse = %T %v, want *config.Error", err, err)
 			assert.ErrorIs(t, err, tc.cause)
 			assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
 			assert.Equal(t, tc.path, ce.Path)
