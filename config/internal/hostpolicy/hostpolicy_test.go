@@ -1,4 +1,7 @@
-package config_test
+// Package hostpolicy_test tests a policy type registered by the host apart from package config's
+// own tests: the registry is process-wide, and the type would show in their messages that list the
+// registered types.
+package hostpolicy_test
 
 import (
 	"errors"
@@ -23,6 +26,13 @@ func (o *weightedOptions) Validate() error {
 		return &policy.OptionError{Policy: "config_test_weighted", Field: "weight", Msg: "must be >= 1", Cause: state.ErrOutOfRange}
 	}
 	return nil
+}
+
+func mustParse(t *testing.T, yaml string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
+	require.NoError(t, err)
+	return cfg
 }
 
 var (
