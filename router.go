@@ -271,12 +271,11 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 }
 
 // stamp returns the time elapsed on the Router's clock since it was built. With the default clock
-// it reads the monotonic clock alone (time.Since of a monotonic base), which costs about half a
-// time.Now. An observed Select stamps its start only when it is in the timing sample
-// (SelectTimingSampler); its end is the dispatch's own clock reading on success (selectOnce), and
-// a stamp only where that reading is missing (a timed Select that failed, or a successful one
-// whose Router or in-flight counters have an injected clock). Clock readings were most of the observer's cost on a cheap pick
-// (docs/performance.md, "metrics: the observer's cost on a pick").
+// it reads the monotonic clock alone (time.Since of a monotonic base). An observed Select stamps its
+// start only when it is in the timing sample (SelectTimingSampler); its end is the dispatch's own
+// clock reading on success (selectOnce), and a stamp only where that reading is missing (a timed
+// Select that failed, or a successful one whose Router or in-flight counters have an injected
+// clock).
 func (r *Router) stamp() time.Duration {
 	if r.realClock {
 		return time.Since(r.base)
@@ -288,8 +287,7 @@ func (r *Router) stamp() time.Duration {
 // first (Select). When at is non-nil and both the Router and its in-flight counters use time.Now,
 // it reads the clock once at dispatch, stamps the guards with that reading and, when they were
 // acquired, stores it in *at, so that an observed Select times the selection without a clock
-// reading of its own (docs/performance.md, "metrics: the observer's cost on a pick"); otherwise
-// *at stays zero.
+// reading of its own; otherwise *at stays zero.
 func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.Time) (*Dispatch, error) {
 	if req == nil {
 		return nil, fmt.Errorf("enginepick: Select: nil request: %w", policy.ErrInvalidSignal)

@@ -58,7 +58,9 @@ type Model struct {
 	Buckets []Bucket `json:"buckets"`
 }
 
-// StagePolicies holds one optional default policy per stage.
+// StagePolicies holds one optional default policy per stage, for the groups of that stage that set
+// no policy; nil means none for the stage (the model's DefaultPolicy applies). A default for a
+// stage its type cannot serve (cache_aware for decode) is an error wrapping state.ErrWrongStage.
 type StagePolicies struct {
 	Plain   *Policy `json:"plain,omitempty"`
 	Prefill *Policy `json:"prefill,omitempty"`
@@ -66,7 +68,8 @@ type StagePolicies struct {
 }
 
 // SLO sets the SLO preferences of a model's resolver: each is "disabled" (the default,
-// also the empty string), "best_effort" or "slo_first" (bucket.SLOPreference).
+// also the empty string), "best_effort" or "slo_first" (bucket.SLOPreference); any other value is
+// an error wrapping state.ErrBadValue.
 type SLO struct {
 	TTFTPreference string `json:"ttft_preference,omitempty"`
 	TPSPreference  string `json:"tps_preference,omitempty"`
@@ -84,14 +87,16 @@ type Bucket struct {
 	// MaxContextTokens is the context capacity in tokens; 0 means unbounded.
 	MaxContextTokens uint64 `json:"max_context_tokens,omitempty"`
 	// TTFTEstimate and TPSEstimate are the bucket's p95 time to first token and p05 decode tokens
-	// per second at capacity, for SLO ordering; zero means no estimate (never meets a target).
+	// per second at capacity, for SLO ordering; zero means no estimate (never meets a target), and
+	// a negative value is an error wrapping state.ErrOutOfRange.
 	TTFTEstimate Duration `json:"ttft_estimate,omitzero"`
 	TPSEstimate  float64  `json:"tps_estimate,omitempty"`
 	// Groups holds exactly one of a plain group or a PD pair of groups.
 	Groups Groups `json:"groups"`
 }
 
-// TokenRange is an inclusive range of input tokens. Max 0 means no upper bound.
+// TokenRange is an inclusive range of input tokens. Min 0 means no lower bound, Max 0 no upper
+// bound; Min above a non-zero Max is an error wrapping state.ErrOutOfRange.
 type TokenRange struct {
 	Min uint64 `json:"min,omitempty"`
 	Max uint64 `json:"max,omitempty"`
@@ -307,10 +312,14 @@ type RedisSettings struct {
 // Defaults of the shared settings (docs/design.md §14; the experimental SGLang router's
 // defaults).
 const (
-	DefaultSessionHeader    = "x-session-id"
+	// DefaultSessionHeader is AffinitySettings.SessionHeader's default.
+	DefaultSessionHeader = "x-session-id"
+	// DefaultRoutingKeyHeader is AffinitySettings.RoutingKeyHeader's default.
 	DefaultRoutingKeyHeader = "x-sgl-routing-key"
-	DefaultAffinityIdle     = 600 * time.Second
-	DefaultAffinitySweep    = 60 * time.Second
+	// DefaultAffinityIdle is AffinitySettings.IdleTimeout's default.
+	DefaultAffinityIdle = 600 * time.Second
+	// DefaultAffinitySweep is AffinitySettings.SweepInterval's default.
+	DefaultAffinitySweep = 60 * time.Second
 	// DefaultBlockTokens is KVSettings.BlockTokens's default, vLLM's block size.
 	DefaultBlockTokens = 16
 	// DefaultPolicy is the policy of a group that sets none and inherits none.
@@ -318,15 +327,17 @@ const (
 )
 
 // Duration is a time.Duration written as a Go duration string ("5s", "250ms") in YAML and JSON.
+// The zero value is a zero duration, which each field documents the meaning of.
 type Duration time.Duration
 
 // D returns the time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
-// MarshalText writes the duration as time.Duration.String does.
+// MarshalText writes the duration as time.Duration.String does ("1m30s"); it never fails.
 func (d Duration) MarshalText() ([]byte, error) { return []byte(time.Duration(d).String()), nil }
 
-// UnmarshalText parses a Go duration string (time.ParseDuration).
+// UnmarshalText parses a Go duration string (time.ParseDuration). Errors wrap state.ErrBadValue;
+// on error d is unchanged.
 func (d *Duration) UnmarshalText(b []byte) error {
 	v, err := time.ParseDuration(string(b))
 	if err != nil {
@@ -336,11 +347,13 @@ func (d *Duration) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// StringList is a list of strings that may also be written as a single string.
+// StringList is a list of strings that may also be written as a single string (filter:
+// overloaded is filter: [overloaded]). Nil and empty mean no entries.
 type StringList []string
 
 // MarshalJSON writes the attachment as the configuration spells it: the options block, when
-// there is one, under the type's name.
+// Options is non-nil, under the type's name. Errors are encoding/json's, for Options that do not
+// marshal.
 func (p Policy) MarshalJSON() ([]byte, error) {
 	type fields Policy // the fields without this method
 	b, err := json.Marshal(fields(p))

@@ -12,7 +12,7 @@ import (
 )
 
 // FuzzParseConfig checks the loader on any input (docs/design.md §14.4): it never panics; it
-// returns either a *ConfigError matching state.ErrInvalidConfiguration and no Config, or a Config
+// returns either a *config.Error matching state.ErrInvalidConfiguration and no Config, or a Config
 // that validates; and an accepted Config survives a JSON round trip unchanged (marshal, parse,
 // marshal gives the same bytes), so nothing it accepted was silently dropped or altered. Seeds:
 // every example configuration, every malformed case of TestConfigMalformed, and the corpus under
@@ -33,10 +33,10 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil {
 			var ce *config.Error
 			if !errors.As(err, &ce) || !errors.Is(err, state.ErrInvalidConfiguration) {
-				t.Fatalf("ParseConfig error %T %v: want a *ConfigError matching ErrInvalidConfiguration", err, err)
+				t.Fatalf("Parse error %T %v: want a *config.Error matching ErrInvalidConfiguration", err, err)
 			}
 			if cfg != nil {
-				t.Fatalf("ParseConfig returned a Config with error %v", err)
+				t.Fatalf("Parse returned a Config with error %v", err)
 			}
 			return
 		}

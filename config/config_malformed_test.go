@@ -17,8 +17,8 @@ type malformedCase struct {
 	name   string
 	format config.Format
 	input  string
-	cause  error  // the sentinel the *ConfigError wraps
-	path   string // ConfigError.Path
+	cause  error  // the sentinel the *config.Error wraps
+	path   string // config.Error.Path
 	msg    string // the whole Error()
 }
 
@@ -222,6 +222,12 @@ var malformedCases = []malformedCase{
 		path: "models[0].buckets[0].groups.plain.policy.cache_aware", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.cache_aware: options for policy type cache_aware, but the type is "power_of_two": name the block after the type`},
 	{name: "options for a type without options", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: power_of_two, power_of_two: {min_matched_tokens: 512}}}}\n", cause: state.ErrUnknownField,
 		path: "models[0].buckets[0].groups.plain.policy.power_of_two.min_matched_tokens", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.power_of_two.min_matched_tokens: unknown field: policy type power_of_two takes no options`},
+	{name: "a second block for another type", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: sticky, sticky: {rendezvous: true}, cache_aware: {min_matched_tokens: 512}}}}\n", cause: state.ErrConflict,
+		path: "models[0].buckets[0].groups.plain.policy.cache_aware", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.cache_aware: options for policy type cache_aware, but the type is "sticky": name the block after the type`},
+	{name: "unknown field in the type's block", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: power_of_n, power_of_n: {choises: 3}}}}\n", cause: state.ErrUnknownField,
+		path: "models[0].buckets[0].groups.plain.policy.power_of_n.choises", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.power_of_n.choises: unknown field: want one of choices`},
+	{name: "unknown field in the type's block in JSON", format: config.FormatJSON, input: "{\"models\": [{\"id\": \"m\", \"buckets\": [{\"id\": \"a\", \"groups\": {\"plain\": {\"policy\": {\"type\": \"sticky\",\n  \"sticky\": {\"fallback\": \"random\", \"loadfactor\": 2}}}}}]}]}", cause: state.ErrUnknownField,
+		path: "models[0].buckets[0].groups.plain.policy.sticky.loadfactor", msg: `config: line 2: models[0].buckets[0].groups.plain.policy.sticky.loadfactor: unknown field: want one of fallback, fallback_on_unavailable, load_factor, rendezvous`},
 	{name: "bad prefix source", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: cache_aware, cache_aware: {prefix_source: redis}}}}\n", cause: state.ErrBadValue,
 		path: "models[0].buckets[0].groups.plain.policy.cache_aware.prefix_source", msg: `config: line 5: models[0].buckets[0].groups.plain.policy.cache_aware.prefix_source: "redis": want local or remote`},
 	{name: "power_of_n with zero choices", input: plainModel + "      - id: a\n        groups: {plain: {policy: {type: power_of_n, power_of_n: {choices: 0}}}}\n", cause: state.ErrOutOfRange,
@@ -285,10 +291,10 @@ func TestConfigMalformed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			cfg, err := config.Parse([]byte(tc.input), tc.format)
-			require.Error(t, err, "ParseConfig(%q) accepted it", tc.input)
+			require.Error(t, err, "Parse(%q) accepted it", tc.input)
 			assert.Nil(t, cfg)
 			var ce *config.Error
-			require.True(t, errors.As(err, &ce), "ParseConfig = %T %v, want *ConfigError", err, err)
+			require.True(t, errors.As(err, &ce), "Parse = %T %v, want *config.Error", err, err)
 			assert.ErrorIs(t, err, tc.cause)
 			assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
 			assert.Equal(t, tc.path, ce.Path)

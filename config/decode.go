@@ -33,8 +33,9 @@ const (
 	FormatJSON
 )
 
-// MaxBytes bounds a configuration document, and maxConfigNodes the values in it (after
-// YAML aliases are expanded), so that a hostile input cannot exhaust memory.
+// MaxBytes is the largest configuration document Parse accepts, in bytes (4 MiB; a larger one is
+// an error wrapping state.ErrBadValue); maxConfigNodes bounds the values in it (after YAML aliases
+// are expanded), so that a hostile input cannot exhaust memory.
 const (
 	MaxBytes       = 4 << 20
 	maxConfigNodes = 200_000
@@ -61,8 +62,9 @@ func Load(path string) (*Config, error) {
 
 // Parse decodes a configuration document strictly and validates it: an unknown field, a
 // removed option, a value of the wrong kind, a duplicate key, or any rule of Config.Validate
-// broken is a *Error naming the field's path (and, when known, its line). On error the
-// returned Config is nil.
+// broken is a *Error naming the field's path (and, when known, its line); so is an empty
+// document (state.ErrMissingField), a document above MaxBytes or a Format other than the three
+// (state.ErrBadValue). On error the returned Config is nil.
 func Parse(data []byte, format Format) (*Config, error) {
 	root, err := parseTree(data, format)
 	if err != nil {
@@ -383,7 +385,7 @@ var (
 
 // decodeValue decodes n into v strictly; path is v's path.
 func (d *decoder) decodeValue(n *cnode, v reflect.Value, path string) error {
-	if d.lines != nil && path != "" {
+	if path != "" {
 		if _, ok := d.lines[path]; !ok {
 			d.lines[path] = n.line
 		}
@@ -517,11 +519,31 @@ func truncate(s string) string {
 	return s
 }
 
+// fieldName returns a struct field's configuration name: its json tag's name, "" for none.
+func fieldName(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	if name == "-" {
+		return ""
+	}
+	return name
+}
+
+// fieldIndex returns the index of the field of struct type t whose configuration name is key; -1
+// for none.
+func fieldIndex(t reflect.Type, key string) int {
+	for i := range t.NumField() {
+		if fieldName(t.Field(i)) == key {
+			return i
+		}
+	}
+	return -1
+}
+
 // fieldNames returns the configuration names of a struct's fields, in declaration order.
 func fieldNames(t reflect.Type) []string {
 	names := make([]string, 0, t.NumField())
 	for i := range t.NumField() {
-		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+		if name := fieldName(t.Field(i)); name != "" {
 			names = append(names, name)
 		}
 	}
@@ -575,9 +597,7 @@ func (d *decoder) decodePolicy(n *cnode, pc *Policy, path string) error {
 		p := join(bpath, block.keys[0])
 		return cfgErr(p, block.klines[0], state.ErrUnknownField, "unknown field: policy type %s takes no options", blockKey)
 	}
-	if d.lines != nil {
-		d.lines[bpath] = blockLine
-	}
+	d.lines[bpath] = blockLine
 	if err := d.decodeValue(block, ov.Elem(), bpath); err != nil {
 		return err
 	}
@@ -604,13 +624,7 @@ func (d *decoder) decodeStruct(n *cnode, v reflect.Value, path string) error {
 			return cfgErr(fpath, line, state.ErrDuplicate, "field set twice")
 		}
 		seen[key] = true
-		idx := -1
-		for j := range t.NumField() {
-			if name, _, _ := strings.Cut(t.Field(j).Tag.Get("json"), ","); name == key {
-				idx = j
-				break
-			}
-		}
+		idx := fieldIndex(t, key)
 		if idx < 0 {
 			if msg, ok := removedFields[key]; ok {
 				return &Error{Path: fpath, Line: line, Err: &causeError{sentinel: state.ErrRemovedOption, msg: msg}}
@@ -621,9 +635,7 @@ func (d *decoder) decodeStruct(n *cnode, v reflect.Value, path string) error {
 			}
 			return cfgErr(fpath, line, state.ErrUnknownField, "unknown field: want one of %s", strings.Join(slices.Sorted(slices.Values(names)), ", "))
 		}
-		if d.lines != nil {
-			d.lines[fpath] = line
-		}
+		d.lines[fpath] = line
 		if err := d.decodeValue(n.vals[i], v.Field(idx), fpath); err != nil {
 			return err
 		}

@@ -109,7 +109,8 @@ func (r *Router) Close() error {
 	return nil
 }
 
-// Config returns the configuration the Router was built from. Do not modify it.
+// Config returns the configuration the Router was built from (the *Config passed to New, never
+// nil). Do not modify it.
 func (r *Router) Config() *Config { return r.config }
 
 // KVEventStats returns the counters of the KV-event subscriber (gaps, resynchronisations, drops,

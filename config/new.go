@@ -265,7 +265,7 @@ func (b *builder) registry(reg state.Registry) error {
 		}
 	}
 	v := validator{lines: b.cfg.lines}
-	v.checkMembers(b.cfg, func(_, id string) (string, state.Stage, bool) {
+	v.checkMembers(b.cfg, func(id string) (string, state.Stage, bool) {
 		w, ok := known[state.EngineID(id)]
 		return string(w.model), w.stage, ok
 	})
@@ -403,69 +403,42 @@ type groupPath struct {
 	policyPath string // where the effective policy is written ("" for the built-in default)
 }
 
-// eachGroup calls fn for every group in document order.
-func (b *builder) eachGroup(fn func(groupPath)) {
-	for i := range b.cfg.Models {
-		m := &b.cfg.Models[i]
-		mpath := fmt.Sprintf("models[%d]", i)
-		for j := range m.Buckets {
-			bk := &m.Buckets[j]
-			for _, g := range groupsOf(bk, fmt.Sprintf("%s.buckets[%d].groups", mpath, j)) {
-				p, from := effectivePolicy(m, g.g, g.stage, mpath)
-				pp := from
-				if g.g.Policy != nil {
-					pp = g.path + ".policy"
-				}
-				fn(groupPath{model: m, bucket: bk, group: g.g, stage: g.stage, path: g.path, policy: p, policyPath: pp})
-			}
-		}
-	}
-}
-
-// resolvers builds every model's policies, groups, buckets and resolver.
+// resolvers builds every model's policies, groups, buckets and resolver, in document order.
 func (b *builder) resolvers() error {
 	b.res = map[state.ModelID]*bucket.Resolver{}
 	b.labels = map[*bucket.Bucket][3]string{}
-	var firstErr error
-	built := map[*Bucket]map[state.Stage]*bucket.EngineGroup{}
-	b.eachGroup(func(gp groupPath) {
-		if firstErr != nil {
-			return
-		}
-		g, err := b.group(gp)
-		if err != nil {
-			firstErr = err
-			return
-		}
-		if built[gp.bucket] == nil {
-			built[gp.bucket] = map[state.Stage]*bucket.EngineGroup{}
-		}
-		built[gp.bucket][gp.stage] = g
-	})
-	if firstErr != nil {
-		return firstErr
-	}
 	for i := range b.cfg.Models {
 		m := &b.cfg.Models[i]
+		mpath := fmt.Sprintf("models[%d]", i)
 		var buckets []*bucket.Bucket
 		for j := range m.Buckets {
 			bc := &m.Buckets[j]
-			path := fmt.Sprintf("models[%d].buckets[%d]", i, j)
+			path := fmt.Sprintf("%s.buckets[%d]", mpath, j)
+			var (
+				gs [3]*bucket.EngineGroup
+				lb [3]string // the policy type of each group, by stage
+			)
+			for _, g := range groupsOf(bc, path+".groups") {
+				p, pp := effectivePolicy(m, g.g, g.stage, mpath)
+				if g.g.Policy != nil {
+					pp = g.path + ".policy"
+				}
+				eg, err := b.group(groupPath{model: m, bucket: bc, group: g.g, stage: g.stage, path: g.path, policy: p, policyPath: pp})
+				if err != nil {
+					return err
+				}
+				gs[g.stage], lb[g.stage] = eg, p.Type
+			}
 			spec := bucket.Spec{ID: bc.ID, Rank: bc.Rank, MinInputTokens: bc.Limits.Min, MaxInputTokens: bc.Limits.Max,
 				MaxContextTokens: bc.MaxContextTokens, TTFTEstimate: bc.TTFTEstimate.D(), TPSEstimate: bc.TPSEstimate}
-			gs := built[bc]
 			var (
 				bk  *bucket.Bucket
 				err error
 			)
-			var lb [3]string
 			if bc.Groups.Plain != nil {
 				bk, err = bucket.NewPlainBucket(spec, gs[state.StagePlain])
-				lb[state.StagePlain] = b.policyName(m, bc.Groups.Plain, state.StagePlain)
 			} else {
 				bk, err = bucket.NewPDBucket(spec, gs[state.StagePrefill], gs[state.StageDecode])
-				lb[state.StagePrefill] = b.policyName(m, bc.Groups.PD.Prefill, state.StagePrefill)
-				lb[state.StageDecode] = b.policyName(m, bc.Groups.PD.Decode, state.StageDecode)
 			}
 			if err != nil {
 				return &Error{Path: path, Line: b.cfg.lines[path], Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
@@ -477,7 +450,7 @@ func (b *builder) resolvers() error {
 		tps, _ := parseSLOPreference(m.SLO.TPSPreference)
 		res, err := bucket.NewResolver(buckets, bucket.ResolverOptions{TTFTPreference: ttft, TPSPreference: tps})
 		if err != nil {
-			return &Error{Path: fmt.Sprintf("models[%d]", i), Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+			return &Error{Path: mpath, Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
 		}
 		b.res[state.ModelID(m.ID)] = res
 		b.models = append(b.models, state.ModelID(m.ID))
@@ -511,13 +484,9 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 	if !ok { // Validate rejects it first
 		return nil, cfgErr(join(path, "type"), lineOf(join(path, "type")), state.ErrBadValue, "unknown policy type %q", gp.policy.Type)
 	}
-	var obs any
-	if b.s.obs != nil {
-		obs = b.s.obs
-	}
 	env := policy.Env{
 		Config: policy.Config{Load: b.load, InFlight: b.inflight, Admission: limits(gp.policy), Rand: b.s.rand},
-		Stage:  gp.stage, Logger: b.warnLog, Now: b.s.now, Observer: obs,
+		Stage:  gp.stage, Logger: b.warnLog, Now: b.s.now, Observer: b.s.obs,
 		LocalSource: b.localSource,
 		RemoteSource: func() (kvindex.Source, error) {
 			if b.s.remote == nil {
@@ -531,13 +500,10 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 	if err != nil {
 		return nil, optionConfigErr(path, bpath, lineOf, err)
 	}
-	if a := gp.policy.Admission; !a.IsZero() || gp.policy.MaxInFlight != nil {
-		l := limits(gp.policy)
-		if l.MaxRunningRequests != nil || l.MaxWaitingRequests != nil || l.MaxKVTokens != nil || l.MaxPendingPrefillTokens != nil {
-			b.degraded.reportedCaps = append(b.degraded.reportedCaps, state.ModelID(gp.model.ID))
-		}
-	}
-	if rl, ok := p.(policy.ReportedLoadReader); ok && rl.ReadsReportedLoad() {
+	a := gp.policy.Admission // the legacy spelling caps in-flight requests only, which are not reported
+	rl, _ := p.(policy.ReportedLoadReader)
+	if a.MaxRunningRequests != nil || a.MaxWaitingRequests != nil || a.MaxKVTokens != nil || a.MaxPendingPrefillTokens != nil ||
+		rl != nil && rl.ReadsReportedLoad() {
 		b.degraded.reportedCaps = append(b.degraded.reportedCaps, state.ModelID(gp.model.ID))
 	}
 	if b.s.obs != nil {

@@ -475,7 +475,7 @@ func (v *validator) ranks(e *Engine, path string) bool {
 			return false
 		}
 		if r.URL != "" {
-			if u, err := url.Parse(r.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			if !httpURL(r.URL) {
 				v.fail(join(rp, "url"), state.ErrBadValue, "%q: want an absolute http or https URL", r.URL)
 				return false
 			}
@@ -502,7 +502,7 @@ func (v *validator) loadEndpoint(l *LoadEndpoint, path string) bool {
 		v.fail(join(path, "url"), state.ErrMissingField, "a load endpoint needs a url")
 		return false
 	}
-	if u, err := url.Parse(l.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if !httpURL(l.URL) {
 		v.fail(join(path, "url"), state.ErrBadValue, "%q: want an absolute http or https URL", l.URL)
 		return false
 	}
@@ -511,6 +511,12 @@ func (v *validator) loadEndpoint(l *LoadEndpoint, path string) bool {
 		return false
 	}
 	return true
+}
+
+// httpURL reports whether s is an absolute http or https URL with a host.
+func httpURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
 
 // kvEndpoint checks a KV-event publisher at path whose addresses serve ranks 0..lastRank by port
@@ -686,26 +692,23 @@ func validHeaderName(s string) bool {
 // membership checks group members against the engines the configuration lists: an engine of
 // another model or stage cannot be a member (docs/design.md §14.4).
 func (v *validator) membership(c *Config) {
-	if len(c.Engines) == 0 {
-		return
-	}
-	byID := map[string]*Engine{}
+	byID := make(map[string]*Engine, len(c.Engines))
 	for i := range c.Engines {
 		byID[c.Engines[i].ID] = &c.Engines[i]
 	}
-	lookup := func(model string, id string) (string, state.Stage, bool) {
+	v.checkMembers(c, func(id string) (string, state.Stage, bool) {
 		e, ok := byID[id]
 		if !ok {
 			return "", 0, false
 		}
 		s, _ := parseStage(e.Stage)
 		return e.Model, s, true
-	}
-	v.checkMembers(c, lookup)
+	})
 }
 
-// checkMembers reports the first member whose engine lookup names another model or stage.
-func (v *validator) checkMembers(c *Config, lookup func(model, id string) (string, state.Stage, bool)) {
+// checkMembers reports the first member whose engine, as lookup finds it (its model and stage;
+// false for an unknown engine, which is allowed), is of another model or stage.
+func (v *validator) checkMembers(c *Config, lookup func(id string) (model string, stage state.Stage, ok bool)) {
 	for i := range c.Models {
 		m := &c.Models[i]
 		for j := range m.Buckets {
@@ -714,7 +717,7 @@ func (v *validator) checkMembers(c *Config, lookup func(model, id string) (strin
 					continue
 				}
 				for k, id := range *g.g.EngineIDs {
-					model, stage, ok := lookup(m.ID, id)
+					model, stage, ok := lookup(id)
 					if !ok {
 						continue
 					}

@@ -32,8 +32,9 @@ type Builder interface {
 	// once, when the document is validated, and reports an *OptionError with the field's path.
 	NewOptions() any
 	// Build builds the policy of one engine group from the decoded (and validated) options that
-	// NewOptions returned, and the shared state in env. Errors: an *OptionError names the
-	// offending field; any other error is reported at the policy attachment.
+	// NewOptions returned, and the shared state in env. Nil opts means the attachment has no block:
+	// the type's defaults. Errors: an *OptionError names the offending field; any other error is
+	// reported at the policy attachment.
 	Build(opts any, env Env) (Policy, error)
 }
 
@@ -52,7 +53,7 @@ type Env struct {
 	// Now is the Router's clock; never nil.
 	Now func() time.Time
 	// Observer is the Router's observer, nil for none. A policy reports to the optional interfaces
-	// it knows (CacheObserver).
+	// it knows (CacheObserver) and ignores the rest.
 	Observer any
 	// LocalSource returns the prefix source over the Router's shared KV-block index, building the
 	// index on the first call.
@@ -67,7 +68,10 @@ type Env struct {
 }
 
 // NewBuilder returns a Builder of the policy type name whose block decodes into an O (a struct
-// type; struct{} for a type without options) and which build turns into a policy.
+// type; struct{} for a type without options) and which build turns into a policy. build must be
+// non-nil; it gets a pointer to a zero O when the attachment has no block. The Builder's Build
+// returns an error wrapping ErrInvalidConfiguration for options of another type than *O. An empty
+// name is refused by Register, not here.
 func NewBuilder[O any](name string, build func(opts *O, env Env) (Policy, error)) Builder {
 	return &builder[O]{name: name, build: build}
 }
@@ -124,7 +128,8 @@ func Register(b Builder) error {
 	return nil
 }
 
-// Lookup returns the builder of a policy type, or false when none is registered.
+// Lookup returns the builder of a policy type (a built-in one or one Register added), or nil and
+// false when none is registered under name. Safe for concurrent use.
 func Lookup(name string) (Builder, bool) {
 	registry.RLock()
 	defer registry.RUnlock()
@@ -132,7 +137,8 @@ func Lookup(name string) (Builder, bool) {
 	return b, ok
 }
 
-// Names returns the registered policy types, sorted.
+// Names returns the registered policy types, built-in ones included, sorted, in a new slice the
+// caller owns. Safe for concurrent use.
 func Names() []string {
 	registry.RLock()
 	defer registry.RUnlock()
@@ -148,6 +154,7 @@ func Names() []string {
 // beyond its admission caps (CacheAware's queue gate): the Router warns when none of the engines
 // of its model has a fresh report, which leaves such a rule inert (docs/design.md §15).
 type ReportedLoadReader interface {
+	// ReadsReportedLoad reports whether the policy, as configured, reads engine-reported load.
 	ReadsReportedLoad() bool
 }
 

@@ -3,7 +3,7 @@ package state
 import "errors"
 
 // Causes of an invalid configuration, usable with errors.Is. A configuration error (a
-// config.ConfigError, or a policy.OptionError of one policy's options) wraps exactly one of them
+// *config.Error, or a policy.OptionError of one policy's options) wraps exactly one of them
 // and ErrInvalidConfiguration (docs/design.md §14.4).
 var (
 	// ErrUnknownField: the input names a field the configuration does not have.

@@ -24,20 +24,23 @@ type Test struct {
 	Name    string // "TestX" or "TestX/sub"
 }
 
+// String returns the test as a test list spells it: "<import path> <name>".
 func (t Test) String() string { return t.Package + " " + t.Name }
 
 // Skip is a test that skipped, with the lines it logged (the reason) and whether the allowlist
 // names it.
 type Skip struct {
 	Test
-	Reason  string
+	// Reason is what the test logged, its lines joined by " | "; empty when it logged nothing.
+	Reason string
+	// Allowed is true when the allowlist names the test.
 	Allowed bool
 }
 
 // Result is what Check found in one stream.
 type Result struct {
-	Passed int // tests (and subtests) that passed
-	Failed []Test
+	Passed int    // tests (and subtests) that passed
+	Failed []Test // tests that failed, in the order the stream reported them
 	// FailedPackages are the packages that failed to build or whose test binary failed.
 	FailedPackages []string
 	Skips          []Skip // in the order the stream reported them
