@@ -473,7 +473,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			}
 		}
 		if !anyFresh && p.blind.Add(1)%inertWarnSample == 1 {
-			if ce := p.log.Check(zap.WarnLevel, "worker queue limit is set but no engine of the group has a fresh load sample, so the queue gate is inert; check that engines publish load reports"); ce != nil {
+			if ce := p.log.Check(zap.WarnLevel, "engine queue limit is set but no engine of the group has a fresh load sample, so the queue gate is inert; check that engines publish load reports"); ce != nil {
 				ce.Write(zap.String("model", string(req.Model)), zap.String("bucket", req.BucketID),
 					zap.Uint64("engine_queue_limit", p.queueCap), zap.Int("engines", len(engines)))
 			}
