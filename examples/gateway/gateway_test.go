@@ -282,6 +282,21 @@ func TestEngineErrorsAndCircuitBreaker(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 }
 
+// An engine that closes the connection before reading a small body has failed: no engine server
+// limits bodies under 4 MiB, so the client gets a 502, not the 413 of a refused body, even when
+// the engine's health probe answers 200 at once (an engine restarted while the body was sent).
+// Before, a body just under 1 MiB an engine dropped was a 413.
+func TestSmallBodyDroppedIsTheEnginesFailure(t *testing.T) {
+	t.Parallel()
+	a := newEngine(t)
+	a.SetBodyLimit(64, true)
+	_, gwSrv := startGateway(t, engineFlag(a, ""), "--policy=round_robin", "--probe-interval=1h")
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 1<<20-1<<10) + `"}]}`
+	resp := post(t, context.Background(), gwSrv.URL+"/v1/chat/completions", body, nil)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+}
+
 // A body the engines refuse is the client's error, never the engines': requests with a 5.5 MiB
 // body, under the gateway's limit and over the engines' 4 MiB, each get a 413 whether the engine
 // answers 413 or closes the connection before reading the body; every breaker stays closed and the

@@ -352,9 +352,15 @@ var hopHeaders = map[string]bool{"Connection": true, "Proxy-Connection": true, "
 	"Transfer-Encoding": true, "Upgrade": true}
 
 // ErrBodyRefused is the error of an exchange the engine ended by closing the connection before it
-// had read the whole request body, as a server with a body limit does with a body over it, while
-// its health probe answered 200. The request caused it, not the engine: the client gets a 413.
+// had read the whole request body of at least 1 MiB, as a server with a body limit does with a body
+// over it, while its health probe answered 200. The request caused it, not the engine: the client gets a 413.
 var ErrBodyRefused = errors.New("gw: the engine closed the connection before reading the whole request body")
+
+// minRefusableBody is the smallest request body, in bytes, whose unsent remainder the gateway
+// blames on a body limit of the engine (ErrBodyRefused). The smallest limit engine servers set is
+// fasthttp's 4 MiB default (vLLM's and SGLang's Python servers set none): an engine that stops
+// reading a smaller body has failed, for instance crashed and restarted while it was sent.
+const minRefusableBody = 1 << 20
 
 // exchange records how far one request to an engine got, from the transport's trace.
 type exchange struct {
@@ -431,7 +437,7 @@ func (s *Server) send(ctx context.Context, r *http.Request, e *Engine, body []by
 				return nil, err // the client left
 			}
 			kind = "no_answer"
-			if o == OutcomeOK && werr == nil {
+			if o == OutcomeOK && werr == nil && len(body) >= minRefusableBody {
 				kind = "body_refused"
 				err = fmt.Errorf("%w: %w", ErrBodyRefused, err)
 			}
