@@ -58,7 +58,7 @@ type placeRef struct {
 // through a real event is left real. A later real Store of the block by (engine, rank 0) turns the
 // entry into a real one that never expires. Before adding, Assume drops entries already expired;
 // after adding, when the index holds more than Options.MaxApproxBlocks approximate entries it
-// prunes to ApproxPruneFraction of the cap, earliest expiry first and, within an expiry, deepest
+// prunes to 0.8 of the cap, earliest expiry first and, within an expiry, deepest
 // block first. Approximate entries are not tree blocks: they do not count against MaxBlocks and
 // are never evicted by it (Stats.Blocks does not count them).
 //
@@ -172,7 +172,7 @@ func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int,
 		}
 	}
 	if x.approxCount > x.maxApprox {
-		x.pruneApprox(int(float64(x.maxApprox) * ApproxPruneFraction))
+		x.pruneApprox(int(float64(x.maxApprox) * approxPruneFraction))
 	}
 	x.compactPlaceHeap()
 	return nil

@@ -23,12 +23,12 @@ const (
 	DefaultApproxTTL = 120 * time.Second
 	// DefaultMaxApproxBlocks caps the number of approximate (block, engine) entries.
 	DefaultMaxApproxBlocks = 1 << 20
-	// DefaultWriterYieldBlocks is how many blocks a writer stores between two yields of its
+	// defaultWriterYieldBlocks is how many blocks a writer stores between two yields of its
 	// processor (Options.WriterYieldBlocks).
-	DefaultWriterYieldBlocks = 4096
-	// ApproxPruneFraction is the fraction of MaxApproxBlocks an over-cap index prunes back to,
+	defaultWriterYieldBlocks = 4096
+	// approxPruneFraction is the fraction of MaxApproxBlocks an over-cap index prunes back to,
 	// earliest expiry first and, within one expiry, deepest block first.
-	ApproxPruneFraction = 0.8
+	approxPruneFraction = 0.8
 )
 
 // maxHold is the most holding entries one node can carry (24 bits of node.meta); maxNodes the
@@ -69,7 +69,7 @@ type Options struct {
 	// starts small and doubles; negative or above MaxBlocks (after its default) is an error.
 	ExpectedHolderBlocks int
 	// MaxApproxBlocks caps the approximate (Assume) entries, counted per (block, engine). Above
-	// it, entries are pruned to ApproxPruneFraction of the cap. 0 means DefaultMaxApproxBlocks;
+	// it, entries are pruned to 0.8 of the cap. 0 means DefaultMaxApproxBlocks;
 	// negative is an error.
 	MaxApproxBlocks int
 	// ApproxTTL is the lifetime of an Assume entry when the call passes a TTL of 0. 0 means
@@ -84,7 +84,7 @@ type Options struct {
 	// every processor busy, a smaller value keeps more lookups and ingests fewer blocks per
 	// second (docs/performance.md, "A writer that yields to readers", has the trade-off). Only
 	// Stores count and yield; Clear and RemoveEngine let readers in between their chunks instead.
-	// 0 means DefaultWriterYieldBlocks (4,096); negative never yields.
+	// 0 means 4,096; negative never yields.
 	WriterYieldBlocks int
 }
 
@@ -318,7 +318,7 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 	}
 	switch {
 	case opts.WriterYieldBlocks == 0:
-		x.yieldBlocks = DefaultWriterYieldBlocks
+		x.yieldBlocks = defaultWriterYieldBlocks
 	case opts.WriterYieldBlocks > 0:
 		x.yieldBlocks = opts.WriterYieldBlocks
 	}

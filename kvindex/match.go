@@ -41,7 +41,7 @@ type Matches struct {
 	order []uint64 // sort keys: (MaxUint32 − blocks) << 32 | engine order
 
 	// The search (see search). A set of holders is a bitmap over hs of w words.
-	keys    []uint64 // MatchTokensInto's keys
+	keys    []uint64 // matchTokensInto's keys
 	hs      []uint32 // the holders live at the query's first block, ascending
 	hdepth  []int32  // per holder of hs: the depth its real entries reach (search)
 	lfol    []uint32 // matchLinearInto: per active holder, the record it follows
@@ -160,13 +160,13 @@ func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	x.finishMatch(m)
 }
 
-// MatchTokensInto is MatchInto for a prompt's token IDs: it hashes the first block with the
+// matchTokensInto is MatchInto for a prompt's token IDs: it hashes the first block with the
 // index's Hasher and stops there when no engine holds it (a cold prompt costs one block's hash);
 // otherwise it hashes the whole prompt first and then searches, so that the search's independent
 // probes overlap their cache misses (hashing a block and probing it in turn would serialise
 // them). m.QueryBlocks is the prompt's full block count. The result equals
 // MatchInto(x.Hasher().Keys(tokens), m).
-func (x *Index) MatchTokensInto(tokens []uint32, m *Matches) {
+func (x *Index) matchTokensInto(tokens []uint32, m *Matches) {
 	h := x.hasher
 	b := h.blockTokens
 	n := min(len(tokens)/b, maxQueryBlocks)

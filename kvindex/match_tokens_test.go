@@ -11,7 +11,7 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// MatchTokensInto must give exactly MatchInto's answer on the prompt's keys, for prompts that
+// matchTokensInto must give exactly MatchInto's answer on the prompt's keys, for prompts that
 // share prefixes with held chains, diverge at every depth, or carry a partial trailing block.
 func TestMatchTokensIntoEqualsMatchIntoOnKeys(t *testing.T) {
 	t.Parallel()
@@ -54,11 +54,11 @@ func TestMatchTokensIntoEqualsMatchIntoOnKeys(t *testing.T) {
 			q[rng.IntN(len(q))] = 999 // diverge somewhere
 		}
 		x.MatchInto(h.Keys(q), &a)
-		x.MatchTokensInto(q, &b)
+		x.matchTokensInto(q, &b)
 		require.Equal(t, a.QueryBlocks, b.QueryBlocks, "query of %d tokens", len(q))
 		require.Equal(t, a.Engines, b.Engines, "query of %d tokens", len(q))
 	}
-	x.MatchTokensInto(nil, &b)
+	x.matchTokensInto(nil, &b)
 	assert.Zero(t, b.QueryBlocks)
 	assert.Empty(t, b.Engines)
 }
@@ -76,8 +76,8 @@ func TestMatchTokensIntoDoesNotAllocate(t *testing.T) {
 	}
 	require.NoError(t, x.Store(StoreEvent{Engine: "a", BlockHashes: hs, TokenIDs: tokens[:4096], Tier: TierDevice}))
 	var m Matches
-	x.MatchTokensInto(tokens, &m)
+	x.matchTokensInto(tokens, &m)
 	assert.Equal(t, []EngineMatch{{Engine: "a", Blocks: 256}}, m.Engines)
-	allocs := testing.AllocsPerRun(100, func() { x.MatchTokensInto(tokens, &m) })
+	allocs := testing.AllocsPerRun(100, func() { x.matchTokensInto(tokens, &m) })
 	assert.Zero(t, allocs)
 }

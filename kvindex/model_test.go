@@ -547,8 +547,8 @@ func (w *walk) checkMatch(toks []uint32, when string) {
 	}
 	require.Equal(w.t, want, got, "match %#x %s\nrecent: %q", keys, when, w.log)
 	// The token path and the linear walk agree.
-	w.x.MatchTokensInto(toks, &mt)
-	require.Equal(w.t, ms.Engines, mt.Engines, "MatchTokensInto %v %s\nrecent: %q", toks, when, w.log)
+	w.x.matchTokensInto(toks, &mt)
+	require.Equal(w.t, ms.Engines, mt.Engines, "matchTokensInto %v %s\nrecent: %q", toks, when, w.log)
 	w.x.matchLinearInto(keys, &ml)
 	require.Equal(w.t, ms.Engines, ml.Engines, "linear walk %#x %s\nrecent: %q", keys, when, w.log)
 	require.True(w.t, slices.IsSortedFunc(ms.Engines, func(a, b EngineMatch) int {
@@ -591,7 +591,7 @@ func newWalkWith(t testing.TB, h Hasher, rng intner, opts Options) *walk {
 }
 
 // checkMidClear runs between two chunks of a Clear or RemoveEngine (Index.clearHook), after the
-// model applied the whole operation: Match, MatchTokensInto and the linear walk must already
+// model applied the whole operation: Match, matchTokensInto and the linear walk must already
 // answer as if the cleared holders held nothing (index.go, clearHolders).
 func (w *walk) checkMidClear(int) {
 	w.midClears++

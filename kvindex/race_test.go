@@ -93,7 +93,7 @@ func TestConcurrentMatchRacesWriters(t *testing.T) {
 				if n%2 == 0 {
 					x.MatchInto(keys, &m)
 				} else {
-					x.MatchTokensInto(toks, &m)
+					x.matchTokensInto(toks, &m)
 				}
 				seen := map[state.EngineID]bool{}
 				for i, e := range m.Engines {
@@ -187,7 +187,7 @@ func testConcurrentMatchRacesPrebuiltStores(t *testing.T, capped bool) {
 					}
 				}
 				toks := prompt(1+rng.IntN(20), 1+rng.IntN(40))
-				x.MatchTokensInto(toks, &m)
+				x.matchTokensInto(toks, &m)
 				for i, e := range m.Engines {
 					assert.True(t, e.Blocks >= 1 && e.Blocks <= len(toks)/testBlock, "blocks %d", e.Blocks)
 					if i > 0 {
@@ -348,7 +348,7 @@ func TestClearReleasesTheLockBetweenChunks(t *testing.T) {
 
 // Stores yield the writer's processor every Options.WriterYieldBlocks blocks, after the Store and
 // outside both locks, so that waiting lookups run first (docs/performance.md, "A writer that
-// yields to readers"); 0 means DefaultWriterYieldBlocks, negative never.
+// yields to readers"); 0 means defaultWriterYieldBlocks, negative never.
 func TestStoreYieldsEveryWriterYieldBlocks(t *testing.T) {
 	t.Parallel()
 	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
@@ -362,7 +362,7 @@ func TestStoreYieldsEveryWriterYieldBlocks(t *testing.T) {
 	}{
 		{"every 100 blocks", 100, 100, 2}, // after 120 and 240 blocks (the count restarts)
 		{"every 30 blocks", 30, 30, 10},
-		{"default", 0, DefaultWriterYieldBlocks, 0},
+		{"default", 0, defaultWriterYieldBlocks, 0},
 		{"never", -1, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -192,7 +192,7 @@ func NewLocalSource(index *Index) (*LocalSource, error) {
 }
 
 // Lookup hashes q.TokenIDs and matches them against the index, hashing only as far as some engine
-// may hold the prefix (Index.MatchTokensInto). A canceled ctx returns OutcomeUnavailable with
+// may hold the prefix. A canceled ctx returns OutcomeUnavailable with
 // ReasonCanceled (or ReasonTimeout for an expired deadline) before any work; a query with no full
 // block is a miss. The result's Engines is a new slice owned by the caller; the result also keeps
 // the keys the match hashed, for Place (one allocation of 8 bytes per block when the first block
@@ -212,7 +212,7 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	if b != nil {
 		sc.m.keys = b.keys[:0] // hash into the caller's buffer
 	}
-	s.index.MatchTokensInto(q.TokenIDs, &sc.m)
+	s.index.matchTokensInto(q.TokenIDs, &sc.m)
 	r := Result{Outcome: OutcomeMiss, QueryBlocks: sc.m.QueryBlocks, BlockTokens: bt, source: s}
 	if b != nil {
 		// The scratch goes back to the pool: it must not keep the caller's memory.

@@ -249,7 +249,7 @@ const (
 	// (loadmon.NativeLoad).
 	ReportsNative LoadReports = "native"
 	// ReportsBasic: running and waiting requests, KV use and capacity only, as vLLM's /metrics
-	// page gives them (loadsource.ParseVLLMMetrics): no native extension.
+	// page gives them (loadsource.Parse): no native extension.
 	ReportsBasic LoadReports = "basic"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/enginepick/enginepick/kvindex/kvevents"
+	"github.com/enginepick/enginepick/internal/kvwire"
 )
 
 // wireEvent is a decoded KV event, whatever its encoding.
@@ -252,10 +252,10 @@ func TestKVEventEncodings(t *testing.T) {
 
 			// The project's decoder reads it.
 			frames := replayFrames(t, e.ReplayEndpoint(0), 0)
-			var b kvevents.Batch
-			require.NoError(t, kvevents.NewDecoder().Decode(frames[0][1], &b))
+			var b kvwire.Batch
+			require.NoError(t, kvwire.NewDecoder().Decode(frames[0][1], &b))
 			require.Len(t, b.Events, 1)
-			assert.Equal(t, kvevents.KindStored, b.Events[0].Kind)
+			assert.Equal(t, kvwire.KindStored, b.Events[0].Kind)
 			assert.Equal(t, h[:2], b.Events[0].BlockHashes)
 			assert.Equal(t, prompt[:8], b.Events[0].TokenIDs)
 			assert.Equal(t, !tc.kv.OmitDPRank, b.HasDPRank)

@@ -32,7 +32,7 @@ func TestMetricsAreVLLMs(t *testing.T) {
 	}
 	code, body := get(t, e.URL()+"/metrics")
 	require.Equal(t, http.StatusOK, code)
-	page, err := loadsource.ParseVLLMMetrics("e", []byte(body))
+	page, err := loadsource.Parse(loadsource.FormatVLLMMetrics, "e", []byte(body))
 	require.NoError(t, err)
 	assert.Equal(t, uint64(4), page.BlockTokens)
 	assert.Equal(t, []loadmon.Report{

@@ -318,7 +318,7 @@ func TestRankServers(t *testing.T) {
 	}
 
 	_, body := get(t, e.RankURL(1)+"/metrics")
-	page, err := loadsource.ParseVLLMMetrics("e", []byte(body))
+	page, err := loadsource.Parse(loadsource.FormatVLLMMetrics, "e", []byte(body))
 	require.NoError(t, err)
 	require.Len(t, page.Reports, 1)
 	assert.Equal(t, 1, page.Reports[0].DPRank)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/enginepick/enginepick/internal/kvwire"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/state"
 )
@@ -125,25 +126,25 @@ func indexes(o *Options) ([]*kvindex.Index, error) {
 // apply applies every event of b in order. Each event is applied whole or not at all (the index
 // validates before it changes anything); a refused event is counted and reported and the others
 // go on.
-func (a *applier) apply(b *Batch, seq uint64, c *counters, report func(*StreamError)) {
+func (a *applier) apply(b *kvwire.Batch, seq uint64, c *counters, report func(*StreamError)) {
 	for i := range b.Events {
 		ev := &b.Events[i]
 		c.events++
 		if err := a.event(ev, c); err != nil {
 			c.rejected++
-			c.refused[RefusalOf(err)]++
+			c.refused[refusalOf(err)]++
 			report(&StreamError{Engine: a.engine, DPRank: a.rank, Seq: seq, Err: err})
 		}
 	}
 }
 
-func (a *applier) event(ev *Event, c *counters) error {
+func (a *applier) event(ev *kvwire.Event, c *counters) error {
 	switch ev.Kind {
-	case KindStored:
+	case kvwire.KindStored:
 		return a.store(ev, c)
-	case KindRemoved:
+	case kvwire.KindRemoved:
 		return a.remove(ev, c)
-	case KindCleared:
+	case kvwire.KindCleared:
 		a.clear()
 		c.cleared++
 		return nil
@@ -152,7 +153,7 @@ func (a *applier) event(ev *Event, c *counters) error {
 	return nil
 }
 
-func (a *applier) store(ev *Event, c *counters) error {
+func (a *applier) store(ev *kvwire.Event, c *counters) error {
 	if !ev.MainGroup() || len(ev.BlockHashes) == 0 || (len(ev.TokenIDs) == 0 && ev.BlockSize == 0) {
 		// Another KV-cache group, an empty event, or a CPU-offload placeholder (no tokens, block
 		// size 0): nothing the index can key.
@@ -230,7 +231,7 @@ func (a *applier) tier(medium string) (kvindex.Tier, bool) {
 }
 
 // indexFor returns the index of ev's adapter: lora_name first, then lora_id, else the base index.
-func (a *applier) indexFor(ev *Event) (*kvindex.Index, error) {
+func (a *applier) indexFor(ev *kvwire.Event) (*kvindex.Index, error) {
 	switch {
 	case ev.LoRAName != "":
 		if x, ok := a.byName[ev.LoRAName]; ok {
@@ -251,7 +252,7 @@ func (a *applier) indexFor(ev *Event) (*kvindex.Index, error) {
 // index removes the hashes it holds. A hash with an extra copy in a removed tier loses that copy
 // instead, and the rank keeps the block. Hashes no index holds (blocks the index evicted under its
 // cap, or stored under a group or adapter this subscriber drops) are counted, not reported.
-func (a *applier) remove(ev *Event, c *counters) error {
+func (a *applier) remove(ev *kvwire.Event, c *counters) error {
 	if !ev.MainGroup() || len(ev.BlockHashes) == 0 {
 		c.ignored++
 		return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/enginepick/enginepick/internal/kvwire"
 	"github.com/enginepick/enginepick/kvindex"
 )
 
@@ -43,9 +44,9 @@ func BenchmarkDecode64(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			raw := batch64(b, c.form, benchBlockTokens)
-			d := NewDecoder()
-			d.noFast = c.library
-			var batch Batch
+			d := kvwire.NewDecoder()
+			d.NoFast = c.library
+			var batch kvwire.Batch
 			b.SetBytes(int64(len(raw)))
 			b.ReportAllocs()
 			for b.Loop() {
@@ -135,8 +136,8 @@ func BenchmarkDecodeApply(b *testing.B) {
 	sub, err := New(Options{Index: x})
 	require.NoError(b, err)
 	a := newApplier(eng, 0, &sub.opts)
-	d := NewDecoder()
-	var batch Batch
+	d := kvwire.NewDecoder()
+	var batch kvwire.Batch
 	var c counters
 	report := func(e *StreamError) { b.Fatal(e) }
 	b.ReportAllocs()

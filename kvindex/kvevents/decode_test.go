@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/internal/kvwire"
 )
 
 // TestDecodeFormsAgree: every encoding a publisher has used for one batch decodes to the same
@@ -19,10 +21,10 @@ func TestDecodeFormsAgree(t *testing.T) {
 	t.Parallel()
 	hashes := []uint64{math.MaxUint64 - 1, 7} // an unsigned hash above 2^63, as vLLM publishes
 	toks := prompt(1, 2)
-	want := Batch{Timestamp: 1789095808.83, DPRank: 0, HasDPRank: true, Events: []Event{
-		{Kind: KindStored, BlockHashes: hashes, ParentHash: 5, HasParent: true, TokenIDs: toks, BlockSize: testBlock, Medium: "GPU"},
-		{Kind: KindRemoved, BlockHashes: []uint64{7}, Medium: "GPU"},
-		{Kind: KindCleared},
+	want := kvwire.Batch{Timestamp: 1789095808.83, DPRank: 0, HasDPRank: true, Events: []kvwire.Event{
+		{Kind: kvwire.KindStored, BlockHashes: hashes, ParentHash: 5, HasParent: true, TokenIDs: toks, BlockSize: testBlock, Medium: "GPU"},
+		{Kind: kvwire.KindRemoved, BlockHashes: []uint64{7}, Medium: "GPU"},
+		{Kind: kvwire.KindCleared},
 	}}
 	cases := []struct {
 		name  string
@@ -52,10 +54,10 @@ func TestDecodeFormsAgree(t *testing.T) {
 		{"map batch with SGLang's rank key", map[string]any{"ts": 1789095808.83, "attn_dp_rank": 0, "events": []any{
 			storedMap(hashes, 5, toks, "GPU"), removedArray([]uint64{7}, "GPU"), clearedArray()}}},
 	}
-	d := NewDecoder()
+	d := kvwire.NewDecoder()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var got Batch
+			var got kvwire.Batch
 			require.NoError(t, d.Decode(mustMarshal(t, tc.batch), &got))
 			for i := range got.Events { // group fields are not part of want
 				got.Events[i].HasGroupIdx, got.Events[i].GroupIdx, got.Events[i].SpecKind = false, 0, ""
@@ -65,10 +67,10 @@ func TestDecodeFormsAgree(t *testing.T) {
 	}
 
 	t.Run("two-element batch has no rank", func(t *testing.T) {
-		var got Batch
+		var got kvwire.Batch
 		require.NoError(t, d.Decode(payload(t, nil, clearedArray()), &got))
 		assert.False(t, got.HasDPRank)
-		assert.Equal(t, []Event{{Kind: KindCleared}}, got.Events)
+		assert.Equal(t, []kvwire.Event{{Kind: kvwire.KindCleared}}, got.Events)
 	})
 }
 
@@ -91,9 +93,9 @@ func TestDecodeHashForms(t *testing.T) {
 		{"32-byte digest: its last 8 bytes", digest, binary.BigEndian.Uint64(digest[24:])},
 		{"3 bytes", []byte{1, 2, 3}, 0x010203},
 	}
-	d := NewDecoder()
+	d := kvwire.NewDecoder()
 	for _, tc := range cases {
-		var b Batch
+		var b kvwire.Batch
 		raw := []any{1.0, []any{[]any{"BlockRemoved", []any{tc.hash}}}}
 		require.NoError(t, d.Decode(mustMarshal(t, raw), &b), tc.name)
 		assert.Equal(t, []uint64{tc.want}, b.Events[0].BlockHashes, tc.name)
@@ -104,8 +106,8 @@ func TestDecodeHashForms(t *testing.T) {
 // main-group rule.
 func TestDecodeFieldsAndGroups(t *testing.T) {
 	t.Parallel()
-	d := NewDecoder()
-	var b Batch
+	d := kvwire.NewDecoder()
+	var b kvwire.Batch
 	ev := []any{"BlockStored", []uint64{1}, nil, []any{[]int{10, 11}, []int{11, 12}, []int{12, 13}, []int{13, 14}},
 		testBlock, 7, "CPU", "sql-lora", nil, 2, "sliding_window", 128}
 	require.NoError(t, d.Decode(mustMarshal(t, []any{1, []any{ev}, 3}), &b))
@@ -122,17 +124,17 @@ func TestDecodeFieldsAndGroups(t *testing.T) {
 	assert.False(t, got.MainGroup())
 
 	for _, tc := range []struct {
-		ev   Event
+		ev   kvwire.Event
 		main bool
 	}{
-		{Event{}, true},
-		{Event{HasGroupIdx: true}, true},
-		{Event{HasGroupIdx: true, GroupIdx: 1}, false},
-		{Event{SpecKind: "full_attention"}, true},
-		{Event{SpecKind: "mla_attention"}, true},
-		{Event{SpecKind: "sink_full_attention"}, true},
-		{Event{SpecKind: "mamba"}, false},
-		{Event{SpecKind: "full_attention", HasGroupIdx: true, GroupIdx: 1}, false},
+		{kvwire.Event{}, true},
+		{kvwire.Event{HasGroupIdx: true}, true},
+		{kvwire.Event{HasGroupIdx: true, GroupIdx: 1}, false},
+		{kvwire.Event{SpecKind: "full_attention"}, true},
+		{kvwire.Event{SpecKind: "mla_attention"}, true},
+		{kvwire.Event{SpecKind: "sink_full_attention"}, true},
+		{kvwire.Event{SpecKind: "mamba"}, false},
+		{kvwire.Event{SpecKind: "full_attention", HasGroupIdx: true, GroupIdx: 1}, false},
 	} {
 		assert.Equal(t, tc.main, tc.ev.MainGroup(), "%+v", tc.ev)
 	}
@@ -179,8 +181,8 @@ func TestDecodeBadInput(t *testing.T) {
 			raw  []byte
 		}{"truncated", good[:cut]})
 	}
-	d := NewDecoder()
-	var b Batch
+	d := kvwire.NewDecoder()
+	var b kvwire.Batch
 	for _, tc := range cases {
 		err := d.Decode(tc.raw, &b)
 		require.Error(t, err, "%s: %x", tc.name, tc.raw)
@@ -197,9 +199,9 @@ func TestParseMessage(t *testing.T) {
 	t.Parallel()
 	seq := make([]byte, 8)
 	binary.BigEndian.PutUint64(seq, 1<<62)
-	m, err := ParseMessage([][]byte{[]byte("kv"), seq, {0x90}})
+	m, err := kvwire.ParseMessage([][]byte{[]byte("kv"), seq, {0x90}})
 	require.NoError(t, err)
-	assert.Equal(t, Message{Topic: []byte("kv"), Seq: 1 << 62, Payload: []byte{0x90}}, m)
+	assert.Equal(t, kvwire.Message{Topic: []byte("kv"), Seq: 1 << 62, Payload: []byte{0x90}}, m)
 
 	for _, frames := range [][][]byte{
 		nil,
@@ -209,7 +211,7 @@ func TestParseMessage(t *testing.T) {
 		{[]byte("kv"), seq[:7], {0x90}},
 		{[]byte("kv"), append(seq, 0), {0x90}},
 	} {
-		_, err := ParseMessage(frames)
+		_, err := kvwire.ParseMessage(frames)
 		assert.ErrorIs(t, err, ErrFrames, "%d frames", len(frames))
 		var de *DecodeError
 		assert.True(t, errors.As(err, &de))
@@ -217,15 +219,15 @@ func TestParseMessage(t *testing.T) {
 }
 
 // TestDecodeReusesBuffers: a steady stream of 64-block batches decodes without allocating (the
-// Batch's slices and the decoder's scratch are reused), in both event encodings.
+// kvwire.Batch's slices and the decoder's scratch are reused), in both event encodings.
 func TestDecodeReusesBuffers(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts differ under -race")
 	}
 	for _, form := range []string{"array", "map"} {
 		raw := batch64(t, form, 16)
-		d := NewDecoder()
-		var b Batch
+		d := kvwire.NewDecoder()
+		var b kvwire.Batch
 		require.NoError(t, d.Decode(raw, &b))
 		allocs := testing.AllocsPerRun(100, func() {
 			if err := d.Decode(raw, &b); err != nil {
@@ -289,7 +291,7 @@ func TestDecodeTokenEncodings(t *testing.T) {
 		{"bigram pair", []byte{0x92, 0x07, 0x08}, 7, true},
 		{"float", enc(0xcb, 0, 8), 0, false},
 	}
-	d := NewDecoder()
+	d := kvwire.NewDecoder()
 	for _, tc := range cases {
 		// [1, [["BlockStored", [1], nil, [9, cell, 9, 9]]]]
 		raw := []byte{0x92, 0x01, 0x91, 0x94, 0xab}
@@ -297,7 +299,7 @@ func TestDecodeTokenEncodings(t *testing.T) {
 		raw = append(raw, 0x91, 0x01, 0xc0, 0x94, 0x09)
 		raw = append(raw, tc.cell...)
 		raw = append(raw, 0x09, 0x09)
-		var b Batch
+		var b kvwire.Batch
 		err := d.Decode(raw, &b)
 		if !tc.ok {
 			assert.ErrorIs(t, err, ErrPayload, tc.name)
@@ -311,9 +313,9 @@ func TestDecodeTokenEncodings(t *testing.T) {
 // TestDecoderKeepsNoMemoryFromHugeLengthClaims is the reproduction of a memory growth the fuzzer
 // found (FuzzDecode's worker died after ~25,000 inputs): a value the decoder skips (an unknown map
 // key's value) whose header claims 2 GiB made the msgpack library grow its scratch buffer by its
-// allocation step (1 MiB) and keep it, on every such payload, in a Decoder that a stream reuses for
+// allocation step (1 MiB) and keep it, on every such payload, in a kvwire.Decoder that a stream reuses for
 // its lifetime. A publisher sending garbage could grow it without bound. 200 such payloads must
-// leave the reused Decoder holding no more than a fresh one does.
+// leave the reused kvwire.Decoder holding no more than a fresh one does.
 func TestDecoderKeepsNoMemoryFromHugeLengthClaims(t *testing.T) {
 	// {"x": ext32 of 0x7fffffff bytes (type 1), body missing}; then, for the other skipped kinds,
 	// bin32 and str32.
@@ -322,8 +324,8 @@ func TestDecoderKeepsNoMemoryFromHugeLengthClaims(t *testing.T) {
 		{0x81, 0xa1, 'x', 0xc6, 0x7f, 0xff, 0xff, 0xff},
 		{0x81, 0xa1, 'x', 0xdb, 0x7f, 0xff, 0xff, 0xff},
 	}
-	d := NewDecoder()
-	var b Batch
+	d := kvwire.NewDecoder()
+	var b kvwire.Batch
 	heap := func() uint64 {
 		runtime.GC()
 		var ms runtime.MemStats
@@ -336,9 +338,46 @@ func TestDecoderKeepsNoMemoryFromHugeLengthClaims(t *testing.T) {
 		require.ErrorIs(t, err, ErrPayload)
 	}
 	after := heap()
-	// A valid batch still decodes with the same Decoder.
+	// A valid batch still decodes with the same kvwire.Decoder.
 	require.NoError(t, d.Decode(mustMarshal(t, []any{1.5, []any{clearedArray()}}), &b))
 	require.Len(t, b.Events, 1)
 	runtime.KeepAlive(d)
 	assert.Less(t, int64(after)-int64(before), int64(4<<20), "heap growth after 200 payloads claiming 2 GiB: %d bytes", int64(after)-int64(before))
+}
+
+// TestDecodeVLLMMessage: a vLLM batch as its publisher frames it, [topic, sequence, payload], the
+// payload in the array-like encoding with a BlockStored of two 2-token blocks and a BlockRemoved;
+// a message without its sequence frame is ErrFrames.
+func TestDecodeVLLMMessage(t *testing.T) {
+	t.Parallel()
+	raw := mustMarshal(t, []any{1789095808.83, []any{
+		[]any{"BlockStored", []uint64{0xfeedface00000001, 0xfeedface00000002}, nil, []int{1, 2, 3, 4}, 2, nil, "GPU", nil, nil, 0, "full_attention"},
+		[]any{"BlockRemoved", []int64{-7}, "CPU"},
+	}, 0})
+	m, err := kvwire.ParseMessage([][]byte{[]byte("kv-events"), {0, 0, 0, 0, 0, 0, 0, 42}, raw})
+	require.NoError(t, err)
+	var b kvwire.Batch
+	require.NoError(t, kvwire.NewDecoder().Decode(m.Payload, &b))
+	assert.Equal(t, "kv-events", string(m.Topic))
+	assert.Equal(t, uint64(42), m.Seq)
+	assert.Equal(t, 0, b.DPRank)
+	require.Len(t, b.Events, 2)
+	st, rm := b.Events[0], b.Events[1]
+	assert.Equal(t, kvwire.KindStored, st.Kind)
+	assert.Equal(t, "BlockStored", st.Kind.String())
+	assert.Equal(t, []uint64{0xfeedface00000001, 0xfeedface00000002}, st.BlockHashes)
+	assert.False(t, st.HasParent)
+	assert.Equal(t, []uint32{1, 2, 3, 4}, st.TokenIDs)
+	assert.Equal(t, "GPU", st.Medium)
+	assert.True(t, st.MainGroup())
+	assert.Equal(t, "BlockRemoved", rm.Kind.String())
+	assert.Equal(t, []uint64{0xfffffffffffffff9}, rm.BlockHashes)
+	assert.False(t, rm.HasParent)
+	assert.Empty(t, rm.TokenIDs)
+	assert.Equal(t, "CPU", rm.Medium)
+	assert.True(t, rm.MainGroup())
+
+	_, err = kvwire.ParseMessage([][]byte{[]byte("kv-events"), raw})
+	require.ErrorIs(t, err, ErrFrames)
+	assert.EqualError(t, err, "kvevents: malformed message frames: 2 frames, want 3 (topic, sequence, payload)")
 }

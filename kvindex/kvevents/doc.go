@@ -5,11 +5,10 @@
 // metrics show each stream's state. Engines publish events when started with KV events enabled
 // (vLLM --kv-events-config, SGLang --kv-events-config).
 //
-// It decodes the events and follows the ZMQ publishers, applying each (engine, DP rank) stream to
-// the index in order: the message framing
-// [topic, sequence, msgpack payload] (ParseMessage), the payload in every encoding the engines
-// have published (Decoder: tagged arrays of any length and tagged maps; signed, unsigned and
-// bytes block hashes), and a Subscriber that dials or binds per endpoint, reconnects with
+// A Subscriber follows the ZMQ publishers and applies each (engine, DP rank) stream to the index
+// in order. It decodes the message framing [topic, sequence, msgpack payload] and the payload in
+// every encoding the engines have published (tagged arrays of any length and tagged maps; signed,
+// unsigned and bytes block hashes), dials or binds per endpoint, reconnects with
 // backoff, detects gaps and publisher restarts by sequence number, refills gaps from the
 // publisher's replay socket or clears the rank, bounds each stream's queue, and marks an engine
 // untrusted in the index (kvindex.Index.MarkUntrusted) while its view may be torn or its

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/enginepick/enginepick/internal/kvwire"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/state"
 )
@@ -15,11 +16,11 @@ var (
 	// sequence frame is not 8 bytes (vllm-project/vllm vllm/distributed/kv_events.py,
 	// ZmqEventPublisher._publisher_thread). A replay reply that is neither a batch nor the end
 	// marker is also ErrFrames.
-	ErrFrames = errors.New("kvevents: malformed message frames")
+	ErrFrames = kvwire.ErrFrames
 	// ErrPayload: the msgpack payload is not a batch: garbage or truncated msgpack, a value of the
 	// wrong type, a token ID outside [0, 2^32), a block hash that is neither an integer nor
 	// non-empty bytes, or a BlockStored / BlockRemoved without its block_hashes (or token_ids).
-	ErrPayload = errors.New("kvevents: malformed KV-event payload")
+	ErrPayload = kvwire.ErrPayload
 	// ErrUnknownMedium: a BlockStored named a medium that Options.Media does not map to a tier.
 	// The event is dropped (SGLang's experimental router drops such stores too).
 	ErrUnknownMedium = errors.New("kvevents: unknown medium")
@@ -32,26 +33,10 @@ var (
 	ErrRankMismatch = errors.New("kvevents: batch DP rank differs from the endpoint's")
 )
 
-// DecodeError is a malformed message or payload. Err is ErrFrames or ErrPayload, possibly with
-// the msgpack library's error joined for detail; Path names the element at fault, such as
-// "events[2].token_ids[17]".
-type DecodeError struct {
-	// Path is the element being decoded when the error was found; empty for frame errors.
-	Path string
-	// Err wraps ErrFrames or ErrPayload.
-	Err error
-}
-
-// Error implements error.
-func (e *DecodeError) Error() string {
-	if e.Path == "" {
-		return e.Err.Error()
-	}
-	return fmt.Sprintf("%v at %s", e.Err, e.Path)
-}
-
-// Unwrap returns Err.
-func (e *DecodeError) Unwrap() error { return e.Err }
+// DecodeError is a malformed message or payload: its Err wraps ErrFrames or ErrPayload (with the
+// msgpack library's error joined for detail), and its Path names the element at fault, such as
+// "events[2].token_ids[17]" (empty for frame errors).
+type DecodeError = kvwire.DecodeError
 
 // BlockSizeMismatchError: a BlockStored's block_size differs from the index's block size
 // (kvindex.Hasher.BlockTokens), so its blocks could never match a request: the engine and the
@@ -134,8 +119,8 @@ func (r Refusal) String() string {
 	return refusalNames[r]
 }
 
-// RefusalOf classifies an event's error; RefusedOther for anything unlisted.
-func RefusalOf(err error) Refusal {
+// refusalOf classifies an event's error; RefusedOther for anything unlisted.
+func refusalOf(err error) Refusal {
 	switch {
 	case errors.Is(err, kvindex.ErrUnknownParent):
 		return RefusedUnknownParent

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/enginepick/enginepick/internal/kvwire"
 	"github.com/enginepick/enginepick/kvindex"
 )
 
@@ -14,7 +15,7 @@ import (
 // and payloads that once broke a decoder (a huge array header, trailing bytes).
 //
 // Properties: no panic; an error is a *DecodeError wrapping ErrPayload; decoding is
-// deterministic and independent of the buffers a reused Decoder and Batch carry from earlier
+// deterministic and independent of the buffers a reused kvwire.Decoder and kvwire.Batch carry from earlier
 // payloads; the inline token decoding agrees with the library's, value for value and error for
 // error; a decoded batch applied to an index refuses or applies each event whole, so the
 // index stays valid (its Stats can be read and a match run after every event).
@@ -28,20 +29,20 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{0x92, 0x01, 0x90, 0xc0})
 
-	reused := NewDecoder()
-	var reusedBatch Batch
+	reused := kvwire.NewDecoder()
+	var reusedBatch kvwire.Batch
 	warm := payload(f, 0, storedArray(hashRange(100, 8), nil, prompt(2, 8), "GPU"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		fresh := NewDecoder()
-		var b Batch
+		fresh := kvwire.NewDecoder()
+		var b kvwire.Batch
 		err := fresh.Decode(raw, &b)
 
 		require.NoError(t, reused.Decode(warm, &reusedBatch))
 		err2 := reused.Decode(raw, &reusedBatch)
 		require.Equal(t, err == nil, err2 == nil, "a reused decoder agrees with a fresh one")
-		oracle := NewDecoder()
-		oracle.noFast = true
-		var ob Batch
+		oracle := kvwire.NewDecoder()
+		oracle.NoFast = true
+		var ob kvwire.Batch
 		err3 := oracle.Decode(raw, &ob)
 		require.Equal(t, err == nil, err3 == nil, "the inline token path agrees with the library's: %v / %v", err, err3)
 		if err == nil {
@@ -80,7 +81,7 @@ func FuzzDecode(f *testing.F) {
 }
 
 // normalize makes nil and empty slices compare equal.
-func normalize(e Event) Event {
+func normalize(e kvwire.Event) kvwire.Event {
 	if len(e.BlockHashes) == 0 {
 		e.BlockHashes = nil
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/enginepick/enginepick/internal/kvwire"
 )
 
 // item is one received batch waiting in a stream's queue.
@@ -76,8 +78,8 @@ type stream struct {
 	pendingFor int64 // the lastBatch value pendingAt refers to
 
 	// Owned by the apply goroutine.
-	dec      *Decoder
-	batch    Batch
+	dec      *kvwire.Decoder
+	batch    kvwire.Batch
 	state    syncState
 	expected uint64
 	dupFrom  uint64 // after a replay, live batches in [dupFrom, expected) are duplicates
@@ -114,7 +116,7 @@ func newStream(ep Endpoint, o *Options, rep replayer, report func(*StreamError))
 	log := o.Logger.With(zap.String("engine", string(ep.Engine)), zap.Int("dp_rank", ep.DPRank))
 	s := &stream{ep: ep, log: log, warn: newWarner(log, o), now: o.Now,
 		report: report, app: newApplier(ep.Engine, ep.DPRank, o), rep: rep,
-		queue: make(chan item, o.QueueBatches), kick: make(chan struct{}, 1), dec: NewDecoder()}
+		queue: make(chan item, o.QueueBatches), kick: make(chan struct{}, 1), dec: kvwire.NewDecoder()}
 	s.created = o.Now().UnixNano()
 	s.published = StreamStats{Engine: ep.Engine, DPRank: ep.DPRank, Trusted: true}
 	return s
@@ -264,8 +266,8 @@ func (s *stream) decode(seq uint64, payload []byte) error {
 
 // refused warns about a refused event and reports it; the applier has counted it.
 func (s *stream) refused(e *StreamError) {
-	if held, ok := s.warn.allow(warnRefused + warnKind(RefusalOf(e.Err))); ok {
-		s.log.Warn("kvevents: event refused", zap.String("reason", RefusalOf(e.Err).String()), zap.Uint64("seq", e.Seq),
+	if held, ok := s.warn.allow(warnRefused + warnKind(refusalOf(e.Err))); ok {
+		s.log.Warn("kvevents: event refused", zap.String("reason", refusalOf(e.Err).String()), zap.Uint64("seq", e.Seq),
 			zap.Error(e.Err), zap.Uint64("suppressed", held))
 	}
 	s.report(e)

@@ -15,6 +15,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"go.uber.org/zap"
 
+	"github.com/enginepick/enginepick/internal/kvwire"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/state"
 )
@@ -593,7 +594,7 @@ func (s *Subscriber) receive(ctx context.Context, so *socket) {
 // route hands one message to its stream.
 func (s *Subscriber) route(so *socket, frames [][]byte) {
 	routes := *so.routes.Load()
-	m, err := ParseMessage(frames)
+	m, err := kvwire.ParseMessage(frames)
 	if err != nil {
 		s.malformed.Add(1)
 		if len(frames) > 0 {

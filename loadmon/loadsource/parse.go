@@ -20,17 +20,33 @@ import (
 // Format names an engine load endpoint and its body format.
 type Format uint8
 
-// The formats. The zero Format is invalid.
+// The formats. The zero Format is invalid. Parse ignores every series or field not named here,
+// reads a null or absent rank as rank 0, and returns a *PageError (ErrMalformed) for a missing
+// required count, a NaN, infinite, negative, fractional or above 2^53 count, a bad or repeated
+// rank, or a body that does not parse.
 const (
-	// FormatVLLMMetrics is vLLM's Prometheus text page, GET /metrics
-	// (vllm-project/vllm vllm/v1/metrics/loggers.py).
+	// FormatVLLMMetrics is vLLM's Prometheus text page, GET /metrics (vllm-project/vllm
+	// vllm/v1/metrics/loggers.py). Per DP rank (the "engine" label) Parse reads running and waiting
+	// requests (required), the KV usage fraction (vllm:kv_cache_usage_perc, else the deprecated
+	// vllm:gpu_cache_usage_perc; optional, in [0, 1]) and, from vllm:cache_config_info's labels,
+	// the block size and KV capacity (num_gpu_blocks × block_size tokens; "None" means unknown).
+	// Used KV tokens are the fraction × capacity, rounded; without both, used and capacity stay 0
+	// (unknown capacity).
 	FormatVLLMMetrics Format = iota + 1
-	// FormatSGLangGetLoad is SGLang's GET /get_load: a JSON array with one object per DP rank
-	// (sgl-project/sglang python/sglang/srt/managers/io_struct.py GetLoadReqOutput).
+	// FormatSGLangGetLoad is SGLang's GET /get_load (sgl-project/sglang
+	// python/sglang/srt/managers/io_struct.py GetLoadReqOutput): a JSON array with one object per
+	// DP rank, {dp_rank, num_reqs, num_waiting_reqs, …}. Running requests are num_reqs −
+	// num_waiting_reqs (num_reqs counts both: sgl-project/sglang
+	// python/sglang/srt/managers/scheduler.py get_load). KV usage and capacity stay unknown.
 	FormatSGLangGetLoad
-	// FormatSGLangLoads is SGLang's GET /v1/loads: a JSON object whose "loads" array has one object
-	// per DP rank (sgl-project/sglang python/sglang/srt/entrypoints/v1_loads.py; the entries are
-	// GetLoadsReqOutput in sgl-project/sglang python/sglang/srt/managers/io_struct.py).
+	// FormatSGLangLoads is SGLang's GET /v1/loads (sgl-project/sglang
+	// python/sglang/srt/entrypoints/v1_loads.py; the entries are GetLoadsReqOutput in
+	// sgl-project/sglang python/sglang/srt/managers/io_struct.py): {"loads": [{dp_rank,
+	// num_running_reqs, num_waiting_reqs, num_used_tokens, max_total_num_tokens,
+	// num_waiting_uncached_tokens, max_running_requests, …}, …]}. Running and waiting requests are
+	// required; used KV tokens and KV capacity are read when both are present (else both stay 0).
+	// With waiting uncached tokens, a non-zero running-batch cap and a known capacity, the report
+	// carries loadmon.NativeLoad with those figures and zero prefill counters (docs/design.md §6).
 	FormatSGLangLoads
 )
 
@@ -125,7 +141,7 @@ type Page struct {
 	BlockTokens uint64
 }
 
-// Parse parses body as format f for engine. Errors: a *PageError (ErrMalformed) for a body that
+// Parse parses body as format f for engine (each Format says what it reads). Errors: a *PageError (ErrMalformed) for a body that
 // is not a valid page; an error wrapping state.ErrInvalidConfiguration for an invalid format or
 // an empty engine ID.
 func Parse(f Format, engine state.EngineID, body []byte) (Page, error) {
@@ -134,11 +150,11 @@ func Parse(f Format, engine state.EngineID, body []byte) (Page, error) {
 	}
 	switch f {
 	case FormatVLLMMetrics:
-		return ParseVLLMMetrics(engine, body)
+		return parseVLLMMetrics(engine, body)
 	case FormatSGLangGetLoad:
-		return ParseSGLangGetLoad(engine, body)
+		return parseSGLangGetLoad(engine, body)
 	case FormatSGLangLoads:
-		return ParseSGLangLoads(engine, body)
+		return parseSGLangLoads(engine, body)
 	}
 	return Page{}, fmt.Errorf("loadsource: parse: %v: %w", f, state.ErrInvalidConfiguration)
 }
@@ -160,19 +176,13 @@ const (
 // maxExactCount is the largest count a float64 gauge carries exactly (2^53).
 const maxExactCount = 1 << 53
 
-// ParseVLLMMetrics parses vLLM's Prometheus text page with github.com/prometheus/common's text
-// parser. Per DP rank (the "engine" label, absent = rank 0) it reads running and waiting requests
-// (both required for every rank any series names), the KV usage fraction
-// (vllm:kv_cache_usage_perc, else the deprecated vllm:gpu_cache_usage_perc; optional) and, from
-// vllm:cache_config_info's labels, the block size and KV capacity (num_gpu_blocks × block_size
-// tokens; "None" means unknown). Used KV tokens are the fraction × capacity, rounded; without both,
-// used and capacity stay 0 (unknown capacity). Every other series is ignored.
+// parseVLLMMetrics parses a FormatVLLMMetrics page (the constant says what it reads).
 //
 // A page that does not parse, lacks vllm:num_requests_running, names a rank without both counts,
 // holds a NaN, infinite, negative or non-integral count, a usage fraction outside [0, 1], a rank
 // label that is not a number below loadmon.MaxRanks, or the same rank twice in one series returns a
 // *PageError.
-func ParseVLLMMetrics(engine state.EngineID, body []byte) (Page, error) {
+func parseVLLMMetrics(engine state.EngineID, body []byte) (Page, error) {
 	bad := func(field string, rank int, reason string, err error) (Page, error) {
 		return Page{}, &PageError{Engine: engine, Format: FormatVLLMMetrics, Field: field, Rank: rank, Reason: reason, Err: err}
 	}
@@ -417,16 +427,12 @@ type getLoadEntry struct {
 	NumWaitingReqs *json.RawMessage `json:"num_waiting_reqs"`
 }
 
-// ParseSGLangGetLoad parses SGLang's GET /get_load body: a JSON array with one object per DP rank,
-// {dp_rank, num_reqs, num_waiting_reqs, num_tokens, …}. Running requests are num_reqs −
-// num_waiting_reqs (num_reqs counts both: sgl-project/sglang
-// python/sglang/srt/managers/scheduler.py get_load). KV usage and capacity stay unknown. A null or
-// absent dp_rank is rank 0; unknown fields are ignored.
+// parseSGLangGetLoad parses a FormatSGLangGetLoad page (the constant says what it reads).
 //
 // A body that is not a JSON array of objects, an empty array, a missing or null count, a count that
 // is negative, fractional or above 2^53, num_waiting_reqs above num_reqs, a rank that is not a
 // number below loadmon.MaxRanks, or the same rank twice returns a *PageError.
-func ParseSGLangGetLoad(engine state.EngineID, body []byte) (Page, error) {
+func parseSGLangGetLoad(engine state.EngineID, body []byte) (Page, error) {
 	bad := func(field string, rank int, reason string, err error) (Page, error) {
 		return Page{}, &PageError{Engine: engine, Format: FormatSGLangGetLoad, Field: field, Rank: rank, Reason: reason, Err: err}
 	}
@@ -478,20 +484,12 @@ type loadsEntry struct {
 	MaxRunningRequests       *json.RawMessage `json:"max_running_requests"`
 }
 
-// ParseSGLangLoads parses SGLang's GET /v1/loads body, {"loads": [{dp_rank, num_running_reqs,
-// num_waiting_reqs, num_used_tokens, max_total_num_tokens, num_waiting_uncached_tokens,
-// max_running_requests, …}, …], …}. Running and waiting requests are required. Used KV tokens and
-// KV capacity are read when both are present (else both stay 0, unknown capacity). When waiting
-// uncached tokens and a non-zero running-batch cap are present too, and the capacity is known, the
-// report carries loadmon.NativeLoad with those two figures and zero prefill counters: the engine
-// is then comparable on reported pressure (docs/design.md §6) but has no prefill rate, because the
-// page has no monotonic prefill counters. A null or absent dp_rank is rank 0; unknown fields are
-// ignored.
+// parseSGLangLoads parses a FormatSGLangLoads page (the constant says what it reads).
 //
 // Errors (*PageError): a body that is not a JSON object with a "loads" array of objects, an empty
 // array, a missing or null required count, a count that is negative, fractional or above 2^53,
 // used KV tokens above capacity, a bad or repeated rank.
-func ParseSGLangLoads(engine state.EngineID, body []byte) (Page, error) {
+func parseSGLangLoads(engine state.EngineID, body []byte) (Page, error) {
 	bad := func(field string, rank int, reason string, err error) (Page, error) {
 		return Page{}, &PageError{Engine: engine, Format: FormatSGLangLoads, Field: field, Rank: rank, Reason: reason, Err: err}
 	}

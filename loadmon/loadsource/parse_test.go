@@ -45,7 +45,7 @@ vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 1.5
 
 func TestParseVLLMMetricsReadsEveryRank(t *testing.T) {
 	t.Parallel()
-	page, err := loadsource.ParseVLLMMetrics("http://v", []byte(vllmPage))
+	page, err := loadsource.Parse(loadsource.FormatVLLMMetrics, "http://v", []byte(vllmPage))
 	require.NoError(t, err)
 	assert.Equal(t, uint64(16), page.BlockTokens)
 	assert.Equal(t, []loadmon.Report{
@@ -111,7 +111,7 @@ func TestParseVLLMMetricsVariants(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			page, err := loadsource.ParseVLLMMetrics("e", []byte(tc.page))
+			page, err := loadsource.Parse(loadsource.FormatVLLMMetrics, "e", []byte(tc.page))
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, page.Reports)
 			assert.Equal(t, tc.block, page.BlockTokens)
@@ -151,7 +151,7 @@ func TestParseVLLMMetricsRejectsBadValues(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			page, err := loadsource.ParseVLLMMetrics("e", []byte(tc.page))
+			page, err := loadsource.Parse(loadsource.FormatVLLMMetrics, "e", []byte(tc.page))
 			require.Error(t, err, "page:\n%s", tc.page)
 			assert.ErrorIs(t, err, loadsource.ErrMalformed)
 			var pe *loadsource.PageError
@@ -169,14 +169,14 @@ func TestParseSGLangGetLoad(t *testing.T) {
 	// num_reqs counts running and waiting together; num_tokens is not KV usage and is ignored.
 	body := `[{"dp_rank": 1, "num_reqs": 9, "num_waiting_reqs": 4, "num_tokens": 1234, "ts_tic": 1.5},
 	          {"dp_rank": 0, "num_reqs": 2, "num_waiting_reqs": 0, "num_pages": 7, "extra": {"x": 1}}]`
-	page, err := loadsource.ParseSGLangGetLoad("s", []byte(body))
+	page, err := loadsource.Parse(loadsource.FormatSGLangGetLoad, "s", []byte(body))
 	require.NoError(t, err)
 	assert.Equal(t, []loadmon.Report{
 		{Engine: "s", DPRank: 0, RunningRequests: 2, WaitingRequests: 0},
 		{Engine: "s", DPRank: 1, RunningRequests: 5, WaitingRequests: 4},
 	}, page.Reports)
 
-	page, err = loadsource.ParseSGLangGetLoad("s", []byte(`[{"dp_rank": null, "num_reqs": 1.0, "num_waiting_reqs": 1}]`))
+	page, err = loadsource.Parse(loadsource.FormatSGLangGetLoad, "s", []byte(`[{"dp_rank": null, "num_reqs": 1.0, "num_waiting_reqs": 1}]`))
 	require.NoError(t, err, "a null rank is rank 0 and 1.0 is a whole count")
 	assert.Equal(t, []loadmon.Report{{Engine: "s", WaitingRequests: 1}}, page.Reports)
 }
@@ -200,7 +200,7 @@ func TestParseSGLangGetLoadRejectsBadValues(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			page, err := loadsource.ParseSGLangGetLoad("s", []byte(tc.body))
+			page, err := loadsource.Parse(loadsource.FormatSGLangGetLoad, "s", []byte(tc.body))
 			require.ErrorIs(t, err, loadsource.ErrMalformed)
 			var pe *loadsource.PageError
 			require.True(t, errors.As(err, &pe))
@@ -228,7 +228,7 @@ const sglangLoads = `{
 
 func TestParseSGLangLoads(t *testing.T) {
 	t.Parallel()
-	page, err := loadsource.ParseSGLangLoads("s", []byte(sglangLoads))
+	page, err := loadsource.Parse(loadsource.FormatSGLangLoads, "s", []byte(sglangLoads))
 	require.NoError(t, err)
 	assert.Equal(t, []loadmon.Report{
 		{Engine: "s", DPRank: 0, RunningRequests: 5, WaitingRequests: 2, UsedKVTokens: 5000, KVCapacityTokens: 100000,
@@ -260,7 +260,7 @@ func TestParseSGLangLoadsOptionalFields(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			page, err := loadsource.ParseSGLangLoads("s", []byte(`{"loads": [{`+tc.entry+`}]}`))
+			page, err := loadsource.Parse(loadsource.FormatSGLangLoads, "s", []byte(`{"loads": [{`+tc.entry+`}]}`))
 			require.NoError(t, err)
 			assert.Equal(t, []loadmon.Report{tc.want}, page.Reports)
 		})
@@ -287,7 +287,7 @@ func TestParseSGLangLoadsRejectsBadValues(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			page, err := loadsource.ParseSGLangLoads("s", []byte(tc.body))
+			page, err := loadsource.Parse(loadsource.FormatSGLangLoads, "s", []byte(tc.body))
 			require.ErrorIs(t, err, loadsource.ErrMalformed)
 			var pe *loadsource.PageError
 			require.True(t, errors.As(err, &pe))
@@ -321,8 +321,8 @@ func TestFormatNamesAndParse(t *testing.T) {
 	assert.Equal(t, []loadmon.Report{{Engine: "e", RunningRequests: 1}}, page.Reports)
 }
 
-func ExampleParseSGLangGetLoad() {
-	page, err := loadsource.ParseSGLangGetLoad("http://10.0.0.7:30000",
+func ExampleParse() {
+	page, err := loadsource.Parse(loadsource.FormatSGLangGetLoad, "http://10.0.0.7:30000",
 		[]byte(`[{"dp_rank": 0, "num_reqs": 7, "num_waiting_reqs": 3, "num_tokens": 4096}]`))
 	if err != nil {
 		fmt.Println(err)
@@ -331,7 +331,7 @@ func ExampleParseSGLangGetLoad() {
 	r := page.Reports[0]
 	fmt.Printf("rank %d: running %d, waiting %d\n", r.DPRank, r.RunningRequests, r.WaitingRequests)
 
-	_, err = loadsource.ParseSGLangGetLoad("http://10.0.0.7:30000", []byte(`[{"dp_rank": 0, "num_reqs": 7}]`))
+	_, err = loadsource.Parse(loadsource.FormatSGLangGetLoad, "http://10.0.0.7:30000", []byte(`[{"dp_rank": 0, "num_reqs": 7}]`))
 	fmt.Println(errors.Is(err, loadsource.ErrMalformed))
 	// Output:
 	// rank 0: running 4, waiting 3

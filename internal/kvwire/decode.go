@@ -1,4 +1,9 @@
-package kvevents
+// Package kvwire decodes the KV-event messages vLLM and SGLang publish: the ZMQ framing
+// [topic, sequence, msgpack payload] (ParseMessage) and the payload in every encoding the engines
+// have published (Decoder: tagged arrays of any length and tagged maps; signed, unsigned and bytes
+// block hashes). Package kvindex/kvevents uses it to follow publishers; the wire formats are
+// docs/design.md §13.1.
+package kvwire
 
 import (
 	"bytes"
@@ -12,6 +17,40 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
+
+// Sentinel errors, returned wrapped in a *DecodeError; test with errors.Is.
+var (
+	// ErrFrames: a message does not have the three frames [topic, sequence, payload], or its
+	// sequence frame is not 8 bytes (vllm-project/vllm vllm/distributed/kv_events.py,
+	// ZmqEventPublisher._publisher_thread). A replay reply that is neither a batch nor the end
+	// marker is also ErrFrames.
+	ErrFrames = errors.New("kvevents: malformed message frames")
+	// ErrPayload: the msgpack payload is not a batch: garbage or truncated msgpack, a value of the
+	// wrong type, a token ID outside [0, 2^32), a block hash that is neither an integer nor
+	// non-empty bytes, or a BlockStored / BlockRemoved without its block_hashes (or token_ids).
+	ErrPayload = errors.New("kvevents: malformed KV-event payload")
+)
+
+// DecodeError is a malformed message or payload. Err is ErrFrames or ErrPayload, possibly with
+// the msgpack library's error joined for detail; Path names the element at fault, such as
+// "events[2].token_ids[17]".
+type DecodeError struct {
+	// Path is the element being decoded when the error was found; empty for frame errors.
+	Path string
+	// Err wraps ErrFrames or ErrPayload.
+	Err error
+}
+
+// Error implements error.
+func (e *DecodeError) Error() string {
+	if e.Path == "" {
+		return e.Err.Error()
+	}
+	return fmt.Sprintf("%v at %s", e.Err, e.Path)
+}
+
+// Unwrap returns Err.
+func (e *DecodeError) Unwrap() error { return e.Err }
 
 // Message is one KV-event message as a publisher sends it: three ZMQ frames, [topic, sequence as
 // 8 bytes big-endian, msgpack payload] (vllm-project/vllm vllm/distributed/kv_events.py,
@@ -143,7 +182,7 @@ type Decoder struct {
 	str    []byte            // scratch for strings
 	intern map[string]string // interned short strings (media, kinds, adapter names)
 	path   pathInfo
-	noFast bool // tests: decode every token through the library (fastTokens' oracle)
+	NoFast bool // tests: decode every token through the library (fastTokens' oracle)
 }
 
 // maxInterned bounds the interned strings, so garbage input cannot grow the table.
@@ -473,7 +512,7 @@ func (d *Decoder) tokens(dst []uint32) ([]uint32, bool, error) {
 	}
 	dst = dst[:0]
 	done := 0
-	if !d.noFast {
+	if !d.NoFast {
 		dst, done = d.fastTokens(dst, n)
 	}
 	for i := done; i < n; i++ {
