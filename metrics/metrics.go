@@ -133,10 +133,12 @@ var reasonsOf = map[string][]string{
 }
 
 var (
-	_ enginepick.Observer            = (*Prometheus)(nil)
-	_ config.RouterAttacher          = (*Prometheus)(nil)
-	_ policy.CacheObserver           = (*Prometheus)(nil)
-	_ policy.CacheDecisionBorrower   = (*Prometheus)(nil)
+	_ enginepick.Observer   = (*Prometheus)(nil)
+	_ config.RouterAttacher = (*Prometheus)(nil)
+	_ policy.CacheObserver  = (*Prometheus)(nil)
+	_ interface {
+		BorrowCacheDecision(*policy.CacheDecision)
+	} = (*Prometheus)(nil)
 	_ enginepick.SelectTimingSampler = (*Prometheus)(nil)
 )
 
@@ -422,8 +424,9 @@ func (p *Prometheus) ObserveSelect(e enginepick.SelectEvent) {
 // DefaultSelectTimingEvery.
 func (p *Prometheus) SelectTimingEvery() int { return p.timeEvery }
 
-// BorrowCacheDecision implements policy.CacheDecisionBorrower: the decision is read during the
-// call and nothing of it is kept, so a cache-aware pick passes its own record without a copy.
+// BorrowCacheDecision is the borrowing form of ObserveCacheDecision (policy.CacheObserver): the
+// decision is read during the call and nothing of it is kept, so a cache-aware pick passes its
+// own record without a copy.
 func (p *Prometheus) BorrowCacheDecision(d *policy.CacheDecision) { p.ObserveCacheDecision(d) }
 
 // ObserveCacheDecision implements policy.CacheObserver.

@@ -56,7 +56,7 @@ type SessionAwareOptions struct {
 	// group that should agree. Required.
 	Store affinity.Store
 	// Choices is N of the power-of-N pick for new, unbound and keyless sessions. 0 means
-	// DefaultChoices (2); negative is invalid.
+	// 2; negative is invalid.
 	Choices int
 	// FallbackOnUnavailable makes a store failure (affinity.ErrUnavailable) degrade to the
 	// fallback's admitted pick, unbound, with ReasonAffinityUnavailable. False (the default)
@@ -110,7 +110,7 @@ func NewSessionAware(cfg Config, opts SessionAwareOptions) (*SessionAware, error
 		return nil, fmt.Errorf("policy: %s: SessionAwareOptions.Choices %d: must be >= 0: %w", NameSessionAware, opts.Choices, ErrInvalidConfiguration)
 	}
 	if opts.Choices == 0 {
-		opts.Choices = DefaultChoices
+		opts.Choices = defaultChoices
 	}
 	fb := cfg
 	fb.Admission = admission.Limits{}
