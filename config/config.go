@@ -276,9 +276,9 @@ type AffinitySettings struct {
 	// RoutingKeyHeader is the HTTP header a host reads the sticky routing key from. Empty means
 	// DefaultRoutingKeyHeader.
 	RoutingKeyHeader string `json:"routing_key_header,omitempty"`
-	// IdleTimeout is how long a binding lives without a hit. Zero means DefaultAffinityIdle.
+	// IdleTimeout is how long a binding lives without a hit. Zero means 600 s.
 	IdleTimeout Duration `json:"idle_timeout,omitzero"`
-	// SweepInterval is how often expired bindings are swept. Zero means DefaultAffinitySweep.
+	// SweepInterval is how often expired bindings are swept. Zero means 60 s.
 	SweepInterval Duration `json:"sweep_interval,omitzero"`
 	// MaxBindings caps the bindings of the in-memory store (store memory only): a new binding
 	// beyond it evicts the least recently used one (affinity.Options.MaxBindings). Zero means no
@@ -316,14 +316,14 @@ const (
 	DefaultSessionHeader = "x-session-id"
 	// DefaultRoutingKeyHeader is AffinitySettings.RoutingKeyHeader's default.
 	DefaultRoutingKeyHeader = "x-sgl-routing-key"
-	// DefaultAffinityIdle is AffinitySettings.IdleTimeout's default.
-	DefaultAffinityIdle = 600 * time.Second
-	// DefaultAffinitySweep is AffinitySettings.SweepInterval's default.
-	DefaultAffinitySweep = 60 * time.Second
-	// DefaultBlockTokens is KVSettings.BlockTokens's default, vLLM's block size.
-	DefaultBlockTokens = 16
-	// DefaultPolicy is the policy of a group that sets none and inherits none.
-	DefaultPolicy = "power_of_two"
+	// defaultAffinityIdle is AffinitySettings.IdleTimeout's default.
+	defaultAffinityIdle = 600 * time.Second
+	// defaultAffinitySweep is AffinitySettings.SweepInterval's default.
+	defaultAffinitySweep = 60 * time.Second
+	// defaultBlockTokens is KVSettings.BlockTokens's default, vLLM's block size.
+	defaultBlockTokens = 16
+	// defaultPolicy is the policy of a group that sets none and inherits none.
+	defaultPolicy = "power_of_two"
 )
 
 // Duration is a time.Duration written as a Go duration string ("5s", "250ms") in YAML and JSON.
