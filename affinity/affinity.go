@@ -15,8 +15,8 @@ import (
 const (
 	// DefaultIdleTimeout is how long a binding lives without a hit: 600 s.
 	DefaultIdleTimeout = 600 * time.Second
-	// DefaultSweepInterval is how often MemoryStore.Run sweeps expired bindings: 60 s.
-	DefaultSweepInterval = 60 * time.Second
+	// defaultSweepInterval is how often MemoryStore.Run sweeps expired bindings: 60 s.
+	defaultSweepInterval = 60 * time.Second
 )
 
 // MaxKeyBytes is the documented limit, in bytes, of every string field of a Scope (Namespace,
