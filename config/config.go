@@ -253,12 +253,12 @@ type KVSettings struct {
 	// ExpectedBlocks and ExpectedHolderBlocks size the index's tables up front
 	// (kvindex.Options): the blocks the index is expected to hold when full, and the blocks one
 	// engine DP rank is expected to hold, both at most max_blocks. Zero means the tables start
-	// small and double as blocks arrive (docs/performance.md, "Sizing MaxBlocks").
+	// small and double as blocks arrive.
 	ExpectedBlocks       int `json:"expected_blocks,omitempty"`
 	ExpectedHolderBlocks int `json:"expected_holder_blocks,omitempty"`
 	// WriterYieldBlocks is how many blocks the index stores between two yields of the writer's
 	// processor to waiting lookups (kvindex.Options.WriterYieldBlocks): zero means 4,096,
-	// negative never (docs/performance.md, "A writer that yields to readers").
+	// negative never.
 	WriterYieldBlocks int `json:"writer_yield_blocks,omitempty"`
 	// RemoteTimeout and RemoteMaxConcurrent bound the lookups of the one remote prefix source
 	// every cache_aware policy with prefix_source remote shares: zero means 100 ms and 32
@@ -316,10 +316,6 @@ const (
 	DefaultSessionHeader = "x-session-id"
 	// DefaultRoutingKeyHeader is AffinitySettings.RoutingKeyHeader's default.
 	DefaultRoutingKeyHeader = "x-sgl-routing-key"
-	// defaultAffinityIdle is AffinitySettings.IdleTimeout's default.
-	defaultAffinityIdle = 600 * time.Second
-	// defaultAffinitySweep is AffinitySettings.SweepInterval's default.
-	defaultAffinitySweep = 60 * time.Second
 	// defaultBlockTokens is KVSettings.BlockTokens's default, vLLM's block size.
 	defaultBlockTokens = 16
 	// defaultPolicy is the policy of a group that sets none and inherits none.
