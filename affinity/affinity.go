@@ -61,8 +61,8 @@ func (e *UnavailableError) Unwrap() []error { return []error{ErrUnavailable, e.E
 // the same binding only when every field is equal, byte for byte, whatever separators or NUL
 // bytes the strings contain (no delimiter aliasing; see AppendEncoded).
 type Scope struct {
-	// Namespace separates independent users of one store: policy.SessionAware uses "session",
-	// policy.Sticky "sticky". May be empty.
+	// Namespace separates independent users of one store: policy.NewSessionAware uses "session",
+	// policy.NewSticky "sticky". May be empty.
 	Namespace string
 	// Model, BucketID and Stage are the pick's model, bucket and stage: a session bound for
 	// prefill says nothing about decode, and one bucket's binding nothing about another's.
