@@ -38,9 +38,8 @@ type Observer interface {
 // SelectTimingSampler is an optional interface of an Observer that needs the duration of only a
 // sample of selections, for a latency distribution: NewRouter asks once, and the Router then reads the
 // clock at the start of one Router.Select in SelectTimingEvery, chosen at random, and reports the
-// others with SelectEvent.Timed false. Every selection is still reported. A clock reading and a
-// histogram observation are most of what observing a cheap pick costs (docs/performance.md,
-// "metrics: the observer's cost on a pick"). An Observer without it has every selection timed.
+// others with SelectEvent.Timed false. Every selection is still reported. An Observer without it
+// has every selection timed.
 type SelectTimingSampler interface {
 	// SelectTimingEvery returns N ≥ 1: one selection in N, on average, is timed; 1 times every
 	// selection. A value below 1 counts as 1.

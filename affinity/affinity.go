@@ -15,8 +15,8 @@ import (
 const (
 	// DefaultIdleTimeout is how long a binding lives without a hit: 600 s.
 	DefaultIdleTimeout = 600 * time.Second
-	// DefaultSweepInterval is how often MemoryStore.Run sweeps expired bindings: 60 s.
-	DefaultSweepInterval = 60 * time.Second
+	// defaultSweepInterval is how often MemoryStore.Run sweeps expired bindings: 60 s.
+	defaultSweepInterval = 60 * time.Second
 )
 
 // MaxKeyBytes is the documented limit, in bytes, of every string field of a Scope (Namespace,
@@ -61,8 +61,8 @@ func (e *UnavailableError) Unwrap() []error { return []error{ErrUnavailable, e.E
 // the same binding only when every field is equal, byte for byte, whatever separators or NUL
 // bytes the strings contain (no delimiter aliasing; see AppendEncoded).
 type Scope struct {
-	// Namespace separates independent users of one store: policy.SessionAware uses "session",
-	// policy.Sticky "sticky". May be empty.
+	// Namespace separates independent users of one store: policy.NewSessionAware uses "session",
+	// policy.NewSticky "sticky". May be empty.
 	Namespace string
 	// Model, BucketID and Stage are the pick's model, bucket and stage: a session bound for
 	// prefill says nothing about decode, and one bucket's binding nothing about another's.

@@ -8,7 +8,7 @@
 // policy.NewSticky.
 //
 // A binding records a preferred placement, not a successful execution, and the store decides
-// nothing: policy.SessionAware and policy.Sticky decide when a binding is reused, created or
+// nothing: policy.NewSessionAware and policy.NewSticky decide when a binding is reused, created or
 // replaced, and only after admission passed. The store never sees candidates, load or admission.
 //
 // Two implementations satisfy [Store]: [MemoryStore], for one router process (its expiry order is

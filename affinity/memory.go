@@ -18,8 +18,8 @@ type Options struct {
 	// IdleTimeout is how long a binding lives without a hit. 0 means DefaultIdleTimeout (600 s);
 	// negative is invalid.
 	IdleTimeout time.Duration
-	// SweepInterval is how often Run sweeps expired bindings. 0 means DefaultSweepInterval
-	// (60 s); negative is invalid. Expired bindings are invisible between sweeps either way;
+	// SweepInterval is how often Run sweeps expired bindings. 0 means 60 s;
+	// negative is invalid. Expired bindings are invisible between sweeps either way;
 	// the sweep only frees their memory.
 	SweepInterval time.Duration
 	// Now is the clock of every expiry rule. Nil means time.Now.
@@ -104,7 +104,7 @@ func NewMemoryStore(opts Options) (*MemoryStore, error) {
 		opts.IdleTimeout = DefaultIdleTimeout
 	}
 	if opts.SweepInterval == 0 {
-		opts.SweepInterval = DefaultSweepInterval
+		opts.SweepInterval = defaultSweepInterval
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now

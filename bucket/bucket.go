@@ -33,9 +33,9 @@ type Spec struct {
 	TPSEstimate float64
 }
 
-// InputCapacity returns min(MaxInputTokens, MaxContextTokens) with 0 (unbounded) read as
+// inputCapacity returns min(MaxInputTokens, MaxContextTokens) with 0 (unbounded) read as
 // math.MaxUint64: the primary ordering key (docs/design.md §2).
-func (s *Spec) InputCapacity() uint64 {
+func (s *Spec) inputCapacity() uint64 {
 	return min(unbounded(s.MaxInputTokens), unbounded(s.MaxContextTokens))
 }
 
@@ -44,12 +44,6 @@ func unbounded(v uint64) uint64 {
 		return math.MaxUint64
 	}
 	return v
-}
-
-// EnginePicker produces a complete selection from one bucket. *Bucket implements it; hosts and
-// tests may wrap or fake it.
-type EnginePicker interface {
-	PickEngines(ctx context.Context, registry state.Registry, req *Request) (Selection, error)
 }
 
 // Bucket is either plain (one plain group) or PD (a prefill and a decode group); a PD bucket
@@ -64,8 +58,6 @@ type Bucket struct {
 	// at construction).
 	decodeCompat CompatibleGroupPicker
 }
-
-var _ EnginePicker = (*Bucket)(nil)
 
 // NewPlainBucket returns a plain bucket. It returns an error wrapping
 // policy.ErrInvalidConfiguration for an invalid Spec (empty ID, MinInputTokens above a bounded
@@ -183,7 +175,7 @@ func (e *StageError) Unwrap() error { return e.Err }
 
 var requestPool = sync.Pool{New: func() any { return new(policy.Request) }}
 
-// PickEngines implements EnginePicker: the plain group, or the prefill group and then the decode
+// PickEngines returns a complete selection from b: the plain group, or the prefill group and then the decode
 // group, each with a stage-specific policy.Request carrying this bucket's ID. A failure of either
 // PD stage returns a *StageError and no selection: a prefill pick is never kept for another bucket
 // (docs/design.md §3). A request with negative token counts, or with TokenIDs whose

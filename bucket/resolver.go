@@ -123,7 +123,7 @@ func NewResolver(buckets []*Bucket, opts ResolverOptions) (*Resolver, error) {
 	}
 	slices.SortFunc(sorted, func(a, b *Bucket) int {
 		return cmp.Or(
-			cmp.Compare(a.spec.InputCapacity(), b.spec.InputCapacity()),
+			cmp.Compare(a.spec.inputCapacity(), b.spec.inputCapacity()),
 			cmp.Compare(a.spec.Rank, b.spec.Rank),
 			cmp.Compare(a.spec.ID, b.spec.ID))
 	})
@@ -135,13 +135,7 @@ func NewResolver(buckets []*Bucket, opts ResolverOptions) (*Resolver, error) {
 func (r *Resolver) Buckets() []*Bucket { return r.buckets }
 
 // Resolve returns every compatible bucket in order (possibly none), or an error wrapping
-// policy.ErrInvalidSignal. See ResolveInto.
-func (r *Resolver) Resolve(s Signals) ([]*Bucket, error) {
-	return r.ResolveInto(nil, s)
-}
-
-// ResolveInto appends the compatible buckets to dst in order and returns it; with a dst of
-// sufficient capacity it allocates nothing.
+// policy.ErrInvalidSignal.
 //
 // Rules (docs/design.md §2): a negative input or peak, a
 // known peak below the input, or, for an enabled preference, a TTFT target <= 0 or a TPS target
@@ -149,7 +143,12 @@ func (r *Resolver) Resolve(s Signals) ([]*Bucket, error) {
 // MinInputTokens <= input <= MaxInputTokens and its context capacity holds the peak when known,
 // else the input. Order: SLO penalty (SLOFirst adds 1 for a bucket that misses a supplied target,
 // SLOBestEffort adds 1 for one that meets it), then input capacity (unbounded last), rank, ID.
-func (r *Resolver) ResolveInto(dst []*Bucket, s Signals) ([]*Bucket, error) {
+func (r *Resolver) Resolve(s Signals) ([]*Bucket, error) {
+	return r.resolveInto(nil, s)
+}
+
+// resolveInto is Resolve appending to dst; with a dst of sufficient capacity it allocates nothing.
+func (r *Resolver) resolveInto(dst []*Bucket, s Signals) ([]*Bucket, error) {
 	if s.InputTokens < 0 {
 		return dst, fmt.Errorf("bucket: resolve: input tokens %d: %w", s.InputTokens, policy.ErrInvalidSignal)
 	}

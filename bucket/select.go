@@ -56,9 +56,9 @@ func (e *ExhaustedError) Unwrap() []error {
 	return append(out, e.Last)
 }
 
-// Advances reports whether err lets the bucket loop try the next bucket: no candidates or an
+// advances reports whether err lets the bucket loop try the next bucket: no candidates or an
 // admission rejection. Every other error stops the loop (docs/design.md §1).
-func Advances(err error) bool {
+func advances(err error) bool {
 	return errors.Is(err, policy.ErrNoCandidates) || errors.Is(err, policy.ErrAdmissionRejected)
 }
 
@@ -71,7 +71,7 @@ func Advances(err error) bool {
 // *ExhaustedError when every bucket failed.
 func Select(ctx context.Context, r *Resolver, registry state.Registry, req *Request) (Selection, error) {
 	var buf [8]*Bucket
-	buckets, err := r.ResolveInto(buf[:0], req.Signals)
+	buckets, err := r.resolveInto(buf[:0], req.Signals)
 	if err != nil {
 		return Selection{}, err
 	}
@@ -81,16 +81,8 @@ func Select(ctx context.Context, r *Resolver, registry state.Registry, req *Requ
 	return selectFrom(ctx, buckets, registry, req)
 }
 
-// SelectFrom runs the bucket loop over the given pickers in order, as Select does after resolving.
-// An empty list returns ErrNoMatchingBucket.
-func SelectFrom(ctx context.Context, pickers []EnginePicker, registry state.Registry, req *Request) (Selection, error) {
-	if len(pickers) == 0 {
-		return Selection{}, ErrNoMatchingBucket
-	}
-	return selectFrom(ctx, pickers, registry, req)
-}
-
-func selectFrom[P EnginePicker](ctx context.Context, pickers []P, registry state.Registry, req *Request) (Selection, error) {
+// selectFrom runs the bucket loop over the resolved buckets in order.
+func selectFrom(ctx context.Context, pickers []*Bucket, registry state.Registry, req *Request) (Selection, error) {
 	var rejections []*policy.AdmissionRejectedError
 	var last error
 	for _, p := range pickers {
@@ -101,7 +93,7 @@ func selectFrom[P EnginePicker](ctx context.Context, pickers []P, registry state
 		if err == nil {
 			return sel, nil
 		}
-		if !Advances(err) {
+		if !advances(err) {
 			return Selection{}, err
 		}
 		rejections = appendRejections(rejections, err)
@@ -146,7 +138,7 @@ func StatusCode(err error) int {
 	case errors.Is(err, policy.ErrInvalidSignal), errors.Is(err, policy.ErrInvalidConfiguration),
 		errors.Is(err, policy.ErrOutsideCandidates):
 		return http.StatusInternalServerError
-	case Advances(err):
+	case advances(err):
 		return http.StatusServiceUnavailable
 	}
 	var ex *ExhaustedError

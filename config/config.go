@@ -253,12 +253,12 @@ type KVSettings struct {
 	// ExpectedBlocks and ExpectedHolderBlocks size the index's tables up front
 	// (kvindex.Options): the blocks the index is expected to hold when full, and the blocks one
 	// engine DP rank is expected to hold, both at most max_blocks. Zero means the tables start
-	// small and double as blocks arrive (docs/performance.md, "Sizing MaxBlocks").
+	// small and double as blocks arrive.
 	ExpectedBlocks       int `json:"expected_blocks,omitempty"`
 	ExpectedHolderBlocks int `json:"expected_holder_blocks,omitempty"`
 	// WriterYieldBlocks is how many blocks the index stores between two yields of the writer's
 	// processor to waiting lookups (kvindex.Options.WriterYieldBlocks): zero means 4,096,
-	// negative never (docs/performance.md, "A writer that yields to readers").
+	// negative never.
 	WriterYieldBlocks int `json:"writer_yield_blocks,omitempty"`
 	// RemoteTimeout and RemoteMaxConcurrent bound the lookups of the one remote prefix source
 	// every cache_aware policy with prefix_source remote shares: zero means 100 ms and 32
@@ -276,9 +276,9 @@ type AffinitySettings struct {
 	// RoutingKeyHeader is the HTTP header a host reads the sticky routing key from. Empty means
 	// DefaultRoutingKeyHeader.
 	RoutingKeyHeader string `json:"routing_key_header,omitempty"`
-	// IdleTimeout is how long a binding lives without a hit. Zero means DefaultAffinityIdle.
+	// IdleTimeout is how long a binding lives without a hit. Zero means 600 s.
 	IdleTimeout Duration `json:"idle_timeout,omitzero"`
-	// SweepInterval is how often expired bindings are swept. Zero means DefaultAffinitySweep.
+	// SweepInterval is how often expired bindings are swept. Zero means 60 s.
 	SweepInterval Duration `json:"sweep_interval,omitzero"`
 	// MaxBindings caps the bindings of the in-memory store (store memory only): a new binding
 	// beyond it evicts the least recently used one (affinity.Options.MaxBindings). Zero means no
@@ -316,14 +316,10 @@ const (
 	DefaultSessionHeader = "x-session-id"
 	// DefaultRoutingKeyHeader is AffinitySettings.RoutingKeyHeader's default.
 	DefaultRoutingKeyHeader = "x-sgl-routing-key"
-	// DefaultAffinityIdle is AffinitySettings.IdleTimeout's default.
-	DefaultAffinityIdle = 600 * time.Second
-	// DefaultAffinitySweep is AffinitySettings.SweepInterval's default.
-	DefaultAffinitySweep = 60 * time.Second
-	// DefaultBlockTokens is KVSettings.BlockTokens's default, vLLM's block size.
-	DefaultBlockTokens = 16
-	// DefaultPolicy is the policy of a group that sets none and inherits none.
-	DefaultPolicy = "power_of_two"
+	// defaultBlockTokens is KVSettings.BlockTokens's default, vLLM's block size.
+	defaultBlockTokens = 16
+	// defaultPolicy is the policy of a group that sets none and inherits none.
+	defaultPolicy = "power_of_two"
 )
 
 // Duration is a time.Duration written as a Go duration string ("5s", "250ms") in YAML and JSON.

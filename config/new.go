@@ -44,15 +44,15 @@ type settings struct {
 
 // Defaults of the degraded-state checks (docs/design.md §15).
 const (
-	// DefaultHealthInterval is how often the Router checks for degraded state (stale loads, an
+	// defaultHealthInterval is how often the Router checks for degraded state (stale loads, an
 	// untrusted index).
-	DefaultHealthInterval = 10 * time.Second
-	// DefaultWarnInterval is the least time between two warnings with the same message.
-	DefaultWarnInterval = time.Minute
+	defaultHealthInterval = 10 * time.Second
+	// defaultWarnInterval is the least time between two warnings with the same message.
+	defaultWarnInterval = time.Minute
 )
 
 // WithLogger sets the logger. Nil (and the default) is zap.NewNop(). New logs a configuration
-// summary at Info; the Router warns about degraded state at most once per DefaultWarnInterval per
+// summary at Info; the Router warns about degraded state at most once a minute per
 // message (docs/design.md §15).
 func WithLogger(l *zap.Logger) Option { return func(s *settings) { s.log = l } }
 
@@ -94,11 +94,11 @@ func WithAffinityStore(st affinity.Store) Option { return func(s *settings) { s.
 func WithHTTPClient(c *http.Client) Option { return func(s *settings) { s.client = c } }
 
 // WithHealthInterval sets how often the Router checks for degraded state; 0 turns the checks off.
-// The default is DefaultHealthInterval. Negative is an error.
+// The default is 10 s. Negative is an error.
 func WithHealthInterval(d time.Duration) Option { return func(s *settings) { s.healthInterval = d } }
 
 // WithWarnInterval sets the least time between two degraded-state warnings with the same
-// message. The default is DefaultWarnInterval; 0 or negative is an error.
+// message. The default is one minute; 0 or negative is an error.
 func WithWarnInterval(d time.Duration) Option { return func(s *settings) { s.warnEvery = d } }
 
 // services are the goroutines New started; Close stops them.
@@ -154,7 +154,7 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := settings{healthInterval: DefaultHealthInterval, warnEvery: DefaultWarnInterval}
+	s := settings{healthInterval: defaultHealthInterval, warnEvery: defaultWarnInterval}
 	for _, o := range opts {
 		o(&s)
 	}
@@ -297,7 +297,7 @@ func (b *builder) shared() error {
 	}
 	bt := cfg.KV.BlockTokens
 	if bt == 0 {
-		bt = DefaultBlockTokens
+		bt = defaultBlockTokens
 	}
 	var err error
 	if b.hasher, err = kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: bt, Seed: cfg.KV.HashSeed, Namespace: cfg.KV.Namespace}); err != nil {

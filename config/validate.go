@@ -288,7 +288,7 @@ func effectivePolicy(m *Model, g *Group, s state.Stage, mpath string) (*Policy, 
 	if m.DefaultPolicy != nil {
 		return m.DefaultPolicy, join(mpath, "default_policy")
 	}
-	return &Policy{Type: DefaultPolicy}, ""
+	return &Policy{Type: defaultPolicy}, ""
 }
 
 // policy checks one policy attachment at path: its type, the legacy in-flight filter, and its
@@ -601,7 +601,7 @@ func (v *validator) kv(k *KVSettings) {
 	}
 	switch {
 	case k.BlockTokens < 0 || k.BlockTokens > kvindex.MaxBlockTokens:
-		v.fail("kv.block_tokens", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.BlockTokens, kvindex.MaxBlockTokens, DefaultBlockTokens)
+		v.fail("kv.block_tokens", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.BlockTokens, kvindex.MaxBlockTokens, defaultBlockTokens)
 	case k.MaxBlocks < 0 || int64(k.MaxBlocks) > 1<<32-2:
 		v.fail("kv.max_blocks", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.MaxBlocks, int64(1<<32-2), kvindex.DefaultMaxBlocks)
 	case k.ExpectedBlocks < 0 || k.ExpectedBlocks > cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks):

@@ -1083,7 +1083,7 @@ func TestScaleSmall(t *testing.T) {
 		require.Equal(t, want, mt.Engines, "query %d tokens", q)
 		got, err := pk.p.Pick(context.Background(), pk.group, pk.request(tokens))
 		require.NoError(t, err)
-		if len(want) > 0 && want[0].Blocks*scaleBlockTokens >= policy.DefaultMinMatchedTokens {
+		if len(want) > 0 && want[0].Blocks*scaleBlockTokens >= 1024 {
 			assert.Equal(t, policy.ReasonCacheCandidate, got.Reason, "query %d", q)
 		}
 	}

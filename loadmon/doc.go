@@ -1,7 +1,8 @@
-// Package loadmon holds what enginepick knows about engine load: the engine-reported load table
-// (per engine and DP rank, with freshness and the all-ranks rule), the immutable per-pick Snapshot,
-// the router-local in-flight counters and their dispatch guards, and the stage pressure
-// comparisons the load-aware policies share.
+// Package loadmon holds what enginepick knows about engine load. Start with NewTable, the
+// engine-reported load (per engine and DP rank, with freshness and the all-ranks rule) a host
+// feeds with Table.Report, and NewInFlight, the router-local in-flight counters and their dispatch
+// guards. Policies read a Table through its immutable per-pick Snapshot and compare engines with
+// Observe and ComparePressure.
 //
 // The rules are docs/design.md §6:
 // missing, stale or rank-incomplete reports are unknown, never zero; a snapshot is taken once per

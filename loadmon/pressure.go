@@ -145,9 +145,9 @@ func (o *Observation) WaitingRequests() (uint64, bool) {
 
 // PendingPrefillTokens returns the prompt tokens a new request would wait behind on a plain or
 // prefill engine: the reported waiting uncached tokens plus the prefill tokens dispatched since the
-// report. It returns false without a native report (HasNative).
+// report. It returns false without a fresh, complete native report with valid capacity.
 func (o *Observation) PendingPrefillTokens() (uint64, bool) {
-	if !o.HasNative() {
+	if !o.hasNative() {
 		return 0, false
 	}
 	return satAdd(o.Figures().WaitingUncachedTokens, o.DispatchedTokens), true
@@ -190,19 +190,19 @@ func (o *Observation) EstimatePendingPrefillTokens(inflight *InFlight, perReques
 // throughput: the reported EstimatedPrefillQueue plus the time of the tokens dispatched since the
 // report. It returns false unless the report is native and has a prefill rate (HasPrefillRate).
 func (o *Observation) PendingPrefillTime() (time.Duration, bool) {
-	if !o.HasNative() {
+	if !o.hasNative() {
 		return 0, false
 	}
 	l := o.Figures()
 	if !l.HasPrefillRate {
 		return 0, false
 	}
-	return satAddDuration(l.EstimatedPrefillQueue, l.TokensTime(o.DispatchedTokens)), true
+	return satAddDuration(l.EstimatedPrefillQueue, l.tokensTime(o.DispatchedTokens)), true
 }
 
-// TokensTime returns how long the engine takes to prefill tokens uncached tokens at its measured
+// tokensTime returns how long the engine takes to prefill tokens uncached tokens at its measured
 // rate (PrefillTokensPerSecond); 0 without a rate. It saturates at the largest Duration.
-func (l *EngineLoad) TokensTime(tokens uint64) time.Duration {
+func (l *EngineLoad) tokensTime(tokens uint64) time.Duration {
 	if !l.HasPrefillRate || l.PrefillTokensPerSecond <= 0 || tokens == 0 {
 		return 0
 	}
@@ -220,10 +220,10 @@ func satAddDuration(a, b time.Duration) time.Duration {
 	return time.Duration(math.MaxInt64)
 }
 
-// HasNative reports whether the observation carries a fresh, complete native report with valid
+// hasNative reports whether the observation carries a fresh, complete native report with valid
 // capacity (Figures: the named rank's, else the engine's): the condition for comparing it on
 // native figures (docs/design.md §6).
-func (o *Observation) HasNative() bool {
+func (o *Observation) hasNative() bool {
 	l := o.Figures()
 	return l != nil && l.Native
 }
@@ -261,7 +261,7 @@ func (b Basis) String() string {
 }
 
 // Basis returns the best basis the observation supports: BasisNative with a native report
-// (HasNative), BasisReported with any other fresh, complete report, BasisInFlight when its load is
+// (fresh, complete, with valid capacity), BasisReported with any other fresh, complete report, BasisInFlight when its load is
 // unknown.
 func (o *Observation) Basis() Basis {
 	switch l := o.Figures(); {

@@ -138,7 +138,7 @@ const pairedChunk = 128
 // clock. Both Routers therefore see the same host, the same caches and the same collector; the
 // benchmark reports each one's CPU time per pick and their ratio, whose goal is at most 1.10
 // (docs/design.md §15.2, docs/performance.md). One op is one turn of each Router. timing=sampled
-// is the observer's default (metrics.DefaultSelectTimingEvery); timing=every times every
+// is the observer's default (one selection in 8); timing=every times every
 // selection (SelectTimingEvery 1); timing=control gives neither Router an observer, so that its
 // ratio shows how far from 1 the method itself strays on this machine.
 func BenchmarkPickObserverPaired(b *testing.B) {

@@ -15,37 +15,36 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// DefaultNamespace prefixes every metric name.
-const DefaultNamespace = "enginepick"
+// defaultNamespace prefixes every metric name.
+const defaultNamespace = "enginepick"
 
-// OverlapBlockBuckets are the buckets of the diverted and forfeited prefix histograms, in blocks:
+// overlapBlockBuckets are the buckets of the diverted and forfeited prefix histograms, in blocks:
 // powers of two up to 8192, as the experimental SGLang router's OVERLAP_BLOCK_BUCKETS (about 16
 // to 512K tokens at 16 to 64 tokens per block).
-var OverlapBlockBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}
+var overlapBlockBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}
 
-// SelectionSecondsBuckets are the buckets of the selection latency histogram: 1 µs to about
+// selectionSecondsBuckets are the buckets of the selection latency histogram: 1 µs to about
 // 16 ms, ×4 per bucket (a local pick is microseconds; a remote prefix lookup up to its 100 ms
 // deadline lands in +Inf).
-var SelectionSecondsBuckets = prometheus.ExponentialBuckets(1e-6, 4, 8)
+var selectionSecondsBuckets = prometheus.ExponentialBuckets(1e-6, 4, 8)
 
-// RequestSecondsBuckets are the buckets of the TTFT and end-to-end histograms: 10 ms to about
+// requestSecondsBuckets are the buckets of the TTFT and end-to-end histograms: 10 ms to about
 // 330 s, ×2 per bucket.
-var RequestSecondsBuckets = prometheus.ExponentialBuckets(0.01, 2, 16)
+var requestSecondsBuckets = prometheus.ExponentialBuckets(0.01, 2, 16)
 
-// DefaultSelectTimingEvery is how many selections share one observation of
-// selection_duration_seconds by default: the Router times one Router.Select in 8, at random. A
-// clock reading and a histogram observation were most of what the observer added to a cheap pick
-// (docs/performance.md, "metrics: the observer's cost on a pick"); selections_total and
-// selection_failures_total still count every selection.
-const DefaultSelectTimingEvery = 8
+// defaultSelectTimingEvery is how many selections share one observation of
+// selection_duration_seconds by default: the Router times one Router.Select in 8, at random, so
+// that timing costs a cheap pick little; selections_total and selection_failures_total still
+// count every selection.
+const defaultSelectTimingEvery = 8
 
 // Options configures Prometheus. The zero value is the default.
 type Options struct {
-	// Namespace prefixes every metric name; empty means DefaultNamespace.
+	// Namespace prefixes every metric name; empty means "enginepick".
 	Namespace string
 	// SelectTimingEvery is N: selection_duration_seconds observes one Router.Select in N, chosen
 	// at random (enginepick.SelectTimingSampler), so its _count is about 1/N of the selections.
-	// 1 times every selection; 0 means DefaultSelectTimingEvery; negative is an error.
+	// 1 times every selection; 0 means 8; negative is an error.
 	SelectTimingEvery int
 }
 
@@ -133,10 +132,12 @@ var reasonsOf = map[string][]string{
 }
 
 var (
-	_ enginepick.Observer            = (*Prometheus)(nil)
-	_ config.RouterAttacher          = (*Prometheus)(nil)
-	_ policy.CacheObserver           = (*Prometheus)(nil)
-	_ policy.CacheDecisionBorrower   = (*Prometheus)(nil)
+	_ enginepick.Observer   = (*Prometheus)(nil)
+	_ config.RouterAttacher = (*Prometheus)(nil)
+	_ policy.CacheObserver  = (*Prometheus)(nil)
+	_ interface {
+		BorrowCacheDecision(*policy.CacheDecision)
+	} = (*Prometheus)(nil)
 	_ enginepick.SelectTimingSampler = (*Prometheus)(nil)
 )
 
@@ -149,15 +150,15 @@ func New(reg prometheus.Registerer, opts Options) (*Prometheus, error) {
 	}
 	if opts.SelectTimingEvery < 0 {
 		return nil, fmt.Errorf("metrics: Options.SelectTimingEvery %d is negative (1 times every selection, 0 means %d): %w",
-			opts.SelectTimingEvery, DefaultSelectTimingEvery, state.ErrInvalidConfiguration)
+			opts.SelectTimingEvery, defaultSelectTimingEvery, state.ErrInvalidConfiguration)
 	}
 	timeEvery := opts.SelectTimingEvery
 	if timeEvery == 0 {
-		timeEvery = DefaultSelectTimingEvery
+		timeEvery = defaultSelectTimingEvery
 	}
 	ns := opts.Namespace
 	if ns == "" {
-		ns = DefaultNamespace
+		ns = defaultNamespace
 	}
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
@@ -175,16 +176,16 @@ func New(reg prometheus.Registerer, opts Options) (*Prometheus, error) {
 			"Router.Select calls that failed, by model (empty for an unknown model) and reason.", "model_id", "reason"),
 		selectSeconds: histogram("selection_duration_seconds",
 			"Time Router.Select took, successful or not, by model, for a random sample of selections (one in Options.SelectTimingEvery, 8 by default); selections_total and selection_failures_total count them all.",
-			SelectionSecondsBuckets, "model_id"),
+			selectionSecondsBuckets, "model_id"),
 		cacheDecisions: counter("cache_aware_decisions_total",
 			"Cache-aware picks that selected an engine, by decision label (cache_hit, cache_miss, cache_worker_queued, all_queued, cost_diverted); they sum to the cache_aware picks of decisions_total.",
 			"model_id", "decision"),
 		diverted: histogram("diverted_overlap_blocks",
 			"Prefix depth, in blocks, of the deepest holder the queue gate diverted away from on a cache_worker_queued decision.",
-			OverlapBlockBuckets, "model_id"),
+			overlapBlockBuckets, "model_id"),
 		forfeited: histogram("partially_diverted_overlap_blocks",
 			"Prefix, in blocks, given up by a partial diversion: a cache_hit whose winner holds fewer blocks than the deepest holder the queue gate set aside.",
-			OverlapBlockBuckets, "model_id"),
+			overlapBlockBuckets, "model_id"),
 		gateRejections: counter("queue_gate_rejections_total",
 			"Prefix holders the cache-aware queue gate set aside, over picks that selected an engine.", "model_id"),
 		guardOverrides: counter("pressure_guard_overrides_total",
@@ -194,10 +195,10 @@ func New(reg prometheus.Registerer, opts Options) (*Prometheus, error) {
 			"model_id", "stage", "limit"),
 		ttft: histogram("ttft_seconds",
 			"Time to first token of dispatches the host reported with Dispatch.Done, by dispatched engine, stage and policy.",
-			RequestSecondsBuckets, "model_id", "engine", "stage", "policy"),
+			requestSecondsBuckets, "model_id", "engine", "stage", "policy"),
 		e2e: histogram("request_duration_seconds",
 			"Time from selection to Dispatch.Done, by dispatched engine, stage and policy.",
-			RequestSecondsBuckets, "model_id", "engine", "stage", "policy"),
+			requestSecondsBuckets, "model_id", "engine", "stage", "policy"),
 		dispatchFailures: counter("dispatch_failures_total",
 			"Dispatches the host reported failed with Dispatch.Done, by model and reason.", "model_id", "reason"),
 		promptTokens: counter("prompt_tokens_total",
@@ -419,11 +420,12 @@ func (p *Prometheus) ObserveSelect(e enginepick.SelectEvent) {
 }
 
 // SelectTimingEvery implements enginepick.SelectTimingSampler: Options.SelectTimingEvery, or
-// DefaultSelectTimingEvery.
+// defaultSelectTimingEvery.
 func (p *Prometheus) SelectTimingEvery() int { return p.timeEvery }
 
-// BorrowCacheDecision implements policy.CacheDecisionBorrower: the decision is read during the
-// call and nothing of it is kept, so a cache-aware pick passes its own record without a copy.
+// BorrowCacheDecision is the borrowing form of ObserveCacheDecision (policy.CacheObserver): the
+// decision is read during the call and nothing of it is kept, so a cache-aware pick passes its
+// own record without a copy.
 func (p *Prometheus) BorrowCacheDecision(d *policy.CacheDecision) { p.ObserveCacheDecision(d) }
 
 // ObserveCacheDecision implements policy.CacheObserver.

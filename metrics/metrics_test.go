@@ -350,7 +350,7 @@ func TestRegistrationErrors(t *testing.T) {
 	assert.NoError(t, err, "another namespace")
 	_, err = metrics.New(prometheus.NewRegistry(), metrics.Options{SelectTimingEvery: -1})
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "a negative timing sample")
-	assert.Equal(t, metrics.DefaultSelectTimingEvery, p.SelectTimingEvery(), "zero means the default")
+	assert.Equal(t, 8, p.SelectTimingEvery(), "zero means the default")
 
 	cfg, err := config.Parse([]byte("engines: [{id: e, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), config.FormatYAML)
 	require.NoError(t, err)
@@ -362,7 +362,7 @@ func TestRegistrationErrors(t *testing.T) {
 }
 
 // TestSelectTimingIsSampled checks that selection_duration_seconds observes a random sample of
-// selections, one in Options.SelectTimingEvery (DefaultSelectTimingEvery when zero), while
+// selections, one in Options.SelectTimingEvery (8 when zero), while
 // selections_total and selection_failures_total count every one, and that a dispatch of an untimed
 // selection still gets its end-to-end duration.
 func TestSelectTimingIsSampled(t *testing.T) {

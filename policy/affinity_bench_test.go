@@ -36,7 +36,7 @@ func BenchmarkSessionAware(b *testing.B) {
 		reqs[i] = policy.Request{Model: "llama", BucketID: "short", Stage: state.StagePrefill,
 			SessionKey: fmt.Sprintf("conversation-%08d", i)}
 	}
-	build := func(b *testing.B, idle time.Duration) *policy.SessionAware {
+	build := func(b *testing.B, idle time.Duration) policy.Policy {
 		st, err := affinity.NewMemoryStore(affinity.Options{IdleTimeout: idle})
 		if err != nil {
 			b.Fatal(err)

@@ -10,8 +10,8 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// NamePowerOfN is the configuration name of PowerOfN with a configurable N (the block's choices,
-// default DefaultChoices); NamePowerOfTwo is PowerOfN with N = 2 and no block.
+// NamePowerOfN is the configuration name of NewPowerOfN with a configurable N (the block's
+// choices, default 2); NamePowerOfTwo is NewPowerOfN with N = 2 and no block.
 const NamePowerOfN = "power_of_n"
 
 // builtins returns the library's policy types, by name (docs/design.md §14.2).
@@ -22,7 +22,7 @@ func builtins() map[string]Builder {
 		NewBuilder(NameRandom, func(_ *struct{}, env Env) (Policy, error) { return NewRandom(env.Config) }),
 		NewBuilder(NamePowerOfTwo, func(_ *struct{}, env Env) (Policy, error) { return NewPowerOfN(env.Config, 2) }),
 		NewBuilder(NamePowerOfN, func(o *powerOfNBlock, env Env) (Policy, error) {
-			return NewPowerOfN(env.Config, deref(o.Choices, DefaultChoices))
+			return NewPowerOfN(env.Config, deref(o.Choices, defaultChoices))
 		}),
 		NewBuilder(NameLeastLoad, func(_ *struct{}, env Env) (Policy, error) { return NewLeastLoad(env.Config) }),
 		NewBuilder(NameSessionAware, buildSessionAware),
@@ -66,7 +66,7 @@ func asBlockError(block any, err error) error {
 
 // powerOfNBlock is power_of_n's block.
 type powerOfNBlock struct {
-	// Choices is N; unset means DefaultChoices, otherwise >= 1.
+	// Choices is N; unset means 2, otherwise >= 1.
 	Choices *int `json:"choices,omitempty"`
 }
 

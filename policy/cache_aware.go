@@ -19,26 +19,25 @@ import (
 // Cache-aware defaults (docs/design.md §9.1, §9.2, §9.6 and §9.7;
 // the experimental SGLang router's defaults).
 const (
-	DefaultMinMatchedTokens           = 1024
-	DefaultCandidateMinEngines        = 8
-	DefaultCandidateRatio             = 0.05
-	DefaultCandidateMaxEngines        = 32
-	DefaultSwitchMarginTokens         = 1024
-	DefaultPressureAbsThresholdTokens = 1024
-	DefaultPressureRelThreshold       = 1.5
-	DefaultMinLoadChoices             = 2
-	// DefaultCostMarginTokens and DefaultRecomputeFactor are the cost comparison's thresholds
+	defaultMinMatchedTokens           = 1024
+	defaultCandidateMinEngines        = 8
+	defaultCandidateRatio             = 0.05
+	defaultCandidateMaxEngines        = 32
+	defaultSwitchMarginTokens         = 1024
+	defaultPressureAbsThresholdTokens = 1024
+	defaultPressureRelThreshold       = 1.5
+	defaultMinLoadChoices             = 2
+	// defaultCostMarginTokens and defaultRecomputeFactor are the cost comparison's thresholds
 	// (docs/design.md §9.11): an alternative replaces the chosen engine only when it saves more
 	// than 1,024 tokens of prefill work and more than twice the prefill it adds by recomputing
-	// a prefix the chosen engine holds, the factor weighed by the share of busy engines. The
-	// factor 2 was chosen on the replay (1.5 loses at overload, 3 at low load;
-	// docs/design-notes.md "Cost comparison").
-	DefaultCostMarginTokens = 1024
-	DefaultRecomputeFactor  = 2.0
+	// a prefix the chosen engine holds, the factor weighed by the share of busy engines
+	// (docs/design-notes.md "Cost comparison").
+	defaultCostMarginTokens = 1024
+	defaultRecomputeFactor  = 2.0
 )
 
 // Cache-aware decision labels, exactly one per cache-aware pick that selected an engine
-// (docs/design.md §9.8). AllQueued is
+// (docs/design.md §9.8), the decision label of the cache_aware_decisions_total metric. AllQueued is
 // deliberately not spelled cache_hit_*: a hit-rate query must not absorb a saturated fleet.
 const (
 	DecisionCacheHit          = "cache_hit"
@@ -52,15 +51,15 @@ const (
 	DecisionCostDiverted = "cost_diverted"
 )
 
-// Prefill pressure sources of a cache-aware decision (docs/design.md §9.8).
+// Prefill pressure sources of a cache-aware decision (docs/design.md §9.8): CacheDecision.PressureSource.
 const (
-	PressureSourceQueueTime   = "estimated_prefill_queue_ms"
-	PressureSourceNativeQueue = "native_queue_tokens"
-	// PressureSourceEstimatedQueue: the guard compared pending prefill tokens, estimated from
+	pressureSourceQueueTime   = "estimated_prefill_queue_ms"
+	pressureSourceNativeQueue = "native_queue_tokens"
+	// pressureSourceEstimatedQueue: the guard compared pending prefill tokens, estimated from
 	// reported waiting requests for the holders without native figures (as vLLM's /metrics gives;
 	// docs/design.md §9.7).
-	PressureSourceEstimatedQueue = "estimated_queue_tokens"
-	PressureSourceRouterLocal    = "router_local"
+	pressureSourceEstimatedQueue = "estimated_queue_tokens"
+	pressureSourceRouterLocal    = "router_local"
 )
 
 // CacheDecision is the audit of one cache-aware pick that selected an engine. It does not affect
@@ -72,8 +71,9 @@ type CacheDecision struct {
 	// Decision is one of the Decision… labels: DecisionCacheHit when a prefix holder was selected
 	// (ReasonCacheCandidate, including after an all-queued re-admission, or ReasonSaturationPin);
 	// DecisionCostDiverted when the cost comparison sent the request to a non-holder
-	// (ReasonCostDiverted); for a fallback pick (ReasonNoCacheCandidate),
-	// CacheAwareFallbackDecision's label.
+	// (ReasonCostDiverted); for a fallback pick (ReasonNoCacheCandidate), DecisionCacheMiss when
+	// no holder was gate-rejected or holders reached admission, DecisionAllQueued when the fleet
+	// was all queued, otherwise DecisionCacheWorkerQueued.
 	Decision string
 	// Reason is the pick's reason label.
 	Reason string
@@ -101,7 +101,9 @@ type CacheDecision struct {
 	// the other rules chose: with another holder (DecisionCacheHit), a non-holder
 	// (DecisionCostDiverted) or, on a miss, a cheaper engine than the power-of-k sample's.
 	CostOverride bool
-	// PressureSource is one of the PressureSource… labels.
+	// PressureSource is what the pressure guard compared: "estimated_prefill_queue_ms",
+	// "native_queue_tokens", "estimated_queue_tokens" (estimated from reported waiting
+	// requests), or "router_local" (router-local in-flight figures only).
 	PressureSource string
 	// Lookup is how the prefix lookup ended (kvindex outcome).
 	Lookup kvindex.Outcome
@@ -110,16 +112,17 @@ type CacheDecision struct {
 // CacheObserver receives every CacheDecision. It is called on the pick path, synchronously: keep
 // it cheap and non-blocking. Implementations must be safe for concurrent use. d is the observer's
 // own copy, which it may keep.
+//
+// An observer that also has the method BorrowCacheDecision(d *CacheDecision) is called through it
+// instead, with the pick's reused record rather than a copy: d is valid only until the call
+// returns.
 type CacheObserver interface {
 	ObserveCacheDecision(d *CacheDecision)
 }
 
-// CacheDecisionBorrower is an optional interface of a CacheObserver that reads each decision during
-// the call only. CacheAware detects it at construction and calls BorrowCacheDecision instead of
-// ObserveCacheDecision, with the pick's reused scratch rather than a copy on the heap: an observed
-// pick then allocates nothing more than an unobserved one (docs/performance.md, the observer's
-// cost). d is valid only until BorrowCacheDecision returns; copy *d to keep anything from it.
-type CacheDecisionBorrower interface {
+// cacheDecisionBorrower is a CacheObserver that reads each decision during the call only (see
+// CacheObserver).
+type cacheDecisionBorrower interface {
 	CacheObserver
 	BorrowCacheDecision(d *CacheDecision)
 }
@@ -131,7 +134,7 @@ type CacheAwareOptions struct {
 	Source kvindex.Source
 	// MinMatchedTokens is the hit gate: an engine's matched prefix must reach this many tokens,
 	// an absolute floor because indexer scans can be truncated (docs/design.md §9.1). 0 means the
-	// default gate, min(DefaultMinMatchedTokens, ⌈input tokens ÷ 4⌉): 1,024 tokens, or a quarter
+	// default gate, min(1,024, ⌈input tokens ÷ 4⌉): 1,024 tokens, or a quarter
 	// of a prompt shorter than 4,096 tokens.
 	MinMatchedTokens uint64
 	// MinMatchRatio optionally also requires matched ÷ input tokens ≥ this ratio. 0 means unset;
@@ -145,7 +148,7 @@ type CacheAwareOptions struct {
 	CandidateRatio      float64
 	CandidateMaxEngines int
 	// SwitchMarginTokens is the near-tie window: a holder with at most this many more uncached
-	// tokens than the best may win on pressure. Nil means DefaultSwitchMarginTokens (1024);
+	// tokens than the best may win on pressure. Nil means 1,024;
 	// an explicit 0 disables switching.
 	SwitchMarginTokens *uint64
 	// DisablePressureGuard turns the pressure guard off: the least uncached holder always wins.
@@ -180,17 +183,17 @@ type CacheAwareOptions struct {
 	// absorbing the traffic however long its queue.
 	DisableCostComparison bool
 	// CostMarginTokens is the saving, in tokens of prefill work, that an alternative must exceed
-	// to replace the chosen engine in the cost comparison. Nil means DefaultCostMarginTokens
-	// (1,024); 0 is allowed.
+	// to replace the chosen engine in the cost comparison. Nil means 1,024; 0 is
+	// allowed.
 	CostMarginTokens *uint64
 	// RecomputeFactor is how many times the extra prefill an alternative causes (its uncached
 	// tokens minus the chosen engine's) its saving must also exceed when every engine the
 	// comparison priced has pending prefill work; it is weighed by the share of those engines
 	// that do, so on an otherwise idle fleet only CostMarginTokens applies (docs/design.md
-	// §9.11). 0 means DefaultRecomputeFactor (2); otherwise it must be finite and > 0.
+	// §9.11). 0 means 2; otherwise it must be finite and > 0.
 	RecomputeFactor float64
 	// MinLoadChoices is k of the power-of-k miss fallback; k ≥ group size takes the exact
-	// minimum. 0 means DefaultMinLoadChoices (2).
+	// minimum. 0 means 2.
 	MinLoadChoices int
 	// Observer receives one CacheDecision per pick that selected an engine. Nil means none.
 	Observer CacheObserver
@@ -226,7 +229,7 @@ type CacheAware struct {
 	opts CacheAwareOptions
 
 	placer     kvindex.Placer        // nil: no route-time placements
-	borrower   CacheDecisionBorrower // opts.Observer when it borrows decisions; nil otherwise
+	borrower   cacheDecisionBorrower // opts.Observer when it borrows decisions; nil otherwise
 	margin     uint64
 	costMargin uint64
 	// alwaysScan turns off the cost comparison's shortcut (cheaper) and costScanHook runs before
@@ -245,12 +248,8 @@ type CacheAware struct {
 
 // pickScratch is one pick's working memory: the lookup result, the buffers lent to the source
 // for it when the pick makes its own lookup (no Memo), and the decision record (an observer
-// gets a copy, or borrows it: CacheDecisionBorrower). Fresh memory for the 512 keys of an
-// 8,192-token prompt cost about 0.9 µs per pick in cache misses on the production-scale workload
-// (docs/performance.md, "kvindex at production scale"); a pooled scratch stays in the cache.
-//
-// It also holds the pick's candidate lists and lookup view, which as stack arrays were zeroed on
-// every pick (about 15 KB).
+// gets a copy, or borrows it: cacheDecisionBorrower), and the pick's candidate lists and lookup
+// view. It is pooled so that a pick neither allocates nor zeroes this memory.
 type pickScratch struct {
 	res  kvindex.Result
 	bufs kvindex.LookupBuffers
@@ -300,19 +299,19 @@ func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
 	}
 	shortGate := opts.MinMatchedTokens == 0
 	if shortGate {
-		opts.MinMatchedTokens = DefaultMinMatchedTokens
+		opts.MinMatchedTokens = defaultMinMatchedTokens
 	}
 	if r := opts.MinMatchRatio; r != 0 && !(r > 0 && r <= 1) {
 		return nil, bad("MinMatchRatio", r, "must be in (0, 1]")
 	}
 	if opts.CandidateMinEngines == 0 {
-		opts.CandidateMinEngines = DefaultCandidateMinEngines
+		opts.CandidateMinEngines = defaultCandidateMinEngines
 	}
 	if opts.CandidateMaxEngines == 0 {
-		opts.CandidateMaxEngines = DefaultCandidateMaxEngines
+		opts.CandidateMaxEngines = defaultCandidateMaxEngines
 	}
 	if opts.CandidateRatio == 0 {
-		opts.CandidateRatio = DefaultCandidateRatio
+		opts.CandidateRatio = defaultCandidateRatio
 	}
 	if opts.CandidateMinEngines < 1 {
 		return nil, bad("CandidateMinEngines", opts.CandidateMinEngines, "must be >= 1")
@@ -323,15 +322,15 @@ func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
 	if r := opts.CandidateRatio; !(r >= 0 && r <= 1) {
 		return nil, bad("CandidateRatio", r, "must be in [0, 1]")
 	}
-	margin := uint64(DefaultSwitchMarginTokens)
+	margin := uint64(defaultSwitchMarginTokens)
 	if opts.SwitchMarginTokens != nil {
 		margin = *opts.SwitchMarginTokens
 	}
 	if opts.PressureAbsThresholdTokens == 0 {
-		opts.PressureAbsThresholdTokens = DefaultPressureAbsThresholdTokens
+		opts.PressureAbsThresholdTokens = defaultPressureAbsThresholdTokens
 	}
 	if opts.PressureRelThreshold == 0 {
-		opts.PressureRelThreshold = DefaultPressureRelThreshold
+		opts.PressureRelThreshold = defaultPressureRelThreshold
 	}
 	if r := opts.PressureRelThreshold; !(r > 1) || math.IsInf(r, 1) {
 		return nil, bad("PressureRelThreshold", r, "must be finite and > 1")
@@ -357,7 +356,7 @@ func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
 		floor = f
 	}
 	if opts.MinLoadChoices == 0 {
-		opts.MinLoadChoices = DefaultMinLoadChoices
+		opts.MinLoadChoices = defaultMinLoadChoices
 	}
 	if opts.MinLoadChoices < 1 {
 		return nil, bad("MinLoadChoices", opts.MinLoadChoices, "must be >= 1")
@@ -366,12 +365,12 @@ func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	costMargin := uint64(DefaultCostMarginTokens)
+	costMargin := uint64(defaultCostMarginTokens)
 	if opts.CostMarginTokens != nil {
 		costMargin = *opts.CostMarginTokens
 	}
 	if opts.RecomputeFactor == 0 {
-		opts.RecomputeFactor = DefaultRecomputeFactor
+		opts.RecomputeFactor = defaultRecomputeFactor
 	}
 	if r := opts.RecomputeFactor; !(r > 0) || math.IsInf(r, 1) {
 		return nil, bad("RecomputeFactor", r, "must be finite and > 0")
@@ -380,7 +379,7 @@ func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
 	if !opts.DisableRoutePlacements {
 		placer, _ = opts.Source.(kvindex.Placer)
 	}
-	borrower, _ := opts.Observer.(CacheDecisionBorrower)
+	borrower, _ := opts.Observer.(cacheDecisionBorrower)
 	return &CacheAware{opts: opts, placer: placer, borrower: borrower, margin: margin, costMargin: costMargin, shortGate: shortGate, queueCap: queueCap, floor: floor, log: log}, nil
 }
 
@@ -446,7 +445,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	cands := p.candidates(sc.cands, sc.all, engines, req, res, &v, snap)
 
 	d := &sc.d
-	*d = CacheDecision{Model: req.Model, BucketID: req.BucketID, Lookup: res.Outcome, PressureSource: PressureSourceRouterLocal}
+	*d = CacheDecision{Model: req.Model, BucketID: req.BucketID, Lookup: res.Outcome, PressureSource: pressureSourceRouterLocal}
 	if p.queueCap != 0 {
 		// Both answers are known once one engine is fresh and one is not queued (often the
 		// first engine), so the scan stops there: O(1) per pick on a healthy fleet rather than a
@@ -604,7 +603,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if err != nil {
 		return Pick{}, err
 	}
-	decision := CacheAwareFallbackDecision(d.GateRejected, d.Evaluated, d.FleetAllQueued)
+	decision := cacheAwareFallbackDecision(d.GateRejected, d.Evaluated, d.FleetAllQueued)
 	if decision == DecisionCacheWorkerQueued {
 		d.DivertedBlocks = bestGatedBlocks
 	}
@@ -617,12 +616,12 @@ func (p *CacheAware) release(sc *pickScratch) {
 	p.scratch.Put(sc)
 }
 
-// CacheAwareFallbackDecision maps a cache-aware pick that did not select a prefix holder to its
+// cacheAwareFallbackDecision maps a cache-aware pick that did not select a prefix holder to its
 // decision label (docs/design.md §9.8):
 // nothing gate-rejected → cache_miss; the fleet all queued → all_queued (asked before capacity,
 // so a saturated fleet is never read as healthy); holders reached hard admission → cache_miss
 // (a capacity problem, not the gate); otherwise → cache_worker_queued.
-func CacheAwareFallbackDecision(gateRejected, evaluated int, fleetAllQueued bool) string {
+func cacheAwareFallbackDecision(gateRejected, evaluated int, fleetAllQueued bool) string {
 	switch {
 	case gateRejected == 0:
 		return DecisionCacheMiss
@@ -995,11 +994,11 @@ func (p *CacheAware) winner(admitted, evaluated []cacheCandidate, req *Request, 
 	comparable := !p.opts.DisablePressureGuard && basis != loadmon.BasisInFlight
 	switch {
 	case comparable && basis == loadmon.BasisReported:
-		d.PressureSource = PressureSourceEstimatedQueue
+		d.PressureSource = pressureSourceEstimatedQueue
 	case comparable && p.opts.PressureAbsThreshold > 0:
-		d.PressureSource = PressureSourceQueueTime
+		d.PressureSource = pressureSourceQueueTime
 	case comparable:
-		d.PressureSource = PressureSourceNativeQueue
+		d.PressureSource = pressureSourceNativeQueue
 	}
 	least := best.uncached
 	for _, c := range admitted[1:] {

@@ -504,7 +504,7 @@ func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testin
 	d := c.dec.last()
 	assert.Equal(t, 1, d.GuardCompared)
 	assert.Equal(t, 1, d.GuardOverrides)
-	assert.Equal(t, policy.PressureSourceNativeQueue, d.PressureSource)
+	assert.Equal(t, "native_queue_tokens", d.PressureSource)
 
 	pk, _ = c.policy(t, policy.CacheAwareOptions{DisableCostComparison: true, SwitchMarginTokens: u64(16), DisablePressureGuard: true}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "guard disabled")
@@ -520,7 +520,7 @@ func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testin
 	guarded := policy.CacheAwareOptions{DisableCostComparison: true, SwitchMarginTokens: u64(16)}
 	pk, _ = c.policy(t, guarded).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("shallow"), pk.Engine.ID(), "a native queue against an empty basic one")
-	assert.Equal(t, policy.PressureSourceEstimatedQueue, c.dec.last().PressureSource)
+	assert.Equal(t, "estimated_queue_tokens", c.dec.last().PressureSource)
 	assert.Equal(t, 1, c.dec.last().GuardOverrides)
 
 	// Both basic: 3 waiting requests priced at the request's own 160 input tokens (the router has
@@ -543,7 +543,7 @@ func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testin
 	c.native("deep", loadmon.Report{Native: &loadmon.NativeLoad{WaitingUncachedTokens: 5000}}) // shallow is stale
 	pk, _ = c.policy(t, policy.CacheAwareOptions{DisableCostComparison: true, SwitchMarginTokens: u64(16)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID(), "unknown load on one side: in-flight only, a tie")
-	assert.Equal(t, policy.PressureSourceRouterLocal, c.dec.last().PressureSource)
+	assert.Equal(t, "router_local", c.dec.last().PressureSource)
 }
 
 // sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` candidate_cap_is_applied_before_admission.

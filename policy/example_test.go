@@ -26,7 +26,7 @@ func scripted(seq ...int) func(int) int {
 // reports, pressure for a plain engine is its pending prefill work (waiting uncached tokens), not
 // only the router's in-flight count. Admission is then checked once, on that engine only: when it
 // is full the pick fails, even though a third engine, never sampled, is idle.
-func ExamplePowerOfN() {
+func ExampleNewPowerOfN() {
 	load, inflight := loadmon.NewTable(), loadmon.NewInFlight(nil)
 	native := func(waitingTokens uint64) *loadmon.NativeLoad {
 		return &loadmon.NativeLoad{MaxRunningRequests: 256, WaitingUncachedTokens: waitingTokens}
@@ -79,7 +79,7 @@ func ExamplePowerOfN() {
 // Least-load scores every candidate by waiting + running requests from fresh reports, plus the
 // dispatches this router made since each report, so two quick picks do not both land on the engine
 // that looked idle in the same report.
-func ExampleLeastLoad() {
+func ExampleNewLeastLoad() {
 	// A fixed clock keeps the example exact: reports at 12:00:00, dispatches a millisecond later.
 	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }

@@ -5,3 +5,9 @@ package policy
 func SetCostScan(p *CacheAware, always bool, hook func()) {
 	p.alwaysScan, p.costScanHook = always, hook
 }
+
+// CacheAwareFallbackDecision exposes cacheAwareFallbackDecision to tests.
+var CacheAwareFallbackDecision = cacheAwareFallbackDecision
+
+// Choices returns the sample size of a policy NewPowerOfN returned.
+func Choices(p Policy) int { return p.(*powerOfN).n }

@@ -10,9 +10,9 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// DefaultChoices is PowerOfN's default sample size (docs/design.md §7; the experimental SGLang
+// defaultChoices is NewPowerOfN's default sample size (docs/design.md §7; the experimental SGLang
 // router's --power-of-n-choices default).
-const DefaultChoices = 2
+const defaultChoices = 2
 
 // pressureScan finds the least pressured of the engines offered to it in one linear pass, under
 // the coverage rule: it tracks the best engine on each basis (loadmon.Basis) up to the best basis
@@ -96,25 +96,23 @@ func (s *pressureScan) result() (int, *loadmon.Observation) {
 	return t.i, &s.obs[t.slot]
 }
 
-// PowerOfN samples N distinct candidates uniformly and picks the one with the lower stage
-// pressure (loadmon.ComparePressure, with the coverage rule over the sample, counting the
-// dispatches since each engine's report); a complete tie keeps the first sampled, itself uniformly
-// random. When N covers the candidates it takes the exact minimum by a linear scan, breaking
-// complete ties uniformly at random (docs/design.md §7). Admission is called exactly once, on the winner, with the observation the
-// selection used; a rejection is returned as *AdmissionRejectedError, never resampled and never
-// replaced by the other sampled engine (docs/design.md §7).
-type PowerOfN struct {
+// powerOfN is the policy NewPowerOfN returns.
+type powerOfN struct {
 	cfg    Config
 	n      int
 	reason string
 }
 
-var _ Policy = (*PowerOfN)(nil)
+var _ Policy = (*powerOfN)(nil)
 
-// NewPowerOfN returns a power-of-N policy sampling n candidates. n < 1 is an error wrapping
-// ErrInvalidConfiguration (docs/design.md §7), as is a nil required
-// Config handle. With n = 2 picks carry ReasonPowerOfTwo, otherwise ReasonPowerOfN.
-func NewPowerOfN(cfg Config, n int) (*PowerOfN, error) {
+// NewPowerOfN returns a policy that samples n distinct candidates uniformly and picks the one with
+// the lowest stage pressure (loadmon.ComparePressure, counting the dispatches since each engine's
+// report); a complete tie keeps the first sampled. When n covers the candidates it takes the exact
+// minimum, breaking complete ties uniformly at random (docs/design.md §7). Admission is called
+// once, on the winner; a rejection is returned as *AdmissionRejectedError, never resampled or
+// replaced. Picks carry ReasonPowerOfTwo when n = 2, otherwise ReasonPowerOfN. n < 1 or a nil
+// required Config handle is an error wrapping ErrInvalidConfiguration.
+func NewPowerOfN(cfg Config, n int) (Policy, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("policy: power_of_n: choices %d, must be >= 1: %w", n, ErrInvalidConfiguration)
 	}
@@ -125,16 +123,13 @@ func NewPowerOfN(cfg Config, n int) (*PowerOfN, error) {
 	if n == 2 {
 		reason = ReasonPowerOfTwo
 	}
-	return &PowerOfN{cfg: cfg, n: n, reason: reason}, nil
+	return &powerOfN{cfg: cfg, n: n, reason: reason}, nil
 }
-
-// Choices returns N.
-func (p *PowerOfN) Choices() int { return p.n }
 
 // Pick implements Policy. No candidates → ErrNoCandidates without calling admission. One snapshot
 // is captured per pick and its record of the winner reaches admission. Allocation-free for groups
 // of up to 256 candidates.
-func (p *PowerOfN) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
+func (p *powerOfN) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	i, o, err := sampleLeastPressured(&p.cfg, p.cfg.Load.Snapshot(), engines, stageOf(req), p.n)
 	if err != nil {
 		return Pick{}, err
@@ -198,29 +193,29 @@ func stageOf(req *Request) state.Stage {
 	return req.Stage
 }
 
-// LeastLoad picks the least loaded candidate (configuration name least_load; docs/design.md §8). When every candidate has a fresh report, an engine's load is waiting + running
-// requests + the dispatches this router made after that report (so dispatches the report has not
-// seen count once); otherwise every candidate is scored by router-local in-flight requests alone.
-// Ties go to the fewer in-flight requests; complete ties are broken uniformly at random, without
-// allocating (docs/design.md §8). Admission is checked once, on the winner; a rejection is
-// returned, never replaced.
-type LeastLoad struct {
+// leastLoad is the policy NewLeastLoad returns.
+type leastLoad struct {
 	cfg Config
 }
 
-var _ Policy = (*LeastLoad)(nil)
+var _ Policy = (*leastLoad)(nil)
 
-// NewLeastLoad returns a least-load policy. It returns an error wrapping ErrInvalidConfiguration
-// when a required Config handle is nil.
-func NewLeastLoad(cfg Config) (*LeastLoad, error) {
+// NewLeastLoad returns a policy that picks the least loaded candidate (docs/design.md §8). When
+// every candidate has a fresh report, an engine's load is waiting + running requests + the
+// dispatches this router made after that report; otherwise every candidate is scored by
+// router-local in-flight requests alone. Ties go to the fewer in-flight requests; complete ties
+// are broken uniformly at random. Admission is checked once, on the winner; a rejection is
+// returned, never replaced. It returns an error wrapping ErrInvalidConfiguration when a required
+// Config handle is nil.
+func NewLeastLoad(cfg Config) (Policy, error) {
 	if err := cfg.validate(NameLeastLoad); err != nil {
 		return nil, err
 	}
-	return &LeastLoad{cfg: cfg}, nil
+	return &leastLoad{cfg: cfg}, nil
 }
 
 // Pick implements Policy. No candidates → ErrNoCandidates without calling admission.
-func (p *LeastLoad) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
+func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates
 	}

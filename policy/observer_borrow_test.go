@@ -16,7 +16,7 @@ type keeper struct{ kept []*policy.CacheDecision }
 
 func (k *keeper) ObserveCacheDecision(d *policy.CacheDecision) { k.kept = append(k.kept, d) }
 
-// borrower is a CacheDecisionBorrower: it records what it reads during each call.
+// borrower borrows decisions (BorrowCacheDecision): it records what it reads during each call.
 type borrower struct {
 	keeper
 	borrowed []string
@@ -28,7 +28,7 @@ func (b *borrower) BorrowCacheDecision(d *policy.CacheDecision) {
 
 // TestCacheObserverKeepsItsCopyAndBorrowerBorrows checks the two observer contracts: a
 // CacheObserver gets its own copy of each decision, which later picks do not overwrite; a
-// CacheDecisionBorrower is called through BorrowCacheDecision only (docs/performance.md, the
+// borrowing observer is called through BorrowCacheDecision only (docs/performance.md, the
 // observer's cost).
 func TestCacheObserverKeepsItsCopyAndBorrowerBorrows(t *testing.T) {
 	t.Parallel()

@@ -140,7 +140,7 @@ const (
 	ReasonNoSession        = "no_session"
 )
 
-// Configuration names of the policies (docs/design.md §14; power_of_two builds PowerOfN with
+// Configuration names of the policies (docs/design.md §14; power_of_two builds NewPowerOfN with
 // N = 2).
 const (
 	NameRoundRobin = "round_robin"

@@ -24,8 +24,8 @@ const (
 	StickyNamespace  = "sticky"
 )
 
-// Reason labels of Sticky and of both affinity policies when their store is unavailable
-// (docs/design.md §12). SessionAware uses ReasonSessionPrimary, ReasonAssigned and
+// Reason labels of NewSticky's policy and of both affinity policies when their store is
+// unavailable (docs/design.md §12). NewSessionAware's policy uses ReasonSessionPrimary, ReasonAssigned and
 // ReasonNoSession.
 const (
 	// ReasonStickyPrimary: an admitted, existing routing-key binding was reused (or a concurrent
@@ -56,7 +56,7 @@ type SessionAwareOptions struct {
 	// group that should agree. Required.
 	Store affinity.Store
 	// Choices is N of the power-of-N pick for new, unbound and keyless sessions. 0 means
-	// DefaultChoices (2); negative is invalid.
+	// 2; negative is invalid.
 	Choices int
 	// FallbackOnUnavailable makes a store failure (affinity.ErrUnavailable) degrade to the
 	// fallback's admitted pick, unbound, with ReasonAffinityUnavailable. False (the default)
@@ -66,7 +66,17 @@ type SessionAwareOptions struct {
 	FallbackOnUnavailable bool
 }
 
-// SessionAware keeps each session on one engine per (model, bucket, stage) scope
+// sessionAware is the policy NewSessionAware returns.
+type sessionAware struct {
+	core affinityCore
+}
+
+var _ Policy = (*sessionAware)(nil)
+
+// NewSessionAware returns a session-aware policy over opts.Store. Errors wrap
+// ErrInvalidConfiguration: a nil Store, a negative Choices, or a nil required Config handle.
+//
+// The policy keeps each session on one engine per (model, bucket, stage) scope
 // (docs/design.md §12; sgl-project/sglang
 // `experimental/sgl-router/src/policies_reorg/session_aware.rs`). Per pick, with the session key
 // from Request.SessionKey:
@@ -91,15 +101,11 @@ type SessionAwareOptions struct {
 //
 // A binding records a placement, not a dispatch: it stays if a later PD group or the dispatch
 // fails. The caller owns the store, its idle timeout and its sweeper.
-type SessionAware struct {
-	core affinityCore
-}
-
-var _ Policy = (*SessionAware)(nil)
-
-// NewSessionAware returns a session-aware policy over opts.Store. Errors wrap
-// ErrInvalidConfiguration: a nil Store, a negative Choices, or a nil required Config handle.
-func NewSessionAware(cfg Config, opts SessionAwareOptions) (*SessionAware, error) {
+//
+// Pick errors: ErrNoCandidates; *AdmissionRejectedError; an error wrapping affinity.ErrInvalidKey
+// (ErrInvalidSignal) for an over-long key; an *affinity.UnavailableError (wrapped) when the store
+// fails and FallbackOnUnavailable is off; the admission checker's error.
+func NewSessionAware(cfg Config, opts SessionAwareOptions) (Policy, error) {
 	if err := cfg.validate(NameSessionAware); err != nil {
 		return nil, err
 	}
@@ -110,7 +116,7 @@ func NewSessionAware(cfg Config, opts SessionAwareOptions) (*SessionAware, error
 		return nil, fmt.Errorf("policy: %s: SessionAwareOptions.Choices %d: must be >= 0: %w", NameSessionAware, opts.Choices, ErrInvalidConfiguration)
 	}
 	if opts.Choices == 0 {
-		opts.Choices = DefaultChoices
+		opts.Choices = defaultChoices
 	}
 	fb := cfg
 	fb.Admission = admission.Limits{}
@@ -118,17 +124,15 @@ func NewSessionAware(cfg Config, opts SessionAwareOptions) (*SessionAware, error
 	if err != nil {
 		return nil, err
 	}
-	return &SessionAware{core: affinityCore{
+	return &sessionAware{core: affinityCore{
 		cfg: cfg, store: opts.Store, namespace: SessionNamespace, fallback: fallback,
 		failOpen: opts.FallbackOnUnavailable, name: NameSessionAware,
 		primary: ReasonSessionPrimary, assigned: ReasonAssigned, noKey: ReasonNoSession,
 	}}, nil
 }
 
-// Pick implements Policy. Errors: ErrNoCandidates; *AdmissionRejectedError; an error wrapping
-// affinity.ErrInvalidKey (ErrInvalidSignal) for an over-long key; an *affinity.UnavailableError
-// (wrapped) when the store fails and FallbackOnUnavailable is off; the admission checker's error.
-func (p *SessionAware) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
+// Pick implements Policy.
+func (p *sessionAware) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	key := ""
 	if req != nil {
 		key = req.SessionKey
@@ -136,7 +140,7 @@ func (p *SessionAware) Pick(ctx context.Context, engines []state.Engine, req *Re
 	return p.core.pick(ctx, engines, req, key)
 }
 
-// affinityCore is the store-backed reuse-or-bind algorithm SessionAware and Sticky share; they
+// affinityCore is the store-backed reuse-or-bind algorithm sessionAware and sticky share; they
 // differ in namespace, fallback and reason labels.
 type affinityCore struct {
 	cfg       Config

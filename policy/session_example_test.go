@@ -14,7 +14,7 @@ import (
 // A session's first request goes to the less loaded engine and is bound there; later requests
 // reuse the binding even when that engine becomes the busier one; a request without a session key
 // binds nothing.
-func ExampleSessionAware() {
+func ExampleNewSessionAware() {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
 	load := loadmon.NewTable(loadmon.WithClock(clock))
@@ -49,7 +49,7 @@ func ExampleSessionAware() {
 
 // Stateless sticky routing: every router replica maps a routing key to the same engine, with no
 // shared store.
-func ExampleSticky_rendezvous() {
+func ExampleNewSticky_rendezvous() {
 	cfg := policy.Config{Load: loadmon.NewTable(), InFlight: loadmon.NewInFlight(nil)}
 	replica1, _ := policy.NewSticky(cfg, policy.StickyOptions{Rendezvous: true})
 	replica2, _ := policy.NewSticky(cfg, policy.StickyOptions{Rendezvous: true, LoadFactor: 1.25})

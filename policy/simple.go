@@ -7,27 +7,29 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// RoundRobin rotates over the candidates with one cursor per instance (docs/design.md §7.2). The cursor counts picks, so
-// index = picks mod len(candidates): a change in membership shifts the rotation. Admission is
-// checked once, on the engine the cursor lands on; a rejection is returned, never replaced.
-type RoundRobin struct {
+// roundRobin is the policy NewRoundRobin returns.
+type roundRobin struct {
 	cfg    Config
 	cursor atomic.Uint64
 }
 
-var _ Policy = (*RoundRobin)(nil)
+var _ Policy = (*roundRobin)(nil)
 
-// NewRoundRobin returns a round-robin policy whose cursor starts at the first candidate. It
-// returns an error wrapping ErrInvalidConfiguration when a required Config handle is nil.
-func NewRoundRobin(cfg Config) (*RoundRobin, error) {
+// NewRoundRobin returns a policy that rotates over the candidates with one cursor, starting at the
+// first (docs/design.md §7.2). The cursor counts picks, so index = picks mod len(candidates): a
+// change in membership shifts the rotation. Admission is checked once, on the engine the cursor
+// lands on; a rejection is returned, never replaced. No candidates → ErrNoCandidates, and the
+// cursor does not move. It returns an error wrapping ErrInvalidConfiguration when a required
+// Config handle is nil.
+func NewRoundRobin(cfg Config) (Policy, error) {
 	if err := cfg.validate(NameRoundRobin); err != nil {
 		return nil, err
 	}
-	return &RoundRobin{cfg: cfg}, nil
+	return &roundRobin{cfg: cfg}, nil
 }
 
 // Pick implements Policy. No candidates → ErrNoCandidates, and the cursor does not move.
-func (p *RoundRobin) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
+func (p *roundRobin) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates
 	}
@@ -35,25 +37,25 @@ func (p *RoundRobin) Pick(_ context.Context, engines []state.Engine, req *Reques
 	return p.cfg.pickChecked(engines[i], ReasonRoundRobin, stageOf(req))
 }
 
-// Random chooses uniformly among the candidates with the Config's random source, then checks
-// admission once on that engine.
-type Random struct {
+// random is the policy NewRandom returns.
+type random struct {
 	cfg Config
 }
 
-var _ Policy = (*Random)(nil)
+var _ Policy = (*random)(nil)
 
-// NewRandom returns a uniform random policy. It returns an error wrapping
+// NewRandom returns a policy that chooses uniformly among the candidates with the Config's random
+// source, then checks admission once on that engine. It returns an error wrapping
 // ErrInvalidConfiguration when a required Config handle is nil.
-func NewRandom(cfg Config) (*Random, error) {
+func NewRandom(cfg Config) (Policy, error) {
 	if err := cfg.validate(NameRandom); err != nil {
 		return nil, err
 	}
-	return &Random{cfg: cfg}, nil
+	return &random{cfg: cfg}, nil
 }
 
 // Pick implements Policy. No candidates → ErrNoCandidates.
-func (p *Random) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
+func (p *random) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates
 	}

@@ -19,7 +19,7 @@ type StickyOptions struct {
 	Store affinity.Store
 	// Fallback names the policy for new, unbound and keyless routing keys: NameRoundRobin
 	// (default, also ""), NameRandom, NamePowerOfTwo or NameLeastLoad. It is built with
-	// admission.Limits{}; Sticky checks its pick with its own admission. In Rendezvous mode it
+	// admission.Limits{}; the sticky policy checks its pick with its own admission. In Rendezvous mode it
 	// serves only keyless requests.
 	Fallback string
 	// Rendezvous selects the stateless mode: rendezvous (highest random weight) hashing of the
@@ -38,9 +38,22 @@ type StickyOptions struct {
 	FallbackOnUnavailable bool
 }
 
-// Sticky keeps each routing key (Request.RoutingKey) on one engine (docs/design.md §12).
+// sticky is the policy NewSticky returns.
+type sticky struct {
+	core       affinityCore // store mode
+	rendezvous bool
+	loadFactor float64
+}
+
+var _ Policy = (*sticky)(nil)
+
+// NewSticky returns a sticky policy. Errors wrap ErrInvalidConfiguration: neither or both of
+// Store and Rendezvous, an unknown Fallback, a LoadFactor that is negative, below 1, not finite
+// or set without Rendezvous, or a nil required Config handle.
 //
-// With a Store it follows SessionAware's rules exactly — reuse of an admitted binding whatever its
+// The policy keeps each routing key (Request.RoutingKey) on one engine (docs/design.md §12).
+//
+// With a Store it follows NewSessionAware's rules exactly — reuse of an admitted binding whatever its
 // pressure, binding only after admission, concurrent winners checked, rejections never rebinding
 // — with its own namespace, the configured fallback, and the labels ReasonStickyPrimary,
 // ReasonStickyAssigned and ReasonNoRoutingKey.
@@ -49,20 +62,10 @@ type StickyOptions struct {
 // fmix64(xxhash(engine ID) XOR xxhash(routing key)), optionally below the load bound, and admission
 // is checked once on it (ReasonRendezvous, or ReasonRendezvousBounded when the bound moved the
 // key); a rejection is returned, never replaced. A keyless request takes the fallback's pick,
-// checked (ReasonNoRoutingKey).
-type Sticky struct {
-	core       affinityCore // store mode
-	rendezvous bool
-	loadFactor float64
-}
-
-var _ Policy = (*Sticky)(nil)
-
-// NewSticky returns a sticky policy. Errors wrap ErrInvalidConfiguration: neither or both of
-// Store and Rendezvous, an unknown Fallback, a LoadFactor that is negative, below 1, not finite
-// or set without Rendezvous, or a nil required Config handle.
-func NewSticky(cfg Config, opts StickyOptions) (*Sticky, error) {
-	fail := func(format string, args ...any) (*Sticky, error) {
+// checked (ReasonNoRoutingKey). Pick errors are those of NewSessionAware's policy; Rendezvous
+// mode allocates nothing.
+func NewSticky(cfg Config, opts StickyOptions) (Policy, error) {
+	fail := func(format string, args ...any) (Policy, error) {
 		return nil, fmt.Errorf("policy: %s: "+format+": %w", append([]any{NameSticky}, append(args, ErrInvalidConfiguration)...)...)
 	}
 	if err := cfg.validate(NameSticky); err != nil {
@@ -94,7 +97,7 @@ func NewSticky(cfg Config, opts StickyOptions) (*Sticky, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Sticky{
+	return &sticky{
 		core: affinityCore{
 			cfg: cfg, store: opts.Store, namespace: StickyNamespace, fallback: fallback,
 			failOpen: opts.FallbackOnUnavailable, name: NameSticky,
@@ -105,8 +108,8 @@ func NewSticky(cfg Config, opts StickyOptions) (*Sticky, error) {
 	}, nil
 }
 
-// Pick implements Policy. Errors: as SessionAware.Pick. Rendezvous mode allocates nothing.
-func (p *Sticky) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
+// Pick implements Policy. Rendezvous mode allocates nothing.
+func (p *sticky) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	key := ""
 	if req != nil {
 		key = req.RoutingKey
@@ -132,7 +135,7 @@ func (p *Sticky) Pick(ctx context.Context, engines []state.Engine, req *Request)
 const rendezvousWindow = 64
 
 // rendezvousIndex returns the index of the key's engine and the reason label.
-func (p *Sticky) rendezvousIndex(engines []state.Engine, key string) (int, string) {
+func (p *sticky) rendezvousIndex(engines []state.Engine, key string) (int, string) {
 	seed := xxhash.Sum64String(key)
 	bounded := p.loadFactor > 0
 	var counts [rendezvousWindow]uint64

@@ -134,14 +134,14 @@ func TestStickyStoreBindsNewKeysThroughTheFallback(t *testing.T) {
 	assert.False(t, ok, "got %q", id)
 }
 
-func rendezvous(t testing.TB, e *env, factor float64) *policy.Sticky {
+func rendezvous(t testing.TB, e *env, factor float64) policy.Policy {
 	t.Helper()
 	p, err := policy.NewSticky(e.cfg(), policy.StickyOptions{Rendezvous: true, LoadFactor: factor})
 	require.NoError(t, err)
 	return p
 }
 
-func keyOwners(t testing.TB, p *policy.Sticky, cands []state.Engine, keys int) []state.EngineID {
+func keyOwners(t testing.TB, p policy.Policy, cands []state.Engine, keys int) []state.EngineID {
 	t.Helper()
 	out := make([]state.EngineID, keys)
 	for k := range out {

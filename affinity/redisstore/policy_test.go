@@ -70,7 +70,7 @@ func TestSessionPickRoundTrips(t *testing.T) {
 	}
 }
 
-func sessionPolicy(t testing.TB, st affinity.Store, n int) (*policy.SessionAware, []state.Engine) {
+func sessionPolicy(t testing.TB, st affinity.Store, n int) (policy.Policy, []state.Engine) {
 	t.Helper()
 	load := loadmon.NewTable()
 	cands := make([]state.Engine, n)

@@ -1,5 +1,5 @@
 // Package affinitysuite holds the acceptance scenarios of the store-backed affinity policies
-// (policy.SessionAware and policy.Sticky with a Store), written once and run against every
+// (policy.NewSessionAware and policy.NewSticky with a Store), written once and run against every
 // affinity.Store of the module: the memory store (package policy's tests) and Redis, standalone
 // and clustered (package redisstore's tests). The scenarios are those of the session-aware policy
 // of sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_session_aware.rs`,

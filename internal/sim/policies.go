@@ -120,7 +120,7 @@ func DefaultPolicies() map[string]PolicyFactory {
 	}
 }
 
-// cacheAware builds policy.CacheAware over a kvindex.LocalSource of the run's index, with the
+// cacheAware builds policy.NewCacheAware over a kvindex.LocalSource of the run's index, with the
 // policy's default options.
 func cacheAware(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
 	src, err := kvindex.NewLocalSource(env.Index)

@@ -9,12 +9,12 @@ import (
 
 // Policy names of the affinity policies in the replay (docs/design.md §12).
 const (
-	// NameSessionAware is policy.SessionAware over the run's affinity store.
+	// NameSessionAware is policy.NewSessionAware over the run's affinity store.
 	NameSessionAware = policy.NameSessionAware
-	// NameSticky is policy.Sticky over the run's affinity store, with its default round-robin
+	// NameSticky is policy.NewSticky over the run's affinity store, with its default round-robin
 	// fallback.
 	NameSticky = policy.NameSticky
-	// NameStickyRendezvous is the stateless policy.Sticky: rendezvous hashing with a 1.25 load
+	// NameStickyRendezvous is the stateless policy.NewSticky: rendezvous hashing with a 1.25 load
 	// factor.
 	NameStickyRendezvous = "sticky_rendezvous"
 )
