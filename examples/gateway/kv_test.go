@@ -39,10 +39,12 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// newPublisher is a publisher on ports the system chose (listening on port 0, so that no parallel
+// test can take them between their choice and the bind), with its two addresses.
 func newPublisher(t *testing.T) (p *publisher, addr, replay string) {
-	addr = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	replay = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	return newPublisherOn(t, addr, replay), addr, replay
+	p = newPublisherOn(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+	port := func(a net.Addr) string { return fmt.Sprintf("tcp://127.0.0.1:%d", a.(*net.TCPAddr).Port) }
+	return p, port(p.pub.Addr()), port(p.router.Addr())
 }
 
 // newPublisherOn is newPublisher bound to the given addresses.

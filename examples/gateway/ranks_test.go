@@ -66,8 +66,8 @@ func TestPerRankServersGetTheirRanksRequests(t *testing.T) {
 	var topics []string
 	flag := "--engine=url=" + r0.URL() + ",model=m,kind=vllm"
 	for r, e := range []*fakeengine.Engine{r0, r1} {
-		addr, replay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t)), fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-		pubs = append(pubs, newPublisherOn(t, addr, replay))
+		pub, addr, replay := newPublisher(t)
+		pubs = append(pubs, pub)
 		topics = append(topics, "kv@"+strings.TrimPrefix(e.URL(), "http://")+"@m")
 		flag += fmt.Sprintf(",ranks.%d.url=%s,ranks.%d.kv_events=%s,ranks.%d.kv_topic=%s,ranks.%d.kv_replay=%s", r, e.URL(), r, addr, r, topics[r], r, replay)
 	}
