@@ -188,6 +188,18 @@ func (d *Dispatch) ReleaseStage(stage state.Stage) {
 	}
 }
 
+// FirstToken records that the response's first token has arrived: the selected engines have ended
+// the request's prefill (loadmon.Guard.FirstToken). Call it when the first token of a streamed
+// response arrives; it is optional. A nil *Dispatch's FirstToken does nothing.
+func (d *Dispatch) FirstToken() {
+	if d == nil {
+		return
+	}
+	for _, g := range d.guards {
+		g.FirstToken()
+	}
+}
+
 // Done ends the dispatch as Release does, and reports its outcome to the Router's Observer
 // (docs/design.md §15), grpc-go style: the host calls it once the response has ended, with the
 // error (nil on success), time to first token and token counts it learned. A nil *Dispatch's

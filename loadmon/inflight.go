@@ -27,6 +27,10 @@ type InFlight struct {
 	now    func() time.Time
 	system bool // now is time.Now (NewInFlight(nil))
 
+	// firstTokens is set once a host has ended some dispatch's prefill with Guard.FirstToken:
+	// from then on, prefill tokens in flight count in the pending-prefill estimates.
+	firstTokens atomic.Bool
+
 	mu       sync.Mutex // serializes map replacement
 	counters atomic.Pointer[map[state.EngineID]*counter]
 	ranks    atomic.Pointer[map[rankKey]*counter] // per (engine, DP rank): AcquireRank only
@@ -45,6 +49,9 @@ type counter struct {
 	tokens [dispatchRing]atomic.Uint64 // prefill tokens of the same dispatches
 	// ringTokens is the sum of tokens: the prefill tokens of the recorded dispatches.
 	ringTokens atomic.Uint64
+	// prefilling is the prefill tokens of the in-flight dispatches whose first token has not
+	// arrived (Guard.FirstToken) and that are not released.
+	prefilling atomic.Uint64
 }
 
 // NewInFlight returns empty counters that timestamp dispatches with now (nil: time.Now).
@@ -65,7 +72,35 @@ func NewInFlight(now func() time.Time) *InFlight {
 type Guard struct {
 	c        *counter
 	rc       *counter // the DP rank's counter; nil unless acquired by AcquireRank
+	f        *InFlight
+	tokens   uint64 // prefill tokens, counted in prefilling until the first token
 	released atomic.Bool
+	prefill  atomic.Bool // the prefill has ended (FirstToken or Release)
+}
+
+// FirstToken records that the request's first output token has arrived: the engine has ended its
+// prefill, so its prefill tokens no longer count as pending there. Calling it is optional; a host
+// that calls it for its dispatches gives pending-prefill estimates on engines without native load
+// reports the router's exact in-flight prefill work (docs/design.md §9.11). Idempotent; a nil
+// *Guard's FirstToken does nothing.
+func (g *Guard) FirstToken() {
+	if g == nil {
+		return
+	}
+	if !g.f.firstTokens.Load() {
+		g.f.firstTokens.Store(true)
+	}
+	g.endPrefill()
+}
+
+func (g *Guard) endPrefill() {
+	if !g.prefill.CompareAndSwap(false, true) || g.tokens == 0 {
+		return
+	}
+	g.c.prefilling.Add(-g.tokens)
+	if g.rc != nil {
+		g.rc.prefilling.Add(-g.tokens)
+	}
 }
 
 // Release decrements the counters the guard incremented, once.
@@ -73,6 +108,7 @@ func (g *Guard) Release() {
 	if g == nil || !g.released.CompareAndSwap(false, true) {
 		return
 	}
+	g.endPrefill()
 	g.c.n.Add(-1)
 	if g.rc != nil {
 		g.rc.n.Add(-1)
@@ -111,7 +147,7 @@ func (f *InFlight) acquire(engine state.EngineID, prefillTokens uint64, at int64
 	c := f.engineCounter(engine)
 	c.n.Add(1)
 	c.stamp(prefillTokens, at)
-	return &Guard{c: c}
+	return &Guard{c: c, f: f, tokens: prefillTokens}
 }
 
 // engineCounter returns the engine's counter, creating it on the engine's first dispatch.
@@ -178,7 +214,7 @@ func (f *InFlight) TryAcquireRankAt(engine state.EngineID, rank int, prefillToke
 				ns = f.now().UnixNano()
 			}
 			c.stamp(prefillTokens, ns)
-			return f.withRank(&Guard{c: c}, engine, rank, prefillTokens, ns), found
+			return f.withRank(&Guard{c: c, f: f, tokens: prefillTokens}, engine, rank, prefillTokens, ns), found
 		}
 	}
 }
@@ -222,6 +258,7 @@ func (c *counter) stamp(prefillTokens uint64, at int64) {
 	old := c.tokens[i%dispatchRing].Swap(prefillTokens)
 	c.ringTokens.Add(prefillTokens - old) // modular: the sum stays exact
 	c.ring[i%dispatchRing].Store(at)
+	c.prefilling.Add(prefillTokens)
 }
 
 // meanTokens returns the mean prefill tokens of the recorded dispatches (the 64 most recent),

@@ -157,9 +157,12 @@ func (o *Observation) PendingPrefillTokens() (uint64, bool) {
 // cost comparison and the pressure guard price it (docs/design.md §9.7, §9.11): PendingPrefillTokens
 // with a native report; with any other fresh report, the reported waiting requests × the mean
 // prefill tokens of the 64 most recent dispatches inflight recorded to the engine (to the named
-// rank when the observation names one), plus the prefill tokens dispatched since the report. The
-// mean is what a request routed there typically brings to prefill; perRequest stands for it when
-// inflight is nil or no recorded dispatch brought any. It returns false when the load is unknown.
+// rank when the observation names one), plus the prefill tokens dispatched since the report, or,
+// when larger and once the host reports first tokens (Guard.FirstToken), the prefill tokens of
+// the dispatches inflight holds there whose first token has not arrived: a basic report counts a
+// request being prefilled as running, not waiting. The mean is what a request routed there
+// typically brings to prefill; perRequest stands for it when inflight is nil or no recorded
+// dispatch brought any. It returns false when the load is unknown.
 func (o *Observation) EstimatePendingPrefillTokens(inflight *InFlight, perRequest uint64) (uint64, bool) {
 	l := o.Figures()
 	switch {
@@ -168,14 +171,15 @@ func (o *Observation) EstimatePendingPrefillTokens(inflight *InFlight, perReques
 	case l.Native:
 		return o.PendingPrefillTokens()
 	}
-	var mean uint64
+	var c *counter
 	if inflight != nil {
 		if o.HasDPRank {
-			mean = (*inflight.ranks.Load())[rankKey{l.Engine, o.DPRank}].meanTokens()
+			c = (*inflight.ranks.Load())[rankKey{l.Engine, o.DPRank}]
 		} else {
-			mean = inflight.lookup(l.Engine).meanTokens()
+			c = inflight.lookup(l.Engine)
 		}
 	}
+	mean := c.meanTokens()
 	if mean == 0 {
 		mean = perRequest
 	}
@@ -183,7 +187,11 @@ func (o *Observation) EstimatePendingPrefillTokens(inflight *InFlight, perReques
 	if hi != 0 {
 		queued = math.MaxUint64
 	}
-	return satAdd(queued, o.DispatchedTokens), true
+	pending := satAdd(queued, o.DispatchedTokens)
+	if c != nil && inflight.firstTokens.Load() {
+		pending = max(pending, c.prefilling.Load())
+	}
+	return pending, true
 }
 
 // PendingPrefillTime returns PendingPrefillTokens divided by the engine's measured prefill

@@ -2,6 +2,7 @@ package loadmon_test
 
 import (
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -330,4 +331,80 @@ func BenchmarkSnapshotObserve64(b *testing.B) {
 			_ = loadmon.Observe(s, f, id)
 		}
 	}
+}
+
+// A basic report counts a request being prefilled as running, not waiting. Once the host reports
+// first tokens, the estimate is at least the prefill tokens of the router's dispatches there whose
+// first token has not arrived (docs/design.md §9.11): an engine busy prefilling a long prompt
+// dispatched before its report is not taken for idle.
+func TestEstimatePendingPrefillTokensCountsPrefillsInFlight(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
+	f := loadmon.NewInFlight(clk.Now)
+	long := f.AcquirePrefill("a", 8000)
+	short := f.AcquireRank("a", 1, 300)
+	done := f.AcquirePrefill("b", 5000)
+	clk.Advance(time.Millisecond)
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "a", RunningRequests: 2}))
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "b", RunningRequests: 1}))
+	est := func(engine string) uint64 {
+		o := loadmon.Observe(tab.Snapshot(), f, state.EngineID(engine))
+		got, ok := o.EstimatePendingPrefillTokens(f, 77)
+		require.True(t, ok)
+		return got
+	}
+	assert.Zero(t, est("a"), "no first token reported yet: the report alone (nothing waiting)")
+
+	done.FirstToken()
+	assert.Equal(t, uint64(8300), est("a"), "both prefills still in flight")
+	assert.Zero(t, est("b"), "b's prefill has ended")
+	short.FirstToken()
+	short.FirstToken()
+	assert.Equal(t, uint64(8000), est("a"), "FirstToken is idempotent")
+	short.Release()
+	assert.Equal(t, uint64(8000), est("a"), "a release after the first token subtracts nothing more")
+	long.Release()
+	assert.Zero(t, est("a"), "a released dispatch no longer prefills")
+
+	// The larger of the two estimates: a report's waiting requests priced at the recent mean.
+	f.AcquirePrefill("c", 100)
+	clk.Advance(time.Millisecond)
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "c", WaitingRequests: 10}))
+	assert.Equal(t, uint64(10*100), est("c"), "10 waiting × the mean 100 exceeds the 100 in flight")
+	var nilGuard *loadmon.Guard
+	nilGuard.FirstToken()
+}
+
+// Concurrent first tokens and releases leave no prefill counted once every dispatch has ended.
+func TestPrefillsInFlightUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
+	f := loadmon.NewInFlight(clk.Now)
+	first := f.AcquirePrefill("a", 1)
+	first.FirstToken() // the host reports first tokens
+	first.Release()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 500 {
+				g := f.AcquireRank("a", w%2, uint64(i+1))
+				var racer sync.WaitGroup
+				if i%3 != 0 {
+					racer.Go(g.FirstToken) // the first token races the release
+				}
+				g.Release()
+				racer.Wait()
+				g.FirstToken()
+			}
+		})
+	}
+	wg.Wait()
+	clk.Advance(time.Millisecond) // the report follows the dispatches
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "a"}))
+	o := loadmon.Observe(tab.Snapshot(), f, "a")
+	got, _ := o.EstimatePendingPrefillTokens(f, 0)
+	assert.Zero(t, got)
+	assert.Zero(t, f.Count("a"))
 }

@@ -19,7 +19,6 @@ import (
 // Cache-aware defaults (docs/design.md §9.1, §9.2, §9.6 and §9.7;
 // the experimental SGLang router's defaults).
 const (
-	defaultMinMatchedTokens           = 1024
 	defaultCandidateMinEngines        = 8
 	defaultCandidateRatio             = 0.05
 	defaultCandidateMaxEngines        = 32
@@ -132,10 +131,9 @@ type cacheDecisionBorrower interface {
 type CacheAwareOptions struct {
 	// Source answers prefix lookups (local index or remote indexer). Required.
 	Source kvindex.Source
-	// MinMatchedTokens is the hit gate: an engine's matched prefix must reach this many tokens,
-	// an absolute floor because indexer scans can be truncated (docs/design.md §9.1). 0 means the
-	// default gate, min(1,024, ⌈input tokens ÷ 4⌉): 1,024 tokens, or a quarter
-	// of a prompt shorter than 4,096 tokens.
+	// MinMatchedTokens is the hit gate: an engine's matched prefix must reach this many tokens
+	// to count as a hit; a shorter match is a miss for every rule, the cost comparison included
+	// (docs/design.md §9.1). 0 means the default gate, a fifth of the prompt: ⌈input tokens ÷ 5⌉.
 	MinMatchedTokens uint64
 	// MinMatchRatio optionally also requires matched ÷ input tokens ≥ this ratio. 0 means unset;
 	// otherwise it must be in (0, 1].
@@ -236,7 +234,7 @@ type CacheAware struct {
 	// each scan of the group: tests only (export_test.go).
 	alwaysScan   bool
 	costScanHook func()
-	shortGate    bool   // MinMatchedTokens was unset: the gate is at most a quarter of the prompt
+	shareGate    bool   // MinMatchedTokens was unset: the gate is a fifth of the prompt
 	queueCap     uint64 // 0 = gate off
 	floor        uint64 // 0 = off
 	blind        atomic.Uint64
@@ -297,10 +295,7 @@ func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
 	bad := func(field string, v any, rule string) error {
 		return optionErr(NameCacheAware, field, state.ErrOutOfRange, "%v: %s", v, rule)
 	}
-	shortGate := opts.MinMatchedTokens == 0
-	if shortGate {
-		opts.MinMatchedTokens = defaultMinMatchedTokens
-	}
+	shareGate := opts.MinMatchedTokens == 0
 	if r := opts.MinMatchRatio; r != 0 && !(r > 0 && r <= 1) {
 		return nil, bad("MinMatchRatio", r, "must be in (0, 1]")
 	}
@@ -380,7 +375,7 @@ func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
 		placer, _ = opts.Source.(kvindex.Placer)
 	}
 	borrower, _ := opts.Observer.(cacheDecisionBorrower)
-	return &CacheAware{opts: opts, placer: placer, borrower: borrower, margin: margin, costMargin: costMargin, shortGate: shortGate, queueCap: queueCap, floor: floor, log: log}, nil
+	return &CacheAware{opts: opts, placer: placer, borrower: borrower, margin: margin, costMargin: costMargin, shareGate: shareGate, queueCap: queueCap, floor: floor, log: log}, nil
 }
 
 // SupportsStage implements StageSupporter: plain and prefill only.
@@ -441,7 +436,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	n := len(res.Engines)
 	sc.all, sc.cands = slices.Grow(sc.all[:0], n), slices.Grow(sc.cands[:0], n)
 	sc.gated, sc.admitted = slices.Grow(sc.gated[:0], n), slices.Grow(sc.admitted[:0], n)
-	v := newLookupView(&sc.view, engines, req, res)
+	v := newLookupView(&sc.view, engines, req, res, p.hitGate(req))
 	cands := p.candidates(sc.cands, sc.all, engines, req, res, &v, snap)
 
 	d := &sc.d
@@ -527,7 +522,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			}
 		}
 		if !p.opts.DisableCostComparison {
-			alt, err := p.cheaper(engines, req, res, v.matched, snap, w, admitted, evaluated, d)
+			alt, err := p.cheaper(engines, req, res, v.credit, snap, w, admitted, evaluated, d)
 			if err != nil {
 				return Pick{}, err
 			}
@@ -583,7 +578,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if !p.opts.DisableCostComparison && o.Basis() != loadmon.BasisInFlight {
 		// Cost comparison (docs/design.md §9.11): the sample's winner against the cheapest
 		// engine of the same tier.
-		matched := v.matched
+		matched := v.credit
 		var load fleetLoad
 		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, p.queueCap != 0, &load)
 		if covered && j < 0 { // every engine is queued: the tier is the whole group
@@ -722,10 +717,12 @@ func (p *CacheAware) materiallyCheaper(from, to, fromUncached, toUncached uint64
 
 // lookupView maps a lookup result onto the group, once per pick: for each of res.Engines its
 // index among the engines (−1 outside the group), and per engine index the prompt tokens the
-// engine would serve from its prefix cache, whatever the hit gate (servedTokens, §9.1).
+// engine would serve from its prefix cache, whatever the hit gate (servedTokens, §9.1), and the
+// same with 0 below the hit gate (credit).
 type lookupView struct {
 	idx     []int
 	matched []uint64
+	credit  []uint64 // matched, 0 where below the hit gate: what the cost comparison credits
 }
 
 // lookupBuf backs a lookupView in the pick's scratch; its slices grow to the largest group and
@@ -733,14 +730,17 @@ type lookupView struct {
 type lookupBuf struct {
 	idx     []int
 	matched []uint64
+	credit  []uint64
 	ids     []state.EngineID
 }
 
-func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kvindex.Result) lookupView {
+func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kvindex.Result, gate uint64) lookupView {
 	var v lookupView
 	buf.matched = slices.Grow(buf.matched[:0], len(engines))[:len(engines)]
-	v.matched = buf.matched
+	buf.credit = slices.Grow(buf.credit[:0], len(engines))[:len(engines)]
+	v.matched, v.credit = buf.matched, buf.credit
 	clear(v.matched)
+	clear(v.credit)
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return v
 	}
@@ -763,6 +763,9 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 		}
 		v.idx[j] = i
 		v.matched[i] = servedTokens(req.InputTokens, min(m.Blocks, res.QueryBlocks), res.BlockTokens)
+		if v.matched[i] >= gate {
+			v.credit[i] = v.matched[i]
+		}
 	}
 	return v
 }
@@ -879,10 +882,7 @@ func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return dst
 	}
-	gate := p.opts.MinMatchedTokens
-	if p.shortGate {
-		gate = min(gate, (req.InputTokens+3)/4)
-	}
+	gate := p.hitGate(req)
 	n := len(engines)
 	limit := min(n, p.opts.CandidateMaxEngines, max(p.opts.CandidateMinEngines, int(math.Ceil(p.opts.CandidateRatio*float64(n)))))
 	all = all[:0]
@@ -898,9 +898,6 @@ func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 		blocks := min(m.Blocks, res.QueryBlocks)
 		matched := v.matched[idx]
 		if matched < gate {
-			continue
-		}
-		if p.opts.MinMatchRatio > 0 && float64(matched) < p.opts.MinMatchRatio*float64(req.InputTokens) {
 			continue
 		}
 		c := cacheCandidate{idx: idx, blocks: blocks, uncached: req.InputTokens - matched}
@@ -952,6 +949,20 @@ func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 		}
 	}
 	return dst
+}
+
+// hitGate is the fewest matched prompt tokens that count as a hit for req (docs/design.md §9.1):
+// MinMatchedTokens, or a fifth of the prompt when it is unset, and at least MinMatchRatio of the
+// prompt.
+func (p *CacheAware) hitGate(req *Request) uint64 {
+	gate := p.opts.MinMatchedTokens
+	if p.shareGate {
+		gate = (req.InputTokens + 4) / 5
+	}
+	if r := p.opts.MinMatchRatio; r > 0 {
+		gate = max(gate, uint64(math.Ceil(r*float64(req.InputTokens))))
+	}
+	return gate
 }
 
 // servedTokens returns the tokens of an input-token prompt that an engine holding its first

@@ -206,8 +206,9 @@ func TestCacheAwareMatchedTokensAreTheTokensTheEngineServes(t *testing.T) {
 	}
 }
 
-// docs/design.md §9.1: unset, the hit gate is min(1,024, ⌈input tokens ÷ 4⌉) matched tokens, so a
-// short chat's prefix counts while a long prompt still needs 1,024.
+// docs/design.md §9.1: unset, the hit gate is a fifth of the prompt, ⌈input tokens ÷ 5⌉ matched
+// tokens, whatever the prompt's length: a short chat's prefix counts, and a long prompt's shared
+// system prompt alone does not.
 func TestCacheAwareDefaultHitGate(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -216,13 +217,14 @@ func TestCacheAwareDefaultHitGate(t *testing.T) {
 		held int // blocks engine a holds
 		hit  bool
 	}{
-		{"321 tokens: gate 81, 80 matched", 20*blockTokens + 1, 5, false},
-		{"321 tokens: gate 81, 96 matched", 20*blockTokens + 1, 6, true},
-		{"320 tokens: gate 80, 80 matched", 20 * blockTokens, 5, true},
-		{"4,095 tokens: gate 1,024, 1,008 matched", 4095, 63, false},
-		{"4,095 tokens: gate 1,024, 1,024 matched", 4095, 64, true},
-		{"8,193 tokens: gate 1,024, 1,008 matched", 8193, 63, false},
-		{"8,193 tokens: gate 1,024, 1,024 matched", 8193, 64, true},
+		{"321 tokens: gate 65, 64 matched", 20*blockTokens + 1, 4, false},
+		{"321 tokens: gate 65, 80 matched", 20*blockTokens + 1, 5, true},
+		{"320 tokens: gate 64, 64 matched", 20 * blockTokens, 4, true},
+		{"8,193 tokens: gate 1,639, 1,632 matched", 8193, 102, false},
+		{"8,193 tokens: gate 1,639, 1,648 matched", 8193, 103, true},
+		{"40,960 tokens: gate 8,192, 2,048 matched (a system prompt)", 40960, 128, false},
+		{"40,960 tokens: gate 8,192, 8,176 matched", 40960, 511, false},
+		{"40,960 tokens: gate 8,192, 8,192 matched", 40960, 512, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -357,13 +357,14 @@ func TestCostComparisonSkipsOnlyScansThatCannotChangeThePick(t *testing.T) {
 	assert.Greater(t, diverted, 10, "picks the scan diverted")
 }
 
-// The skip's bound counts the tokens the scanned engines hold: an engine below the hit threshold
-// is no candidate, but the scan prices it with its cached tokens. Prompt of 256 tokens, threshold
-// 128: "w" holds all 16 blocks with 250 tokens pending (cost 250), "near" holds 7 blocks, 112
-// tokens, below the threshold (cost 256 − 112 = 144), "far" holds nothing (cost 256). Whole
-// prompts alone (256) could not be materially cheaper than 250, but "near" is: it saves 106
-// tokens, above the recompute threshold 2 × 1/3 busy × 144 = 96 (docs/design.md §9.11).
-func TestCostComparisonScansWhenAnEngineBelowTheThresholdCouldBeCheaper(t *testing.T) {
+// A match below the hit gate is a miss for the cost comparison too: it earns no credit, so a
+// shared prefix shorter than the gate (a system prompt) does not draw traffic to its holders
+// (docs/design.md §9.1, §9.11). Prompt of 256 tokens, gate 128: "w" holds all 16 blocks, serving
+// 240 tokens, with 250 pending (cost 266), "near" holds 7 blocks, 112 tokens, below the gate (cost
+// 256, not 144), "far" holds nothing (cost 256). Saving 10 tokens does not pay the 240 tokens of
+// recomputation (threshold 2 × 1/3 busy × 240 = 160), so w stays; crediting near's 112 tokens
+// would divert the request there (saving 122 > 2 × 1/3 × 128).
+func TestCostComparisonGivesNoCreditBelowTheHitGate(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
 	tok := prompt(256, 77)
@@ -378,7 +379,7 @@ func TestCostComparisonScansWhenAnEngineBelowTheThresholdCouldBeCheaper(t *testi
 	pk, err := p.Pick(ctx, engines(state.StagePrefill, "far", "near", "w"), creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, 1, scans, "the scan ran")
-	assert.Equal(t, state.EngineID("near"), pk.Engine.ID())
-	assert.Equal(t, policy.ReasonCostDiverted, pk.Reason)
-	assert.Equal(t, uint64(144), pk.PrefillTokens)
+	assert.Equal(t, state.EngineID("w"), pk.Engine.ID())
+	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+	assert.Equal(t, uint64(16), pk.PrefillTokens)
 }
