@@ -117,7 +117,8 @@ func mustNew(t *testing.T, cfg *config.Config, reg state.Registry, opts ...confi
 	return r
 }
 
-// seedPD is the two-bucket PD example of docs/design.md §14.1, with its fleet.
+// seedPD is a two-bucket PD configuration with its fleet: each bucket's prefill and decode groups
+// are disjoint, and a pair always comes from one bucket (docs/design.md §3).
 const seedPD = `
 engines:
   - {id: P1, model: llama, stage: prefill}
@@ -165,9 +166,10 @@ func selectReq(model string, input, peak int64) *bucket.Request {
 	return &bucket.Request{Model: state.ModelID(model), Signals: bucket.Signals{InputTokens: input, ExpectedPeakTokens: peak, HasExpectedPeak: true}}
 }
 
-// TestNewSeedPDConfigPicksPairsFromOneBucket is the worked example of docs/design.md §14.1: 4k
-// input with a 16k peak does not fit the short bucket's context and takes both engines from the
-// long bucket; with an 8k peak it takes both from the short bucket.
+// TestNewSeedPDConfigPicksPairsFromOneBucket checks bucket choice by expected peak (docs/design.md
+// §2) and PD pairs from one bucket (§3) through config.New: 4k input with a 16k peak does not fit
+// the short bucket's context and takes both engines from the long bucket; with an 8k peak it takes
+// both from the short bucket.
 func TestNewSeedPDConfigPicksPairsFromOneBucket(t *testing.T) {
 	t.Parallel()
 	r := mustNew(t, mustParse(t, seedPD), nil)

@@ -51,7 +51,7 @@ const (
 	scaleQueryTokens   = 8192
 	scaleSmallRequests = 400
 	// scaleMaxBlocks sizes Options.MaxBlocks above the full workload's 5,662,916 blocks, so that
-	// nothing is evicted (docs/performance.md: sizing MaxBlocks).
+	// nothing is evicted (docs/performance.md, "Sizing MaxBlocks").
 	scaleMaxBlocks = 8 << 20
 	// scaleCappedBlocks is the cap of the full workload's capped ingest
 	// (BenchmarkScale/ingest-capped; the small workload's is a third of its blocks): below the

@@ -65,7 +65,7 @@ func benchRouter(b testing.TB, pol string, observed bool, mopts metrics.Options)
 }
 
 // pickLoop is the measured loop, a named function so that callgrind can count its instructions
-// alone (--toggle-collect=*pickLoop, docs/performance.md).
+// alone (--toggle-collect=*pickLoop, docs/performance.md, "How these figures were measured").
 func pickLoop(ctx context.Context, b *testing.B, r *config.Router, req *bucket.Request, done bool, outcome enginepick.Outcome) {
 	for b.Loop() {
 		d, err := r.Select(ctx, req)
@@ -82,10 +82,11 @@ func pickLoop(ctx context.Context, b *testing.B, r *config.Router, req *bucket.R
 
 // BenchmarkPickObserver measures one pick (Router.Select and Dispatch.Release) with and without
 // the Prometheus observer, side by side in one run, for the cheapest policy and the costliest;
-// observer=prometheus_done adds Dispatch.Done with a full Outcome instead of Release. The issue
-// target is observer=prometheus within 10 % of observer=none (docs/performance.md). Besides
-// ns/op it reports cpu-ns/op, the process CPU time per pick, which the machine's load moves far
-// less than wall time; run it with -cpu 1 so that no other goroutine's work is counted.
+// observer=prometheus_done adds Dispatch.Done with a full Outcome instead of Release. The target
+// is observer=prometheus within 10 % of observer=none (docs/performance.md, "metrics: the
+// observer's cost on a pick"). Besides ns/op it reports cpu-ns/op, the process CPU time per pick,
+// which the machine's load moves far less than wall time; run it with -cpu 1 so that no other
+// goroutine's work is counted.
 func BenchmarkPickObserver(b *testing.B) {
 	ctx := context.Background()
 	for _, pol := range []string{policy.NameRoundRobin, policy.NamePowerOfTwo, policy.NameCacheAware} {
@@ -103,7 +104,7 @@ func BenchmarkPickObserver(b *testing.B) {
 }
 
 // TestObserverAllocatesNothingPerPick checks that the Prometheus observer adds no allocation to a
-// pick (docs/performance.md, observer overhead): the same Router.Select and Dispatch.Release with
+// pick (docs/performance.md, "metrics: the observer's cost on a pick"): the same Router.Select and Dispatch.Release with
 // and without it allocate the same number of objects. A cache-aware decision reaches the observer
 // without a copy to the heap (policy.CacheObserver).
 func TestObserverAllocatesNothingPerPick(t *testing.T) {

@@ -28,8 +28,8 @@ func (b *borrower) BorrowCacheDecision(d *policy.CacheDecision) {
 
 // TestCacheObserverKeepsItsCopyAndBorrowerBorrows checks the two observer contracts: a
 // CacheObserver gets its own copy of each decision, which later picks do not overwrite; a
-// borrowing observer is called through BorrowCacheDecision only (docs/performance.md, the
-// observer's cost).
+// borrowing observer is called through BorrowCacheDecision only (docs/performance.md, "policy":
+// a borrowed decision allocates nothing).
 func TestCacheObserverKeepsItsCopyAndBorrowerBorrows(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
