@@ -1084,7 +1084,7 @@ func TestScaleSmall(t *testing.T) {
 		got, err := pk.p.Pick(context.Background(), pk.group, pk.request(tokens))
 		require.NoError(t, err)
 		if len(want) > 0 && want[0].Blocks*scaleBlockTokens >= 1024 {
-			assert.Equal(t, policy.ReasonCacheCandidate, got.Reason, "query %d", q)
+			assert.Equal(t, "cache_candidate", got.Reason, "query %d", q)
 		}
 	}
 	if testing.Short() {

@@ -11,6 +11,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -95,41 +96,18 @@ type bucketObs struct {
 
 // cacheObs holds one model's cache-aware series.
 type cacheObs struct {
-	decisions [len(decisionLabels)]prometheus.Counter // by cache decision, in decisionLabels order
+	decisions [len(label.Decisions)]prometheus.Counter // by cache decision, in label.Decisions order
 	diverted  prometheus.Observer
 	forfeited prometheus.Observer
 	gate      prometheus.Counter
 	guard     prometheus.Counter
 }
 
-// decisionLabels are every CacheDecision.Decision value policy.CacheAware produces
-// (docs/design.md §9.8); a decision outside them would go uncounted, breaking §15.3's sum.
-var decisionLabels = [...]string{policy.DecisionCacheHit, policy.DecisionCacheMiss, policy.DecisionCacheWorkerQueued,
-	policy.DecisionAllQueued, policy.DecisionCostDiverted}
-
-var failureLabels = []string{enginepick.ReasonNoMatchingBucket, enginepick.ReasonUnknownModel, enginepick.ReasonAdmissionRejected,
-	enginepick.ReasonNoCandidates, enginepick.ReasonInvalidSignal, enginepick.ReasonInvalidConfiguration,
-	enginepick.ReasonOutsideCandidates, enginepick.ReasonCanceled, enginepick.ReasonDeadlineExceeded, enginepick.ReasonError}
-
 var limitLabels = []string{admission.LimitRunningRequests, admission.LimitWaitingRequests, admission.LimitKVTokens,
 	admission.LimitPendingPrefillTokens, admission.LimitInFlightRequests}
 
 // limitOther labels rejections by a custom admission.Checker's limit, whose names are not bounded.
 const limitOther = "other"
-
-// reasonsOf lists the reason labels each policy type produces, for pre-resolved series.
-var reasonsOf = map[string][]string{
-	policy.NameRoundRobin: {policy.ReasonRoundRobin},
-	policy.NameRandom:     {policy.ReasonRandom},
-	policy.NamePowerOfTwo: {policy.ReasonPowerOfTwo},
-	policy.NamePowerOfN:   {policy.ReasonPowerOfN, policy.ReasonPowerOfTwo},
-	policy.NameLeastLoad:  {policy.ReasonLeastLoad},
-	policy.NameCacheAware: {policy.ReasonCacheCandidate, policy.ReasonSaturationPin, policy.ReasonNoCacheCandidate, policy.ReasonCostDiverted},
-	policy.NameSessionAware: {policy.ReasonSessionPrimary, policy.ReasonAssigned, policy.ReasonNoSession,
-		policy.ReasonAffinityUnavailable},
-	policy.NameSticky: {policy.ReasonStickyPrimary, policy.ReasonStickyAssigned, policy.ReasonNoRoutingKey,
-		policy.ReasonRendezvous, policy.ReasonRendezvousBounded, policy.ReasonAffinityUnavailable},
-}
 
 var (
 	_ enginepick.Observer   = (*Prometheus)(nil)
@@ -240,7 +218,7 @@ func (p *Prometheus) model(m state.ModelID) *modelObs {
 		buckets:       map[string]prometheus.Counter{},
 		dispatchFail:  map[string]prometheus.Counter{},
 	}
-	for _, r := range failureLabels {
+	for _, r := range label.Failures {
 		mo.failures[r] = p.selectFailures.WithLabelValues(id, r)
 		mo.dispatchFail[r] = p.dispatchFailures.WithLabelValues(id, r)
 	}
@@ -268,7 +246,7 @@ func (p *Prometheus) cacheModel(m state.ModelID) *cacheObs {
 	id := string(m)
 	co := &cacheObs{diverted: p.diverted.WithLabelValues(id), forfeited: p.forfeited.WithLabelValues(id),
 		gate: p.gateRejections.WithLabelValues(id), guard: p.guardOverrides.WithLabelValues(id)}
-	for i, d := range decisionLabels {
+	for i, d := range label.Decisions {
 		co.decisions[i] = p.cacheDecisions.WithLabelValues(id, d)
 	}
 	mo.cache.Store(co)
@@ -318,12 +296,12 @@ type reasonCounter struct {
 // policy produces, each admission limit) and the model's and bucket's.
 func (p *Prometheus) ObserveGroup(g enginepick.GroupInfo) enginepick.PickObserver {
 	p.addBucket(g.Model, g.Bucket)
-	if g.Policy == policy.NameCacheAware {
+	if g.Policy == label.CacheAware {
 		p.cacheModel(g.Model)
 	}
 	o := &groupObs{p: p, labels: [4]string{string(g.Model), g.Bucket, g.Stage.String(), g.Policy}}
 	rs := make([]reasonCounter, 0, 4)
-	for _, r := range reasonsOf[g.Policy] {
+	for _, r := range label.Reasons[g.Policy] {
 		rs = append(rs, reasonCounter{r, p.decisions.WithLabelValues(o.labels[0], o.labels[1], o.labels[2], o.labels[3], r)})
 	}
 	o.reasons.Store(&rs)
@@ -431,13 +409,13 @@ func (p *Prometheus) BorrowCacheDecision(d *policy.CacheDecision) { p.ObserveCac
 // ObserveCacheDecision implements policy.CacheObserver.
 func (p *Prometheus) ObserveCacheDecision(d *policy.CacheDecision) {
 	mo := p.cacheModel(d.Model)
-	for i, l := range decisionLabels {
+	for i, l := range label.Decisions {
 		if l == d.Decision {
 			mo.decisions[i].Inc()
 			break
 		}
 	}
-	if d.Decision == policy.DecisionCacheWorkerQueued {
+	if d.Decision == label.DecisionCacheWorkerQueued {
 		mo.diverted.Observe(float64(d.DivertedBlocks))
 	}
 	if d.ForfeitedBlocks > 0 {

@@ -19,6 +19,7 @@ import (
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/metrics"
@@ -416,13 +417,13 @@ func TestEveryCacheDecisionIsCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	p, err := metrics.New(reg, metrics.Options{})
 	require.NoError(t, err)
-	po := p.ObserveGroup(enginepick.GroupInfo{Model: "m", Bucket: "a", Stage: state.StagePlain, Policy: policy.NameCacheAware})
+	po := p.ObserveGroup(enginepick.GroupInfo{Model: "m", Bucket: "a", Stage: state.StagePlain, Policy: label.CacheAware})
 	decisions := map[string]string{ // decision label → the pick's reason
-		policy.DecisionCacheHit:          policy.ReasonCacheCandidate,
-		policy.DecisionCacheMiss:         policy.ReasonNoCacheCandidate,
-		policy.DecisionCacheWorkerQueued: policy.ReasonNoCacheCandidate,
-		policy.DecisionAllQueued:         policy.ReasonSaturationPin,
-		policy.DecisionCostDiverted:      policy.ReasonCostDiverted,
+		label.DecisionCacheHit:          label.ReasonCacheCandidate,
+		label.DecisionCacheMiss:         label.ReasonNoCacheCandidate,
+		label.DecisionCacheWorkerQueued: label.ReasonNoCacheCandidate,
+		label.DecisionAllQueued:         label.ReasonSaturationPin,
+		label.DecisionCostDiverted:      label.ReasonCostDiverted,
 	}
 	for d, reason := range decisions {
 		p.ObserveCacheDecision(&policy.CacheDecision{Model: "m", Decision: d, Reason: reason})

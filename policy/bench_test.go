@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -111,23 +112,23 @@ func BenchmarkCacheAwarePick8192(b *testing.B) {
 		reason string
 		fresh  bool // a new 2,048-token last turn every iteration: distinct cold suffixes
 	}{
-		{"queue_gate", p, tok, policy.ReasonCacheCandidate, false},
-		{"no_gate", p2, tok, policy.ReasonCacheCandidate, false},
+		{"queue_gate", p, tok, label.ReasonCacheCandidate, false},
+		{"no_gate", p2, tok, label.ReasonCacheCandidate, false},
 		// Every engine holds the 4,096-token system prefix only: a hit on 16 tied engines.
-		{"system_prefix_only", p2, systemOnly, policy.ReasonCacheCandidate, false},
+		{"system_prefix_only", p2, systemOnly, label.ReasonCacheCandidate, false},
 		// Nobody holds even the first block: a miss.
-		{"cold", p2, prompt(8192, 4243), policy.ReasonNoCacheCandidate, false},
+		{"cold", p2, prompt(8192, 4243), label.ReasonNoCacheCandidate, false},
 		// Route-time placements. The same deep hit: after the first pick the engine holds every
 		// block, so nothing more is recorded.
-		{"placements/repeat", placed, append([]uint32(nil), tok...), policy.ReasonCacheCandidate, true},
+		{"placements/repeat", placed, append([]uint32(nil), tok...), label.ReasonCacheCandidate, true},
 		// Each pick's last 2,048 tokens (128 blocks) are new: they are recorded every time.
-		{"placements/new_turn", placed, append([]uint32(nil), tok...), policy.ReasonCacheCandidate, true},
+		{"placements/new_turn", placed, append([]uint32(nil), tok...), label.ReasonCacheCandidate, true},
 		// Each pick is the next turn of a conversation whose last turn the engine holds only
 		// through its placement (its events have not arrived): the prompt extends the previous
 		// pick's by 256 tokens (16 blocks), from 6,400 to 8,192 tokens (7,296 on average), then a
 		// new conversation starts. Each pick records every block after the engine's real 6,144
 		// tokens (16 to 128 blocks), taking the previous turn's blocks from its record.
-		{"placements/extend", placed, append(make([]uint32, 0, 8192), tok[:6144]...), policy.ReasonCacheCandidate, true},
+		{"placements/extend", placed, append(make([]uint32, 0, 8192), tok[:6144]...), label.ReasonCacheCandidate, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			req := creq(tc.tokens)
@@ -197,9 +198,9 @@ func BenchmarkCacheAwarePickReports(b *testing.B) {
 			tokens []uint32
 			reason string
 		}{
-			{"deep_hit", tok, policy.ReasonCacheCandidate},
-			{"system_prefix_only", systemOnly, policy.ReasonCacheCandidate},
-			{"cold", prompt(8192, 4243), policy.ReasonNoCacheCandidate},
+			{"deep_hit", tok, label.ReasonCacheCandidate},
+			{"system_prefix_only", systemOnly, label.ReasonCacheCandidate},
+			{"cold", prompt(8192, 4243), label.ReasonNoCacheCandidate},
 		} {
 			b.Run(reports+"/"+tc.name, func(b *testing.B) {
 				req := creq(tc.tokens)
@@ -232,7 +233,7 @@ func BenchmarkHash8192(b *testing.B) {
 type countDecisions struct{ hits atomic.Int64 }
 
 func (c *countDecisions) ObserveCacheDecision(d *policy.CacheDecision) {
-	if d.Decision == policy.DecisionCacheHit {
+	if d.Decision == label.DecisionCacheHit {
 		c.hits.Add(1)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
@@ -36,21 +37,6 @@ const (
 	defaultRecomputeFactor  = 2.0
 )
 
-// Cache-aware decision labels, exactly one per cache-aware pick that selected an engine
-// (docs/design.md §9.8), the decision label of the cache_aware_decisions_total metric. AllQueued is
-// deliberately not spelled cache_hit_*: a hit-rate query must not absorb a saturated fleet.
-const (
-	DecisionCacheHit          = "cache_hit"
-	DecisionCacheMiss         = "cache_miss"
-	DecisionCacheWorkerQueued = "cache_worker_queued"
-	DecisionAllQueued         = "all_queued"
-	// DecisionCostDiverted: a prefix holder was admitted, but the cost comparison sent the
-	// request to an engine outside the evaluated holders because waiting there and recomputing
-	// the prefix is materially cheaper (docs/design.md §9.11); DivertedBlocks is the prefix given
-	// up.
-	DecisionCostDiverted = "cost_diverted"
-)
-
 // Prefill pressure sources of a cache-aware decision (docs/design.md §9.8): CacheDecision.PressureSource.
 const (
 	pressureSourceQueueTime   = "estimated_prefill_queue_ms"
@@ -68,23 +54,24 @@ type CacheDecision struct {
 	// Model and BucketID scope the decision.
 	Model    state.ModelID
 	BucketID string
-	// Decision is one of the Decision… labels: DecisionCacheHit when a prefix holder was selected
-	// (ReasonCacheCandidate, including after an all-queued re-admission, or ReasonSaturationPin);
-	// DecisionCostDiverted when the cost comparison sent the request to a non-holder
-	// (ReasonCostDiverted); for a fallback pick (ReasonNoCacheCandidate), DecisionCacheMiss when
-	// no holder was gate-rejected or holders reached admission, DecisionAllQueued when the fleet
-	// was all queued, otherwise DecisionCacheWorkerQueued.
+	// Decision is the label of the cache_aware_decisions_total metric (docs/design.md §9.8):
+	// cache_hit when a prefix holder was selected (reason cache_candidate, including after an
+	// all-queued re-admission, or saturation_pin); cost_diverted when the cost comparison sent
+	// the request to a non-holder (docs/design.md §9.11); for a fallback pick (reason
+	// no_cache_candidate), cache_miss when no holder was gate-rejected or holders reached
+	// admission, all_queued when the fleet was all queued (not spelled cache_hit_*, so that a
+	// hit-rate query does not absorb a saturated fleet), otherwise cache_worker_queued.
 	Decision string
 	// Reason is the pick's reason label.
 	Reason string
 	// DivertedBlocks is the prefix, in blocks, that the decision gave up: for
-	// DecisionCacheWorkerQueued the deepest prefix the queue gate set aside
-	// (sgl_router_diverted_overlap_blocks), for DecisionCostDiverted the blocks of the holder the
+	// cache_worker_queued the deepest prefix the queue gate set aside
+	// (sgl_router_diverted_overlap_blocks), for cost_diverted the blocks of the holder the
 	// cost comparison passed over minus those of the engine it chose (docs/design.md §9.11); 0
 	// otherwise.
 	DivertedBlocks int
 	// ForfeitedBlocks is the prefix, in blocks, that a partial diversion gave up: on a
-	// DecisionCacheHit whose winner holds fewer blocks than the deepest holder the queue gate set
+	// cache_hit whose winner holds fewer blocks than the deepest holder the queue gate set
 	// aside, that holder's blocks minus the winner's; 0 otherwise. A hit-rate panel cannot see
 	// these diversions (docs/design.md §9.8, §15).
 	ForfeitedBlocks int
@@ -98,8 +85,8 @@ type CacheDecision struct {
 	GuardCompared  int
 	GuardOverrides int
 	// CostOverride reports whether the cost comparison (docs/design.md §9.11) replaced the engine
-	// the other rules chose: with another holder (DecisionCacheHit), a non-holder
-	// (DecisionCostDiverted) or, on a miss, a cheaper engine than the power-of-k sample's.
+	// the other rules chose: with another holder (cache_hit), a non-holder
+	// (cost_diverted) or, on a miss, a cheaper engine than the power-of-k sample's.
 	CostOverride bool
 	// PressureSource is what the pressure guard compared: "estimated_prefill_queue_ms",
 	// "native_queue_tokens", "estimated_queue_tokens" (estimated from reported waiting
@@ -214,13 +201,13 @@ type CacheAwareOptions struct {
 //  4. Hard admission on every remaining holder, once each.
 //  5. Winner: the least uncached admitted holder; a holder within SwitchMarginTokens of it replaces
 //     it when the incumbent is materially more pressured and every evaluated holder has a fresh
-//     report (the pressure guard). Reason ReasonCacheCandidate.
+//     report (the pressure guard). Reason cache_candidate.
 //  6. No admitted holder: with a saturation floor, gate-rejected holders and no fresh group queue
 //     below the floor, the least pressured gate-rejected holder that passes admission is pinned
-//     (ReasonSaturationPin). Otherwise, if admission rejected any holder, the pick fails with
+//     (saturation_pin). Otherwise, if admission rejected any holder, the pick fails with
 //     *NoAdmissibleEngineError: a hard rejection never becomes a cold fallback.
 //  7. Miss: power-of-k over the group's unqueued engines (all engines when none is unqueued), then
-//     one admission check on its pick (ReasonNoCacheCandidate; rejection → *AdmissionRejectedError).
+//     one admission check on its pick (no_cache_candidate; rejection → *AdmissionRejectedError).
 //
 // Decode groups are rejected (SupportsStage; a decode pick returns ErrInvalidConfiguration).
 // Safe for concurrent use.
@@ -276,11 +263,11 @@ const inertWarnSample = 64
 // Errors: an *OptionError naming the invalid option, or an error wrapping ErrInvalidConfiguration
 // for a nil Config handle.
 func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
-	if err := cfg.validate(NameCacheAware); err != nil {
+	if err := cfg.validate(label.CacheAware); err != nil {
 		return nil, err
 	}
 	if opts.Source == nil {
-		return nil, optionErr(NameCacheAware, "Source", state.ErrMissingField, "required")
+		return nil, optionErr(label.CacheAware, "Source", state.ErrMissingField, "required")
 	}
 	p, err := opts.resolve()
 	if err != nil {
@@ -295,7 +282,7 @@ func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
 // both apply it.
 func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
 	bad := func(field string, v any, rule string) error {
-		return optionErr(NameCacheAware, field, state.ErrOutOfRange, "%v: %s", v, rule)
+		return optionErr(label.CacheAware, field, state.ErrOutOfRange, "%v: %s", v, rule)
 	}
 	shortGate := opts.MinMatchedTokens == 0
 	if shortGate {
@@ -348,7 +335,7 @@ func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
 	if opts.SaturationQueueFloor != nil {
 		f := *opts.SaturationQueueFloor
 		if queueCap == 0 {
-			return nil, optionErr(NameCacheAware, "SaturationQueueFloor", state.ErrConflict, "%v: requires EngineQueueLimit", f)
+			return nil, optionErr(label.CacheAware, "SaturationQueueFloor", state.ErrConflict, "%v: requires EngineQueueLimit", f)
 		}
 		if f == 0 || f > queueCap {
 			return nil, bad("SaturationQueueFloor", f, fmt.Sprintf("must be in [1, %d]", queueCap))
@@ -535,14 +522,14 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 				d.CostOverride = true
 				if alt.holder {
 					forfeit(alt.blocks)
-					return p.finish(engines[alt.idx], &alt.obs, alt.cap, ReasonCacheCandidate, DecisionCacheHit, alt.uncached, req, res, d), nil
+					return p.finish(engines[alt.idx], &alt.obs, alt.cap, label.ReasonCacheCandidate, label.DecisionCacheHit, alt.uncached, req, res, d), nil
 				}
 				d.DivertedBlocks = w.blocks - alt.blocks
-				return p.finish(engines[alt.idx], &alt.obs, alt.cap, ReasonCostDiverted, DecisionCostDiverted, alt.uncached, req, res, d), nil
+				return p.finish(engines[alt.idx], &alt.obs, alt.cap, label.ReasonCostDiverted, label.DecisionCostDiverted, alt.uncached, req, res, d), nil
 			}
 		}
 		forfeit(w.blocks)
-		return p.finish(engines[w.idx], &w.obs, w.cap, ReasonCacheCandidate, DecisionCacheHit, w.uncached, req, res, d), nil
+		return p.finish(engines[w.idx], &w.obs, w.cap, label.ReasonCacheCandidate, label.DecisionCacheHit, w.uncached, req, res, d), nil
 	}
 
 	if p.floor != 0 && len(gated) > 0 && !p.anyBelowFloor(engines, snap) {
@@ -561,7 +548,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			c := pool[best]
 			ic, err := p.cfg.admit(engines[c.idx], c.obs)
 			if err == nil {
-				return p.finish(engines[c.idx], &c.obs, ic, ReasonSaturationPin, DecisionCacheHit, c.uncached, req, res, d), nil
+				return p.finish(engines[c.idx], &c.obs, ic, label.ReasonSaturationPin, label.DecisionCacheHit, c.uncached, req, res, d), nil
 			}
 			var rej *AdmissionRejectedError
 			if !asRejection(err, &rej) {
@@ -604,10 +591,10 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		return Pick{}, err
 	}
 	decision := cacheAwareFallbackDecision(d.GateRejected, d.Evaluated, d.FleetAllQueued)
-	if decision == DecisionCacheWorkerQueued {
+	if decision == label.DecisionCacheWorkerQueued {
 		d.DivertedBlocks = bestGatedBlocks
 	}
-	return p.finish(engines[i], &o, ic, ReasonNoCacheCandidate, decision, req.InputTokens-v.matched[i], req, res, d), nil
+	return p.finish(engines[i], &o, ic, label.ReasonNoCacheCandidate, decision, req.InputTokens-v.matched[i], req, res, d), nil
 }
 
 // release returns a pick's scratch to the pool, dropping what it refers to.
@@ -624,13 +611,13 @@ func (p *CacheAware) release(sc *pickScratch) {
 func cacheAwareFallbackDecision(gateRejected, evaluated int, fleetAllQueued bool) string {
 	switch {
 	case gateRejected == 0:
-		return DecisionCacheMiss
+		return label.DecisionCacheMiss
 	case fleetAllQueued:
-		return DecisionAllQueued
+		return label.DecisionAllQueued
 	case evaluated > 0:
-		return DecisionCacheMiss
+		return label.DecisionCacheMiss
 	}
-	return DecisionCacheWorkerQueued
+	return label.DecisionCacheWorkerQueued
 }
 
 func (p *CacheAware) finish(e state.Engine, o *loadmon.Observation, ic inFlightCap, reason, decision string, uncached uint64, req *Request, res *kvindex.Result, d *CacheDecision) Pick {

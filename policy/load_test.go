@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -39,7 +40,7 @@ func TestPowerOfNChecksTheLessLoadedEngineOnceAndNeverFallsBack(t *testing.T) {
 		pk, err := p.Pick(ctx, cands, &policy.Request{Stage: state.StagePrefill})
 		require.NoError(t, err)
 		assert.Equal(t, state.EngineID("idle"), pk.Engine.ID(), "sample order %v", order)
-		assert.Equal(t, policy.ReasonPowerOfTwo, pk.Reason)
+		assert.Equal(t, label.ReasonPowerOfTwo, pk.Reason)
 		assert.Equal(t, []state.EngineID{"idle"}, e.check.Calls(), "admission once, on the winner")
 
 		e.check.reject = map[state.EngineID]string{"idle": "full"}
@@ -306,7 +307,7 @@ func TestLeastLoadScoresReportsPlusDispatchesSinceThem(t *testing.T) {
 	pk, err := p.Pick(ctx, cands, nil)
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("a"), pk.Engine.ID())
-	assert.Equal(t, policy.ReasonLeastLoad, pk.Reason)
+	assert.Equal(t, label.ReasonLeastLoad, pk.Reason)
 
 	// Two dispatches to a after its report: 3 + 2 = 5 > 4. b and c tie at 4: the tie is broken by
 	// one draw of Rand(2), where 0 lets the second tied engine replace the first (reservoir).

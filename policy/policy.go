@@ -69,12 +69,16 @@ type Request struct {
 	Memo *kvindex.Memo
 }
 
-// Pick is a policy's choice: the engine and a reason label for metrics and tracing (one of the
-// Reason constants).
+// Pick is a policy's choice: the engine and a reason label for metrics and tracing.
 type Pick struct {
 	// Engine is one of the exact candidate values handed to the policy.
 	Engine state.Engine
-	// Reason is a Reason… label.
+	// Reason is a bounded label of why the engine was chosen (docs/design.md §15). The built-in
+	// policies use round_robin, random, power_of_two, power_of_n, least_load; cache-aware
+	// cache_candidate, saturation_pin, no_cache_candidate, cost_diverted; session-aware
+	// session_primary, assigned, no_session; sticky sticky_primary, sticky_assigned,
+	// no_routing_key, rendezvous, rendezvous_bounded; both affinity policies
+	// affinity_unavailable.
 	Reason string
 	// PrefillTokens is the policy's estimate of the prompt tokens the engine will prefill for
 	// this request: the input tokens minus those it would serve from the prefix it was seen to
@@ -121,34 +125,6 @@ func (p Pick) withCap(c inFlightCap) Pick {
 	p.InFlightCap, p.HasInFlightCap = c.n, c.set
 	return p
 }
-
-// Reason labels (docs/design.md §15). The session labels (ReasonSessionPrimary, ReasonAssigned,
-// ReasonNoSession) are SessionAware's; Sticky's and the store-failure label are in session.go
-// (docs/design.md §12).
-const (
-	ReasonRoundRobin       = "round_robin"
-	ReasonRandom           = "random"
-	ReasonPowerOfTwo       = "power_of_two"
-	ReasonPowerOfN         = "power_of_n"
-	ReasonLeastLoad        = "least_load"
-	ReasonCacheCandidate   = "cache_candidate"
-	ReasonSaturationPin    = "saturation_pin"
-	ReasonNoCacheCandidate = "no_cache_candidate"
-	ReasonCostDiverted     = "cost_diverted" // docs/design.md §9.11
-	ReasonSessionPrimary   = "session_primary"
-	ReasonAssigned         = "assigned"
-	ReasonNoSession        = "no_session"
-)
-
-// Configuration names of the policies (docs/design.md §14; power_of_two builds NewPowerOfN with
-// N = 2).
-const (
-	NameRoundRobin = "round_robin"
-	NameRandom     = "random"
-	NamePowerOfTwo = "power_of_two"
-	NameLeastLoad  = "least_load"
-	NameCacheAware = "cache_aware"
-)
 
 var (
 	// ErrNoCandidates: the group has no eligible engine, or the policy found nothing to choose.
