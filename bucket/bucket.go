@@ -116,7 +116,7 @@ func checkGroup(id, role string, g GroupPicker, stage state.Stage) error {
 	if g == nil {
 		return fmt.Errorf("bucket %q: nil %s group: %w", id, role, policy.ErrInvalidConfiguration)
 	}
-	if ss, ok := g.(policy.StageSupporter); ok && !ss.SupportsStage(stage) {
+	if ss, ok := g.(stageSupporter); ok && !ss.SupportsStage(stage) {
 		return fmt.Errorf("bucket %q: the %s group's policy cannot serve stage %s: %w", id, role, stage, policy.ErrInvalidConfiguration)
 	}
 	return nil

@@ -85,9 +85,15 @@ func NewEngineGroup(p policy.Policy, members []state.EngineID) (*EngineGroup, er
 // Policy returns the attached policy.
 func (g *EngineGroup) Policy() policy.Policy { return g.policy }
 
-// SupportsStage reports whether the attached policy can serve stage s (policy.StageSupporter).
+// stageSupporter is a policy, or a group, with the optional SupportsStage method (policy.Policy).
+type stageSupporter interface {
+	SupportsStage(s state.Stage) bool
+}
+
+// SupportsStage reports whether the attached policy can serve stage s (its optional SupportsStage
+// method, policy.Policy).
 func (g *EngineGroup) SupportsStage(s state.Stage) bool {
-	if ss, ok := g.policy.(policy.StageSupporter); ok {
+	if ss, ok := g.policy.(stageSupporter); ok {
 		return ss.SupportsStage(s)
 	}
 	return true

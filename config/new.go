@@ -501,7 +501,7 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 		return nil, optionConfigErr(path, bpath, lineOf, err)
 	}
 	a := gp.policy.Admission // the legacy spelling caps in-flight requests only, which are not reported
-	rl, _ := p.(policy.ReportedLoadReader)
+	rl, _ := p.(interface{ ReadsReportedLoad() bool })
 	if a.MaxRunningRequests != nil || a.MaxWaitingRequests != nil || a.MaxKVTokens != nil || a.MaxPendingPrefillTokens != nil ||
 		rl != nil && rl.ReadsReportedLoad() {
 		b.degraded.reportedCaps = append(b.degraded.reportedCaps, state.ModelID(gp.model.ID))
@@ -717,9 +717,14 @@ type observedPolicy struct {
 	obs   enginepick.PickObserver
 }
 
+// stageSupporter is a policy with the optional SupportsStage method (policy.Policy).
+type stageSupporter interface {
+	SupportsStage(s state.Stage) bool
+}
+
 var (
-	_ policy.Policy         = (*observedPolicy)(nil)
-	_ policy.StageSupporter = (*observedPolicy)(nil)
+	_ policy.Policy  = (*observedPolicy)(nil)
+	_ stageSupporter = (*observedPolicy)(nil)
 )
 
 func (p *observedPolicy) Pick(ctx context.Context, engines []state.Engine, req *policy.Request) (policy.Pick, error) {
@@ -729,7 +734,7 @@ func (p *observedPolicy) Pick(ctx context.Context, engines []state.Engine, req *
 }
 
 func (p *observedPolicy) SupportsStage(s state.Stage) bool {
-	if ss, ok := p.inner.(policy.StageSupporter); ok {
+	if ss, ok := p.inner.(stageSupporter); ok {
 		return ss.SupportsStage(s)
 	}
 	return true

@@ -595,7 +595,7 @@ func BenchmarkScale(b *testing.B) {
 // (waiting queues of 0–3 requests), the queue gate on, and admission caps, as a production
 // prefill group would have.
 type scalePicker struct {
-	p     *policy.CacheAware
+	p     policy.Policy
 	group []state.Engine
 	req   policy.Request
 }

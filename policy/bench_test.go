@@ -107,7 +107,7 @@ func BenchmarkCacheAwarePick8192(b *testing.B) {
 	systemOnly := append(append([]uint32(nil), tok[:4096]...), prompt(4096, 4242)...)
 	for _, tc := range []struct {
 		name   string
-		p      *policy.CacheAware
+		p      policy.Policy
 		tokens []uint32
 		reason string
 		fresh  bool // a new 2,048-token last turn every iteration: distinct cold suffixes
@@ -281,7 +281,7 @@ func BenchmarkCacheAwareQueueGate(b *testing.B) {
 			if queued {
 				names = [2]string{"all_queued", "no_gate_queued"}
 			}
-			for i, p := range []*policy.CacheAware{gated, open} {
+			for i, p := range []policy.Policy{gated, open} {
 				b.Run(fmt.Sprintf("engines=%d/%s", n, names[i]), func(b *testing.B) {
 					b.ReportAllocs()
 					for b.Loop() {

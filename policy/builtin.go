@@ -254,6 +254,6 @@ func buildCacheAware(b *cacheAwareBlock, env Env) (Policy, error) {
 	return p, asBlockError(b, err)
 }
 
-// ReadsReportedLoad implements ReportedLoadReader: true when the queue gate is on
+// ReadsReportedLoad is the optional Policy method: true when the queue gate is on
 // (CacheAwareOptions.EngineQueueLimit).
-func (p *CacheAware) ReadsReportedLoad() bool { return p.queueCap > 0 }
+func (p *cacheAware) ReadsReportedLoad() bool { return p.queueCap > 0 }

@@ -109,7 +109,7 @@ func (c *cacheEnv) hold(t testing.TB, engine state.EngineID, tokens []uint32, bl
 		TokenIDs: tokens[:blocks*blockTokens], Tier: kvindex.TierDevice}))
 }
 
-func (c *cacheEnv) policy(t testing.TB, opts policy.CacheAwareOptions) *policy.CacheAware {
+func (c *cacheEnv) policy(t testing.TB, opts policy.CacheAwareOptions) policy.Policy {
 	t.Helper()
 	if opts.Source == nil {
 		opts.Source = c.source
@@ -592,9 +592,11 @@ func TestCacheAwareRejectsDecodeAndInvalidConfiguration(t *testing.T) {
 		assert.ErrorIs(t, err, policy.ErrInvalidConfiguration, name)
 	}
 	p := c.policy(t, policy.CacheAwareOptions{})
-	assert.False(t, p.SupportsStage(state.StageDecode))
-	assert.True(t, p.SupportsStage(state.StagePrefill))
-	assert.True(t, p.SupportsStage(state.StagePlain))
+	ss, ok := p.(interface{ SupportsStage(state.Stage) bool })
+	require.True(t, ok, "the cache-aware policy has the optional SupportsStage method")
+	assert.False(t, ss.SupportsStage(state.StageDecode))
+	assert.True(t, ss.SupportsStage(state.StagePrefill))
+	assert.True(t, ss.SupportsStage(state.StagePlain))
 	_, err := p.Pick(ctx, engines(state.StageDecode, "d"), &policy.Request{Stage: state.StageDecode})
 	assert.ErrorIs(t, err, policy.ErrInvalidConfiguration)
 	_, err = p.Pick(ctx, nil, creq(prompt(32, 1)))
@@ -935,15 +937,18 @@ func TestCacheAwarePickWithoutMemoAllocatesNothing(t *testing.T) {
 	for _, off := range []bool{false, true} {
 		p, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens, DisableRoutePlacements: off})
 		require.NoError(t, err)
-		pick := func(tok []uint32) policy.Pick {
-			pk, err := p.Pick(ctx, group, creq(tok))
+		// The request is built once, as the bucket's pooled one is: a call through the Policy
+		// interface lets it escape.
+		pick := func(req *policy.Request) policy.Pick {
+			pk, err := p.Pick(ctx, group, req)
 			require.NoError(t, err)
 			return pk
 		}
-		require.Equal(t, label.ReasonCacheCandidate, pick(tok).Reason)
-		assert.Zero(t, testing.AllocsPerRun(100, func() { pick(tok) }), "a hit (placements off: %v)", off)
+		hit := creq(tok)
+		require.Equal(t, label.ReasonCacheCandidate, pick(hit).Reason)
+		assert.Zero(t, testing.AllocsPerRun(100, func() { pick(hit) }), "a hit (placements off: %v)", off)
 		if off {
-			cold := prompt(16*blockTokens, 22)
+			cold := creq(prompt(16*blockTokens, 22))
 			require.Equal(t, label.ReasonNoCacheCandidate, pick(cold).Reason)
 			assert.Zero(t, testing.AllocsPerRun(100, func() { pick(cold) }), "a miss")
 		}

@@ -233,7 +233,7 @@ func TestRoutePlacementsAreRecordedExpireAndCanBeTurnedOff(t *testing.T) {
 	t.Parallel()
 	tok := prompt(256, 36)
 	group := engines(state.StagePrefill, "a", "b", "c")
-	newPolicy := func(c *cacheEnv, disable bool) *policy.CacheAware {
+	newPolicy := func(c *cacheEnv, disable bool) policy.Policy {
 		src, err := kvindex.NewLocalSource(c.index) // a Placer; the counting wrapper is not
 		require.NoError(t, err)
 		return c.policy(t, policy.CacheAwareOptions{Source: src, DisableRoutePlacements: disable})

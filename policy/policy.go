@@ -29,14 +29,21 @@ import (
 // error from the admission Checker or a prefix source (stop routing).
 //
 // Implementations are safe for concurrent use; one instance serves every request of its group.
+//
+// Optional methods, detected at construction:
+//
+//   - SupportsStage(s state.Stage) bool: a policy (or a Builder) that cannot serve every stage
+//     has it, so that a bucket or the configuration rejects the attachment (cache-aware on
+//     decode, docs/design.md §4). Without it, a policy serves every stage.
+//   - ReadsReportedLoad() bool: true when the policy's picks read engine-reported load beyond its
+//     admission caps (the cache-aware queue gate); config.New then warns when no engine of the
+//     model has a fresh report, which leaves such a rule inert (docs/design.md §15).
 type Policy interface {
 	Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error)
 }
 
-// StageSupporter is an optional interface: a policy that cannot serve every stage implements it so
-// that a bucket rejects the attachment at construction (CacheAware on decode,
-// docs/design.md §4). Policies without it serve every stage.
-type StageSupporter interface {
+// stageSupporter is a Policy or Builder with the optional SupportsStage method.
+type stageSupporter interface {
 	SupportsStage(s state.Stage) bool
 }
 
