@@ -105,7 +105,7 @@ func (r *recorder) policyOf(model, bkt string, stage state.Stage) string {
 
 func mustParse(t *testing.T, yaml string) *config.Config {
 	t.Helper()
-	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml))
 	require.NoError(t, err)
 	return cfg
 }

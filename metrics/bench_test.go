@@ -32,7 +32,7 @@ func benchRouter(b testing.TB, pol string, observed bool, mopts metrics.Options)
 		yaml += fmt.Sprintf("  - {id: e%02d, model: m}\n", i)
 	}
 	yaml += "models: [{id: m, buckets: [{id: chat, groups: {plain: {policy: {type: " + pol + "}}}}]}]\n"
-	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml))
 	require.NoError(b, err)
 	opts := []config.Option{config.WithHealthInterval(0)}
 	if observed {

@@ -128,7 +128,7 @@ func newFixtureWith(t testing.TB, yaml string, opts metrics.Options) *fixture {
 	f := &fixture{reg: prometheus.NewRegistry(), now: time.Unix(1_700_000_000, 0)}
 	p, err := metrics.New(f.reg, opts)
 	require.NoError(t, err)
-	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml))
 	require.NoError(t, err)
 	f.r, err = config.New(cfg, nil, config.WithObserver(p), config.WithClock(f.clock), config.WithHealthInterval(0))
 	require.NoError(t, err)
@@ -353,7 +353,7 @@ func TestRegistrationErrors(t *testing.T) {
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "a negative timing sample")
 	assert.Equal(t, 8, p.SelectTimingEvery(), "zero means the default")
 
-	cfg, err := config.Parse([]byte("engines: [{id: e, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), config.FormatYAML)
+	cfg, err := config.Parse([]byte("engines: [{id: e, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"))
 	require.NoError(t, err)
 	r, err := config.New(cfg, nil, config.WithObserver(p), config.WithHealthInterval(0))
 	require.NoError(t, err)
