@@ -249,7 +249,7 @@ func overtaking(inflight *loadmon.InFlight, held *[]*loadmon.Guard, overtaken *s
 		if v.Admit {
 			once.Do(func() {
 				*overtaken = e.ID()
-				*held = append(*held, inflight.Acquire(e.ID()))
+				*held = append(*held, inflight.Acquire(e.ID(), -1, 0))
 			})
 		}
 		return v, err
@@ -339,7 +339,8 @@ func TestSelectOvertakenEveryTimeIsAnAdmissionRejection(t *testing.T) {
 	assert.Equal(t, int64(4), calls.Load(), "the bucket loop ran 4 times")
 	assert.Zero(t, inflight.Count("p"), "the prefill leg was given back")
 	assert.Zero(t, inflight.Count("d"))
-	assert.Zero(t, inflight.DispatchesSince("d", time.Time{}), "nothing recorded on the decode engine")
+	n, _ := inflight.DispatchedSince("d", -1, time.Time{})
+	assert.Zero(t, n, "nothing recorded on the decode engine")
 }
 
 // newCheckedRouter is one model ("m") with one bucket whose groups run least-load with the

@@ -142,7 +142,7 @@ type Verdict struct {
 	// (false: no in-flight cap). The check read an in-flight count that concurrent dispatches
 	// may have raised since, so a configured cap is a promise only if the dispatch is counted
 	// atomically under it: the caller acquires the engine's in-flight guard with
-	// loadmon.InFlight.TryAcquireRankAt and this cap, and treats a failed acquire as a
+	// loadmon.InFlight.TryAcquire and this cap, and treats a failed acquire as a
 	// rejection (docs/design.md §5). policy.Pick carries it to the caller.
 	InFlightCap    uint64
 	HasInFlightCap bool

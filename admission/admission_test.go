@@ -171,8 +171,8 @@ func TestObserveTakesReportedAndLiveValues(t *testing.T) {
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "basic", RunningRequests: 2, WaitingRequests: 3, UsedKVTokens: 40, KVCapacityTokens: 100}))
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "native", RunningRequests: 2, WaitingRequests: 3, UsedKVTokens: 40, KVCapacityTokens: 100,
 		Native: &loadmon.NativeLoad{WaitingUncachedTokens: 500, MaxRunningRequests: 8}}))
-	f.Acquire("basic")
-	f.Acquire("none")
+	f.Acquire("basic", -1, 0)
+	f.Acquire("none", -1, 0)
 	snap := tab.Snapshot()
 
 	assert.Equal(t, admission.Metrics{RunningRequests: admission.Known(2), WaitingRequests: admission.Known(3), InFlightRequests: 1},

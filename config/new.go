@@ -660,10 +660,11 @@ func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
 // engine of one rank, any dispatch to the engine. A dispatch to an engine of several ranks that
 // named none is not counted for any rank.
 func dispatchedSince(f *loadmon.InFlight, ranks int, engine state.EngineID, rank int, since time.Time) bool {
-	if n, _ := f.DispatchedSinceRank(engine, rank, since); n > 0 {
-		return true
+	n, _ := f.DispatchedSince(engine, rank, since)
+	if n == 0 && ranks <= 1 {
+		n, _ = f.DispatchedSince(engine, -1, since)
 	}
-	return ranks <= 1 && f.DispatchesSince(engine, since) > 0
+	return n > 0
 }
 
 // summary logs the configuration at Info (docs/design.md §15).

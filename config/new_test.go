@@ -845,7 +845,6 @@ func TestObservedSelectStampsTheDispatchWithItsEnd(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
 	r := mustNew(t, mustParse(t, seedPD), nil, config.WithObserver(rec))
-	require.True(t, r.InFlight().SystemClock(), "New without WithClock keeps time.Now for the in-flight counters")
 
 	before := time.Now()
 	d, err := r.Select(context.Background(), selectReq("llama", 100, 200))
@@ -853,8 +852,10 @@ func TestObservedSelectStampsTheDispatchWithItsEnd(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Release()
 	for _, id := range []state.EngineID{d.Selection.Prefill.Engine.ID(), d.Selection.Decode.Engine.ID()} {
-		assert.Equal(t, uint64(1), r.InFlight().DispatchesSince(id, before), "dispatched at or after the selection began")
-		assert.Zero(t, r.InFlight().DispatchesSince(id, after.Add(time.Nanosecond)), "dispatched before Select returned")
+		n, _ := r.InFlight().DispatchedSince(id, -1, before)
+		assert.Equal(t, uint64(1), n, "dispatched at or after the selection began")
+		n, _ = r.InFlight().DispatchedSince(id, -1, after.Add(time.Nanosecond))
+		assert.Zero(t, n, "dispatched before Select returned")
 	}
 	require.Len(t, rec.selects, 1)
 	assert.True(t, rec.selects[0].Timed, "an Observer without SelectTimingSampler has every selection timed")

@@ -104,7 +104,7 @@ func BenchmarkStickyRendezvous(b *testing.B) {
 				cands := manyEngines(n)
 				for i, c := range cands {
 					for range i % 4 {
-						e.inflight.Acquire(c.ID())
+						e.inflight.Acquire(c.ID(), -1, 0)
 					}
 				}
 				p, err := policy.NewSticky(cfg, policy.StickyOptions{Rendezvous: true, LoadFactor: factor})

@@ -63,7 +63,7 @@ func cacheBench(b *testing.B, basic bool) (*cacheEnv, []state.Engine, []uint32) 
 		group[i] = state.NewStaticEngine(id, "m", state.StagePrefill)
 		if basic {
 			for d := range 64 {
-				c.inflight.AcquirePrefill(id, uint64(100+d*i)).Release()
+				c.inflight.Acquire(id, -1, uint64(100+d*i)).Release()
 			}
 			c.clk.Advance(time.Millisecond) // the reports below postdate those dispatches
 			if err := c.load.Report(loadmon.Report{Engine: id, RunningRequests: uint64(8 + i), WaitingRequests: uint64(i % 3),

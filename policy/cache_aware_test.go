@@ -189,7 +189,7 @@ func TestCacheAwareMatchedTokensAreTheTokensTheEngineServes(t *testing.T) {
 			c := newCacheEnv(t)
 			tok := prompt(tc.n, 2)
 			c.hold(t, "a", tok, tc.held)
-			c.inflight.Acquire("a") // so that a miss falls back to b
+			c.inflight.Acquire("a", -1, 0) // so that a miss falls back to b
 			group := engines(state.StagePrefill, "a", "b")
 			for _, gate := range []uint64{tc.matched, tc.matched + 1} {
 				c.rnd.vals = []int{1, 0}
@@ -230,7 +230,7 @@ func TestCacheAwareDefaultHitGate(t *testing.T) {
 			c := newCacheEnv(t)
 			tok := prompt(tc.n, 4)
 			c.hold(t, "a", tok, tc.held)
-			c.inflight.Acquire("a") // so that a miss falls back to b
+			c.inflight.Acquire("a", -1, 0) // so that a miss falls back to b
 			c.rnd.vals = []int{1, 0}
 			p, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: c.source})
 			require.NoError(t, err)
@@ -392,7 +392,7 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	assert.Equal(t, label.DecisionCacheHit, c.dec.last().Decision)
 
 	c = setup(3, 0)
-	c.inflight.AcquirePrefill("owner", 100) // dispatched after the report: a fourth waiting request
+	c.inflight.Acquire("owner", -1, 100) // dispatched after the report: a fourth waiting request
 	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "3 reported + 1 dispatched since reach the limit")
 
@@ -532,7 +532,7 @@ func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testin
 	assert.Equal(t, 1, c.dec.last().GuardCompared)
 	assert.Zero(t, c.dec.last().GuardOverrides)
 	// Priced at the mean of the router's dispatches there (2,000 tokens each): 6,000 tokens.
-	c.inflight.AcquirePrefill("deep", 2000)
+	c.inflight.Acquire("deep", -1, 2000)
 	c.clk.Advance(time.Millisecond)
 	require.NoError(t, c.load.Report(loadmon.Report{Engine: "deep", WaitingRequests: 3}))
 	pk, _ = c.policy(t, guarded).Pick(ctx, group, creq(tok))
@@ -795,9 +795,9 @@ func TestCacheAwareHoldersWithinTheMarginAreOrderedByPressure(t *testing.T) {
 		c.hold(t, "deep", tok, 10)   // 1 uncached
 		c.hold(t, "shallow", tok, 9) // 17 uncached
 		for range 3 {
-			c.inflight.Acquire("deep")
+			c.inflight.Acquire("deep", -1, 0)
 		}
-		c.inflight.Acquire("shallow")
+		c.inflight.Acquire("shallow", -1, 0)
 		group := engines(state.StagePrefill, "deep", "shallow")
 		pk, _ := c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16)}).Pick(ctx, group, creq(tok))
 		assert.Equal(t, state.EngineID("shallow"), pk.Engine.ID())
@@ -831,9 +831,9 @@ func TestCacheAwareCandidateCutKeepsTheLeastPressuredWithinTheMargin(t *testing.
 	assert.Equal(t, state.EngineID("e1"), pk.Engine.ID())
 
 	c = setup()
-	c.inflight.Acquire("e0")
-	c.inflight.Acquire("e1")
-	c.inflight.Acquire("e1")
+	c.inflight.Acquire("e0", -1, 0)
+	c.inflight.Acquire("e1", -1, 0)
+	c.inflight.Acquire("e1", -1, 0)
 	_, err = c.policy(t, opts).Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, []state.EngineID{"e2", "e3"}, c.check.Calls(), "no reports: the two fewest in flight, ID last")
@@ -854,11 +854,11 @@ func TestCacheAwareUnknownLoadPassesTheGateOnlyBelowTheLimitInFlight(t *testing.
 	c.native("cold", loadmon.Report{WaitingRequests: 0})
 	group := engines(state.StagePrefill, "cold", "holder")
 	p := c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(2)})
-	c.inflight.Acquire("holder")
+	c.inflight.Acquire("holder", -1, 0)
 	pk, err := p.Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("holder"), pk.Engine.ID(), "1 in flight < limit 2: unknown fails open")
-	c.inflight.Acquire("holder")
+	c.inflight.Acquire("holder", -1, 0)
 	pk, err = p.Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "2 in flight: set aside")

@@ -133,7 +133,7 @@ func TestCostComparisonPreventsLockInOnASharedPrefix(t *testing.T) {
 			pk, err := p.Pick(ctx, group, creq(tok))
 			require.NoError(t, err)
 			got[pk.Engine.ID()]++
-			c.inflight.AcquirePrefill(pk.Engine.ID(), pk.PrefillTokens) // dispatched, never reported
+			c.inflight.Acquire(pk.Engine.ID(), -1, pk.PrefillTokens) // dispatched, never reported
 		}
 		return got
 	}

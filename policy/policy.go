@@ -91,12 +91,12 @@ type Pick struct {
 	// this request: the input tokens minus those it would serve from the prefix it was seen to
 	// hold, whole blocks short of the block holding the last prompt token, which engines compute
 	// again (docs/design.md §9.1); at least 1. 0 means the policy made no estimate: the host
-	// counts the whole input. The Router passes it to loadmon.InFlight.AcquirePrefill (docs/design.md §6).
+	// counts the whole input. The Router passes it to loadmon.InFlight.TryAcquire (docs/design.md §6).
 	PrefillTokens uint64
 	// InFlightCap is the in-flight cap admission held the engine to, valid when HasInFlightCap
 	// (admission.Verdict.InFlightCap; false: no in-flight cap, as with admission.Limits{}). The
 	// check read a count that concurrent selections may have raised since, so the dispatch must
-	// be counted with loadmon.InFlight.TryAcquireRankAt under this cap, a failed acquire being a
+	// be counted with loadmon.InFlight.TryAcquire under this cap, a failed acquire being a
 	// rejection: a configured cap is a promise, checked and acquired atomically. Router.Select
 	// does this; a host that runs bucket.Select itself must too (docs/design.md §5).
 	InFlightCap uint64

@@ -218,7 +218,7 @@ func TestRendezvousBoundedLoadOnSkewedKeys(t *testing.T) {
 			if pk.Reason == label.ReasonRendezvousBounded {
 				bounded++
 			}
-			guards = append(guards, e.inflight.Acquire(pk.Engine.ID()))
+			guards = append(guards, e.inflight.Acquire(pk.Engine.ID(), -1, 0))
 			total++
 			limit := math.Ceil(factor * float64(total) / engines)
 			for _, c := range cands {
@@ -255,7 +255,7 @@ func TestRendezvousBoundedLoadOnSkewedKeys(t *testing.T) {
 		require.NoError(t, err)
 		limit := uint64(math.Ceil(factor * float64(total+1) / engines))
 		require.Less(t, e.inflight.Count(pk.Engine.ID()), limit, "placement on %s", pk.Engine.ID())
-		guards = append(guards, e.inflight.Acquire(pk.Engine.ID()))
+		guards = append(guards, e.inflight.Acquire(pk.Engine.ID(), -1, 0))
 		if rng.IntN(2) == 0 {
 			i := rng.IntN(len(guards))
 			guards[i].Release()
@@ -293,7 +293,7 @@ func TestRendezvousAllocatesNothing(t *testing.T) {
 	cands := manyEngines(64)
 	for i, c := range cands {
 		for range i % 4 {
-			e.inflight.Acquire(c.ID())
+			e.inflight.Acquire(c.ID(), -1, 0)
 		}
 	}
 	req := &policy.Request{RoutingKey: "conversation-4711"}

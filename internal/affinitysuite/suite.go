@@ -427,7 +427,7 @@ var scenarios = []scenario{
 		_, err := p.Pick(bg, c, e.req("s"))
 		require.NoError(t, err)
 		e.report("a", 4, 7)
-		g := e.inflight.Acquire("a")
+		g := e.inflight.Acquire("a", -1, 0)
 		defer g.Release()
 		_, err = p.Pick(bg, c, e.req("s"))
 		require.NoError(t, err)

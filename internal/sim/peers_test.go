@@ -222,7 +222,7 @@ func TestSGLangLegacy(t *testing.T) {
 	var guards []*loadmon.Guard
 	load := func(id state.EngineID, n int) {
 		for range n {
-			guards = append(guards, f.env.InFlight.Acquire(id))
+			guards = append(guards, f.env.InFlight.Acquire(id, -1, 0))
 		}
 	}
 	unload := func() {
@@ -586,10 +586,10 @@ func TestSMGSpillGate(t *testing.T) {
 		}
 		guards = nil
 		for range a {
-			guards = append(guards, f.env.InFlight.Acquire("a"))
+			guards = append(guards, f.env.InFlight.Acquire("a", -1, 0))
 		}
 		for range b {
-			guards = append(guards, f.env.InFlight.Acquire("b"))
+			guards = append(guards, f.env.InFlight.Acquire("b", -1, 0))
 		}
 	}
 	for _, tc := range []struct {
@@ -645,7 +645,7 @@ func TestSMGMatchedTenants(t *testing.T) {
 			n = 1
 		}
 		for range n {
-			guards = append(guards, f.env.InFlight.Acquire(id))
+			guards = append(guards, f.env.InFlight.Acquire(id, -1, 0))
 		}
 	}
 	id, reason := pickID(t, s, f, p)
