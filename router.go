@@ -42,8 +42,8 @@ type Options struct {
 	Index *kvindex.Index
 	// Logger receives debug logs of selection failures. Nil means zap.NewNop().
 	Logger *zap.Logger
-	// Observer receives the Router's decisions and dispatch outcomes (for example a
-	// *metrics.Prometheus). Nil means none.
+	// Observer receives the Router's decisions and dispatch outcomes (for example
+	// metrics.New's). Nil means none.
 	Observer Observer
 	// Now is the clock of the Router's latency measurements. Nil means time.Now.
 	Now func() time.Time

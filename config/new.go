@@ -57,7 +57,7 @@ const (
 func WithLogger(l *zap.Logger) Option { return func(s *settings) { s.log = l } }
 
 // WithObserver sets the Observer that receives the Router's decisions and dispatch outcomes (for
-// example a *metrics.Prometheus). Nil (and the default) is none.
+// example metrics.New's). Nil (and the default) is none.
 func WithObserver(o enginepick.Observer) Option { return func(s *settings) { s.obs = o } }
 
 // WithClock sets the clock of every freshness, expiry and latency measurement New sets up. Nil

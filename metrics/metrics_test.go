@@ -351,7 +351,9 @@ func TestRegistrationErrors(t *testing.T) {
 	assert.NoError(t, err, "another namespace")
 	_, err = metrics.New(prometheus.NewRegistry(), metrics.Options{SelectTimingEvery: -1})
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "a negative timing sample")
-	assert.Equal(t, 8, p.SelectTimingEvery(), "zero means the default")
+	sampler, ok := p.(enginepick.SelectTimingSampler)
+	require.True(t, ok)
+	assert.Equal(t, 8, sampler.SelectTimingEvery(), "zero means the default")
 
 	cfg, err := config.Parse([]byte("engines: [{id: e, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"))
 	require.NoError(t, err)
@@ -426,7 +428,7 @@ func TestEveryCacheDecisionIsCounted(t *testing.T) {
 		label.DecisionCostDiverted:      label.ReasonCostDiverted,
 	}
 	for d, reason := range decisions {
-		p.ObserveCacheDecision(&policy.CacheDecision{Model: "m", Decision: d, Reason: reason})
+		p.(policy.CacheObserver).ObserveCacheDecision(&policy.CacheDecision{Model: "m", Decision: d, Reason: reason})
 		po.ObservePick(policy.Pick{Reason: reason}, nil)
 	}
 	got := scrape(t, reg)
