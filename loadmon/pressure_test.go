@@ -180,7 +180,7 @@ func TestObserve(t *testing.T) {
 	t.Parallel()
 	tab := loadmon.NewTable()
 	f := loadmon.NewInFlight(nil)
-	f.Acquire("a")
+	f.Acquire("a", -1, 0)
 	_ = tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 3})
 	o := loadmon.Observe(tab.Snapshot(), f, "a")
 	assert.Equal(t, uint64(1), o.InFlight)
@@ -199,14 +199,14 @@ func TestObserveCountsDispatchesSinceTheReport(t *testing.T) {
 	clk := newClock()
 	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
 	f := loadmon.NewInFlight(clk.Now)
-	f.AcquirePrefill("a", 100) // before the report: the report reflects it
+	f.Acquire("a", -1, 100) // before the report: the report reflects it
 	clk.Advance(time.Millisecond)
 	_ = tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 1, KVCapacityTokens: 1000,
 		Native: &loadmon.NativeLoad{MaxRunningRequests: 8, WaitingUncachedTokens: 100}})
 	clk.Advance(time.Millisecond)
-	f.AcquirePrefill("a", 300)
-	f.Acquire("a") // no prefill work (a decode dispatch)
-	f.AcquirePrefill("unknown", 50)
+	f.Acquire("a", -1, 300)
+	f.Acquire("a", -1, 0) // no prefill work (a decode dispatch)
+	f.Acquire("unknown", -1, 50)
 	o := loadmon.Observe(tab.Snapshot(), f, "a")
 	assert.Equal(t, uint64(3), o.InFlight)
 	assert.Equal(t, uint64(2), o.Dispatched)
@@ -236,17 +236,17 @@ func TestEstimatePendingPrefillTokens(t *testing.T) {
 	clk := newClock()
 	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
 	f := loadmon.NewInFlight(clk.Now)
-	f.AcquirePrefill("a", 1000)
-	f.AcquirePrefill("a", 3000)
-	f.Acquire("a") // no prefill work: counts in the mean as 0 tokens
+	f.Acquire("a", -1, 1000)
+	f.Acquire("a", -1, 3000)
+	f.Acquire("a", -1, 0) // no prefill work: counts in the mean as 0 tokens
 	clk.Advance(time.Millisecond)
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 4}))
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "b", WaitingRequests: 4}))
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "n", WaitingRequests: 4, KVCapacityTokens: 100,
 		Native: &loadmon.NativeLoad{MaxRunningRequests: 8, WaitingUncachedTokens: 700}}))
 	clk.Advance(time.Millisecond)
-	f.AcquirePrefill("a", 500)
-	f.AcquirePrefill("n", 50)
+	f.Acquire("a", -1, 500)
+	f.Acquire("n", -1, 50)
 	snap := tab.Snapshot()
 
 	a := loadmon.Observe(snap, f, "a")
@@ -282,14 +282,14 @@ func TestEstimatePendingPrefillTokensMeansTheRecentDispatches(t *testing.T) {
 	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
 	f := loadmon.NewInFlight(clk.Now)
 	for range 64 {
-		f.AcquirePrefill("a", 10)
+		f.Acquire("a", -1, 10)
 	}
 	for range 64 {
-		f.AcquirePrefill("a", 30)
+		f.Acquire("a", -1, 30)
 	}
-	f.AcquirePrefill("a", 94)
-	f.AcquireRank("r", 1, 200)
-	f.AcquirePrefill("r", 5000)   // named no rank
+	f.Acquire("a", -1, 94)
+	f.Acquire("r", 1, 200)
+	f.Acquire("r", -1, 5000)      // named no rank
 	clk.Advance(time.Millisecond) // the reports follow the dispatches
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 1}))
 	o := loadmon.Observe(tab.Snapshot(), f, "a")
