@@ -290,7 +290,7 @@ func TestConfigMalformed(t *testing.T) {
 		names[tc.name] = true
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cfg, err := config.Parse([]byte(tc.input), tc.format)
+			cfg, err := config.ParseAs([]byte(tc.input), tc.format)
 			require.Error(t, err, "Parse(%q) accepted it", tc.input)
 			assert.Nil(t, cfg)
 			var ce *config.Error

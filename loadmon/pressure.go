@@ -24,9 +24,8 @@ type Observation struct {
 	// InFlight is this router's in-flight requests to the engine.
 	InFlight uint64
 	// Dispatched and DispatchedTokens are the dispatches this router made at or after
-	// Figures().ReportedAt, and the prefill tokens they brought: to the engine
-	// (InFlight.DispatchedSince), or, when the observation names a rank, to that rank
-	// (InFlight.DispatchedSinceRank). Both are 0 when Load is nil.
+	// Figures().ReportedAt, and the prefill tokens they brought (InFlight.DispatchedSince): to the
+	// engine, or, when the observation names a rank, to that rank. Both are 0 when Load is nil.
 	Dispatched       uint64
 	DispatchedTokens uint64
 	// DPRank is the DP rank the observation names, valid when HasDPRank. A rank is named only for
@@ -35,8 +34,8 @@ type Observation struct {
 	HasDPRank bool
 	// RankLoad is the named rank's own load (Load.RankLoads[DPRank]); nil unless HasDPRank.
 	RankLoad *EngineLoad
-	// RankInFlight is this router's in-flight requests to the named rank (InFlight.CountRank);
-	// 0 unless HasDPRank.
+	// RankInFlight is this router's in-flight requests to the named rank (dispatches that named
+	// it); 0 unless HasDPRank.
 	RankInFlight uint64
 }
 
@@ -90,8 +89,8 @@ func withRank(o Observation, inflight *InFlight, engine state.EngineID, rank int
 	o.DPRank, o.HasDPRank, o.RankLoad = rank, true, rl
 	o.Dispatched, o.DispatchedTokens, o.RankInFlight = 0, 0, 0
 	if inflight != nil {
-		o.Dispatched, o.DispatchedTokens = inflight.DispatchedSinceRank(engine, rank, rl.ReportedAt)
-		o.RankInFlight = inflight.CountRank(engine, rank)
+		o.Dispatched, o.DispatchedTokens = inflight.DispatchedSince(engine, rank, rl.ReportedAt)
+		o.RankInFlight = inflight.rankCount(engine, rank)
 	}
 	return o
 }

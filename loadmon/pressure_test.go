@@ -181,7 +181,7 @@ func TestObserve(t *testing.T) {
 	t.Parallel()
 	tab := loadmon.NewTable()
 	f := loadmon.NewInFlight(nil)
-	f.Acquire("a")
+	f.Acquire("a", -1, 0)
 	_ = tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 3})
 	o := loadmon.Observe(tab.Snapshot(), f, "a")
 	assert.Equal(t, uint64(1), o.InFlight)
@@ -200,14 +200,14 @@ func TestObserveCountsDispatchesSinceTheReport(t *testing.T) {
 	clk := newClock()
 	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
 	f := loadmon.NewInFlight(clk.Now)
-	f.AcquirePrefill("a", 100) // before the report: the report reflects it
+	f.Acquire("a", -1, 100) // before the report: the report reflects it
 	clk.Advance(time.Millisecond)
 	_ = tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 1, KVCapacityTokens: 1000,
 		Native: &loadmon.NativeLoad{MaxRunningRequests: 8, WaitingUncachedTokens: 100}})
 	clk.Advance(time.Millisecond)
-	f.AcquirePrefill("a", 300)
-	f.Acquire("a") // no prefill work (a decode dispatch)
-	f.AcquirePrefill("unknown", 50)
+	f.Acquire("a", -1, 300)
+	f.Acquire("a", -1, 0) // no prefill work (a decode dispatch)
+	f.Acquire("unknown", -1, 50)
 	o := loadmon.Observe(tab.Snapshot(), f, "a")
 	assert.Equal(t, uint64(3), o.InFlight)
 	assert.Equal(t, uint64(2), o.Dispatched)
@@ -237,17 +237,17 @@ func TestEstimatePendingPrefillTokens(t *testing.T) {
 	clk := newClock()
 	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
 	f := loadmon.NewInFlight(clk.Now)
-	f.AcquirePrefill("a", 1000)
-	f.AcquirePrefill("a", 3000)
-	f.Acquire("a") // no prefill work: counts in the mean as 0 tokens
+	f.Acquire("a", -1, 1000)
+	f.Acquire("a", -1, 3000)
+	f.Acquire("a", -1, 0) // no prefill work: counts in the mean as 0 tokens
 	clk.Advance(time.Millisecond)
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 4}))
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "b", WaitingRequests: 4}))
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "n", WaitingRequests: 4, KVCapacityTokens: 100,
 		Native: &loadmon.NativeLoad{MaxRunningRequests: 8, WaitingUncachedTokens: 700}}))
 	clk.Advance(time.Millisecond)
-	f.AcquirePrefill("a", 500)
-	f.AcquirePrefill("n", 50)
+	f.Acquire("a", -1, 500)
+	f.Acquire("n", -1, 50)
 	snap := tab.Snapshot()
 
 	a := loadmon.Observe(snap, f, "a")
@@ -283,14 +283,14 @@ func TestEstimatePendingPrefillTokensMeansTheRecentDispatches(t *testing.T) {
 	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
 	f := loadmon.NewInFlight(clk.Now)
 	for range 64 {
-		f.AcquirePrefill("a", 10)
+		f.Acquire("a", -1, 10)
 	}
 	for range 64 {
-		f.AcquirePrefill("a", 30)
+		f.Acquire("a", -1, 30)
 	}
-	f.AcquirePrefill("a", 94)
-	f.AcquireRank("r", 1, 200)
-	f.AcquirePrefill("r", 5000)   // named no rank
+	f.Acquire("a", -1, 94)
+	f.Acquire("r", 1, 200)
+	f.Acquire("r", -1, 5000)      // named no rank
 	clk.Advance(time.Millisecond) // the reports follow the dispatches
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 1}))
 	o := loadmon.Observe(tab.Snapshot(), f, "a")
@@ -342,9 +342,9 @@ func TestEstimatePendingPrefillTokensCountsPrefillsInFlight(t *testing.T) {
 	clk := newClock()
 	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
 	f := loadmon.NewInFlight(clk.Now)
-	long := f.AcquirePrefill("a", 8000)
-	short := f.AcquireRank("a", 1, 300)
-	done := f.AcquirePrefill("b", 5000)
+	long := f.Acquire("a", -1, 8000)
+	short := f.Acquire("a", 1, 300)
+	done := f.Acquire("b", -1, 5000)
 	clk.Advance(time.Millisecond)
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "a", RunningRequests: 2}))
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "b", RunningRequests: 1}))
@@ -368,7 +368,7 @@ func TestEstimatePendingPrefillTokensCountsPrefillsInFlight(t *testing.T) {
 	assert.Zero(t, est("a"), "a released dispatch no longer prefills")
 
 	// The larger of the two estimates: a report's waiting requests priced at the recent mean.
-	f.AcquirePrefill("c", 100)
+	f.Acquire("c", -1, 100)
 	clk.Advance(time.Millisecond)
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "c", WaitingRequests: 10}))
 	assert.Equal(t, uint64(10*100), est("c"), "10 waiting × the mean 100 exceeds the 100 in flight")
@@ -382,14 +382,14 @@ func TestPrefillsInFlightUnderConcurrency(t *testing.T) {
 	clk := newClock()
 	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
 	f := loadmon.NewInFlight(clk.Now)
-	first := f.AcquirePrefill("a", 1)
+	first := f.Acquire("a", -1, 1)
 	first.FirstToken() // the host reports first tokens
 	first.Release()
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Go(func() {
 			for i := range 500 {
-				g := f.AcquireRank("a", w%2, uint64(i+1))
+				g := f.Acquire("a", w%2, uint64(i+1))
 				var racer sync.WaitGroup
 				if i%3 != 0 {
 					racer.Go(g.FirstToken) // the first token races the release

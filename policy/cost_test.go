@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -37,12 +38,12 @@ func TestCostComparisonMovesARequestOffABusyHolderOnlyWhenMateriallyCheaper(t *t
 		reason        string
 	}{
 		// holder 300 + 128 = 428 vs idle 1 + 256: saves 171 > 64, but not > 2 × 128.
-		{"saving below twice the recomputed prefix", 300, policy.CacheAwareOptions{}, "holder", policy.ReasonCacheCandidate},
+		{"saving below twice the recomputed prefix", 300, policy.CacheAwareOptions{}, "holder", label.ReasonCacheCandidate},
 		// holder 400 + 128 = 528: saves 271 > 256.
-		{"saving above twice the recomputed prefix", 400, policy.CacheAwareOptions{}, "idle", policy.ReasonCostDiverted},
-		{"factor 1 moves earlier", 300, policy.CacheAwareOptions{RecomputeFactor: 1}, "idle", policy.ReasonCostDiverted},
-		{"margin above the saving", 400, policy.CacheAwareOptions{CostMarginTokens: u64(271)}, "holder", policy.ReasonCacheCandidate},
-		{"disabled: the upstream rules alone", 1 << 20, policy.CacheAwareOptions{DisableCostComparison: true}, "holder", policy.ReasonCacheCandidate},
+		{"saving above twice the recomputed prefix", 400, policy.CacheAwareOptions{}, "idle", label.ReasonCostDiverted},
+		{"factor 1 moves earlier", 300, policy.CacheAwareOptions{RecomputeFactor: 1}, "idle", label.ReasonCostDiverted},
+		{"margin above the saving", 400, policy.CacheAwareOptions{CostMarginTokens: u64(271)}, "holder", label.ReasonCacheCandidate},
+		{"disabled: the upstream rules alone", 1 << 20, policy.CacheAwareOptions{DisableCostComparison: true}, "holder", label.ReasonCacheCandidate},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -61,13 +62,13 @@ func TestCostComparisonMovesARequestOffABusyHolderOnlyWhenMateriallyCheaper(t *t
 			assert.Equal(t, tt.reason, pk.Reason)
 			d := c.dec.last()
 			if tt.want == "idle" {
-				assert.Equal(t, policy.DecisionCostDiverted, d.Decision)
+				assert.Equal(t, label.DecisionCostDiverted, d.Decision)
 				assert.Equal(t, 8, d.DivertedBlocks, "the 8 blocks the holder held")
 				assert.True(t, d.CostOverride)
 				assert.Equal(t, uint64(256), pk.PrefillTokens, "the idle engine prefills the whole prompt")
 				assert.Equal(t, []state.EngineID{"holder", "idle"}, c.check.Calls(), "admission once on the holder, once on the alternative")
 			} else {
-				assert.Equal(t, policy.DecisionCacheHit, d.Decision)
+				assert.Equal(t, label.DecisionCacheHit, d.Decision)
 				assert.False(t, d.CostOverride)
 				assert.Equal(t, uint64(128), pk.PrefillTokens)
 				assert.Equal(t, []state.EngineID{"holder"}, c.check.Calls())
@@ -132,7 +133,7 @@ func TestCostComparisonPreventsLockInOnASharedPrefix(t *testing.T) {
 			pk, err := p.Pick(ctx, group, creq(tok))
 			require.NoError(t, err)
 			got[pk.Engine.ID()]++
-			c.inflight.AcquirePrefill(pk.Engine.ID(), pk.PrefillTokens) // dispatched, never reported
+			c.inflight.Acquire(pk.Engine.ID(), -1, pk.PrefillTokens) // dispatched, never reported
 		}
 		return got
 	}
@@ -155,8 +156,8 @@ func TestCostComparisonPicksTheCheapestHolder(t *testing.T) {
 	pk, err := p.Pick(ctx, engines(state.StagePrefill, "deep", "shallow"), creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("shallow"), pk.Engine.ID(), "2000 + 0 against 0 + 128")
-	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
-	assert.Equal(t, policy.DecisionCacheHit, c.dec.last().Decision)
+	assert.Equal(t, label.ReasonCacheCandidate, pk.Reason)
+	assert.Equal(t, label.DecisionCacheHit, c.dec.last().Decision)
 	assert.True(t, c.dec.last().CostOverride)
 }
 
@@ -214,7 +215,7 @@ func TestCostComparisonOnAMissTakesTheCheapestOfTheTier(t *testing.T) {
 	pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("c"), pk.Engine.ID())
-	assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+	assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
 	assert.True(t, c.dec.last().CostOverride)
 	assert.Equal(t, []state.EngineID{"c"}, c.check.Calls(), "admission once, on the engine returned")
 
@@ -232,7 +233,7 @@ func TestRoutePlacementsAreRecordedExpireAndCanBeTurnedOff(t *testing.T) {
 	t.Parallel()
 	tok := prompt(256, 36)
 	group := engines(state.StagePrefill, "a", "b", "c")
-	newPolicy := func(c *cacheEnv, disable bool) *policy.CacheAware {
+	newPolicy := func(c *cacheEnv, disable bool) policy.Policy {
 		src, err := kvindex.NewLocalSource(c.index) // a Placer; the counting wrapper is not
 		require.NoError(t, err)
 		return c.policy(t, policy.CacheAwareOptions{Source: src, DisableRoutePlacements: disable})
@@ -246,7 +247,7 @@ func TestRoutePlacementsAreRecordedExpireAndCanBeTurnedOff(t *testing.T) {
 	second, err := p.Pick(ctx, group, creq(append(append([]uint32(nil), tok...), prompt(64, 37)...)))
 	require.NoError(t, err)
 	assert.Equal(t, first.Engine.ID(), second.Engine.ID())
-	assert.Equal(t, policy.ReasonCacheCandidate, second.Reason)
+	assert.Equal(t, label.ReasonCacheCandidate, second.Reason)
 
 	c.clk.Advance(kvindex.DefaultApproxTTL + time.Second)
 	assert.Empty(t, c.index.Match(c.index.Hasher().Keys(tok)).Engines, "unconfirmed placements expire")
@@ -277,7 +278,7 @@ func TestCostComparisonDoesNotSeeThePreviousPicksPrefix(t *testing.T) {
 	pk, err = p.Pick(ctx, group, creq(b))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("o"), pk.Engine.ID())
-	assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+	assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
 	assert.False(t, c.dec.last().CostOverride)
 }
 
@@ -347,7 +348,7 @@ func TestCostComparisonSkipsOnlyScansThatCannotChangeThePick(t *testing.T) {
 		case scans[0] > 0:
 			scanned++
 		}
-		if decs[0].Decision == policy.DecisionCostDiverted {
+		if decs[0].Decision == label.DecisionCostDiverted {
 			diverted++
 		}
 	}
@@ -380,6 +381,6 @@ func TestCostComparisonGivesNoCreditBelowTheHitGate(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, scans, "the scan ran")
 	assert.Equal(t, state.EngineID("w"), pk.Engine.ID())
-	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+	assert.Equal(t, label.ReasonCacheCandidate, pk.Reason)
 	assert.Equal(t, uint64(16), pk.PrefillTokens)
 }

@@ -68,7 +68,7 @@ const (
 )
 
 // Reason labels of the peer baselines' picks (policy.Pick.Reason). SGLangLegacy and SMG reuse
-// policy.ReasonCacheCandidate, policy.ReasonNoCacheCandidate and policy.ReasonLeastLoad for their
+// cache_candidate, no_cache_candidate and least_load for their
 // branches.
 const (
 	// ReasonDynamoCost labels a Dynamo pick: the lowest cost.
