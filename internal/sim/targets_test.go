@@ -25,9 +25,12 @@ var legacyPeers = []string{NameDynamoLegacy, NameLLMDLegacy, NameSGLangLegacy}
 // the same seed and fleet (docs/performance.md "Replay against the peers"). The peers' current
 // defaults (dynamo, llmd, smg) are not held to these targets; examples/replay reports them:
 //
-//   - 16 engines at speeds 2, 4 and 8, 32 engines at speed 4, and 16 engines at speed 4 with a
-//     2,048-token system prompt: cache_aware's TTFT p50 and p99 are each at or below 1.02 × the
+//   - 16 engines at speeds 2, 4 and 8, 32 engines at speed 4, 16 engines at speed 4 with a
+//     2,048-token system prompt, and 32 engines reporting as vLLM does (basic reports) at speed 4
+//     with that system prompt: cache_aware's TTFT p50 and p99 are each at or below 1.02 × the
 //     best other policy's;
+//   - with the shared system prompt (the fleet more than half busy), no engine serves fewer than
+//     half the mean requests under cache_aware: the prompt's holders do not absorb the traffic;
 //   - four router replicas at speed 4: cache_aware's hit rate is at least 95 % of one router's;
 //   - a capacity sweep (TTFT p99 ≤ 10 s): cache_aware carries a higher speed than every peer, at
 //     least as high as both oracle baselines (which read the engines' exact caches and queues),
@@ -51,14 +54,19 @@ func TestReplayTargets(t *testing.T) {
 	base := Config{Trace: tr, Fleet: Fleet{Plain: 16}, Speed: 4, Limit: targetsLimit, Seed: 1, Policies: names}
 
 	scenarios := []struct {
-		name string
-		cfg  func(Config) Config
+		name   string
+		cfg    func(Config) Config
+		shared bool // every request shares a prefix
 	}{
-		{"16 engines speed 2", func(c Config) Config { c.Speed = 2; return c }},
-		{"16 engines speed 4", func(c Config) Config { return c }},
-		{"16 engines speed 8", func(c Config) Config { c.Speed = 8; return c }},
-		{"32 engines speed 4", func(c Config) Config { c.Fleet = Fleet{Plain: 32}; return c }},
-		{"system prompt 2048 speed 4", func(c Config) Config { c.SystemPromptTokens = 2048; return c }},
+		{"16 engines speed 2", func(c Config) Config { c.Speed = 2; return c }, false},
+		{"16 engines speed 4", func(c Config) Config { return c }, false},
+		{"16 engines speed 8", func(c Config) Config { c.Speed = 8; return c }, false},
+		{"32 engines speed 4", func(c Config) Config { c.Fleet = Fleet{Plain: 32}; return c }, false},
+		{"system prompt 2048 speed 4", func(c Config) Config { c.SystemPromptTokens = 2048; return c }, true},
+		{"32 engines basic reports system prompt 2048 speed 4", func(c Config) Config {
+			c.Fleet, c.Reports, c.SystemPromptTokens = Fleet{Plain: 32}, ReportsBasic, 2048
+			return c
+		}, true},
 	}
 	var one *Report
 	for _, sc := range scenarios {
@@ -68,6 +76,16 @@ func TestReplayTargets(t *testing.T) {
 		}
 		ca, ok := rep.Result(NameCacheAware)
 		require.True(t, ok)
+		if sc.shared {
+			total := 0
+			for _, n := range ca.EngineRequests {
+				total += n
+			}
+			for i, n := range ca.EngineRequests {
+				assert.GreaterOrEqual(t, 2*len(ca.EngineRequests)*n, total, "%s: cache_aware: engine %d served %d of %d requests, under half the mean",
+					sc.name, i, n, total)
+			}
+		}
 		for _, r := range rep.Results {
 			if r.Policy == NameCacheAware {
 				continue
