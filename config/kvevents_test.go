@@ -19,7 +19,6 @@ import (
 
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
-	"github.com/enginepick/enginepick/kvindex/kvevents"
 	"github.com/enginepick/enginepick/metrics"
 	"github.com/enginepick/enginepick/policy"
 )
@@ -153,7 +152,7 @@ func scrapeFamily(t *testing.T, reg *prometheus.Registry, name string) map[strin
 // TestNewKVEventsSilentEngineIsUntrusted checks New's wiring of the KV-event silence rule
 // (docs/design.md §13.1): an engine whose publisher sends nothing (here a wrong address; a wrong
 // topic looks the same) stays trusted while idle, and is untrusted, with a warning, once
-// kvevents.DefaultSilenceTimeout has passed since CheckHealth first saw a request sent to it.
+// the default kvevents.Options.SilenceTimeout (30 s) has passed since CheckHealth first saw a request sent to it.
 func TestNewKVEventsSilentEngineIsUntrusted(t *testing.T) {
 	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -186,7 +185,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware}}
 	d.Release()
 	advance(time.Second)
 	r.CheckHealth() // sees the dispatch
-	advance(kvevents.DefaultSilenceTimeout - time.Second)
+	advance(30*time.Second - time.Second)
 	r.CheckHealth()
 	assert.True(t, r.Index().Trusted("e1"), "a second short of the timeout")
 	advance(time.Second)

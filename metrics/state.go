@@ -8,7 +8,6 @@ import (
 
 	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/kvindex"
-	"github.com/enginepick/enginepick/kvindex/kvevents"
 )
 
 // stateCollector reads the attached Router's shared state at scrape time. It reports nothing
@@ -169,7 +168,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.kvConnected, b2f(st.Connected))
 		gauge(c.kvInStep, b2f(st.Trusted))
 		for reason, n := range st.Refused {
-			counter(c.kvRefused, n, kvevents.Refusal(reason).String())
+			counter(c.kvRefused, n, reason)
 		}
 		counter(c.kvTopics, st.UnknownTopics)
 		counter(c.kvReplays, st.Replays, "ok")

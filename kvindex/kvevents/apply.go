@@ -12,13 +12,8 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// DefaultMedia maps the media vLLM and SGLang publish to index tiers: "GPU" (vLLM
-// MEDIUM_GPU, and SGLang's device tier) to the device; "CPU" (vLLM's CPU offloading) and
-// "CPU_PINNED" (SGLang HiCache host memory) to host memory; "DISK" and "EXTERNAL" (SGLang HiCache
-// storage tiers) to disk and external storage (vllm-project/vllm vllm/distributed/kv_events.py;
-// the tiers of sgl-project/sglang's experimental router, docs/design.md §13). An event without a
-// medium is a device event. Lookups are case-insensitive.
-var DefaultMedia = map[string]kvindex.Tier{
+// defaultMedia is Options.Media when nil (its comment states the mapping).
+var defaultMedia = map[string]kvindex.Tier{
 	"GPU":        kvindex.TierDevice,
 	"CPU":        kvindex.TierHost,
 	"CPU_PINNED": kvindex.TierHost,
@@ -29,7 +24,7 @@ var DefaultMedia = map[string]kvindex.Tier{
 // counters are one stream's event counts; see StreamStats.
 type counters struct {
 	events, stored, removed, cleared, ignored, rejected, unknownRemovals uint64
-	refused                                                              [NumRefusals]uint64
+	refused                                                              [numRefusals]uint64
 }
 
 // applier turns decoded events into index operations for one stream. It is owned by the stream's
@@ -68,10 +63,10 @@ func newApplier(engine state.EngineID, rank int, o *Options) *applier {
 	return a
 }
 
-// normalizeMedia upper-cases the keys of m (nil: DefaultMedia) and validates the tiers.
+// normalizeMedia upper-cases the keys of m (nil: defaultMedia) and validates the tiers.
 func normalizeMedia(m map[string]kvindex.Tier) (map[string]kvindex.Tier, error) {
 	if m == nil {
-		m = DefaultMedia
+		m = defaultMedia
 	}
 	out := make(map[string]kvindex.Tier, len(m))
 	for k, t := range m {

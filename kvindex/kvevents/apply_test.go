@@ -85,7 +85,7 @@ func TestStreamCountsCopies(t *testing.T) {
 				assert.Equal(t, [2]int{s.device, s.host}, [2]int{es.DeviceBlocks, es.HostBlocks}, "device and host blocks after batch %d", s.seq)
 			}
 			st := f.stats()
-			assert.Equal(t, tc.refused, st.Refused[RefusedDuplicateHash])
+			assert.Equal(t, tc.refused, st.Refused["duplicate_hash"])
 			assert.Equal(t, tc.refused, st.Rejected)
 			assert.Zero(t, st.UnknownRemovals)
 			if tc.refused > 0 {

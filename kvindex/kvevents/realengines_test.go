@@ -222,9 +222,8 @@ func TestStreamCountersAndWarnings(t *testing.T) {
 	f.send(1, unknownParent(80)) // a minute later: warned again, with one held back
 
 	st := f.stats()
-	var refused [NumRefusals]uint64
-	refused[RefusedUnknownParent], refused[RefusedUnknownMedium] = 3, 1
-	assert.Equal(t, refused, st.Refused)
+	assert.Equal(t, map[string]uint64{"unknown_parent": 3, "block_size": 0, "unknown_medium": 1, "unknown_adapter": 0,
+		"duplicate_hash": 0, "key_conflict": 0, "other": 0}, st.Refused)
 	assert.EqualValues(t, 4, st.Rejected)
 	assert.EqualValues(t, 9, st.Batches)
 	assert.EqualValues(t, 1, st.Malformed)
