@@ -26,7 +26,7 @@ func TestAssumeExpiresByTheInjectedClock(t *testing.T) {
 	assert.Equal(t, 2, f.x.Expire(f.clock))
 	assert.Equal(t, 3, f.x.Stats().ApproximateBlocks)
 
-	f.clock = f.clock.Add(DefaultApproxTTL)
+	f.clock = f.clock.Add(defaultApproxTTL)
 	assert.Empty(t, f.match(1, 3), "the default TTL is 120 s")
 	assert.Equal(t, 3, f.x.Expire(f.clock))
 	assert.Zero(t, f.x.Stats().Blocks, "expired entries leave the tree")

@@ -11,9 +11,10 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// MaxBlockTokens is the largest block size, in tokens, a Hasher accepts. Engines use 16 to 512
-// tokens per block (vLLM 16 by default, the Mooncake traces 512; docs/traces.md); the cap only rejects nonsense before it can overflow a byte count.
-const MaxBlockTokens = 1 << 16
+// maxBlockTokens is the largest block size, in tokens, a Hasher accepts. Engines use 16 to 512
+// tokens per block (vLLM 16 by default, the Mooncake traces 512; docs/traces.md); the cap only
+// rejects nonsense before it can overflow a byte count.
+const maxBlockTokens = 1 << 16
 
 // XXH64 primes (the public XXH64 specification), used by the chaining step.
 const (
@@ -32,7 +33,7 @@ var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 // HasherConfig configures a Hasher. Its zero value is not valid: BlockTokens must be set.
 type HasherConfig struct {
 	// BlockTokens is the block size in tokens: the engine's page size (vLLM block_size, SGLang
-	// page_size). It must be in [1, MaxBlockTokens]; 0 or negative is an error. Every engine whose
+	// page_size). It must be in [1, 65536]; 0 or negative is an error. Every engine whose
 	// events feed one Index must use this block size (docs/design.md
 	// §11).
 	BlockTokens int
@@ -74,12 +75,12 @@ type Hasher struct {
 	root        uint64
 }
 
-// NewHasher validates cfg and returns its Hasher. A BlockTokens outside [1, MaxBlockTokens] returns
+// NewHasher validates cfg and returns its Hasher. A BlockTokens outside [1, 65536] returns
 // an error wrapping state.ErrInvalidConfiguration that names the field and the value.
 func NewHasher(cfg HasherConfig) (Hasher, error) {
-	if cfg.BlockTokens <= 0 || cfg.BlockTokens > MaxBlockTokens {
+	if cfg.BlockTokens <= 0 || cfg.BlockTokens > maxBlockTokens {
 		return Hasher{}, fmt.Errorf("kvindex: HasherConfig.BlockTokens: %d, must be in [1, %d]: %w",
-			cfg.BlockTokens, MaxBlockTokens, state.ErrInvalidConfiguration)
+			cfg.BlockTokens, maxBlockTokens, state.ErrInvalidConfiguration)
 	}
 	root := cfg.Seed
 	if cfg.Namespace != "" {

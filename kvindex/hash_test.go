@@ -151,11 +151,11 @@ func TestHasherProperties(t *testing.T) {
 
 func TestNewHasherRejectsBlockSize(t *testing.T) {
 	t.Parallel()
-	for _, b := range []int{0, -1, -16, MaxBlockTokens + 1} {
+	for _, b := range []int{0, -1, -16, maxBlockTokens + 1} {
 		_, err := NewHasher(HasherConfig{BlockTokens: b})
 		assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "NewHasher(BlockTokens=%d)", b)
 	}
-	_, err := NewHasher(HasherConfig{BlockTokens: MaxBlockTokens})
+	_, err := NewHasher(HasherConfig{BlockTokens: maxBlockTokens})
 	assert.NoError(t, err, "the cap itself is valid")
 }
 

@@ -12,19 +12,13 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Defaults for Options. The approximate-entry values are Dynamo's PruneConfig
-// (ai-dynamo/dynamo `lib/kv-router/src/approx.rs`: TTL 120 s, at most 2^20 =
-// 1,048,576 blocks, pruned to 0.8 of that; docs/design.md §11).
+// Defaults for Options fields left zero (each field states its value). The approximate-entry
+// values are Dynamo's PruneConfig (ai-dynamo/dynamo `lib/kv-router/src/approx.rs`: TTL 120 s, at
+// most 2^20 = 1,048,576 blocks, pruned to 0.8 of that; docs/design.md §11).
 const (
-	// DefaultMaxBlocks is the default block cap: 4,194,304 blocks, 64 Mi tokens at 16 tokens per
-	// block (docs/performance.md, "Sizing MaxBlocks", says how to size it and what it costs).
-	DefaultMaxBlocks = 1 << 22
-	// DefaultApproxTTL is how long an Assume entry lives unless the call names another TTL.
-	DefaultApproxTTL = 120 * time.Second
-	// DefaultMaxApproxBlocks caps the number of approximate (block, engine) entries.
-	DefaultMaxApproxBlocks = 1 << 20
-	// defaultWriterYieldBlocks is how many blocks a writer stores between two yields of its
-	// processor (Options.WriterYieldBlocks).
+	defaultMaxBlocks         = 1 << 22
+	defaultApproxTTL         = 120 * time.Second
+	defaultMaxApproxBlocks   = 1 << 20
 	defaultWriterYieldBlocks = 4096
 	// approxPruneFraction is the fraction of MaxApproxBlocks an over-cap index prunes back to,
 	// earliest expiry first and, within one expiry, deepest block first.
@@ -50,7 +44,8 @@ type Options struct {
 	// Recency is the last Store of the block, with a second chance for a block that a
 	// Match has found as some engine's deepest block since (CLOCK). While one Store is being
 	// applied the count may exceed the cap by that event's own new blocks; the cap holds again
-	// when Store returns. 0 means DefaultMaxBlocks; negative or above 2^32−2 is an error.
+	// when Store returns. 0 means 4,194,304 blocks (2^22: 64 Mi tokens at 16 tokens per block);
+	// negative or above 2^32−2 is an error.
 	// docs/performance.md ("Sizing MaxBlocks") says how to size it.
 	MaxBlocks int
 	// ExpectedBlocks is how many blocks the index is expected to hold when full: the fleet's
@@ -69,11 +64,11 @@ type Options struct {
 	// starts small and doubles; negative or above MaxBlocks (after its default) is an error.
 	ExpectedHolderBlocks int
 	// MaxApproxBlocks caps the approximate (Assume) entries, counted per (block, engine). Above
-	// it, entries are pruned to 0.8 of the cap. 0 means DefaultMaxApproxBlocks;
+	// it, entries are pruned to 0.8 of the cap. 0 means 1,048,576 (2^20);
 	// negative is an error.
 	MaxApproxBlocks int
 	// ApproxTTL is the lifetime of an Assume entry when the call passes a TTL of 0. 0 means
-	// DefaultApproxTTL; negative is an error.
+	// 120 s; negative is an error.
 	ApproxTTL time.Duration
 	// Now is the clock for approximate-entry expiry. nil means time.Now. Tests inject a fixed
 	// clock; the index never sleeps and starts no goroutine.
@@ -293,12 +288,12 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 	switch {
 	case opts.MaxBlocks < 0 || uint64(opts.MaxBlocks) > maxNodes:
 		return nil, fmt.Errorf("kvindex: Options.MaxBlocks: %d, must be in [0, %d]: %w", opts.MaxBlocks, uint64(maxNodes), state.ErrInvalidConfiguration)
-	case opts.ExpectedBlocks < 0 || opts.ExpectedBlocks > cmp.Or(opts.MaxBlocks, DefaultMaxBlocks):
+	case opts.ExpectedBlocks < 0 || opts.ExpectedBlocks > cmp.Or(opts.MaxBlocks, defaultMaxBlocks):
 		return nil, fmt.Errorf("kvindex: Options.ExpectedBlocks: %d, must be in [0, MaxBlocks = %d]: %w",
-			opts.ExpectedBlocks, cmp.Or(opts.MaxBlocks, DefaultMaxBlocks), state.ErrInvalidConfiguration)
-	case opts.ExpectedHolderBlocks < 0 || opts.ExpectedHolderBlocks > cmp.Or(opts.MaxBlocks, DefaultMaxBlocks):
+			opts.ExpectedBlocks, cmp.Or(opts.MaxBlocks, defaultMaxBlocks), state.ErrInvalidConfiguration)
+	case opts.ExpectedHolderBlocks < 0 || opts.ExpectedHolderBlocks > cmp.Or(opts.MaxBlocks, defaultMaxBlocks):
 		return nil, fmt.Errorf("kvindex: Options.ExpectedHolderBlocks: %d, must be in [0, MaxBlocks = %d]: %w",
-			opts.ExpectedHolderBlocks, cmp.Or(opts.MaxBlocks, DefaultMaxBlocks), state.ErrInvalidConfiguration)
+			opts.ExpectedHolderBlocks, cmp.Or(opts.MaxBlocks, defaultMaxBlocks), state.ErrInvalidConfiguration)
 	case opts.MaxApproxBlocks < 0:
 		return nil, fmt.Errorf("kvindex: Options.MaxApproxBlocks: %d, must be >= 0: %w", opts.MaxApproxBlocks, state.ErrInvalidConfiguration)
 	case opts.ApproxTTL < 0:
@@ -333,13 +328,13 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 		x.holderBits = max(tableBitsFor(opts.ExpectedHolderBlocks), bindTableMinBits)
 	}
 	if x.maxBlocks == 0 {
-		x.maxBlocks = DefaultMaxBlocks
+		x.maxBlocks = defaultMaxBlocks
 	}
 	if x.maxApprox == 0 {
-		x.maxApprox = DefaultMaxApproxBlocks
+		x.maxApprox = defaultMaxApproxBlocks
 	}
 	if x.ttl == 0 {
-		x.ttl = DefaultApproxTTL
+		x.ttl = defaultApproxTTL
 	}
 	if x.now == nil {
 		x.now = time.Now

@@ -141,7 +141,7 @@ func TestNewIndexValidatesOptions(t *testing.T) {
 		{"negative ApproxTTL", h, Options{ApproxTTL: -time.Second}},
 		{"negative ExpectedBlocks", h, Options{ExpectedBlocks: -1}},
 		{"ExpectedBlocks above MaxBlocks", h, Options{MaxBlocks: 100, ExpectedBlocks: 101}},
-		{"ExpectedBlocks above the default MaxBlocks", h, Options{ExpectedBlocks: DefaultMaxBlocks + 1}},
+		{"ExpectedBlocks above the default MaxBlocks", h, Options{ExpectedBlocks: defaultMaxBlocks + 1}},
 		{"negative ExpectedHolderBlocks", h, Options{ExpectedHolderBlocks: -1}},
 		{"ExpectedHolderBlocks above MaxBlocks", h, Options{MaxBlocks: 100, ExpectedHolderBlocks: 101}},
 	}
@@ -151,9 +151,9 @@ func TestNewIndexValidatesOptions(t *testing.T) {
 	}
 	x, err := NewIndex(h, Options{})
 	require.NoError(t, err, "the zero Options are the defaults")
-	assert.Equal(t, DefaultMaxBlocks, x.maxBlocks)
-	assert.Equal(t, DefaultMaxApproxBlocks, x.maxApprox)
-	assert.Equal(t, DefaultApproxTTL, x.ttl)
+	assert.Equal(t, defaultMaxBlocks, x.maxBlocks)
+	assert.Equal(t, defaultMaxApproxBlocks, x.maxApprox)
+	assert.Equal(t, defaultApproxTTL, x.ttl)
 	assert.Equal(t, h, x.Hasher())
 	assert.Zero(t, len(x.byKey.slots), "no ExpectedBlocks: the key table starts empty")
 	assert.Zero(t, x.holderBits)

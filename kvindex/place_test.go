@@ -30,7 +30,7 @@ func TestLocalSourcePlaceRecordsThePromptFromTheLookupsKeys(t *testing.T) {
 
 	// The engine confirms the first four blocks; the two others stay approximate and expire.
 	f.store("http://a", 0, 1, 0, 4, 0, TierDevice)
-	f.clock = f.clock.Add(DefaultApproxTTL + time.Second)
+	f.clock = f.clock.Add(defaultApproxTTL + time.Second)
 	got, err = src.Lookup(context.Background(), q)
 	require.NoError(t, err)
 	assert.Equal(t, []EngineMatch{{Engine: "http://a", Blocks: 4}}, got.Engines, "real blocks never expire")

@@ -351,19 +351,19 @@ type RemoteQuery struct {
 // Defaults for RemoteOptions (docs/design.md §10: a 100 ms deadline and 32
 // concurrent queries, as the experimental SGLang router).
 const (
-	DefaultRemoteTimeout       = 100 * time.Millisecond
-	DefaultRemoteMaxConcurrent = 32
+	defaultRemoteTimeout       = 100 * time.Millisecond
+	defaultRemoteMaxConcurrent = 32
 )
 
 // RemoteOptions configures a RemoteSource. The zero value is the documented default for every
 // field.
 type RemoteOptions struct {
 	// Timeout bounds each lookup; the caller's own deadline applies too, whichever is earlier.
-	// 0 means DefaultRemoteTimeout; negative is an error.
+	// 0 means 100 ms; negative is an error.
 	Timeout time.Duration
 	// MaxConcurrent is the most lookups in flight at once, counting calls that outlived their
 	// deadline. A lookup over the limit does not wait: it returns OutcomeUnavailable with
-	// ReasonOverloaded. 0 means DefaultRemoteMaxConcurrent; negative is an error.
+	// ReasonOverloaded. 0 means 32; negative is an error.
 	MaxConcurrent int
 }
 
@@ -393,10 +393,10 @@ func NewRemoteSource(indexer RemoteIndexer, h Hasher, opts RemoteOptions) (*Remo
 		return nil, fmt.Errorf("kvindex: RemoteOptions.MaxConcurrent: %d, must be >= 0: %w", opts.MaxConcurrent, state.ErrInvalidConfiguration)
 	}
 	if opts.Timeout == 0 {
-		opts.Timeout = DefaultRemoteTimeout
+		opts.Timeout = defaultRemoteTimeout
 	}
 	if opts.MaxConcurrent == 0 {
-		opts.MaxConcurrent = DefaultRemoteMaxConcurrent
+		opts.MaxConcurrent = defaultRemoteMaxConcurrent
 	}
 	return &RemoteSource{indexer: indexer, hasher: h, timeout: opts.Timeout, sem: make(chan struct{}, opts.MaxConcurrent)}, nil
 }

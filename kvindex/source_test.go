@@ -137,8 +137,8 @@ func TestNewSourcesValidate(t *testing.T) {
 	}
 	s, err := NewRemoteSource(ri, h, RemoteOptions{})
 	require.NoError(t, err)
-	assert.Equal(t, DefaultRemoteTimeout, s.timeout)
-	assert.Equal(t, DefaultRemoteMaxConcurrent, cap(s.sem))
+	assert.Equal(t, defaultRemoteTimeout, s.timeout)
+	assert.Equal(t, defaultRemoteMaxConcurrent, cap(s.sem))
 }
 
 func remote(t *testing.T, fn RemoteIndexerFunc, opts RemoteOptions) *RemoteSource {
