@@ -77,23 +77,13 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("outcome(%d)", uint8(o))
 }
 
-// Reason says why a Source was unavailable. The values are metric labels.
-type Reason string
-
-// Unavailability reasons (docs/design.md §10: timeout,
-// unreachable, overloaded).
+// Result.Reason values, one per way a Source can be unavailable (docs/design.md §10).
 const (
-	// ReasonTimeout: the lookup did not finish within the source's timeout or the caller's
-	// deadline.
-	ReasonTimeout Reason = "timeout"
-	// ReasonCanceled: the caller's context was canceled.
-	ReasonCanceled Reason = "canceled"
-	// ReasonOverloaded: the source's concurrency limit was reached; the lookup was not attempted.
-	ReasonOverloaded Reason = "overloaded"
-	// ReasonUnreachable: the backend returned an error other than a rejection.
-	ReasonUnreachable Reason = "unreachable"
-	// ReasonInvalidAnswer: the backend answered with a negative block count or an empty engine ID.
-	ReasonInvalidAnswer Reason = "invalid_answer"
+	reasonTimeout       = "timeout"
+	reasonCanceled      = "canceled"
+	reasonOverloaded    = "overloaded"
+	reasonUnreachable   = "unreachable"
+	reasonInvalidAnswer = "invalid_answer"
 )
 
 // Result is a Source's answer. Results may be shared between the callers of one Memo: treat
@@ -115,8 +105,13 @@ type Result struct {
 	// tokens only with a valid conversion (docs/design.md §10). Sources set it
 	// for every outcome; it is 0 only in the result a Memo gives a caller that stopped waiting.
 	BlockTokens int
-	// Reason says why, for OutcomeUnavailable; empty otherwise.
-	Reason Reason
+	// Reason says why, for OutcomeUnavailable, as a metric label; empty otherwise. "timeout": the
+	// lookup did not finish within the source's timeout or the caller's deadline; "canceled":
+	// the caller's context was canceled; "overloaded": the source's concurrency limit was
+	// reached and the lookup was not attempted; "unreachable": the backend returned an error
+	// other than a rejection, or panicked; "invalid_answer": the backend answered with a
+	// negative block count or an empty engine ID.
+	Reason string
 	// Err is the backend's error behind an OutcomeUnavailable, when there is one; nil otherwise.
 	Err error
 
@@ -138,7 +133,7 @@ func (r Result) Blocks(engine state.EngineID) int {
 	return 0
 }
 
-func unavailable(blockTokens int, reason Reason, err error) Result {
+func unavailable(blockTokens int, reason string, err error) Result {
 	return Result{Outcome: OutcomeUnavailable, BlockTokens: blockTokens, Reason: reason, Err: err}
 }
 
@@ -193,7 +188,7 @@ func NewLocalSource(index *Index) (*LocalSource, error) {
 
 // Lookup hashes q.TokenIDs and matches them against the index, hashing only as far as some engine
 // may hold the prefix. A canceled ctx returns OutcomeUnavailable with
-// ReasonCanceled (or ReasonTimeout for an expired deadline) before any work; a query with no full
+// Reason "canceled" (or "timeout" for an expired deadline) before any work; a query with no full
 // block is a miss. The result's Engines is a new slice owned by the caller; the result also keeps
 // the keys the match hashed, for Place (one allocation of 8 bytes per block when the first block
 // is held, none on a miss); the other matching buffers are pooled. With q.Buffers, the result is
@@ -300,11 +295,11 @@ func lastKey(keys []uint64, h Hasher) uint64 {
 	return keys[len(keys)-1]
 }
 
-func ctxReason(err error) Reason {
+func ctxReason(err error) string {
 	if errors.Is(err, context.DeadlineExceeded) {
-		return ReasonTimeout
+		return reasonTimeout
 	}
-	return ReasonCanceled
+	return reasonCanceled
 }
 
 // RemoteIndexer is the host's client for a remote prefix-index service (for example
@@ -316,7 +311,7 @@ func ctxReason(err error) Reason {
 //   - MatchPrefix returns, per engine, the number of leading query blocks the engine holds
 //     contiguously. Engines holding none may be omitted or reported with 0. Duplicate engines are
 //     merged by maximum; counts above the query's block count are capped to it; a negative count
-//     or an empty engine ID makes the answer invalid (OutcomeUnavailable, ReasonInvalidAnswer).
+//     or an empty engine ID makes the answer invalid (OutcomeUnavailable, Reason "invalid_answer").
 //   - It should return promptly when ctx is done. If it does not, RemoteSource returns anyway at
 //     the deadline and the call keeps its concurrency slot until it returns.
 //   - An error wrapping state.ErrInvalidSignal means the service rejected the query (malformed,
@@ -363,7 +358,7 @@ type RemoteOptions struct {
 	Timeout time.Duration
 	// MaxConcurrent is the most lookups in flight at once, counting calls that outlived their
 	// deadline. A lookup over the limit does not wait: it returns OutcomeUnavailable with
-	// ReasonOverloaded. 0 means 32; negative is an error.
+	// Reason "overloaded". 0 means 32; negative is an error.
 	MaxConcurrent int
 }
 
@@ -423,7 +418,7 @@ func (s *RemoteSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	select {
 	case s.sem <- struct{}{}:
 	default:
-		return unavailable(bt, ReasonOverloaded, nil), nil
+		return unavailable(bt, reasonOverloaded, nil), nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -449,11 +444,11 @@ func (s *RemoteSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	case cctx.Err() != nil:
 		return unavailable(bt, ctxReason(cctx.Err()), err), nil
 	default:
-		return unavailable(bt, ReasonUnreachable, err), nil
+		return unavailable(bt, reasonUnreachable, err), nil
 	}
 	engines, ok := normalizeRemote(reply.engines, len(keys))
 	if !ok {
-		return unavailable(bt, ReasonInvalidAnswer, nil), nil
+		return unavailable(bt, reasonInvalidAnswer, nil), nil
 	}
 	r.Outcome, r.Engines = OutcomeMiss, nil
 	if len(engines) > 0 {
@@ -522,10 +517,10 @@ func NewMemo() *Memo { return &Memo{} }
 
 // Lookup returns src's answer to q, running src.Lookup only if no earlier Lookup of src in this
 // Memo did. A caller that finds the lookup in progress waits for it, or for its own ctx: if ctx
-// ends first it gets OutcomeUnavailable with ReasonCanceled or ReasonTimeout, which is not
+// ends first it gets OutcomeUnavailable with Reason "canceled" or "timeout", which is not
 // memoized. A nil or non-comparable src returns an error wrapping state.ErrInvalidConfiguration.
 // If src.Lookup panics, the panic propagates to the caller that ran it, and the memoized result
-// is OutcomeUnavailable with ReasonUnreachable.
+// is OutcomeUnavailable with Reason "unreachable".
 func (m *Memo) Lookup(ctx context.Context, src Source, q Query) (Result, error) {
 	if src == nil || !reflect.TypeOf(src).Comparable() {
 		return Result{}, fmt.Errorf("kvindex: Memo.Lookup: source %T is nil or not comparable: %w", src, state.ErrInvalidConfiguration)
@@ -553,7 +548,7 @@ func (m *Memo) Lookup(ctx context.Context, src Source, q Query) (Result, error) 
 	finished := false
 	defer func() {
 		if !finished {
-			e.res = unavailable(0, ReasonUnreachable, fmt.Errorf("kvindex: Memo.Lookup: source %T panicked", src))
+			e.res = unavailable(0, reasonUnreachable, fmt.Errorf("kvindex: Memo.Lookup: source %T panicked", src))
 			close(e.done)
 		}
 	}()

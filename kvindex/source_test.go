@@ -91,13 +91,13 @@ func TestSourceConformance(t *testing.T) {
 			r, err := src.Lookup(canceled, Query{TokenIDs: prompt(1, 2)})
 			require.NoError(t, err, "unavailability is not an error")
 			assert.Equal(t, OutcomeUnavailable, r.Outcome)
-			assert.Equal(t, ReasonCanceled, r.Reason)
+			assert.Equal(t, reasonCanceled, r.Reason)
 			assert.Equal(t, testBlock, r.BlockTokens)
 			expired, cancel2 := context.WithDeadline(ctx, time.Unix(0, 0))
 			defer cancel2()
 			r, err = src.Lookup(expired, Query{TokenIDs: prompt(1, 2)})
 			require.NoError(t, err)
-			assert.Equal(t, ReasonTimeout, r.Reason)
+			assert.Equal(t, reasonTimeout, r.Reason)
 
 			var wg sync.WaitGroup
 			for i := range 16 {
@@ -159,7 +159,7 @@ func TestRemoteSourceMapsAnswers(t *testing.T) {
 		answer  []EngineMatch
 		err     error
 		want    Outcome
-		reason  Reason
+		reason  string
 		engines []EngineMatch
 		wantErr error
 	}{
@@ -170,9 +170,9 @@ func TestRemoteSourceMapsAnswers(t *testing.T) {
 			OutcomeHit, "", []EngineMatch{{"http://b", 3}, {"http://b/", 2}}, nil},
 		{"counts are capped at the query's blocks", []EngineMatch{{"http://a", math.MaxInt}, {"http://b", 4}}, nil,
 			OutcomeHit, "", []EngineMatch{{"http://a", 4}, {"http://b", 4}}, nil},
-		{"negative count is invalid", []EngineMatch{{"http://a", -1}}, nil, OutcomeUnavailable, ReasonInvalidAnswer, nil, nil},
-		{"empty engine is invalid", []EngineMatch{{"", 1}}, nil, OutcomeUnavailable, ReasonInvalidAnswer, nil, nil},
-		{"backend error is unavailable", nil, boom, OutcomeUnavailable, ReasonUnreachable, nil, nil},
+		{"negative count is invalid", []EngineMatch{{"http://a", -1}}, nil, OutcomeUnavailable, reasonInvalidAnswer, nil, nil},
+		{"empty engine is invalid", []EngineMatch{{"", 1}}, nil, OutcomeUnavailable, reasonInvalidAnswer, nil, nil},
+		{"backend error is unavailable", nil, boom, OutcomeUnavailable, reasonUnreachable, nil, nil},
 		{"rejection is an invalid signal", nil, reject, 0, "", nil, state.ErrInvalidSignal},
 	}
 	for _, c := range cases {
@@ -226,13 +226,13 @@ func TestRemoteSourceHonoursDeadlinesAndLimit(t *testing.T) {
 	r, err := s.Lookup(context.Background(), Query{TokenIDs: prompt(1, 2)})
 	require.NoError(t, err)
 	assert.Equal(t, OutcomeUnavailable, r.Outcome)
-	assert.Equal(t, ReasonTimeout, r.Reason)
+	assert.Equal(t, reasonTimeout, r.Reason)
 	assert.ErrorIs(t, r.Err, context.DeadlineExceeded)
 	assert.Less(t, time.Since(begin), 2*time.Second, "returned at the deadline, not when the backend did")
 
 	r, err = s.Lookup(context.Background(), Query{TokenIDs: prompt(1, 2)})
 	require.NoError(t, err)
-	assert.Equal(t, ReasonOverloaded, r.Reason, "the hung call still holds the only slot")
+	assert.Equal(t, reasonOverloaded, r.Reason, "the hung call still holds the only slot")
 	assert.Equal(t, int32(1), started.Load(), "an overloaded lookup is not attempted")
 
 	close(release)
@@ -250,12 +250,12 @@ func TestRemoteSourceHonoursDeadlinesAndLimit(t *testing.T) {
 	defer cancel()
 	r, err = slow.Lookup(ctx, Query{TokenIDs: prompt(1, 2)})
 	require.NoError(t, err)
-	assert.Equal(t, ReasonTimeout, r.Reason)
+	assert.Equal(t, reasonTimeout, r.Reason)
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	time.AfterFunc(5*time.Millisecond, cancel2)
 	r, err = slow.Lookup(ctx2, Query{TokenIDs: prompt(1, 2)})
 	require.NoError(t, err)
-	assert.Equal(t, ReasonCanceled, r.Reason)
+	assert.Equal(t, reasonCanceled, r.Reason)
 }
 
 // countingSource counts lookups and answers with a fixed result after an optional gate.
@@ -288,7 +288,7 @@ func TestMemoLooksUpEachSourceOncePerRequest(t *testing.T) {
 	}{
 		{"hit", Result{Outcome: OutcomeHit, Engines: []EngineMatch{{"a", 1}}, QueryBlocks: 1, BlockTokens: 16}, nil},
 		{"miss", Result{Outcome: OutcomeMiss, QueryBlocks: 1, BlockTokens: 16}, nil},
-		{"unavailable", Result{Outcome: OutcomeUnavailable, Reason: ReasonTimeout, BlockTokens: 16}, nil},
+		{"unavailable", Result{Outcome: OutcomeUnavailable, Reason: reasonTimeout, BlockTokens: 16}, nil},
 		{"rejected", Result{}, fmt.Errorf("bad: %w", state.ErrInvalidSignal)},
 	}
 	for _, o := range outcomes {
@@ -339,7 +339,7 @@ func TestMemoSharesOneLookupAcrossConcurrentPicks(t *testing.T) {
 	r, err := memo.Lookup(ctx, src, Query{})
 	require.NoError(t, err)
 	assert.Equal(t, OutcomeUnavailable, r.Outcome)
-	assert.Equal(t, ReasonCanceled, r.Reason)
+	assert.Equal(t, reasonCanceled, r.Reason)
 
 	close(src.gate)
 	wg.Wait()
@@ -364,7 +364,7 @@ func TestMemoSurvivesAPanickingSource(t *testing.T) {
 	r, err := memo.Lookup(context.Background(), src, Query{})
 	require.NoError(t, err)
 	assert.Equal(t, OutcomeUnavailable, r.Outcome)
-	assert.Equal(t, ReasonUnreachable, r.Reason)
+	assert.Equal(t, reasonUnreachable, r.Reason)
 }
 
 func TestMemoHitDoesNotAllocate(t *testing.T) {
