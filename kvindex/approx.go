@@ -649,7 +649,7 @@ func (x *Index) placedDepth(hid uint32, keys []uint64, d int, now int64) int {
 // the tree (m.hs, its real depth in m.hdepth) continues through a record that starts where its
 // real entries end; a holder without a real entry at the first block matches through a record
 // that starts there.
-func (x *Index) matchPlacements(keys []uint64, now int64, m *Matches, inTree bool) {
+func (x *Index) matchPlacements(keys []uint64, now int64, m *matches, inTree bool) {
 	if x.approxCount == 0 {
 		return
 	}

@@ -182,7 +182,7 @@ func TestRecordFillsARealHole(t *testing.T) {
 	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 4)), time.Second))
 	assert.Equal(t, 1, f.x.Stats().ApproximateBlocks, "only the block the holder does not hold really")
 	assert.Equal(t, map[state.EngineID]int{"a": 4}, f.match(1, 4))
-	var m Matches
+	var m matches
 	f.x.matchLinearInto(f.h.Keys(prompt(1, 4)), &m)
 	assert.Equal(t, []EngineMatch{{"a", 4}}, m.Engines, "the linear walk agrees")
 	f.clock = f.clock.Add(2 * time.Second)

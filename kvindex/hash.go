@@ -99,9 +99,9 @@ func NewHasher(cfg HasherConfig) (Hasher, error) {
 // BlockTokens returns the block size in tokens; 0 for the zero Hasher.
 func (h Hasher) BlockTokens() int { return h.blockTokens }
 
-// Blocks returns the number of full blocks (and so of keys) in a prompt of the given number of
+// blocks returns the number of full blocks (and so of keys) in a prompt of the given number of
 // tokens: tokens / BlockTokens, rounded down. It returns 0 for the zero Hasher and for tokens ≤ 0.
-func (h Hasher) Blocks(tokens int) int {
+func (h Hasher) blocks(tokens int) int {
 	if h.blockTokens <= 0 || tokens <= 0 {
 		return 0
 	}
@@ -111,7 +111,7 @@ func (h Hasher) Blocks(tokens int) int {
 // Keys returns the chained keys of every full block of tokens, in a new slice. It returns nil when
 // tokens holds no full block (including empty or nil tokens, and the zero Hasher).
 func (h Hasher) Keys(tokens []uint32) []uint64 {
-	n := h.Blocks(len(tokens))
+	n := h.blocks(len(tokens))
 	if n == 0 {
 		return nil
 	}
@@ -119,7 +119,7 @@ func (h Hasher) Keys(tokens []uint32) []uint64 {
 }
 
 // AppendKeys appends the chained key of every full block of tokens to dst and returns the extended
-// slice, like append. It allocates only when dst lacks capacity for Blocks(len(tokens)) more keys,
+// slice, like append. It allocates only when dst lacks capacity for len(tokens)/BlockTokens more keys,
 // so a caller that reuses dst hashes without allocating. tokens is only read. A trailing partial
 // block, an empty tokens and the zero Hasher append nothing.
 func (h Hasher) AppendKeys(dst []uint64, tokens []uint32) []uint64 {

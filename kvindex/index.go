@@ -95,7 +95,7 @@ type Options struct {
 // (match.go), because a holder's entries along a prompt are prefix-closed except at blocks the
 // index keeps in a small "holey" set.
 //
-// Concurrency: every method is safe for concurrent use. Match and MatchInto take a read lock and
+// Concurrency: every method is safe for concurrent use. Match takes a read lock, and matches
 // run in parallel with each other. Writes (Store, Remove, Clear, RemoveEngine, Assume, Expire) are
 // serialised by a writer mutex, which gives "one writer per engine" ordering for free as long as
 // each engine's events are applied in order by their caller; a Store hashes and validates its

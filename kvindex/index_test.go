@@ -785,9 +785,9 @@ func TestMatchIntoDoesNotAllocate(t *testing.T) {
 	}
 	require.NoError(t, f.x.Assume("approx", f.h.Keys(prompt(1, 3)), 0))
 	keys := f.h.Keys(prompt(1, 12))
-	var m Matches
-	f.x.MatchInto(keys, &m)
-	allocs := testing.AllocsPerRun(100, func() { f.x.MatchInto(keys, &m) })
+	var m matches
+	f.x.matchInto(keys, &m)
+	allocs := testing.AllocsPerRun(100, func() { f.x.matchInto(keys, &m) })
 	assert.Zero(t, allocs)
 	assert.Len(t, m.Engines, 9)
 }

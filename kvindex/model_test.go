@@ -537,10 +537,10 @@ func (w *walk) check(desc string) {
 // checkMatch checks Match on the prompt toks against the model, its order, and the token path
 // and the linear walk against it; when says at which point of the walk, for the messages.
 func (w *walk) checkMatch(toks []uint32, when string) {
-	var ms, mt, ml Matches
+	var ms, mt, ml matches
 	keys := w.x.hasher.Keys(toks)
 	want := w.m.match(keys)
-	w.x.MatchInto(keys, &ms)
+	w.x.matchInto(keys, &ms)
 	got := map[state.EngineID]int{}
 	for _, e := range ms.Engines {
 		got[e.Engine] = e.Blocks
@@ -695,8 +695,8 @@ func TestMatchWithManyHolders(t *testing.T) {
 	for _, wide := range []bool{false, true} {
 		x.wideSearch = wide
 		for _, n := range []int{1, 2, 17, 150, 299, 300} {
-			var m, l Matches
-			x.MatchInto(keys[:n], &m)
+			var m, l matches
+			x.matchInto(keys[:n], &m)
 			x.matchLinearInto(keys[:n], &l)
 			require.Equal(t, l.Engines, m.Engines, "n=%d wide=%v", n, wide)
 			require.Equal(t, bruteMatch(x, keys[:n], clock.UnixNano()), m.Engines, "n=%d wide=%v", n, wide)

@@ -21,10 +21,10 @@ func TestMatchNamesTheDeepestRank(t *testing.T) {
 	assert.Equal(t, []EngineMatch{{Engine: "http://a", Blocks: 5}, {Engine: "http://b", Blocks: 4}}, m.Engines)
 	assert.Equal(t, []int{1, 2}, m.DPRanks, "a: ranks 1 and 3 hold five blocks, the lower wins; b: rank 2")
 
-	var into Matches
-	f.x.MatchInto(f.h.Keys(prompt(9, 3)), &into)
+	var into matches
+	f.x.matchInto(f.h.Keys(prompt(9, 3)), &into)
 	assert.Empty(t, into.Engines)
-	assert.Empty(t, into.DPRanks, "a reused Matches is reset")
+	assert.Empty(t, into.DPRanks, "a reused matches is reset")
 
 	src := f.source()
 	res, err := src.Lookup(context.Background(), Query{TokenIDs: prompt(1, 6)})

@@ -95,7 +95,7 @@ type Result struct {
 	// block count in [1, QueryBlocks], deepest first, ties by engine ID. nil otherwise.
 	Engines []EngineMatch
 	// DPRanks, when non-nil, has one entry per Engines entry: the engine's DP rank holding its
-	// matched blocks (Matches.DPRanks). A LocalSource's hits carry it; nil means the source does
+	// matched blocks (the lowest such rank on a tie). A LocalSource's hits carry it; nil means the source does
 	// not know ranks (a remote indexer), and a pick then chooses the rank by load.
 	DPRanks []int
 	// QueryBlocks is the number of full blocks in the query (0 when it has none, or when the
@@ -168,7 +168,7 @@ type LocalSource struct {
 }
 
 type localScratch struct {
-	m Matches
+	m matches
 }
 
 var (
@@ -259,7 +259,7 @@ func (s *LocalSource) PlaceRank(engine state.EngineID, rank int, q Query, r *Res
 }
 
 func (s *LocalSource) place(engine state.EngineID, rank int, q Query, r *Result) error {
-	n := s.index.hasher.Blocks(len(q.TokenIDs))
+	n := s.index.hasher.blocks(len(q.TokenIDs))
 	if n == 0 {
 		return nil
 	}

@@ -25,8 +25,8 @@ type trustSet struct {
 // stream lost events, so the index may hold blocks the engine has dropped. Until every untrusted
 // rank of the engine is marked trusted again, LocalSource reports the engine as holding nothing
 // (it is left out of every Result), so cache-aware routing does not trust a torn view; load-based
-// fallbacks still see it. The index's own entries are untouched, and Match and MatchInto still
-// report them. Marking an already untrusted rank again is a no-op; marks are independent of the
+// fallbacks still see it. The index's own entries are untouched, and Match still
+// reports them. Marking an already untrusted rank again is a no-op; marks are independent of the
 // entries, so they survive Clear and RemoveEngine. The rule and its recovery are described in
 // docs/design.md §13.
 //
