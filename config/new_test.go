@@ -29,6 +29,13 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
+// indexerFunc adapts a function to kvindex.RemoteIndexer.
+type indexerFunc func(ctx context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error)
+
+func (f indexerFunc) MatchPrefix(ctx context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+	return f(ctx, q)
+}
+
 // recorder is an Observer (and policy.CacheObserver) that records everything.
 type recorder struct {
 	mu      sync.Mutex
@@ -402,7 +409,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 	assert.Equal(t, `config: line 3: models[0].buckets[0].groups.plain.policy.cache_aware: prefix_source remote needs a remote indexer: pass config.WithRemoteIndexer to New`, err.Error())
 
 	var calls atomic.Int32
-	ri := kvindex.RemoteIndexerFunc(func(_ context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+	ri := indexerFunc(func(_ context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
 		calls.Add(1)
 		return []kvindex.EngineMatch{{Engine: "e2", Blocks: len(q.Keys)}}, nil
 	})

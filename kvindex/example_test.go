@@ -57,7 +57,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	memo := kvindex.NewMemo()
+	memo := new(kvindex.Memo)
 	for range 2 { // two picks of one request: one lookup
 		r, err := memo.Lookup(context.Background(), src, kvindex.Query{TokenIDs: prompt})
 		must(err)

@@ -39,7 +39,7 @@ type Options struct {
 	// MaxBlocks caps the number of blocks (tree nodes) the index keeps. When a write pushes the
 	// count above it, the least recently used leaves are evicted, for every holder at once, until
 	// it fits; interior blocks are never evicted, so every kept block's prefix stays in the tree.
-	// Approximate (Assume) entries are not blocks: they are kept beside the tree, capped by
+	// Approximate entries (LocalSource.Place) are not blocks: they are kept beside the tree, capped by
 	// MaxApproxBlocks, and neither count against MaxBlocks nor are evicted by it.
 	// Recency is the last Store of the block, with a second chance for a block that a
 	// Match has found as some engine's deepest block since (CLOCK). While one Store is being
@@ -63,12 +63,12 @@ type Options struct {
 	// it; Clear releases it, and the holder's next Store allocates it again. 0 means the table
 	// starts small and doubles; negative or above MaxBlocks (after its default) is an error.
 	ExpectedHolderBlocks int
-	// MaxApproxBlocks caps the approximate (Assume) entries, counted per (block, engine). Above
+	// MaxApproxBlocks caps the approximate entries (LocalSource.Place), counted per (block, engine). Above
 	// it, entries are pruned to 0.8 of the cap. 0 means 1,048,576 (2^20);
 	// negative is an error.
 	MaxApproxBlocks int
-	// ApproxTTL is the lifetime of an Assume entry when the call passes a TTL of 0. 0 means
-	// 120 s; negative is an error.
+	// ApproxTTL is the lifetime of an approximate entry (LocalSource.Place). 0 means 120 s;
+	// negative is an error.
 	ApproxTTL time.Duration
 	// Now is the clock for approximate-entry expiry. nil means time.Now. Tests inject a fixed
 	// clock; the index never sleeps and starts no goroutine.
@@ -96,7 +96,7 @@ type Options struct {
 // index keeps in a small "holey" set.
 //
 // Concurrency: every method is safe for concurrent use. Match takes a read lock, and matches
-// run in parallel with each other. Writes (Store, Remove, Clear, RemoveEngine, Assume, Expire) are
+// run in parallel with each other. Writes (Store, Remove, Clear, RemoveEngine, placements) are
 // serialised by a writer mutex, which gives "one writer per engine" ordering for free as long as
 // each engine's events are applied in order by their caller; a Store hashes and validates its
 // event without blocking readers and takes the read-excluding lock only to apply it, in chunks
@@ -386,9 +386,9 @@ const storeChunk = 2048
 // ai-dynamo/dynamo `lib/kv-router/src/radix_tree.rs`). Storing a block the holder already holds
 // under the same hash adds the tier (StoreRestored reports such blocks); storing it under a second
 // hash (an alias, as multimodal placeholders produce) adds a second entry, and the holder keeps
-// the block until every alias is removed. A real event
-// supersedes an Assume entry of the same (engine, rank 0) at that block: the entry becomes real
-// and no longer expires.
+// the block until every alias is removed. A real event supersedes an approximate entry
+// (LocalSource.Place) of the same (engine, rank) at that block: the entry becomes real and no
+// longer expires.
 //
 // Store hashes and validates the whole event before it changes anything, without blocking
 // Match; it then applies the blocks in prompt order, storeChunk at a time, so a concurrent Match

@@ -49,8 +49,8 @@ func TestPlaceRankRecordsOnTheRank(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int{0}, res.DPRanks)
 
-	require.NoError(t, src.PlaceRank("http://b", 2, q, &res))
-	require.NoError(t, src.PlaceRank("http://a", 1, q, &res), "rank 0's holding says nothing of rank 1's")
+	require.NoError(t, src.Place("http://b", 2, q, &res))
+	require.NoError(t, src.Place("http://a", 1, q, &res), "rank 0's holding says nothing of rank 1's")
 	m := f.x.Match(f.h.Keys(prompt(1, 4)))
 	assert.Equal(t, []EngineMatch{{Engine: "http://a", Blocks: 4}, {Engine: "http://b", Blocks: 4}}, m.Engines)
 	assert.Equal(t, []int{0, 2}, m.DPRanks)

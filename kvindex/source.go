@@ -140,24 +140,16 @@ func unavailable(blockTokens int, reason string, err error) Result {
 // Placer is implemented by a Source that can record the router's own placements: that an engine
 // was just chosen for a prompt, before the engine has prefilled it and published BlockStored
 // (route-time placements, docs/design.md §9.10). LocalSource implements it with approximate
-// entries (Index.Assume); a policy detects it once, at construction.
+// entries; a policy detects it once, at construction.
 type Placer interface {
-	// Place records that engine is taken to hold q's prompt, every full block, from now until
-	// the source's approximate-entry TTL. r is this source's Lookup result for q (through a Memo
-	// or not): the keys it computed are reused, so the prompt is hashed once per request. A result
-	// from another source or query is ignored and q is hashed again. Errors are the
-	// index's (*EventError); the caller may ignore them, a placement being a hint.
-	Place(engine state.EngineID, q Query, r *Result) error
-}
-
-// RankPlacer is a Placer that can record a placement on one DP rank of an engine: the rank a pick
-// named (policy.Pick.DPRank). A policy detects it once, at construction, and uses PlaceRank for
-// picks that name a rank, so that the next match finds the prefix on the rank the request went to
-// rather than on rank 0 (docs/design.md §11).
-type RankPlacer interface {
-	Placer
-	// PlaceRank is Place on engine's DP rank rank (≥ 0).
-	PlaceRank(engine state.EngineID, rank int, q Query, r *Result) error
+	// Place records that engine's DP rank rank (0 for an engine without DP, or when the pick
+	// named no rank) is taken to hold q's prompt, every full block, from now until the source's
+	// approximate-entry TTL, so that the next match finds the prefix on the rank the request
+	// went to (docs/design.md §11). r is this source's Lookup result for q (through a Memo or
+	// not): the keys it computed are reused, so the prompt is hashed once per request. A result
+	// from another source or query is ignored and q is hashed again. Errors are the index's
+	// (*EventError); the caller may ignore them, a placement being a hint.
+	Place(engine state.EngineID, rank int, q Query, r *Result) error
 }
 
 // LocalSource is a Source over an Index in this process. It never returns an error: every token
@@ -172,9 +164,8 @@ type localScratch struct {
 }
 
 var (
-	_ Source     = (*LocalSource)(nil)
-	_ Placer     = (*LocalSource)(nil)
-	_ RankPlacer = (*LocalSource)(nil)
+	_ Source = (*LocalSource)(nil)
+	_ Placer = (*LocalSource)(nil)
 )
 
 // NewLocalSource returns a Source over index, hashing queries with index.Hasher(). A nil index
@@ -242,19 +233,25 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	return r, nil
 }
 
-// Place implements Placer: Index.Assume(engine, keys of q's full blocks, 0) on the source's
-// index, so the entries live Options.ApproxTTL and a real BlockStored from the engine supersedes
-// them. Blocks the engine holds already are refreshed (approximate) or left as they are (real):
-// when r says the engine holds every block, nothing is recorded, and when the last block r says
-// it holds is held through a real event, the prefix up to it is skipped and only the rest is
-// recorded, so a conversation's next turn costs the new blocks only. The keys r carries are
-// reused when r is this source's result for a prompt of q's length.
-func (s *LocalSource) Place(engine state.EngineID, q Query, r *Result) error {
-	return s.place(engine, 0, q, r)
-}
-
-// PlaceRank implements RankPlacer: Place on the engine's DP rank rank (Index.AssumeRank).
-func (s *LocalSource) PlaceRank(engine state.EngineID, rank int, q Query, r *Result) error {
+// Place implements Placer with approximate entries of the source's index (docs/design.md §11,
+// after Dynamo's approximate mode): they live Options.ApproxTTL, Match counts them like real
+// blocks until then, and a real BlockStored of a block by (engine, rank) turns its entry real, so
+// it no longer expires. Placing a block again sets its expiry anew; blocks the engine's rank holds
+// through real events are left real: when r says the engine holds every block, nothing is
+// recorded, and when the last block r says it holds is held through a real event, the prefix up
+// to it is skipped and only the rest is recorded, so a conversation's next turn costs the new
+// blocks only. Before adding, it drops the index's expired entries; when the index then holds
+// more than Options.MaxApproxBlocks approximate entries it prunes them to 0.8 of the cap,
+// earliest expiry first and, within an expiry, deepest block first. Approximate entries are not
+// tree blocks: they neither count against MaxBlocks nor are evicted by it. The keys r carries are
+// reused when r is this source's result for a prompt of q's length; a prompt with no full block
+// records nothing.
+//
+// Errors (an *EventError with Op "assume"; the index is unchanged): ErrInvalidEngine (engine is
+// empty), ErrInvalidRank (rank < 0), ErrKeyConflict (a 64-bit key collision with a block of the
+// index that is not a prompt's first block), ErrTooManyHolders (the engine's rank would be holder
+// number 2^24).
+func (s *LocalSource) Place(engine state.EngineID, rank int, q Query, r *Result) error {
 	return s.place(engine, rank, q, r)
 }
 
@@ -319,16 +316,6 @@ func ctxReason(err error) string {
 //   - It must not retain q after returning. It must be safe for concurrent use.
 type RemoteIndexer interface {
 	MatchPrefix(ctx context.Context, q RemoteQuery) ([]EngineMatch, error)
-}
-
-// RemoteIndexerFunc adapts a function to RemoteIndexer.
-type RemoteIndexerFunc func(ctx context.Context, q RemoteQuery) ([]EngineMatch, error)
-
-var _ RemoteIndexer = RemoteIndexerFunc(nil)
-
-// MatchPrefix calls f.
-func (f RemoteIndexerFunc) MatchPrefix(ctx context.Context, q RemoteQuery) ([]EngineMatch, error) {
-	return f(ctx, q)
 }
 
 // RemoteQuery is what a RemoteIndexer receives: the prompt, its chained keys from the
@@ -494,7 +481,7 @@ func normalizeRemote(in []EngineMatch, queryBlocks int) ([]EngineMatch, bool) {
 // `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs`). Hits, misses, unavailability and
 // rejections are all memoized.
 //
-// The host (or the bucket loop) creates one Memo per request with NewMemo and drops it with the
+// The host (or the bucket loop) creates one Memo per request (new(Memo)) and drops it with the
 // request; a Memo must not outlive its request, since it answers every later lookup from memory.
 // Sources are identified by interface equality, so each must be a comparable value, such as the
 // *LocalSource or *RemoteSource pointer. Memo ignores the Query of all but the first Lookup of a
@@ -511,9 +498,6 @@ type memoEntry struct {
 	res  Result
 	err  error
 }
-
-// NewMemo returns an empty Memo for one request.
-func NewMemo() *Memo { return &Memo{} }
 
 // Lookup returns src's answer to q, running src.Lookup only if no earlier Lookup of src in this
 // Memo did. A caller that finds the lookup in progress waits for it, or for its own ctx: if ctx

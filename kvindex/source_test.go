@@ -26,9 +26,16 @@ func sourceFixture(t *testing.T) *fixture {
 	return f
 }
 
+// indexerFunc adapts a function to RemoteIndexer.
+type indexerFunc func(ctx context.Context, q RemoteQuery) ([]EngineMatch, error)
+
+func (f indexerFunc) MatchPrefix(ctx context.Context, q RemoteQuery) ([]EngineMatch, error) {
+	return f(ctx, q)
+}
+
 // indexBacked is a RemoteIndexer answering from an Index through the query's keys.
 func indexBacked(x *Index) RemoteIndexer {
-	return RemoteIndexerFunc(func(ctx context.Context, q RemoteQuery) ([]EngineMatch, error) {
+	return indexerFunc(func(ctx context.Context, q RemoteQuery) ([]EngineMatch, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -117,7 +124,7 @@ func TestNewSourcesValidate(t *testing.T) {
 	t.Parallel()
 	h, err := NewHasher(HasherConfig{BlockTokens: 16})
 	require.NoError(t, err)
-	ri := RemoteIndexerFunc(func(context.Context, RemoteQuery) ([]EngineMatch, error) { return nil, nil })
+	ri := indexerFunc(func(context.Context, RemoteQuery) ([]EngineMatch, error) { return nil, nil })
 	_, err = NewLocalSource(nil)
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "nil index")
 	cases := []struct {
@@ -141,7 +148,7 @@ func TestNewSourcesValidate(t *testing.T) {
 	assert.Equal(t, defaultRemoteMaxConcurrent, cap(s.sem))
 }
 
-func remote(t *testing.T, fn RemoteIndexerFunc, opts RemoteOptions) *RemoteSource {
+func remote(t *testing.T, fn indexerFunc, opts RemoteOptions) *RemoteSource {
 	t.Helper()
 	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
 	require.NoError(t, err)
@@ -294,7 +301,7 @@ func TestMemoLooksUpEachSourceOncePerRequest(t *testing.T) {
 	for _, o := range outcomes {
 		src := &countingSource{res: o.res, err: o.err}
 		other := &countingSource{res: Result{Outcome: OutcomeMiss}}
-		memo := NewMemo()
+		memo := new(Memo)
 		for range 3 { // three picks over different groups of one request
 			r, err := memo.Lookup(ctx, src, Query{TokenIDs: prompt(1, 1)})
 			assert.Equal(t, o.res, r, o.name)
@@ -307,7 +314,7 @@ func TestMemoLooksUpEachSourceOncePerRequest(t *testing.T) {
 		}
 		assert.Equal(t, int32(1), src.calls.Load(), "%s is memoized", o.name)
 		assert.Equal(t, int32(1), other.calls.Load(), "each source once")
-		_, _ = NewMemo().Lookup(ctx, src, Query{})
+		_, _ = new(Memo).Lookup(ctx, src, Query{})
 		assert.Equal(t, int32(2), src.calls.Load(), "a new request queries again")
 	}
 
@@ -321,7 +328,7 @@ func TestMemoLooksUpEachSourceOncePerRequest(t *testing.T) {
 func TestMemoSharesOneLookupAcrossConcurrentPicks(t *testing.T) {
 	t.Parallel()
 	src := &countingSource{gate: make(chan struct{}), res: Result{Outcome: OutcomeHit, Engines: []EngineMatch{{"a", 2}}}}
-	memo := NewMemo()
+	memo := new(Memo)
 	var wg sync.WaitGroup
 	results := make([]Result, 32)
 	for i := range results {
@@ -358,7 +365,7 @@ func (*panicSource) Lookup(context.Context, Query) (Result, error) { panic("boom
 
 func TestMemoSurvivesAPanickingSource(t *testing.T) {
 	t.Parallel()
-	memo := NewMemo()
+	memo := new(Memo)
 	src := &panicSource{}
 	assert.Panics(t, func() { _, _ = memo.Lookup(context.Background(), src, Query{}) })
 	r, err := memo.Lookup(context.Background(), src, Query{})
@@ -370,7 +377,7 @@ func TestMemoSurvivesAPanickingSource(t *testing.T) {
 func TestMemoHitDoesNotAllocate(t *testing.T) {
 	f := sourceFixture(t)
 	src := f.source()
-	memo := NewMemo()
+	memo := new(Memo)
 	q := Query{TokenIDs: prompt(1, 6)}
 	ctx := context.Background()
 	_, err := memo.Lookup(ctx, src, q)

@@ -11,7 +11,7 @@ import (
 type Stats struct {
 	// Blocks is the number of blocks (tree nodes) in the index, including blocks no engine holds
 	// any more that are kept because a descendant is held. Approximate entries are not tree
-	// nodes: a block only Assume recorded is not counted.
+	// nodes: a block only a placement (LocalSource.Place) recorded is not counted.
 	Blocks int
 	// ApproximateBlocks is the number of approximate (block, engine) entries, expired or not.
 	ApproximateBlocks int
@@ -31,7 +31,7 @@ type EngineStats struct {
 	// DeviceBlocks, HostBlocks, DiskBlocks and ExternalBlocks count real (event-reported)
 	// blocks per tier.
 	DeviceBlocks, HostBlocks, DiskBlocks, ExternalBlocks int
-	// ApproximateBlocks counts Assume entries not yet dropped (they may have expired).
+	// ApproximateBlocks counts approximate entries not yet dropped (they may have expired).
 	ApproximateBlocks int
 }
 
@@ -71,7 +71,7 @@ type RankStats struct {
 	Engine state.EngineID
 	DPRank int
 	// DeviceBlocks, HostBlocks, DiskBlocks and ExternalBlocks count real blocks per tier;
-	// ApproximateBlocks counts Assume entries not yet dropped.
+	// ApproximateBlocks counts approximate entries not yet dropped.
 	DeviceBlocks, HostBlocks, DiskBlocks, ExternalBlocks, ApproximateBlocks int
 	// Untrusted: the rank is marked untrusted (Index.MarkUntrusted).
 	Untrusted bool
