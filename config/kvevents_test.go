@@ -21,6 +21,7 @@ import (
 	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/metrics"
 	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
 )
 
 // TestNewFollowsKVEvents checks that New follows an engine's KV-event publisher into the shared
@@ -178,7 +179,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware}}
 	r.CheckHealth()
 	require.Len(t, r.KVEventStats().Streams, 1)
 	assert.True(t, r.KVEventStats().Streams[0].Trusted, "idle for an hour")
-	assert.True(t, r.Index().Trusted("e1"))
+	assert.Empty(t, r.Index().Stats().Untrusted)
 
 	d, err := r.Select(context.Background(), &bucket.Request{Model: "m", TokenIDs: []uint32{1, 2, 3, 4}, Signals: bucket.Signals{InputTokens: 4}})
 	require.NoError(t, err)
@@ -187,13 +188,13 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware}}
 	r.CheckHealth() // sees the dispatch
 	advance(30*time.Second - time.Second)
 	r.CheckHealth()
-	assert.True(t, r.Index().Trusted("e1"), "a second short of the timeout")
+	assert.Empty(t, r.Index().Stats().Untrusted, "a second short of the timeout")
 	advance(time.Second)
 	r.CheckHealth()
 	st := r.KVEventStats().Streams[0]
 	assert.True(t, st.Silent)
 	assert.False(t, st.Trusted)
-	assert.False(t, r.Index().Trusted("e1"))
+	assert.Equal(t, []state.EngineID{"e1"}, r.Index().Stats().Untrusted)
 	assert.Equal(t, 1, logs.FilterMessage("kvevents: no batch since requests were sent to the engine; its blocks are untrusted until one arrives").Len())
 	assert.Equal(t, 1, logs.FilterMessageSnippet("does not trust some engines").Len())
 }

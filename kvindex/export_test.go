@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"slices"
 	"time"
 
 	"github.com/enginepick/enginepick/state"
@@ -32,3 +33,31 @@ func (x *Index) AssumeRank(engine state.EngineID, rank int, keys []uint64, ttl t
 
 // Expire is expire.
 func (x *Index) Expire(now time.Time) int { return x.expire(now) }
+
+// EngineStats is one engine's RankStats summed over its ranks, with Ranks its rank count.
+type EngineStats struct {
+	Ranks                                                                   int
+	DeviceBlocks, HostBlocks, DiskBlocks, ExternalBlocks, ApproximateBlocks int
+}
+
+// Engines folds s.Ranks by engine; nil when s has no rank.
+func (s Stats) Engines() map[state.EngineID]EngineStats {
+	if s.Ranks == nil {
+		return nil
+	}
+	out := map[state.EngineID]EngineStats{}
+	for _, r := range s.Ranks {
+		es := out[r.Engine]
+		es.Ranks++
+		es.DeviceBlocks += r.DeviceBlocks
+		es.HostBlocks += r.HostBlocks
+		es.DiskBlocks += r.DiskBlocks
+		es.ExternalBlocks += r.ExternalBlocks
+		es.ApproximateBlocks += r.ApproximateBlocks
+		out[r.Engine] = es
+	}
+	return out
+}
+
+// Trusted reports whether no DP rank of engine is marked untrusted (Stats.Untrusted).
+func (x *Index) Trusted(engine state.EngineID) bool { return !slices.Contains(x.untrusted(), engine) }

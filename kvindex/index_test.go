@@ -311,7 +311,7 @@ func TestIndexScenarios(t *testing.T) {
 		assert.Equal(t, map[state.EngineID]int{"b": 2}, f.match(1, 3))
 		assert.Empty(t, f.match(2, 2))
 		assert.Equal(t, 2, f.x.Stats().Blocks)
-		assert.Equal(t, EngineStats{Ranks: 1}, f.x.Stats().Engines["a"], "a cleared engine stays known")
+		assert.Equal(t, EngineStats{Ranks: 1}, f.x.Stats().Engines()["a"], "a cleared engine stays known")
 		err := f.x.Remove("a", 0, []uint64{1}, 0)
 		assert.ErrorIs(t, err, ErrUnknownHash, "after Clear the engine is known but holds nothing")
 	})
@@ -321,10 +321,10 @@ func TestIndexScenarios(t *testing.T) {
 		f := newFixture(t, Options{})
 		f.store("a", 0, 1, 0, 2, 0, TierDevice)
 		f.store("a", 0, 1, 0, 2, 0, TierHost)
-		assert.Equal(t, EngineStats{Ranks: 1, DeviceBlocks: 2, HostBlocks: 2}, f.x.Stats().Engines["a"])
+		assert.Equal(t, EngineStats{Ranks: 1, DeviceBlocks: 2, HostBlocks: 2}, f.x.Stats().Engines()["a"])
 		require.NoError(t, f.x.Remove("a", 0, []uint64{1, 2}, TierDevice))
 		assert.Equal(t, map[state.EngineID]int{"a": 2}, f.match(1, 2), "matching is tier-blind")
-		assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 2}, f.x.Stats().Engines["a"])
+		assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 2}, f.x.Stats().Engines()["a"])
 		require.NoError(t, f.x.Remove("a", 0, []uint64{1, 2}, TierHost))
 		assert.Empty(t, f.match(1, 2))
 		assert.Zero(t, f.x.Stats().Blocks)
@@ -339,8 +339,8 @@ func TestIndexScenarios(t *testing.T) {
 		require.NoError(t, f.x.Remove("a", 0, []uint64{2}, TierExternal))
 		require.NoError(t, f.x.Remove("b", 0, []uint64{102}, TierDisk))
 		s := f.x.Stats()
-		assert.Equal(t, EngineStats{Ranks: 1, DiskBlocks: 2}, s.Engines["a"], "removing a tier a does not hold is a no-op")
-		assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 2, DiskBlocks: 1, ExternalBlocks: 2}, s.Engines["b"])
+		assert.Equal(t, EngineStats{Ranks: 1, DiskBlocks: 2}, s.Engines()["a"], "removing a tier a does not hold is a no-op")
+		assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 2, DiskBlocks: 1, ExternalBlocks: 2}, s.Engines()["b"])
 	})
 
 	t.Run("dp_ranks_fold_by_maximum", func(t *testing.T) {
@@ -350,7 +350,7 @@ func TestIndexScenarios(t *testing.T) {
 		f.store("a", 3, 1, 0, 4, 100, TierDevice)
 		f.store("a", 1, 1, 0, 1, 200, TierDevice)
 		assert.Equal(t, map[state.EngineID]int{"a": 4}, f.match(1, 6))
-		assert.Equal(t, 3, f.x.Stats().Engines["a"].Ranks)
+		assert.Equal(t, 3, f.x.Stats().Engines()["a"].Ranks)
 		require.NoError(t, f.x.Clear("a", 3))
 		assert.Equal(t, map[state.EngineID]int{"a": 2}, f.match(1, 6))
 	})
@@ -371,7 +371,7 @@ func TestIndexScenarios(t *testing.T) {
 		require.NoError(t, f.x.Store(StoreEvent{Engine: "a", HasParent: true, ParentHash: 52,
 			BlockHashes: []uint64{9}, TokenIDs: prompt(1, 3)[8:], Tier: TierHost}),
 			"re-storing hash 9 at the same block adds the tier")
-		assert.Equal(t, EngineStats{Ranks: 1, DeviceBlocks: 4, HostBlocks: 1}, f.x.Stats().Engines["a"])
+		assert.Equal(t, EngineStats{Ranks: 1, DeviceBlocks: 4, HostBlocks: 1}, f.x.Stats().Engines()["a"])
 		require.NoError(t, f.x.Remove("a", 0, []uint64{52}, 0))
 		assert.Equal(t, map[state.EngineID]int{"a": 1}, f.match(1, 3), "block 2 is a hole now; block 3 stays")
 		assert.Equal(t, 3, f.x.Stats().Blocks)
@@ -412,7 +412,7 @@ func TestEmptyStoreIsANoOp(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
 	require.NoError(t, f.x.Store(StoreEvent{Engine: "a", Tier: TierDevice}), "an empty store is a no-op")
-	assert.Nil(t, f.x.Stats().Engines, "and does not register the engine")
+	assert.Nil(t, f.x.Stats().Engines(), "and does not register the engine")
 	assert.ErrorIs(t, f.x.Remove("a", 0, nil, 0), ErrUnknownEngine)
 }
 
@@ -559,7 +559,7 @@ func TestEmptyEngineIsNeverIndexed(t *testing.T) {
 	assert.Equal(t, "store", ee.Op)
 	require.ErrorIs(t, f.x.Assume("", f.h.Keys(prompt(1, 3)), 0), ErrInvalidEngine, "Assume(\"\")")
 	assert.Zero(t, f.x.Stats().Blocks, "no block indexed")
-	assert.Nil(t, f.x.Stats().Engines, "no engine registered")
+	assert.Nil(t, f.x.Stats().Engines(), "no engine registered")
 	assert.Empty(t, f.match(1, 3), "Match finds no holder")
 	require.NoError(t, checkInvariants(f.x))
 }
@@ -676,8 +676,8 @@ func TestEvictionOfSharedLeafRemovesEveryHolder(t *testing.T) {
 	s := f.x.Stats()
 	assert.Equal(t, 2, s.Blocks)
 	assert.Equal(t, 2, s.ApproximateBlocks, "eviction leaves approximate entries")
-	assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 1}, s.Engines["b"])
-	assert.Equal(t, EngineStats{Ranks: 1, DiskBlocks: 1}, s.Engines["c"])
+	assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 1}, s.Engines()["b"])
+	assert.Equal(t, EngineStats{Ranks: 1, DiskBlocks: 1}, s.Engines()["c"])
 	require.NoError(t, checkInvariants(f.x))
 }
 

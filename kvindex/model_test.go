@@ -528,7 +528,7 @@ func (w *walk) check(desc string) {
 	st := w.x.Stats()
 	require.Equal(w.t, blocks, st.Blocks, "blocks after %s\nrecent: %q", desc, w.log)
 	require.Equal(w.t, approx, st.ApproximateBlocks, "approximate blocks after %s", desc)
-	require.Equal(w.t, engines, st.Engines, "engine stats after %s\nrecent: %q", desc, w.log)
+	require.Equal(w.t, engines, st.Engines(), "engine stats after %s\nrecent: %q", desc, w.log)
 	for range 3 {
 		w.checkMatch(w.prompt(), "after "+desc)
 	}
@@ -599,7 +599,7 @@ func (w *walk) checkMidClear(int) {
 	_, approx, engines := w.m.stats()
 	st := w.x.Stats()
 	require.Equal(w.t, approx, st.ApproximateBlocks, "approximate blocks between chunks of a clear")
-	for id, es := range st.Engines {
+	for id, es := range st.Engines() {
 		if want, ok := engines[id]; ok {
 			require.Equal(w.t, want, es, "engine %s's stats between chunks of a clear\nrecent: %q", id, w.log)
 		} else {
@@ -607,7 +607,7 @@ func (w *walk) checkMidClear(int) {
 		}
 	}
 	for id := range engines {
-		require.Contains(w.t, st.Engines, id, "engines listed between chunks of a clear")
+		require.Contains(w.t, st.Engines(), id, "engines listed between chunks of a clear")
 	}
 	for range 2 {
 		w.checkMatch(walkPrompt(w.midRng), "between chunks of a clear")

@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/state"
 )
 
 // A match names, per engine, the DP rank holding its deepest prefix (the lowest on a tie), so
@@ -70,12 +72,12 @@ func TestPlaceRankRecordsOnTheRank(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidRank)
 }
 
-// RankStats counts each (engine, DP rank)'s blocks by tier, sorted, with its trust mark; a
+// Stats.Ranks counts each (engine, DP rank)'s blocks by tier, sorted, with its trust mark; a
 // cleared rank stays listed with nothing.
 func TestRankStats(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	assert.Nil(t, f.x.RankStats())
+	assert.Nil(t, f.x.Stats().Ranks)
 	f.store("http://b", 1, 1, 0, 3, 0, TierDevice)
 	f.store("http://a", 2, 2, 0, 2, 100, TierHost)
 	f.store("http://b", 0, 3, 0, 4, 200, TierDevice|TierDisk)
@@ -88,5 +90,6 @@ func TestRankStats(t *testing.T) {
 		{Engine: "http://a", DPRank: 2},
 		{Engine: "http://b", DPRank: 0, DeviceBlocks: 4, DiskBlocks: 4},
 		{Engine: "http://b", DPRank: 1, DeviceBlocks: 3, Untrusted: true},
-	}, f.x.RankStats())
+	}, f.x.Stats().Ranks)
+	assert.Equal(t, []state.EngineID{"http://b"}, f.x.Stats().Untrusted)
 }

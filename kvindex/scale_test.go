@@ -300,7 +300,7 @@ func (w *scaleWorkload) index(tb testing.TB) *scaleIndex {
 // pairs returns the index's (block, engine) pairs: every engine's device blocks.
 func pairs(x *kvindex.Index) int {
 	n := 0
-	for _, es := range x.Stats().Engines {
+	for _, es := range x.Stats().Engines() {
 		n += es.DeviceBlocks
 	}
 	return n

@@ -78,20 +78,9 @@ func (x *Index) MarkTrusted(engine state.EngineID, rank int) error {
 	return nil
 }
 
-// Trusted reports whether no DP rank of engine is marked untrusted. An engine the index has never
-// heard of is trusted. Lock-free.
-func (x *Index) Trusted(engine state.EngineID) bool {
-	v := x.trust.view.Load()
-	if v == nil {
-		return true
-	}
-	_, bad := (*v)[engine]
-	return !bad
-}
-
-// Untrusted returns the engines with at least one untrusted DP rank, sorted by ID; nil when there
-// is none. For diagnostics and metrics.
-func (x *Index) Untrusted() []state.EngineID {
+// untrusted returns the engines with at least one untrusted DP rank, sorted by ID; nil when there
+// is none (Stats.Untrusted). Lock-free.
+func (x *Index) untrusted() []state.EngineID {
 	v := x.trust.view.Load()
 	if v == nil {
 		return nil

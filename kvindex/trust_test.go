@@ -41,7 +41,7 @@ func TestTrustUntrustedEngineHoldsNothing(t *testing.T) {
 	assert.False(t, f.x.Trusted("http://b"))
 	assert.True(t, f.x.Trusted("http://a"))
 	assert.True(t, f.x.Trusted("http://never-seen"))
-	assert.Equal(t, []state.EngineID{"http://b"}, f.x.Untrusted())
+	assert.Equal(t, []state.EngineID{"http://b"}, f.x.untrusted())
 
 	_, got = lookupEngines(t, f, 1, 5)
 	assert.Equal(t, map[state.EngineID]int{"http://a": 5}, got, "untrusted b is left out")
@@ -54,7 +54,7 @@ func TestTrustUntrustedEngineHoldsNothing(t *testing.T) {
 
 	require.NoError(t, f.x.MarkTrusted("http://b", 0))
 	assert.True(t, f.x.Trusted("http://b"))
-	assert.Nil(t, f.x.Untrusted())
+	assert.Nil(t, f.x.untrusted())
 	_, got = lookupEngines(t, f, 1, 5)
 	assert.Equal(t, map[state.EngineID]int{"http://a": 5, "http://b": 4}, got)
 }
@@ -97,7 +97,7 @@ func TestTrustMarksAreIdempotentAndValidated(t *testing.T) {
 			assert.True(t, errors.As(err, &ee), tc.name)
 		}
 	}
-	assert.Nil(t, f.x.Untrusted())
+	assert.Nil(t, f.x.untrusted())
 }
 
 // TestTrustConcurrent: marks and lookups from several goroutines (run with -race).

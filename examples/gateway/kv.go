@@ -263,7 +263,7 @@ func kvDebugOf(index *kvindex.Index, st kvevents.Stats) kvDebug {
 	if index != nil {
 		is := index.Stats()
 		out.Index = &kvDebugIndex{Blocks: is.Blocks, ApproximateBlocks: is.ApproximateBlocks, EvictedBlocks: is.EvictedBlocks, Ranks: []kvDebugRank{}}
-		for _, r := range index.RankStats() {
+		for _, r := range is.Ranks {
 			out.Index.Ranks = append(out.Index.Ranks, kvDebugRank{Engine: string(r.Engine), DPRank: r.DPRank, DeviceBlocks: r.DeviceBlocks,
 				HostBlocks: r.HostBlocks, DiskBlocks: r.DiskBlocks, ExternalBlocks: r.ExternalBlocks, ApproximateBlocks: r.ApproximateBlocks,
 				Trusted: !r.Untrusted})

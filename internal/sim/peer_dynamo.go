@@ -293,6 +293,11 @@ func (d *Dynamo) finished(id int32) {
 // treeSize returns the blocks engine id holds in the index, over every tier (Dynamo's
 // OverlapScores.tree_sizes).
 func treeSize(s kvindex.Stats, id state.EngineID) int {
-	e := s.Engines[id]
-	return e.DeviceBlocks + e.HostBlocks + e.DiskBlocks + e.ExternalBlocks
+	n := 0
+	for _, r := range s.Ranks {
+		if r.Engine == id {
+			n += r.DeviceBlocks + r.HostBlocks + r.DiskBlocks + r.ExternalBlocks
+		}
+	}
+	return n
 }

@@ -336,12 +336,12 @@ func TestSilenceRule(t *testing.T) {
 		require.NoError(t, sub.Add(Endpoint{Engine: state.EngineID(e), Address: "inproc://" + e}))
 	}
 	at := func(d time.Duration) { clock.advance(start.Add(d).Sub(clock.now())); sub.CheckSilence() }
-	trusted := func(e string) (stats, index bool) {
-		return streamStats(sub, state.EngineID(e)).Trusted, x.Trusted(state.EngineID(e))
+	marks := func(e string) (stats, index bool) {
+		return streamStats(sub, state.EngineID(e)).Trusted, trusted(x, state.EngineID(e))
 	}
 	check := func(e string, want bool, msg string) {
 		t.Helper()
-		s, i := trusted(e)
+		s, i := marks(e)
 		assert.Equal(t, want, s, "%s: stats: %s", e, msg)
 		assert.Equal(t, want, i, "%s: index: %s", e, msg)
 	}

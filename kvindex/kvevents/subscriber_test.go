@@ -252,7 +252,7 @@ func TestSubscriberReplaysFromRouter(t *testing.T) {
 	assert.EqualValues(t, 1, st.Gaps)
 	assert.EqualValues(t, 1, st.Replays)
 	assert.EqualValues(t, 1, st.Duplicates, "batch 2, which revealed the gap, had been replayed")
-	assert.True(t, x.Trusted(eng))
+	assert.True(t, trusted(x, eng))
 }
 
 // TestSubscriberLifecycle: validation errors, Start twice, Add after Start and after Close,
@@ -298,7 +298,7 @@ func TestSubscriberLifecycle(t *testing.T) {
 	require.NoError(t, x.MarkUntrusted("f", 0))
 	sub.Remove("f")
 	assert.Len(t, sub.Stats().Streams, 1)
-	assert.True(t, x.Trusted("f"), "Remove clears the stream's mark")
+	assert.True(t, trusted(x, "f"), "Remove clears the stream's mark")
 	require.NoError(t, sub.Close())
 	require.NoError(t, sub.Close())
 	assert.True(t, errors.Is(sub.Add(Endpoint{Engine: "g", Address: addr}), ErrClosed))
