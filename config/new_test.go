@@ -23,6 +23,7 @@ import (
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -366,7 +367,7 @@ models:
 	r := mustNew(t, cfg, nil, config.WithObserver(rec))
 	require.NotNil(t, r.Index())
 	assert.Equal(t, 4, r.Index().Hasher().BlockTokens())
-	assert.Equal(t, 100, r.Index().WriterYieldBlocks())
+	assert.Equal(t, 100, kvbridge.WriterYieldBlocks(r.Index()))
 	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
 	for _, e := range []state.EngineID{"a2", "bp2"} {
 		require.NoError(t, r.Index().Store(kvindex.StoreEvent{Engine: e, BlockHashes: []uint64{11, 12}, TokenIDs: tokens, Tier: kvindex.TierDevice}))
@@ -652,7 +653,7 @@ models:
     buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {engine_queue_limit: 4}}}}}]
 `, srv.URL))
 	r := mustNew(t, cfg, nil, config.WithLogger(zap.New(core)), config.WithWarnInterval(time.Hour))
-	require.NoError(t, r.Index().MarkUntrusted("e2", 0))
+	require.NoError(t, kvbridge.MarkUntrusted(r.Index(), "e2", 0))
 	r.CheckHealth()
 	r.CheckHealth()
 	warns := logs.FilterLevelExact(zapcore.WarnLevel).All()

@@ -16,7 +16,7 @@
 // It is not a KV cache: it records ownership, never tensors. It does not subscribe to publishers
 // or decode engine event wire formats (vLLM's and SGLang's msgpack KV events over ZMQ): package
 // kvindex/kvevents does, mapping each engine's medium string to a Tier and feeding the decoded
-// events through Store, Remove and Clear, and marking an engine untrusted (MarkUntrusted) while
+// events through Store, Remove and Clear, and marking an engine untrusted (Stats.Untrusted) while
 // its event stream is out of step (docs/design.md §13.1).
 // It never reproduces an engine's own block hashes, which it keeps only as opaque IDs for parent
 // links and removals; and it does not choose engines: the cache-aware policy reads per-engine

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -346,10 +347,6 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 // hashed with it.
 func (x *Index) Hasher() Hasher { return x.hasher }
 
-// WriterYieldBlocks returns how many blocks Stores add between two yields of the writer's
-// processor (Options.WriterYieldBlocks after its default); 0 means Stores never yield.
-func (x *Index) WriterYieldBlocks() int { return x.yieldBlocks }
-
 // StoreEvent is one engine's report that it now holds a run of consecutive blocks: vLLM and
 // SGLang BlockStored (docs/design.md §13), already decoded.
 type StoreEvent struct {
@@ -384,7 +381,7 @@ const storeChunk = 2048
 // Store records that ev.Engine's DP rank ev.DPRank holds ev's blocks in ev.Tier, attaching the first
 // block under the parent the engine named (docs/design.md §11; Stored in
 // ai-dynamo/dynamo `lib/kv-router/src/radix_tree.rs`). Storing a block the holder already holds
-// under the same hash adds the tier (StoreRestored reports such blocks); storing it under a second
+// under the same hash adds the tier; storing it under a second
 // hash (an alias, as multimodal placeholders produce) adds a second entry, and the holder keeps
 // the block until every alias is removed. A real event supersedes an approximate entry
 // (LocalSource.Place) of the same (engine, rank) at that block: the entry becomes real and no
@@ -406,22 +403,12 @@ func (x *Index) Store(ev StoreEvent) error {
 	return x.storeYield(&ev, nil)
 }
 
-// Restored is a block of a Store event that its holder already held under the same hash. vLLM
-// stores a block again when it keeps a second copy of it (its block pool does not deduplicate a
-// block computed while an identical one is cached: vllm-project/vllm
-// vllm/v1/core/block_pool.py), so an event consumer counts copies with it (docs/design.md §13.1).
-type Restored struct {
-	// Block is the block's position in the event's BlockHashes.
-	Block int
-	// Tiers are the tiers the holder held the block in before the event.
-	Tiers Tier
-}
-
-// StoreRestored is Store that also appends to restored, in prompt order, each block of ev that
-// ev's holder already held under the same hash, and returns the extended slice. A block new to
-// the holder, or held only under another hash (an alias), is not appended. On an error it returns
-// restored unchanged with Store's error. Cost: Store's, plus a lookup per restored block.
-func (x *Index) StoreRestored(ev StoreEvent, restored []Restored) ([]Restored, error) {
+// storeRestored is Store that also appends to restored each block of ev that ev's holder already
+// held under the same hash (kvbridge.StoreRestored states the contract). vLLM stores a block
+// again when it keeps a second copy of it (its block pool does not deduplicate a block computed
+// while an identical one is cached: vllm-project/vllm vllm/v1/core/block_pool.py), so an event
+// consumer counts copies with it (docs/design.md §13.1).
+func (x *Index) storeRestored(ev StoreEvent, restored []kvbridge.Restored) ([]kvbridge.Restored, error) {
 	n := len(restored)
 	if err := x.storeYield(&ev, &restored); err != nil {
 		return restored[:n], err
@@ -431,7 +418,7 @@ func (x *Index) StoreRestored(ev StoreEvent, restored []Restored) ([]Restored, e
 
 // storeYield runs store under wmu and yields the processor every Options.WriterYieldBlocks
 // blocks.
-func (x *Index) storeYield(ev *StoreEvent, restored *[]Restored) error {
+func (x *Index) storeYield(ev *StoreEvent, restored *[]kvbridge.Restored) error {
 	x.wmu.Lock()
 	err := x.store(ev, restored)
 	yield := false
@@ -450,8 +437,8 @@ func (x *Index) storeYield(ev *StoreEvent, restored *[]Restored) error {
 
 // store runs under wmu. Until it takes mu it only reads, which is safe beside readers. When
 // restored is not nil it appends the blocks the holder already held under the same hash to it
-// (StoreRestored); the caller drops them on an error.
-func (x *Index) store(ev *StoreEvent, restored *[]Restored) error {
+// (storeRestored); the caller drops them on an error.
+func (x *Index) store(ev *StoreEvent, restored *[]kvbridge.Restored) error {
 	fail := func(err error, hashes ...uint64) error {
 		return &EventError{Op: "store", Engine: ev.Engine, DPRank: ev.DPRank, Hashes: hashes, Err: err}
 	}
@@ -527,8 +514,8 @@ func (x *Index) store(ev *StoreEvent, restored *[]Restored) error {
 			}
 			known, slot = ok, at
 			if ok && restored != nil {
-				t := Tier(uint8(x.hold(x.realEntry(n, hid, ev.BlockHashes[i])).e))
-				*restored = append(*restored, Restored{Block: i, Tiers: t})
+				t := uint8(x.hold(x.realEntry(n, hid, ev.BlockHashes[i])).e)
+				*restored = append(*restored, kvbridge.Restored{Block: i, Tiers: t})
 			}
 		}
 		x.slotBuf = append(x.slotBuf, int32(slot))

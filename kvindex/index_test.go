@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -416,41 +417,41 @@ func TestEmptyStoreIsANoOp(t *testing.T) {
 	assert.ErrorIs(t, f.x.Remove("a", 0, nil, 0), ErrUnknownEngine)
 }
 
-// StoreRestored reports, in prompt order, the blocks the holder already held under the same hash
-// with the tiers it held them in; new blocks, another holder's blocks and aliases are not
-// reported, and a refused event leaves the slice as it was.
+// storeRestored (kvbridge.StoreRestored) reports, in prompt order, the blocks the holder already
+// held under the same hash with the tiers it held them in; new blocks, another holder's blocks and
+// aliases are not reported, and a refused event leaves the slice as it was.
 func TestStoreRestored(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
 	f.store("a", 0, 1, 0, 2, 0, TierDevice) // blocks 0, 1 of prompt 1, hashes 1, 2
 	f.store("a", 0, 1, 1, 1, 0, TierHost)   // block 1 in host memory too
 	f.store("b", 0, 1, 0, 3, 0, TierDevice)
-	prefix := []Restored{{Block: 9, Tiers: TierDisk}}
+	prefix := []kvbridge.Restored{{Block: 9, Tiers: uint8(TierDisk)}}
 	cases := []struct {
 		name string
 		ev   StoreEvent
-		want []Restored
+		want []kvbridge.Restored
 	}{
 		{"the same blocks and one new", f.event("a", 0, 1, 0, 3, 0, TierDevice),
-			[]Restored{{Block: 0, Tiers: TierDevice}, {Block: 1, Tiers: TierDevice | TierHost}}},
-		{"in another tier", f.event("a", 0, 1, 1, 1, 0, TierDisk), []Restored{{Block: 0, Tiers: TierDevice | TierHost}}},
+			[]kvbridge.Restored{{Block: 0, Tiers: uint8(TierDevice)}, {Block: 1, Tiers: uint8(TierDevice | TierHost)}}},
+		{"in another tier", f.event("a", 0, 1, 1, 1, 0, TierDisk), []kvbridge.Restored{{Block: 0, Tiers: uint8(TierDevice | TierHost)}}},
 		{"another rank", f.event("a", 1, 1, 0, 2, 0, TierDevice), nil},
 		{"an alias", f.event("a", 0, 1, 0, 1, 100, TierDevice), nil},
 	}
 	for _, tc := range cases {
-		got, err := f.x.StoreRestored(tc.ev, nil)
+		got, err := kvbridge.StoreRestored(f.x, tc.ev, nil)
 		require.NoError(t, err, tc.name)
 		assert.Equal(t, tc.want, got, tc.name)
 		require.NoError(t, checkInvariants(f.x))
 	}
-	got, err := f.x.StoreRestored(f.event("a", 0, 1, 0, 1, 0, TierDevice), prefix)
+	got, err := kvbridge.StoreRestored(f.x, f.event("a", 0, 1, 0, 1, 0, TierDevice), prefix)
 	require.NoError(t, err)
-	assert.Equal(t, []Restored{prefix[0], {Block: 0, Tiers: TierDevice}}, got, "appended")
+	assert.Equal(t, []kvbridge.Restored{prefix[0], {Block: 0, Tiers: uint8(TierDevice)}}, got, "appended")
 
 	before := dump(f.x)
 	bad := f.event("a", 0, 1, 0, 2, 0, TierDevice)
 	bad.TokenIDs = append(prompt(1, 1), prompt(2, 2)[testBlock:]...) // block 0 restored, hash 2 held for another block
-	got, err = f.x.StoreRestored(bad, prefix[:1:1])
+	got, err = kvbridge.StoreRestored(f.x, bad, prefix[:1:1])
 	assert.ErrorIs(t, err, ErrDuplicateHash)
 	assert.Equal(t, prefix, got, "unchanged on an error")
 	assert.Equal(t, before, dump(f.x))

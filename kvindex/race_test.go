@@ -369,7 +369,7 @@ func TestStoreYieldsEveryWriterYieldBlocks(t *testing.T) {
 			t.Parallel()
 			x, err := NewIndex(h, Options{WriterYieldBlocks: tc.opt})
 			require.NoError(t, err)
-			assert.Equal(t, tc.every, x.WriterYieldBlocks())
+			assert.Equal(t, tc.every, x.yieldBlocks)
 			yields := 0
 			x.yield = func() {
 				yields++

@@ -32,7 +32,7 @@ func TestMatchNamesTheDeepestRank(t *testing.T) {
 	res, err := src.Lookup(context.Background(), Query{TokenIDs: prompt(1, 6)})
 	require.NoError(t, err)
 	assert.Equal(t, []int{1, 2}, res.DPRanks, "a local source's hits name the ranks")
-	f.x.MarkUntrusted("http://a", 1)
+	f.x.markUntrusted("http://a", 1)
 	res, err = src.Lookup(context.Background(), Query{TokenIDs: prompt(1, 6)})
 	require.NoError(t, err)
 	assert.Equal(t, []EngineMatch{{Engine: "http://b", Blocks: 4}}, res.Engines)
@@ -83,7 +83,7 @@ func TestRankStats(t *testing.T) {
 	f.store("http://b", 0, 3, 0, 4, 200, TierDevice|TierDisk)
 	f.store("http://a", 0, 4, 0, 1, 300, TierExternal)
 	require.NoError(t, f.x.AssumeRank("http://a", 0, f.h.Keys(prompt(5, 2)), 0))
-	require.NoError(t, f.x.MarkUntrusted("http://b", 1))
+	require.NoError(t, f.x.markUntrusted("http://b", 1))
 	require.NoError(t, f.x.Clear("http://a", 2))
 	assert.Equal(t, []RankStats{
 		{Engine: "http://a", DPRank: 0, ExternalBlocks: 1, ApproximateBlocks: 2},

@@ -21,7 +21,7 @@ type trustSet struct {
 	view atomic.Pointer[map[state.EngineID]struct{}]
 }
 
-// MarkUntrusted records that engine's DP rank rank is out of step with the engine: its event
+// markUntrusted records that engine's DP rank rank is out of step with the engine: its event
 // stream lost events, so the index may hold blocks the engine has dropped. Until every untrusted
 // rank of the engine is marked trusted again, LocalSource reports the engine as holding nothing
 // (it is left out of every Result), so cache-aware routing does not trust a torn view; load-based
@@ -33,7 +33,7 @@ type trustSet struct {
 // Errors (an *EventError with Op "mark untrusted"; nothing changes): ErrInvalidEngine for an
 // empty engine, ErrInvalidRank for a negative rank. Safe for concurrent use; cost O(untrusted
 // engines) to republish the set.
-func (x *Index) MarkUntrusted(engine state.EngineID, rank int) error {
+func (x *Index) markUntrusted(engine state.EngineID, rank int) error {
 	if err := checkHolder("mark untrusted", engine, rank); err != nil {
 		return err
 	}
@@ -56,10 +56,10 @@ func (x *Index) MarkUntrusted(engine state.EngineID, rank int) error {
 	return nil
 }
 
-// MarkTrusted clears the mark MarkUntrusted set on engine's DP rank rank: the rank has been
+// markTrusted clears the mark markUntrusted set on engine's DP rank rank: the rank has been
 // resynchronised. The engine is trusted again once none of its ranks is marked. Marking a rank
-// that is not marked is a no-op. Errors as MarkUntrusted (Op "mark trusted").
-func (x *Index) MarkTrusted(engine state.EngineID, rank int) error {
+// that is not marked is a no-op. Errors as markUntrusted (Op "mark trusted").
+func (x *Index) markTrusted(engine state.EngineID, rank int) error {
 	if err := checkHolder("mark trusted", engine, rank); err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/internal/kvwire"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/state"
@@ -45,7 +46,7 @@ type applier struct {
 	// a held block; an entry goes with its last extra copy, and every entry with a clear of the
 	// rank, so there are never more entries than copies the engine holds.
 	copies   map[copyKey]uint32
-	restored []kvindex.Restored // Store scratch
+	restored []kvbridge.Restored // Store scratch
 
 	remaining, unknown, known []uint64 // Remove scratch
 }
@@ -172,12 +173,12 @@ func (a *applier) store(ev *kvwire.Event, c *counters) error {
 	}
 	se := kvindex.StoreEvent{Engine: a.engine, DPRank: a.rank, ParentHash: ev.ParentHash,
 		HasParent: ev.HasParent, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, Tier: tier}
-	a.restored, err = x.StoreRestored(se, a.restored[:0])
+	a.restored, err = kvbridge.StoreRestored(x, se, a.restored[:0])
 	if err != nil && se.HasParent && se.ParentHash == 0 && errors.Is(err, kvindex.ErrUnknownParent) {
 		// Parent 0 that the rank does not hold is a root: llm-d's publishers send 0 where vLLM
 		// sends nil (docs/design.md §13.1).
 		se.HasParent = false
-		a.restored, err = x.StoreRestored(se, a.restored[:0])
+		a.restored, err = kvbridge.StoreRestored(x, se, a.restored[:0])
 	}
 	if err != nil {
 		return err
@@ -185,7 +186,7 @@ func (a *applier) store(ev *kvwire.Event, c *counters) error {
 	c.stored += uint64(len(ev.BlockHashes))
 	for _, r := range a.restored {
 		// A block the rank already held in a tier it is stored in again: one more copy there.
-		for t := r.Tiers & tier; t != 0; t &= t - 1 {
+		for t := kvindex.Tier(r.Tiers) & tier; t != 0; t &= t - 1 {
 			if a.copies == nil {
 				a.copies = map[copyKey]uint32{}
 			}
@@ -315,15 +316,15 @@ func (a *applier) clear() {
 }
 
 // markUntrusted and markTrusted set the stream's trust mark in every index
-// (kvindex.Index.MarkUntrusted).
+// (kvbridge.MarkUntrusted).
 func (a *applier) markUntrusted() {
 	for _, x := range a.all {
-		_ = x.MarkUntrusted(a.engine, a.rank)
+		_ = kvbridge.MarkUntrusted(x, a.engine, a.rank)
 	}
 }
 
 func (a *applier) markTrusted() {
 	for _, x := range a.all {
-		_ = x.MarkTrusted(a.engine, a.rank)
+		_ = kvbridge.MarkTrusted(x, a.engine, a.rank)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/state"
 )
@@ -295,7 +296,7 @@ func TestSubscriberLifecycle(t *testing.T) {
 	assert.ErrorIs(t, sub.Start(ctx), state.ErrInvalidConfiguration)
 	require.NoError(t, sub.Add(Endpoint{Engine: "f", Address: addr, Topic: "u"}), "Add after Start")
 	assert.Len(t, sub.Stats().Streams, 2)
-	require.NoError(t, x.MarkUntrusted("f", 0))
+	require.NoError(t, kvbridge.MarkUntrusted(x, "f", 0))
 	sub.Remove("f")
 	assert.Len(t, sub.Stats().Streams, 1)
 	assert.True(t, trusted(x, "f"), "Remove clears the stream's mark")
