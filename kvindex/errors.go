@@ -45,8 +45,8 @@ var (
 	// ErrKeyConflict: a block key is already in the index under a different parent block. For a
 	// Store or a placement this is a 64-bit hash collision.
 	ErrKeyConflict = errors.New("block key conflict")
-	// ErrInvalidTier: a Store's tier is empty or has bits outside AllTiers, or a Remove's tier
-	// has bits outside AllTiers.
+	// ErrInvalidTier: a Store's tier is empty or has bits outside the four Tier bits, or a
+	// Remove's tier has bits outside them.
 	ErrInvalidTier = errors.New("invalid storage tier")
 	// ErrInvalidRank: a negative DP rank.
 	ErrInvalidRank = errors.New("invalid DP rank")

@@ -448,7 +448,7 @@ func (x *Index) store(ev *StoreEvent, restored *[]kvbridge.Restored) error {
 	if ev.DPRank < 0 {
 		return fail(ErrInvalidRank)
 	}
-	if ev.Tier == 0 || ev.Tier&^AllTiers != 0 {
+	if ev.Tier == 0 || ev.Tier&^allTiers != 0 {
 		return fail(ErrInvalidTier)
 	}
 	nb := len(ev.BlockHashes)
@@ -746,7 +746,7 @@ func (x *Index) subTiers(h *holder, drop uint8) {
 }
 
 // Remove records that engine's DP rank no longer holds the blocks with the given engine hashes in
-// tiers (vLLM/SGLang BlockRemoved). tiers 0 or AllTiers removes every tier, as an event without a
+// tiers (vLLM/SGLang BlockRemoved). tiers 0 (or all four Tier bits) removes every tier, as an event without a
 // medium does (docs/design.md §11). A block left with no tier for any alias is dropped for
 // that holder; a block no holder keeps and with no children leaves the tree, and so does each
 // ancestor that is left empty. A hash named twice is removed once.
@@ -771,11 +771,11 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	if rank < 0 {
 		return fail(ErrInvalidRank)
 	}
-	if tiers&^AllTiers != 0 {
+	if tiers&^allTiers != 0 {
 		return fail(ErrInvalidTier)
 	}
 	if tiers == 0 {
-		tiers = AllTiers
+		tiers = allTiers
 	}
 	hid, ok := x.lookupHolder(engine, rank)
 	if !ok {

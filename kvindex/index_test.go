@@ -293,7 +293,7 @@ func TestIndexScenarios(t *testing.T) {
 		require.NoError(t, f.x.Remove("a", 0, []uint64{3}, 0))
 		require.NoError(t, checkInvariants(f.x))
 		assert.Equal(t, map[state.EngineID]int{"a": 2, "b": 5}, f.match(1, 5))
-		require.NoError(t, f.x.Remove("b", 0, []uint64{105}, AllTiers))
+		require.NoError(t, f.x.Remove("b", 0, []uint64{105}, allTiers))
 		assert.Equal(t, map[state.EngineID]int{"a": 2, "b": 4}, f.match(1, 5))
 		assert.Equal(t, 5, f.x.Stats().Blocks, "block 5 is still held by a")
 		require.NoError(t, f.x.Remove("a", 0, []uint64{5, 4}, 0))

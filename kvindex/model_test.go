@@ -74,7 +74,7 @@ func (m *model) store(ev StoreEvent) error {
 	switch {
 	case ev.DPRank < 0:
 		return ErrInvalidRank
-	case ev.Tier == 0 || ev.Tier&^AllTiers != 0:
+	case ev.Tier == 0 || ev.Tier&^allTiers != 0:
 		return ErrInvalidTier
 	case len(ev.TokenIDs) != len(ev.BlockHashes)*m.hasher.BlockTokens():
 		return ErrBlockSizeMismatch
@@ -126,11 +126,11 @@ func (m *model) remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	switch {
 	case rank < 0:
 		return ErrInvalidRank
-	case tiers&^AllTiers != 0:
+	case tiers&^allTiers != 0:
 		return ErrInvalidTier
 	}
 	if tiers == 0 {
-		tiers = AllTiers
+		tiers = allTiers
 	}
 	h := m.holders[hkey{engine, rank}]
 	if h == nil {
@@ -462,7 +462,7 @@ func (w *walk) step() {
 		if len(hashes) > 0 && w.rng.IntN(10) == 0 {
 			hashes = append(hashes, hashes[0])
 		}
-		tiers := []Tier{0, AllTiers, TierDevice, TierHost, TierDisk, TierExternal, TierDevice | TierHost, 0x40}[w.rng.IntN(8)]
+		tiers := []Tier{0, allTiers, TierDevice, TierHost, TierDisk, TierExternal, TierDevice | TierHost, 0x40}[w.rng.IntN(8)]
 		desc = fmt.Sprintf("remove %s/%d %#x tiers=%v", engine, rank, hashes, tiers)
 		want, got = w.m.remove(engine, rank, hashes, tiers), w.x.Remove(engine, rank, hashes, tiers)
 	case op < 70:

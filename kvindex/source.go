@@ -52,30 +52,21 @@ type LookupBuffers struct {
 	ranks   []int
 }
 
-// Outcome is the kind of a Result. The zero Outcome is never returned by a Source.
-type Outcome uint8
+// Outcome is the kind of a Result, also its metric label. The zero Outcome is never returned by a
+// Source.
+type Outcome string
 
 // The three outcomes.
 const (
 	// OutcomeHit: at least one engine holds the query's first block; Result.Engines lists them.
-	OutcomeHit Outcome = iota + 1
+	OutcomeHit Outcome = "hit"
 	// OutcomeMiss: the backend answered and no engine holds the first block, or the query has no
 	// full block. Fall back to load.
-	OutcomeMiss
+	OutcomeMiss Outcome = "miss"
 	// OutcomeUnavailable: the backend did not answer usefully (Result.Reason says why). Fall back
 	// to load, as for a miss, but report it differently.
-	OutcomeUnavailable
+	OutcomeUnavailable Outcome = "unavailable"
 )
-
-var outcomeNames = [...]string{OutcomeHit: "hit", OutcomeMiss: "miss", OutcomeUnavailable: "unavailable"}
-
-// String returns "hit", "miss", "unavailable", or "outcome(N)".
-func (o Outcome) String() string {
-	if o > 0 && int(o) < len(outcomeNames) {
-		return outcomeNames[o]
-	}
-	return fmt.Sprintf("outcome(%d)", uint8(o))
-}
 
 // Result.Reason values, one per way a Source can be unavailable (docs/design.md §10).
 const (

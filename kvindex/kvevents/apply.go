@@ -13,6 +13,9 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
+// allTiers is every kvindex tier.
+const allTiers = kvindex.TierDevice | kvindex.TierHost | kvindex.TierDisk | kvindex.TierExternal
+
 // defaultMedia is Options.Media when nil (its comment states the mapping).
 var defaultMedia = map[string]kvindex.Tier{
 	"GPU":        kvindex.TierDevice,
@@ -71,8 +74,8 @@ func normalizeMedia(m map[string]kvindex.Tier) (map[string]kvindex.Tier, error) 
 	}
 	out := make(map[string]kvindex.Tier, len(m))
 	for k, t := range m {
-		if t == 0 || t&^kvindex.AllTiers != 0 {
-			return nil, fmt.Errorf("kvevents: Options.Media[%q]: tier %v, want one or more of kvindex.AllTiers: %w", k, t, state.ErrInvalidConfiguration)
+		if t == 0 || t&^allTiers != 0 {
+			return nil, fmt.Errorf("kvevents: Options.Media[%q]: tier %v, want one or more of the four kvindex tiers: %w", k, t, state.ErrInvalidConfiguration)
 		}
 		out[strings.ToUpper(k)] = t
 	}
@@ -200,7 +203,7 @@ func (a *applier) store(ev *kvwire.Event, c *counters) error {
 // tier) that holds one, and reports whether it dropped any: the rank then still holds the block.
 func (a *applier) dropCopy(h uint64, tiers kvindex.Tier) bool {
 	if tiers == 0 {
-		tiers = kvindex.AllTiers
+		tiers = allTiers
 	}
 	dropped := false
 	for t := tiers; t != 0; t &= t - 1 {
