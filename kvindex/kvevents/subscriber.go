@@ -135,7 +135,7 @@ type StreamStats struct {
 	Connected bool
 	// Trusted: the stream is in step with its publisher and not silent; false from a detected
 	// loss until it has resynchronised, and while silent (the rank is then also untrusted in the
-	// index: kvindex Index.MarkUntrusted).
+	// index: kvindex.Stats.Untrusted).
 	Trusted bool
 	// Silent: the silence rule holds the stream untrusted (Options.Dispatched); Silences counts
 	// the times it became silent.
