@@ -18,6 +18,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -211,7 +212,7 @@ func TestInFlightCapHoldsUnderConcurrency(t *testing.T) {
 			return policy.NewSessionAware(cfg, policy.SessionAwareOptions{Store: store})
 		}, plain2, plainCap, false},
 		{"sticky", func(cfg policy.Config, _ kvindex.Source, store affinity.Store) (policy.Policy, error) {
-			return policy.NewSticky(cfg, policy.StickyOptions{Store: store, Fallback: policy.NameLeastLoad})
+			return policy.NewSticky(cfg, policy.StickyOptions{Store: store, Fallback: label.LeastLoad})
 		}, plain2, plainCap, false},
 		// PD: one leg's cap is the tighter; when the decode leg loses the race, the pair gives its
 		// prefill leg back.
@@ -248,7 +249,7 @@ func overtaking(inflight *loadmon.InFlight, held *[]*loadmon.Guard, overtaken *s
 		if v.Admit {
 			once.Do(func() {
 				*overtaken = e.ID()
-				*held = append(*held, inflight.Acquire(e.ID()))
+				*held = append(*held, inflight.Acquire(e.ID(), -1, 0))
 			})
 		}
 		return v, err
@@ -334,11 +335,12 @@ func TestSelectOvertakenEveryTimeIsAnAdmissionRejection(t *testing.T) {
 	require.ErrorAs(t, ex.Last, &se)
 	assert.Equal(t, [2]any{"pd", state.StageDecode}, [2]any{se.Bucket, se.Stage})
 	assert.Equal(t, http.StatusServiceUnavailable, bucket.StatusCode(err))
-	assert.Equal(t, enginepick.ReasonAdmissionRejected, enginepick.FailureReason(err))
+	assert.Equal(t, label.FailAdmissionRejected, enginepick.FailureReason(err))
 	assert.Equal(t, int64(4), calls.Load(), "the bucket loop ran 4 times")
 	assert.Zero(t, inflight.Count("p"), "the prefill leg was given back")
 	assert.Zero(t, inflight.Count("d"))
-	assert.Zero(t, inflight.DispatchesSince("d", time.Time{}), "nothing recorded on the decode engine")
+	n, _ := inflight.DispatchedSince("d", -1, time.Time{})
+	assert.Zero(t, n, "nothing recorded on the decode engine")
 }
 
 // newCheckedRouter is one model ("m") with one bucket whose groups run least-load with the

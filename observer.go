@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -47,7 +48,7 @@ type SelectTimingSampler interface {
 }
 
 // GroupInfo identifies one engine group: its model, bucket, stage and the configuration name of
-// its policy type (policy.NameRoundRobin … policy.NameCacheAware, or a type the host registered).
+// its policy type (round_robin … cache_aware, or a type the host registered).
 type GroupInfo struct {
 	Model  state.ModelID
 	Bucket string
@@ -123,20 +124,6 @@ type DispatchedEngine struct {
 	Reason string
 }
 
-// Failure reason labels of FailureReason (docs/design.md §15).
-const (
-	ReasonNoMatchingBucket     = "no_matching_bucket"
-	ReasonUnknownModel         = "unknown_model"
-	ReasonAdmissionRejected    = "admission_rejected"
-	ReasonNoCandidates         = "no_candidates"
-	ReasonInvalidSignal        = "invalid_signal"
-	ReasonInvalidConfiguration = "invalid_configuration"
-	ReasonOutsideCandidates    = "outside_candidates"
-	ReasonCanceled             = "canceled"
-	ReasonDeadlineExceeded     = "deadline_exceeded"
-	ReasonError                = "error"
-)
-
 // FailureReason maps an error of Router.Select, or of a dispatch, to a bounded label: "" for nil;
 // canceled and deadline_exceeded for context errors; no_matching_bucket, unknown_model,
 // invalid_signal, invalid_configuration and outside_candidates for those errors;
@@ -147,30 +134,30 @@ func FailureReason(err error) string {
 	case err == nil:
 		return ""
 	case errors.Is(err, context.Canceled):
-		return ReasonCanceled
+		return label.FailCanceled
 	case errors.Is(err, context.DeadlineExceeded):
-		return ReasonDeadlineExceeded
+		return label.FailDeadlineExceeded
 	case errors.Is(err, bucket.ErrNoMatchingBucket):
-		return ReasonNoMatchingBucket
+		return label.FailNoMatchingBucket
 	case errors.Is(err, bucket.ErrUnknownModel):
-		return ReasonUnknownModel
+		return label.FailUnknownModel
 	case errors.Is(err, policy.ErrInvalidSignal):
-		return ReasonInvalidSignal
+		return label.FailInvalidSignal
 	case errors.Is(err, policy.ErrInvalidConfiguration):
-		return ReasonInvalidConfiguration
+		return label.FailInvalidConfiguration
 	case errors.Is(err, policy.ErrOutsideCandidates):
-		return ReasonOutsideCandidates
+		return label.FailOutsideCandidates
 	case errors.Is(err, policy.ErrAdmissionRejected):
-		return ReasonAdmissionRejected
+		return label.FailAdmissionRejected
 	case errors.Is(err, policy.ErrNoCandidates):
-		return ReasonNoCandidates
+		return label.FailNoCandidates
 	}
 	var ex *bucket.ExhaustedError
 	if errors.As(err, &ex) {
 		if len(ex.Rejections) > 0 {
-			return ReasonAdmissionRejected
+			return label.FailAdmissionRejected
 		}
-		return ReasonNoCandidates
+		return label.FailNoCandidates
 	}
-	return ReasonError
+	return label.FailError
 }

@@ -187,7 +187,7 @@ var badInputCases = []badInputCase{
 	// Engines (state.StaticRegistry).
 	{"registry_add_duplicate_id", func(f *reliabilityFixture) error {
 		return f.reg.Add(state.NewStaticEngine("a", "plain", state.StagePlain))
-	}, state.ErrDuplicateEngine, 0},
+	}, state.ErrDuplicate, 0},
 	{"registry_add_empty_id", func(f *reliabilityFixture) error {
 		return f.reg.Add(state.NewStaticEngine("", "plain", state.StagePlain))
 	}, state.ErrInvalidConfiguration, 0},

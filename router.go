@@ -42,8 +42,8 @@ type Options struct {
 	Index *kvindex.Index
 	// Logger receives debug logs of selection failures. Nil means zap.NewNop().
 	Logger *zap.Logger
-	// Observer receives the Router's decisions and dispatch outcomes (for example a
-	// *metrics.Prometheus). Nil means none.
+	// Observer receives the Router's decisions and dispatch outcomes (for example
+	// metrics.New's). Nil means none.
 	Observer Observer
 	// Now is the clock of the Router's latency measurements. Nil means time.Now.
 	Now func() time.Time
@@ -188,6 +188,18 @@ func (d *Dispatch) ReleaseStage(stage state.Stage) {
 	}
 }
 
+// FirstToken records that the response's first token has arrived: the selected engines have ended
+// the request's prefill (loadmon.Guard.FirstToken). Call it when the first token of a streamed
+// response arrives; it is optional. A nil *Dispatch's FirstToken does nothing.
+func (d *Dispatch) FirstToken() {
+	if d == nil {
+		return
+	}
+	for _, g := range d.guards {
+		g.FirstToken()
+	}
+}
+
 // Done ends the dispatch as Release does, and reports its outcome to the Router's Observer
 // (docs/design.md §15), grpc-go style: the host calls it once the response has ended, with the
 // error (nil on success), time to first token and token counts it learned. A nil *Dispatch's
@@ -226,7 +238,7 @@ func (d *Dispatch) Done(o Outcome) {
 // (SelectTimingSampler).
 //
 // A pick admitted under an in-flight cap (Pick.HasInFlightCap) is acquired only while its engine
-// is below the cap, atomically (loadmon.InFlight.TryAcquireRankAt), so that concurrent Selects
+// is below the cap, atomically (loadmon.InFlight.TryAcquire), so that concurrent Selects
 // never put more requests in flight on an engine than its cap. When another Select got there
 // first, the selection's guards are released and the bucket loop runs again, where the policies
 // see the new count; after 4 such runs the error is a *bucket.ExhaustedError holding the
@@ -284,10 +296,11 @@ func (r *Router) stamp() time.Duration {
 }
 
 // selectOnce selects and acquires the guards, selecting again when an in-flight cap was reached
-// first (Select). When at is non-nil and both the Router and its in-flight counters use time.Now,
-// it reads the clock once at dispatch, stamps the guards with that reading and, when they were
-// acquired, stores it in *at, so that an observed Select times the selection without a clock
-// reading of its own; otherwise *at stays zero.
+// first (Select). When at is non-nil and the Router uses time.Now, it reads the clock once at
+// dispatch, hands the reading to the in-flight counters (which record it when they use time.Now
+// too: InFlight.TryAcquire) and, when the guards were acquired, stores it in *at, so that an
+// observed Select times the selection without a clock reading of its own; otherwise *at stays
+// zero.
 func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.Time) (*Dispatch, error) {
 	if req == nil {
 		return nil, fmt.Errorf("enginepick: Select: nil request: %w", policy.ErrInvalidSignal)
@@ -312,7 +325,7 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.T
 			break
 		}
 		var now time.Time // zero: the in-flight counters read their own clock
-		if at != nil && r.realClock && r.inflight.SystemClock() {
+		if at != nil && r.realClock {
 			now = time.Now()
 			*at = now
 		}
@@ -358,17 +371,18 @@ const maxSelectAttempts = 4
 // and returns the rejection admission would now give.
 func (r *Router) acquire(p *policy.Pick, prefillTokens uint64, now time.Time) (*loadmon.Guard, *policy.AdmissionRejectedError) {
 	id := p.Engine.ID()
-	if !p.HasInFlightCap {
-		return r.inflight.AcquireRankAt(id, rankOf(p), prefillTokens, now), nil
+	limit := uint64(math.MaxUint64) // no cap
+	if p.HasInFlightCap {
+		limit = p.InFlightCap
 	}
-	g, n := r.inflight.TryAcquireRankAt(id, rankOf(p), prefillTokens, p.InFlightCap, now)
+	g, n := r.inflight.TryAcquire(id, rankOf(p), prefillTokens, limit, now)
 	if g == nil {
 		return nil, &policy.AdmissionRejectedError{Engine: p.Engine, Limit: admission.LimitInFlightRequests, Observed: n, Cap: p.InFlightCap}
 	}
 	return g, nil
 }
 
-// rankOf is the DP rank a pick names, −1 when none (loadmon.InFlight.AcquireRank counts the engine
+// rankOf is the DP rank a pick names, −1 when none (loadmon.InFlight.TryAcquire counts the engine
 // only).
 func rankOf(p *policy.Pick) int {
 	if p.HasDPRank {

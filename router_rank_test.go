@@ -28,7 +28,8 @@ func TestRouterCountsDispatchesOnTheNamedRank(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d1.Selection.Plain.HasDPRank)
 	e, r := d1.Selection.Plain.Engine.ID(), d1.Selection.Plain.DPRank
-	assert.Equal(t, uint64(1), f.inflight.CountRank(e, r))
+	rankInFlight := func() uint64 { return loadmon.ObserveRank(f.load.Snapshot(), f.inflight, e, r).RankInFlight }
+	assert.Equal(t, uint64(1), rankInFlight())
 	d2, err := f.router.Select(context.Background(), &bucket.Request{Model: "plain"})
 	require.NoError(t, err)
 	assert.NotEqual(t, e, d2.Selection.Plain.Engine.ID(), "fewer in flight")
@@ -41,7 +42,7 @@ func TestRouterCountsDispatchesOnTheNamedRank(t *testing.T) {
 	for _, d := range []*enginepick.Dispatch{d1, d2, d3} {
 		d.Release()
 	}
-	assert.Zero(t, f.inflight.CountRank(e, r))
+	assert.Zero(t, rankInFlight())
 }
 
 // Per-leg release: the prefill guard ends with the prefill leg while the decode stream goes on.

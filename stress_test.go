@@ -20,6 +20,7 @@ import (
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/internal/kvbridge"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -588,15 +589,15 @@ var affinityGroups = map[string]struct {
 	bucket string
 	stage  state.Stage
 }{
-	policy.SessionNamespace: {"short", state.StagePlain},
-	policy.StickyNamespace:  {"pd-b", state.StagePrefill},
+	"session": {"short", state.StagePlain},
+	"sticky":  {"pd-b", state.StagePrefill},
 }
 
 // checkBindings checks the affinity scopes of one pick: a binding exists only in the scope of a
 // group that binds, it names a member of that group, and a pick whose reason says it reused or
 // made a binding is counted.
 func (s *stress) checkBindings(req *bucket.Request, bid string, stage state.Stage, pk policy.Pick) {
-	for ns, key := range map[string]string{policy.SessionNamespace: req.SessionKey, policy.StickyNamespace: req.RoutingKey} {
+	for ns, key := range map[string]string{"session": req.SessionKey, "sticky": req.RoutingKey} {
 		if key == "" {
 			continue
 		}
@@ -617,7 +618,7 @@ func (s *stress) checkBindings(req *bucket.Request, bid string, stage state.Stag
 		}
 	}
 	switch pk.Reason {
-	case policy.ReasonSessionPrimary, policy.ReasonAssigned, policy.ReasonStickyPrimary, policy.ReasonStickyAssigned:
+	case label.ReasonSessionPrimary, label.ReasonAssigned, label.ReasonStickyPrimary, label.ReasonStickyAssigned:
 		s.stats.bound.Add(1)
 	}
 }

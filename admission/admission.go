@@ -3,7 +3,6 @@ package admission
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -28,23 +27,16 @@ const (
 // limitNames lists the fields in check order.
 var limitNames = []string{LimitRunningRequests, LimitWaitingRequests, LimitKVTokens, LimitPendingPrefillTokens, LimitInFlightRequests}
 
-// ErrUnknownField is wrapped by *FieldError when a configuration names a field Limits does not
-// have (docs/design.md §5).
-var ErrUnknownField = errors.New("unknown field")
-
-// ErrBadValue is wrapped by *FieldError when a field's value is not a non-negative integer (or
-// null), or when the input is not an object of fields at all.
-var ErrBadValue = errors.New("bad value")
-
 // FieldError reports a Limits field that could not be decoded: an unknown name (Err wraps
-// ErrUnknownField and lists the known names) or a value that is not a non-negative integer (Err
-// wraps ErrBadValue and quotes the value). It also matches state.ErrInvalidConfiguration with
+// state.ErrUnknownField and lists the known names) or a value that is not a non-negative integer,
+// or null, or input that is not an object of fields at all (Err wraps state.ErrBadValue and quotes
+// the value; docs/design.md §5). It also matches state.ErrInvalidConfiguration with
 // errors.Is. Its message names no Go type.
 type FieldError struct {
 	// Field is the offending field name as written in the input; empty when the input is not
 	// an object at all.
 	Field string
-	// Err is the cause, wrapping ErrUnknownField or ErrBadValue.
+	// Err is the cause, wrapping state.ErrUnknownField or state.ErrBadValue.
 	Err error
 }
 
@@ -142,7 +134,7 @@ type Verdict struct {
 	// (false: no in-flight cap). The check read an in-flight count that concurrent dispatches
 	// may have raised since, so a configured cap is a promise only if the dispatch is counted
 	// atomically under it: the caller acquires the engine's in-flight guard with
-	// loadmon.InFlight.TryAcquireRankAt and this cap, and treats a failed acquire as a
+	// loadmon.InFlight.TryAcquire and this cap, and treats a failed acquire as a
 	// rejection (docs/design.md §5). policy.Pick carries it to the caller.
 	InFlightCap    uint64
 	HasInFlightCap bool
@@ -203,13 +195,13 @@ func (l Limits) IsZero() bool { return l == Limits{} }
 type limitsFields Limits
 
 // UnmarshalJSON decodes Limits strictly: an unknown field is a *FieldError wrapping
-// ErrUnknownField; a negative, fractional or non-numeric value is a *FieldError too. On error the
+// state.ErrUnknownField; a negative, fractional or non-numeric value is a *FieldError too. On error the
 // receiver is unchanged.
 func (l *Limits) UnmarshalJSON(data []byte) error {
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return &FieldError{Err: fmt.Errorf("%w %.32s: want a JSON object with fields %s",
-			ErrBadValue, bytes.TrimSpace(data), strings.Join(limitNames, ", "))}
+			state.ErrBadValue, bytes.TrimSpace(data), strings.Join(limitNames, ", "))}
 	}
 	keys := slices.Sorted(maps.Keys(raw))
 	if err := checkFields(keys); err != nil {
@@ -227,7 +219,7 @@ func (l *Limits) UnmarshalJSON(data []byte) error {
 	var out limitsFields
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&out); err != nil {
-		return &FieldError{Err: fmt.Errorf("%w: %v", ErrBadValue, err)} // unreachable: every field was checked
+		return &FieldError{Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)} // unreachable: every field was checked
 	}
 	*l = Limits(out)
 	return nil
@@ -236,13 +228,13 @@ func (l *Limits) UnmarshalJSON(data []byte) error {
 // badValue reports a field whose value is not a non-negative integer, quoting at most 32 bytes of
 // the value as written.
 func badValue(field, value string) error {
-	return &FieldError{Field: field, Err: fmt.Errorf("%w %.32s: want a non-negative integer", ErrBadValue, value)}
+	return &FieldError{Field: field, Err: fmt.Errorf("%w %.32s: want a non-negative integer", state.ErrBadValue, value)}
 }
 
 // UnmarshalYAML decodes Limits strictly, with the same rules as UnmarshalJSON.
 func (l *Limits) UnmarshalYAML(node *yaml.Node) error {
 	if node.Kind != yaml.MappingNode {
-		return &FieldError{Err: fmt.Errorf("%w at line %d: want a mapping with fields %s", ErrBadValue, node.Line, strings.Join(limitNames, ", "))}
+		return &FieldError{Err: fmt.Errorf("%w at line %d: want a mapping with fields %s", state.ErrBadValue, node.Line, strings.Join(limitNames, ", "))}
 	}
 	keys := make([]string, 0, len(node.Content)/2)
 	for i := 0; i+1 < len(node.Content); i += 2 {
@@ -269,7 +261,7 @@ func checkFields(keys []string) error {
 	slices.Sort(keys)
 	for _, k := range keys {
 		if !slices.Contains(limitNames, k) {
-			return &FieldError{Field: k, Err: fmt.Errorf("%w: want one of %s", ErrUnknownField, strings.Join(limitNames, ", "))}
+			return &FieldError{Field: k, Err: fmt.Errorf("%w: want one of %s", state.ErrUnknownField, strings.Join(limitNames, ", "))}
 		}
 	}
 	return nil

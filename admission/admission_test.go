@@ -45,7 +45,7 @@ func TestLimitsRejectUnknownFieldsNamingThem(t *testing.T) {
 	var fe *admission.FieldError
 	require.ErrorAs(t, err, &fe)
 	assert.Equal(t, "max_in_flight", fe.Field)
-	assert.ErrorIs(t, err, admission.ErrUnknownField)
+	assert.ErrorIs(t, err, state.ErrUnknownField)
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
 	assert.Equal(t, before, l, "a failed decode leaves the receiver unchanged")
 
@@ -72,7 +72,7 @@ func TestLimitsYAMLIsStrictToo(t *testing.T) {
 	var fe *admission.FieldError
 	require.ErrorAs(t, err, &fe)
 	assert.Equal(t, "max_inflight", fe.Field)
-	assert.ErrorIs(t, err, admission.ErrUnknownField)
+	assert.ErrorIs(t, err, state.ErrUnknownField)
 
 	err = yaml.Unmarshal([]byte("max_kv_tokens: -5\n"), &l)
 	require.ErrorAs(t, err, &fe)
@@ -171,8 +171,8 @@ func TestObserveTakesReportedAndLiveValues(t *testing.T) {
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "basic", RunningRequests: 2, WaitingRequests: 3, UsedKVTokens: 40, KVCapacityTokens: 100}))
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "native", RunningRequests: 2, WaitingRequests: 3, UsedKVTokens: 40, KVCapacityTokens: 100,
 		Native: &loadmon.NativeLoad{WaitingUncachedTokens: 500, MaxRunningRequests: 8}}))
-	f.Acquire("basic")
-	f.Acquire("none")
+	f.Acquire("basic", -1, 0)
+	f.Acquire("none", -1, 0)
 	snap := tab.Snapshot()
 
 	assert.Equal(t, admission.Metrics{RunningRequests: admission.Known(2), WaitingRequests: admission.Known(3), InFlightRequests: 1},
@@ -209,13 +209,13 @@ func TestLimitsErrorMessagesNameFieldAndRule(t *testing.T) {
 		in, want string
 		sentinel error
 	}{
-		{`{"max_waitin": 4}`, `admission: limits field "max_waitin": unknown field: want one of ` + fields, admission.ErrUnknownField},
-		{`{"max_kv_tokens": "10"}`, `admission: limits field "max_kv_tokens": bad value "10": want a non-negative integer`, admission.ErrBadValue},
-		{`{"max_kv_tokens": -1}`, `admission: limits field "max_kv_tokens": bad value -1: want a non-negative integer`, admission.ErrBadValue},
-		{`{"max_kv_tokens": 1.5}`, `admission: limits field "max_kv_tokens": bad value 1.5: want a non-negative integer`, admission.ErrBadValue},
-		{`{"max_running_requests": 1, "max_kv_tokens": [2]}`, `admission: limits field "max_kv_tokens": bad value [2]: want a non-negative integer`, admission.ErrBadValue},
-		{`[1]`, `admission: limits: bad value [1]: want a JSON object with fields ` + fields, admission.ErrBadValue},
-		{`7`, `admission: limits: bad value 7: want a JSON object with fields ` + fields, admission.ErrBadValue},
+		{`{"max_waitin": 4}`, `admission: limits field "max_waitin": unknown field: want one of ` + fields, state.ErrUnknownField},
+		{`{"max_kv_tokens": "10"}`, `admission: limits field "max_kv_tokens": bad value "10": want a non-negative integer`, state.ErrBadValue},
+		{`{"max_kv_tokens": -1}`, `admission: limits field "max_kv_tokens": bad value -1: want a non-negative integer`, state.ErrBadValue},
+		{`{"max_kv_tokens": 1.5}`, `admission: limits field "max_kv_tokens": bad value 1.5: want a non-negative integer`, state.ErrBadValue},
+		{`{"max_running_requests": 1, "max_kv_tokens": [2]}`, `admission: limits field "max_kv_tokens": bad value [2]: want a non-negative integer`, state.ErrBadValue},
+		{`[1]`, `admission: limits: bad value [1]: want a JSON object with fields ` + fields, state.ErrBadValue},
+		{`7`, `admission: limits: bad value 7: want a JSON object with fields ` + fields, state.ErrBadValue},
 	}
 	for _, tc := range cases {
 		var l admission.Limits

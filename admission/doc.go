@@ -11,7 +11,7 @@
 //
 // Admission never ranks engines, chooses replacements, changes buckets or touches affinity. The
 // in-flight cap is held exactly: an admitting Verdict carries it (InFlightCap) and the dispatch is
-// counted under it atomically (loadmon.InFlight.TryAcquireRankAt). Caps on reported metrics are
+// counted under it atomically (loadmon.InFlight.TryAcquire). Caps on reported metrics are
 // checked against the latest report, so concurrent requests may pass against the same report.
 // It is not a rate limiter or a request queue: a rejected request is not held anywhere, the bucket
 // loop tries the next bucket.

@@ -54,9 +54,10 @@ type Bucket struct {
 	plain   GroupPicker
 	prefill GroupPicker
 	decode  GroupPicker
-	// decodeCompat is decode as a CompatibleGroupPicker, or nil when it is not one (detected once,
-	// at construction).
-	decodeCompat CompatibleGroupPicker
+	// decodeGroup is decode as an *EngineGroup, which picks among the compatible engines only,
+	// or nil when it is a host's own GroupPicker, whose pick is checked (detected once, at
+	// construction).
+	decodeGroup *EngineGroup
 }
 
 // NewPlainBucket returns a plain bucket. It returns an error wrapping
@@ -87,7 +88,7 @@ func NewPDBucket(spec Spec, prefill, decode GroupPicker) (*Bucket, error) {
 		return nil, err
 	}
 	b := &Bucket{spec: spec, prefill: prefill, decode: decode}
-	b.decodeCompat, _ = decode.(CompatibleGroupPicker)
+	b.decodeGroup, _ = decode.(*EngineGroup)
 	return b, nil
 }
 
@@ -116,7 +117,7 @@ func checkGroup(id, role string, g GroupPicker, stage state.Stage) error {
 	if g == nil {
 		return fmt.Errorf("bucket %q: nil %s group: %w", id, role, policy.ErrInvalidConfiguration)
 	}
-	if ss, ok := g.(policy.StageSupporter); ok && !ss.SupportsStage(stage) {
+	if ss, ok := g.(stageSupporter); ok && !ss.SupportsStage(stage) {
 		return fmt.Errorf("bucket %q: the %s group's policy cannot serve stage %s: %w", id, role, stage, policy.ErrInvalidConfiguration)
 	}
 	return nil
@@ -175,12 +176,12 @@ func (e *StageError) Unwrap() error { return e.Err }
 
 var requestPool = sync.Pool{New: func() any { return new(policy.Request) }}
 
-// PickEngines returns a complete selection from b: the plain group, or the prefill group and then the decode
+// pickEngines returns a complete selection from b: the plain group, or the prefill group and then the decode
 // group, each with a stage-specific policy.Request carrying this bucket's ID. A failure of either
 // PD stage returns a *StageError and no selection: a prefill pick is never kept for another bucket
 // (docs/design.md §3). A request with negative token counts, or with TokenIDs whose
 // length is not InputTokens, is an error wrapping policy.ErrInvalidSignal.
-func (b *Bucket) PickEngines(ctx context.Context, registry state.Registry, req *Request) (Selection, error) {
+func (b *Bucket) pickEngines(ctx context.Context, registry state.Registry, req *Request) (Selection, error) {
 	if req.InputTokens < 0 || (req.HasExpectedPeak && req.ExpectedPeakTokens < 0) {
 		return Selection{}, fmt.Errorf("bucket %q: negative token count (input %d, peak %d): %w",
 			b.spec.ID, req.InputTokens, req.ExpectedPeakTokens, policy.ErrInvalidSignal)
@@ -221,8 +222,8 @@ func (b *Bucket) PickEngines(ctx context.Context, registry state.Registry, req *
 	// The decode engine must be compatible with the prefill engine just picked (docs/design.md §3).
 	label := state.PDCompatibilityOf(sel.Prefill.Engine)
 	preq.Stage = state.StageDecode
-	if b.decodeCompat != nil {
-		sel.Decode, err = b.decodeCompat.PickCompatible(ctx, registry, preq, label)
+	if b.decodeGroup != nil {
+		sel.Decode, err = b.decodeGroup.pick(ctx, registry, preq, label, true)
 	} else if sel.Decode, err = b.decode.Pick(ctx, registry, preq); err == nil && state.PDCompatibilityOf(sel.Decode.Engine) != label {
 		err = fmt.Errorf("decode engine %q is not compatible with prefill engine %q: %w",
 			sel.Decode.Engine.ID(), sel.Prefill.Engine.ID(), ErrNoCompatibleEngine)

@@ -136,14 +136,14 @@ func TestNoCompatibleDecodeAdvancesToTheNextBucket(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, bucket.StatusCode(err), "no other bucket: exhausted, 503")
 }
 
-// hiddenPicker is a host's own GroupPicker without PickCompatible.
+// hiddenPicker is a host's own GroupPicker, not an *EngineGroup.
 type hiddenPicker struct{ g *bucket.EngineGroup }
 
 func (h hiddenPicker) Pick(ctx context.Context, r state.Registry, req *policy.Request) (policy.Pick, error) {
 	return h.g.Pick(ctx, r, req)
 }
 
-// A decode group that is not a CompatibleGroupPicker is called as before and its pick checked.
+// A decode group that is not an *EngineGroup is called with Pick and its pick checked.
 func TestCustomDecodePickerIsChecked(t *testing.T) {
 	t.Parallel()
 	reg := registry(labelledEng("pA", state.StagePrefill, "A"),

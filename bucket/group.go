@@ -42,19 +42,6 @@ type groupCache struct {
 }
 
 var _ GroupPicker = (*EngineGroup)(nil)
-var _ CompatibleGroupPicker = (*EngineGroup)(nil)
-
-// CompatibleGroupPicker is an optional GroupPicker capability: pick only among the candidates
-// whose PD compatibility label (state.PDCompatibilityOf) equals label. A PD bucket detects it on
-// its decode group at construction and uses it for every decode pick (docs/design.md §3); a decode
-// group without it is called with Pick and its result checked instead. *EngineGroup implements it.
-//
-// PickCompatible returns ErrNoCompatibleEngine when healthy candidates exist but none carries the
-// label, and otherwise the errors of Pick.
-type CompatibleGroupPicker interface {
-	GroupPicker
-	PickCompatible(ctx context.Context, registry state.Registry, req *policy.Request, label string) (policy.Pick, error)
-}
 
 // ErrNoCompatibleEngine: a PD bucket's decode group has healthy engines, but none is compatible
 // with the prefill engine just picked (docs/design.md §3). It wraps policy.ErrNoCandidates, so the
@@ -85,9 +72,15 @@ func NewEngineGroup(p policy.Policy, members []state.EngineID) (*EngineGroup, er
 // Policy returns the attached policy.
 func (g *EngineGroup) Policy() policy.Policy { return g.policy }
 
-// SupportsStage reports whether the attached policy can serve stage s (policy.StageSupporter).
+// stageSupporter is a policy, or a group, with the optional SupportsStage method (policy.Policy).
+type stageSupporter interface {
+	SupportsStage(s state.Stage) bool
+}
+
+// SupportsStage reports whether the attached policy can serve stage s (its optional SupportsStage
+// method, policy.Policy).
 func (g *EngineGroup) SupportsStage(s state.Stage) bool {
-	if ss, ok := g.policy.(policy.StageSupporter); ok {
+	if ss, ok := g.policy.(stageSupporter); ok {
 		return ss.SupportsStage(s)
 	}
 	return true
@@ -106,12 +99,9 @@ func (g *EngineGroup) Pick(ctx context.Context, registry state.Registry, req *po
 	return g.pick(ctx, registry, req, "", false)
 }
 
-// PickCompatible implements CompatibleGroupPicker: Pick, with the candidates further restricted to
-// the engines whose PD compatibility label equals label. The policy sees only those.
-func (g *EngineGroup) PickCompatible(ctx context.Context, registry state.Registry, req *policy.Request, label string) (policy.Pick, error) {
-	return g.pick(ctx, registry, req, label, true)
-}
-
+// pick is Pick; with compat, the candidates are further restricted to the engines whose PD
+// compatibility label (state.PDCompatibilityOf) equals label, and the policy sees only those:
+// ErrNoCompatibleEngine when healthy candidates exist but none carries the label.
 func (g *EngineGroup) pick(ctx context.Context, registry state.Registry, req *policy.Request, label string, compat bool) (policy.Pick, error) {
 	if registry == nil {
 		return policy.Pick{}, fmt.Errorf("bucket: engine group: nil registry: %w", policy.ErrInvalidConfiguration)

@@ -89,7 +89,7 @@ func selectFrom(ctx context.Context, pickers []*Bucket, registry state.Registry,
 		if err := ctx.Err(); err != nil {
 			return Selection{}, err
 		}
-		sel, err := p.PickEngines(ctx, registry, req)
+		sel, err := p.pickEngines(ctx, registry, req)
 		if err == nil {
 			return sel, nil
 		}

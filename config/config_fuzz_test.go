@@ -29,7 +29,7 @@ func FuzzParseConfig(f *testing.F) {
 	}
 	f.Add([]byte(seedPD), uint8(config.FormatYAML))
 	f.Fuzz(func(t *testing.T, data []byte, format uint8) {
-		cfg, err := config.Parse(data, config.Format(format%3))
+		cfg, err := config.ParseAs(data, config.Format(format%3))
 		if err != nil {
 			var ce *config.Error
 			if !errors.As(err, &ce) || !errors.Is(err, state.ErrInvalidConfiguration) {
@@ -47,7 +47,7 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil {
 			t.Fatalf("marshal: %v", err)
 		}
-		again, err := config.Parse(first, config.FormatJSON)
+		again, err := config.Parse(first)
 		if err != nil {
 			t.Fatalf("the JSON of an accepted Config is rejected: %v\n%s", err, first)
 		}

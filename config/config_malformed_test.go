@@ -292,7 +292,7 @@ func TestConfigMalformed(t *testing.T) {
 		names[tc.name] = true
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cfg, err := config.Parse([]byte(tc.input), tc.format)
+			cfg, err := config.ParseAs([]byte(tc.input), tc.format)
 			require.Error(t, err, "Parse(%q) accepted it", tc.input)
 			assert.Nil(t, cfg)
 			var ce *config.Error
@@ -318,8 +318,8 @@ func TestKVLimitsAreTheIndexs(t *testing.T) {
 		{16, 4194304, true},
 		{16, 4194305, false},
 	} {
-		_, parseErr := config.Parse([]byte(fmt.Sprintf("kv: {block_tokens: %d, expected_blocks: %d}\n", tc.blockTokens, tc.expectedBlocks)+
-			plainModel+"      - {id: a, groups: {plain: {}}}\n"), config.FormatYAML)
+		_, parseErr := config.Parse([]byte(fmt.Sprintf("kv: {block_tokens: %d, expected_blocks: %d}\n", tc.blockTokens, tc.expectedBlocks) +
+			plainModel + "      - {id: a, groups: {plain: {}}}\n"))
 		h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: tc.blockTokens})
 		if err == nil {
 			_, err = kvindex.NewIndex(h, kvindex.Options{ExpectedBlocks: tc.expectedBlocks})

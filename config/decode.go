@@ -21,28 +21,28 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Format is the syntax of a configuration document.
-type Format uint8
+// format is the syntax of a configuration document.
+type format uint8
 
 const (
-	// FormatAuto reads JSON when the first non-blank byte is '{', YAML otherwise.
-	FormatAuto Format = iota
-	// FormatYAML is YAML 1.2 (one document).
-	FormatYAML
-	// FormatJSON is JSON (one value).
-	FormatJSON
+	// formatAuto reads JSON when the first non-blank byte is '{', YAML otherwise.
+	formatAuto format = iota
+	// formatYAML is YAML 1.2 (one document).
+	formatYAML
+	// formatJSON is JSON (one value).
+	formatJSON
 )
 
-// MaxBytes is the largest configuration document Parse accepts, in bytes (4 MiB; a larger one is
-// an error wrapping state.ErrBadValue); maxConfigNodes bounds the values in it (after YAML aliases
-// are expanded), so that a hostile input cannot exhaust memory.
+// maxBytes is the largest configuration document Parse accepts, in bytes; maxConfigNodes bounds
+// the values in it (after YAML aliases are expanded), so that a hostile input cannot exhaust
+// memory.
 const (
-	MaxBytes       = 4 << 20
+	maxBytes       = 4 << 20
 	maxConfigNodes = 200_000
 )
 
 // Load reads and parses a configuration file: JSON when its name ends in .json, YAML when it
-// ends in .yaml or .yml, otherwise as FormatAuto. The result is validated (Config.Validate).
+// ends in .yaml or .yml, otherwise as Parse detects. The result is validated (Config.Validate).
 //
 // Errors: the file's read error, or a *Error (docs/design.md §14.4).
 func Load(path string) (*Config, error) {
@@ -50,22 +50,25 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	f := FormatAuto
+	f := formatAuto
 	switch strings.ToLower(filepath.Ext(path)) {
 	case ".json":
-		f = FormatJSON
+		f = formatJSON
 	case ".yaml", ".yml":
-		f = FormatYAML
+		f = formatYAML
 	}
-	return Parse(data, f)
+	return parse(data, f)
 }
 
-// Parse decodes a configuration document strictly and validates it: an unknown field, a
-// removed option, a value of the wrong kind, a duplicate key, or any rule of Config.Validate
-// broken is a *Error naming the field's path (and, when known, its line); so is an empty
-// document (state.ErrMissingField), a document above MaxBytes or a Format other than the three
-// (state.ErrBadValue). On error the returned Config is nil.
-func Parse(data []byte, format Format) (*Config, error) {
+// Parse decodes a configuration document strictly and validates it: JSON when its first non-blank
+// byte is '{', YAML 1.2 (one document) otherwise. An unknown field, a removed option, a value of
+// the wrong kind, a duplicate key, or any rule of Config.Validate broken is a *Error naming the
+// field's path (and, when known, its line); so is an empty document (state.ErrMissingField) and
+// a document above 4 MiB (state.ErrBadValue). On error the returned Config is nil.
+func Parse(data []byte) (*Config, error) { return parse(data, formatAuto) }
+
+// parse is Parse in the given syntax.
+func parse(data []byte, format format) (*Config, error) {
 	root, err := parseTree(data, format)
 	if err != nil {
 		return nil, err
@@ -110,14 +113,14 @@ type cnode struct {
 }
 
 // parseTree parses data into a cnode tree, rejecting duplicate keys.
-func parseTree(data []byte, format Format) (*cnode, error) {
-	if len(data) > MaxBytes {
-		return nil, cfgErr("", 0, state.ErrBadValue, "document is %d bytes, more than %d", len(data), MaxBytes)
+func parseTree(data []byte, format format) (*cnode, error) {
+	if len(data) > maxBytes {
+		return nil, cfgErr("", 0, state.ErrBadValue, "document is %d bytes, more than %d", len(data), maxBytes)
 	}
-	if format == FormatAuto {
-		format = FormatYAML
+	if format == formatAuto {
+		format = formatYAML
 		if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] == '{' {
-			format = FormatJSON
+			format = formatJSON
 		}
 	}
 	var (
@@ -125,9 +128,9 @@ func parseTree(data []byte, format Format) (*cnode, error) {
 		err  error
 	)
 	switch format {
-	case FormatJSON:
+	case formatJSON:
 		root, err = parseJSON(data)
-	case FormatYAML:
+	case formatYAML:
 		root, err = parseYAML(data)
 	default:
 		return nil, cfgErr("", 0, state.ErrBadValue, "unknown format %d", format)

@@ -60,11 +60,14 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]
 	for _, d := range docs {
 		t.Run(d.name, func(t *testing.T) {
 			t.Parallel()
-			cfg, err := config.Parse([]byte(d.doc), d.format)
+			cfg, err := config.ParseAs([]byte(d.doc), d.format)
 			require.NoError(t, err)
 			require.Len(t, cfg.Engines, 1)
 			assert.Equal(t, want, cfg.Engines[0])
 			assert.Equal(t, 2, cfg.Engines[0].RankCount(), "the rank count is the ranks listed")
+			detected, err := config.Parse([]byte(d.doc))
+			require.NoError(t, err, "Parse detects the syntax")
+			assert.Equal(t, cfg, detected)
 		})
 	}
 	counts := []struct {

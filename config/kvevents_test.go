@@ -19,8 +19,8 @@ import (
 
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/metrics"
-	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -82,7 +82,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 		d, err := r.Select(context.Background(), req)
 		require.NoError(t, err)
 		assert.Equal(t, "e1", string(d.Selection.Plain.Engine.ID()))
-		assert.Equal(t, policy.ReasonCacheCandidate, d.Selection.Plain.Reason)
+		assert.Equal(t, label.ReasonCacheCandidate, d.Selection.Plain.Reason)
 		d.Release()
 	}
 

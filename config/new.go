@@ -57,7 +57,7 @@ const (
 func WithLogger(l *zap.Logger) Option { return func(s *settings) { s.log = l } }
 
 // WithObserver sets the Observer that receives the Router's decisions and dispatch outcomes (for
-// example a *metrics.Prometheus). Nil (and the default) is none.
+// example metrics.New's). Nil (and the default) is none.
 func WithObserver(o enginepick.Observer) Option { return func(s *settings) { s.obs = o } }
 
 // WithClock sets the clock of every freshness, expiry and latency measurement New sets up. Nil
@@ -501,7 +501,7 @@ func (b *builder) group(gp groupPath) (*bucket.EngineGroup, error) {
 		return nil, optionConfigErr(path, bpath, lineOf, err)
 	}
 	a := gp.policy.Admission // the legacy spelling caps in-flight requests only, which are not reported
-	rl, _ := p.(policy.ReportedLoadReader)
+	rl, _ := p.(interface{ ReadsReportedLoad() bool })
 	if a.MaxRunningRequests != nil || a.MaxWaitingRequests != nil || a.MaxKVTokens != nil || a.MaxPendingPrefillTokens != nil ||
 		rl != nil && rl.ReadsReportedLoad() {
 		b.degraded.reportedCaps = append(b.degraded.reportedCaps, state.ModelID(gp.model.ID))
@@ -660,10 +660,11 @@ func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
 // engine of one rank, any dispatch to the engine. A dispatch to an engine of several ranks that
 // named none is not counted for any rank.
 func dispatchedSince(f *loadmon.InFlight, ranks int, engine state.EngineID, rank int, since time.Time) bool {
-	if n, _ := f.DispatchedSinceRank(engine, rank, since); n > 0 {
-		return true
+	n, _ := f.DispatchedSince(engine, rank, since)
+	if n == 0 && ranks <= 1 {
+		n, _ = f.DispatchedSince(engine, -1, since)
 	}
-	return ranks <= 1 && f.DispatchesSince(engine, since) > 0
+	return n > 0
 }
 
 // summary logs the configuration at Info (docs/design.md §15).
@@ -717,9 +718,14 @@ type observedPolicy struct {
 	obs   enginepick.PickObserver
 }
 
+// stageSupporter is a policy with the optional SupportsStage method (policy.Policy).
+type stageSupporter interface {
+	SupportsStage(s state.Stage) bool
+}
+
 var (
-	_ policy.Policy         = (*observedPolicy)(nil)
-	_ policy.StageSupporter = (*observedPolicy)(nil)
+	_ policy.Policy  = (*observedPolicy)(nil)
+	_ stageSupporter = (*observedPolicy)(nil)
 )
 
 func (p *observedPolicy) Pick(ctx context.Context, engines []state.Engine, req *policy.Request) (policy.Pick, error) {
@@ -729,7 +735,7 @@ func (p *observedPolicy) Pick(ctx context.Context, engines []state.Engine, req *
 }
 
 func (p *observedPolicy) SupportsStage(s state.Stage) bool {
-	if ss, ok := p.inner.(policy.StageSupporter); ok {
+	if ss, ok := p.inner.(stageSupporter); ok {
 		return ss.SupportsStage(s)
 	}
 	return true

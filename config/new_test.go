@@ -24,6 +24,7 @@ import (
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/internal/kvbridge"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -112,7 +113,7 @@ func (r *recorder) policyOf(model, bkt string, stage state.Stage) string {
 
 func mustParse(t *testing.T, yaml string) *config.Config {
 	t.Helper()
-	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml))
 	require.NoError(t, err)
 	return cfg
 }
@@ -125,7 +126,8 @@ func mustNew(t *testing.T, cfg *config.Config, reg state.Registry, opts ...confi
 	return r
 }
 
-// seedPD is the two-bucket PD example of docs/design.md §14.1, with its fleet.
+// seedPD is a two-bucket PD configuration with its fleet: each bucket's prefill and decode groups
+// are disjoint, and a pair always comes from one bucket (docs/design.md §3).
 const seedPD = `
 engines:
   - {id: P1, model: llama, stage: prefill}
@@ -173,9 +175,10 @@ func selectReq(model string, input, peak int64) *bucket.Request {
 	return &bucket.Request{Model: state.ModelID(model), Signals: bucket.Signals{InputTokens: input, ExpectedPeakTokens: peak, HasExpectedPeak: true}}
 }
 
-// TestNewSeedPDConfigPicksPairsFromOneBucket is the worked example of docs/design.md §14.1: 4k
-// input with a 16k peak does not fit the short bucket's context and takes both engines from the
-// long bucket; with an 8k peak it takes both from the short bucket.
+// TestNewSeedPDConfigPicksPairsFromOneBucket checks bucket choice by expected peak (docs/design.md
+// §2) and PD pairs from one bucket (§3) through config.New: 4k input with a 16k peak does not fit
+// the short bucket's context and takes both engines from the long bucket; with an 8k peak it takes
+// both from the short bucket.
 func TestNewSeedPDConfigPicksPairsFromOneBucket(t *testing.T) {
 	t.Parallel()
 	r := mustNew(t, mustParse(t, seedPD), nil)
@@ -227,19 +230,19 @@ models:
 `)
 	rec := &recorder{}
 	r := mustNew(t, cfg, nil, config.WithObserver(rec))
-	assert.Equal(t, policy.NameRoundRobin, rec.policyOf("m", "own", state.StagePlain), "explicit group policy")
-	assert.Equal(t, policy.NameRandom, rec.policyOf("m", "inherits", state.StagePrefill), "model default")
-	assert.Equal(t, policy.NameLeastLoad, rec.policyOf("m", "inherits", state.StageDecode), "stage default over model default")
-	assert.Equal(t, policy.NamePowerOfTwo, rec.policyOf("bare", "b", state.StagePlain), "built-in default")
+	assert.Equal(t, label.RoundRobin, rec.policyOf("m", "own", state.StagePlain), "explicit group policy")
+	assert.Equal(t, label.Random, rec.policyOf("m", "inherits", state.StagePrefill), "model default")
+	assert.Equal(t, label.LeastLoad, rec.policyOf("m", "inherits", state.StageDecode), "stage default over model default")
+	assert.Equal(t, label.PowerOfTwo, rec.policyOf("bare", "b", state.StagePlain), "built-in default")
 
 	for _, tc := range []struct {
 		model string
 		input int64
 		want  []string
 	}{
-		{"m", 50, []string{"m/own/plain=" + policy.ReasonRoundRobin}},
-		{"m", 500, []string{"m/inherits/prefill=" + policy.ReasonRandom, "m/inherits/decode=" + policy.ReasonLeastLoad}},
-		{"bare", 50, []string{"bare/b/plain=" + policy.ReasonPowerOfTwo}},
+		{"m", 50, []string{"m/own/plain=" + label.ReasonRoundRobin}},
+		{"m", 500, []string{"m/inherits/prefill=" + label.ReasonRandom, "m/inherits/decode=" + label.ReasonLeastLoad}},
+		{"bare", 50, []string{"bare/b/plain=" + label.ReasonPowerOfTwo}},
 	} {
 		d, err := r.Select(context.Background(), selectReq(tc.model, tc.input, tc.input))
 		require.NoError(t, err)
@@ -385,11 +388,11 @@ models:
 			front = d.Selection.Prefill
 		}
 		assert.Equal(t, tc.want, front.Engine.ID(), tc.model)
-		assert.Equal(t, policy.ReasonCacheCandidate, front.Reason, tc.model)
+		assert.Equal(t, label.ReasonCacheCandidate, front.Reason, tc.model)
 		d.Release()
 	}
 	require.Len(t, rec.cache, 2)
-	assert.Equal(t, policy.DecisionCacheHit, rec.cache[0].Decision)
+	assert.Equal(t, label.DecisionCacheHit, rec.cache[0].Decision)
 
 	plain := mustNew(t, mustParse(t, "engines: [{id: e, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), nil)
 	assert.Nil(t, plain.Index(), "no cache_aware policy, no index")
@@ -421,7 +424,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 	d, err := r.Select(context.Background(), req)
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("e2"), d.Selection.Plain.Engine.ID())
-	assert.Equal(t, policy.ReasonCacheCandidate, d.Selection.Plain.Reason)
+	assert.Equal(t, label.ReasonCacheCandidate, d.Selection.Plain.Reason)
 	assert.Equal(t, int32(1), calls.Load())
 	d.Release()
 }
@@ -564,11 +567,11 @@ func TestDispatchDoneReleasesOnceAndReports(t *testing.T) {
 	ev := rec.dones[0]
 	assert.Equal(t, state.ModelID("llama"), ev.Model)
 	assert.Equal(t, "short-context", ev.Bucket)
-	assert.Equal(t, enginepick.ReasonError, ev.Reason)
+	assert.Equal(t, label.FailError, ev.Reason)
 	assert.Equal(t, 3*time.Second, ev.Duration)
 	assert.Equal(t, [2]enginepick.DispatchedEngine{
-		{ID: p, Stage: state.StagePrefill, Policy: policy.NameCacheAware, Reason: policy.ReasonNoCacheCandidate},
-		{ID: dec, Stage: state.StageDecode, Policy: policy.NamePowerOfTwo, Reason: policy.ReasonPowerOfTwo},
+		{ID: p, Stage: state.StagePrefill, Policy: label.CacheAware, Reason: label.ReasonNoCacheCandidate},
+		{ID: dec, Stage: state.StageDecode, Policy: label.PowerOfTwo, Reason: label.ReasonPowerOfTwo},
 	}, ev.Engines)
 	assert.Equal(t, 2, ev.N)
 	assert.Equal(t, uint64(64), ev.Outcome.CachedTokens)
@@ -605,11 +608,11 @@ models: [{id: m, buckets: [{id: a, limits: {max: 100}, groups: {plain: {policy: 
 	for i, e := range rec.selects {
 		got[i] = [2]string{string(e.Model), e.Reason}
 	}
-	assert.Equal(t, [][2]string{{"m", ""}, {"m", enginepick.ReasonAdmissionRejected}, {"", enginepick.ReasonUnknownModel},
-		{"m", enginepick.ReasonNoMatchingBucket}}, got)
+	assert.Equal(t, [][2]string{{"m", ""}, {"m", label.FailAdmissionRejected}, {"", label.FailUnknownModel},
+		{"m", label.FailNoMatchingBucket}}, got)
 	assert.NotNil(t, rec.selects[0].Selection)
 	assert.Nil(t, rec.selects[1].Selection)
-	assert.Equal(t, []string{policy.ReasonRoundRobin, "!" + admission.LimitInFlightRequests}, rec.picks["m/a/plain"])
+	assert.Equal(t, []string{label.ReasonRoundRobin, "!" + admission.LimitInFlightRequests}, rec.picks["m/a/plain"])
 }
 
 // TestFailureReason maps each error family to its label.
@@ -621,16 +624,16 @@ func TestFailureReason(t *testing.T) {
 		want string
 	}{
 		{nil, ""},
-		{fmt.Errorf("x: %w", context.Canceled), enginepick.ReasonCanceled},
-		{context.DeadlineExceeded, enginepick.ReasonDeadlineExceeded},
-		{bucket.ErrNoMatchingBucket, enginepick.ReasonNoMatchingBucket},
-		{fmt.Errorf("m: %w", enginepick.ErrUnknownModel), enginepick.ReasonUnknownModel},
-		{policy.ErrInvalidSignal, enginepick.ReasonInvalidSignal},
-		{policy.ErrInvalidConfiguration, enginepick.ReasonInvalidConfiguration},
-		{&policy.OutsideCandidatesError{Engine: "x"}, enginepick.ReasonOutsideCandidates},
-		{&bucket.ExhaustedError{Rejections: []*policy.AdmissionRejectedError{rej}, Last: &bucket.StageError{Err: rej}}, enginepick.ReasonAdmissionRejected},
-		{&bucket.ExhaustedError{Last: &bucket.StageError{Err: policy.ErrNoCandidates}}, enginepick.ReasonNoCandidates},
-		{errors.New("connection reset"), enginepick.ReasonError},
+		{fmt.Errorf("x: %w", context.Canceled), label.FailCanceled},
+		{context.DeadlineExceeded, label.FailDeadlineExceeded},
+		{bucket.ErrNoMatchingBucket, label.FailNoMatchingBucket},
+		{fmt.Errorf("m: %w", enginepick.ErrUnknownModel), label.FailUnknownModel},
+		{policy.ErrInvalidSignal, label.FailInvalidSignal},
+		{policy.ErrInvalidConfiguration, label.FailInvalidConfiguration},
+		{&policy.OutsideCandidatesError{Engine: "x"}, label.FailOutsideCandidates},
+		{&bucket.ExhaustedError{Rejections: []*policy.AdmissionRejectedError{rej}, Last: &bucket.StageError{Err: rej}}, label.FailAdmissionRejected},
+		{&bucket.ExhaustedError{Last: &bucket.StageError{Err: policy.ErrNoCandidates}}, label.FailNoCandidates},
+		{errors.New("connection reset"), label.FailError},
 	} {
 		assert.Equal(t, tc.want, enginepick.FailureReason(tc.err), "FailureReason(%v)", tc.err)
 	}
@@ -702,16 +705,16 @@ models:
 			id := tc.model + "/" + tc.session + tc.key
 			if round == 0 {
 				first[id] = d.Selection.Plain.Engine.ID()
-				assert.Contains(t, []string{policy.ReasonAssigned, policy.ReasonStickyAssigned}, d.Selection.Plain.Reason)
+				assert.Contains(t, []string{label.ReasonAssigned, label.ReasonStickyAssigned}, d.Selection.Plain.Reason)
 			} else {
 				assert.Equal(t, first[id], d.Selection.Plain.Engine.ID(), "%s stays on its engine", id)
-				assert.Contains(t, []string{policy.ReasonSessionPrimary, policy.ReasonStickyPrimary}, d.Selection.Plain.Reason)
+				assert.Contains(t, []string{label.ReasonSessionPrimary, label.ReasonStickyPrimary}, d.Selection.Plain.Reason)
 			}
 			d.Release()
 		}
 	}
 	r.RemoveEngine(first["chat/s1"])
-	_, bound, err := r.AffinityStore().Lookup(context.Background(), affinity.Scope{Namespace: policy.SessionNamespace, Model: "chat", BucketID: "a", Stage: state.StagePlain, Key: "s1"})
+	_, bound, err := r.AffinityStore().Lookup(context.Background(), affinity.Scope{Namespace: "session", Model: "chat", BucketID: "a", Stage: state.StagePlain, Key: "s1"})
 	require.NoError(t, err)
 	assert.False(t, bound, "RemoveEngine drops the engine's bindings")
 
@@ -852,7 +855,6 @@ func TestObservedSelectStampsTheDispatchWithItsEnd(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
 	r := mustNew(t, mustParse(t, seedPD), nil, config.WithObserver(rec))
-	require.True(t, r.InFlight().SystemClock(), "New without WithClock keeps time.Now for the in-flight counters")
 
 	before := time.Now()
 	d, err := r.Select(context.Background(), selectReq("llama", 100, 200))
@@ -860,8 +862,10 @@ func TestObservedSelectStampsTheDispatchWithItsEnd(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Release()
 	for _, id := range []state.EngineID{d.Selection.Prefill.Engine.ID(), d.Selection.Decode.Engine.ID()} {
-		assert.Equal(t, uint64(1), r.InFlight().DispatchesSince(id, before), "dispatched at or after the selection began")
-		assert.Zero(t, r.InFlight().DispatchesSince(id, after.Add(time.Nanosecond)), "dispatched before Select returned")
+		n, _ := r.InFlight().DispatchedSince(id, -1, before)
+		assert.Equal(t, uint64(1), n, "dispatched at or after the selection began")
+		n, _ = r.InFlight().DispatchedSince(id, -1, after.Add(time.Nanosecond))
+		assert.Zero(t, n, "dispatched before Select returned")
 	}
 	require.Len(t, rec.selects, 1)
 	assert.True(t, rec.selects[0].Timed, "an Observer without SelectTimingSampler has every selection timed")

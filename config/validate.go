@@ -27,13 +27,13 @@ var removedTypes = map[string]string{
 }
 
 // stageSupports reports whether a registered policy type can serve stage s (docs/design.md §4):
-// whether its builder, when it implements policy.StageSupporter, supports s.
+// whether its builder, when it has the optional SupportsStage method (policy.Policy), supports s.
 func stageSupports(typ string, s state.Stage) bool {
 	b, ok := policy.Lookup(typ)
 	if !ok {
 		return true // Validate reports the unknown type
 	}
-	ss, ok := b.(policy.StageSupporter)
+	ss, ok := b.(stageSupporter)
 	return !ok || ss.SupportsStage(s)
 }
 

@@ -51,7 +51,7 @@ const (
 	scaleQueryTokens   = 8192
 	scaleSmallRequests = 400
 	// scaleMaxBlocks sizes Options.MaxBlocks above the full workload's 5,662,916 blocks, so that
-	// nothing is evicted (docs/performance.md: sizing MaxBlocks).
+	// nothing is evicted (docs/performance.md, "Sizing MaxBlocks").
 	scaleMaxBlocks = 8 << 20
 	// scaleCappedBlocks is the cap of the full workload's capped ingest
 	// (BenchmarkScale/ingest-capped; the small workload's is a third of its blocks): below the
@@ -595,7 +595,7 @@ func BenchmarkScale(b *testing.B) {
 // (waiting queues of 0–3 requests), the queue gate on, and admission caps, as a production
 // prefill group would have.
 type scalePicker struct {
-	p     *policy.CacheAware
+	p     policy.Policy
 	group []state.Engine
 	req   policy.Request
 }
@@ -1084,7 +1084,7 @@ func TestScaleSmall(t *testing.T) {
 		got, err := pk.p.Pick(context.Background(), pk.group, pk.request(tokens))
 		require.NoError(t, err)
 		if len(want) > 0 && want[0].Blocks*scaleBlockTokens >= 1024 {
-			assert.Equal(t, policy.ReasonCacheCandidate, got.Reason, "query %d", q)
+			assert.Equal(t, "cache_candidate", got.Reason, "query %d", q)
 		}
 	}
 	if testing.Short() {

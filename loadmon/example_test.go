@@ -57,14 +57,14 @@ func ExampleInFlight() {
 	inflight := loadmon.NewInFlight(nil)
 	const engine = "http://10.0.0.1:30000"
 
-	g1, g2 := inflight.Acquire(engine), inflight.Acquire(engine)
+	g1, g2 := inflight.Acquire(engine, -1, 0), inflight.Acquire(engine, -1, 0)
 	fmt.Println("dispatched:", inflight.Count(engine))
 	g1.Release()
 	g1.Release() // a second Release does nothing
 	fmt.Println("after one response:", inflight.Count(engine))
 
 	inflight.Remove(engine) // the host removed the engine; g2's request is still streaming
-	g3 := inflight.Acquire(engine)
+	g3 := inflight.Acquire(engine, -1, 0)
 	g2.Release() // releases into the detached counter
 	fmt.Println("re-added engine:", inflight.Count(engine))
 	g3.Release()

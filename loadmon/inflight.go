@@ -8,7 +8,7 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// dispatchRing is how many recent dispatch times each engine keeps for DispatchesSince. Counts
+// dispatchRing is how many recent dispatch times each engine keeps for DispatchedSince. Counts
 // since a time older than the ring saturate at this value.
 const dispatchRing = 64
 
@@ -20,16 +20,20 @@ const dispatchRing = 64
 // engine, and guards acquired before keep decrementing the counter they incremented, so a re-added
 // engine starts from zero and is never driven negative (docs/design.md §6).
 //
-// All methods are safe for concurrent use. Count and DispatchesSince are lock-free: the engine
+// All methods are safe for concurrent use. Count and DispatchedSince are lock-free: the engine
 // map is an immutable value replaced as a whole when an engine is first seen or removed (rare), and
 // the counters are atomics. They allocate nothing.
 type InFlight struct {
 	now    func() time.Time
-	system bool // now is time.Now (NewInFlight(nil))
+	system bool // now is time.Now (NewInFlight(nil)): TryAcquire records the caller's reading
+
+	// firstTokens is set once a host has ended some dispatch's prefill with Guard.FirstToken:
+	// from then on, prefill tokens in flight count in the pending-prefill estimates.
+	firstTokens atomic.Bool
 
 	mu       sync.Mutex // serializes map replacement
 	counters atomic.Pointer[map[state.EngineID]*counter]
-	ranks    atomic.Pointer[map[rankKey]*counter] // per (engine, DP rank): AcquireRank only
+	ranks    atomic.Pointer[map[rankKey]*counter] // per (engine, DP rank): dispatches that named one
 }
 
 // rankKey names one DP rank of an engine.
@@ -45,6 +49,9 @@ type counter struct {
 	tokens [dispatchRing]atomic.Uint64 // prefill tokens of the same dispatches
 	// ringTokens is the sum of tokens: the prefill tokens of the recorded dispatches.
 	ringTokens atomic.Uint64
+	// prefilling is the prefill tokens of the in-flight dispatches whose first token has not
+	// arrived (Guard.FirstToken) and that are not released.
+	prefilling atomic.Uint64
 }
 
 // NewInFlight returns empty counters that timestamp dispatches with now (nil: time.Now).
@@ -64,8 +71,36 @@ func NewInFlight(now func() time.Time) *InFlight {
 // use; a nil *Guard's Release does nothing.
 type Guard struct {
 	c        *counter
-	rc       *counter // the DP rank's counter; nil unless acquired by AcquireRank
+	rc       *counter // the DP rank's counter; nil unless the dispatch named a rank
+	f        *InFlight
+	tokens   uint64 // prefill tokens, counted in prefilling until the first token
 	released atomic.Bool
+	prefill  atomic.Bool // the prefill has ended (FirstToken or Release)
+}
+
+// FirstToken records that the request's first output token has arrived: the engine has ended its
+// prefill, so its prefill tokens no longer count as pending there. Calling it is optional; a host
+// that calls it for its dispatches gives pending-prefill estimates on engines without native load
+// reports the router's exact in-flight prefill work (docs/design.md §9.11). Idempotent; a nil
+// *Guard's FirstToken does nothing.
+func (g *Guard) FirstToken() {
+	if g == nil {
+		return
+	}
+	if !g.f.firstTokens.Load() {
+		g.f.firstTokens.Store(true)
+	}
+	g.endPrefill()
+}
+
+func (g *Guard) endPrefill() {
+	if !g.prefill.CompareAndSwap(false, true) || g.tokens == 0 {
+		return
+	}
+	g.c.prefilling.Add(-g.tokens)
+	if g.rc != nil {
+		g.rc.prefilling.Add(-g.tokens)
+	}
 }
 
 // Release decrements the counters the guard incremented, once.
@@ -73,6 +108,7 @@ func (g *Guard) Release() {
 	if g == nil || !g.released.CompareAndSwap(false, true) {
 		return
 	}
+	g.endPrefill()
 	g.c.n.Add(-1)
 	if g.rc != nil {
 		g.rc.n.Add(-1)
@@ -94,24 +130,23 @@ func (f *InFlight) replace(edit func(map[state.EngineID]*counter)) {
 	f.counters.Store(&next)
 }
 
-// Acquire counts one dispatch to the engine and records its time. Call it at dispatch, before the
-// request is sent (sglang PR #27547: counting only once decode streams starts hot-spots prefill).
-// It is AcquirePrefill with no prefill work.
-func (f *InFlight) Acquire(engine state.EngineID) *Guard { return f.AcquirePrefill(engine, 0) }
-
-// AcquirePrefill is Acquire for a dispatch that brings prefillTokens of prompt to prefill on the
-// engine (its uncached prompt tokens, as the policy estimated them; 0 for a decode dispatch or
-// unknown work). DispatchedSince sums them, so that pressure comparisons count the prefill work
-// dispatched after an engine's last report (docs/design.md §6).
-func (f *InFlight) AcquirePrefill(engine state.EngineID, prefillTokens uint64) *Guard {
-	return f.acquire(engine, prefillTokens, f.now().UnixNano())
+// Acquire counts one dispatch to the engine and records its time and prefillTokens, the prompt
+// tokens it brings to prefill (a pick's Pick.PrefillTokens; 0 for a decode dispatch or unknown
+// work), which DispatchedSince sums so that pressure comparisons count the prefill work dispatched
+// after an engine's last report (docs/design.md §6). rank is the engine's DP rank the dispatch
+// names (a pick's Pick.DPRank), counted on that rank too; a negative rank names none. Call it at
+// dispatch, before the request is sent (sglang PR #27547: counting only once decode streams
+// starts hot-spots prefill). TryAcquire is Acquire under an in-flight cap.
+func (f *InFlight) Acquire(engine state.EngineID, rank int, prefillTokens uint64) *Guard {
+	at := f.now().UnixNano()
+	return f.withRank(f.acquire(engine, prefillTokens, at), engine, rank, prefillTokens, at)
 }
 
 func (f *InFlight) acquire(engine state.EngineID, prefillTokens uint64, at int64) *Guard {
 	c := f.engineCounter(engine)
 	c.n.Add(1)
 	c.stamp(prefillTokens, at)
-	return &Guard{c: c}
+	return &Guard{c: c, f: f, tokens: prefillTokens}
 }
 
 // engineCounter returns the engine's counter, creating it on the engine's first dispatch.
@@ -128,43 +163,23 @@ func (f *InFlight) engineCounter(engine state.EngineID) *counter {
 	return c
 }
 
-// AcquireRank is AcquirePrefill for a dispatch that names the engine's DP rank (a pick's
-// Pick.DPRank): it counts on the engine, as AcquirePrefill does, and also on the rank, whose
-// in-flight count (CountRank) and dispatches since a report (DispatchedSinceRank) the rank choice
-// and the per-rank pressure comparisons read (docs/design.md §6). A negative rank counts on the
-// engine only.
-func (f *InFlight) AcquireRank(engine state.EngineID, rank int, prefillTokens uint64) *Guard {
-	return f.acquireRank(engine, rank, prefillTokens, f.now().UnixNano())
-}
-
-// SystemClock reports whether the counters timestamp dispatches with time.Now (NewInFlight(nil)),
-// so that a caller that has just read time.Now may pass its reading to AcquireRankAt.
-func (f *InFlight) SystemClock() bool { return f.system }
-
-// AcquireRankAt is AcquireRank with the dispatch time given rather than read from the counters'
-// clock: a caller that has read the clock at dispatch (a Router timing its selection, docs/design.md
-// §15) passes that reading instead of paying for a second one. at must come from the clock the
-// counters were built with (SystemClock reports time.Now); a zero at reads the clock.
-func (f *InFlight) AcquireRankAt(engine state.EngineID, rank int, prefillTokens uint64, at time.Time) *Guard {
-	if at.IsZero() {
-		return f.AcquireRank(engine, rank, prefillTokens)
-	}
-	return f.acquireRank(engine, rank, prefillTokens, at.UnixNano())
-}
-
-// TryAcquireRankAt is AcquireRankAt under an in-flight cap: it counts the dispatch only while the
-// engine's in-flight count (Count) is below limit, checking and incrementing in one atomic step,
-// so that concurrent dispatches never take the engine past limit. It returns the guard and the
-// count it found; the guard is nil, and nothing is counted or recorded, when that count had
-// reached limit (a limit of 0 admits nothing). The cap is on the engine's count, as
-// admission.Limits.MaxInFlightRequests is; a named rank is counted as AcquireRank counts it.
+// TryAcquire is Acquire under an in-flight cap: it counts the dispatch only while the engine's
+// in-flight count (Count) is below limit, checking and incrementing in one atomic step, so that
+// concurrent dispatches never take the engine past limit (math.MaxUint64: no cap). It returns the
+// guard and the count it found; the guard is nil, and nothing is counted or recorded, when that
+// count had reached limit (a limit of 0 admits nothing). The cap is on the engine's count, as
+// admission.Limits.MaxInFlightRequests is; a named rank is counted as Acquire counts it.
+//
+// at is the caller's reading of time.Now at dispatch, or zero: counters built with
+// NewInFlight(nil) record it rather than read the clock again (a Router timing its selection,
+// docs/design.md §15); counters with another clock, or a zero at, read their own clock.
 //
 // A configured in-flight cap is a promise only if the dispatch is acquired this way, with the cap
 // its pick was admitted under (policy.Pick.InFlightCap): the admission check read a count that
 // concurrent selections may have raised since. A failed acquire is a rejection: release what the
 // selection already acquired (a PD pair's other leg) and select again, so that the policy sees
 // the new count (docs/design.md §5). Router.Select does this.
-func (f *InFlight) TryAcquireRankAt(engine state.EngineID, rank int, prefillTokens, limit uint64, at time.Time) (*Guard, uint64) {
+func (f *InFlight) TryAcquire(engine state.EngineID, rank int, prefillTokens, limit uint64, at time.Time) (*Guard, uint64) {
 	c := f.engineCounter(engine)
 	for {
 		n := c.n.Load()
@@ -173,18 +188,16 @@ func (f *InFlight) TryAcquireRankAt(engine state.EngineID, rank int, prefillToke
 			return nil, found
 		}
 		if c.n.CompareAndSwap(n, n+1) {
-			ns := at.UnixNano()
-			if at.IsZero() {
+			var ns int64
+			if f.system && !at.IsZero() {
+				ns = at.UnixNano()
+			} else {
 				ns = f.now().UnixNano()
 			}
 			c.stamp(prefillTokens, ns)
-			return f.withRank(&Guard{c: c}, engine, rank, prefillTokens, ns), found
+			return f.withRank(&Guard{c: c, f: f, tokens: prefillTokens}, engine, rank, prefillTokens, ns), found
 		}
 	}
-}
-
-func (f *InFlight) acquireRank(engine state.EngineID, rank int, prefillTokens uint64, at int64) *Guard {
-	return f.withRank(f.acquire(engine, prefillTokens, at), engine, rank, prefillTokens, at)
 }
 
 // withRank counts the engine's dispatch g on its DP rank too; a negative rank counts on none.
@@ -222,6 +235,7 @@ func (c *counter) stamp(prefillTokens uint64, at int64) {
 	old := c.tokens[i%dispatchRing].Swap(prefillTokens)
 	c.ringTokens.Add(prefillTokens - old) // modular: the sum stays exact
 	c.ring[i%dispatchRing].Store(at)
+	c.prefilling.Add(prefillTokens)
 }
 
 // meanTokens returns the mean prefill tokens of the recorded dispatches (the 64 most recent),
@@ -235,18 +249,6 @@ func (c *counter) meanTokens() uint64 {
 		return 0
 	}
 	return c.ringTokens.Load() / n
-}
-
-// CountRank returns the in-flight requests dispatched to the engine's DP rank through AcquireRank;
-// 0 for a rank never named.
-func (f *InFlight) CountRank(engine state.EngineID, rank int) uint64 {
-	return (*f.ranks.Load())[rankKey{engine, rank}].count()
-}
-
-// DispatchedSinceRank is DispatchedSince for the dispatches that named the engine's DP rank
-// (AcquireRank). Dispatches that named no rank are not counted for any rank.
-func (f *InFlight) DispatchedSinceRank(engine state.EngineID, rank int, t time.Time) (requests, prefillTokens uint64) {
-	return (*f.ranks.Load())[rankKey{engine, rank}].since(t)
 }
 
 // Count returns the engine's in-flight requests; an engine never dispatched to has 0.
@@ -265,23 +267,25 @@ func (c *counter) count() uint64 {
 	return 0
 }
 
-// DispatchesSince returns how many dispatches to the engine happened at or after t, counting at
-// most the 64 most recent ones. LeastLoad adds it to a report so that dispatches the report
-// has not seen yet are counted once (docs/design.md §8).
-func (f *InFlight) DispatchesSince(engine state.EngineID, t time.Time) uint64 {
-	n, _ := f.DispatchedSince(engine, t)
-	return n
-}
-
 // DispatchedSince returns how many dispatches to the engine happened at or after t and the
-// prefill tokens they brought (AcquirePrefill), over at most the 64 most recent dispatches. A
-// dispatch stamped with exactly a report's arrival time may or may not be reflected in that
-// report; it is counted, erring toward spreading a burst rather than sending it all to one engine
-// (with a coarse clock, or a simulated one, every request of a burst can share the report's
+// prefill tokens they brought (Acquire), over at most the 64 most recent dispatches. rank ≥ 0
+// counts only the dispatches that named that DP rank; a negative rank counts every dispatch to the
+// engine. A dispatch stamped with exactly a report's arrival time may or may not be reflected in
+// that report; it is counted, erring toward spreading a burst rather than sending it all to one
+// engine (with a coarse clock, or a simulated one, every request of a burst can share the report's
 // timestamp). It allocates nothing and takes no lock; under concurrent acquires the token sum may
 // miss or include a dispatch the count does not.
-func (f *InFlight) DispatchedSince(engine state.EngineID, t time.Time) (requests, prefillTokens uint64) {
+func (f *InFlight) DispatchedSince(engine state.EngineID, rank int, t time.Time) (requests, prefillTokens uint64) {
+	if rank >= 0 {
+		return (*f.ranks.Load())[rankKey{engine, rank}].since(t)
+	}
 	return f.lookup(engine).since(t)
+}
+
+// rankCount returns the in-flight requests dispatched to the engine's DP rank; 0 for a rank never
+// named.
+func (f *InFlight) rankCount(engine state.EngineID, rank int) uint64 {
+	return (*f.ranks.Load())[rankKey{engine, rank}].count()
 }
 
 // since counts the dispatches recorded at or after t and their prefill tokens; 0 for nil.

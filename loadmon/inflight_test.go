@@ -1,6 +1,7 @@
 package loadmon_test
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,13 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/state"
 )
 
 func TestGuardReleaseIsIdempotent(t *testing.T) {
 	t.Parallel()
 	f := loadmon.NewInFlight(nil)
-	g1 := f.Acquire("e")
-	g2 := f.Acquire("e")
+	g1 := f.Acquire("e", -1, 0)
+	g2 := f.Acquire("e", -1, 0)
 	assert.Equal(t, uint64(2), f.Count("e"))
 	g1.Release()
 	g1.Release()
@@ -31,10 +33,10 @@ func TestGuardReleaseIsIdempotent(t *testing.T) {
 func TestGuardsSurviveEngineRemovalAndReAdd(t *testing.T) {
 	t.Parallel()
 	f := loadmon.NewInFlight(nil)
-	old := f.Acquire("e")
+	old := f.Acquire("e", -1, 0)
 	f.Remove("e")
 	assert.Zero(t, f.Count("e"), "a removed engine has no in-flight requests")
-	fresh := f.Acquire("e")
+	fresh := f.Acquire("e", -1, 0)
 	old.Release() // releases into the detached counter, not the re-added engine's
 	assert.Equal(t, uint64(1), f.Count("e"))
 	fresh.Release()
@@ -48,9 +50,9 @@ func TestConcurrentAcquireRelease(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 1000 {
-				g := f.Acquire("e")
+				g := f.Acquire("e", -1, 0)
 				_ = f.Count("e")
-				_ = f.DispatchesSince("e", time.Time{})
+				_ = dispatches(f, "e", time.Time{})
 				g.Release()
 				g.Release()
 			}
@@ -59,31 +61,31 @@ func TestConcurrentAcquireRelease(t *testing.T) {
 	wg.Go(func() {
 		for range 100 {
 			f.Remove("x")
-			f.Acquire("x").Release()
+			f.Acquire("x", -1, 0).Release()
 		}
 	})
 	wg.Wait()
 	assert.Zero(t, f.Count("e"))
 }
 
-func TestDispatchesSince(t *testing.T) {
+func TestDispatchedSinceCountsDispatches(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
 	f := loadmon.NewInFlight(clk.Now)
 	start := clk.Now()
 	for range 3 {
 		clk.Advance(time.Millisecond)
-		f.Acquire("e").Release() // release does not undo a dispatch
+		f.Acquire("e", -1, 0).Release() // release does not undo a dispatch
 	}
-	assert.Equal(t, uint64(3), f.DispatchesSince("e", start))
-	assert.Equal(t, uint64(2), f.DispatchesSince("e", start.Add(2*time.Millisecond)), "at or after t")
-	assert.Equal(t, uint64(1), f.DispatchesSince("e", clk.Now()), "a dispatch at exactly t counts")
-	assert.Zero(t, f.DispatchesSince("e", clk.Now().Add(time.Nanosecond)))
-	assert.Zero(t, f.DispatchesSince("other", start))
+	assert.Equal(t, uint64(3), dispatches(f, "e", start))
+	assert.Equal(t, uint64(2), dispatches(f, "e", start.Add(2*time.Millisecond)), "at or after t")
+	assert.Equal(t, uint64(1), dispatches(f, "e", clk.Now()), "a dispatch at exactly t counts")
+	assert.Zero(t, dispatches(f, "e", clk.Now().Add(time.Nanosecond)))
+	assert.Zero(t, dispatches(f, "other", start))
 	for range 100 {
-		f.Acquire("e")
+		f.Acquire("e", -1, 0)
 	}
-	assert.Equal(t, uint64(64), f.DispatchesSince("e", start), "saturates at the ring size")
+	assert.Equal(t, uint64(64), dispatches(f, "e", start), "saturates at the ring size")
 }
 
 func TestDispatchedSinceSumsPrefillTokens(t *testing.T) {
@@ -93,84 +95,95 @@ func TestDispatchedSinceSumsPrefillTokens(t *testing.T) {
 	start := clk.Now()
 	for i := range 3 {
 		clk.Advance(time.Millisecond)
-		f.AcquirePrefill("e", uint64(100*(i+1))).Release()
+		f.Acquire("e", -1, uint64(100*(i+1))).Release()
 	}
-	n, tok := f.DispatchedSince("e", start)
+	n, tok := f.DispatchedSince("e", -1, start)
 	assert.Equal(t, [2]uint64{3, 600}, [2]uint64{n, tok})
-	n, tok = f.DispatchedSince("e", start.Add(2*time.Millisecond))
+	n, tok = f.DispatchedSince("e", -1, start.Add(2*time.Millisecond))
 	assert.Equal(t, [2]uint64{2, 500}, [2]uint64{n, tok}, "at or after t")
-	n, tok = f.DispatchedSince("none", start)
+	n, tok = f.DispatchedSince("none", -1, start)
 	assert.Equal(t, [2]uint64{0, 0}, [2]uint64{n, tok})
 	for range 100 {
-		f.AcquirePrefill("e", 1)
+		f.Acquire("e", -1, 1)
 	}
-	n, tok = f.DispatchedSince("e", start)
+	n, tok = f.DispatchedSince("e", -1, start)
 	assert.Equal(t, [2]uint64{64, 64}, [2]uint64{n, tok}, "the 64 most recent dispatches")
 }
 
-func TestAcquireRankAtRecordsTheGivenTime(t *testing.T) {
+// TryAcquire records the caller's clock reading when the counters use time.Now (a Router that read
+// the clock at dispatch), and reads its own clock otherwise or when given none.
+func TestTryAcquireRecordsTheCallersClockReading(t *testing.T) {
 	t.Parallel()
-	clk := newClock()
-	f := loadmon.NewInFlight(clk.Now)
-	assert.False(t, f.SystemClock(), "a clock was given")
-	assert.True(t, loadmon.NewInFlight(nil).SystemClock())
-
-	at := clk.Now().Add(time.Hour) // not the counters' clock reading: the given one is recorded
-	g := f.AcquireRankAt("e", 1, 100, at)
-	n, tok := f.DispatchedSince("e", at)
+	f := loadmon.NewInFlight(nil)
+	at := time.Now().Add(time.Hour) // not a reading the counters could make: the given one is recorded
+	g, found := f.TryAcquire("e", 1, 100, math.MaxUint64, at)
+	require.NotNil(t, g)
+	assert.Zero(t, found)
+	n, tok := f.DispatchedSince("e", -1, at)
 	assert.Equal(t, [2]uint64{1, 100}, [2]uint64{n, tok}, "recorded at the given time")
-	n, _ = f.DispatchedSince("e", at.Add(time.Nanosecond))
+	n, _ = f.DispatchedSince("e", -1, at.Add(time.Nanosecond))
 	assert.Zero(t, n, "not later than the given time")
-	n, tok = f.DispatchedSinceRank("e", 1, at)
+	n, tok = f.DispatchedSince("e", 1, at)
 	assert.Equal(t, [2]uint64{1, 100}, [2]uint64{n, tok}, "the rank's dispatch too")
 	assert.Equal(t, uint64(1), f.CountRank("e", 1))
 	g.Release()
 	assert.Zero(t, f.CountRank("e", 1))
 
-	f.AcquireRankAt("z", -1, 0, time.Time{}) // zero: the counters' own clock
-	assert.Equal(t, uint64(1), f.DispatchesSince("z", clk.Now()))
-	assert.Zero(t, f.DispatchesSince("z", clk.Now().Add(time.Nanosecond)))
+	clk := newClock()
+	own := loadmon.NewInFlight(clk.Now)
+	own.TryAcquire("z", -1, 0, math.MaxUint64, clk.Now().Add(time.Hour)) // another clock: its own reading
+	own.TryAcquire("y", -1, 0, math.MaxUint64, time.Time{})              // zero: the counters' own clock
+	for _, id := range []state.EngineID{"z", "y"} {
+		assert.Equal(t, uint64(1), dispatches(own, id, clk.Now()), id)
+		assert.Zero(t, dispatches(own, id, clk.Now().Add(time.Nanosecond)), id)
+	}
 }
 
-func TestTryAcquireRankAtCountsOnlyBelowTheLimit(t *testing.T) {
+// dispatches is the number of dispatches to the engine at or after t.
+func dispatches(f *loadmon.InFlight, engine state.EngineID, t time.Time) uint64 {
+	n, _ := f.DispatchedSince(engine, -1, t)
+	return n
+}
+
+func TestTryAcquireCountsOnlyBelowTheLimit(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
 	f := loadmon.NewInFlight(clk.Now)
 	at := clk.Now()
-	g1, found := f.TryAcquireRankAt("e", 1, 10, 2, at)
+	g1, found := f.TryAcquire("e", 1, 10, 2, at)
 	require.NotNil(t, g1)
 	assert.Zero(t, found)
-	g2, found := f.TryAcquireRankAt("e", -1, 20, 2, time.Time{}) // zero: the counters' own clock
+	g2, found := f.TryAcquire("e", -1, 20, 2, time.Time{}) // zero: the counters' own clock
 	require.NotNil(t, g2)
 	assert.Equal(t, uint64(1), found)
 
-	g3, found := f.TryAcquireRankAt("e", 1, 40, 2, at)
+	g3, found := f.TryAcquire("e", 1, 40, 2, at)
 	assert.Nil(t, g3, "the count has reached the limit")
 	assert.Equal(t, uint64(2), found)
 	assert.Equal(t, uint64(2), f.Count("e"))
 	assert.Equal(t, uint64(1), f.CountRank("e", 1), "the refused dispatch counts on no rank")
-	n, tok := f.DispatchedSince("e", at)
+	n, tok := f.DispatchedSince("e", -1, at)
 	assert.Equal(t, [2]uint64{2, 30}, [2]uint64{n, tok}, "and is not recorded as a dispatch")
-	n, tok = f.DispatchedSinceRank("e", 1, at)
+	n, tok = f.DispatchedSince("e", 1, at)
 	assert.Equal(t, [2]uint64{1, 10}, [2]uint64{n, tok})
 	g3.Release() // a nil guard
 
 	g1.Release()
-	g3, found = f.TryAcquireRankAt("e", 0, 0, 2, at)
+	g3, found = f.TryAcquire("e", 0, 0, 2, at)
 	require.NotNil(t, g3, "released below the limit again")
 	assert.Equal(t, uint64(1), found)
 	assert.Equal(t, uint64(1), f.CountRank("e", 0))
 
-	g, found := f.TryAcquireRankAt("z", -1, 0, 0, at)
+	g, found := f.TryAcquire("z", -1, 0, 0, at)
 	assert.Nil(t, g, "a limit of 0 admits nothing")
 	assert.Zero(t, found)
 	assert.Zero(t, f.Count("z"))
-	assert.Zero(t, f.DispatchesSince("z", at))
+	assert.Zero(t, dispatches(f, "z", at))
 }
 
 // Concurrent acquires under a limit never take the count past it, whatever the mix with
 // uncapped acquires and releases.
-func TestTryAcquireRankAtIsAtomic(t *testing.T) {
+func TestTryAcquireIsAtomic(t *testing.T) {
 	t.Parallel()
 	const limit, workers, rounds = 3, 8, 500
 	f := loadmon.NewInFlight(nil)
@@ -179,7 +192,7 @@ func TestTryAcquireRankAtIsAtomic(t *testing.T) {
 	for range workers {
 		wg.Go(func() {
 			for range rounds {
-				g, found := f.TryAcquireRankAt("e", 0, 0, limit, time.Time{})
+				g, found := f.TryAcquire("e", 0, 0, limit, time.Time{})
 				if g == nil {
 					if found < limit {
 						over.Add(1) // refused below the limit

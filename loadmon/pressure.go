@@ -24,9 +24,8 @@ type Observation struct {
 	// InFlight is this router's in-flight requests to the engine.
 	InFlight uint64
 	// Dispatched and DispatchedTokens are the dispatches this router made at or after
-	// Figures().ReportedAt, and the prefill tokens they brought: to the engine
-	// (InFlight.DispatchedSince), or, when the observation names a rank, to that rank
-	// (InFlight.DispatchedSinceRank). Both are 0 when Load is nil.
+	// Figures().ReportedAt, and the prefill tokens they brought (InFlight.DispatchedSince): to the
+	// engine, or, when the observation names a rank, to that rank. Both are 0 when Load is nil.
 	Dispatched       uint64
 	DispatchedTokens uint64
 	// DPRank is the DP rank the observation names, valid when HasDPRank. A rank is named only for
@@ -35,8 +34,8 @@ type Observation struct {
 	HasDPRank bool
 	// RankLoad is the named rank's own load (Load.RankLoads[DPRank]); nil unless HasDPRank.
 	RankLoad *EngineLoad
-	// RankInFlight is this router's in-flight requests to the named rank (InFlight.CountRank);
-	// 0 unless HasDPRank.
+	// RankInFlight is this router's in-flight requests to the named rank (dispatches that named
+	// it); 0 unless HasDPRank.
 	RankInFlight uint64
 }
 
@@ -90,8 +89,8 @@ func withRank(o Observation, inflight *InFlight, engine state.EngineID, rank int
 	o.DPRank, o.HasDPRank, o.RankLoad = rank, true, rl
 	o.Dispatched, o.DispatchedTokens, o.RankInFlight = 0, 0, 0
 	if inflight != nil {
-		o.Dispatched, o.DispatchedTokens = inflight.DispatchedSinceRank(engine, rank, rl.ReportedAt)
-		o.RankInFlight = inflight.CountRank(engine, rank)
+		o.Dispatched, o.DispatchedTokens = inflight.DispatchedSince(engine, rank, rl.ReportedAt)
+		o.RankInFlight = inflight.rankCount(engine, rank)
 	}
 	return o
 }
@@ -157,9 +156,12 @@ func (o *Observation) PendingPrefillTokens() (uint64, bool) {
 // cost comparison and the pressure guard price it (docs/design.md §9.7, §9.11): PendingPrefillTokens
 // with a native report; with any other fresh report, the reported waiting requests × the mean
 // prefill tokens of the 64 most recent dispatches inflight recorded to the engine (to the named
-// rank when the observation names one), plus the prefill tokens dispatched since the report. The
-// mean is what a request routed there typically brings to prefill; perRequest stands for it when
-// inflight is nil or no recorded dispatch brought any. It returns false when the load is unknown.
+// rank when the observation names one), plus the prefill tokens dispatched since the report, or,
+// when larger and once the host reports first tokens (Guard.FirstToken), the prefill tokens of
+// the dispatches inflight holds there whose first token has not arrived: a basic report counts a
+// request being prefilled as running, not waiting. The mean is what a request routed there
+// typically brings to prefill; perRequest stands for it when inflight is nil or no recorded
+// dispatch brought any. It returns false when the load is unknown.
 func (o *Observation) EstimatePendingPrefillTokens(inflight *InFlight, perRequest uint64) (uint64, bool) {
 	l := o.Figures()
 	switch {
@@ -168,14 +170,15 @@ func (o *Observation) EstimatePendingPrefillTokens(inflight *InFlight, perReques
 	case l.Native:
 		return o.PendingPrefillTokens()
 	}
-	var mean uint64
+	var c *counter
 	if inflight != nil {
 		if o.HasDPRank {
-			mean = (*inflight.ranks.Load())[rankKey{l.Engine, o.DPRank}].meanTokens()
+			c = (*inflight.ranks.Load())[rankKey{l.Engine, o.DPRank}]
 		} else {
-			mean = inflight.lookup(l.Engine).meanTokens()
+			c = inflight.lookup(l.Engine)
 		}
 	}
+	mean := c.meanTokens()
 	if mean == 0 {
 		mean = perRequest
 	}
@@ -183,7 +186,11 @@ func (o *Observation) EstimatePendingPrefillTokens(inflight *InFlight, perReques
 	if hi != 0 {
 		queued = math.MaxUint64
 	}
-	return satAdd(queued, o.DispatchedTokens), true
+	pending := satAdd(queued, o.DispatchedTokens)
+	if c != nil && inflight.firstTokens.Load() {
+		pending = max(pending, c.prefilling.Load())
+	}
+	return pending, true
 }
 
 // PendingPrefillTime returns PendingPrefillTokens divided by the engine's measured prefill

@@ -2,6 +2,7 @@ package loadmon_test
 
 import (
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -180,7 +181,7 @@ func TestObserve(t *testing.T) {
 	t.Parallel()
 	tab := loadmon.NewTable()
 	f := loadmon.NewInFlight(nil)
-	f.Acquire("a")
+	f.Acquire("a", -1, 0)
 	_ = tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 3})
 	o := loadmon.Observe(tab.Snapshot(), f, "a")
 	assert.Equal(t, uint64(1), o.InFlight)
@@ -199,14 +200,14 @@ func TestObserveCountsDispatchesSinceTheReport(t *testing.T) {
 	clk := newClock()
 	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
 	f := loadmon.NewInFlight(clk.Now)
-	f.AcquirePrefill("a", 100) // before the report: the report reflects it
+	f.Acquire("a", -1, 100) // before the report: the report reflects it
 	clk.Advance(time.Millisecond)
 	_ = tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 1, KVCapacityTokens: 1000,
 		Native: &loadmon.NativeLoad{MaxRunningRequests: 8, WaitingUncachedTokens: 100}})
 	clk.Advance(time.Millisecond)
-	f.AcquirePrefill("a", 300)
-	f.Acquire("a") // no prefill work (a decode dispatch)
-	f.AcquirePrefill("unknown", 50)
+	f.Acquire("a", -1, 300)
+	f.Acquire("a", -1, 0) // no prefill work (a decode dispatch)
+	f.Acquire("unknown", -1, 50)
 	o := loadmon.Observe(tab.Snapshot(), f, "a")
 	assert.Equal(t, uint64(3), o.InFlight)
 	assert.Equal(t, uint64(2), o.Dispatched)
@@ -236,17 +237,17 @@ func TestEstimatePendingPrefillTokens(t *testing.T) {
 	clk := newClock()
 	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
 	f := loadmon.NewInFlight(clk.Now)
-	f.AcquirePrefill("a", 1000)
-	f.AcquirePrefill("a", 3000)
-	f.Acquire("a") // no prefill work: counts in the mean as 0 tokens
+	f.Acquire("a", -1, 1000)
+	f.Acquire("a", -1, 3000)
+	f.Acquire("a", -1, 0) // no prefill work: counts in the mean as 0 tokens
 	clk.Advance(time.Millisecond)
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 4}))
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "b", WaitingRequests: 4}))
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "n", WaitingRequests: 4, KVCapacityTokens: 100,
 		Native: &loadmon.NativeLoad{MaxRunningRequests: 8, WaitingUncachedTokens: 700}}))
 	clk.Advance(time.Millisecond)
-	f.AcquirePrefill("a", 500)
-	f.AcquirePrefill("n", 50)
+	f.Acquire("a", -1, 500)
+	f.Acquire("n", -1, 50)
 	snap := tab.Snapshot()
 
 	a := loadmon.Observe(snap, f, "a")
@@ -282,14 +283,14 @@ func TestEstimatePendingPrefillTokensMeansTheRecentDispatches(t *testing.T) {
 	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
 	f := loadmon.NewInFlight(clk.Now)
 	for range 64 {
-		f.AcquirePrefill("a", 10)
+		f.Acquire("a", -1, 10)
 	}
 	for range 64 {
-		f.AcquirePrefill("a", 30)
+		f.Acquire("a", -1, 30)
 	}
-	f.AcquirePrefill("a", 94)
-	f.AcquireRank("r", 1, 200)
-	f.AcquirePrefill("r", 5000)   // named no rank
+	f.Acquire("a", -1, 94)
+	f.Acquire("r", 1, 200)
+	f.Acquire("r", -1, 5000)      // named no rank
 	clk.Advance(time.Millisecond) // the reports follow the dispatches
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "a", WaitingRequests: 1}))
 	o := loadmon.Observe(tab.Snapshot(), f, "a")
@@ -330,4 +331,80 @@ func BenchmarkSnapshotObserve64(b *testing.B) {
 			_ = loadmon.Observe(s, f, id)
 		}
 	}
+}
+
+// A basic report counts a request being prefilled as running, not waiting. Once the host reports
+// first tokens, the estimate is at least the prefill tokens of the router's dispatches there whose
+// first token has not arrived (docs/design.md §9.11): an engine busy prefilling a long prompt
+// dispatched before its report is not taken for idle.
+func TestEstimatePendingPrefillTokensCountsPrefillsInFlight(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
+	f := loadmon.NewInFlight(clk.Now)
+	long := f.Acquire("a", -1, 8000)
+	short := f.Acquire("a", 1, 300)
+	done := f.Acquire("b", -1, 5000)
+	clk.Advance(time.Millisecond)
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "a", RunningRequests: 2}))
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "b", RunningRequests: 1}))
+	est := func(engine string) uint64 {
+		o := loadmon.Observe(tab.Snapshot(), f, state.EngineID(engine))
+		got, ok := o.EstimatePendingPrefillTokens(f, 77)
+		require.True(t, ok)
+		return got
+	}
+	assert.Zero(t, est("a"), "no first token reported yet: the report alone (nothing waiting)")
+
+	done.FirstToken()
+	assert.Equal(t, uint64(8300), est("a"), "both prefills still in flight")
+	assert.Zero(t, est("b"), "b's prefill has ended")
+	short.FirstToken()
+	short.FirstToken()
+	assert.Equal(t, uint64(8000), est("a"), "FirstToken is idempotent")
+	short.Release()
+	assert.Equal(t, uint64(8000), est("a"), "a release after the first token subtracts nothing more")
+	long.Release()
+	assert.Zero(t, est("a"), "a released dispatch no longer prefills")
+
+	// The larger of the two estimates: a report's waiting requests priced at the recent mean.
+	f.Acquire("c", -1, 100)
+	clk.Advance(time.Millisecond)
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "c", WaitingRequests: 10}))
+	assert.Equal(t, uint64(10*100), est("c"), "10 waiting × the mean 100 exceeds the 100 in flight")
+	var nilGuard *loadmon.Guard
+	nilGuard.FirstToken()
+}
+
+// Concurrent first tokens and releases leave no prefill counted once every dispatch has ended.
+func TestPrefillsInFlightUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
+	f := loadmon.NewInFlight(clk.Now)
+	first := f.Acquire("a", -1, 1)
+	first.FirstToken() // the host reports first tokens
+	first.Release()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 500 {
+				g := f.Acquire("a", w%2, uint64(i+1))
+				var racer sync.WaitGroup
+				if i%3 != 0 {
+					racer.Go(g.FirstToken) // the first token races the release
+				}
+				g.Release()
+				racer.Wait()
+				g.FirstToken()
+			}
+		})
+	}
+	wg.Wait()
+	clk.Advance(time.Millisecond) // the report follows the dispatches
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "a"}))
+	o := loadmon.Observe(tab.Snapshot(), f, "a")
+	got, _ := o.EstimatePendingPrefillTokens(f, 0)
+	assert.Zero(t, got)
+	assert.Zero(t, f.Count("a"))
 }

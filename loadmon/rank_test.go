@@ -117,12 +117,12 @@ func TestObserveLeastPressuredCountsRankDispatches(t *testing.T) {
 		o := loadmon.ObserveLeastPressured(tab.Snapshot(), inf, state.StagePlain, "e")
 		require.True(t, o.HasDPRank)
 		got = append(got, o.DPRank)
-		inf.AcquireRank("e", o.DPRank, 100)
+		inf.Acquire("e", o.DPRank, 100)
 	}
 	assert.Equal(t, []int{0, 1, 2, 0, 1, 2}, got)
 	assert.Equal(t, uint64(6), inf.Count("e"))
 	assert.Equal(t, uint64(2), inf.CountRank("e", 1))
-	n, tok := inf.DispatchedSinceRank("e", 1, time.Unix(1000, 0))
+	n, tok := inf.DispatchedSince("e", 1, time.Unix(1000, 0))
 	assert.Equal(t, uint64(2), n)
 	assert.Equal(t, uint64(200), tok)
 }
@@ -151,10 +151,10 @@ func TestObserveNamesNoRankWhenNothingIsKnown(t *testing.T) {
 func TestObserveRank(t *testing.T) {
 	t.Parallel()
 	tab, inf := rankTable(t, false, loadmon.Report{WaitingRequests: 9}, loadmon.Report{WaitingRequests: 2})
-	inf.AcquireRank("e", 0, 10)
-	inf.AcquireRank("e", 0, 10)
-	inf.AcquireRank("e", 1, 10)
-	inf.AcquirePrefill("e", 10) // named no rank: counted for the engine only
+	inf.Acquire("e", 0, 10)
+	inf.Acquire("e", 0, 10)
+	inf.Acquire("e", 1, 10)
+	inf.Acquire("e", -1, 10) // named no rank: counted for the engine only
 	o := loadmon.ObserveRank(tab.Snapshot(), inf, "e", 0)
 	require.True(t, o.HasDPRank)
 	assert.Equal(t, 0, o.DPRank)
@@ -171,7 +171,7 @@ func TestObserveRank(t *testing.T) {
 func TestRankGuards(t *testing.T) {
 	t.Parallel()
 	inf := loadmon.NewInFlight(nil)
-	g := inf.AcquireRank("e", 3, 0)
+	g := inf.Acquire("e", 3, 0)
 	assert.Equal(t, uint64(1), inf.CountRank("e", 3))
 	var wg sync.WaitGroup
 	for range 4 {
@@ -180,13 +180,13 @@ func TestRankGuards(t *testing.T) {
 	wg.Wait()
 	assert.Zero(t, inf.CountRank("e", 3))
 	assert.Zero(t, inf.Count("e"))
-	g = inf.AcquireRank("e", 3, 0)
+	g = inf.Acquire("e", 3, 0)
 	inf.Remove("e")
 	assert.Zero(t, inf.CountRank("e", 3), "removed")
 	g.Release()
 	assert.Zero(t, inf.CountRank("e", 3), "a guard from before the removal never drives the new counter negative")
 	assert.Zero(t, inf.Count("e"))
-	neg := inf.AcquireRank("e", -1, 0)
+	neg := inf.Acquire("e", -1, 0)
 	assert.Equal(t, uint64(1), inf.Count("e"), "a negative rank counts on the engine only")
 	neg.Release()
 }

@@ -15,10 +15,10 @@ import (
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/internal/cputime"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/metrics"
-	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -32,7 +32,7 @@ func benchRouter(b testing.TB, pol string, observed bool, mopts metrics.Options)
 		yaml += fmt.Sprintf("  - {id: e%02d, model: m}\n", i)
 	}
 	yaml += "models: [{id: m, buckets: [{id: chat, groups: {plain: {policy: {type: " + pol + "}}}}]}]\n"
-	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml))
 	require.NoError(b, err)
 	opts := []config.Option{config.WithHealthInterval(0)}
 	if observed {
@@ -58,14 +58,14 @@ func benchRouter(b testing.TB, pol string, observed bool, mopts metrics.Options)
 		require.NoError(b, x.Store(kvindex.StoreEvent{Engine: "e03", BlockHashes: hs, TokenIDs: tokens[:1024], Tier: kvindex.TierDevice}))
 	}
 	req := &bucket.Request{Model: "m", Signals: bucket.Signals{InputTokens: 2048, ExpectedPeakTokens: 2304, HasExpectedPeak: true}}
-	if pol == policy.NameCacheAware {
+	if pol == label.CacheAware {
 		req.TokenIDs = tokens
 	}
 	return r, req
 }
 
 // pickLoop is the measured loop, a named function so that callgrind can count its instructions
-// alone (--toggle-collect=*pickLoop, docs/performance.md).
+// alone (--toggle-collect=*pickLoop, docs/performance.md, "How these figures were measured").
 func pickLoop(ctx context.Context, b *testing.B, r *config.Router, req *bucket.Request, done bool, outcome enginepick.Outcome) {
 	for b.Loop() {
 		d, err := r.Select(ctx, req)
@@ -82,13 +82,14 @@ func pickLoop(ctx context.Context, b *testing.B, r *config.Router, req *bucket.R
 
 // BenchmarkPickObserver measures one pick (Router.Select and Dispatch.Release) with and without
 // the Prometheus observer, side by side in one run, for the cheapest policy and the costliest;
-// observer=prometheus_done adds Dispatch.Done with a full Outcome instead of Release. The issue
-// target is observer=prometheus within 10 % of observer=none (docs/performance.md). Besides
-// ns/op it reports cpu-ns/op, the process CPU time per pick, which the machine's load moves far
-// less than wall time; run it with -cpu 1 so that no other goroutine's work is counted.
+// observer=prometheus_done adds Dispatch.Done with a full Outcome instead of Release. The target
+// is observer=prometheus within 10 % of observer=none (docs/performance.md, "metrics: the
+// observer's cost on a pick"). Besides ns/op it reports cpu-ns/op, the process CPU time per pick,
+// which the machine's load moves far less than wall time; run it with -cpu 1 so that no other
+// goroutine's work is counted.
 func BenchmarkPickObserver(b *testing.B) {
 	ctx := context.Background()
-	for _, pol := range []string{policy.NameRoundRobin, policy.NamePowerOfTwo, policy.NameCacheAware} {
+	for _, pol := range []string{label.RoundRobin, label.PowerOfTwo, label.CacheAware} {
 		for _, obs := range []string{"none", "prometheus", "prometheus_done"} {
 			b.Run("policy="+pol+"/observer="+obs, func(b *testing.B) {
 				r, req := benchRouter(b, pol, obs != "none", metrics.Options{})
@@ -103,14 +104,14 @@ func BenchmarkPickObserver(b *testing.B) {
 }
 
 // TestObserverAllocatesNothingPerPick checks that the Prometheus observer adds no allocation to a
-// pick (docs/performance.md, observer overhead): the same Router.Select and Dispatch.Release with
+// pick (docs/performance.md, "metrics: the observer's cost on a pick"): the same Router.Select and Dispatch.Release with
 // and without it allocate the same number of objects. A cache-aware decision reaches the observer
 // without a copy to the heap (policy.CacheObserver).
 func TestObserverAllocatesNothingPerPick(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are not exact under the race detector")
 	}
-	for _, pol := range []string{policy.NameRoundRobin, policy.NamePowerOfTwo, policy.NameCacheAware} {
+	for _, pol := range []string{label.RoundRobin, label.PowerOfTwo, label.CacheAware} {
 		allocs := func(observed bool) float64 {
 			r, req := benchRouter(t, pol, observed, metrics.Options{})
 			ctx := context.Background()
@@ -146,7 +147,7 @@ func BenchmarkPickObserverPaired(b *testing.B) {
 		b.Skip("no thread CPU clock on this platform")
 	}
 	ctx := context.Background()
-	for _, pol := range []string{policy.NameRoundRobin, policy.NamePowerOfTwo, policy.NameCacheAware} {
+	for _, pol := range []string{label.RoundRobin, label.PowerOfTwo, label.CacheAware} {
 		for _, timing := range []struct {
 			name  string
 			every int

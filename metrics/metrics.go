@@ -11,6 +11,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -38,7 +39,7 @@ var requestSecondsBuckets = prometheus.ExponentialBuckets(0.01, 2, 16)
 // count every selection.
 const defaultSelectTimingEvery = 8
 
-// Options configures Prometheus. The zero value is the default.
+// Options configures New. The zero value is the default.
 type Options struct {
 	// Namespace prefixes every metric name; empty means "enginepick".
 	Namespace string
@@ -48,11 +49,8 @@ type Options struct {
 	SelectTimingEvery int
 }
 
-// Prometheus is an enginepick.Observer (and policy.CacheObserver and config.RouterAttacher)
-// that exports a Router's decisions, dispatch outcomes and shared state as Prometheus metrics
-// (docs/design.md §15). Build it with New, pass it to config.New with config.WithObserver; one
-// Prometheus serves one Router. Safe for concurrent use.
-type Prometheus struct {
+// observer is the Observer New returns.
+type observer struct {
 	decisions        *prometheus.CounterVec
 	selections       *prometheus.CounterVec
 	selectFailures   *prometheus.CounterVec
@@ -95,21 +93,12 @@ type bucketObs struct {
 
 // cacheObs holds one model's cache-aware series.
 type cacheObs struct {
-	decisions [len(decisionLabels)]prometheus.Counter // by cache decision, in decisionLabels order
+	decisions [len(label.Decisions)]prometheus.Counter // by cache decision, in label.Decisions order
 	diverted  prometheus.Observer
 	forfeited prometheus.Observer
 	gate      prometheus.Counter
 	guard     prometheus.Counter
 }
-
-// decisionLabels are every CacheDecision.Decision value policy.CacheAware produces
-// (docs/design.md §9.8); a decision outside them would go uncounted, breaking §15.3's sum.
-var decisionLabels = [...]string{policy.DecisionCacheHit, policy.DecisionCacheMiss, policy.DecisionCacheWorkerQueued,
-	policy.DecisionAllQueued, policy.DecisionCostDiverted}
-
-var failureLabels = []string{enginepick.ReasonNoMatchingBucket, enginepick.ReasonUnknownModel, enginepick.ReasonAdmissionRejected,
-	enginepick.ReasonNoCandidates, enginepick.ReasonInvalidSignal, enginepick.ReasonInvalidConfiguration,
-	enginepick.ReasonOutsideCandidates, enginepick.ReasonCanceled, enginepick.ReasonDeadlineExceeded, enginepick.ReasonError}
 
 var limitLabels = []string{admission.LimitRunningRequests, admission.LimitWaitingRequests, admission.LimitKVTokens,
 	admission.LimitPendingPrefillTokens, admission.LimitInFlightRequests}
@@ -117,34 +106,28 @@ var limitLabels = []string{admission.LimitRunningRequests, admission.LimitWaitin
 // limitOther labels rejections by a custom admission.Checker's limit, whose names are not bounded.
 const limitOther = "other"
 
-// reasonsOf lists the reason labels each policy type produces, for pre-resolved series.
-var reasonsOf = map[string][]string{
-	policy.NameRoundRobin: {policy.ReasonRoundRobin},
-	policy.NameRandom:     {policy.ReasonRandom},
-	policy.NamePowerOfTwo: {policy.ReasonPowerOfTwo},
-	policy.NamePowerOfN:   {policy.ReasonPowerOfN, policy.ReasonPowerOfTwo},
-	policy.NameLeastLoad:  {policy.ReasonLeastLoad},
-	policy.NameCacheAware: {policy.ReasonCacheCandidate, policy.ReasonSaturationPin, policy.ReasonNoCacheCandidate, policy.ReasonCostDiverted},
-	policy.NameSessionAware: {policy.ReasonSessionPrimary, policy.ReasonAssigned, policy.ReasonNoSession,
-		policy.ReasonAffinityUnavailable},
-	policy.NameSticky: {policy.ReasonStickyPrimary, policy.ReasonStickyAssigned, policy.ReasonNoRoutingKey,
-		policy.ReasonRendezvous, policy.ReasonRendezvousBounded, policy.ReasonAffinityUnavailable},
-}
-
 var (
-	_ enginepick.Observer   = (*Prometheus)(nil)
-	_ config.RouterAttacher = (*Prometheus)(nil)
-	_ policy.CacheObserver  = (*Prometheus)(nil)
+	_ enginepick.Observer   = (*observer)(nil)
+	_ config.RouterAttacher = (*observer)(nil)
+	_ policy.CacheObserver  = (*observer)(nil)
 	_ interface {
 		BorrowCacheDecision(*policy.CacheDecision)
-	} = (*Prometheus)(nil)
-	_ enginepick.SelectTimingSampler = (*Prometheus)(nil)
+	} = (*observer)(nil)
+	_ enginepick.SelectTimingSampler = (*observer)(nil)
 )
 
-// New creates the metric families and registers them on reg. Errors: a nil reg or a negative
-// opts.SelectTimingEvery (wrapping state.ErrInvalidConfiguration), or reg's registration error (a
-// family already registered, say), wrapped.
-func New(reg prometheus.Registerer, opts Options) (*Prometheus, error) {
+// New creates the metric families, registers them on reg and returns an enginepick.Observer that
+// exports a Router's decisions, dispatch outcomes and shared state as Prometheus metrics
+// (docs/design.md §15). Pass it to config.New with config.WithObserver; one observer serves one
+// Router. It also implements policy.CacheObserver (the cache-aware decisions),
+// config.RouterAttacher (the Router's shared state, read at each scrape; attaching a second Router
+// is an error) and enginepick.SelectTimingSampler (Options.SelectTimingEvery). Safe for concurrent
+// use.
+//
+// Errors: a nil reg or a negative opts.SelectTimingEvery (wrapping
+// state.ErrInvalidConfiguration), or reg's registration error (a family already registered, say),
+// wrapped.
+func New(reg prometheus.Registerer, opts Options) (enginepick.Observer, error) {
 	if reg == nil {
 		return nil, fmt.Errorf("metrics: nil Registerer: %w", state.ErrInvalidConfiguration)
 	}
@@ -166,7 +149,7 @@ func New(reg prometheus.Registerer, opts Options) (*Prometheus, error) {
 	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
 		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: name, Help: help, Buckets: buckets}, labels)
 	}
-	p := &Prometheus{timeEvery: timeEvery,
+	p := &observer{timeEvery: timeEvery,
 		decisions: counter("decisions_total",
 			"Picks that selected an engine, by model, bucket, stage, policy and reason label (a pick of a PD attempt whose other stage failed included).",
 			"model_id", "bucket", "stage", "policy", "reason"),
@@ -223,7 +206,7 @@ func New(reg prometheus.Registerer, opts Options) (*Prometheus, error) {
 }
 
 // model returns the model's series, creating them on first use.
-func (p *Prometheus) model(m state.ModelID) *modelObs {
+func (p *observer) model(m state.ModelID) *modelObs {
 	if mo := (*p.models.Load())[m]; mo != nil {
 		return mo
 	}
@@ -240,7 +223,7 @@ func (p *Prometheus) model(m state.ModelID) *modelObs {
 		buckets:       map[string]prometheus.Counter{},
 		dispatchFail:  map[string]prometheus.Counter{},
 	}
-	for _, r := range failureLabels {
+	for _, r := range label.Failures {
 		mo.failures[r] = p.selectFailures.WithLabelValues(id, r)
 		mo.dispatchFail[r] = p.dispatchFailures.WithLabelValues(id, r)
 	}
@@ -254,7 +237,7 @@ func (p *Prometheus) model(m state.ModelID) *modelObs {
 }
 
 // cacheModel returns the model's cache-aware series, creating them on first use.
-func (p *Prometheus) cacheModel(m state.ModelID) *cacheObs {
+func (p *observer) cacheModel(m state.ModelID) *cacheObs {
 	mo := p.model(m)
 	if co := mo.cache.Load(); co != nil {
 		return co
@@ -268,7 +251,7 @@ func (p *Prometheus) cacheModel(m state.ModelID) *cacheObs {
 	id := string(m)
 	co := &cacheObs{diverted: p.diverted.WithLabelValues(id), forfeited: p.forfeited.WithLabelValues(id),
 		gate: p.gateRejections.WithLabelValues(id), guard: p.guardOverrides.WithLabelValues(id)}
-	for i, d := range decisionLabels {
+	for i, d := range label.Decisions {
 		co.decisions[i] = p.cacheDecisions.WithLabelValues(id, d)
 	}
 	mo.cache.Store(co)
@@ -276,7 +259,7 @@ func (p *Prometheus) cacheModel(m state.ModelID) *cacheObs {
 }
 
 // addBucket pre-resolves a bucket's selection counter (copy on write of the model's series).
-func (p *Prometheus) addBucket(m state.ModelID, bucketID string) {
+func (p *observer) addBucket(m state.ModelID, bucketID string) {
 	p.model(m)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -302,7 +285,7 @@ func (p *Prometheus) addBucket(m state.ModelID, bucketID string) {
 
 // groupObs counts one group's picks with pre-resolved series.
 type groupObs struct {
-	p       *Prometheus
+	p       *observer
 	labels  [4]string // model, bucket, stage, policy
 	reasons atomic.Pointer[[]reasonCounter]
 	limits  [6]prometheus.Counter // limitLabels order, then limitOther
@@ -316,14 +299,14 @@ type reasonCounter struct {
 
 // ObserveGroup implements enginepick.Observer: it pre-resolves the group's series (each reason its
 // policy produces, each admission limit) and the model's and bucket's.
-func (p *Prometheus) ObserveGroup(g enginepick.GroupInfo) enginepick.PickObserver {
+func (p *observer) ObserveGroup(g enginepick.GroupInfo) enginepick.PickObserver {
 	p.addBucket(g.Model, g.Bucket)
-	if g.Policy == policy.NameCacheAware {
+	if g.Policy == label.CacheAware {
 		p.cacheModel(g.Model)
 	}
 	o := &groupObs{p: p, labels: [4]string{string(g.Model), g.Bucket, g.Stage.String(), g.Policy}}
 	rs := make([]reasonCounter, 0, 4)
-	for _, r := range reasonsOf[g.Policy] {
+	for _, r := range label.Reasons[g.Policy] {
 		rs = append(rs, reasonCounter{r, p.decisions.WithLabelValues(o.labels[0], o.labels[1], o.labels[2], o.labels[3], r)})
 	}
 	o.reasons.Store(&rs)
@@ -390,7 +373,7 @@ func (o *groupObs) limitCounter(limit string) prometheus.Counter {
 }
 
 // ObserveSelect implements enginepick.Observer.
-func (p *Prometheus) ObserveSelect(e enginepick.SelectEvent) {
+func (p *observer) ObserveSelect(e enginepick.SelectEvent) {
 	if e.Selection != nil {
 		if bs := p.buckets.Load(); bs != nil {
 			if bo := (*bs)[e.Selection.Bucket]; bo != nil {
@@ -421,23 +404,23 @@ func (p *Prometheus) ObserveSelect(e enginepick.SelectEvent) {
 
 // SelectTimingEvery implements enginepick.SelectTimingSampler: Options.SelectTimingEvery, or
 // defaultSelectTimingEvery.
-func (p *Prometheus) SelectTimingEvery() int { return p.timeEvery }
+func (p *observer) SelectTimingEvery() int { return p.timeEvery }
 
 // BorrowCacheDecision is the borrowing form of ObserveCacheDecision (policy.CacheObserver): the
 // decision is read during the call and nothing of it is kept, so a cache-aware pick passes its
 // own record without a copy.
-func (p *Prometheus) BorrowCacheDecision(d *policy.CacheDecision) { p.ObserveCacheDecision(d) }
+func (p *observer) BorrowCacheDecision(d *policy.CacheDecision) { p.ObserveCacheDecision(d) }
 
 // ObserveCacheDecision implements policy.CacheObserver.
-func (p *Prometheus) ObserveCacheDecision(d *policy.CacheDecision) {
+func (p *observer) ObserveCacheDecision(d *policy.CacheDecision) {
 	mo := p.cacheModel(d.Model)
-	for i, l := range decisionLabels {
+	for i, l := range label.Decisions {
 		if l == d.Decision {
 			mo.decisions[i].Inc()
 			break
 		}
 	}
-	if d.Decision == policy.DecisionCacheWorkerQueued {
+	if d.Decision == label.DecisionCacheWorkerQueued {
 		mo.diverted.Observe(float64(d.DivertedBlocks))
 	}
 	if d.ForfeitedBlocks > 0 {
@@ -465,7 +448,7 @@ type engineObs struct {
 	cached, output            prometheus.Counter
 }
 
-func (p *Prometheus) engine(k engineKey) *engineObs {
+func (p *observer) engine(k engineKey) *engineObs {
 	if v, ok := p.engines.Load(k); ok {
 		return v.(*engineObs)
 	}
@@ -486,7 +469,7 @@ func (p *Prometheus) engine(k engineKey) *engineObs {
 // engine; on success the TTFT histogram for every dispatched engine when the host reported it;
 // prompt and cached tokens on the plain or prefill engine, output tokens on the plain or decode
 // engine; a failure by reason.
-func (p *Prometheus) ObserveDone(e enginepick.DoneEvent) {
+func (p *observer) ObserveDone(e enginepick.DoneEvent) {
 	o := &e.Outcome
 	for i, de := range e.Engines[:e.N] {
 		eo := p.engine(engineKey{e.Model, de.ID, de.Stage, de.Policy})
@@ -516,7 +499,7 @@ func (p *Prometheus) ObserveDone(e enginepick.DoneEvent) {
 // AttachRouter implements config.RouterAttacher: the Router's shared state (KV-block index,
 // in-flight counters, load reports, load polls) is read at each scrape. Attaching a second Router
 // is an error.
-func (p *Prometheus) AttachRouter(r *config.Router) error {
+func (p *observer) AttachRouter(r *config.Router) error {
 	if !p.state.router.CompareAndSwap(nil, r) {
 		return fmt.Errorf("metrics: this Prometheus already observes a Router: %w", state.ErrInvalidConfiguration)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/internal/kvbridge"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/metrics"
@@ -128,7 +129,7 @@ func newFixtureWith(t testing.TB, yaml string, opts metrics.Options) *fixture {
 	f := &fixture{reg: prometheus.NewRegistry(), now: time.Unix(1_700_000_000, 0)}
 	p, err := metrics.New(f.reg, opts)
 	require.NoError(t, err)
-	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml))
 	require.NoError(t, err)
 	f.r, err = config.New(cfg, nil, config.WithObserver(p), config.WithClock(f.clock), config.WithHealthInterval(0))
 	require.NoError(t, err)
@@ -351,9 +352,11 @@ func TestRegistrationErrors(t *testing.T) {
 	assert.NoError(t, err, "another namespace")
 	_, err = metrics.New(prometheus.NewRegistry(), metrics.Options{SelectTimingEvery: -1})
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "a negative timing sample")
-	assert.Equal(t, 8, p.SelectTimingEvery(), "zero means the default")
+	sampler, ok := p.(enginepick.SelectTimingSampler)
+	require.True(t, ok)
+	assert.Equal(t, 8, sampler.SelectTimingEvery(), "zero means the default")
 
-	cfg, err := config.Parse([]byte("engines: [{id: e, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"), config.FormatYAML)
+	cfg, err := config.Parse([]byte("engines: [{id: e, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"))
 	require.NoError(t, err)
 	r, err := config.New(cfg, nil, config.WithObserver(p), config.WithHealthInterval(0))
 	require.NoError(t, err)
@@ -417,16 +420,16 @@ func TestEveryCacheDecisionIsCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	p, err := metrics.New(reg, metrics.Options{})
 	require.NoError(t, err)
-	po := p.ObserveGroup(enginepick.GroupInfo{Model: "m", Bucket: "a", Stage: state.StagePlain, Policy: policy.NameCacheAware})
+	po := p.ObserveGroup(enginepick.GroupInfo{Model: "m", Bucket: "a", Stage: state.StagePlain, Policy: label.CacheAware})
 	decisions := map[string]string{ // decision label → the pick's reason
-		policy.DecisionCacheHit:          policy.ReasonCacheCandidate,
-		policy.DecisionCacheMiss:         policy.ReasonNoCacheCandidate,
-		policy.DecisionCacheWorkerQueued: policy.ReasonNoCacheCandidate,
-		policy.DecisionAllQueued:         policy.ReasonSaturationPin,
-		policy.DecisionCostDiverted:      policy.ReasonCostDiverted,
+		label.DecisionCacheHit:          label.ReasonCacheCandidate,
+		label.DecisionCacheMiss:         label.ReasonNoCacheCandidate,
+		label.DecisionCacheWorkerQueued: label.ReasonNoCacheCandidate,
+		label.DecisionAllQueued:         label.ReasonSaturationPin,
+		label.DecisionCostDiverted:      label.ReasonCostDiverted,
 	}
 	for d, reason := range decisions {
-		p.ObserveCacheDecision(&policy.CacheDecision{Model: "m", Decision: d, Reason: reason})
+		p.(policy.CacheObserver).ObserveCacheDecision(&policy.CacheDecision{Model: "m", Decision: d, Reason: reason})
 		po.ObservePick(policy.Pick{Reason: reason}, nil)
 	}
 	got := scrape(t, reg)

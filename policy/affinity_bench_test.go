@@ -7,6 +7,7 @@ import (
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -58,7 +59,7 @@ func BenchmarkSessionAware(b *testing.B) {
 		i := 0
 		for b.Loop() {
 			pk, err := p.Pick(ctx, cands, &reqs[i])
-			if err != nil || pk.Reason != policy.ReasonSessionPrimary {
+			if err != nil || pk.Reason != label.ReasonSessionPrimary {
 				b.Fatal(pk.Reason, err)
 			}
 			if i++; i == len(reqs) {
@@ -72,7 +73,7 @@ func BenchmarkSessionAware(b *testing.B) {
 		i := 0
 		for b.Loop() {
 			pk, err := p.Pick(ctx, cands, &reqs[i])
-			if err != nil || pk.Reason != policy.ReasonAssigned {
+			if err != nil || pk.Reason != label.ReasonAssigned {
 				b.Fatal(pk.Reason, err)
 			}
 			if i++; i == len(reqs) {
@@ -103,7 +104,7 @@ func BenchmarkStickyRendezvous(b *testing.B) {
 				cands := manyEngines(n)
 				for i, c := range cands {
 					for range i % 4 {
-						e.inflight.Acquire(c.ID())
+						e.inflight.Acquire(c.ID(), -1, 0)
 					}
 				}
 				p, err := policy.NewSticky(cfg, policy.StickyOptions{Rendezvous: true, LoadFactor: factor})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -62,7 +63,7 @@ func cacheBench(b *testing.B, basic bool) (*cacheEnv, []state.Engine, []uint32) 
 		group[i] = state.NewStaticEngine(id, "m", state.StagePrefill)
 		if basic {
 			for d := range 64 {
-				c.inflight.AcquirePrefill(id, uint64(100+d*i)).Release()
+				c.inflight.Acquire(id, -1, uint64(100+d*i)).Release()
 			}
 			c.clk.Advance(time.Millisecond) // the reports below postdate those dispatches
 			if err := c.load.Report(loadmon.Report{Engine: id, RunningRequests: uint64(8 + i), WaitingRequests: uint64(i % 3),
@@ -106,28 +107,28 @@ func BenchmarkCacheAwarePick8192(b *testing.B) {
 	systemOnly := append(append([]uint32(nil), tok[:4096]...), prompt(4096, 4242)...)
 	for _, tc := range []struct {
 		name   string
-		p      *policy.CacheAware
+		p      policy.Policy
 		tokens []uint32
 		reason string
 		fresh  bool // a new 2,048-token last turn every iteration: distinct cold suffixes
 	}{
-		{"queue_gate", p, tok, policy.ReasonCacheCandidate, false},
-		{"no_gate", p2, tok, policy.ReasonCacheCandidate, false},
+		{"queue_gate", p, tok, label.ReasonCacheCandidate, false},
+		{"no_gate", p2, tok, label.ReasonCacheCandidate, false},
 		// Every engine holds the 4,096-token system prefix only: a hit on 16 tied engines.
-		{"system_prefix_only", p2, systemOnly, policy.ReasonCacheCandidate, false},
+		{"system_prefix_only", p2, systemOnly, label.ReasonCacheCandidate, false},
 		// Nobody holds even the first block: a miss.
-		{"cold", p2, prompt(8192, 4243), policy.ReasonNoCacheCandidate, false},
+		{"cold", p2, prompt(8192, 4243), label.ReasonNoCacheCandidate, false},
 		// Route-time placements. The same deep hit: after the first pick the engine holds every
 		// block, so nothing more is recorded.
-		{"placements/repeat", placed, append([]uint32(nil), tok...), policy.ReasonCacheCandidate, true},
+		{"placements/repeat", placed, append([]uint32(nil), tok...), label.ReasonCacheCandidate, true},
 		// Each pick's last 2,048 tokens (128 blocks) are new: they are recorded every time.
-		{"placements/new_turn", placed, append([]uint32(nil), tok...), policy.ReasonCacheCandidate, true},
+		{"placements/new_turn", placed, append([]uint32(nil), tok...), label.ReasonCacheCandidate, true},
 		// Each pick is the next turn of a conversation whose last turn the engine holds only
 		// through its placement (its events have not arrived): the prompt extends the previous
 		// pick's by 256 tokens (16 blocks), from 6,400 to 8,192 tokens (7,296 on average), then a
 		// new conversation starts. Each pick records every block after the engine's real 6,144
 		// tokens (16 to 128 blocks), taking the previous turn's blocks from its record.
-		{"placements/extend", placed, append(make([]uint32, 0, 8192), tok[:6144]...), policy.ReasonCacheCandidate, true},
+		{"placements/extend", placed, append(make([]uint32, 0, 8192), tok[:6144]...), label.ReasonCacheCandidate, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			req := creq(tc.tokens)
@@ -197,9 +198,9 @@ func BenchmarkCacheAwarePickReports(b *testing.B) {
 			tokens []uint32
 			reason string
 		}{
-			{"deep_hit", tok, policy.ReasonCacheCandidate},
-			{"system_prefix_only", systemOnly, policy.ReasonCacheCandidate},
-			{"cold", prompt(8192, 4243), policy.ReasonNoCacheCandidate},
+			{"deep_hit", tok, label.ReasonCacheCandidate},
+			{"system_prefix_only", systemOnly, label.ReasonCacheCandidate},
+			{"cold", prompt(8192, 4243), label.ReasonNoCacheCandidate},
 		} {
 			b.Run(reports+"/"+tc.name, func(b *testing.B) {
 				req := creq(tc.tokens)
@@ -232,7 +233,7 @@ func BenchmarkHash8192(b *testing.B) {
 type countDecisions struct{ hits atomic.Int64 }
 
 func (c *countDecisions) ObserveCacheDecision(d *policy.CacheDecision) {
-	if d.Decision == policy.DecisionCacheHit {
+	if d.Decision == label.DecisionCacheHit {
 		c.hits.Add(1)
 	}
 }
@@ -280,7 +281,7 @@ func BenchmarkCacheAwareQueueGate(b *testing.B) {
 			if queued {
 				names = [2]string{"all_queued", "no_gate_queued"}
 			}
-			for i, p := range []*policy.CacheAware{gated, open} {
+			for i, p := range []policy.Policy{gated, open} {
 				b.Run(fmt.Sprintf("engines=%d/%s", n, names[i]), func(b *testing.B) {
 					b.ReportAllocs()
 					for b.Loop() {

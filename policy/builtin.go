@@ -7,27 +7,24 @@ import (
 	"strings"
 	"time"
 
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/state"
 )
-
-// NamePowerOfN is the configuration name of NewPowerOfN with a configurable N (the block's
-// choices, default 2); NamePowerOfTwo is NewPowerOfN with N = 2 and no block.
-const NamePowerOfN = "power_of_n"
 
 // builtins returns the library's policy types, by name (docs/design.md §14.2).
 func builtins() map[string]Builder {
 	m := map[string]Builder{}
 	for _, b := range []Builder{
-		NewBuilder(NameRoundRobin, func(_ *struct{}, env Env) (Policy, error) { return NewRoundRobin(env.Config) }),
-		NewBuilder(NameRandom, func(_ *struct{}, env Env) (Policy, error) { return NewRandom(env.Config) }),
-		NewBuilder(NamePowerOfTwo, func(_ *struct{}, env Env) (Policy, error) { return NewPowerOfN(env.Config, 2) }),
-		NewBuilder(NamePowerOfN, func(o *powerOfNBlock, env Env) (Policy, error) {
+		NewBuilder(label.RoundRobin, func(_ *struct{}, env Env) (Policy, error) { return NewRoundRobin(env.Config) }),
+		NewBuilder(label.Random, func(_ *struct{}, env Env) (Policy, error) { return NewRandom(env.Config) }),
+		NewBuilder(label.PowerOfTwo, func(_ *struct{}, env Env) (Policy, error) { return NewPowerOfN(env.Config, 2) }),
+		NewBuilder(label.PowerOfN, func(o *powerOfNBlock, env Env) (Policy, error) {
 			return NewPowerOfN(env.Config, deref(o.Choices, defaultChoices))
 		}),
-		NewBuilder(NameLeastLoad, func(_ *struct{}, env Env) (Policy, error) { return NewLeastLoad(env.Config) }),
-		NewBuilder(NameSessionAware, buildSessionAware),
-		NewBuilder(NameSticky, buildSticky),
-		&builder[cacheAwareBlock]{name: NameCacheAware, build: buildCacheAware,
+		NewBuilder(label.LeastLoad, func(_ *struct{}, env Env) (Policy, error) { return NewLeastLoad(env.Config) }),
+		NewBuilder(label.SessionAware, buildSessionAware),
+		NewBuilder(label.Sticky, buildSticky),
+		&builder[cacheAwareBlock]{name: label.CacheAware, build: buildCacheAware,
 			stages: func(s state.Stage) bool { return s != state.StageDecode }},
 	} {
 		m[b.Name()] = b
@@ -73,7 +70,7 @@ type powerOfNBlock struct {
 // Validate checks the block.
 func (b *powerOfNBlock) Validate() error {
 	if b.Choices != nil && *b.Choices < 1 {
-		return optionErr(NamePowerOfN, "choices", state.ErrOutOfRange, "%d: must be >= 1", *b.Choices)
+		return optionErr(label.PowerOfN, "choices", state.ErrOutOfRange, "%d: must be >= 1", *b.Choices)
 	}
 	return nil
 }
@@ -87,7 +84,7 @@ type sessionAwareBlock struct {
 // Validate checks the block.
 func (b *sessionAwareBlock) Validate() error {
 	if b.Choices != nil && *b.Choices < 1 {
-		return optionErr(NameSessionAware, "choices", state.ErrOutOfRange, "%d: must be >= 1", *b.Choices)
+		return optionErr(label.SessionAware, "choices", state.ErrOutOfRange, "%d: must be >= 1", *b.Choices)
 	}
 	return nil
 }
@@ -117,10 +114,10 @@ func (b *stickyBlock) options() StickyOptions {
 // Validate checks the block with StickyOptions's rules; an explicit load_factor must be >= 1.
 func (b *stickyBlock) Validate() error {
 	if b.Fallback == "load_based" {
-		return optionErr(NameSticky, "fallback", state.ErrRemovedOption, `fallback "load_based" was renamed least_load: use least_load instead`)
+		return optionErr(label.Sticky, "fallback", state.ErrRemovedOption, `fallback "load_based" was renamed least_load: use least_load instead`)
 	}
 	if b.LoadFactor != nil && *b.LoadFactor == 0 {
-		return optionErr(NameSticky, "load_factor", state.ErrOutOfRange, "0: must be >= 1")
+		return optionErr(label.Sticky, "load_factor", state.ErrOutOfRange, "0: must be >= 1")
 	}
 	return asBlockError(b, b.options().check())
 }
@@ -192,7 +189,7 @@ func (b *cacheAwareBlock) options() CacheAwareOptions {
 // (docs/design.md §9 and §14.4).
 func (b *cacheAwareBlock) Validate() error {
 	fail := func(field string, cause error, format string, args ...any) error {
-		return optionErr(NameCacheAware, field, cause, format, args...)
+		return optionErr(label.CacheAware, field, cause, format, args...)
 	}
 	if b.PrefixSource != "" && b.PrefixSource != "local" && b.PrefixSource != "remote" {
 		return fail("prefix_source", state.ErrBadValue, "%q: want local or remote", b.PrefixSource)
@@ -257,6 +254,6 @@ func buildCacheAware(b *cacheAwareBlock, env Env) (Policy, error) {
 	return p, asBlockError(b, err)
 }
 
-// ReadsReportedLoad implements ReportedLoadReader: true when the queue gate is on
+// ReadsReportedLoad is the optional Policy method: true when the queue gate is on
 // (CacheAwareOptions.EngineQueueLimit).
-func (p *CacheAware) ReadsReportedLoad() bool { return p.queueCap > 0 }
+func (p *cacheAware) ReadsReportedLoad() bool { return p.queueCap > 0 }

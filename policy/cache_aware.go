@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
@@ -19,7 +20,6 @@ import (
 // Cache-aware defaults (docs/design.md §9.1, §9.2, §9.6 and §9.7;
 // the experimental SGLang router's defaults).
 const (
-	defaultMinMatchedTokens           = 1024
 	defaultCandidateMinEngines        = 8
 	defaultCandidateRatio             = 0.05
 	defaultCandidateMaxEngines        = 32
@@ -34,21 +34,6 @@ const (
 	// (docs/design-notes.md "Cost comparison").
 	defaultCostMarginTokens = 1024
 	defaultRecomputeFactor  = 2.0
-)
-
-// Cache-aware decision labels, exactly one per cache-aware pick that selected an engine
-// (docs/design.md §9.8), the decision label of the cache_aware_decisions_total metric. AllQueued is
-// deliberately not spelled cache_hit_*: a hit-rate query must not absorb a saturated fleet.
-const (
-	DecisionCacheHit          = "cache_hit"
-	DecisionCacheMiss         = "cache_miss"
-	DecisionCacheWorkerQueued = "cache_worker_queued"
-	DecisionAllQueued         = "all_queued"
-	// DecisionCostDiverted: a prefix holder was admitted, but the cost comparison sent the
-	// request to an engine outside the evaluated holders because waiting there and recomputing
-	// the prefix is materially cheaper (docs/design.md §9.11); DivertedBlocks is the prefix given
-	// up.
-	DecisionCostDiverted = "cost_diverted"
 )
 
 // Prefill pressure sources of a cache-aware decision (docs/design.md §9.8): CacheDecision.PressureSource.
@@ -68,23 +53,24 @@ type CacheDecision struct {
 	// Model and BucketID scope the decision.
 	Model    state.ModelID
 	BucketID string
-	// Decision is one of the Decision… labels: DecisionCacheHit when a prefix holder was selected
-	// (ReasonCacheCandidate, including after an all-queued re-admission, or ReasonSaturationPin);
-	// DecisionCostDiverted when the cost comparison sent the request to a non-holder
-	// (ReasonCostDiverted); for a fallback pick (ReasonNoCacheCandidate), DecisionCacheMiss when
-	// no holder was gate-rejected or holders reached admission, DecisionAllQueued when the fleet
-	// was all queued, otherwise DecisionCacheWorkerQueued.
+	// Decision is the label of the cache_aware_decisions_total metric (docs/design.md §9.8):
+	// cache_hit when a prefix holder was selected (reason cache_candidate, including after an
+	// all-queued re-admission, or saturation_pin); cost_diverted when the cost comparison sent
+	// the request to a non-holder (docs/design.md §9.11); for a fallback pick (reason
+	// no_cache_candidate), cache_miss when no holder was gate-rejected or holders reached
+	// admission, all_queued when the fleet was all queued (not spelled cache_hit_*, so that a
+	// hit-rate query does not absorb a saturated fleet), otherwise cache_worker_queued.
 	Decision string
 	// Reason is the pick's reason label.
 	Reason string
 	// DivertedBlocks is the prefix, in blocks, that the decision gave up: for
-	// DecisionCacheWorkerQueued the deepest prefix the queue gate set aside
-	// (sgl_router_diverted_overlap_blocks), for DecisionCostDiverted the blocks of the holder the
+	// cache_worker_queued the deepest prefix the queue gate set aside
+	// (sgl_router_diverted_overlap_blocks), for cost_diverted the blocks of the holder the
 	// cost comparison passed over minus those of the engine it chose (docs/design.md §9.11); 0
 	// otherwise.
 	DivertedBlocks int
 	// ForfeitedBlocks is the prefix, in blocks, that a partial diversion gave up: on a
-	// DecisionCacheHit whose winner holds fewer blocks than the deepest holder the queue gate set
+	// cache_hit whose winner holds fewer blocks than the deepest holder the queue gate set
 	// aside, that holder's blocks minus the winner's; 0 otherwise. A hit-rate panel cannot see
 	// these diversions (docs/design.md §9.8, §15).
 	ForfeitedBlocks int
@@ -98,8 +84,8 @@ type CacheDecision struct {
 	GuardCompared  int
 	GuardOverrides int
 	// CostOverride reports whether the cost comparison (docs/design.md §9.11) replaced the engine
-	// the other rules chose: with another holder (DecisionCacheHit), a non-holder
-	// (DecisionCostDiverted) or, on a miss, a cheaper engine than the power-of-k sample's.
+	// the other rules chose: with another holder (cache_hit), a non-holder
+	// (cost_diverted) or, on a miss, a cheaper engine than the power-of-k sample's.
 	CostOverride bool
 	// PressureSource is what the pressure guard compared: "estimated_prefill_queue_ms",
 	// "native_queue_tokens", "estimated_queue_tokens" (estimated from reported waiting
@@ -127,15 +113,14 @@ type cacheDecisionBorrower interface {
 	BorrowCacheDecision(d *CacheDecision)
 }
 
-// CacheAwareOptions configures CacheAware. The zero value of every field is its documented
+// CacheAwareOptions configures NewCacheAware. The zero value of every field is its documented
 // default; pointer fields distinguish "unset" from an explicit zero.
 type CacheAwareOptions struct {
 	// Source answers prefix lookups (local index or remote indexer). Required.
 	Source kvindex.Source
-	// MinMatchedTokens is the hit gate: an engine's matched prefix must reach this many tokens,
-	// an absolute floor because indexer scans can be truncated (docs/design.md §9.1). 0 means the
-	// default gate, min(1,024, ⌈input tokens ÷ 4⌉): 1,024 tokens, or a quarter
-	// of a prompt shorter than 4,096 tokens.
+	// MinMatchedTokens is the hit gate: an engine's matched prefix must reach this many tokens
+	// to count as a hit; a shorter match is a miss for every rule, the cost comparison included
+	// (docs/design.md §9.1). 0 means the default gate, a fifth of the prompt: ⌈input tokens ÷ 5⌉.
 	MinMatchedTokens uint64
 	// MinMatchRatio optionally also requires matched ÷ input tokens ≥ this ratio. 0 means unset;
 	// otherwise it must be in (0, 1].
@@ -201,30 +186,8 @@ type CacheAwareOptions struct {
 	Logger *zap.Logger
 }
 
-// CacheAware sends a plain or prefill request to an engine that already holds its prompt prefix,
-// without hot-spotting and without bypassing admission (docs/design.md §9). Per pick:
-//
-//  1. Look up prefix ownership (memoized per request through Request.Memo), then capture one load
-//     snapshot.
-//  2. Keep group engines whose matched tokens pass the hit gate; rank by uncached tokens, then ID;
-//     keep the first limit (candidate bounds) — before any admission.
-//  3. Soft queue gate: holders with a fresh waiting count (with the dispatches since the report)
-//     ≥ EngineQueueLimit are set aside. If that empties the set and every group engine has a fresh
-//     sample at or over the limit (and no saturation floor is set), they are re-admitted.
-//  4. Hard admission on every remaining holder, once each.
-//  5. Winner: the least uncached admitted holder; a holder within SwitchMarginTokens of it replaces
-//     it when the incumbent is materially more pressured and every evaluated holder has a fresh
-//     report (the pressure guard). Reason ReasonCacheCandidate.
-//  6. No admitted holder: with a saturation floor, gate-rejected holders and no fresh group queue
-//     below the floor, the least pressured gate-rejected holder that passes admission is pinned
-//     (ReasonSaturationPin). Otherwise, if admission rejected any holder, the pick fails with
-//     *NoAdmissibleEngineError: a hard rejection never becomes a cold fallback.
-//  7. Miss: power-of-k over the group's unqueued engines (all engines when none is unqueued), then
-//     one admission check on its pick (ReasonNoCacheCandidate; rejection → *AdmissionRejectedError).
-//
-// Decode groups are rejected (SupportsStage; a decode pick returns ErrInvalidConfiguration).
-// Safe for concurrent use.
-type CacheAware struct {
+// cacheAware is the cache-aware policy (NewCacheAware).
+type cacheAware struct {
 	cfg  Config
 	opts CacheAwareOptions
 
@@ -236,7 +199,7 @@ type CacheAware struct {
 	// each scan of the group: tests only (export_test.go).
 	alwaysScan   bool
 	costScanHook func()
-	shortGate    bool   // MinMatchedTokens was unset: the gate is at most a quarter of the prompt
+	shareGate    bool   // MinMatchedTokens was unset: the gate is a fifth of the prompt
 	queueCap     uint64 // 0 = gate off
 	floor        uint64 // 0 = off
 	blind        atomic.Uint64
@@ -261,26 +224,53 @@ type pickScratch struct {
 }
 
 var (
-	_ Policy         = (*CacheAware)(nil)
-	_ StageSupporter = (*CacheAware)(nil)
+	_ Policy         = (*cacheAware)(nil)
+	_ stageSupporter = (*cacheAware)(nil)
 )
 
 // inertWarnSample is the sampling of the "queue gate is inert" warning: one in 64
 // (docs/design.md §9.3).
 const inertWarnSample = 64
 
-// NewCacheAware fills defaults, validates every parameter and returns the policy. Any invalid
-// parameter is an error wrapping ErrInvalidConfiguration that names it
-// (docs/design.md §9 and §14).
+// NewCacheAware returns the cache-aware policy. It sends a plain or prefill request to an engine that already holds its prompt prefix,
+// without hot-spotting and without bypassing admission (docs/design.md §9). Per pick:
 //
-// Errors: an *OptionError naming the invalid option, or an error wrapping ErrInvalidConfiguration
-// for a nil Config handle.
-func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
-	if err := cfg.validate(NameCacheAware); err != nil {
+//  1. Look up prefix ownership (memoized per request through Request.Memo), then capture one load
+//     snapshot.
+//  2. Keep group engines whose matched tokens pass the hit gate; rank by uncached tokens, then ID;
+//     keep the first limit (candidate bounds) — before any admission.
+//  3. Soft queue gate: holders with a fresh waiting count (with the dispatches since the report)
+//     ≥ EngineQueueLimit are set aside. If that empties the set and every group engine has a fresh
+//     sample at or over the limit (and no saturation floor is set), they are re-admitted.
+//  4. Hard admission on every remaining holder, once each.
+//  5. Winner: the least uncached admitted holder; a holder within SwitchMarginTokens of it replaces
+//     it when the incumbent is materially more pressured and every evaluated holder has a fresh
+//     report (the pressure guard). Reason cache_candidate.
+//  6. No admitted holder: with a saturation floor, gate-rejected holders and no fresh group queue
+//     below the floor, the least pressured gate-rejected holder that passes admission is pinned
+//     (saturation_pin). Otherwise, if admission rejected any holder, the pick fails with
+//     *NoAdmissibleEngineError: a hard rejection never becomes a cold fallback.
+//  7. Miss: power-of-k over the group's unqueued engines (all engines when none is unqueued), then
+//     one admission check on its pick (no_cache_candidate; rejection → *AdmissionRejectedError).
+//
+// Decode groups are rejected (its SupportsStage; a decode pick returns ErrInvalidConfiguration).
+// The policy reads reported load (ReadsReportedLoad) when the queue gate is on.
+//
+// NewCacheAware fills defaults and validates every option (docs/design.md §9 and §14). Errors: an
+// *OptionError naming the invalid option, or an error wrapping ErrInvalidConfiguration for a nil
+// Config handle.
+//
+// Pick errors: ErrInvalidConfiguration on a decode request; ErrNoCandidates for no engines (no
+// lookup is made); ErrInvalidSignal when req.TokenIDs is set and its length is not
+// req.InputTokens, or when the source rejects the query; *NoAdmissibleEngineError when admission
+// rejected every evaluated holder; *AdmissionRejectedError when the fallback's pick is rejected; a
+// checker error.
+func NewCacheAware(cfg Config, opts CacheAwareOptions) (Policy, error) {
+	if err := cfg.validate(label.CacheAware); err != nil {
 		return nil, err
 	}
 	if opts.Source == nil {
-		return nil, optionErr(NameCacheAware, "Source", state.ErrMissingField, "required")
+		return nil, optionErr(label.CacheAware, "Source", state.ErrMissingField, "required")
 	}
 	p, err := opts.resolve()
 	if err != nil {
@@ -293,14 +283,11 @@ func NewCacheAware(cfg Config, opts CacheAwareOptions) (*CacheAware, error) {
 // resolve fills the options' defaults, validates them and returns the policy without its Config.
 // Every rule on the options is here, once: NewCacheAware and the configuration's cache_aware block
 // both apply it.
-func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
+func (opts CacheAwareOptions) resolve() (*cacheAware, error) {
 	bad := func(field string, v any, rule string) error {
-		return optionErr(NameCacheAware, field, state.ErrOutOfRange, "%v: %s", v, rule)
+		return optionErr(label.CacheAware, field, state.ErrOutOfRange, "%v: %s", v, rule)
 	}
-	shortGate := opts.MinMatchedTokens == 0
-	if shortGate {
-		opts.MinMatchedTokens = defaultMinMatchedTokens
-	}
+	shareGate := opts.MinMatchedTokens == 0
 	if r := opts.MinMatchRatio; r != 0 && !(r > 0 && r <= 1) {
 		return nil, bad("MinMatchRatio", r, "must be in (0, 1]")
 	}
@@ -348,7 +335,7 @@ func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
 	if opts.SaturationQueueFloor != nil {
 		f := *opts.SaturationQueueFloor
 		if queueCap == 0 {
-			return nil, optionErr(NameCacheAware, "SaturationQueueFloor", state.ErrConflict, "%v: requires EngineQueueLimit", f)
+			return nil, optionErr(label.CacheAware, "SaturationQueueFloor", state.ErrConflict, "%v: requires EngineQueueLimit", f)
 		}
 		if f == 0 || f > queueCap {
 			return nil, bad("SaturationQueueFloor", f, fmt.Sprintf("must be in [1, %d]", queueCap))
@@ -380,11 +367,11 @@ func (opts CacheAwareOptions) resolve() (*CacheAware, error) {
 		placer, _ = opts.Source.(kvindex.Placer)
 	}
 	borrower, _ := opts.Observer.(cacheDecisionBorrower)
-	return &CacheAware{opts: opts, placer: placer, borrower: borrower, margin: margin, costMargin: costMargin, shortGate: shortGate, queueCap: queueCap, floor: floor, log: log}, nil
+	return &cacheAware{opts: opts, placer: placer, borrower: borrower, margin: margin, costMargin: costMargin, shareGate: shareGate, queueCap: queueCap, floor: floor, log: log}, nil
 }
 
-// SupportsStage implements StageSupporter: plain and prefill only.
-func (p *CacheAware) SupportsStage(s state.Stage) bool {
+// SupportsStage reports whether the policy serves stage s: plain and prefill only.
+func (p *cacheAware) SupportsStage(s state.Stage) bool {
 	return s == state.StagePlain || s == state.StagePrefill
 }
 
@@ -397,14 +384,8 @@ type cacheCandidate struct {
 	cap      inFlightCap // set when admitted
 }
 
-// Pick implements Policy. See the type's documentation for the algorithm.
-//
-// Errors: ErrInvalidConfiguration on a decode request; ErrNoCandidates for no engines (no lookup
-// is made); ErrInvalidSignal when req.TokenIDs is set and its length is not req.InputTokens, or when
-// the source rejects the query; *NoAdmissibleEngineError when
-// admission rejected every evaluated holder; *AdmissionRejectedError when the fallback's pick is
-// rejected; a checker error.
-func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
+// Pick implements Policy (NewCacheAware).
+func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	if req == nil {
 		return Pick{}, fmt.Errorf("policy: cache_aware: nil request: %w", ErrInvalidSignal)
 	}
@@ -441,7 +422,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	n := len(res.Engines)
 	sc.all, sc.cands = slices.Grow(sc.all[:0], n), slices.Grow(sc.cands[:0], n)
 	sc.gated, sc.admitted = slices.Grow(sc.gated[:0], n), slices.Grow(sc.admitted[:0], n)
-	v := newLookupView(&sc.view, engines, req, res)
+	v := newLookupView(&sc.view, engines, req, res, p.hitGate(req))
 	cands := p.candidates(sc.cands, sc.all, engines, req, res, &v, snap)
 
 	d := &sc.d
@@ -527,7 +508,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			}
 		}
 		if !p.opts.DisableCostComparison {
-			alt, err := p.cheaper(engines, req, res, v.matched, snap, w, admitted, evaluated, d)
+			alt, err := p.cheaper(engines, req, res, v.credit, snap, w, admitted, evaluated, d)
 			if err != nil {
 				return Pick{}, err
 			}
@@ -535,14 +516,14 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 				d.CostOverride = true
 				if alt.holder {
 					forfeit(alt.blocks)
-					return p.finish(engines[alt.idx], &alt.obs, alt.cap, ReasonCacheCandidate, DecisionCacheHit, alt.uncached, req, res, d), nil
+					return p.finish(engines[alt.idx], &alt.obs, alt.cap, label.ReasonCacheCandidate, label.DecisionCacheHit, alt.uncached, req, res, d), nil
 				}
 				d.DivertedBlocks = w.blocks - alt.blocks
-				return p.finish(engines[alt.idx], &alt.obs, alt.cap, ReasonCostDiverted, DecisionCostDiverted, alt.uncached, req, res, d), nil
+				return p.finish(engines[alt.idx], &alt.obs, alt.cap, label.ReasonCostDiverted, label.DecisionCostDiverted, alt.uncached, req, res, d), nil
 			}
 		}
 		forfeit(w.blocks)
-		return p.finish(engines[w.idx], &w.obs, w.cap, ReasonCacheCandidate, DecisionCacheHit, w.uncached, req, res, d), nil
+		return p.finish(engines[w.idx], &w.obs, w.cap, label.ReasonCacheCandidate, label.DecisionCacheHit, w.uncached, req, res, d), nil
 	}
 
 	if p.floor != 0 && len(gated) > 0 && !p.anyBelowFloor(engines, snap) {
@@ -561,7 +542,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			c := pool[best]
 			ic, err := p.cfg.admit(engines[c.idx], c.obs)
 			if err == nil {
-				return p.finish(engines[c.idx], &c.obs, ic, ReasonSaturationPin, DecisionCacheHit, c.uncached, req, res, d), nil
+				return p.finish(engines[c.idx], &c.obs, ic, label.ReasonSaturationPin, label.DecisionCacheHit, c.uncached, req, res, d), nil
 			}
 			var rej *AdmissionRejectedError
 			if !asRejection(err, &rej) {
@@ -583,7 +564,7 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if !p.opts.DisableCostComparison && o.Basis() != loadmon.BasisInFlight {
 		// Cost comparison (docs/design.md §9.11): the sample's winner against the cheapest
 		// engine of the same tier.
-		matched := v.matched
+		matched := v.credit
 		var load fleetLoad
 		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, p.queueCap != 0, &load)
 		if covered && j < 0 { // every engine is queued: the tier is the whole group
@@ -604,14 +585,14 @@ func (p *CacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		return Pick{}, err
 	}
 	decision := cacheAwareFallbackDecision(d.GateRejected, d.Evaluated, d.FleetAllQueued)
-	if decision == DecisionCacheWorkerQueued {
+	if decision == label.DecisionCacheWorkerQueued {
 		d.DivertedBlocks = bestGatedBlocks
 	}
-	return p.finish(engines[i], &o, ic, ReasonNoCacheCandidate, decision, req.InputTokens-v.matched[i], req, res, d), nil
+	return p.finish(engines[i], &o, ic, label.ReasonNoCacheCandidate, decision, req.InputTokens-v.matched[i], req, res, d), nil
 }
 
 // release returns a pick's scratch to the pool, dropping what it refers to.
-func (p *CacheAware) release(sc *pickScratch) {
+func (p *cacheAware) release(sc *pickScratch) {
 	sc.res = kvindex.Result{}
 	p.scratch.Put(sc)
 }
@@ -624,16 +605,16 @@ func (p *CacheAware) release(sc *pickScratch) {
 func cacheAwareFallbackDecision(gateRejected, evaluated int, fleetAllQueued bool) string {
 	switch {
 	case gateRejected == 0:
-		return DecisionCacheMiss
+		return label.DecisionCacheMiss
 	case fleetAllQueued:
-		return DecisionAllQueued
+		return label.DecisionAllQueued
 	case evaluated > 0:
-		return DecisionCacheMiss
+		return label.DecisionCacheMiss
 	}
-	return DecisionCacheWorkerQueued
+	return label.DecisionCacheWorkerQueued
 }
 
-func (p *CacheAware) finish(e state.Engine, o *loadmon.Observation, ic inFlightCap, reason, decision string, uncached uint64, req *Request, res *kvindex.Result, d *CacheDecision) Pick {
+func (p *cacheAware) finish(e state.Engine, o *loadmon.Observation, ic inFlightCap, reason, decision string, uncached uint64, req *Request, res *kvindex.Result, d *CacheDecision) Pick {
 	if p.placer != nil && len(req.TokenIDs) > 0 {
 		// Route-time placement (docs/design.md §9.10): a hint, so a failure is only logged. A
 		// pick that names a DP rank places the prompt on that rank (docs/design.md §11).
@@ -672,7 +653,7 @@ type costAlt struct {
 // prefillCost is the work a request would wait for and cause on an engine, in prompt tokens:
 // its pending prefill tokens (pendingPrefill) plus the request's uncached tokens there
 // (docs/design.md §9.11).
-func (p *CacheAware) prefillCost(o *loadmon.Observation, uncached uint64, req *Request) uint64 {
+func (p *cacheAware) prefillCost(o *loadmon.Observation, uncached uint64, req *Request) uint64 {
 	return satAdd(p.pendingPrefill(o, req), uncached)
 }
 
@@ -681,7 +662,7 @@ func (p *CacheAware) prefillCost(o *loadmon.Observation, uncached uint64, req *R
 // native report, else the reported waiting requests × the mean prefill tokens of this router's
 // recent dispatches there (the request's input tokens when it has recorded none); plus the prefill
 // tokens dispatched since the report. 0 when the load is unknown.
-func (p *CacheAware) pendingPrefill(o *loadmon.Observation, req *Request) uint64 {
+func (p *cacheAware) pendingPrefill(o *loadmon.Observation, req *Request) uint64 {
 	pending, _ := o.EstimatePendingPrefillTokens(p.cfg.InFlight, req.InputTokens)
 	return pending
 }
@@ -706,7 +687,7 @@ func (l *fleetLoad) add(pending uint64) {
 // the move causes (docs/design.md §9.11). Extra prefill delays the requests that queue behind it,
 // so it weighs in proportion to the share of engines that have a queue: nothing on an idle fleet,
 // the whole factor when every engine is busy.
-func (p *CacheAware) materiallyCheaper(from, to, fromUncached, toUncached uint64, load fleetLoad) bool {
+func (p *cacheAware) materiallyCheaper(from, to, fromUncached, toUncached uint64, load fleetLoad) bool {
 	if from <= to || from-to <= p.costMargin {
 		return false
 	}
@@ -719,10 +700,12 @@ func (p *CacheAware) materiallyCheaper(from, to, fromUncached, toUncached uint64
 
 // lookupView maps a lookup result onto the group, once per pick: for each of res.Engines its
 // index among the engines (−1 outside the group), and per engine index the prompt tokens the
-// engine would serve from its prefix cache, whatever the hit gate (servedTokens, §9.1).
+// engine would serve from its prefix cache, whatever the hit gate (servedTokens, §9.1), and the
+// same with 0 below the hit gate (credit).
 type lookupView struct {
 	idx     []int
 	matched []uint64
+	credit  []uint64 // matched, 0 where below the hit gate: what the cost comparison credits
 }
 
 // lookupBuf backs a lookupView in the pick's scratch; its slices grow to the largest group and
@@ -730,14 +713,17 @@ type lookupView struct {
 type lookupBuf struct {
 	idx     []int
 	matched []uint64
+	credit  []uint64
 	ids     []state.EngineID
 }
 
-func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kvindex.Result) lookupView {
+func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kvindex.Result, gate uint64) lookupView {
 	var v lookupView
 	buf.matched = slices.Grow(buf.matched[:0], len(engines))[:len(engines)]
-	v.matched = buf.matched
+	buf.credit = slices.Grow(buf.credit[:0], len(engines))[:len(engines)]
+	v.matched, v.credit = buf.matched, buf.credit
 	clear(v.matched)
+	clear(v.credit)
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return v
 	}
@@ -760,6 +746,9 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 		}
 		v.idx[j] = i
 		v.matched[i] = servedTokens(req.InputTokens, min(m.Blocks, res.QueryBlocks), res.BlockTokens)
+		if v.matched[i] >= gate {
+			v.credit[i] = v.matched[i]
+		}
 	}
 	return v
 }
@@ -769,7 +758,7 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 // ties keep the lowest ID; idx −1 when every engine is skipped), counting every scanned engine in
 // load. covered is false, and idx −1, when some scanned engine has no fresh report (the coverage
 // rule).
-func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool, load *fleetLoad) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
+func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool, load *fleetLoad) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
 	idx = -1
 	for i, e := range engines {
 		if holdsIn(skip, i) {
@@ -796,7 +785,7 @@ func (p *CacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 // prefillCost, and the cheapest replaces w when materially cheaper; a non-holder must then pass
 // admission (once), else w stays. It applies only when every evaluated holder and every engine it
 // scans has a fresh report (the coverage rule); otherwise w stays.
-func (p *CacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.Result, matched []uint64, snap loadmon.Snapshot,
+func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.Result, matched []uint64, snap loadmon.Snapshot,
 	w cacheCandidate, admitted, evaluated []cacheCandidate, d *CacheDecision) (costAlt, error) {
 	none := costAlt{idx: -1}
 	if coverage(evaluated) == loadmon.BasisInFlight {
@@ -872,14 +861,11 @@ func holdsIn(cs []cacheCandidate, idx int) bool {
 // holders than the limit lie within the switch margin of the least uncached one, the cut keeps the
 // least pressured of them (loadmon.ComparePressure under the coverage rule over those holders, ID
 // last) rather than the lowest IDs (docs/design.md §9.2).
-func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engine, req *Request, res *kvindex.Result, v *lookupView, snap loadmon.Snapshot) []cacheCandidate {
+func (p *cacheAware) candidates(dst, all []cacheCandidate, engines []state.Engine, req *Request, res *kvindex.Result, v *lookupView, snap loadmon.Snapshot) []cacheCandidate {
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return dst
 	}
-	gate := p.opts.MinMatchedTokens
-	if p.shortGate {
-		gate = min(gate, (req.InputTokens+3)/4)
-	}
+	gate := p.hitGate(req)
 	n := len(engines)
 	limit := min(n, p.opts.CandidateMaxEngines, max(p.opts.CandidateMinEngines, int(math.Ceil(p.opts.CandidateRatio*float64(n)))))
 	all = all[:0]
@@ -895,9 +881,6 @@ func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 		blocks := min(m.Blocks, res.QueryBlocks)
 		matched := v.matched[idx]
 		if matched < gate {
-			continue
-		}
-		if p.opts.MinMatchRatio > 0 && float64(matched) < p.opts.MinMatchRatio*float64(req.InputTokens) {
 			continue
 		}
 		c := cacheCandidate{idx: idx, blocks: blocks, uncached: req.InputTokens - matched}
@@ -951,6 +934,20 @@ func (p *CacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 	return dst
 }
 
+// hitGate is the fewest matched prompt tokens that count as a hit for req (docs/design.md §9.1):
+// MinMatchedTokens, or a fifth of the prompt when it is unset, and at least MinMatchRatio of the
+// prompt.
+func (p *cacheAware) hitGate(req *Request) uint64 {
+	gate := p.opts.MinMatchedTokens
+	if p.shareGate {
+		gate = (req.InputTokens + 4) / 5
+	}
+	if r := p.opts.MinMatchRatio; r > 0 {
+		gate = max(gate, uint64(math.Ceil(r*float64(req.InputTokens))))
+	}
+	return gate
+}
+
 // servedTokens returns the tokens of an input-token prompt that an engine holding its first
 // blocks blocks of blockTokens tokens serves from its prefix cache (docs/design.md §9.1): whole
 // blocks only, and none from the block holding the last prompt token, which the engine computes
@@ -984,7 +981,7 @@ func heldBlocks(res *kvindex.Result, engine state.EngineID) int {
 //     materially more pressured (the pressure guard, on pending prefill tokens estimated from
 //     waiting requests for holders without native figures); when some holder's load is unknown,
 //     if it has fewer router-local in-flight requests.
-func (p *CacheAware) winner(admitted, evaluated []cacheCandidate, req *Request, d *CacheDecision) cacheCandidate {
+func (p *cacheAware) winner(admitted, evaluated []cacheCandidate, req *Request, d *CacheDecision) cacheCandidate {
 	best := admitted[0]
 	stage := req.Stage
 	basis := coverage(evaluated)
@@ -1026,7 +1023,7 @@ func (p *CacheAware) winner(admitted, evaluated []cacheCandidate, req *Request, 
 // (docs/design.md §9.7), counting the prefill work dispatched since each report: on estimated
 // prefill queue times when both have one and a threshold is set, else on pending prefill tokens
 // (pendingPrefill).
-func (p *CacheAware) materiallyMorePressured(a, b *loadmon.Observation, req *Request) bool {
+func (p *cacheAware) materiallyMorePressured(a, b *loadmon.Observation, req *Request) bool {
 	rel := p.opts.PressureRelThreshold
 	if p.opts.PressureAbsThreshold > 0 {
 		if da, ok := a.PendingPrefillTime(); ok {
@@ -1044,7 +1041,7 @@ func (p *CacheAware) materiallyMorePressured(a, b *loadmon.Observation, req *Req
 // router-local in-flight count is. Unknown load fails open only while this router has fewer
 // requests in flight there than the limit: it is never taken for idle (docs/design.md §9.3). The
 // waiting count is the named rank's own when the engine has several (docs/design.md §6).
-func (p *CacheAware) queued(o *loadmon.Observation) bool {
+func (p *cacheAware) queued(o *loadmon.Observation) bool {
 	if w, ok := o.WaitingRequests(); ok {
 		return w >= p.queueCap
 	}
@@ -1053,7 +1050,7 @@ func (p *CacheAware) queued(o *loadmon.Observation) bool {
 
 // anyBelowFloor reports whether some group engine has a fresh queue strictly below the saturation
 // floor; an unknown queue is not idle.
-func (p *CacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot) bool {
+func (p *cacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot) bool {
 	for _, e := range engines {
 		if l, ok := snap.Load(e.ID()); ok && l.LeastRankWaitingRequests() < p.floor {
 			return true
@@ -1064,7 +1061,7 @@ func (p *CacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot
 
 // fallback samples k engines of the unqueued tier (every engine when the gate is off or nothing
 // is unqueued) and returns the least pressured.
-func (p *CacheAware) fallback(engines []state.Engine, stage state.Stage, snap loadmon.Snapshot) (int, loadmon.Observation, error) {
+func (p *cacheAware) fallback(engines []state.Engine, stage state.Stage, snap loadmon.Snapshot) (int, loadmon.Observation, error) {
 	if p.queueCap == 0 {
 		return sampleLeastPressured(&p.cfg, snap, engines, stage, p.opts.MinLoadChoices)
 	}
@@ -1109,7 +1106,7 @@ func asRejection(err error, out **AdmissionRejectedError) bool {
 }
 
 // lookup asks the source (through the request's memo when present), lending it bufs (nil: none).
-func (p *CacheAware) lookup(ctx context.Context, req *Request, bufs *kvindex.LookupBuffers) (kvindex.Result, error) {
+func (p *cacheAware) lookup(ctx context.Context, req *Request, bufs *kvindex.LookupBuffers) (kvindex.Result, error) {
 	q := kvindex.Query{TokenIDs: req.TokenIDs, Buffers: bufs}
 	if req.Memo != nil {
 		return req.Memo.Lookup(ctx, p.opts.Source, q)

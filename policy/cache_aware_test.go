@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -115,7 +116,7 @@ func (c *cacheEnv) hold(t testing.TB, engine state.EngineID, tokens []uint32, bl
 		TokenIDs: tokens[:blocks*blockTokens], Tier: kvindex.TierDevice}))
 }
 
-func (c *cacheEnv) policy(t testing.TB, opts policy.CacheAwareOptions) *policy.CacheAware {
+func (c *cacheEnv) policy(t testing.TB, opts policy.CacheAwareOptions) policy.Policy {
 	t.Helper()
 	if opts.Source == nil {
 		opts.Source = c.source
@@ -152,8 +153,8 @@ func TestCacheAwareLocalPrefixWinsWithinGroupAndThresholdMissesUseLoad(t *testin
 	pk, err := p.Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("deep"), pk.Engine.ID())
-	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
-	assert.Equal(t, policy.DecisionCacheHit, c.dec.last().Decision)
+	assert.Equal(t, label.ReasonCacheCandidate, pk.Reason)
+	assert.Equal(t, label.DecisionCacheHit, c.dec.last().Decision)
 
 	// 6 of 10 blocks of a 160-token prompt = 96 matched tokens.
 	for name, opts := range map[string]policy.CacheAwareOptions{
@@ -165,8 +166,8 @@ func TestCacheAwareLocalPrefixWinsWithinGroupAndThresholdMissesUseLoad(t *testin
 		pk, err := p.Pick(ctx, group, creq(tok))
 		require.NoError(t, err)
 		assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "%s: a miss goes to the less loaded engine", name)
-		assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
-		assert.Equal(t, policy.DecisionCacheMiss, c.dec.last().Decision)
+		assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
+		assert.Equal(t, label.DecisionCacheMiss, c.dec.last().Decision)
 	}
 	// 96 tokens is exactly the gate: it passes.
 	pk, err = c.policy(t, policy.CacheAwareOptions{MinMatchedTokens: 96}).Pick(ctx, group, creq(tok))
@@ -195,7 +196,7 @@ func TestCacheAwareMatchedTokensAreTheTokensTheEngineServes(t *testing.T) {
 			c := newCacheEnv(t)
 			tok := prompt(tc.n, 2)
 			c.hold(t, "a", tok, tc.held)
-			c.inflight.Acquire("a") // so that a miss falls back to b
+			c.inflight.Acquire("a", -1, 0) // so that a miss falls back to b
 			group := engines(state.StagePrefill, "a", "b")
 			for _, gate := range []uint64{tc.matched, tc.matched + 1} {
 				c.rnd.vals = []int{1, 0}
@@ -213,8 +214,9 @@ func TestCacheAwareMatchedTokensAreTheTokensTheEngineServes(t *testing.T) {
 	}
 }
 
-// docs/design.md §9.1: unset, the hit gate is min(1,024, ⌈input tokens ÷ 4⌉) matched tokens, so a
-// short chat's prefix counts while a long prompt still needs 1,024.
+// docs/design.md §9.1: unset, the hit gate is a fifth of the prompt, ⌈input tokens ÷ 5⌉ matched
+// tokens, whatever the prompt's length: a short chat's prefix counts, and a long prompt's shared
+// system prompt alone does not.
 func TestCacheAwareDefaultHitGate(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -223,20 +225,21 @@ func TestCacheAwareDefaultHitGate(t *testing.T) {
 		held int // blocks engine a holds
 		hit  bool
 	}{
-		{"321 tokens: gate 81, 80 matched", 20*blockTokens + 1, 5, false},
-		{"321 tokens: gate 81, 96 matched", 20*blockTokens + 1, 6, true},
-		{"320 tokens: gate 80, 80 matched", 20 * blockTokens, 5, true},
-		{"4,095 tokens: gate 1,024, 1,008 matched", 4095, 63, false},
-		{"4,095 tokens: gate 1,024, 1,024 matched", 4095, 64, true},
-		{"8,193 tokens: gate 1,024, 1,008 matched", 8193, 63, false},
-		{"8,193 tokens: gate 1,024, 1,024 matched", 8193, 64, true},
+		{"321 tokens: gate 65, 64 matched", 20*blockTokens + 1, 4, false},
+		{"321 tokens: gate 65, 80 matched", 20*blockTokens + 1, 5, true},
+		{"320 tokens: gate 64, 64 matched", 20 * blockTokens, 4, true},
+		{"8,193 tokens: gate 1,639, 1,632 matched", 8193, 102, false},
+		{"8,193 tokens: gate 1,639, 1,648 matched", 8193, 103, true},
+		{"40,960 tokens: gate 8,192, 2,048 matched (a system prompt)", 40960, 128, false},
+		{"40,960 tokens: gate 8,192, 8,176 matched", 40960, 511, false},
+		{"40,960 tokens: gate 8,192, 8,192 matched", 40960, 512, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c := newCacheEnv(t)
 			tok := prompt(tc.n, 4)
 			c.hold(t, "a", tok, tc.held)
-			c.inflight.Acquire("a") // so that a miss falls back to b
+			c.inflight.Acquire("a", -1, 0) // so that a miss falls back to b
 			c.rnd.vals = []int{1, 0}
 			p, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: c.source})
 			require.NoError(t, err)
@@ -244,11 +247,11 @@ func TestCacheAwareDefaultHitGate(t *testing.T) {
 			require.NoError(t, err)
 			if tc.hit {
 				assert.Equal(t, state.EngineID("a"), pk.Engine.ID())
-				assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+				assert.Equal(t, label.ReasonCacheCandidate, pk.Reason)
 				assert.Equal(t, uint64(tc.n-tc.held*blockTokens), pk.PrefillTokens)
 			} else {
 				assert.Equal(t, state.EngineID("b"), pk.Engine.ID())
-				assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+				assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
 				assert.Equal(t, uint64(tc.n), pk.PrefillTokens)
 			}
 		})
@@ -269,7 +272,7 @@ func TestCacheAwareRemoteEngineIdentityIsExact(t *testing.T) {
 	pk, err := p.Pick(ctx, engines(state.StagePrefill, "http://a", "http://b"), creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("http://a"), pk.Engine.ID(), `"http://b/" is not "http://b"; duplicate depths of a merge to 3`)
-	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+	assert.Equal(t, label.ReasonCacheCandidate, pk.Reason)
 }
 
 // sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` memo_reuses_io_but_reruns_admission_and_group_selection.
@@ -350,7 +353,7 @@ func TestCacheAwareUnavailableFallsBackButRejectedQueriesFail(t *testing.T) {
 			pk, err := p.Pick(ctx, engines(state.StagePrefill, "busy", "idle"), req)
 			require.NoError(t, err, name)
 			assert.Equal(t, state.EngineID("idle"), pk.Engine.ID(), "%s: falls back to the least loaded", name)
-			assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+			assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
 			assert.Equal(t, kvindex.OutcomeUnavailable, c.dec.last().Lookup)
 		}
 		assert.Equal(t, int32(1), calls.Load(), "%s: unavailability is memoized", name)
@@ -385,9 +388,9 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	pk, err := c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "the owner at the limit (4 of 4) is queued: diverted to the idle peer")
-	assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+	assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
 	d := c.dec.last()
-	assert.Equal(t, policy.DecisionCacheWorkerQueued, d.Decision)
+	assert.Equal(t, label.DecisionCacheWorkerQueued, d.Decision)
 	assert.Equal(t, 8, d.DivertedBlocks, "the forfeited prefix depth")
 	assert.Equal(t, 1, d.GateRejected)
 	assert.Zero(t, d.Evaluated)
@@ -395,10 +398,10 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	c = setup(3, 0)
 	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "one below the limit passes the gate")
-	assert.Equal(t, policy.DecisionCacheHit, c.dec.last().Decision)
+	assert.Equal(t, label.DecisionCacheHit, c.dec.last().Decision)
 
 	c = setup(3, 0)
-	c.inflight.AcquirePrefill("owner", 100) // dispatched after the report: a fourth waiting request
+	c.inflight.Acquire("owner", -1, 100) // dispatched after the report: a fourth waiting request
 	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "3 reported + 1 dispatched since reach the limit")
 
@@ -410,12 +413,12 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	c = setup(5, 4)
 	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4), SaturationQueueFloor: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "the cold peer queues too: pinned to the owner")
-	assert.Equal(t, policy.ReasonSaturationPin, pk.Reason)
+	assert.Equal(t, label.ReasonSaturationPin, pk.Reason)
 
 	c = setup(5, 3)
 	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4), SaturationQueueFloor: u64(2)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "floor 2, cold at 3: nothing provably idle, owner pinned")
-	assert.Equal(t, policy.ReasonSaturationPin, pk.Reason)
+	assert.Equal(t, label.ReasonSaturationPin, pk.Reason)
 
 	c = setup(5, 1)
 	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4), SaturationQueueFloor: u64(2)}).Pick(ctx, group, creq(tok))
@@ -424,12 +427,12 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	c = setup(5, 4)
 	c.load.Forget("cold") // unknown queue is not idle
 	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4), SaturationQueueFloor: u64(4)}).Pick(ctx, group, creq(tok))
-	assert.Equal(t, policy.ReasonSaturationPin, pk.Reason, "an unknown queue is not idle")
+	assert.Equal(t, label.ReasonSaturationPin, pk.Reason, "an unknown queue is not idle")
 
 	c = setup(4, 9)
 	pk, _ = c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(4)}).Pick(ctx, group, creq(tok))
 	assert.Equal(t, state.EngineID("owner"), pk.Engine.ID(), "the whole group queues and no floor: the prefix is kept")
-	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+	assert.Equal(t, label.ReasonCacheCandidate, pk.Reason)
 	assert.True(t, c.dec.last().FleetAllQueued)
 
 	c = setup(4, 9)
@@ -538,7 +541,7 @@ func TestCacheAwareGuardSwitchesNearTiesOnlyWithCompleteFreshTelemetry(t *testin
 	assert.Equal(t, 1, c.dec.last().GuardCompared)
 	assert.Zero(t, c.dec.last().GuardOverrides)
 	// Priced at the mean of the router's dispatches there (2,000 tokens each): 6,000 tokens.
-	c.inflight.AcquirePrefill("deep", 2000)
+	c.inflight.Acquire("deep", -1, 2000)
 	c.clk.Advance(time.Millisecond)
 	require.NoError(t, c.load.Report(loadmon.Report{Engine: "deep", WaitingRequests: 3}))
 	pk, _ = c.policy(t, guarded).Pick(ctx, group, creq(tok))
@@ -598,9 +601,11 @@ func TestCacheAwareRejectsDecodeAndInvalidConfiguration(t *testing.T) {
 		assert.ErrorIs(t, err, policy.ErrInvalidConfiguration, name)
 	}
 	p := c.policy(t, policy.CacheAwareOptions{})
-	assert.False(t, p.SupportsStage(state.StageDecode))
-	assert.True(t, p.SupportsStage(state.StagePrefill))
-	assert.True(t, p.SupportsStage(state.StagePlain))
+	ss, ok := p.(interface{ SupportsStage(state.Stage) bool })
+	require.True(t, ok, "the cache-aware policy has the optional SupportsStage method")
+	assert.False(t, ss.SupportsStage(state.StageDecode))
+	assert.True(t, ss.SupportsStage(state.StagePrefill))
+	assert.True(t, ss.SupportsStage(state.StagePlain))
 	_, err := p.Pick(ctx, engines(state.StageDecode, "d"), &policy.Request{Stage: state.StageDecode})
 	assert.ErrorIs(t, err, policy.ErrInvalidConfiguration)
 	_, err = p.Pick(ctx, nil, creq(prompt(32, 1)))
@@ -617,12 +622,12 @@ func TestCacheAwareFallbackDecisionLabels(t *testing.T) {
 		allQueued           bool
 		want                string
 	}{
-		{0, 0, false, policy.DecisionCacheMiss},
-		{0, 3, true, policy.DecisionCacheMiss},
-		{2, 2, true, policy.DecisionAllQueued},
-		{2, 0, true, policy.DecisionAllQueued},
-		{2, 1, false, policy.DecisionCacheMiss},
-		{2, 0, false, policy.DecisionCacheWorkerQueued},
+		{0, 0, false, label.DecisionCacheMiss},
+		{0, 3, true, label.DecisionCacheMiss},
+		{2, 2, true, label.DecisionAllQueued},
+		{2, 0, true, label.DecisionAllQueued},
+		{2, 1, false, label.DecisionCacheMiss},
+		{2, 0, false, label.DecisionCacheWorkerQueued},
 	}
 	for _, tt := range tests {
 		got := policy.CacheAwareFallbackDecision(tt.rejected, tt.evaluated, tt.allQueued)
@@ -744,11 +749,11 @@ func TestCacheAwareDiversionAllocatesLikeAHit(t *testing.T) {
 	}
 
 	c.native("owner", loadmon.Report{WaitingRequests: 0})
-	require.Equal(t, policy.ReasonCacheCandidate, pick().Reason)
+	require.Equal(t, label.ReasonCacheCandidate, pick().Reason)
 	hitAllocs := testing.AllocsPerRun(100, func() { pick() })
 
 	c.native("owner", loadmon.Report{WaitingRequests: 9})
-	require.Equal(t, policy.ReasonNoCacheCandidate, pick().Reason, "the owner is queued: diverted")
+	require.Equal(t, label.ReasonNoCacheCandidate, pick().Reason, "the owner is queued: diverted")
 	divAllocs := testing.AllocsPerRun(100, func() { pick() })
 	assert.LessOrEqual(t, divAllocs, hitAllocs, "a diversion over a 41-engine unqueued tier allocates %v, a hit %v", divAllocs, hitAllocs)
 }
@@ -802,9 +807,9 @@ func TestCacheAwareHoldersWithinTheMarginAreOrderedByPressure(t *testing.T) {
 		c.hold(t, "deep", tok, 10)   // 1 uncached
 		c.hold(t, "shallow", tok, 9) // 17 uncached
 		for range 3 {
-			c.inflight.Acquire("deep")
+			c.inflight.Acquire("deep", -1, 0)
 		}
-		c.inflight.Acquire("shallow")
+		c.inflight.Acquire("shallow", -1, 0)
 		group := engines(state.StagePrefill, "deep", "shallow")
 		pk, _ := c.policy(t, policy.CacheAwareOptions{SwitchMarginTokens: u64(16)}).Pick(ctx, group, creq(tok))
 		assert.Equal(t, state.EngineID("shallow"), pk.Engine.ID())
@@ -838,9 +843,9 @@ func TestCacheAwareCandidateCutKeepsTheLeastPressuredWithinTheMargin(t *testing.
 	assert.Equal(t, state.EngineID("e1"), pk.Engine.ID())
 
 	c = setup()
-	c.inflight.Acquire("e0")
-	c.inflight.Acquire("e1")
-	c.inflight.Acquire("e1")
+	c.inflight.Acquire("e0", -1, 0)
+	c.inflight.Acquire("e1", -1, 0)
+	c.inflight.Acquire("e1", -1, 0)
 	_, err = c.policy(t, opts).Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, []state.EngineID{"e2", "e3"}, c.check.Calls(), "no reports: the two fewest in flight, ID last")
@@ -861,16 +866,16 @@ func TestCacheAwareUnknownLoadPassesTheGateOnlyBelowTheLimitInFlight(t *testing.
 	c.native("cold", loadmon.Report{WaitingRequests: 0})
 	group := engines(state.StagePrefill, "cold", "holder")
 	p := c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(2)})
-	c.inflight.Acquire("holder")
+	c.inflight.Acquire("holder", -1, 0)
 	pk, err := p.Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("holder"), pk.Engine.ID(), "1 in flight < limit 2: unknown fails open")
-	c.inflight.Acquire("holder")
+	c.inflight.Acquire("holder", -1, 0)
 	pk, err = p.Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "2 in flight: set aside")
 	d := c.dec.last()
-	assert.Equal(t, policy.DecisionCacheWorkerQueued, d.Decision)
+	assert.Equal(t, label.DecisionCacheWorkerQueued, d.Decision)
 	assert.Equal(t, 1, d.GateRejected)
 	assert.False(t, d.FleetAllQueued, "unknown is never proof of a queue")
 
@@ -897,13 +902,13 @@ func TestCacheAwarePartialDiversionRecordsForfeitedBlocks(t *testing.T) {
 		decision                   string
 		forfeited, diverted, gated int
 	}{
-		{"deepest holder queued, shallower wins", 4, 0, 0, 0, "shallow", policy.DecisionCacheHit, 5, 0, 1},
-		{"nothing queued", 0, 0, 0, 0, "deep", policy.DecisionCacheHit, 0, 0, 0},
-		{"shallower holder queued", 0, 4, 0, 0, "deep", policy.DecisionCacheHit, 0, 0, 1},
-		{"every holder queued", 4, 4, 0, 0, "cold", policy.DecisionCacheWorkerQueued, 0, 8, 2},
-		{"all queued: re-admitted, nothing forfeited", 4, 5, 6, 0, "deep", policy.DecisionCacheHit, 0, 0, 2},
+		{"deepest holder queued, shallower wins", 4, 0, 0, 0, "shallow", label.DecisionCacheHit, 5, 0, 1},
+		{"nothing queued", 0, 0, 0, 0, "deep", label.DecisionCacheHit, 0, 0, 0},
+		{"shallower holder queued", 0, 4, 0, 0, "deep", label.DecisionCacheHit, 0, 0, 1},
+		{"every holder queued", 4, 4, 0, 0, "cold", label.DecisionCacheWorkerQueued, 0, 8, 2},
+		{"all queued: re-admitted, nothing forfeited", 4, 5, 6, 0, "deep", label.DecisionCacheHit, 0, 0, 2},
 		// Re-admitted, then the pressure guard (not the gate) prefers the shallower holder.
-		{"all queued: the guard's choice is not a diversion", 4, 5, 6, 100_000, "shallow", policy.DecisionCacheHit, 0, 0, 2},
+		{"all queued: the guard's choice is not a diversion", 4, 5, 6, 100_000, "shallow", label.DecisionCacheHit, 0, 0, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -944,16 +949,19 @@ func TestCacheAwarePickWithoutMemoAllocatesNothing(t *testing.T) {
 	for _, off := range []bool{false, true} {
 		p, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens, DisableRoutePlacements: off})
 		require.NoError(t, err)
-		pick := func(tok []uint32) policy.Pick {
-			pk, err := p.Pick(ctx, group, creq(tok))
+		// The request is built once, as the bucket's pooled one is: a call through the Policy
+		// interface lets it escape.
+		pick := func(req *policy.Request) policy.Pick {
+			pk, err := p.Pick(ctx, group, req)
 			require.NoError(t, err)
 			return pk
 		}
-		require.Equal(t, policy.ReasonCacheCandidate, pick(tok).Reason)
-		assert.Zero(t, testing.AllocsPerRun(100, func() { pick(tok) }), "a hit (placements off: %v)", off)
+		hit := creq(tok)
+		require.Equal(t, label.ReasonCacheCandidate, pick(hit).Reason)
+		assert.Zero(t, testing.AllocsPerRun(100, func() { pick(hit) }), "a hit (placements off: %v)", off)
 		if off {
-			cold := prompt(16*blockTokens, 22)
-			require.Equal(t, policy.ReasonNoCacheCandidate, pick(cold).Reason)
+			cold := creq(prompt(16*blockTokens, 22))
+			require.Equal(t, label.ReasonNoCacheCandidate, pick(cold).Reason)
 			assert.Zero(t, testing.AllocsPerRun(100, func() { pick(cold) }), "a miss")
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -37,12 +38,12 @@ func TestCostComparisonMovesARequestOffABusyHolderOnlyWhenMateriallyCheaper(t *t
 		reason        string
 	}{
 		// holder 300 + 128 = 428 vs idle 1 + 256: saves 171 > 64, but not > 2 × 128.
-		{"saving below twice the recomputed prefix", 300, policy.CacheAwareOptions{}, "holder", policy.ReasonCacheCandidate},
+		{"saving below twice the recomputed prefix", 300, policy.CacheAwareOptions{}, "holder", label.ReasonCacheCandidate},
 		// holder 400 + 128 = 528: saves 271 > 256.
-		{"saving above twice the recomputed prefix", 400, policy.CacheAwareOptions{}, "idle", policy.ReasonCostDiverted},
-		{"factor 1 moves earlier", 300, policy.CacheAwareOptions{RecomputeFactor: 1}, "idle", policy.ReasonCostDiverted},
-		{"margin above the saving", 400, policy.CacheAwareOptions{CostMarginTokens: u64(271)}, "holder", policy.ReasonCacheCandidate},
-		{"disabled: the upstream rules alone", 1 << 20, policy.CacheAwareOptions{DisableCostComparison: true}, "holder", policy.ReasonCacheCandidate},
+		{"saving above twice the recomputed prefix", 400, policy.CacheAwareOptions{}, "idle", label.ReasonCostDiverted},
+		{"factor 1 moves earlier", 300, policy.CacheAwareOptions{RecomputeFactor: 1}, "idle", label.ReasonCostDiverted},
+		{"margin above the saving", 400, policy.CacheAwareOptions{CostMarginTokens: u64(271)}, "holder", label.ReasonCacheCandidate},
+		{"disabled: the upstream rules alone", 1 << 20, policy.CacheAwareOptions{DisableCostComparison: true}, "holder", label.ReasonCacheCandidate},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -61,13 +62,13 @@ func TestCostComparisonMovesARequestOffABusyHolderOnlyWhenMateriallyCheaper(t *t
 			assert.Equal(t, tt.reason, pk.Reason)
 			d := c.dec.last()
 			if tt.want == "idle" {
-				assert.Equal(t, policy.DecisionCostDiverted, d.Decision)
+				assert.Equal(t, label.DecisionCostDiverted, d.Decision)
 				assert.Equal(t, 8, d.DivertedBlocks, "the 8 blocks the holder held")
 				assert.True(t, d.CostOverride)
 				assert.Equal(t, uint64(256), pk.PrefillTokens, "the idle engine prefills the whole prompt")
 				assert.Equal(t, []state.EngineID{"holder", "idle"}, c.check.Calls(), "admission once on the holder, once on the alternative")
 			} else {
-				assert.Equal(t, policy.DecisionCacheHit, d.Decision)
+				assert.Equal(t, label.DecisionCacheHit, d.Decision)
 				assert.False(t, d.CostOverride)
 				assert.Equal(t, uint64(128), pk.PrefillTokens)
 				assert.Equal(t, []state.EngineID{"holder"}, c.check.Calls())
@@ -132,7 +133,7 @@ func TestCostComparisonPreventsLockInOnASharedPrefix(t *testing.T) {
 			pk, err := p.Pick(ctx, group, creq(tok))
 			require.NoError(t, err)
 			got[pk.Engine.ID()]++
-			c.inflight.AcquirePrefill(pk.Engine.ID(), pk.PrefillTokens) // dispatched, never reported
+			c.inflight.Acquire(pk.Engine.ID(), -1, pk.PrefillTokens) // dispatched, never reported
 		}
 		return got
 	}
@@ -155,8 +156,8 @@ func TestCostComparisonPicksTheCheapestHolder(t *testing.T) {
 	pk, err := p.Pick(ctx, engines(state.StagePrefill, "deep", "shallow"), creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("shallow"), pk.Engine.ID(), "2000 + 0 against 0 + 128")
-	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
-	assert.Equal(t, policy.DecisionCacheHit, c.dec.last().Decision)
+	assert.Equal(t, label.ReasonCacheCandidate, pk.Reason)
+	assert.Equal(t, label.DecisionCacheHit, c.dec.last().Decision)
 	assert.True(t, c.dec.last().CostOverride)
 }
 
@@ -214,7 +215,7 @@ func TestCostComparisonOnAMissTakesTheCheapestOfTheTier(t *testing.T) {
 	pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("c"), pk.Engine.ID())
-	assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+	assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
 	assert.True(t, c.dec.last().CostOverride)
 	assert.Equal(t, []state.EngineID{"c"}, c.check.Calls(), "admission once, on the engine returned")
 
@@ -232,7 +233,7 @@ func TestRoutePlacementsAreRecordedExpireAndCanBeTurnedOff(t *testing.T) {
 	t.Parallel()
 	tok := prompt(256, 36)
 	group := engines(state.StagePrefill, "a", "b", "c")
-	newPolicy := func(c *cacheEnv, disable bool) *policy.CacheAware {
+	newPolicy := func(c *cacheEnv, disable bool) policy.Policy {
 		src, err := kvindex.NewLocalSource(c.index) // a Placer; the counting wrapper is not
 		require.NoError(t, err)
 		return c.policy(t, policy.CacheAwareOptions{Source: src, DisableRoutePlacements: disable})
@@ -246,7 +247,7 @@ func TestRoutePlacementsAreRecordedExpireAndCanBeTurnedOff(t *testing.T) {
 	second, err := p.Pick(ctx, group, creq(append(append([]uint32(nil), tok...), prompt(64, 37)...)))
 	require.NoError(t, err)
 	assert.Equal(t, first.Engine.ID(), second.Engine.ID())
-	assert.Equal(t, policy.ReasonCacheCandidate, second.Reason)
+	assert.Equal(t, label.ReasonCacheCandidate, second.Reason)
 
 	c.clk.Advance(approxTTL + time.Second)
 	assert.Empty(t, c.index.Match(c.index.Hasher().Keys(tok)).Engines, "unconfirmed placements expire")
@@ -277,7 +278,7 @@ func TestCostComparisonDoesNotSeeThePreviousPicksPrefix(t *testing.T) {
 	pk, err = p.Pick(ctx, group, creq(b))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("o"), pk.Engine.ID())
-	assert.Equal(t, policy.ReasonNoCacheCandidate, pk.Reason)
+	assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
 	assert.False(t, c.dec.last().CostOverride)
 }
 
@@ -347,7 +348,7 @@ func TestCostComparisonSkipsOnlyScansThatCannotChangeThePick(t *testing.T) {
 		case scans[0] > 0:
 			scanned++
 		}
-		if decs[0].Decision == policy.DecisionCostDiverted {
+		if decs[0].Decision == label.DecisionCostDiverted {
 			diverted++
 		}
 	}
@@ -357,13 +358,14 @@ func TestCostComparisonSkipsOnlyScansThatCannotChangeThePick(t *testing.T) {
 	assert.Greater(t, diverted, 10, "picks the scan diverted")
 }
 
-// The skip's bound counts the tokens the scanned engines hold: an engine below the hit threshold
-// is no candidate, but the scan prices it with its cached tokens. Prompt of 256 tokens, threshold
-// 128: "w" holds all 16 blocks with 250 tokens pending (cost 250), "near" holds 7 blocks, 112
-// tokens, below the threshold (cost 256 − 112 = 144), "far" holds nothing (cost 256). Whole
-// prompts alone (256) could not be materially cheaper than 250, but "near" is: it saves 106
-// tokens, above the recompute threshold 2 × 1/3 busy × 144 = 96 (docs/design.md §9.11).
-func TestCostComparisonScansWhenAnEngineBelowTheThresholdCouldBeCheaper(t *testing.T) {
+// A match below the hit gate is a miss for the cost comparison too: it earns no credit, so a
+// shared prefix shorter than the gate (a system prompt) does not draw traffic to its holders
+// (docs/design.md §9.1, §9.11). Prompt of 256 tokens, gate 128: "w" holds all 16 blocks, serving
+// 240 tokens, with 250 pending (cost 266), "near" holds 7 blocks, 112 tokens, below the gate (cost
+// 256, not 144), "far" holds nothing (cost 256). Saving 10 tokens does not pay the 240 tokens of
+// recomputation (threshold 2 × 1/3 busy × 240 = 160), so w stays; crediting near's 112 tokens
+// would divert the request there (saving 122 > 2 × 1/3 × 128).
+func TestCostComparisonGivesNoCreditBelowTheHitGate(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
 	tok := prompt(256, 77)
@@ -378,7 +380,7 @@ func TestCostComparisonScansWhenAnEngineBelowTheThresholdCouldBeCheaper(t *testi
 	pk, err := p.Pick(ctx, engines(state.StagePrefill, "far", "near", "w"), creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, 1, scans, "the scan ran")
-	assert.Equal(t, state.EngineID("near"), pk.Engine.ID())
-	assert.Equal(t, policy.ReasonCostDiverted, pk.Reason)
-	assert.Equal(t, uint64(144), pk.PrefillTokens)
+	assert.Equal(t, state.EngineID("w"), pk.Engine.ID())
+	assert.Equal(t, label.ReasonCacheCandidate, pk.Reason)
+	assert.Equal(t, uint64(16), pk.PrefillTokens)
 }

@@ -1,5 +1,6 @@
 // Package policy chooses one engine from one engine group's candidates. Name a built-in policy in
-// the configuration (NameLeastLoad, NameCacheAware, …) or build one with its constructor
+// the configuration (round_robin, random, power_of_two, power_of_n, least_load, cache_aware,
+// session_aware, sticky; Names lists every registered one) or build one with its constructor
 // (NewLeastLoad, NewCacheAware, NewSessionAware, NewSticky, NewPowerOfN, NewRoundRobin,
 // NewRandom) from a Config; the Router calls its Pick with the Request facts and records the Pick
 // it returns.

@@ -110,7 +110,7 @@ func ExampleNewLeastLoad() {
 			fmt.Println(err)
 			return
 		}
-		inflight.Acquire(pick.Engine.ID()) // the host dispatches; no response ends in this example
+		inflight.Acquire(pick.Engine.ID(), -1, 0) // the host dispatches; no response ends in this example
 		fmt.Println(pick.Engine.ID(), pick.Reason)
 	}
 	// Output:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
 )
@@ -110,7 +111,7 @@ var _ Policy = (*powerOfN)(nil)
 // report); a complete tie keeps the first sampled. When n covers the candidates it takes the exact
 // minimum, breaking complete ties uniformly at random (docs/design.md §7). Admission is called
 // once, on the winner; a rejection is returned as *AdmissionRejectedError, never resampled or
-// replaced. Picks carry ReasonPowerOfTwo when n = 2, otherwise ReasonPowerOfN. n < 1 or a nil
+// replaced. Picks carry power_of_two when n = 2, otherwise power_of_n. n < 1 or a nil
 // required Config handle is an error wrapping ErrInvalidConfiguration.
 func NewPowerOfN(cfg Config, n int) (Policy, error) {
 	if n < 1 {
@@ -119,9 +120,9 @@ func NewPowerOfN(cfg Config, n int) (Policy, error) {
 	if err := cfg.validate("power_of_n"); err != nil {
 		return nil, err
 	}
-	reason := ReasonPowerOfN
+	reason := label.ReasonPowerOfN
 	if n == 2 {
-		reason = ReasonPowerOfTwo
+		reason = label.ReasonPowerOfTwo
 	}
 	return &powerOfN{cfg: cfg, n: n, reason: reason}, nil
 }
@@ -208,7 +209,7 @@ var _ Policy = (*leastLoad)(nil)
 // returned, never replaced. It returns an error wrapping ErrInvalidConfiguration when a required
 // Config handle is nil.
 func NewLeastLoad(cfg Config) (Policy, error) {
-	if err := cfg.validate(NameLeastLoad); err != nil {
+	if err := cfg.validate(label.LeastLoad); err != nil {
 		return nil, err
 	}
 	return &leastLoad{cfg: cfg}, nil
@@ -256,7 +257,7 @@ func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request
 	if err != nil {
 		return Pick{}, err
 	}
-	return Pick{Engine: engines[best], Reason: ReasonLeastLoad}.withRank(&obs).withCap(ic), nil
+	return Pick{Engine: engines[best], Reason: label.ReasonLeastLoad}.withRank(&obs).withCap(ic), nil
 }
 
 func satAdd(a, b uint64) uint64 {

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -39,7 +40,7 @@ func TestPowerOfNChecksTheLessLoadedEngineOnceAndNeverFallsBack(t *testing.T) {
 		pk, err := p.Pick(ctx, cands, &policy.Request{Stage: state.StagePrefill})
 		require.NoError(t, err)
 		assert.Equal(t, state.EngineID("idle"), pk.Engine.ID(), "sample order %v", order)
-		assert.Equal(t, policy.ReasonPowerOfTwo, pk.Reason)
+		assert.Equal(t, label.ReasonPowerOfTwo, pk.Reason)
 		assert.Equal(t, []state.EngineID{"idle"}, e.check.Calls(), "admission once, on the winner")
 
 		e.check.reject = map[state.EngineID]string{"idle": "full"}
@@ -112,9 +113,9 @@ func TestPowerOfNBasicReportsCompareOnReportedRequests(t *testing.T) {
 			// a reports far more load than b, but has fewer requests in flight from this router.
 			e.native("a", loadmon.Report{WaitingRequests: 50})
 			require.NoError(t, e.load.Report(rb))
-			e.inflight.Acquire("b")
-			e.inflight.Acquire("b")
-			e.inflight.Acquire("a")
+			e.inflight.Acquire("b", -1, 0)
+			e.inflight.Acquire("b", -1, 0)
+			e.inflight.Acquire("a", -1, 0)
 			p, _ := policy.NewPowerOfN(e.cfg(), 2)
 			for _, stage := range []state.Stage{state.StagePrefill, state.StageDecode} {
 				e.rnd.vals = []int{1, 0}
@@ -148,9 +149,9 @@ func TestPowerOfNUnusableTelemetryFallsBackToLocalLoadForBoth(t *testing.T) {
 			// a reports far more load than b, but has fewer requests in flight from this router.
 			e.native("a", loadmon.Report{WaitingRequests: 50})
 			setup(e)
-			e.inflight.Acquire("b")
-			e.inflight.Acquire("b")
-			e.inflight.Acquire("a")
+			e.inflight.Acquire("b", -1, 0)
+			e.inflight.Acquire("b", -1, 0)
+			e.inflight.Acquire("a", -1, 0)
 			p, _ := policy.NewPowerOfN(e.cfg(), 2)
 			for _, stage := range []state.Stage{state.StagePrefill, state.StageDecode} {
 				e.rnd.vals = []int{1, 0}
@@ -169,12 +170,12 @@ func TestPowerOfNEqualReportedPressureUsesLocalLoad(t *testing.T) {
 	e.native("b", loadmon.Report{WaitingRequests: 3})
 	e.native("c", loadmon.Report{WaitingRequests: 30})
 	cands := engines(state.StageDecode, "a", "b", "c") // three candidates, so two are sampled
-	e.inflight.Acquire("a")
+	e.inflight.Acquire("a", -1, 0)
 	p, _ := policy.NewPowerOfN(e.cfg(), 2)
 	e.rnd.vals = []int{0, 1}
 	pk, _ := p.Pick(ctx, cands, &policy.Request{Stage: state.StageDecode})
 	assert.Equal(t, state.EngineID("b"), pk.Engine.ID())
-	e.inflight.Acquire("b")
+	e.inflight.Acquire("b", -1, 0)
 	for _, order := range [][]int{{0, 1}, {1, 0}} {
 		e.rnd.vals = append([]int(nil), order...)
 		pk, _ = p.Pick(ctx, cands, &policy.Request{Stage: state.StageDecode})
@@ -280,7 +281,7 @@ func TestMissingStaleAndIncompleteReportsReachAdmissionAsUnknown(t *testing.T) {
 	e.native("incomplete", loadmon.Report{RunningRequests: 7})
 	e.native("stale", loadmon.Report{RunningRequests: 7})
 	e.clk.Advance(loadmon.DefaultFreshness + time.Second)
-	e.inflight.Acquire("stale")
+	e.inflight.Acquire("stale", -1, 0)
 	p, _ := policy.NewPowerOfN(e.cfg(), 1)
 	for _, id := range []state.EngineID{"missing", "stale", "incomplete"} {
 		e.check.metrics = nil
@@ -306,13 +307,13 @@ func TestLeastLoadScoresReportsPlusDispatchesSinceThem(t *testing.T) {
 	pk, err := p.Pick(ctx, cands, nil)
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("a"), pk.Engine.ID())
-	assert.Equal(t, policy.ReasonLeastLoad, pk.Reason)
+	assert.Equal(t, label.ReasonLeastLoad, pk.Reason)
 
 	// Two dispatches to a after its report: 3 + 2 = 5 > 4. b and c tie at 4: the tie is broken by
 	// one draw of Rand(2), where 0 lets the second tied engine replace the first (reservoir).
 	e.clk.Advance(time.Millisecond)
-	e.inflight.Acquire("a")
-	e.inflight.Acquire("a").Release()
+	e.inflight.Acquire("a", -1, 0)
+	e.inflight.Acquire("a", -1, 0).Release()
 	e.rnd.vals = []int{1}
 	pk, _ = p.Pick(ctx, cands, nil)
 	assert.Equal(t, state.EngineID("b"), pk.Engine.ID(), "dispatches since the report count; draw 1 keeps b")
@@ -322,7 +323,7 @@ func TestLeastLoadScoresReportsPlusDispatchesSinceThem(t *testing.T) {
 
 	// b gains an in-flight request dispatched BEFORE its next report: the report covers it, so it
 	// is not counted twice, but the tie with c now goes to the fewer in-flight requests.
-	e.inflight.Acquire("b")
+	e.inflight.Acquire("b", -1, 0)
 	e.clk.Advance(time.Millisecond)
 	e.native("b", loadmon.Report{WaitingRequests: 1, RunningRequests: 3})
 	pk, _ = p.Pick(ctx, cands, nil)
@@ -334,9 +335,9 @@ func TestLeastLoadFallsBackToInFlightWhenAnyReportIsMissing(t *testing.T) {
 	e := newEnv()
 	e.native("a", loadmon.Report{WaitingRequests: 0})
 	e.native("b", loadmon.Report{WaitingRequests: 100})
-	e.inflight.Acquire("a")
-	e.inflight.Acquire("a")
-	e.inflight.Acquire("c")
+	e.inflight.Acquire("a", -1, 0)
+	e.inflight.Acquire("a", -1, 0)
+	e.inflight.Acquire("c", -1, 0)
 	p, _ := policy.NewLeastLoad(e.cfg())
 	pk, err := p.Pick(ctx, engines(state.StagePlain, "a", "b", "c"), nil)
 	require.NoError(t, err)
@@ -382,8 +383,8 @@ func TestPowerOfNComparesOnTheBestCommonBasis(t *testing.T) {
 			e.native("c", loadmon.Report{WaitingRequests: 3, Native: &loadmon.NativeLoad{WaitingUncachedTokens: 9000}})
 		}, "b"},
 		{"all basic: fewest waiting requests, in-flight after them", func(e *env) {
-			e.inflight.Acquire("b") // before the reports: they reflect these
-			e.inflight.Acquire("b")
+			e.inflight.Acquire("b", -1, 0) // before the reports: they reflect these
+			e.inflight.Acquire("b", -1, 0)
 			e.clk.Advance(time.Millisecond)
 			basic(e, "a", 4)
 			basic(e, "b", 2)
@@ -393,21 +394,21 @@ func TestPowerOfNComparesOnTheBestCommonBasis(t *testing.T) {
 			basic(e, "a", 4)
 			basic(e, "b", 2)
 			basic(e, "c", 3)
-			e.inflight.Acquire("b")
-			e.inflight.Acquire("b")
+			e.inflight.Acquire("b", -1, 0)
+			e.inflight.Acquire("b", -1, 0)
 		}, "c"},
 		{"one unknown: in-flight only", func(e *env) {
 			basic(e, "a", 0)
 			basic(e, "b", 9)
-			e.inflight.Acquire("a")
-			e.inflight.Acquire("c")
+			e.inflight.Acquire("a", -1, 0)
+			e.inflight.Acquire("c", -1, 0)
 		}, "b"},
 		{"unknown is not idle: a known idle engine with fewer in flight wins", func(e *env) {
 			basic(e, "a", 0)
 			basic(e, "b", 0)
-			e.inflight.Acquire("b")
-			e.inflight.Acquire("c")
-			e.inflight.Acquire("c")
+			e.inflight.Acquire("b", -1, 0)
+			e.inflight.Acquire("c", -1, 0)
+			e.inflight.Acquire("c", -1, 0)
 		}, "a"},
 	}
 	for _, tc := range cases {

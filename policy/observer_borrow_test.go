@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -28,8 +29,8 @@ func (b *borrower) BorrowCacheDecision(d *policy.CacheDecision) {
 
 // TestCacheObserverKeepsItsCopyAndBorrowerBorrows checks the two observer contracts: a
 // CacheObserver gets its own copy of each decision, which later picks do not overwrite; a
-// borrowing observer is called through BorrowCacheDecision only (docs/performance.md, the
-// observer's cost).
+// borrowing observer is called through BorrowCacheDecision only (docs/performance.md, "policy":
+// a borrowed decision allocates nothing).
 func TestCacheObserverKeepsItsCopyAndBorrowerBorrows(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
@@ -47,8 +48,8 @@ func TestCacheObserverKeepsItsCopyAndBorrowerBorrows(t *testing.T) {
 	}
 	require.Len(t, k.kept, 2)
 	assert.NotSame(t, k.kept[0], k.kept[1], "each decision is its own copy")
-	assert.Equal(t, policy.DecisionCacheHit, k.kept[0].Decision, "the first copy is not overwritten by the next pick")
-	assert.Equal(t, policy.DecisionCacheMiss, k.kept[1].Decision)
+	assert.Equal(t, label.DecisionCacheHit, k.kept[0].Decision, "the first copy is not overwritten by the next pick")
+	assert.Equal(t, label.DecisionCacheMiss, k.kept[1].Decision)
 
 	b := &borrower{}
 	p, err = policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens, Observer: b})
@@ -57,6 +58,6 @@ func TestCacheObserverKeepsItsCopyAndBorrowerBorrows(t *testing.T) {
 		_, err := p.Pick(context.Background(), group, creq(tok))
 		require.NoError(t, err)
 	}
-	assert.Equal(t, []string{policy.DecisionCacheHit, policy.DecisionCacheMiss}, b.borrowed)
+	assert.Equal(t, []string{label.DecisionCacheHit, label.DecisionCacheMiss}, b.borrowed)
 	assert.Empty(t, b.kept, "a borrower is not called through ObserveCacheDecision")
 }

@@ -29,14 +29,21 @@ import (
 // error from the admission Checker or a prefix source (stop routing).
 //
 // Implementations are safe for concurrent use; one instance serves every request of its group.
+//
+// Optional methods, detected at construction:
+//
+//   - SupportsStage(s state.Stage) bool: a policy (or a Builder) that cannot serve every stage
+//     has it, so that a bucket or the configuration rejects the attachment (cache-aware on
+//     decode, docs/design.md §4). Without it, a policy serves every stage.
+//   - ReadsReportedLoad() bool: true when the policy's picks read engine-reported load beyond its
+//     admission caps (the cache-aware queue gate); config.New then warns when no engine of the
+//     model has a fresh report, which leaves such a rule inert (docs/design.md §15).
 type Policy interface {
 	Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error)
 }
 
-// StageSupporter is an optional interface: a policy that cannot serve every stage implements it so
-// that a bucket rejects the attachment at construction (CacheAware on decode,
-// docs/design.md §4). Policies without it serve every stage.
-type StageSupporter interface {
+// stageSupporter is a Policy or Builder with the optional SupportsStage method.
+type stageSupporter interface {
 	SupportsStage(s state.Stage) bool
 }
 
@@ -69,23 +76,27 @@ type Request struct {
 	Memo *kvindex.Memo
 }
 
-// Pick is a policy's choice: the engine and a reason label for metrics and tracing (one of the
-// Reason constants).
+// Pick is a policy's choice: the engine and a reason label for metrics and tracing.
 type Pick struct {
 	// Engine is one of the exact candidate values handed to the policy.
 	Engine state.Engine
-	// Reason is a Reason… label.
+	// Reason is a bounded label of why the engine was chosen (docs/design.md §15). The built-in
+	// policies use round_robin, random, power_of_two, power_of_n, least_load; cache-aware
+	// cache_candidate, saturation_pin, no_cache_candidate, cost_diverted; session-aware
+	// session_primary, assigned, no_session; sticky sticky_primary, sticky_assigned,
+	// no_routing_key, rendezvous, rendezvous_bounded; both affinity policies
+	// affinity_unavailable.
 	Reason string
 	// PrefillTokens is the policy's estimate of the prompt tokens the engine will prefill for
 	// this request: the input tokens minus those it would serve from the prefix it was seen to
 	// hold, whole blocks short of the block holding the last prompt token, which engines compute
 	// again (docs/design.md §9.1); at least 1. 0 means the policy made no estimate: the host
-	// counts the whole input. The Router passes it to loadmon.InFlight.AcquirePrefill (docs/design.md §6).
+	// counts the whole input. The Router passes it to loadmon.InFlight.TryAcquire (docs/design.md §6).
 	PrefillTokens uint64
 	// InFlightCap is the in-flight cap admission held the engine to, valid when HasInFlightCap
 	// (admission.Verdict.InFlightCap; false: no in-flight cap, as with admission.Limits{}). The
 	// check read a count that concurrent selections may have raised since, so the dispatch must
-	// be counted with loadmon.InFlight.TryAcquireRankAt under this cap, a failed acquire being a
+	// be counted with loadmon.InFlight.TryAcquire under this cap, a failed acquire being a
 	// rejection: a configured cap is a promise, checked and acquired atomically. Router.Select
 	// does this; a host that runs bucket.Select itself must too (docs/design.md §5).
 	InFlightCap uint64
@@ -121,34 +132,6 @@ func (p Pick) withCap(c inFlightCap) Pick {
 	p.InFlightCap, p.HasInFlightCap = c.n, c.set
 	return p
 }
-
-// Reason labels (docs/design.md §15). The session labels (ReasonSessionPrimary, ReasonAssigned,
-// ReasonNoSession) are SessionAware's; Sticky's and the store-failure label are in session.go
-// (docs/design.md §12).
-const (
-	ReasonRoundRobin       = "round_robin"
-	ReasonRandom           = "random"
-	ReasonPowerOfTwo       = "power_of_two"
-	ReasonPowerOfN         = "power_of_n"
-	ReasonLeastLoad        = "least_load"
-	ReasonCacheCandidate   = "cache_candidate"
-	ReasonSaturationPin    = "saturation_pin"
-	ReasonNoCacheCandidate = "no_cache_candidate"
-	ReasonCostDiverted     = "cost_diverted" // docs/design.md §9.11
-	ReasonSessionPrimary   = "session_primary"
-	ReasonAssigned         = "assigned"
-	ReasonNoSession        = "no_session"
-)
-
-// Configuration names of the policies (docs/design.md §14; power_of_two builds NewPowerOfN with
-// N = 2).
-const (
-	NameRoundRobin = "round_robin"
-	NameRandom     = "random"
-	NamePowerOfTwo = "power_of_two"
-	NameLeastLoad  = "least_load"
-	NameCacheAware = "cache_aware"
-)
 
 var (
 	// ErrNoCandidates: the group has no eligible engine, or the policy found nothing to choose.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -103,7 +104,7 @@ func TestRoundRobinRotatesWithOneCursorPerInstance(t *testing.T) {
 	for range 4 {
 		pk, err := a.Pick(ctx, cands, nil)
 		require.NoError(t, err)
-		assert.Equal(t, policy.ReasonRoundRobin, pk.Reason)
+		assert.Equal(t, label.ReasonRoundRobin, pk.Reason)
 		got = append(got, pk.Engine.ID())
 	}
 	assert.Equal(t, []state.EngineID{"a", "b", "c", "a"}, got)
@@ -129,7 +130,7 @@ func TestRandomUsesItsSource(t *testing.T) {
 	for range 3 {
 		pk, err := p.Pick(ctx, cands, nil)
 		require.NoError(t, err)
-		assert.Equal(t, policy.ReasonRandom, pk.Reason)
+		assert.Equal(t, label.ReasonRandom, pk.Reason)
 		got = append(got, pk.Engine.ID())
 	}
 	assert.Equal(t, []state.EngineID{"c", "a", "b"}, got)
@@ -260,7 +261,7 @@ func TestPickCarriesTheInFlightCapItWasAdmittedUnder(t *testing.T) {
 				assert.Equal(t, tt.engine, pk.Engine.ID())
 				assert.Equal(t, [2]any{tt.cap, tt.has}, [2]any{pk.InFlightCap, pk.HasInFlightCap}, "%s admitted by %T", tt.engine, tt.checker)
 				if name == "cache_aware" && tt.engine == "a" {
-					assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason, "a holder's admission")
+					assert.Equal(t, label.ReasonCacheCandidate, pk.Reason, "a holder's admission")
 				}
 			}
 		})

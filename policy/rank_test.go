@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -46,7 +47,7 @@ func TestCacheAwarePicksTheRankHoldingTheDeepestPrefix(t *testing.T) {
 	pk, err := p.Pick(ctx, engines(state.StagePrefill, "a", "b"), creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("a"), pk.Engine.ID())
-	assert.Equal(t, policy.ReasonCacheCandidate, pk.Reason)
+	assert.Equal(t, label.ReasonCacheCandidate, pk.Reason)
 	require.True(t, pk.HasDPRank)
 	assert.Equal(t, 2, pk.DPRank)
 
@@ -72,14 +73,14 @@ func TestCacheAwareQueueGateReadsTheRanksOwnQueue(t *testing.T) {
 	pk, err := p.Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
 	assert.Equal(t, state.EngineID("a"), pk.Engine.ID(), "rank 1 queues 2 < 4: not diverted")
-	assert.Equal(t, policy.DecisionCacheHit, c.dec.last().Decision)
+	assert.Equal(t, label.DecisionCacheHit, c.dec.last().Decision)
 	assert.Equal(t, 1, pk.DPRank)
 
 	// The holding rank itself queued at the limit is diverted, whatever its sibling ranks.
 	c.ranks(t, "a", loadmon.Report{}, loadmon.Report{WaitingRequests: 4}, loadmon.Report{}, loadmon.Report{})
 	pk, err = p.Pick(ctx, group, creq(tok))
 	require.NoError(t, err)
-	assert.Equal(t, policy.DecisionCacheWorkerQueued, c.dec.last().Decision)
+	assert.Equal(t, label.DecisionCacheWorkerQueued, c.dec.last().Decision)
 	assert.Equal(t, 0, c.dec.last().Evaluated)
 	assert.False(t, c.dec.last().FleetAllQueued, "a's other ranks are idle")
 	_ = pk

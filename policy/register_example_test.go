@@ -57,7 +57,7 @@ engines: [{id: "http://b:8000", model: m}, {id: "http://a:8000", model: m}]
 models:
   - id: m
     buckets: [{id: all, groups: {plain: {policy: {type: lowest_id, lowest_id: {trim_prefix: "http://"}}}}}]
-`), config.FormatYAML)
+`))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -76,7 +76,7 @@ models:
 	fmt.Println(d.Selection.Plain.Engine.ID(), d.Selection.Plain.Reason)
 	d.Release()
 
-	_, err = config.Parse([]byte(`models: [{id: m, buckets: [{id: all, groups: {plain: {policy: {type: lowest_id, lowest_id: {trim: x}}}}}]}]`), config.FormatYAML)
+	_, err = config.Parse([]byte(`models: [{id: m, buckets: [{id: all, groups: {plain: {policy: {type: lowest_id, lowest_id: {trim: x}}}}}]}]`))
 	fmt.Println(err)
 	// Output:
 	// register: <nil>

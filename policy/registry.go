@@ -84,7 +84,7 @@ type builder[O any] struct {
 
 var (
 	_ Builder        = (*builder[struct{}])(nil)
-	_ StageSupporter = (*builder[struct{}])(nil)
+	_ stageSupporter = (*builder[struct{}])(nil)
 )
 
 func (b *builder[O]) Name() string    { return b.name }
@@ -101,8 +101,8 @@ func (b *builder[O]) Build(opts any, env Env) (Policy, error) {
 	return b.build(o, env)
 }
 
-// SupportsStage implements StageSupporter, for the stage check the configuration makes before
-// building.
+// SupportsStage is the optional Builder method (Policy), for the stage check the configuration
+// makes before building.
 func (b *builder[O]) SupportsStage(s state.Stage) bool { return b.stages == nil || b.stages(s) }
 
 // registry holds the builders Register added, after the built-in ones.
@@ -149,16 +149,6 @@ func Names() []string {
 	slices.Sort(names)
 	return names
 }
-
-// ReportedLoadReader is an optional interface of a Policy whose picks read engine-reported load
-// beyond its admission caps (CacheAware's queue gate): the Router warns when none of the engines
-// of its model has a fresh report, which leaves such a rule inert (docs/design.md §15).
-type ReportedLoadReader interface {
-	// ReadsReportedLoad reports whether the policy, as configured, reads engine-reported load.
-	ReadsReportedLoad() bool
-}
-
-var _ ReportedLoadReader = (*CacheAware)(nil)
 
 // OptionError reports one invalid option of a policy. It matches its cause (one of state's
 // ErrOutOfRange, ErrConflict, ErrBadValue, ErrMissingField …) and ErrInvalidConfiguration with

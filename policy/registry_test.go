@@ -42,7 +42,7 @@ func TestRegistry(t *testing.T) {
 	assert.ErrorIs(t, policy.Register(policy.NewBuilder("registry_test_once", build)), state.ErrDuplicate, "twice")
 	b, ok := policy.Lookup("cache_aware")
 	require.True(t, ok)
-	ss, ok := b.(policy.StageSupporter)
+	ss, ok := b.(interface{ SupportsStage(state.Stage) bool })
 	require.True(t, ok)
 	assert.False(t, ss.SupportsStage(state.StageDecode), "cache_aware serves plain and prefill only")
 	assert.True(t, ss.SupportsStage(state.StagePrefill))

@@ -8,41 +8,15 @@ import (
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/state"
-)
-
-// Configuration names of the affinity policies (docs/design.md §12).
-const (
-	NameSessionAware = "session_aware"
-	NameSticky       = "sticky"
 )
 
 // Affinity store namespaces of the two policies, so that a session key and a routing key with
 // equal text never share a binding in one store.
 const (
-	SessionNamespace = "session"
-	StickyNamespace  = "sticky"
-)
-
-// Reason labels of NewSticky's policy and of both affinity policies when their store is
-// unavailable (docs/design.md §12). NewSessionAware's policy uses ReasonSessionPrimary, ReasonAssigned and
-// ReasonNoSession.
-const (
-	// ReasonStickyPrimary: an admitted, existing routing-key binding was reused (or a concurrent
-	// replica's binding won and was admitted).
-	ReasonStickyPrimary = "sticky_primary"
-	// ReasonStickyAssigned: a new or out-of-group routing key was bound to the fallback's pick.
-	ReasonStickyAssigned = "sticky_assigned"
-	// ReasonNoRoutingKey: the request had no routing key; the fallback's pick, unbound.
-	ReasonNoRoutingKey = "no_routing_key"
-	// ReasonRendezvous: stateless sticky, the routing key's highest-weight engine.
-	ReasonRendezvous = "rendezvous"
-	// ReasonRendezvousBounded: stateless sticky with a load bound, a lower-weight engine because
-	// every higher one was at the bound.
-	ReasonRendezvousBounded = "rendezvous_bounded"
-	// ReasonAffinityUnavailable: the affinity store failed and the policy was configured to fall
-	// back (FallbackOnUnavailable); the fallback's pick, unbound.
-	ReasonAffinityUnavailable = "affinity_unavailable"
+	sessionNamespace = "session"
+	stickyNamespace  = "sticky"
 )
 
 // maxReconcile bounds how often a pick re-replaces a binding that concurrent writers keep
@@ -59,7 +33,7 @@ type SessionAwareOptions struct {
 	// 2; negative is invalid.
 	Choices int
 	// FallbackOnUnavailable makes a store failure (affinity.ErrUnavailable) degrade to the
-	// fallback's admitted pick, unbound, with ReasonAffinityUnavailable. False (the default)
+	// fallback's admitted pick, unbound, with affinity_unavailable. False (the default)
 	// returns the store's *affinity.UnavailableError, which stops the bucket loop (HTTP 500)
 	// and which a host can detect with errors.Is to route around, for example by selecting
 	// again without the session key.
@@ -83,21 +57,21 @@ var _ Policy = (*sessionAware)(nil)
 //
 //  1. No candidates → ErrNoCandidates; nothing is read, admission is not called.
 //  2. No (empty) session key → power-of-N with admission.Limits{}, then this policy's admission
-//     on its pick → ReasonNoSession. Nothing is bound.
+//     on its pick → no_session. Nothing is bound.
 //  3. A key longer than affinity.MaxKeyBytes → an error wrapping affinity.ErrInvalidKey
 //     (ErrInvalidSignal); nothing is read or written.
 //  4. A live binding to a candidate (the exact candidate value with the bound ID, so an engine
 //     re-registered under the same ID is returned as its live value) → admission on it,
-//     whatever its pressure → ReasonSessionPrimary. A rejection is returned
+//     whatever its pressure → session_primary. A rejection is returned
 //     (*AdmissionRejectedError); the binding is kept and no other engine is tried.
 //  5. No binding, or one whose engine is not a candidate (removed, unhealthy, outside the
 //     group) → power-of-N with admission.Limits{}, then this policy's admission on its pick. A
 //     rejection is returned and the binding is left as it was. Admitted → first-bind (no
 //     binding) or replace of the dead binding. If the store answers with a concurrent
 //     writer's engine that is a candidate, that engine is checked once and returned
-//     (ReasonSessionPrimary), or its rejection returned with the binding kept; an engine
+//     (session_primary), or its rejection returned with the binding kept; an engine
 //     outside the candidates is replaced again, up to 3 times, after which the admitted pick
-//     is returned unbound. Otherwise → ReasonAssigned.
+//     is returned unbound. Otherwise → assigned.
 //
 // A binding records a placement, not a dispatch: it stays if a later PD group or the dispatch
 // fails. The caller owns the store, its idle timeout and its sweeper.
@@ -106,14 +80,14 @@ var _ Policy = (*sessionAware)(nil)
 // (ErrInvalidSignal) for an over-long key; an *affinity.UnavailableError (wrapped) when the store
 // fails and FallbackOnUnavailable is off; the admission checker's error.
 func NewSessionAware(cfg Config, opts SessionAwareOptions) (Policy, error) {
-	if err := cfg.validate(NameSessionAware); err != nil {
+	if err := cfg.validate(label.SessionAware); err != nil {
 		return nil, err
 	}
 	if opts.Store == nil {
-		return nil, fmt.Errorf("policy: %s: SessionAwareOptions.Store is nil: %w", NameSessionAware, ErrInvalidConfiguration)
+		return nil, fmt.Errorf("policy: %s: SessionAwareOptions.Store is nil: %w", label.SessionAware, ErrInvalidConfiguration)
 	}
 	if opts.Choices < 0 {
-		return nil, fmt.Errorf("policy: %s: SessionAwareOptions.Choices %d: must be >= 0: %w", NameSessionAware, opts.Choices, ErrInvalidConfiguration)
+		return nil, fmt.Errorf("policy: %s: SessionAwareOptions.Choices %d: must be >= 0: %w", label.SessionAware, opts.Choices, ErrInvalidConfiguration)
 	}
 	if opts.Choices == 0 {
 		opts.Choices = defaultChoices
@@ -125,9 +99,9 @@ func NewSessionAware(cfg Config, opts SessionAwareOptions) (Policy, error) {
 		return nil, err
 	}
 	return &sessionAware{core: affinityCore{
-		cfg: cfg, store: opts.Store, namespace: SessionNamespace, fallback: fallback,
-		failOpen: opts.FallbackOnUnavailable, name: NameSessionAware,
-		primary: ReasonSessionPrimary, assigned: ReasonAssigned, noKey: ReasonNoSession,
+		cfg: cfg, store: opts.Store, namespace: sessionNamespace, fallback: fallback,
+		failOpen: opts.FallbackOnUnavailable, name: label.SessionAware,
+		primary: label.ReasonSessionPrimary, assigned: label.ReasonAssigned, noKey: label.ReasonNoSession,
 	}}, nil
 }
 
@@ -170,7 +144,7 @@ func (a *affinityCore) pick(ctx context.Context, engines []state.Engine, req *Re
 	bound, ok, err := a.store.Lookup(ctx, scope)
 	if err != nil {
 		if a.failOpen {
-			return a.fallbackPick(ctx, engines, req, key, ReasonAffinityUnavailable)
+			return a.fallbackPick(ctx, engines, req, key, label.ReasonAffinityUnavailable)
 		}
 		return Pick{}, fmt.Errorf("policy: %s: %w", a.name, err)
 	}
@@ -193,7 +167,7 @@ func (a *affinityCore) pick(ctx context.Context, engines []state.Engine, req *Re
 	for attempt := 1; ; attempt++ {
 		if err != nil {
 			if a.failOpen {
-				pk.Reason = ReasonAffinityUnavailable
+				pk.Reason = label.ReasonAffinityUnavailable
 				return pk, nil
 			}
 			return Pick{}, fmt.Errorf("policy: %s: %w", a.name, err)

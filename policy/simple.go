@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -22,7 +23,7 @@ var _ Policy = (*roundRobin)(nil)
 // cursor does not move. It returns an error wrapping ErrInvalidConfiguration when a required
 // Config handle is nil.
 func NewRoundRobin(cfg Config) (Policy, error) {
-	if err := cfg.validate(NameRoundRobin); err != nil {
+	if err := cfg.validate(label.RoundRobin); err != nil {
 		return nil, err
 	}
 	return &roundRobin{cfg: cfg}, nil
@@ -34,7 +35,7 @@ func (p *roundRobin) Pick(_ context.Context, engines []state.Engine, req *Reques
 		return Pick{}, ErrNoCandidates
 	}
 	i := (p.cursor.Add(1) - 1) % uint64(len(engines))
-	return p.cfg.pickChecked(engines[i], ReasonRoundRobin, stageOf(req))
+	return p.cfg.pickChecked(engines[i], label.ReasonRoundRobin, stageOf(req))
 }
 
 // random is the policy NewRandom returns.
@@ -48,7 +49,7 @@ var _ Policy = (*random)(nil)
 // source, then checks admission once on that engine. It returns an error wrapping
 // ErrInvalidConfiguration when a required Config handle is nil.
 func NewRandom(cfg Config) (Policy, error) {
-	if err := cfg.validate(NameRandom); err != nil {
+	if err := cfg.validate(label.Random); err != nil {
 		return nil, err
 	}
 	return &random{cfg: cfg}, nil
@@ -59,5 +60,5 @@ func (p *random) Pick(_ context.Context, engines []state.Engine, req *Request) (
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates
 	}
-	return p.cfg.pickChecked(engines[p.cfg.Rand(len(engines))], ReasonRandom, stageOf(req))
+	return p.cfg.pickChecked(engines[p.cfg.Rand(len(engines))], label.ReasonRandom, stageOf(req))
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -17,8 +18,8 @@ import (
 type StickyOptions struct {
 	// Store holds the routing-key bindings. Required unless Rendezvous; must be nil with it.
 	Store affinity.Store
-	// Fallback names the policy for new, unbound and keyless routing keys: NameRoundRobin
-	// (default, also ""), NameRandom, NamePowerOfTwo or NameLeastLoad. It is built with
+	// Fallback names the policy for new, unbound and keyless routing keys: round_robin
+	// (default, also ""), random, power_of_two or least_load. It is built with
 	// admission.Limits{}; the sticky policy checks its pick with its own admission. In Rendezvous mode it
 	// serves only keyless requests.
 	Fallback string
@@ -55,20 +56,20 @@ var _ Policy = (*sticky)(nil)
 //
 // With a Store it follows NewSessionAware's rules exactly — reuse of an admitted binding whatever its
 // pressure, binding only after admission, concurrent winners checked, rejections never rebinding
-// — with its own namespace, the configured fallback, and the labels ReasonStickyPrimary,
-// ReasonStickyAssigned and ReasonNoRoutingKey.
+// — with its own namespace, the configured fallback, and the labels sticky_primary,
+// sticky_assigned and no_routing_key.
 //
 // In Rendezvous mode it keeps no state: the engine is the candidate with the highest weight
 // fmix64(xxhash(engine ID) XOR xxhash(routing key)), optionally below the load bound, and admission
-// is checked once on it (ReasonRendezvous, or ReasonRendezvousBounded when the bound moved the
+// is checked once on it (rendezvous, or rendezvous_bounded when the bound moved the
 // key); a rejection is returned, never replaced. A keyless request takes the fallback's pick,
-// checked (ReasonNoRoutingKey). Pick errors are those of NewSessionAware's policy; Rendezvous
+// checked (no_routing_key). Pick errors are those of NewSessionAware's policy; Rendezvous
 // mode allocates nothing.
 func NewSticky(cfg Config, opts StickyOptions) (Policy, error) {
 	fail := func(format string, args ...any) (Policy, error) {
-		return nil, fmt.Errorf("policy: %s: "+format+": %w", append([]any{NameSticky}, append(args, ErrInvalidConfiguration)...)...)
+		return nil, fmt.Errorf("policy: %s: "+format+": %w", append([]any{label.Sticky}, append(args, ErrInvalidConfiguration)...)...)
 	}
-	if err := cfg.validate(NameSticky); err != nil {
+	if err := cfg.validate(label.Sticky); err != nil {
 		return nil, err
 	}
 	switch {
@@ -85,13 +86,13 @@ func NewSticky(cfg Config, opts StickyOptions) (Policy, error) {
 	var fallback Policy
 	var err error
 	switch opts.Fallback {
-	case "", NameRoundRobin:
+	case "", label.RoundRobin:
 		fallback, err = NewRoundRobin(fb)
-	case NameRandom:
+	case label.Random:
 		fallback, err = NewRandom(fb)
-	case NamePowerOfTwo:
+	case label.PowerOfTwo:
 		fallback, err = NewPowerOfN(fb, 2)
-	case NameLeastLoad:
+	case label.LeastLoad:
 		fallback, err = NewLeastLoad(fb)
 	}
 	if err != nil {
@@ -99,9 +100,9 @@ func NewSticky(cfg Config, opts StickyOptions) (Policy, error) {
 	}
 	return &sticky{
 		core: affinityCore{
-			cfg: cfg, store: opts.Store, namespace: StickyNamespace, fallback: fallback,
-			failOpen: opts.FallbackOnUnavailable, name: NameSticky,
-			primary: ReasonStickyPrimary, assigned: ReasonStickyAssigned, noKey: ReasonNoRoutingKey,
+			cfg: cfg, store: opts.Store, namespace: stickyNamespace, fallback: fallback,
+			failOpen: opts.FallbackOnUnavailable, name: label.Sticky,
+			primary: label.ReasonStickyPrimary, assigned: label.ReasonStickyAssigned, noKey: label.ReasonNoRoutingKey,
 		},
 		rendezvous: opts.Rendezvous,
 		loadFactor: opts.LoadFactor,
@@ -121,10 +122,10 @@ func (p *sticky) Pick(ctx context.Context, engines []state.Engine, req *Request)
 		return Pick{}, ErrNoCandidates
 	}
 	if key == "" {
-		return p.core.fallbackPick(ctx, engines, req, "", ReasonNoRoutingKey)
+		return p.core.fallbackPick(ctx, engines, req, "", label.ReasonNoRoutingKey)
 	}
 	if len(key) > affinity.MaxKeyBytes {
-		return Pick{}, fmt.Errorf("policy: %s: %w: key of %d bytes, limit %d", NameSticky, affinity.ErrInvalidKey, len(key), affinity.MaxKeyBytes)
+		return Pick{}, fmt.Errorf("policy: %s: %w: key of %d bytes, limit %d", label.Sticky, affinity.ErrInvalidKey, len(key), affinity.MaxKeyBytes)
 	}
 	i, reason := p.rendezvousIndex(engines, key)
 	return p.core.cfg.pickKeyed(engines[i], key, reason, stageOf(req))
@@ -174,12 +175,12 @@ func (p *sticky) rendezvousIndex(engines []state.Engine, key string) (int, strin
 	if best < 0 {
 		// Counters moved between the passes (concurrent dispatches) so that every engine
 		// reached the bound: the key's own engine.
-		return top, ReasonRendezvousBounded
+		return top, label.ReasonRendezvousBounded
 	}
 	if best != top {
-		return best, ReasonRendezvousBounded
+		return best, label.ReasonRendezvousBounded
 	}
-	return best, ReasonRendezvous
+	return best, label.ReasonRendezvous
 }
 
 // rendezvousWeight is the engine's weight for the key whose xxhash is seed: the engine ID's xxhash
@@ -205,16 +206,16 @@ func fmix64(x uint64) uint64 {
 // sticky block share; errors are *OptionError values.
 func (opts StickyOptions) check() error {
 	switch opts.Fallback {
-	case "", NameRoundRobin, NameRandom, NamePowerOfTwo, NameLeastLoad:
+	case "", label.RoundRobin, label.Random, label.PowerOfTwo, label.LeastLoad:
 	default:
-		return optionErr(NameSticky, "Fallback", state.ErrBadValue, "%q: want %s, %s, %s or %s", opts.Fallback,
-			NameRoundRobin, NameRandom, NamePowerOfTwo, NameLeastLoad)
+		return optionErr(label.Sticky, "Fallback", state.ErrBadValue, "%q: want %s, %s, %s or %s", opts.Fallback,
+			label.RoundRobin, label.Random, label.PowerOfTwo, label.LeastLoad)
 	}
 	switch {
 	case opts.LoadFactor != 0 && !opts.Rendezvous:
-		return optionErr(NameSticky, "LoadFactor", state.ErrConflict, "%v: bounds rendezvous hashing, so it needs Rendezvous", opts.LoadFactor)
+		return optionErr(label.Sticky, "LoadFactor", state.ErrConflict, "%v: bounds rendezvous hashing, so it needs Rendezvous", opts.LoadFactor)
 	case opts.LoadFactor != 0 && !(opts.LoadFactor >= 1 && !math.IsInf(opts.LoadFactor, 1)):
-		return optionErr(NameSticky, "LoadFactor", state.ErrOutOfRange, "%v: must be a finite number >= 1", opts.LoadFactor)
+		return optionErr(label.Sticky, "LoadFactor", state.ErrOutOfRange, "%v: must be a finite number >= 1", opts.LoadFactor)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/affinity"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -45,7 +46,7 @@ func TestStickyOptionsValidation(t *testing.T) {
 	_, err := policy.NewSticky(policy.Config{}, policy.StickyOptions{Store: st})
 	assert.ErrorIs(t, err, policy.ErrInvalidConfiguration, "nil state handles")
 	for _, o := range []policy.StickyOptions{
-		{Store: st}, {Store: st, Fallback: policy.NameRandom}, {Rendezvous: true}, {Rendezvous: true, LoadFactor: 1},
+		{Store: st}, {Store: st, Fallback: label.Random}, {Rendezvous: true}, {Rendezvous: true, LoadFactor: 1},
 	} {
 		_, err := policy.NewSticky(e.cfg(), o)
 		assert.NoError(t, err, "NewSticky(%+v)", o)
@@ -67,10 +68,10 @@ func TestStickyFallbacks(t *testing.T) {
 		want     []state.EngineID
 	}{
 		{"", nil, []state.EngineID{"a", "b", "c", "a"}}, // round_robin is the default
-		{policy.NameRoundRobin, nil, []state.EngineID{"a", "b", "c", "a"}},
-		{policy.NameRandom, []int{2, 0, 2, 1}, []state.EngineID{"c", "a", "c", "b"}},
-		{policy.NamePowerOfTwo, []int{0, 1, 2, 1, 0, 2, 1, 2}, []state.EngineID{"b", "b", "a", "b"}}, // (a,c) sampled: a
-		{policy.NameLeastLoad, nil, []state.EngineID{"b", "b", "b", "b"}},
+		{label.RoundRobin, nil, []state.EngineID{"a", "b", "c", "a"}},
+		{label.Random, []int{2, 0, 2, 1}, []state.EngineID{"c", "a", "c", "b"}},
+		{label.PowerOfTwo, []int{0, 1, 2, 1, 0, 2, 1, 2}, []state.EngineID{"b", "b", "a", "b"}}, // (a,c) sampled: a
+		{label.LeastLoad, nil, []state.EngineID{"b", "b", "b", "b"}},
 	}
 	for _, c := range cases {
 		t.Run("fallback="+c.fallback, func(t *testing.T) {
@@ -89,7 +90,7 @@ func TestStickyFallbacks(t *testing.T) {
 				for range c.want {
 					pk, err := p.Pick(ctx, cands, &policy.Request{Stage: state.StagePlain})
 					require.NoError(t, err)
-					assert.Equal(t, policy.ReasonNoRoutingKey, pk.Reason)
+					assert.Equal(t, label.ReasonNoRoutingKey, pk.Reason)
 					got = append(got, pk.Engine.ID())
 				}
 				assert.Equal(t, c.want, got, "rendezvous=%v", mode.Rendezvous)
@@ -120,16 +121,16 @@ func TestStickyStoreBindsNewKeysThroughTheFallback(t *testing.T) {
 	}
 	for i, key := range []string{"k1", "k2", "k3", "k4"} {
 		pk := pick(key)
-		assert.Equal(t, policy.ReasonStickyAssigned, pk.Reason)
+		assert.Equal(t, label.ReasonStickyAssigned, pk.Reason)
 		assert.Equal(t, cands[i%3], pk.Engine)
 	}
 	for range 3 {
 		pk := pick("k2")
-		assert.Equal(t, policy.ReasonStickyPrimary, pk.Reason)
+		assert.Equal(t, label.ReasonStickyPrimary, pk.Reason)
 		assert.Equal(t, cands[1], pk.Engine)
 	}
 	// The session namespace is separate: a session key equal to a routing key is another binding.
-	id, ok, err := st.Lookup(ctx, affinity.Scope{Namespace: policy.SessionNamespace, Model: "m", BucketID: "x", Key: "k2"})
+	id, ok, err := st.Lookup(ctx, affinity.Scope{Namespace: "session", Model: "m", BucketID: "x", Key: "k2"})
 	require.NoError(t, err)
 	assert.False(t, ok, "got %q", id)
 }
@@ -214,10 +215,10 @@ func TestRendezvousBoundedLoadOnSkewedKeys(t *testing.T) {
 			key := fmt.Sprintf("tenant-%d", zipf.Uint64())
 			pk, err := p.Pick(ctx, cands, &policy.Request{RoutingKey: key})
 			require.NoError(t, err)
-			if pk.Reason == policy.ReasonRendezvousBounded {
+			if pk.Reason == label.ReasonRendezvousBounded {
 				bounded++
 			}
-			guards = append(guards, e.inflight.Acquire(pk.Engine.ID()))
+			guards = append(guards, e.inflight.Acquire(pk.Engine.ID(), -1, 0))
 			total++
 			limit := math.Ceil(factor * float64(total) / engines)
 			for _, c := range cands {
@@ -254,7 +255,7 @@ func TestRendezvousBoundedLoadOnSkewedKeys(t *testing.T) {
 		require.NoError(t, err)
 		limit := uint64(math.Ceil(factor * float64(total+1) / engines))
 		require.Less(t, e.inflight.Count(pk.Engine.ID()), limit, "placement on %s", pk.Engine.ID())
-		guards = append(guards, e.inflight.Acquire(pk.Engine.ID()))
+		guards = append(guards, e.inflight.Acquire(pk.Engine.ID(), -1, 0))
 		if rng.IntN(2) == 0 {
 			i := rng.IntN(len(guards))
 			guards[i].Release()
@@ -277,7 +278,7 @@ func TestRendezvousEdgeCases(t *testing.T) {
 
 	pk, err := p.Pick(ctx, cands, &policy.Request{RoutingKey: "k"})
 	require.NoError(t, err)
-	assert.Equal(t, policy.ReasonRendezvous, pk.Reason)
+	assert.Equal(t, label.ReasonRendezvous, pk.Reason)
 	e.check.reject = map[state.EngineID]string{pk.Engine.ID(): "full"}
 	_, err = p.Pick(ctx, cands, &policy.Request{RoutingKey: "k"})
 	var rej *policy.AdmissionRejectedError
@@ -292,7 +293,7 @@ func TestRendezvousAllocatesNothing(t *testing.T) {
 	cands := manyEngines(64)
 	for i, c := range cands {
 		for range i % 4 {
-			e.inflight.Acquire(c.ID())
+			e.inflight.Acquire(c.ID(), -1, 0)
 		}
 	}
 	req := &policy.Request{RoutingKey: "conversation-4711"}

@@ -22,7 +22,7 @@ func ExampleStaticRegistry() {
 
 	// A second engine with an ID already registered is refused; the registry is unchanged.
 	err := reg.Add(state.NewStaticEngine("http://10.0.0.1:30000", "llama-8b", state.StagePlain))
-	fmt.Println("duplicate:", errors.Is(err, state.ErrDuplicateEngine))
+	fmt.Println("duplicate:", errors.Is(err, state.ErrDuplicate))
 
 	a.SetHealthy(false) // the host's health check failed: the engine stays registered
 	for _, e := range reg.Engines("llama-8b") {

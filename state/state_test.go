@@ -73,7 +73,7 @@ func TestStaticRegistryRejectsBadEngines(t *testing.T) {
 		{"nil engine", nil, state.ErrInvalidConfiguration},
 		{"empty id", state.NewStaticEngine("", "m", state.StagePlain), state.ErrInvalidConfiguration},
 		{"invalid stage", state.NewStaticEngine("x", "m", state.Stage(7)), state.ErrInvalidConfiguration},
-		{"duplicate id", state.NewStaticEngine("a", "other", state.StageDecode), state.ErrDuplicateEngine},
+		{"duplicate id", state.NewStaticEngine("a", "other", state.StageDecode), state.ErrDuplicate},
 	}
 	for _, tt := range tests {
 		err := r.Add(tt.e)

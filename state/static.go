@@ -1,15 +1,10 @@
 package state
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 )
-
-// ErrDuplicateEngine is wrapped by StaticRegistry.Add when an engine with the same ID is already
-// registered. Remove the old engine first to replace it.
-var ErrDuplicateEngine = errors.New("duplicate engine")
 
 // StaticEngine is a ready-made Engine for tests and simple hosts: a fixed ID, model and stage, and a
 // health flag that may be flipped at any time. Use NewStaticEngine; the zero value has an empty ID
@@ -97,7 +92,8 @@ func (r *StaticRegistry) Engine(id EngineID) (Engine, bool) {
 }
 
 // Add registers e. A nil engine or an empty ID is an error wrapping ErrInvalidConfiguration; an ID
-// already registered is an error wrapping ErrDuplicateEngine. On error the registry is unchanged.
+// already registered is an error wrapping ErrDuplicate (remove the old engine first to replace
+// it). On error the registry is unchanged.
 func (r *StaticRegistry) Add(e Engine) error {
 	if e == nil {
 		return fmt.Errorf("state: add engine: nil engine: %w", ErrInvalidConfiguration)
@@ -113,7 +109,7 @@ func (r *StaticRegistry) Add(e Engine) error {
 	defer r.mu.Unlock()
 	old := r.load()
 	if _, dup := old.byID[id]; dup {
-		return fmt.Errorf("state: add engine %q: %w", id, ErrDuplicateEngine)
+		return fmt.Errorf("state: add engine %q: %w engine", id, ErrDuplicate)
 	}
 	next := old.clone()
 	next.byID[id] = e

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/policy"
 )
 
@@ -41,7 +42,7 @@ func BenchmarkSessionPick(b *testing.B) {
 				i := 0
 				for b.Loop() {
 					pk, err := p.Pick(bg, cands, &reqs[i])
-					if err != nil || pk.Reason != policy.ReasonSessionPrimary {
+					if err != nil || pk.Reason != label.ReasonSessionPrimary {
 						b.Fatal(pk.Reason, err)
 					}
 					if i++; i == len(reqs) {
@@ -58,7 +59,7 @@ func BenchmarkSessionPick(b *testing.B) {
 					req := policy.Request{Model: "m", SessionKey: fmt.Sprintf("new-%d-%d", time.Now().UnixNano(), i)}
 					i++
 					pk, err := p.Pick(bg, cands, &req)
-					if err != nil || pk.Reason != policy.ReasonAssigned {
+					if err != nil || pk.Reason != label.ReasonAssigned {
 						b.Fatal(pk.Reason, err)
 					}
 				}

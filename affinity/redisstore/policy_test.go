@@ -15,6 +15,7 @@ import (
 	"github.com/enginepick/enginepick/affinity/redisstore"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/internal/affinitysuite"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -58,12 +59,12 @@ func TestSessionPickRoundTrips(t *testing.T) {
 				before := cnt.n.Load()
 				pk, err := p.Pick(bg, cands, req)
 				require.NoError(t, err)
-				require.Equal(t, policy.ReasonAssigned, pk.Reason)
+				require.Equal(t, label.ReasonAssigned, pk.Reason)
 				assert.Equal(t, int64(2), cnt.n.Load()-before, "new session: lookup and bind")
 				before = cnt.n.Load()
 				pk, err = p.Pick(bg, cands, req)
 				require.NoError(t, err)
-				require.Equal(t, policy.ReasonSessionPrimary, pk.Reason)
+				require.Equal(t, label.ReasonSessionPrimary, pk.Reason)
 				assert.Equal(t, int64(1), cnt.n.Load()-before, "hit: one round trip")
 			}
 		})

@@ -20,6 +20,7 @@ import (
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/affinity/redisstore"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -146,10 +147,10 @@ func TestRouterThroughRedisStopAndRestart(t *testing.T) {
 		s := fmt.Sprintf("conv-%d", i)
 		first, err := pick(strict, s)
 		require.NoError(t, err)
-		assert.Equal(t, policy.ReasonAssigned, first.Reason)
+		assert.Equal(t, label.ReasonAssigned, first.Reason)
 		again, err := pick(lenient, s)
 		require.NoError(t, err)
-		assert.Equal(t, policy.ReasonSessionPrimary, again.Reason)
+		assert.Equal(t, label.ReasonSessionPrimary, again.Reason)
 		assert.Equal(t, first.Engine.ID(), again.Engine.ID(), "session %s sticks", s)
 		bound[s] = first.Engine.ID()
 	}
@@ -172,7 +173,7 @@ func TestRouterThroughRedisStopAndRestart(t *testing.T) {
 
 		pk, err := pick(lenient, s)
 		require.NoError(t, err, "FallbackOnUnavailable routes without the store")
-		assert.Equal(t, policy.ReasonAffinityUnavailable, pk.Reason)
+		assert.Equal(t, label.ReasonAffinityUnavailable, pk.Reason)
 		assert.Contains(t, ids, pk.Engine.ID())
 
 		pk, err = pick(strict, "")
@@ -194,10 +195,10 @@ func TestRouterThroughRedisStopAndRestart(t *testing.T) {
 		return err == nil
 	}, 5*time.Second, 10*time.Millisecond, "session requests succeed again once Redis answers")
 	t.Logf("first session pick succeeded %v after the restart", time.Since(restarted).Round(time.Millisecond))
-	assert.Equal(t, policy.ReasonAssigned, first.Reason, "the restarted Redis lost the binding: bound afresh")
+	assert.Equal(t, label.ReasonAssigned, first.Reason, "the restarted Redis lost the binding: bound afresh")
 	again, err := pick(lenient, "conv-0")
 	require.NoError(t, err)
-	assert.Equal(t, policy.ReasonSessionPrimary, again.Reason)
+	assert.Equal(t, label.ReasonSessionPrimary, again.Reason)
 	assert.Equal(t, first.Engine.ID(), again.Engine.ID())
 	for _, id := range ids {
 		assert.Zero(t, inflight.Count(id), "every guard released")

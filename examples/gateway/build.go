@@ -82,7 +82,7 @@ func build(o options, log *zap.Logger) (*gateway, error) {
 	}
 
 	var source kvindex.Source
-	if o.policy == policy.NameCacheAware {
+	if o.policy == "cache_aware" {
 		h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: o.blockTokens})
 		if err != nil {
 			return nil, fmt.Errorf("--block-tokens: %w", err)
@@ -97,15 +97,15 @@ func build(o options, log *zap.Logger) (*gateway, error) {
 	newPolicy := func(name string) (policy.Policy, error) {
 		cfg := policy.Config{Load: g.table, InFlight: g.inflight, Admission: admission.Limits{}}
 		switch name {
-		case policy.NameRoundRobin:
+		case "round_robin":
 			return policy.NewRoundRobin(cfg)
-		case policy.NameRandom:
+		case "random":
 			return policy.NewRandom(cfg)
-		case policy.NamePowerOfTwo:
+		case "power_of_two":
 			return policy.NewPowerOfN(cfg, 2)
-		case policy.NameLeastLoad:
+		case "least_load":
 			return policy.NewLeastLoad(cfg)
-		case policy.NameCacheAware:
+		case "cache_aware":
 			if source == nil {
 				return nil, fmt.Errorf("policy cache_aware is only allowed as --policy: %w", state.ErrInvalidConfiguration)
 			}

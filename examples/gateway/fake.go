@@ -5,7 +5,6 @@ import (
 	"io"
 
 	"github.com/enginepick/enginepick/internal/testengine"
-	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -43,7 +42,7 @@ func startFakeEngines(o *options, stdout io.Writer) (stop func(), err error) {
 		}
 		engines = append(engines, e)
 		spec := "url=" + e.URL() + ",model=" + fakeModel + ",kind=vllm"
-		if o.policy == policy.NameCacheAware {
+		if o.policy == "cache_aware" {
 			spec += ",kv_events=" + e.KVEndpoint(0) + ",kv_replay=" + e.ReplayEndpoint(0)
 		}
 		o.engines = append(o.engines, spec)

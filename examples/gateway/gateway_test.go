@@ -628,7 +628,7 @@ func TestInvalidConfigurationIsRefused(t *testing.T) {
 	assert.Len(t, g.registry.All(), 1)
 }
 
-// Every policy flag value is the policy's configuration name (policy.NameLeastLoad and the others):
+// Every policy flag value is the policy's configuration name (least_load and the others):
 // the gateway accepts each name the configuration accepts, and the former load_based spelling is
 // refused.
 func TestPolicyFlagNamesAreConfigurationNames(t *testing.T) {

@@ -70,10 +70,11 @@ func newKVFeed(specs []engineSpec, index *kvindex.Index, inflight *loadmon.InFli
 	sub, err := kvevents.New(kvevents.Options{Index: index, Logger: log,
 		Dispatched: func(engine state.EngineID, rank int, since time.Time) bool {
 			// A dispatch naming the rank; for an engine of one rank, any dispatch to it.
-			if n, _ := inflight.DispatchedSinceRank(engine, rank, since); n > 0 {
-				return true
+			n, _ := inflight.DispatchedSince(engine, rank, since)
+			if n == 0 && ranks[engine] <= 1 {
+				n, _ = inflight.DispatchedSince(engine, -1, since)
 			}
-			return ranks[engine] <= 1 && inflight.DispatchesSince(engine, since) > 0
+			return n > 0
 		}})
 	if err != nil {
 		return nil, err

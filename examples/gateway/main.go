@@ -149,7 +149,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.decodePolicy, "decode-policy", "power_of_two", "policy of decode groups: round_robin, random, power_of_two or least_load")
 	fs.IntVar(&o.blockTokens, "block-tokens", 16, "KV block size in tokens of the engines (vLLM block_size, SGLang page_size); the prefix index hashes prompts with it")
 	fs.Uint64Var(&o.engineQueueLimit, "engine-queue-limit", 0, "cache-aware soft queue gate: divert from a prefix holder with this many waiting requests (0: off)")
-	fs.Uint64Var(&o.minMatched, "min-matched-tokens", 0, "cache-aware hit gate in tokens (0: the library default, min(1024, a quarter of the prompt))")
+	fs.Uint64Var(&o.minMatched, "min-matched-tokens", 0, "cache-aware hit gate in tokens (0: the library default, a fifth of the prompt)")
 	fs.StringVar(&o.sessionHeader, "session-header", "x-session-id", "request header read as the session key (empty: none)")
 	fs.StringVar(&o.routingKeyHeader, "routing-key-header", "x-sgl-routing-key", "request header read as the sticky routing key (empty: none)")
 	fs.BoolVar(&o.tokenize, "tokenize", true, "tokenize prompts through an engine's POST /tokenize (false: estimate every prompt from its body size)")

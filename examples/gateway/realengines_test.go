@@ -152,7 +152,7 @@ func TestRealEnginesEndToEnd(t *testing.T) {
 				}
 				served = append(served, n)
 				prompt, cached = prompt+ePrompt, cached+eCached
-				dispatched, predictedPrefill := g.inflight.DispatchedSince(state.EngineID(e.URL()), start)
+				dispatched, predictedPrefill := g.inflight.DispatchedSince(state.EngineID(e.URL()), -1, start)
 				require.EqualValues(t, n, dispatched, "engine %d: the gateway records each dispatch to it (at most 64)", i)
 				if !evicting {
 					assert.EqualValues(t, ePrompt-eCached, predictedPrefill, "engine %d: prefilled tokens against the policy's prediction", i)

@@ -386,7 +386,7 @@ func applyConfigFile(fs *flag.FlagSet, cfg *sim.Config, path, model string) erro
 }
 
 // flagError is a bad flag value worded once: Error returns msg, Unwrap the cause, so errors.Is
-// still finds os.ErrNotExist, admission.ErrUnknownField and the like.
+// still finds os.ErrNotExist, state.ErrUnknownField and the like.
 type flagError struct {
 	msg string
 	err error

@@ -17,7 +17,6 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/vg"
 
-	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/internal/sim"
 	"github.com/enginepick/enginepick/state"
 )
@@ -197,7 +196,7 @@ func TestRunAdmissionFlag(t *testing.T) {
 	assert.Positive(t, capped.Results[0].Rejected, "a cap of one waiting request rejects some requests")
 
 	err := run(context.Background(), []string{"-admission", `{"max_waitin": 4}`}, &out, &errOut, false)
-	assert.ErrorIs(t, err, admission.ErrUnknownField)
+	assert.ErrorIs(t, err, state.ErrUnknownField)
 }
 
 // chartReport is a small hand-built report: three policies, one with a perfectly even load

@@ -22,6 +22,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/affinity/affinitytest"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -48,22 +49,22 @@ type Variant struct {
 func Variants() []Variant {
 	return []Variant{
 		{
-			Name: policy.NameSessionAware,
+			Name: label.SessionAware,
 			Build: func(cfg policy.Config, st affinity.Store, choices int, failOpen bool) (policy.Policy, error) {
 				return policy.NewSessionAware(cfg, policy.SessionAwareOptions{Store: st, Choices: choices, FallbackOnUnavailable: failOpen})
 			},
 			SetKey:    func(r *policy.Request, k string) { r.SessionKey = k },
-			Namespace: policy.SessionNamespace,
-			Primary:   policy.ReasonSessionPrimary, Assigned: policy.ReasonAssigned, NoKey: policy.ReasonNoSession,
+			Namespace: "session",
+			Primary:   label.ReasonSessionPrimary, Assigned: label.ReasonAssigned, NoKey: label.ReasonNoSession,
 		},
 		{
-			Name: policy.NameSticky,
+			Name: label.Sticky,
 			Build: func(cfg policy.Config, st affinity.Store, _ int, failOpen bool) (policy.Policy, error) {
-				return policy.NewSticky(cfg, policy.StickyOptions{Store: st, Fallback: policy.NameLeastLoad, FallbackOnUnavailable: failOpen})
+				return policy.NewSticky(cfg, policy.StickyOptions{Store: st, Fallback: label.LeastLoad, FallbackOnUnavailable: failOpen})
 			},
 			SetKey:    func(r *policy.Request, k string) { r.RoutingKey = k },
-			Namespace: policy.StickyNamespace,
-			Primary:   policy.ReasonStickyPrimary, Assigned: policy.ReasonStickyAssigned, NoKey: policy.ReasonNoRoutingKey,
+			Namespace: "sticky",
+			Primary:   label.ReasonStickyPrimary, Assigned: label.ReasonStickyAssigned, NoKey: label.ReasonNoRoutingKey,
 		},
 	}
 }
@@ -426,7 +427,7 @@ var scenarios = []scenario{
 		_, err := p.Pick(bg, c, e.req("s"))
 		require.NoError(t, err)
 		e.report("a", 4, 7)
-		g := e.inflight.Acquire("a")
+		g := e.inflight.Acquire("a", -1, 0)
 		defer g.Release()
 		_, err = p.Pick(bg, c, e.req("s"))
 		require.NoError(t, err)
@@ -559,7 +560,7 @@ var scenarios = []scenario{
 			pk, err := fo.Pick(bg, c, e.req("s-"+op))
 			require.NoError(t, err, "FallbackOnUnavailable")
 			assert.Same(t, c[1], pk.Engine)
-			assert.Equal(t, policy.ReasonAffinityUnavailable, pk.Reason)
+			assert.Equal(t, label.ReasonAffinityUnavailable, pk.Reason)
 			assert.Equal(t, []state.EngineID{"b"}, e.check.ids(), "the fallback's pick is admitted once")
 		}
 		e.store.fail = nil

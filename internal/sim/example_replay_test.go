@@ -9,18 +9,18 @@ import (
 )
 
 // ExampleReplay replays a hand-built trace of three two-turn conversations on two engines: each
-// second turn repeats its conversation's 2,560-token first prompt and adds 512 tokens.
+// second turn repeats its conversation's 3,072-token first prompt and adds 512 tokens.
 // Round-robin sends every second turn to the other engine, where nothing is cached but the shared
 // first block; cache_aware sends it back to the engine that holds its conversation. (At this load
 // both engines are idle at every arrival, so the first turns, which share only one 512-token block,
-// less than the quarter of their prompt the hit gate asks for, are spread over the engines by the
+// less than the fifth of their prompt the hit gate asks for, are spread over the engines by the
 // fallback's random tie-break.)
 func ExampleReplay() {
 	tr := &sim.Trace{Name: "three-conversations"}
 	for turn := range 2 {
 		for conv := range 3 {
 			ids := []uint64{0} // a shared system-prompt block
-			for b := range 4 + turn {
+			for b := range 5 + turn {
 				ids = append(ids, uint64(100*conv+b+1))
 			}
 			tr.Requests = append(tr.Requests, sim.Request{
@@ -47,7 +47,7 @@ func ExampleReplay() {
 			r.Policy, 100*r.HitRate, r.TTFT.P50, r.EngineRequests)
 	}
 	// Output:
-	// infinite cache: 51.5 %
-	// round_robin hit 12.1 %  TTFT p50 0.107 s  requests per engine [3 3]
-	// cache_aware hit 48.5 %  TTFT p50 0.022 s  requests per engine [4 2]
+	// infinite cache: 51.3 %
+	// round_robin hit 10.3 %  TTFT p50 0.129 s  requests per engine [3 3]
+	// cache_aware hit 48.7 %  TTFT p50 0.022 s  requests per engine [4 2]
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -42,11 +43,11 @@ const (
 // router counts a worker's load):
 //  1. If max − min > SGLangBalanceAbsThreshold and max > SGLangBalanceRelThreshold · min over the
 //     candidates, the first least-loaded candidate (in ID order) takes the request (label
-//     policy.ReasonLeastLoad).
+//     least_load).
 //  2. Otherwise the prompt is matched in the router's own radix tree of the prompts it routed to
 //     each worker. If matched ÷ prompt tokens > SGLangCacheThreshold, a worker recorded at the
-//     deepest matched node takes it (policy.ReasonCacheCandidate); else the worker with the
-//     smallest tree (policy.ReasonNoCacheCandidate).
+//     deepest matched node takes it (cache_candidate); else the worker with the
+//     smallest tree (no_cache_candidate).
 //  3. The prompt is inserted into the tree for the chosen worker, in both branches.
 //
 // Every SGLangEvictionInterval of virtual time, each worker whose tree holds more than
@@ -109,7 +110,7 @@ func (s *SGLangLegacy) Pick(_ context.Context, engines []state.Engine, req *poli
 		maxLoad = max(maxLoad, l)
 	}
 	var chosen state.Engine
-	reason := policy.ReasonLeastLoad
+	reason := label.ReasonLeastLoad
 	if maxLoad-minLoad > SGLangBalanceAbsThreshold && float32(maxLoad) > float32(minLoad)*SGLangBalanceRelThreshold {
 		chosen = engines[minI]
 	} else {
@@ -126,9 +127,9 @@ func (s *SGLangLegacy) Pick(_ context.Context, engines []state.Engine, req *poli
 			}
 		}
 		if rate > SGLangCacheThreshold {
-			reason = policy.ReasonCacheCandidate
+			reason = label.ReasonCacheCandidate
 		} else {
-			reason = policy.ReasonNoCacheCandidate
+			reason = label.ReasonNoCacheCandidate
 			id = t.smallestTenant()
 		}
 		for _, e := range engines {

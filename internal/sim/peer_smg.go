@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -47,11 +48,11 @@ const (
 //     matched ÷ prompt tokens > SMGCacheThreshold (in float32, as the gateway computes it), the
 //     holders are up to SMGMatchedTenantsCap workers recorded at the deepest matched node (in the
 //     node's own order); among those that are candidates the least loaded wins, exact ties
-//     uniformly at random (label policy.ReasonCacheCandidate). If its load exceeds both
+//     uniformly at random (label cache_candidate). If its load exceeds both
 //     SMGBalanceRelThreshold · mean and mean + SMGBalanceAbsThreshold, the request spills to min
 //     instead (ReasonSMGSpill). If no holder is a candidate, the first candidate takes it and the
 //     tree is not updated.
-//  3. Otherwise min takes it (policy.ReasonNoCacheCandidate).
+//  3. Otherwise min takes it (no_cache_candidate).
 //  4. The prompt is inserted into the tree for the chosen worker, and its processed count goes up.
 //
 // Every SMGEvictionInterval of virtual time, while the whole tree holds more than
@@ -121,7 +122,7 @@ func (s *SMG) Pick(_ context.Context, engines []state.Engine, req *policy.Reques
 	}
 	mean := float64(sum) / float64(len(engines))
 
-	chosen, reason, insert := minI, policy.ReasonNoCacheCandidate, true
+	chosen, reason, insert := minI, label.ReasonNoCacheCandidate, true
 	node, depth := t.match()
 	rate := float32(0)
 	if n := t.promptTokens; n > 0 {
@@ -147,7 +148,7 @@ func (s *SMG) Pick(_ context.Context, engines []state.Engine, req *policy.Reques
 		case float64(best) > mean*SMGBalanceRelThreshold && float64(best) > mean+SMGBalanceAbsThreshold:
 			reason = ReasonSMGSpill
 		default:
-			chosen, reason = tb.best, policy.ReasonCacheCandidate
+			chosen, reason = tb.best, label.ReasonCacheCandidate
 		}
 	}
 	winner := engines[chosen]

@@ -14,6 +14,43 @@ import (
 // them on the same trace, fleet and seed. Each peer has its current defaults under its plain name
 // and the rule of earlier releases under a _legacy name. They are measuring sticks, not
 // production policies: they live in sim, not in policy, and the root Config cannot name them.
+//
+// Each baseline's doc comment cites the upstream files it follows; they were read at these
+// revisions (a file without one was read at a revision not recorded):
+//   - ai-dynamo/dynamo `lib/kv-router/src/scheduling/selector/default.rs` and
+//     `lib/kv-router/src/scheduling/selector/mod.rs`: 07a6c9ce3bb096cfaf353fe69ee578e105c6a512
+//   - ai-dynamo/dynamo `docs/components/router/router-concepts.md`:
+//     03037af0f6eacf8114806cfa10dd823d120b3ce8
+//   - ai-dynamo/dynamo `lib/llm/src/kv_router/scheduler.rs`: db19bd2a659d4cb04998fb4101cd0dbfbbeba9d4
+//   - ai-dynamo/dynamo `lib/llm/src/kv_router/sequence.rs`: 581ee33e434f3f99b84f6ea99fcf0a3fda26a685
+//   - llm-d/llm-d `guides/optimized-baseline/router/optimized-baseline.values.yaml`:
+//     0a3b0c939d50576e91adddf8add79441c29957d1
+//   - llm-d/llm-d-router `pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity/plugin.go`:
+//     066c20ea107e538797d3256ab0803a4f50625975
+//   - llm-d/llm-d-router `pkg/epp/framework/plugins/requestcontrol/dataproducer/inflightload/producer.go`:
+//     003369e0283f2ffc98ff0084be814289d2354a1a
+//   - llm-d/llm-d-router `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/hashing.go`:
+//     257db69a160e2575f30a9f49df66792177fc6054
+//   - llm-d/llm-d-router `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/types.go`:
+//     09a534fc42ff469ef78094ad116018672f96e335
+//   - smg-project/smg `model_gateway/src/policies/cache_aware.rs` and `model_gateway/src/main.rs`:
+//     56ad201813a222df0aca402ed6163ba737009d86
+//   - smg-project/smg `crates/kv_index/src/common.rs`: 23b2e5b77c42f6b0b22b4224c9ac9a61ea3d3d6e
+//   - llm-d/llm-d-inference-scheduler `pkg/epp/config/loader/defaults.go`:
+//     159e739b98ed45c3974bd00a951edbf2778e3322
+//   - llm-d/llm-d-inference-scheduler `pkg/epp/framework/plugins/scheduling/scorer/queuedepth/README.md`
+//     and `pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization/README.md`:
+//     12cb9eeaddd684b0cfa87553cdaa05333c2cef0e
+//   - llm-d/llm-d-inference-scheduler `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/plugin.go`:
+//     011f14dd8886215e97f6b2aa8d265e58f1e7c2e6
+//   - llm-d/llm-d-inference-scheduler `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/indexer.go`:
+//     1bd9b59efcb04787512925a6211833a142c2679b
+//   - llm-d/llm-d-inference-scheduler `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/types.go`:
+//     0a4fd844b18f40bcb2e3dba337e07c7b35153a71
+//   - sgl-project/sglang `sgl-router/src/policies/cache_aware.rs`: 026f853ba7ae08a457a2e127b85a26256a29e300
+//   - sgl-project/sglang `sgl-router/src/policies/tree.rs`: 4d40eec0266be06d0e65b919457691cab9e51547
+//   - sgl-project/sglang `sgl-router/py_src/sglang_router/router_args.py`:
+//     083d601378d0baaef6191e7f2d40fb70d06518af
 const (
 	// NameDynamo is NVIDIA Dynamo's KV router with its current default cost (see Dynamo).
 	NameDynamo = "dynamo"
@@ -31,7 +68,7 @@ const (
 )
 
 // Reason labels of the peer baselines' picks (policy.Pick.Reason). SGLangLegacy and SMG reuse
-// policy.ReasonCacheCandidate, policy.ReasonNoCacheCandidate and policy.ReasonLeastLoad for their
+// cache_candidate, no_cache_candidate and least_load for their
 // branches.
 const (
 	// ReasonDynamoCost labels a Dynamo pick: the lowest cost.

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -221,7 +222,7 @@ func TestSGLangLegacy(t *testing.T) {
 	var guards []*loadmon.Guard
 	load := func(id state.EngineID, n int) {
 		for range n {
-			guards = append(guards, f.env.InFlight.Acquire(id))
+			guards = append(guards, f.env.InFlight.Acquire(id, -1, 0))
 		}
 	}
 	unload := func() {
@@ -234,14 +235,14 @@ func TestSGLangLegacy(t *testing.T) {
 	load("b", 66) // max − min = 66 > 64 and 66 > 1.5 · 0
 	id, reason := pickID(t, s, f, p)
 	assert.Equal(t, state.EngineID("a"), id)
-	assert.Equal(t, policy.ReasonLeastLoad, reason)
+	assert.Equal(t, label.ReasonLeastLoad, reason)
 	assert.Equal(t, 16, s.tree.size["a"], "the imbalanced branch still inserts the prompt")
 	unload()
 
 	load("a", 64) // 64 − 0 is not > 64: balanced
 	id, reason = pickID(t, s, f, p)
 	assert.Equal(t, state.EngineID("a"), id, "match rate 1 > 0.3")
-	assert.Equal(t, policy.ReasonCacheCandidate, reason)
+	assert.Equal(t, label.ReasonCacheCandidate, reason)
 	unload()
 	load("a", 100)
 	load("b", 67) // 33 apart: balanced
@@ -253,14 +254,14 @@ func TestSGLangLegacy(t *testing.T) {
 	q := append(prompt(100, 4), prompt(700, 12)...)
 	id, reason = pickID(t, s, f, q)
 	assert.Equal(t, state.EngineID("b"), id)
-	assert.Equal(t, policy.ReasonNoCacheCandidate, reason)
+	assert.Equal(t, label.ReasonNoCacheCandidate, reason)
 	assert.Equal(t, 16, s.tree.size["b"])
 	// Shares 2 of 5 blocks with q (0.4 > 0.3): b is the only worker at that depth.
 	r := append(prompt(100, 4), prompt(700, 4)...)
 	r = append(r, prompt(3000, 12)...)
 	id, reason = pickID(t, s, f, r)
 	assert.Equal(t, state.EngineID("b"), id)
-	assert.Equal(t, policy.ReasonCacheCandidate, reason)
+	assert.Equal(t, label.ReasonCacheCandidate, reason)
 }
 
 // TestSGLangLegacyEviction checks evict_tenant_by_size: at each eviction interval a worker over
@@ -278,7 +279,7 @@ func TestSGLangLegacyEviction(t *testing.T) {
 	assert.Equal(t, 32, s.tree.size["a"], "no eviction before the interval")
 	f.now = simEpoch.Add(SGLangEvictionInterval)
 	_, reason := pickID(t, s, f, recent)
-	assert.Equal(t, policy.ReasonCacheCandidate, reason)
+	assert.Equal(t, label.ReasonCacheCandidate, reason)
 	assert.Equal(t, 16, s.tree.size["a"], "evicted down to the cap, oldest leaves first")
 	s.tree.keys = s.tree.hasher.AppendKeys(s.tree.keys[:0], old)
 	_, depth := s.tree.match()
@@ -555,10 +556,10 @@ func TestSMGBranches(t *testing.T) {
 		want   state.EngineID
 		reason string
 	}{
-		{p, "a", policy.ReasonNoCacheCandidate},                                          // empty tree: all (0, 0), the first
-		{prompt(500, 16), "b", policy.ReasonNoCacheCandidate},                            // a has processed 1
-		{p, "a", policy.ReasonCacheCandidate},                                            // match rate 1
-		{append(prompt(100, 4), prompt(700, 12)...), "b", policy.ReasonNoCacheCandidate}, // rate 0.25: the miss branch
+		{p, "a", label.ReasonNoCacheCandidate},                                          // empty tree: all (0, 0), the first
+		{prompt(500, 16), "b", label.ReasonNoCacheCandidate},                            // a has processed 1
+		{p, "a", label.ReasonCacheCandidate},                                            // match rate 1
+		{append(prompt(100, 4), prompt(700, 12)...), "b", label.ReasonNoCacheCandidate}, // rate 0.25: the miss branch
 	} {
 		id, reason := pickID(t, s, f, tc.tokens)
 		assert.Equal(t, tc.want, id, "pick %d", i)
@@ -585,10 +586,10 @@ func TestSMGSpillGate(t *testing.T) {
 		}
 		guards = nil
 		for range a {
-			guards = append(guards, f.env.InFlight.Acquire("a"))
+			guards = append(guards, f.env.InFlight.Acquire("a", -1, 0))
 		}
 		for range b {
-			guards = append(guards, f.env.InFlight.Acquire("b"))
+			guards = append(guards, f.env.InFlight.Acquire("b", -1, 0))
 		}
 	}
 	for _, tc := range []struct {
@@ -596,9 +597,9 @@ func TestSMGSpillGate(t *testing.T) {
 		want   state.EngineID
 		reason string
 	}{
-		{128, 0, "a", policy.ReasonCacheCandidate},   // mean 64: 128 is not above 64 + 64
-		{250, 100, "a", policy.ReasonCacheCandidate}, // mean 175: above 239, not above 262.5
-		{301, 100, "b", ReasonSMGSpill},              // mean 200.5: above 264.5 and 300.75
+		{128, 0, "a", label.ReasonCacheCandidate},   // mean 64: 128 is not above 64 + 64
+		{250, 100, "a", label.ReasonCacheCandidate}, // mean 175: above 239, not above 262.5
+		{301, 100, "b", ReasonSMGSpill},             // mean 200.5: above 264.5 and 300.75
 	} {
 		load(tc.a, tc.b)
 		id, reason := pickID(t, s, f, p)
@@ -644,12 +645,12 @@ func TestSMGMatchedTenants(t *testing.T) {
 			n = 1
 		}
 		for range n {
-			guards = append(guards, f.env.InFlight.Acquire(id))
+			guards = append(guards, f.env.InFlight.Acquire(id, -1, 0))
 		}
 	}
 	id, reason := pickID(t, s, f, p)
 	assert.Equal(t, first[7], id)
-	assert.Equal(t, policy.ReasonCacheCandidate, reason)
+	assert.Equal(t, label.ReasonCacheCandidate, reason)
 	for _, g := range guards {
 		g.Release()
 	}
@@ -682,7 +683,7 @@ func TestSMGEviction(t *testing.T) {
 	f.now = simEpoch.Add(SMGEvictionInterval)
 	id, reason := pickID(t, s, f, recent)
 	assert.Equal(t, state.EngineID("b"), id)
-	assert.Equal(t, policy.ReasonCacheCandidate, reason)
+	assert.Equal(t, label.ReasonCacheCandidate, reason)
 	assert.Equal(t, 16, s.tree.total, "evicted down to the cap")
 	assert.Equal(t, 0, s.tree.size["a"], "a's prompt was the least recently used, though a alone is within the cap")
 	assert.Equal(t, 16, s.tree.size["b"])

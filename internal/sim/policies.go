@@ -5,6 +5,7 @@ import (
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -55,11 +56,11 @@ type PolicyFactory func(env PolicyEnv, stage state.Stage) (policy.Policy, error)
 
 // Policy names of the replay: the configuration names of the library's policies.
 const (
-	NameRoundRobin = policy.NameRoundRobin
-	NameRandom     = policy.NameRandom
-	NamePowerOfTwo = policy.NamePowerOfTwo
-	NameLeastLoad  = policy.NameLeastLoad
-	NameCacheAware = policy.NameCacheAware
+	NameRoundRobin = label.RoundRobin
+	NameRandom     = label.Random
+	NamePowerOfTwo = label.PowerOfTwo
+	NameLeastLoad  = label.LeastLoad
+	NameCacheAware = label.CacheAware
 )
 
 // DefaultPolicyNames returns the policies a replay compares when Config.Policies is nil, in

@@ -17,7 +17,7 @@ import (
 // parseRouting parses a YAML routing configuration.
 func parseRouting(t *testing.T, yaml string) *config.Config {
 	t.Helper()
-	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml))
 	require.NoError(t, err)
 	return cfg
 }

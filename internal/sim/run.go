@@ -433,6 +433,7 @@ func (r *run) transferred(q *reqState) error {
 func (r *run) firstToken(q *reqState) {
 	q.firstToken = r.now
 	r.backlog--
+	q.dispatch.FirstToken()
 	for _, t := range q.replica.trackers {
 		t.firstToken(q.pos)
 	}

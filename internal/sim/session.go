@@ -3,6 +3,7 @@ package sim
 import (
 	"strconv"
 
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -10,10 +11,10 @@ import (
 // Policy names of the affinity policies in the replay (docs/design.md §12).
 const (
 	// NameSessionAware is policy.NewSessionAware over the run's affinity store.
-	NameSessionAware = policy.NameSessionAware
+	NameSessionAware = label.SessionAware
 	// NameSticky is policy.NewSticky over the run's affinity store, with its default round-robin
 	// fallback.
-	NameSticky = policy.NameSticky
+	NameSticky = label.Sticky
 	// NameStickyRendezvous is the stateless policy.NewSticky: rendezvous hashing with a 1.25 load
 	// factor.
 	NameStickyRendezvous = "sticky_rendezvous"

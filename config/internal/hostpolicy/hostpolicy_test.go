@@ -30,7 +30,7 @@ func (o *weightedOptions) Validate() error {
 
 func mustParse(t *testing.T, yaml string) *config.Config {
 	t.Helper()
-	cfg, err := config.Parse([]byte(yaml), config.FormatYAML)
+	cfg, err := config.Parse([]byte(yaml))
 	require.NoError(t, err)
 	return cfg
 }
@@ -83,7 +83,7 @@ func TestRegisteredPolicyBlock(t *testing.T) {
 			`config: line 2: models[0].buckets[0].groups.plain.policy.config_test_weighted: options for policy type config_test_weighted, but the type is "round_robin": name the block after the type`},
 	}
 	for _, tc := range bad {
-		cfg, err := config.Parse([]byte(head+tc.policy+tail), config.FormatYAML)
+		cfg, err := config.Parse([]byte(head + tc.policy + tail))
 		assert.Nil(t, cfg, tc.name)
 		var ce *config.Error
 		require.True(t, errors.As(err, &ce), "%s: Parse = %v, want *config.Error", tc.name, err)

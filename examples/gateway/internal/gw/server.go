@@ -490,9 +490,10 @@ var copyBuf = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }
 
 // relay writes the engine's response to the client as it arrives: headers (hop-by-hop ones
 // excepted), status, then every chunk read from the body, flushed at once, so server-sent events
-// reach the client byte for byte and without delay. It returns when the body ends, the client
-// leaves (a failed write) or the engine cuts the body off (noAnswer).
-func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *http.Response) (firstByte time.Time, err error) {
+// reach the client byte for byte and without delay. The first body byte ends the request's prefill
+// for the router (Dispatch.FirstToken). It returns when the body ends, the client leaves (a failed
+// write) or the engine cuts the body off (noAnswer).
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *http.Response, d *enginepick.Dispatch) (firstByte time.Time, err error) {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		if !hopHeaders[k] {
@@ -509,6 +510,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *
 		if n > 0 {
 			if firstByte.IsZero() {
 				firstByte = time.Now()
+				d.FirstToken()
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return firstByte, werr // the client left; the request context cancels the engine request
@@ -560,7 +562,7 @@ func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []by
 		return
 	}
 	defer resp.Body.Close()
-	first, err := s.relay(w, r, e, resp)
+	first, err := s.relay(w, r, e, resp, d)
 	outcome = relayOutcome(e, resp.StatusCode, start, first, err)
 }
 
@@ -716,7 +718,7 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 	default:
 	}
 	if stream || resp.StatusCode >= 400 {
-		first, err := s.relay(w, r, de, resp)
+		first, err := s.relay(w, r, de, resp, d)
 		outcome = relayOutcome(de, resp.StatusCode, start, first, err)
 		return
 	}
@@ -741,7 +743,7 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 		return
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(full))
-	first, err := s.relay(w, r, de, resp)
+	first, err := s.relay(w, r, de, resp, d)
 	outcome = relayOutcome(de, resp.StatusCode, start, first, err)
 }
 

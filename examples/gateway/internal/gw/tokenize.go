@@ -45,8 +45,7 @@ type EngineTokenizer struct {
 	Registry *Registry
 	// Client sends the requests. Nil means a client shared by every EngineTokenizer that keeps up
 	// to 256 idle connections per engine: http.DefaultClient keeps 2, so under concurrency most
-	// tokenizations would open a new connection (in BenchmarkGatewayAddedLatency at 200
-	// concurrent requests that cost about 300 µs of CPU per request; docs/performance.md).
+	// tokenizations would open a new connection.
 	Client *http.Client
 	// Timeout bounds one request; 0 means 2 s.
 	Timeout time.Duration
