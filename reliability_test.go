@@ -176,11 +176,11 @@ var badInputCases = []badInputCase{
 
 	// Prefix sources (kvindex.Memo).
 	{"memo_nil_source", func(*reliabilityFixture) error {
-		_, err := kvindex.NewMemo().Lookup(context.Background(), nil, kvindex.Query{TokenIDs: []uint32{1, 2, 3, 4}})
+		_, err := new(kvindex.Memo).Lookup(context.Background(), nil, kvindex.Query{TokenIDs: []uint32{1, 2, 3, 4}})
 		return err
 	}, state.ErrInvalidConfiguration, 0},
 	{"memo_uncomparable_source", func(*reliabilityFixture) error {
-		_, err := kvindex.NewMemo().Lookup(context.Background(), uncomparableSource{}, kvindex.Query{TokenIDs: []uint32{1, 2, 3, 4}})
+		_, err := new(kvindex.Memo).Lookup(context.Background(), uncomparableSource{}, kvindex.Query{TokenIDs: []uint32{1, 2, 3, 4}})
 		return err
 	}, state.ErrInvalidConfiguration, 0},
 

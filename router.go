@@ -315,7 +315,7 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.T
 	if req.Memo == nil {
 		// One prefix lookup per source for the whole bucket loop (docs/design.md §10).
 		withMemo := *req
-		withMemo.Memo = kvindex.NewMemo()
+		withMemo.Memo = new(kvindex.Memo)
 		req = &withMemo
 	}
 	var err error

@@ -19,6 +19,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -401,9 +402,9 @@ func (s *stress) streamEvents(ctx context.Context, seed uint64, p *stressPrompts
 		case op < 90:
 			err = s.index.Clear(sl.id, rank)
 		case op < 95:
-			err = s.index.MarkUntrusted(sl.id, rank)
+			err = kvbridge.MarkUntrusted(s.index, sl.id, rank)
 		default:
-			err = s.index.MarkTrusted(sl.id, rank)
+			err = kvbridge.MarkTrusted(s.index, sl.id, rank)
 		}
 		s.stats.events.Add(1)
 		var ee *kvindex.EventError

@@ -83,7 +83,7 @@ type Request struct {
 	SessionKey string
 	RoutingKey string
 	// Memo memoizes prefix lookups across every bucket and stage of this request; create one per
-	// request with kvindex.NewMemo. Nil means no memo: each cache-aware pick looks up its source
+	// request with new(kvindex.Memo). Nil means no memo: each cache-aware pick looks up its source
 	// itself (enginepick.Router.Select supplies one).
 	Memo *kvindex.Memo
 }

@@ -239,7 +239,7 @@ type LoadSettings struct {
 // KVSettings configures block hashing and the shared KV-block index (docs/design.md §11).
 type KVSettings struct {
 	// BlockTokens is the engines' KV block size in tokens. Zero means 16 (vLLM's default); at
-	// most kvindex.MaxBlockTokens.
+	// most 65,536.
 	BlockTokens int `json:"block_tokens,omitempty"`
 	// HashSeed is the root of every block-key chain (kvindex.HasherConfig.Seed).
 	HashSeed uint64 `json:"hash_seed,omitempty"`
@@ -320,6 +320,10 @@ const (
 	defaultBlockTokens = 16
 	// defaultPolicy is the policy of a group that sets none and inherits none.
 	defaultPolicy = "power_of_two"
+	// maxBlockTokens and defaultMaxBlocks are kvindex's limits: the largest
+	// kvindex.HasherConfig.BlockTokens and kvindex.Options.MaxBlocks's default.
+	maxBlockTokens   = 1 << 16
+	defaultMaxBlocks = 1 << 22
 )
 
 // Duration is a time.Duration written as a Go duration string ("5s", "250ms") in YAML and JSON.

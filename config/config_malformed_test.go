@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -300,5 +302,29 @@ func TestConfigMalformed(t *testing.T) {
 			assert.Equal(t, tc.path, ce.Path)
 			assert.Equal(t, tc.msg, err.Error())
 		})
+	}
+}
+
+// TestKVLimitsAreTheIndexs checks that the kv limits Parse enforces (65,536-token blocks, and a
+// default max_blocks of 4,194,304 that bounds expected_blocks) are kvindex's own.
+func TestKVLimitsAreTheIndexs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		blockTokens, expectedBlocks int
+		ok                          bool
+	}{
+		{65536, 0, true},
+		{65537, 0, false},
+		{16, 4194304, true},
+		{16, 4194305, false},
+	} {
+		_, parseErr := config.Parse([]byte(fmt.Sprintf("kv: {block_tokens: %d, expected_blocks: %d}\n", tc.blockTokens, tc.expectedBlocks) +
+			plainModel + "      - {id: a, groups: {plain: {}}}\n"))
+		h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: tc.blockTokens})
+		if err == nil {
+			_, err = kvindex.NewIndex(h, kvindex.Options{ExpectedBlocks: tc.expectedBlocks})
+		}
+		assert.Equal(t, tc.ok, parseErr == nil, "Parse with %+v: %v", tc, parseErr)
+		assert.Equal(t, tc.ok, err == nil, "kvindex with %+v: %v", tc, err)
 	}
 }

@@ -67,7 +67,7 @@ func (r *Router) CheckHealth() {
 		}
 	}
 	if x := r.Index(); x != nil {
-		if bad := x.Untrusted(); len(bad) > 0 {
+		if bad := x.Stats().Untrusted; len(bad) > 0 {
 			ids := make([]string, len(bad))
 			for i, id := range bad {
 				ids[i] = string(id)

@@ -20,8 +20,8 @@ import (
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/internal/label"
-	"github.com/enginepick/enginepick/kvindex/kvevents"
 	"github.com/enginepick/enginepick/metrics"
+	"github.com/enginepick/enginepick/state"
 )
 
 // TestNewFollowsKVEvents checks that New follows an engine's KV-event publisher into the shared
@@ -153,7 +153,7 @@ func scrapeFamily(t *testing.T, reg *prometheus.Registry, name string) map[strin
 // TestNewKVEventsSilentEngineIsUntrusted checks New's wiring of the KV-event silence rule
 // (docs/design.md §13.1): an engine whose publisher sends nothing (here a wrong address; a wrong
 // topic looks the same) stays trusted while idle, and is untrusted, with a warning, once
-// kvevents.DefaultSilenceTimeout has passed since CheckHealth first saw a request sent to it.
+// the default kvevents.Options.SilenceTimeout (30 s) has passed since CheckHealth first saw a request sent to it.
 func TestNewKVEventsSilentEngineIsUntrusted(t *testing.T) {
 	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -179,22 +179,22 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware}}
 	r.CheckHealth()
 	require.Len(t, r.KVEventStats().Streams, 1)
 	assert.True(t, r.KVEventStats().Streams[0].Trusted, "idle for an hour")
-	assert.True(t, r.Index().Trusted("e1"))
+	assert.Empty(t, r.Index().Stats().Untrusted)
 
 	d, err := r.Select(context.Background(), &bucket.Request{Model: "m", TokenIDs: []uint32{1, 2, 3, 4}, Signals: bucket.Signals{InputTokens: 4}})
 	require.NoError(t, err)
 	d.Release()
 	advance(time.Second)
 	r.CheckHealth() // sees the dispatch
-	advance(kvevents.DefaultSilenceTimeout - time.Second)
+	advance(30*time.Second - time.Second)
 	r.CheckHealth()
-	assert.True(t, r.Index().Trusted("e1"), "a second short of the timeout")
+	assert.Empty(t, r.Index().Stats().Untrusted, "a second short of the timeout")
 	advance(time.Second)
 	r.CheckHealth()
 	st := r.KVEventStats().Streams[0]
 	assert.True(t, st.Silent)
 	assert.False(t, st.Trusted)
-	assert.False(t, r.Index().Trusted("e1"))
+	assert.Equal(t, []state.EngineID{"e1"}, r.Index().Stats().Untrusted)
 	assert.Equal(t, 1, logs.FilterMessage("kvevents: no batch since requests were sent to the engine; its blocks are untrusted until one arrives").Len())
 	assert.Equal(t, 1, logs.FilterMessageSnippet("does not trust some engines").Len())
 }

@@ -23,12 +23,20 @@ import (
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
+
+// indexerFunc adapts a function to kvindex.RemoteIndexer.
+type indexerFunc func(ctx context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error)
+
+func (f indexerFunc) MatchPrefix(ctx context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+	return f(ctx, q)
+}
 
 // recorder is an Observer (and policy.CacheObserver) that records everything.
 type recorder struct {
@@ -362,7 +370,7 @@ models:
 	r := mustNew(t, cfg, nil, config.WithObserver(rec))
 	require.NotNil(t, r.Index())
 	assert.Equal(t, 4, r.Index().Hasher().BlockTokens())
-	assert.Equal(t, 100, r.Index().WriterYieldBlocks())
+	assert.Equal(t, 100, kvbridge.WriterYieldBlocks(r.Index()))
 	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
 	for _, e := range []state.EngineID{"a2", "bp2"} {
 		require.NoError(t, r.Index().Store(kvindex.StoreEvent{Engine: e, BlockHashes: []uint64{11, 12}, TokenIDs: tokens, Tier: kvindex.TierDevice}))
@@ -405,7 +413,7 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 	assert.Equal(t, `config: line 3: models[0].buckets[0].groups.plain.policy.cache_aware: prefix_source remote needs a remote indexer: pass config.WithRemoteIndexer to New`, err.Error())
 
 	var calls atomic.Int32
-	ri := kvindex.RemoteIndexerFunc(func(_ context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+	ri := indexerFunc(func(_ context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
 		calls.Add(1)
 		return []kvindex.EngineMatch{{Engine: "e2", Blocks: len(q.Keys)}}, nil
 	})
@@ -648,7 +656,7 @@ models:
     buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {engine_queue_limit: 4}}}}}]
 `, srv.URL))
 	r := mustNew(t, cfg, nil, config.WithLogger(zap.New(core)), config.WithWarnInterval(time.Hour))
-	require.NoError(t, r.Index().MarkUntrusted("e2", 0))
+	require.NoError(t, kvbridge.MarkUntrusted(r.Index(), "e2", 0))
 	r.CheckHealth()
 	r.CheckHealth()
 	warns := logs.FilterLevelExact(zapcore.WarnLevel).All()

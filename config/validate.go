@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/enginepick/enginepick/bucket"
-	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/loadmon/loadsource"
 	"github.com/enginepick/enginepick/policy"
@@ -600,14 +599,14 @@ func (v *validator) kv(k *KVSettings) {
 		return
 	}
 	switch {
-	case k.BlockTokens < 0 || k.BlockTokens > kvindex.MaxBlockTokens:
-		v.fail("kv.block_tokens", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.BlockTokens, kvindex.MaxBlockTokens, defaultBlockTokens)
+	case k.BlockTokens < 0 || k.BlockTokens > maxBlockTokens:
+		v.fail("kv.block_tokens", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.BlockTokens, maxBlockTokens, defaultBlockTokens)
 	case k.MaxBlocks < 0 || int64(k.MaxBlocks) > 1<<32-2:
-		v.fail("kv.max_blocks", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.MaxBlocks, int64(1<<32-2), kvindex.DefaultMaxBlocks)
-	case k.ExpectedBlocks < 0 || k.ExpectedBlocks > cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks):
-		v.fail("kv.expected_blocks", state.ErrOutOfRange, "%d: must be in [0, max_blocks = %d]", k.ExpectedBlocks, cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks))
-	case k.ExpectedHolderBlocks < 0 || k.ExpectedHolderBlocks > cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks):
-		v.fail("kv.expected_holder_blocks", state.ErrOutOfRange, "%d: must be in [0, max_blocks = %d]", k.ExpectedHolderBlocks, cmp.Or(k.MaxBlocks, kvindex.DefaultMaxBlocks))
+		v.fail("kv.max_blocks", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.MaxBlocks, int64(1<<32-2), defaultMaxBlocks)
+	case k.ExpectedBlocks < 0 || k.ExpectedBlocks > cmp.Or(k.MaxBlocks, defaultMaxBlocks):
+		v.fail("kv.expected_blocks", state.ErrOutOfRange, "%d: must be in [0, max_blocks = %d]", k.ExpectedBlocks, cmp.Or(k.MaxBlocks, defaultMaxBlocks))
+	case k.ExpectedHolderBlocks < 0 || k.ExpectedHolderBlocks > cmp.Or(k.MaxBlocks, defaultMaxBlocks):
+		v.fail("kv.expected_holder_blocks", state.ErrOutOfRange, "%d: must be in [0, max_blocks = %d]", k.ExpectedHolderBlocks, cmp.Or(k.MaxBlocks, defaultMaxBlocks))
 	case k.MaxApproxBlocks < 0:
 		v.fail("kv.max_approx_blocks", state.ErrOutOfRange, "%d is negative", k.MaxApproxBlocks)
 	case k.ApproxTTL < 0:

@@ -10,7 +10,7 @@ import (
 )
 
 // Approximate entries (docs/design.md §11) are kept beside the tree, as placements: one record
-// per Assume (per run of blocks the holder does not hold through a real event) holding the
+// per placement (per run of blocks the holder does not hold through a real event) holding the
 // blocks' chained keys, the depth of the first one in its prompt, the holder and one expiry.
 // Recording one costs a copy of its keys and a few table operations, whatever its length; expiry
 // drops a whole record at once; the tree keeps real entries only, so a route-time placement
@@ -18,10 +18,10 @@ import (
 //
 // The records keep three invariants, which checkInvariants verifies:
 //
-//   - disjoint: a holder's records share no key (a newer Assume takes the keys it covers from
-//     the older records, so each (holder, key) has the expiry of the latest Assume);
+//   - disjoint: a holder's records share no key (a newer placement takes the keys it covers
+//     from the older records, so each (holder, key) has the expiry of the latest placement);
 //   - approximate only: no record holds a key its holder holds through a real entry (a real
-//     Store takes the stored keys from the records, and Assume records only the other keys);
+//     Store takes the stored keys from the records, and assume records only the other keys);
 //   - therefore, along a prompt, a holder's record that covers the block at depth d > 0 and
 //     does not start there covers the block at d − 1 as well: a match that finds the holder's
 //     real entries ending at depth d needs only the records that start at the key of depth d.
@@ -48,19 +48,26 @@ type placeRef struct {
 	gen    uint32
 }
 
-// Assume records the router's own placement for an engine that publishes no KV events
-// (docs/design.md §11, after Dynamo's approximate mode): engine's DP rank 0 is taken
-// to hold keys, a prompt's chained keys from the index's Hasher (starting at the prompt's first
-// block), until ttl from now. ttl 0 means Options.ApproxTTL; negative returns an error wrapping
-// state.ErrInvalidConfiguration. Empty keys is a no-op (but an empty engine is still refused).
+// assume records the router's own placement (LocalSource.Place; docs/design.md §11, after
+// Dynamo's approximate mode): engine's DP rank rank is taken to hold keys, a prompt's chained keys
+// from the index's Hasher (starting at the prompt's first block), until ttl from now. ttl 0 means
+// Options.ApproxTTL; negative returns an error wrapping state.ErrInvalidConfiguration. Empty keys
+// is a no-op (but an empty engine is still refused).
 //
-// Assuming a block again sets its expiry to the new one. A block the holder already holds
-// through a real event is left real. A later real Store of the block by (engine, rank 0) turns the
-// entry into a real one that never expires. Before adding, Assume drops entries already expired;
-// after adding, when the index holds more than Options.MaxApproxBlocks approximate entries it
-// prunes to 0.8 of the cap, earliest expiry first and, within an expiry, deepest
-// block first. Approximate entries are not tree blocks: they do not count against MaxBlocks and
-// are never evicted by it (Stats.Blocks does not count them).
+// Placing a block again sets its expiry to the new one. A block the holder already holds through
+// a real event is left real. A later real Store of the block by (engine, rank) turns the entry
+// into a real one that never expires. Before adding, assume drops entries already expired; after
+// adding, when the index holds more than Options.MaxApproxBlocks approximate entries it prunes to
+// 0.8 of the cap, earliest expiry first and, within an expiry, deepest block first. Approximate
+// entries are not tree blocks: they do not count against MaxBlocks and are never evicted by it
+// (Stats.Blocks does not count them).
+//
+// The hint held: when held > 0 and (engine, rank) holds the block of keys[held-1] through a real
+// entry, the blocks before it are real too and are neither refreshed nor looked up: only
+// keys[held:] are recorded, at depth held. LocalSource.Place passes the depth its lookup found the
+// engine to hold. own reports that keys were computed by the index's Hasher from one prompt
+// (LocalSource.Place): a chain of 64-bit keys repeats a key only by a hash collision, which the
+// index accepts everywhere (docs/design.md §11, "Hashing"), so the repeated-key check is skipped.
 //
 // Cost: O(len(keys)) for a copy of keys and one probe per key of the start filter (a bitmap over
 // the records' first keys), plus one key-table lookup of keys[0] and, when the engine holds
@@ -68,28 +75,9 @@ type placeRef struct {
 // a holey block lies along keys). It does not walk the tree.
 //
 // Errors (an *EventError with Op "assume"; the index is unchanged): ErrInvalidEngine (engine is
-// empty), ErrCyclicChain (a key repeats), ErrKeyConflict (keys[0] is a block of the index that
-// is not a prompt's first block: keys is not one prompt's chain from this Hasher),
+// empty), ErrInvalidRank, ErrCyclicChain (a key repeats), ErrKeyConflict (keys[0] is a block of
+// the index that is not a prompt's first block: keys is not one prompt's chain from this Hasher),
 // ErrTooManyHolders (the engine would be holder number 2^24).
-func (x *Index) Assume(engine state.EngineID, keys []uint64, ttl time.Duration) error {
-	return x.assume(engine, 0, keys, 0, ttl, false)
-}
-
-// AssumeRank is Assume for the engine's DP rank rank: the placement of a pick that named the rank
-// (policy.Pick.DPRank), so that a later match finds the prefix on that rank and a real Store by
-// (engine, rank) turns the entries real (docs/design.md §11). A negative rank returns an
-// *EventError wrapping ErrInvalidRank.
-func (x *Index) AssumeRank(engine state.EngineID, rank int, keys []uint64, ttl time.Duration) error {
-	return x.assume(engine, rank, keys, 0, ttl, false)
-}
-
-// assume is AssumeRank with a hint: when held > 0 and (engine, rank) holds the block of
-// keys[held-1] through a real entry, the blocks before it are real too and are neither
-// refreshed nor looked up: only keys[held:] are recorded, at depth held. Otherwise it is Assume
-// over every key. LocalSource.Place passes the depth its lookup found the engine to hold. own
-// reports that keys were computed by the index's Hasher from one prompt (LocalSource.Place): a
-// chain of 64-bit keys repeats a key only by a hash collision, which the index accepts everywhere
-// (docs/design.md §11, "Hashing"), so the repeated-key check is skipped.
 func (x *Index) assume(engine state.EngineID, rank int, keys []uint64, held int, ttl time.Duration, own bool) error {
 	if ttl < 0 {
 		return fmt.Errorf("kvindex: Assume: ttl %v, must be >= 0: %w", ttl, state.ErrInvalidConfiguration)
@@ -473,11 +461,10 @@ func (x *Index) supersedeByStore(hid uint32, keys []uint64) {
 	}
 }
 
-// Expire drops every approximate entry whose expiry is at or before now and returns how many it
-// dropped. Match already ignores such entries, so Expire only reclaims memory; call it
-// periodically (for example from the host's maintenance loop) or rely on Assume, which expires
-// due entries before adding. Cost: O(expired records × log records).
-func (x *Index) Expire(now time.Time) int {
+// expire drops every approximate entry whose expiry is at or before now and returns how many it
+// dropped. Match already ignores such entries, and assume expires due entries before adding, so
+// this only reclaims memory sooner (tests). Cost: O(expired records × log records).
+func (x *Index) expire(now time.Time) int {
 	x.wmu.Lock()
 	defer x.wmu.Unlock()
 	x.mu.Lock()
@@ -649,7 +636,7 @@ func (x *Index) placedDepth(hid uint32, keys []uint64, d int, now int64) int {
 // the tree (m.hs, its real depth in m.hdepth) continues through a record that starts where its
 // real entries end; a holder without a real entry at the first block matches through a record
 // that starts there.
-func (x *Index) matchPlacements(keys []uint64, now int64, m *Matches, inTree bool) {
+func (x *Index) matchPlacements(keys []uint64, now int64, m *matches, inTree bool) {
 	if x.approxCount == 0 {
 		return
 	}

@@ -26,7 +26,7 @@ func TestAssumeExpiresByTheInjectedClock(t *testing.T) {
 	assert.Equal(t, 2, f.x.Expire(f.clock))
 	assert.Equal(t, 3, f.x.Stats().ApproximateBlocks)
 
-	f.clock = f.clock.Add(DefaultApproxTTL)
+	f.clock = f.clock.Add(defaultApproxTTL)
 	assert.Empty(t, f.match(1, 3), "the default TTL is 120 s")
 	assert.Equal(t, 3, f.x.Expire(f.clock))
 	assert.Zero(t, f.x.Stats().Blocks, "expired entries leave the tree")
@@ -54,7 +54,7 @@ func TestRealEventSupersedesAssume(t *testing.T) {
 	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 3)), time.Second))
 	f.store("a", 0, 1, 0, 2, 0, TierHost)
 	s := f.x.Stats()
-	assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 2, ApproximateBlocks: 1}, s.Engines["a"])
+	assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 2, ApproximateBlocks: 1}, s.Engines()["a"])
 	f.clock = f.clock.Add(time.Hour)
 	assert.Equal(t, map[state.EngineID]int{"a": 2}, f.match(1, 3), "the real blocks never expire")
 	assert.Equal(t, 1, f.x.Expire(f.clock))
@@ -63,12 +63,12 @@ func TestRealEventSupersedesAssume(t *testing.T) {
 	// Another rank's event does not supersede rank 0's assumption; Match folds both.
 	require.NoError(t, f.x.Assume("b", f.h.Keys(prompt(2, 2)), time.Second))
 	f.store("b", 1, 2, 0, 1, 100, TierDevice)
-	assert.Equal(t, 2, f.x.Stats().Engines["b"].ApproximateBlocks)
+	assert.Equal(t, 2, f.x.Stats().Engines()["b"].ApproximateBlocks)
 	assert.Equal(t, map[state.EngineID]int{"b": 2}, f.match(2, 2))
 
 	// Assuming blocks already held for real leaves them real.
 	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 3)), time.Second))
-	assert.Equal(t, 1, f.x.Stats().Engines["a"].ApproximateBlocks, "only block 3 is approximate")
+	assert.Equal(t, 1, f.x.Stats().Engines()["a"].ApproximateBlocks, "only block 3 is approximate")
 	f.clock = f.clock.Add(time.Hour)
 	assert.Equal(t, map[state.EngineID]int{"a": 2}, f.match(1, 3))
 }
@@ -157,7 +157,7 @@ func TestStoreInChunksTakesBlocksFromTheRecord(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
 	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 6)), time.Minute))
-	assert.Equal(t, Stats{ApproximateBlocks: 6, Engines: map[state.EngineID]EngineStats{"a": {Ranks: 1, ApproximateBlocks: 6}}}, f.x.Stats(),
+	assert.Equal(t, Stats{ApproximateBlocks: 6, Ranks: []RankStats{{Engine: "a", ApproximateBlocks: 6}}}, f.x.Stats(),
 		"approximate entries are not tree blocks")
 	assert.Equal(t, map[state.EngineID]int{"a": 6}, f.match(1, 6))
 	f.store("a", 0, 1, 0, 2, 0, TierDevice)
@@ -182,7 +182,7 @@ func TestRecordFillsARealHole(t *testing.T) {
 	require.NoError(t, f.x.Assume("a", f.h.Keys(prompt(1, 4)), time.Second))
 	assert.Equal(t, 1, f.x.Stats().ApproximateBlocks, "only the block the holder does not hold really")
 	assert.Equal(t, map[state.EngineID]int{"a": 4}, f.match(1, 4))
-	var m Matches
+	var m matches
 	f.x.matchLinearInto(f.h.Keys(prompt(1, 4)), &m)
 	assert.Equal(t, []EngineMatch{{"a", 4}}, m.Engines, "the linear walk agrees")
 	f.clock = f.clock.Add(2 * time.Second)

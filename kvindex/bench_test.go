@@ -238,8 +238,8 @@ func getFleet(b *testing.B) *fleet {
 // depth 64 by everyone; "shallow" diverges after the system prompt.
 func BenchmarkMatch512(b *testing.B) {
 	f := getFleet(b)
-	var m Matches
-	f.x.MatchInto(f.query, &m)
+	var m matches
+	f.x.matchInto(f.query, &m)
 	if m.Engines[0].Blocks != 512 || len(m.Engines) != fleetEngines {
 		b.Fatalf("unexpected match: %d engines, top %v", len(m.Engines), m.Engines[0])
 	}
@@ -252,7 +252,7 @@ func BenchmarkMatch512(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				f.x.MatchInto(c.keys, &m)
+				f.x.matchInto(c.keys, &m)
 			}
 		})
 	}
@@ -262,7 +262,7 @@ func BenchmarkMatch512(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			keys = f.h.AppendKeys(keys[:0], tokens)
-			f.x.MatchInto(keys, &m)
+			f.x.matchInto(keys, &m)
 		}
 	})
 }
@@ -299,9 +299,9 @@ func BenchmarkMatchParallel(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
-				var m Matches
+				var m matches
 				for pb.Next() {
-					f.x.MatchInto(f.query, &m)
+					f.x.matchInto(f.query, &m)
 				}
 			})
 			close(stop)
@@ -365,13 +365,13 @@ func BenchmarkMatchMooncake(b *testing.B) {
 	}
 	build := time.Since(start)
 	st := x.Stats()
-	var m Matches
-	x.MatchInto(query, &m)
+	var m matches
+	x.matchInto(query, &m)
 	b.Logf("%d requests, %d (block, engine) stores in %v (%.1f M/s incl. hashing and JSON); %d blocks; query: %d engines, top %v",
 		requests, stored, build.Round(time.Millisecond), float64(stored)/build.Seconds()/1e6, st.Blocks, len(m.Engines), m.Engines)
 	b.ReportAllocs()
 	for b.Loop() {
-		x.MatchInto(query, &m)
+		x.matchInto(query, &m)
 	}
 }
 

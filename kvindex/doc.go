@@ -9,14 +9,14 @@
 // engines hold which blocks, per DP rank and storage tier (Index), applies KV events (Store,
 // Remove, Clear) and engine removal, bounds its memory with LRU eviction of leaves, records
 // approximate, router-predicted placements with a TTL for engines that publish no events
-// (Assume), and answers prefix lookups through the Source interface, from this process's Index
+// (LocalSource.Place), and answers prefix lookups through the Source interface, from this process's Index
 // (LocalSource) or a remote indexer (RemoteSource), looked up at most once per request (Memo)
 // (docs/design.md §10 and §11).
 //
 // It is not a KV cache: it records ownership, never tensors. It does not subscribe to publishers
 // or decode engine event wire formats (vLLM's and SGLang's msgpack KV events over ZMQ): package
 // kvindex/kvevents does, mapping each engine's medium string to a Tier and feeding the decoded
-// events through Store, Remove and Clear, and marking an engine untrusted (MarkUntrusted) while
+// events through Store, Remove and Clear, and marking an engine untrusted (Stats.Untrusted) while
 // its event stream is out of step (docs/design.md §13.1).
 // It never reproduces an engine's own block hashes, which it keeps only as opaque IDs for parent
 // links and removals; and it does not choose engines: the cache-aware policy reads per-engine
@@ -40,8 +40,8 @@
 // same interval), issuing every probe of a round before using any so that their cache misses
 // overlap, and caps each holder at the first holey block of the prompt it is not live at: a
 // 512-block lookup takes a few dozen probes instead of up to 512, and finding its holders costs
-// less than hashing the prompt. Approximate entries (Assume) are not in the tree: they are records beside
-// it, one per Assume, found by their first key, and Match extends each holder's depth through
+// less than hashing the prompt. Approximate entries (placements) are not in the tree: they are records
+// beside it, one per placement, found by their first key, and Match extends each holder's depth through
 // the record that starts where its real blocks end (approx.go).
 //
 // # Concurrency
@@ -58,7 +58,7 @@
 // the LRU links) after releasing it. A match therefore waits for at most one chunk's
 // application, and sees an event's blocks in prompt order. Clear and RemoveEngine hide the
 // holders they clear from Match at once and then drop their entries in chunks of clearChunk, with
-// readers let in between (Index.clearHolders). Other writes (Remove, Assume, Expire) hold the lock
+// readers let in between (Index.clearHolders). Other writes (Remove, placements) hold the lock
 // for their own duration.
 //
 // The alternatives lose here. Sharding by a chain's first block (SGLang's experimental tree

@@ -19,7 +19,7 @@ import (
 // rebuild) (docs/design.md §11). The others mean a malformed event or a misconfigured
 // publisher: log it and drop the event.
 var (
-	// ErrInvalidEngine: Store, Assume, Remove, Clear or RemoveEngine named the empty engine ID.
+	// ErrInvalidEngine: Store, Remove, Clear, RemoveEngine or a placement named the empty engine ID.
 	// Every engine has a non-empty ID (state.Engine), so an empty one is a publisher or decoder
 	// that lost the engine's identity: drop the event and fix the publisher.
 	ErrInvalidEngine = errors.New("invalid engine ID")
@@ -40,14 +40,13 @@ var (
 	// already holds for a different block.
 	ErrDuplicateHash = errors.New("duplicate block hash")
 	// ErrCyclicChain: a Store's parent hash is one of its own block hashes (Dynamo
-	// InvalidBlockSequence), or an Assume repeats a key, so the chain would loop.
+	// InvalidBlockSequence), so the chain would loop.
 	ErrCyclicChain = errors.New("cyclic block chain")
 	// ErrKeyConflict: a block key is already in the index under a different parent block. For a
-	// Store this is a 64-bit hash collision; for an Assume it means the keys are not one prompt's
-	// chain.
+	// Store or a placement this is a 64-bit hash collision.
 	ErrKeyConflict = errors.New("block key conflict")
-	// ErrInvalidTier: a Store's tier is empty or has bits outside AllTiers, or a Remove's tier
-	// has bits outside AllTiers.
+	// ErrInvalidTier: a Store's tier is empty or has bits outside the four Tier bits, or a
+	// Remove's tier has bits outside them.
 	ErrInvalidTier = errors.New("invalid storage tier")
 	// ErrInvalidRank: a negative DP rank.
 	ErrInvalidRank = errors.New("invalid DP rank")

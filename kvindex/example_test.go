@@ -18,7 +18,12 @@ func Example() {
 		panic(err)
 	}
 	clock := time.Unix(0, 0) // an injected clock: expiry is exact and nothing sleeps
-	idx, err := kvindex.NewIndex(h, kvindex.Options{Now: func() time.Time { return clock }})
+	idx, err := kvindex.NewIndex(h, kvindex.Options{Now: func() time.Time { return clock }, ApproxTTL: 10 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	// The cache-aware policy asks through a Source, and records its placements through it.
+	src, err := kvindex.NewLocalSource(idx)
 	if err != nil {
 		panic(err)
 	}
@@ -33,8 +38,8 @@ func Example() {
 	must(idx.Store(kvindex.StoreEvent{Engine: "http://b", HasParent: true, ParentHash: 0xb1,
 		BlockHashes: []uint64{0xb2}, TokenIDs: prompt[4:8], Tier: kvindex.TierHost}))
 	// Engine c publishes no events: the router records where it sent the prompt, for 10 s.
+	must(src.Place("http://c", 0, kvindex.Query{TokenIDs: prompt}, nil))
 	keys := h.Keys(prompt)
-	must(idx.Assume("http://c", keys, 10*time.Second))
 
 	show := func(label string) {
 		m := idx.Match(keys)
@@ -47,17 +52,12 @@ func Example() {
 	show("after events")
 
 	// a drops block 2 from every tier: its contiguous prefix stops at the hole.
-	must(idx.Remove("http://a", 0, []uint64{0xa2}, kvindex.AllTiers))
-	clock = clock.Add(10 * time.Second) // c's placement expires
+	must(idx.Remove("http://a", 0, []uint64{0xa2}, 0)) // 0: from every tier
+	clock = clock.Add(10 * time.Second)                // c's placement expires
 	show("after removal and expiry")
-	fmt.Println("expired entries dropped:", idx.Expire(clock))
 
-	// The cache-aware policy asks through a Source, memoized per request.
-	src, err := kvindex.NewLocalSource(idx)
-	if err != nil {
-		panic(err)
-	}
-	memo := kvindex.NewMemo()
+	// A request's lookups are memoized: one per Source.
+	memo := new(kvindex.Memo)
 	for range 2 { // two picks of one request: one lookup
 		r, err := memo.Lookup(context.Background(), src, kvindex.Query{TokenIDs: prompt})
 		must(err)
@@ -75,7 +75,6 @@ func Example() {
 	// Output:
 	// after events (3 query blocks): http://a=3 http://c=3 http://b=2
 	// after removal and expiry (3 query blocks): http://b=2 http://a=1
-	// expired entries dropped: 3
 	// hit [{http://b 2} {http://a 1}] blocks of 4 tokens
 	// hit [{http://b 2} {http://a 1}] blocks of 4 tokens
 	// short prompt: miss 0

@@ -85,7 +85,7 @@ func FuzzHasher(f *testing.F) {
 	f.Add(make([]byte, 128), 16, uint64(1<<63), "ns")
 	f.Fuzz(func(t *testing.T, data []byte, blockTokens int, seed uint64, namespace string) {
 		h, err := NewHasher(HasherConfig{BlockTokens: blockTokens, Seed: seed, Namespace: namespace})
-		if blockTokens <= 0 || blockTokens > MaxBlockTokens {
+		if blockTokens <= 0 || blockTokens > maxBlockTokens {
 			require.ErrorIs(t, err, state.ErrInvalidConfiguration)
 			return
 		}

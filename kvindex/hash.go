@@ -11,9 +11,10 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// MaxBlockTokens is the largest block size, in tokens, a Hasher accepts. Engines use 16 to 512
-// tokens per block (vLLM 16 by default, the Mooncake traces 512; docs/traces.md); the cap only rejects nonsense before it can overflow a byte count.
-const MaxBlockTokens = 1 << 16
+// maxBlockTokens is the largest block size, in tokens, a Hasher accepts. Engines use 16 to 512
+// tokens per block (vLLM 16 by default, the Mooncake traces 512; docs/traces.md); the cap only
+// rejects nonsense before it can overflow a byte count.
+const maxBlockTokens = 1 << 16
 
 // XXH64 primes (the public XXH64 specification), used by the chaining step.
 const (
@@ -32,7 +33,7 @@ var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 // HasherConfig configures a Hasher. Its zero value is not valid: BlockTokens must be set.
 type HasherConfig struct {
 	// BlockTokens is the block size in tokens: the engine's page size (vLLM block_size, SGLang
-	// page_size). It must be in [1, MaxBlockTokens]; 0 or negative is an error. Every engine whose
+	// page_size). It must be in [1, 65536]; 0 or negative is an error. Every engine whose
 	// events feed one Index must use this block size (docs/design.md
 	// §11).
 	BlockTokens int
@@ -74,12 +75,12 @@ type Hasher struct {
 	root        uint64
 }
 
-// NewHasher validates cfg and returns its Hasher. A BlockTokens outside [1, MaxBlockTokens] returns
+// NewHasher validates cfg and returns its Hasher. A BlockTokens outside [1, 65536] returns
 // an error wrapping state.ErrInvalidConfiguration that names the field and the value.
 func NewHasher(cfg HasherConfig) (Hasher, error) {
-	if cfg.BlockTokens <= 0 || cfg.BlockTokens > MaxBlockTokens {
+	if cfg.BlockTokens <= 0 || cfg.BlockTokens > maxBlockTokens {
 		return Hasher{}, fmt.Errorf("kvindex: HasherConfig.BlockTokens: %d, must be in [1, %d]: %w",
-			cfg.BlockTokens, MaxBlockTokens, state.ErrInvalidConfiguration)
+			cfg.BlockTokens, maxBlockTokens, state.ErrInvalidConfiguration)
 	}
 	root := cfg.Seed
 	if cfg.Namespace != "" {
@@ -98,9 +99,9 @@ func NewHasher(cfg HasherConfig) (Hasher, error) {
 // BlockTokens returns the block size in tokens; 0 for the zero Hasher.
 func (h Hasher) BlockTokens() int { return h.blockTokens }
 
-// Blocks returns the number of full blocks (and so of keys) in a prompt of the given number of
+// blocks returns the number of full blocks (and so of keys) in a prompt of the given number of
 // tokens: tokens / BlockTokens, rounded down. It returns 0 for the zero Hasher and for tokens ≤ 0.
-func (h Hasher) Blocks(tokens int) int {
+func (h Hasher) blocks(tokens int) int {
 	if h.blockTokens <= 0 || tokens <= 0 {
 		return 0
 	}
@@ -110,7 +111,7 @@ func (h Hasher) Blocks(tokens int) int {
 // Keys returns the chained keys of every full block of tokens, in a new slice. It returns nil when
 // tokens holds no full block (including empty or nil tokens, and the zero Hasher).
 func (h Hasher) Keys(tokens []uint32) []uint64 {
-	n := h.Blocks(len(tokens))
+	n := h.blocks(len(tokens))
 	if n == 0 {
 		return nil
 	}
@@ -118,7 +119,7 @@ func (h Hasher) Keys(tokens []uint32) []uint64 {
 }
 
 // AppendKeys appends the chained key of every full block of tokens to dst and returns the extended
-// slice, like append. It allocates only when dst lacks capacity for Blocks(len(tokens)) more keys,
+// slice, like append. It allocates only when dst lacks capacity for len(tokens)/BlockTokens more keys,
 // so a caller that reuses dst hashes without allocating. tokens is only read. A trailing partial
 // block, an empty tokens and the zero Hasher append nothing.
 func (h Hasher) AppendKeys(dst []uint64, tokens []uint32) []uint64 {

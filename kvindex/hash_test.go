@@ -108,7 +108,7 @@ func TestHasherMatchesReference(t *testing.T) {
 					} else {
 						assert.Equal(t, want, got, name)
 					}
-					assert.Equal(t, len(want), h.Blocks(n), name)
+					assert.Equal(t, len(want), h.blocks(n), name)
 					assert.Equal(t, want, appendPortable(nil, h.root, tokens, b), "portable "+name)
 					prefix := []uint64{42}
 					assert.Equal(t, append([]uint64{42}, want...), h.AppendKeys(prefix, tokens), "append "+name)
@@ -144,18 +144,18 @@ func TestHasherProperties(t *testing.T) {
 
 	var zero Hasher
 	assert.Nil(t, zero.Keys(seq(0, 100)), "the zero Hasher has no keys")
-	assert.Equal(t, 0, zero.Blocks(100))
-	assert.Equal(t, 0, h.Blocks(-5), "negative token counts have no blocks")
+	assert.Equal(t, 0, zero.blocks(100))
+	assert.Equal(t, 0, h.blocks(-5), "negative token counts have no blocks")
 	assert.Equal(t, []uint64{7}, zero.AppendKeys([]uint64{7}, seq(0, 100)))
 }
 
 func TestNewHasherRejectsBlockSize(t *testing.T) {
 	t.Parallel()
-	for _, b := range []int{0, -1, -16, MaxBlockTokens + 1} {
+	for _, b := range []int{0, -1, -16, maxBlockTokens + 1} {
 		_, err := NewHasher(HasherConfig{BlockTokens: b})
 		assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "NewHasher(BlockTokens=%d)", b)
 	}
-	_, err := NewHasher(HasherConfig{BlockTokens: MaxBlockTokens})
+	_, err := NewHasher(HasherConfig{BlockTokens: maxBlockTokens})
 	assert.NoError(t, err, "the cap itself is valid")
 }
 

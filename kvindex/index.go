@@ -9,22 +9,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/state"
 )
 
-// Defaults for Options. The approximate-entry values are Dynamo's PruneConfig
-// (ai-dynamo/dynamo `lib/kv-router/src/approx.rs`: TTL 120 s, at most 2^20 =
-// 1,048,576 blocks, pruned to 0.8 of that; docs/design.md §11).
+// Defaults for Options fields left zero (each field states its value). The approximate-entry
+// values are Dynamo's PruneConfig (ai-dynamo/dynamo `lib/kv-router/src/approx.rs`: TTL 120 s, at
+// most 2^20 = 1,048,576 blocks, pruned to 0.8 of that; docs/design.md §11).
 const (
-	// DefaultMaxBlocks is the default block cap: 4,194,304 blocks, 64 Mi tokens at 16 tokens per
-	// block (docs/performance.md, "Sizing MaxBlocks", says how to size it and what it costs).
-	DefaultMaxBlocks = 1 << 22
-	// DefaultApproxTTL is how long an Assume entry lives unless the call names another TTL.
-	DefaultApproxTTL = 120 * time.Second
-	// DefaultMaxApproxBlocks caps the number of approximate (block, engine) entries.
-	DefaultMaxApproxBlocks = 1 << 20
-	// defaultWriterYieldBlocks is how many blocks a writer stores between two yields of its
-	// processor (Options.WriterYieldBlocks).
+	defaultMaxBlocks         = 1 << 22
+	defaultApproxTTL         = 120 * time.Second
+	defaultMaxApproxBlocks   = 1 << 20
 	defaultWriterYieldBlocks = 4096
 	// approxPruneFraction is the fraction of MaxApproxBlocks an over-cap index prunes back to,
 	// earliest expiry first and, within one expiry, deepest block first.
@@ -45,12 +40,13 @@ type Options struct {
 	// MaxBlocks caps the number of blocks (tree nodes) the index keeps. When a write pushes the
 	// count above it, the least recently used leaves are evicted, for every holder at once, until
 	// it fits; interior blocks are never evicted, so every kept block's prefix stays in the tree.
-	// Approximate (Assume) entries are not blocks: they are kept beside the tree, capped by
+	// Approximate entries (LocalSource.Place) are not blocks: they are kept beside the tree, capped by
 	// MaxApproxBlocks, and neither count against MaxBlocks nor are evicted by it.
 	// Recency is the last Store of the block, with a second chance for a block that a
 	// Match has found as some engine's deepest block since (CLOCK). While one Store is being
 	// applied the count may exceed the cap by that event's own new blocks; the cap holds again
-	// when Store returns. 0 means DefaultMaxBlocks; negative or above 2^32−2 is an error.
+	// when Store returns. 0 means 4,194,304 blocks (2^22: 64 Mi tokens at 16 tokens per block);
+	// negative or above 2^32−2 is an error.
 	// docs/performance.md ("Sizing MaxBlocks") says how to size it.
 	MaxBlocks int
 	// ExpectedBlocks is how many blocks the index is expected to hold when full: the fleet's
@@ -68,12 +64,12 @@ type Options struct {
 	// it; Clear releases it, and the holder's next Store allocates it again. 0 means the table
 	// starts small and doubles; negative or above MaxBlocks (after its default) is an error.
 	ExpectedHolderBlocks int
-	// MaxApproxBlocks caps the approximate (Assume) entries, counted per (block, engine). Above
-	// it, entries are pruned to 0.8 of the cap. 0 means DefaultMaxApproxBlocks;
+	// MaxApproxBlocks caps the approximate entries (LocalSource.Place), counted per (block, engine). Above
+	// it, entries are pruned to 0.8 of the cap. 0 means 1,048,576 (2^20);
 	// negative is an error.
 	MaxApproxBlocks int
-	// ApproxTTL is the lifetime of an Assume entry when the call passes a TTL of 0. 0 means
-	// DefaultApproxTTL; negative is an error.
+	// ApproxTTL is the lifetime of an approximate entry (LocalSource.Place). 0 means 120 s;
+	// negative is an error.
 	ApproxTTL time.Duration
 	// Now is the clock for approximate-entry expiry. nil means time.Now. Tests inject a fixed
 	// clock; the index never sleeps and starts no goroutine.
@@ -100,8 +96,8 @@ type Options struct {
 // (match.go), because a holder's entries along a prompt are prefix-closed except at blocks the
 // index keeps in a small "holey" set.
 //
-// Concurrency: every method is safe for concurrent use. Match and MatchInto take a read lock and
-// run in parallel with each other. Writes (Store, Remove, Clear, RemoveEngine, Assume, Expire) are
+// Concurrency: every method is safe for concurrent use. Match takes a read lock, and matches
+// run in parallel with each other. Writes (Store, Remove, Clear, RemoveEngine, placements) are
 // serialised by a writer mutex, which gives "one writer per engine" ordering for free as long as
 // each engine's events are applied in order by their caller; a Store hashes and validates its
 // event without blocking readers and takes the read-excluding lock only to apply it, in chunks
@@ -293,12 +289,12 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 	switch {
 	case opts.MaxBlocks < 0 || uint64(opts.MaxBlocks) > maxNodes:
 		return nil, fmt.Errorf("kvindex: Options.MaxBlocks: %d, must be in [0, %d]: %w", opts.MaxBlocks, uint64(maxNodes), state.ErrInvalidConfiguration)
-	case opts.ExpectedBlocks < 0 || opts.ExpectedBlocks > cmp.Or(opts.MaxBlocks, DefaultMaxBlocks):
+	case opts.ExpectedBlocks < 0 || opts.ExpectedBlocks > cmp.Or(opts.MaxBlocks, defaultMaxBlocks):
 		return nil, fmt.Errorf("kvindex: Options.ExpectedBlocks: %d, must be in [0, MaxBlocks = %d]: %w",
-			opts.ExpectedBlocks, cmp.Or(opts.MaxBlocks, DefaultMaxBlocks), state.ErrInvalidConfiguration)
-	case opts.ExpectedHolderBlocks < 0 || opts.ExpectedHolderBlocks > cmp.Or(opts.MaxBlocks, DefaultMaxBlocks):
+			opts.ExpectedBlocks, cmp.Or(opts.MaxBlocks, defaultMaxBlocks), state.ErrInvalidConfiguration)
+	case opts.ExpectedHolderBlocks < 0 || opts.ExpectedHolderBlocks > cmp.Or(opts.MaxBlocks, defaultMaxBlocks):
 		return nil, fmt.Errorf("kvindex: Options.ExpectedHolderBlocks: %d, must be in [0, MaxBlocks = %d]: %w",
-			opts.ExpectedHolderBlocks, cmp.Or(opts.MaxBlocks, DefaultMaxBlocks), state.ErrInvalidConfiguration)
+			opts.ExpectedHolderBlocks, cmp.Or(opts.MaxBlocks, defaultMaxBlocks), state.ErrInvalidConfiguration)
 	case opts.MaxApproxBlocks < 0:
 		return nil, fmt.Errorf("kvindex: Options.MaxApproxBlocks: %d, must be >= 0: %w", opts.MaxApproxBlocks, state.ErrInvalidConfiguration)
 	case opts.ApproxTTL < 0:
@@ -333,13 +329,13 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 		x.holderBits = max(tableBitsFor(opts.ExpectedHolderBlocks), bindTableMinBits)
 	}
 	if x.maxBlocks == 0 {
-		x.maxBlocks = DefaultMaxBlocks
+		x.maxBlocks = defaultMaxBlocks
 	}
 	if x.maxApprox == 0 {
-		x.maxApprox = DefaultMaxApproxBlocks
+		x.maxApprox = defaultMaxApproxBlocks
 	}
 	if x.ttl == 0 {
-		x.ttl = DefaultApproxTTL
+		x.ttl = defaultApproxTTL
 	}
 	if x.now == nil {
 		x.now = time.Now
@@ -350,10 +346,6 @@ func NewIndex(h Hasher, opts Options) (*Index, error) {
 // Hasher returns the Hasher the index hashes Store tokens with. Queries for this index must be
 // hashed with it.
 func (x *Index) Hasher() Hasher { return x.hasher }
-
-// WriterYieldBlocks returns how many blocks Stores add between two yields of the writer's
-// processor (Options.WriterYieldBlocks after its default); 0 means Stores never yield.
-func (x *Index) WriterYieldBlocks() int { return x.yieldBlocks }
 
 // StoreEvent is one engine's report that it now holds a run of consecutive blocks: vLLM and
 // SGLang BlockStored (docs/design.md §13), already decoded.
@@ -389,11 +381,11 @@ const storeChunk = 2048
 // Store records that ev.Engine's DP rank ev.DPRank holds ev's blocks in ev.Tier, attaching the first
 // block under the parent the engine named (docs/design.md §11; Stored in
 // ai-dynamo/dynamo `lib/kv-router/src/radix_tree.rs`). Storing a block the holder already holds
-// under the same hash adds the tier (StoreRestored reports such blocks); storing it under a second
+// under the same hash adds the tier; storing it under a second
 // hash (an alias, as multimodal placeholders produce) adds a second entry, and the holder keeps
-// the block until every alias is removed. A real event
-// supersedes an Assume entry of the same (engine, rank 0) at that block: the entry becomes real
-// and no longer expires.
+// the block until every alias is removed. A real event supersedes an approximate entry
+// (LocalSource.Place) of the same (engine, rank) at that block: the entry becomes real and no
+// longer expires.
 //
 // Store hashes and validates the whole event before it changes anything, without blocking
 // Match; it then applies the blocks in prompt order, storeChunk at a time, so a concurrent Match
@@ -411,22 +403,12 @@ func (x *Index) Store(ev StoreEvent) error {
 	return x.storeYield(&ev, nil)
 }
 
-// Restored is a block of a Store event that its holder already held under the same hash. vLLM
-// stores a block again when it keeps a second copy of it (its block pool does not deduplicate a
-// block computed while an identical one is cached: vllm-project/vllm
-// vllm/v1/core/block_pool.py), so an event consumer counts copies with it (docs/design.md §13.1).
-type Restored struct {
-	// Block is the block's position in the event's BlockHashes.
-	Block int
-	// Tiers are the tiers the holder held the block in before the event.
-	Tiers Tier
-}
-
-// StoreRestored is Store that also appends to restored, in prompt order, each block of ev that
-// ev's holder already held under the same hash, and returns the extended slice. A block new to
-// the holder, or held only under another hash (an alias), is not appended. On an error it returns
-// restored unchanged with Store's error. Cost: Store's, plus a lookup per restored block.
-func (x *Index) StoreRestored(ev StoreEvent, restored []Restored) ([]Restored, error) {
+// storeRestored is Store that also appends to restored each block of ev that ev's holder already
+// held under the same hash (kvbridge.StoreRestored states the contract). vLLM stores a block
+// again when it keeps a second copy of it (its block pool does not deduplicate a block computed
+// while an identical one is cached: vllm-project/vllm vllm/v1/core/block_pool.py), so an event
+// consumer counts copies with it (docs/design.md §13.1).
+func (x *Index) storeRestored(ev StoreEvent, restored []kvbridge.Restored) ([]kvbridge.Restored, error) {
 	n := len(restored)
 	if err := x.storeYield(&ev, &restored); err != nil {
 		return restored[:n], err
@@ -436,7 +418,7 @@ func (x *Index) StoreRestored(ev StoreEvent, restored []Restored) ([]Restored, e
 
 // storeYield runs store under wmu and yields the processor every Options.WriterYieldBlocks
 // blocks.
-func (x *Index) storeYield(ev *StoreEvent, restored *[]Restored) error {
+func (x *Index) storeYield(ev *StoreEvent, restored *[]kvbridge.Restored) error {
 	x.wmu.Lock()
 	err := x.store(ev, restored)
 	yield := false
@@ -455,8 +437,8 @@ func (x *Index) storeYield(ev *StoreEvent, restored *[]Restored) error {
 
 // store runs under wmu. Until it takes mu it only reads, which is safe beside readers. When
 // restored is not nil it appends the blocks the holder already held under the same hash to it
-// (StoreRestored); the caller drops them on an error.
-func (x *Index) store(ev *StoreEvent, restored *[]Restored) error {
+// (storeRestored); the caller drops them on an error.
+func (x *Index) store(ev *StoreEvent, restored *[]kvbridge.Restored) error {
 	fail := func(err error, hashes ...uint64) error {
 		return &EventError{Op: "store", Engine: ev.Engine, DPRank: ev.DPRank, Hashes: hashes, Err: err}
 	}
@@ -466,7 +448,7 @@ func (x *Index) store(ev *StoreEvent, restored *[]Restored) error {
 	if ev.DPRank < 0 {
 		return fail(ErrInvalidRank)
 	}
-	if ev.Tier == 0 || ev.Tier&^AllTiers != 0 {
+	if ev.Tier == 0 || ev.Tier&^allTiers != 0 {
 		return fail(ErrInvalidTier)
 	}
 	nb := len(ev.BlockHashes)
@@ -532,8 +514,8 @@ func (x *Index) store(ev *StoreEvent, restored *[]Restored) error {
 			}
 			known, slot = ok, at
 			if ok && restored != nil {
-				t := Tier(uint8(x.hold(x.realEntry(n, hid, ev.BlockHashes[i])).e))
-				*restored = append(*restored, Restored{Block: i, Tiers: t})
+				t := uint8(x.hold(x.realEntry(n, hid, ev.BlockHashes[i])).e)
+				*restored = append(*restored, kvbridge.Restored{Block: i, Tiers: t})
 			}
 		}
 		x.slotBuf = append(x.slotBuf, int32(slot))
@@ -764,7 +746,7 @@ func (x *Index) subTiers(h *holder, drop uint8) {
 }
 
 // Remove records that engine's DP rank no longer holds the blocks with the given engine hashes in
-// tiers (vLLM/SGLang BlockRemoved). tiers 0 or AllTiers removes every tier, as an event without a
+// tiers (vLLM/SGLang BlockRemoved). tiers 0 (or all four Tier bits) removes every tier, as an event without a
 // medium does (docs/design.md §11). A block left with no tier for any alias is dropped for
 // that holder; a block no holder keeps and with no children leaves the tree, and so does each
 // ancestor that is left empty. A hash named twice is removed once.
@@ -789,11 +771,11 @@ func (x *Index) Remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	if rank < 0 {
 		return fail(ErrInvalidRank)
 	}
-	if tiers&^AllTiers != 0 {
+	if tiers&^allTiers != 0 {
 		return fail(ErrInvalidTier)
 	}
 	if tiers == 0 {
-		tiers = AllTiers
+		tiers = allTiers
 	}
 	hid, ok := x.lookupHolder(engine, rank)
 	if !ok {

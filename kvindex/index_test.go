@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -141,7 +142,7 @@ func TestNewIndexValidatesOptions(t *testing.T) {
 		{"negative ApproxTTL", h, Options{ApproxTTL: -time.Second}},
 		{"negative ExpectedBlocks", h, Options{ExpectedBlocks: -1}},
 		{"ExpectedBlocks above MaxBlocks", h, Options{MaxBlocks: 100, ExpectedBlocks: 101}},
-		{"ExpectedBlocks above the default MaxBlocks", h, Options{ExpectedBlocks: DefaultMaxBlocks + 1}},
+		{"ExpectedBlocks above the default MaxBlocks", h, Options{ExpectedBlocks: defaultMaxBlocks + 1}},
 		{"negative ExpectedHolderBlocks", h, Options{ExpectedHolderBlocks: -1}},
 		{"ExpectedHolderBlocks above MaxBlocks", h, Options{MaxBlocks: 100, ExpectedHolderBlocks: 101}},
 	}
@@ -151,9 +152,9 @@ func TestNewIndexValidatesOptions(t *testing.T) {
 	}
 	x, err := NewIndex(h, Options{})
 	require.NoError(t, err, "the zero Options are the defaults")
-	assert.Equal(t, DefaultMaxBlocks, x.maxBlocks)
-	assert.Equal(t, DefaultMaxApproxBlocks, x.maxApprox)
-	assert.Equal(t, DefaultApproxTTL, x.ttl)
+	assert.Equal(t, defaultMaxBlocks, x.maxBlocks)
+	assert.Equal(t, defaultMaxApproxBlocks, x.maxApprox)
+	assert.Equal(t, defaultApproxTTL, x.ttl)
 	assert.Equal(t, h, x.Hasher())
 	assert.Zero(t, len(x.byKey.slots), "no ExpectedBlocks: the key table starts empty")
 	assert.Zero(t, x.holderBits)
@@ -292,7 +293,7 @@ func TestIndexScenarios(t *testing.T) {
 		require.NoError(t, f.x.Remove("a", 0, []uint64{3}, 0))
 		require.NoError(t, checkInvariants(f.x))
 		assert.Equal(t, map[state.EngineID]int{"a": 2, "b": 5}, f.match(1, 5))
-		require.NoError(t, f.x.Remove("b", 0, []uint64{105}, AllTiers))
+		require.NoError(t, f.x.Remove("b", 0, []uint64{105}, allTiers))
 		assert.Equal(t, map[state.EngineID]int{"a": 2, "b": 4}, f.match(1, 5))
 		assert.Equal(t, 5, f.x.Stats().Blocks, "block 5 is still held by a")
 		require.NoError(t, f.x.Remove("a", 0, []uint64{5, 4}, 0))
@@ -311,7 +312,7 @@ func TestIndexScenarios(t *testing.T) {
 		assert.Equal(t, map[state.EngineID]int{"b": 2}, f.match(1, 3))
 		assert.Empty(t, f.match(2, 2))
 		assert.Equal(t, 2, f.x.Stats().Blocks)
-		assert.Equal(t, EngineStats{Ranks: 1}, f.x.Stats().Engines["a"], "a cleared engine stays known")
+		assert.Equal(t, EngineStats{Ranks: 1}, f.x.Stats().Engines()["a"], "a cleared engine stays known")
 		err := f.x.Remove("a", 0, []uint64{1}, 0)
 		assert.ErrorIs(t, err, ErrUnknownHash, "after Clear the engine is known but holds nothing")
 	})
@@ -321,10 +322,10 @@ func TestIndexScenarios(t *testing.T) {
 		f := newFixture(t, Options{})
 		f.store("a", 0, 1, 0, 2, 0, TierDevice)
 		f.store("a", 0, 1, 0, 2, 0, TierHost)
-		assert.Equal(t, EngineStats{Ranks: 1, DeviceBlocks: 2, HostBlocks: 2}, f.x.Stats().Engines["a"])
+		assert.Equal(t, EngineStats{Ranks: 1, DeviceBlocks: 2, HostBlocks: 2}, f.x.Stats().Engines()["a"])
 		require.NoError(t, f.x.Remove("a", 0, []uint64{1, 2}, TierDevice))
 		assert.Equal(t, map[state.EngineID]int{"a": 2}, f.match(1, 2), "matching is tier-blind")
-		assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 2}, f.x.Stats().Engines["a"])
+		assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 2}, f.x.Stats().Engines()["a"])
 		require.NoError(t, f.x.Remove("a", 0, []uint64{1, 2}, TierHost))
 		assert.Empty(t, f.match(1, 2))
 		assert.Zero(t, f.x.Stats().Blocks)
@@ -339,8 +340,8 @@ func TestIndexScenarios(t *testing.T) {
 		require.NoError(t, f.x.Remove("a", 0, []uint64{2}, TierExternal))
 		require.NoError(t, f.x.Remove("b", 0, []uint64{102}, TierDisk))
 		s := f.x.Stats()
-		assert.Equal(t, EngineStats{Ranks: 1, DiskBlocks: 2}, s.Engines["a"], "removing a tier a does not hold is a no-op")
-		assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 2, DiskBlocks: 1, ExternalBlocks: 2}, s.Engines["b"])
+		assert.Equal(t, EngineStats{Ranks: 1, DiskBlocks: 2}, s.Engines()["a"], "removing a tier a does not hold is a no-op")
+		assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 2, DiskBlocks: 1, ExternalBlocks: 2}, s.Engines()["b"])
 	})
 
 	t.Run("dp_ranks_fold_by_maximum", func(t *testing.T) {
@@ -350,7 +351,7 @@ func TestIndexScenarios(t *testing.T) {
 		f.store("a", 3, 1, 0, 4, 100, TierDevice)
 		f.store("a", 1, 1, 0, 1, 200, TierDevice)
 		assert.Equal(t, map[state.EngineID]int{"a": 4}, f.match(1, 6))
-		assert.Equal(t, 3, f.x.Stats().Engines["a"].Ranks)
+		assert.Equal(t, 3, f.x.Stats().Engines()["a"].Ranks)
 		require.NoError(t, f.x.Clear("a", 3))
 		assert.Equal(t, map[state.EngineID]int{"a": 2}, f.match(1, 6))
 	})
@@ -371,7 +372,7 @@ func TestIndexScenarios(t *testing.T) {
 		require.NoError(t, f.x.Store(StoreEvent{Engine: "a", HasParent: true, ParentHash: 52,
 			BlockHashes: []uint64{9}, TokenIDs: prompt(1, 3)[8:], Tier: TierHost}),
 			"re-storing hash 9 at the same block adds the tier")
-		assert.Equal(t, EngineStats{Ranks: 1, DeviceBlocks: 4, HostBlocks: 1}, f.x.Stats().Engines["a"])
+		assert.Equal(t, EngineStats{Ranks: 1, DeviceBlocks: 4, HostBlocks: 1}, f.x.Stats().Engines()["a"])
 		require.NoError(t, f.x.Remove("a", 0, []uint64{52}, 0))
 		assert.Equal(t, map[state.EngineID]int{"a": 1}, f.match(1, 3), "block 2 is a hole now; block 3 stays")
 		assert.Equal(t, 3, f.x.Stats().Blocks)
@@ -412,45 +413,45 @@ func TestEmptyStoreIsANoOp(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
 	require.NoError(t, f.x.Store(StoreEvent{Engine: "a", Tier: TierDevice}), "an empty store is a no-op")
-	assert.Nil(t, f.x.Stats().Engines, "and does not register the engine")
+	assert.Nil(t, f.x.Stats().Engines(), "and does not register the engine")
 	assert.ErrorIs(t, f.x.Remove("a", 0, nil, 0), ErrUnknownEngine)
 }
 
-// StoreRestored reports, in prompt order, the blocks the holder already held under the same hash
-// with the tiers it held them in; new blocks, another holder's blocks and aliases are not
-// reported, and a refused event leaves the slice as it was.
+// storeRestored (kvbridge.StoreRestored) reports, in prompt order, the blocks the holder already
+// held under the same hash with the tiers it held them in; new blocks, another holder's blocks and
+// aliases are not reported, and a refused event leaves the slice as it was.
 func TestStoreRestored(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
 	f.store("a", 0, 1, 0, 2, 0, TierDevice) // blocks 0, 1 of prompt 1, hashes 1, 2
 	f.store("a", 0, 1, 1, 1, 0, TierHost)   // block 1 in host memory too
 	f.store("b", 0, 1, 0, 3, 0, TierDevice)
-	prefix := []Restored{{Block: 9, Tiers: TierDisk}}
+	prefix := []kvbridge.Restored{{Block: 9, Tiers: uint8(TierDisk)}}
 	cases := []struct {
 		name string
 		ev   StoreEvent
-		want []Restored
+		want []kvbridge.Restored
 	}{
 		{"the same blocks and one new", f.event("a", 0, 1, 0, 3, 0, TierDevice),
-			[]Restored{{Block: 0, Tiers: TierDevice}, {Block: 1, Tiers: TierDevice | TierHost}}},
-		{"in another tier", f.event("a", 0, 1, 1, 1, 0, TierDisk), []Restored{{Block: 0, Tiers: TierDevice | TierHost}}},
+			[]kvbridge.Restored{{Block: 0, Tiers: uint8(TierDevice)}, {Block: 1, Tiers: uint8(TierDevice | TierHost)}}},
+		{"in another tier", f.event("a", 0, 1, 1, 1, 0, TierDisk), []kvbridge.Restored{{Block: 0, Tiers: uint8(TierDevice | TierHost)}}},
 		{"another rank", f.event("a", 1, 1, 0, 2, 0, TierDevice), nil},
 		{"an alias", f.event("a", 0, 1, 0, 1, 100, TierDevice), nil},
 	}
 	for _, tc := range cases {
-		got, err := f.x.StoreRestored(tc.ev, nil)
+		got, err := kvbridge.StoreRestored(f.x, tc.ev, nil)
 		require.NoError(t, err, tc.name)
 		assert.Equal(t, tc.want, got, tc.name)
 		require.NoError(t, checkInvariants(f.x))
 	}
-	got, err := f.x.StoreRestored(f.event("a", 0, 1, 0, 1, 0, TierDevice), prefix)
+	got, err := kvbridge.StoreRestored(f.x, f.event("a", 0, 1, 0, 1, 0, TierDevice), prefix)
 	require.NoError(t, err)
-	assert.Equal(t, []Restored{prefix[0], {Block: 0, Tiers: TierDevice}}, got, "appended")
+	assert.Equal(t, []kvbridge.Restored{prefix[0], {Block: 0, Tiers: uint8(TierDevice)}}, got, "appended")
 
 	before := dump(f.x)
 	bad := f.event("a", 0, 1, 0, 2, 0, TierDevice)
 	bad.TokenIDs = append(prompt(1, 1), prompt(2, 2)[testBlock:]...) // block 0 restored, hash 2 held for another block
-	got, err = f.x.StoreRestored(bad, prefix[:1:1])
+	got, err = kvbridge.StoreRestored(f.x, bad, prefix[:1:1])
 	assert.ErrorIs(t, err, ErrDuplicateHash)
 	assert.Equal(t, prefix, got, "unchanged on an error")
 	assert.Equal(t, before, dump(f.x))
@@ -559,7 +560,7 @@ func TestEmptyEngineIsNeverIndexed(t *testing.T) {
 	assert.Equal(t, "store", ee.Op)
 	require.ErrorIs(t, f.x.Assume("", f.h.Keys(prompt(1, 3)), 0), ErrInvalidEngine, "Assume(\"\")")
 	assert.Zero(t, f.x.Stats().Blocks, "no block indexed")
-	assert.Nil(t, f.x.Stats().Engines, "no engine registered")
+	assert.Nil(t, f.x.Stats().Engines(), "no engine registered")
 	assert.Empty(t, f.match(1, 3), "Match finds no holder")
 	require.NoError(t, checkInvariants(f.x))
 }
@@ -676,8 +677,8 @@ func TestEvictionOfSharedLeafRemovesEveryHolder(t *testing.T) {
 	s := f.x.Stats()
 	assert.Equal(t, 2, s.Blocks)
 	assert.Equal(t, 2, s.ApproximateBlocks, "eviction leaves approximate entries")
-	assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 1}, s.Engines["b"])
-	assert.Equal(t, EngineStats{Ranks: 1, DiskBlocks: 1}, s.Engines["c"])
+	assert.Equal(t, EngineStats{Ranks: 1, HostBlocks: 1}, s.Engines()["b"])
+	assert.Equal(t, EngineStats{Ranks: 1, DiskBlocks: 1}, s.Engines()["c"])
 	require.NoError(t, checkInvariants(f.x))
 }
 
@@ -785,9 +786,9 @@ func TestMatchIntoDoesNotAllocate(t *testing.T) {
 	}
 	require.NoError(t, f.x.Assume("approx", f.h.Keys(prompt(1, 3)), 0))
 	keys := f.h.Keys(prompt(1, 12))
-	var m Matches
-	f.x.MatchInto(keys, &m)
-	allocs := testing.AllocsPerRun(100, func() { f.x.MatchInto(keys, &m) })
+	var m matches
+	f.x.matchInto(keys, &m)
+	allocs := testing.AllocsPerRun(100, func() { f.x.matchInto(keys, &m) })
 	assert.Zero(t, allocs)
 	assert.Len(t, m.Engines, 9)
 }

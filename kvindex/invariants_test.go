@@ -50,7 +50,7 @@ func checkInvariants(x *Index) error {
 				return fmt.Errorf("node %d entry %d names dead holder %d", n, p, hid)
 			}
 			// Real entries only: approximate ones are records beside the tree (approx.go).
-			if t := uint8(x.hold(p).e); t == 0 || Tier(t)&^AllTiers != 0 {
+			if t := uint8(x.hold(p).e); t == 0 || Tier(t)&^allTiers != 0 {
 				return fmt.Errorf("node %d entry %d has tiers %#x", n, p, t)
 			}
 			if m, ok, _ := x.binding(hid, x.hold(p).aux); !ok || m != n {

@@ -19,13 +19,13 @@ type EngineMatch struct {
 	Blocks int
 }
 
-// Matches is the result of a Match: every engine that holds at least the query's first block,
-// with how many leading blocks it holds. Reuse one Matches across MatchInto calls to match without
-// allocating; a Matches must not be used by two calls at once. The zero value is ready to use.
-type Matches struct {
+// matches is a match's result and working memory: every engine that holds at least the query's
+// first block, with how many leading blocks it holds. Reuse one across matchInto calls to match
+// without allocating; it must not be used by two calls at once. The zero value is ready to use.
+type matches struct {
 	// Engines lists each engine with Blocks ≥ 1, deepest first, ties by engine ID ascending. An
 	// engine absent from the list holds not even the first block (a confirmed miss for it). It is
-	// overwritten by the next MatchInto into the same Matches.
+	// overwritten by the next matchInto into the same matches.
 	Engines []EngineMatch
 	// DPRanks has one entry per Engines entry: the engine's DP rank holding its Blocks blocks (the
 	// lowest such rank when several do). A cache-aware pick names it (docs/design.md §6, §11).
@@ -90,27 +90,35 @@ type probe1 struct {
 	sum   uint32
 }
 
-// Blocks returns engine's matched block count, or 0 when it holds not even the first block.
-func (m *Matches) Blocks(engine state.EngineID) int {
-	for _, e := range m.Engines {
-		if e.Engine == engine {
-			return e.Blocks
-		}
-	}
-	return 0
-}
-
 // Match returns, for every engine, the number of leading blocks of keys it holds contiguously,
-// folded over its DP ranks by maximum (docs/design.md §11; a hole stops a
-// holder's count). keys are a prompt's chained keys from the index's Hasher (other keys give an
-// unspecified but well-formed result); empty keys is a valid query with an empty result.
-// Approximate entries (records beside the tree, approx.go) count like real ones until their
-// expiry by Options.Now; from then on they are not counted. Match allocates
-// its result; MatchInto does not.
-func (x *Index) Match(keys []uint64) *Matches {
-	m := new(Matches)
-	x.MatchInto(keys, m)
-	return m
+// folded over its DP ranks by maximum (docs/design.md §11; a hole stops a holder's count), as a
+// Result: OutcomeHit with Engines (deepest first, ties by engine ID) and DPRanks (the rank
+// holding each engine's blocks, the lowest on a tie) when some engine holds the first block,
+// OutcomeMiss otherwise; QueryBlocks is len(keys) and BlockTokens the Hasher's. keys are a
+// prompt's chained keys from the index's Hasher (other keys give an unspecified but well-formed
+// result); empty keys is a valid query, a miss. Approximate entries (records beside the tree,
+// approx.go) count like real ones until their expiry by Options.Now. Unlike a LocalSource's
+// Lookup, Match reports engines marked untrusted (docs/design.md §13.1). It takes the read lock,
+// so any number of Match calls run in parallel, and allocates its result.
+//
+// Cost: it does not walk the prompt. Because a holder's entries along a prompt form a prefix
+// except at holey blocks (index.go, "holes"), it finds each holder's deepest block by probing
+// depths: the first block, then rounds that split each group of holders' interval at a few
+// depths (k-ary search), all probes of a round independent so that their cache misses overlap;
+// about 1 + 2 × (distinct depths) × log₄(blocks) probes. When the index has holey blocks it also
+// looks every key up in the (small) holey set and caps each holder at the first holey block of
+// the prompt where it is not live. Then, when the index has approximate entries, one probe of
+// the records' first-key table per distinct depth the holders reached (and one at the first
+// block), extending each holder through the record that starts where its real blocks end
+// (approx.go). Then a sort of the engines found.
+func (x *Index) Match(keys []uint64) Result {
+	var m matches
+	x.matchInto(keys, &m)
+	r := Result{Outcome: OutcomeMiss, QueryBlocks: m.QueryBlocks, BlockTokens: x.hasher.blockTokens}
+	if len(m.Engines) > 0 {
+		r.Outcome, r.Engines, r.DPRanks = OutcomeHit, m.Engines, m.DPRanks
+	}
+	return r
 }
 
 // maxQueryBlocks bounds a query so that block counts fit the sort keys; keys beyond it are
@@ -129,21 +137,9 @@ const (
 	fanout      = 3
 )
 
-// MatchInto is Match writing into m, which it resets first. With a reused m it allocates nothing
-// once m's buffers have grown to the index's size. It takes the index's read lock, so any number
-// of MatchInto calls (on different Matches) run in parallel.
-//
-// Cost: it does not walk the prompt. Because a holder's entries along a prompt form a prefix
-// except at holey blocks (index.go, "holes"), it finds each holder's deepest block by probing
-// depths: the first block, then rounds that split each group of holders' interval at a few
-// depths (k-ary search), all probes of a round independent so that their cache misses overlap;
-// about 1 + 2 × (distinct depths) × log₄(blocks) probes. When the index has holey blocks it also
-// looks every key up in the (small) holey set and caps each holder at the first holey block of
-// the prompt where it is not live. Then, when the index has approximate entries, one probe of
-// the records' first-key table per distinct depth the holders reached (and one at the first
-// block), extending each holder through the record that starts where its real blocks end
-// (approx.go). Then a sort of the engines found.
-func (x *Index) MatchInto(keys []uint64, m *Matches) {
+// matchInto is Match writing into m, which it resets first (see Match for the answer and the
+// cost). With a reused m it allocates nothing once m's buffers have grown to the index's size.
+func (x *Index) matchInto(keys []uint64, m *matches) {
 	if len(keys) > maxQueryBlocks {
 		keys = keys[:maxQueryBlocks]
 	}
@@ -160,13 +156,13 @@ func (x *Index) MatchInto(keys []uint64, m *Matches) {
 	x.finishMatch(m)
 }
 
-// matchTokensInto is MatchInto for a prompt's token IDs: it hashes the first block with the
+// matchTokensInto is matchInto for a prompt's token IDs: it hashes the first block with the
 // index's Hasher and stops there when no engine holds it (a cold prompt costs one block's hash);
 // otherwise it hashes the whole prompt first and then searches, so that the search's independent
 // probes overlap their cache misses (hashing a block and probing it in turn would serialise
 // them). m.QueryBlocks is the prompt's full block count. The result equals
-// MatchInto(x.Hasher().Keys(tokens), m).
-func (x *Index) matchTokensInto(tokens []uint32, m *Matches) {
+// matchInto(x.Hasher().Keys(tokens), m).
+func (x *Index) matchTokensInto(tokens []uint32, m *matches) {
 	h := x.hasher
 	b := h.blockTokens
 	n := min(len(tokens)/b, maxQueryBlocks)
@@ -191,7 +187,7 @@ func (x *Index) matchTokensInto(tokens []uint32, m *Matches) {
 
 // beginMatch resets m for a query of blocks blocks and, unless it is empty (false is returned),
 // takes the read lock, which the caller releases after finishMatch.
-func (x *Index) beginMatch(blocks int, m *Matches) bool {
+func (x *Index) beginMatch(blocks int, m *matches) bool {
 	m.Engines = m.Engines[:0]
 	m.DPRanks = m.DPRanks[:0]
 	m.slots = m.slots[:0]
@@ -235,7 +231,7 @@ func (x *Index) liveHolders(n uint32, dst []uint32) []uint32 {
 // startGroups finds the holders live at the first block (m.hs) and their search intervals: the
 // query's end, or the first holey block of the query where the holder is not live. It reports
 // whether any holder is live at the first block.
-func (x *Index) startGroups(keys []uint64, m *Matches) bool {
+func (x *Index) startGroups(keys []uint64, m *matches) bool {
 	n0, sum0, _ := x.byKey.get(keys[0])
 	if n0 == 0 {
 		return false
@@ -312,7 +308,7 @@ func (x *Index) startGroups(keys []uint64, m *Matches) bool {
 
 // search narrows every group of m.gs until each holder's deepest live block is known (hi = lo+1),
 // then records the holders.
-func (x *Index) search(keys []uint64, m *Matches) {
+func (x *Index) search(keys []uint64, m *matches) {
 	if m.w == 1 && !x.wideSearch {
 		x.search1(keys, m)
 		return
@@ -426,7 +422,7 @@ func (x *Index) search(keys []uint64, m *Matches) {
 
 // search1 is search for at most 64 holders (one word per set, the common case), with the sets
 // and live masks held in the groups and probes themselves.
-func (x *Index) search1(keys []uint64, m *Matches) {
+func (x *Index) search1(keys []uint64, m *matches) {
 	gs := m.gs1[:0]
 	for gi, g := range m.gs {
 		gs = append(gs, group1{lo: g.lo, hi: g.hi, nlo: g.nlo, set: m.sets[gi]})
@@ -513,7 +509,7 @@ func (x *Index) search1(keys []uint64, m *Matches) {
 
 // liveWord returns holders live at node n, whose holder summary is sum, as a word over m.hs:
 // at least those of set (none when n is 0).
-func (x *Index) liveWord(n, sum uint32, set uint64, m *Matches) uint64 {
+func (x *Index) liveWord(n, sum uint32, set uint64, m *matches) uint64 {
 	if n == 0 {
 		return 0
 	}
@@ -551,7 +547,7 @@ func summaryWord(sum uint32, bit []int32) uint64 {
 
 // liveMask writes into dst the holders of set (a bitmap over m.hs) live at node n, whose holder
 // summary is sum (none when n is 0), and returns dst.
-func (x *Index) liveMask(n, sum uint32, set []uint64, m *Matches, dst []uint64) []uint64 {
+func (x *Index) liveMask(n, sum uint32, set []uint64, m *matches, dst []uint64) []uint64 {
 	for i := range dst {
 		dst[i] = 0 // not clear(dst): a call to memclr for a word or two
 	}
@@ -639,7 +635,7 @@ func (x *Index) holdsLive(p, hi int, h uint32) bool {
 }
 
 // finishMatch orders the engines recorded.
-func (x *Index) finishMatch(m *Matches) {
+func (x *Index) finishMatch(m *matches) {
 	if m.bitSet {
 		for _, h := range m.hs {
 			m.bit[h] = 0
@@ -666,7 +662,7 @@ func (x *Index) finishMatch(m *Matches) {
 
 // record folds holder h's contiguous depth into its engine's result (maximum over DP ranks,
 // remembering the lowest rank at that depth).
-func (x *Index) record(m *Matches, h uint32, depth int) {
+func (x *Index) record(m *matches, h uint32, depth int) {
 	if depth == 0 {
 		return
 	}
@@ -689,9 +685,9 @@ func (x *Index) record(m *Matches, h uint32, depth int) {
 // matchLinearInto is the walk Match used before the probing search: one table probe per block,
 // checking each node's parent, merging the still-matching holders with each block's entries and
 // records (each holder follows the records it met, and looks for one starting at every block).
-// It answers exactly what MatchInto answers (tests use it as an oracle, and BenchmarkScale as
+// It answers exactly what matchInto answers (tests use it as an oracle, and BenchmarkScale as
 // the baseline), and marks nothing for CLOCK.
-func (x *Index) matchLinearInto(keys []uint64, m *Matches) {
+func (x *Index) matchLinearInto(keys []uint64, m *matches) {
 	if len(keys) > maxQueryBlocks {
 		keys = keys[:maxQueryBlocks]
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// matchTokensInto must give exactly MatchInto's answer on the prompt's keys, for prompts that
+// matchTokensInto must give exactly matchInto's answer on the prompt's keys, for prompts that
 // share prefixes with held chains, diverge at every depth, or carry a partial trailing block.
 func TestMatchTokensIntoEqualsMatchIntoOnKeys(t *testing.T) {
 	t.Parallel()
@@ -43,7 +43,7 @@ func TestMatchTokensIntoEqualsMatchIntoOnKeys(t *testing.T) {
 				BlockHashes: hs, TokenIDs: tokens, Tier: TierDevice}))
 		}
 	}
-	var a, b Matches
+	var a, b matches
 	for trial := range 500 {
 		n := rng.IntN(len(base) + 7)
 		q := append([]uint32(nil), base[:min(n, len(base))]...)
@@ -53,7 +53,7 @@ func TestMatchTokensIntoEqualsMatchIntoOnKeys(t *testing.T) {
 		if trial%3 == 0 && len(q) > 0 {
 			q[rng.IntN(len(q))] = 999 // diverge somewhere
 		}
-		x.MatchInto(h.Keys(q), &a)
+		x.matchInto(h.Keys(q), &a)
 		x.matchTokensInto(q, &b)
 		require.Equal(t, a.QueryBlocks, b.QueryBlocks, "query of %d tokens", len(q))
 		require.Equal(t, a.Engines, b.Engines, "query of %d tokens", len(q))
@@ -75,7 +75,7 @@ func TestMatchTokensIntoDoesNotAllocate(t *testing.T) {
 		hs[i] = uint64(i + 1)
 	}
 	require.NoError(t, x.Store(StoreEvent{Engine: "a", BlockHashes: hs, TokenIDs: tokens[:4096], Tier: TierDevice}))
-	var m Matches
+	var m matches
 	x.matchTokensInto(tokens, &m)
 	assert.Equal(t, []EngineMatch{{Engine: "a", Blocks: 256}}, m.Engines)
 	allocs := testing.AllocsPerRun(100, func() { x.matchTokensInto(tokens, &m) })

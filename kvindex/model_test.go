@@ -74,7 +74,7 @@ func (m *model) store(ev StoreEvent) error {
 	switch {
 	case ev.DPRank < 0:
 		return ErrInvalidRank
-	case ev.Tier == 0 || ev.Tier&^AllTiers != 0:
+	case ev.Tier == 0 || ev.Tier&^allTiers != 0:
 		return ErrInvalidTier
 	case len(ev.TokenIDs) != len(ev.BlockHashes)*m.hasher.BlockTokens():
 		return ErrBlockSizeMismatch
@@ -126,11 +126,11 @@ func (m *model) remove(engine state.EngineID, rank int, hashes []uint64, tiers T
 	switch {
 	case rank < 0:
 		return ErrInvalidRank
-	case tiers&^AllTiers != 0:
+	case tiers&^allTiers != 0:
 		return ErrInvalidTier
 	}
 	if tiers == 0 {
-		tiers = AllTiers
+		tiers = allTiers
 	}
 	h := m.holders[hkey{engine, rank}]
 	if h == nil {
@@ -462,7 +462,7 @@ func (w *walk) step() {
 		if len(hashes) > 0 && w.rng.IntN(10) == 0 {
 			hashes = append(hashes, hashes[0])
 		}
-		tiers := []Tier{0, AllTiers, TierDevice, TierHost, TierDisk, TierExternal, TierDevice | TierHost, 0x40}[w.rng.IntN(8)]
+		tiers := []Tier{0, allTiers, TierDevice, TierHost, TierDisk, TierExternal, TierDevice | TierHost, 0x40}[w.rng.IntN(8)]
 		desc = fmt.Sprintf("remove %s/%d %#x tiers=%v", engine, rank, hashes, tiers)
 		want, got = w.m.remove(engine, rank, hashes, tiers), w.x.Remove(engine, rank, hashes, tiers)
 	case op < 70:
@@ -528,7 +528,7 @@ func (w *walk) check(desc string) {
 	st := w.x.Stats()
 	require.Equal(w.t, blocks, st.Blocks, "blocks after %s\nrecent: %q", desc, w.log)
 	require.Equal(w.t, approx, st.ApproximateBlocks, "approximate blocks after %s", desc)
-	require.Equal(w.t, engines, st.Engines, "engine stats after %s\nrecent: %q", desc, w.log)
+	require.Equal(w.t, engines, st.Engines(), "engine stats after %s\nrecent: %q", desc, w.log)
 	for range 3 {
 		w.checkMatch(w.prompt(), "after "+desc)
 	}
@@ -537,10 +537,10 @@ func (w *walk) check(desc string) {
 // checkMatch checks Match on the prompt toks against the model, its order, and the token path
 // and the linear walk against it; when says at which point of the walk, for the messages.
 func (w *walk) checkMatch(toks []uint32, when string) {
-	var ms, mt, ml Matches
+	var ms, mt, ml matches
 	keys := w.x.hasher.Keys(toks)
 	want := w.m.match(keys)
-	w.x.MatchInto(keys, &ms)
+	w.x.matchInto(keys, &ms)
 	got := map[state.EngineID]int{}
 	for _, e := range ms.Engines {
 		got[e.Engine] = e.Blocks
@@ -599,7 +599,7 @@ func (w *walk) checkMidClear(int) {
 	_, approx, engines := w.m.stats()
 	st := w.x.Stats()
 	require.Equal(w.t, approx, st.ApproximateBlocks, "approximate blocks between chunks of a clear")
-	for id, es := range st.Engines {
+	for id, es := range st.Engines() {
 		if want, ok := engines[id]; ok {
 			require.Equal(w.t, want, es, "engine %s's stats between chunks of a clear\nrecent: %q", id, w.log)
 		} else {
@@ -607,7 +607,7 @@ func (w *walk) checkMidClear(int) {
 		}
 	}
 	for id := range engines {
-		require.Contains(w.t, st.Engines, id, "engines listed between chunks of a clear")
+		require.Contains(w.t, st.Engines(), id, "engines listed between chunks of a clear")
 	}
 	for range 2 {
 		w.checkMatch(walkPrompt(w.midRng), "between chunks of a clear")
@@ -695,8 +695,8 @@ func TestMatchWithManyHolders(t *testing.T) {
 	for _, wide := range []bool{false, true} {
 		x.wideSearch = wide
 		for _, n := range []int{1, 2, 17, 150, 299, 300} {
-			var m, l Matches
-			x.MatchInto(keys[:n], &m)
+			var m, l matches
+			x.matchInto(keys[:n], &m)
 			x.matchLinearInto(keys[:n], &l)
 			require.Equal(t, l.Engines, m.Engines, "n=%d wide=%v", n, wide)
 			require.Equal(t, bruteMatch(x, keys[:n], clock.UnixNano()), m.Engines, "n=%d wide=%v", n, wide)

@@ -22,7 +22,7 @@ func TestLocalSourcePlaceRecordsThePromptFromTheLookupsKeys(t *testing.T) {
 	require.Equal(t, OutcomeMiss, res.Outcome)
 	require.Empty(t, res.keys, "nobody holds the first block: the lookup hashed it alone and keeps no key, Place hashes the prompt")
 
-	require.NoError(t, src.Place("http://a", q, &res))
+	require.NoError(t, src.Place("http://a", 0, q, &res))
 	got, err := src.Lookup(context.Background(), q)
 	require.NoError(t, err)
 	assert.Equal(t, []EngineMatch{{Engine: "http://a", Blocks: 6}}, got.Engines)
@@ -30,7 +30,7 @@ func TestLocalSourcePlaceRecordsThePromptFromTheLookupsKeys(t *testing.T) {
 
 	// The engine confirms the first four blocks; the two others stay approximate and expire.
 	f.store("http://a", 0, 1, 0, 4, 0, TierDevice)
-	f.clock = f.clock.Add(DefaultApproxTTL + time.Second)
+	f.clock = f.clock.Add(defaultApproxTTL + time.Second)
 	got, err = src.Lookup(context.Background(), q)
 	require.NoError(t, err)
 	assert.Equal(t, []EngineMatch{{Engine: "http://a", Blocks: 4}}, got.Engines, "real blocks never expire")
@@ -53,7 +53,7 @@ func TestLocalSourcePlaceEdgeCases(t *testing.T) {
 		f2 := newFixture(t, Options{})
 		s2, err := NewLocalSource(f2.x)
 		require.NoError(t, err)
-		require.NoError(t, s2.Place("http://b", q, r), name)
+		require.NoError(t, s2.Place("http://b", 0, q, r), name)
 		assert.Equal(t, 3, f2.x.Match(f2.h.Keys(tok)).Blocks("http://b"), name)
 	}
 
@@ -61,12 +61,12 @@ func TestLocalSourcePlaceEdgeCases(t *testing.T) {
 	f.store("http://a", 0, 2, 0, 3, 0, TierDevice)
 	res, err := src.Lookup(context.Background(), q)
 	require.NoError(t, err)
-	require.NoError(t, src.Place("http://a", q, &res))
+	require.NoError(t, src.Place("http://a", 0, q, &res))
 	assert.Zero(t, f.x.Stats().ApproximateBlocks)
 
 	// A prompt shorter than a block records nothing; an empty engine is refused.
-	require.NoError(t, src.Place("http://a", Query{TokenIDs: tok[:testBlock-1]}, nil))
-	assert.ErrorIs(t, src.Place("", q, &res), ErrInvalidEngine)
+	require.NoError(t, src.Place("http://a", 0, Query{TokenIDs: tok[:testBlock-1]}, nil))
+	assert.ErrorIs(t, src.Place("", 0, q, &res), ErrInvalidEngine)
 }
 
 // Reusing the lookup's keys saves hashing the prompt again: when the walk hashed every block
@@ -80,9 +80,9 @@ func TestLocalSourcePlaceReusesTheLookupsKeys(t *testing.T) {
 	res, err := src.Lookup(context.Background(), q)
 	require.NoError(t, err)
 	require.Len(t, res.keys, 8)
-	require.NoError(t, src.Place("http://a", q, &res)) // the holding entries exist from here on
-	with := testing.AllocsPerRun(50, func() { _ = src.Place("http://a", q, &res) })
-	without := testing.AllocsPerRun(50, func() { _ = src.Place("http://a", q, nil) })
+	require.NoError(t, src.Place("http://a", 0, q, &res)) // the holding entries exist from here on
+	with := testing.AllocsPerRun(50, func() { _ = src.Place("http://a", 0, q, &res) })
+	without := testing.AllocsPerRun(50, func() { _ = src.Place("http://a", 0, q, nil) })
 	assert.Less(t, with, without, "with the lookup's keys %v allocations, hashing again %v", with, without)
 }
 
@@ -97,7 +97,7 @@ func TestLocalSourcePlaceSkipsARealPrefix(t *testing.T) {
 	res, err := src.Lookup(context.Background(), q)
 	require.NoError(t, err)
 	require.Equal(t, 4, res.Blocks("http://a"))
-	require.NoError(t, src.Place("http://a", q, &res))
+	require.NoError(t, src.Place("http://a", 0, q, &res))
 	assert.Equal(t, 6, f.x.Stats().ApproximateBlocks, "blocks 5–10 only")
 	assert.Equal(t, 10, f.x.Match(f.h.Keys(q.TokenIDs)).Blocks("http://a"))
 	require.NoError(t, checkInvariants(f.x))
@@ -109,7 +109,7 @@ func TestLocalSourcePlaceSkipsARealPrefix(t *testing.T) {
 	res, err = gs.Lookup(context.Background(), q)
 	require.NoError(t, err)
 	require.NoError(t, g.x.Clear("http://a", 0)) // the engine dropped its cache meanwhile
-	require.NoError(t, gs.Place("http://a", q, &res))
+	require.NoError(t, gs.Place("http://a", 0, q, &res))
 	assert.Equal(t, 10, g.x.Stats().ApproximateBlocks, "no real prefix left: every block")
 	assert.Equal(t, 10, g.x.Match(g.h.Keys(q.TokenIDs)).Blocks("http://a"))
 	require.NoError(t, checkInvariants(g.x))
@@ -171,7 +171,7 @@ func TestLocalSourceLookupBuffers(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, keys, b.keys[:len(keys)], "a later lookup without buffers wrote into the lent ones")
 
-	require.NoError(t, src.Place("http://c", q, &got))
+	require.NoError(t, src.Place("http://c", 0, q, &got))
 	m := f.x.Match(f.h.Keys(tok))
 	assert.Equal(t, 8, m.Blocks("http://c"))
 
@@ -190,7 +190,7 @@ func TestMemoIgnoresLookupBuffers(t *testing.T) {
 	src := f.source()
 	f.store("http://a", 0, 4, 0, 8, 0, TierDevice)
 	var b LookupBuffers
-	res, err := NewMemo().Lookup(context.Background(), src, Query{TokenIDs: prompt(4, 8), Buffers: &b})
+	res, err := new(Memo).Lookup(context.Background(), src, Query{TokenIDs: prompt(4, 8), Buffers: &b})
 	require.NoError(t, err)
 	require.Equal(t, []EngineMatch{{Engine: "http://a", Blocks: 8}}, res.Engines)
 	assert.Nil(t, b.engines)

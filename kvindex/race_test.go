@@ -72,11 +72,11 @@ func TestConcurrentMatchRacesWriters(t *testing.T) {
 			_ = x.Stats()
 		}
 	})
-	var matches atomic.Int64
+	var nMatches atomic.Int64
 	for r := range 3 {
 		readers.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(r), 7))
-			var m Matches
+			var m matches
 			// Each reader matches at least minMatches times, even when the writers finish
 			// first, so the test always exercises Match.
 			const minMatches = 200
@@ -91,7 +91,7 @@ func TestConcurrentMatchRacesWriters(t *testing.T) {
 				toks := prompt(rng.IntN(6), 1+rng.IntN(10))
 				keys := h.Keys(toks)
 				if n%2 == 0 {
-					x.MatchInto(keys, &m)
+					x.matchInto(keys, &m)
 				} else {
 					x.matchTokensInto(toks, &m)
 				}
@@ -104,7 +104,7 @@ func TestConcurrentMatchRacesWriters(t *testing.T) {
 						assert.GreaterOrEqual(t, m.Engines[i-1].Blocks, e.Blocks)
 					}
 				}
-				matches.Add(1)
+				nMatches.Add(1)
 			}
 		})
 	}
@@ -112,11 +112,11 @@ func TestConcurrentMatchRacesWriters(t *testing.T) {
 	close(stop)
 	readers.Wait()
 	require.NoError(t, checkInvariants(x))
-	assert.Positive(t, matches.Load())
+	assert.Positive(t, nMatches.Load())
 	assert.LessOrEqual(t, x.Stats().Blocks, 200)
 }
 
-// TestConcurrentMatchRacesPrebuiltStores runs Matches beside writers on an index past its slabs'
+// TestConcurrentMatchRacesPrebuiltStores runs matches beside writers on an index past its slabs'
 // first page, so that the writers' Stores build their new blocks before taking the lock
 // (Index.prebuild) and publish them under it, while Removes and Clears free nodes and holding runs
 // for later prebuilds to reuse. The race detector checks that no reader touches a block while it
@@ -177,7 +177,7 @@ func testConcurrentMatchRacesPrebuiltStores(t *testing.T, capped bool) {
 	for r := range 2 {
 		readers.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(r), 11))
-			var m Matches
+			var m matches
 			for n := 0; ; n++ {
 				if n >= 200 {
 					select {
@@ -255,7 +255,7 @@ func TestPrebuiltBlockClearsAReusedNodesReferenceBit(t *testing.T) {
 
 // A Store that grows the key table rehashes it without excluding readers: a Match run while the
 // grown table is being built (growHook) completes, and sees the index as it was before the
-// Store; after the Store, Matches see the new blocks in the grown table. A rehash under the lock
+// Store; after the Store, matches see the new blocks in the grown table. A rehash under the lock
 // would hold every lookup for hundreds of milliseconds at each doubling of a large table
 // (docs/performance.md, "kvindex at production scale").
 func TestKeyTableGrowsBesideReaders(t *testing.T) {
@@ -369,7 +369,7 @@ func TestStoreYieldsEveryWriterYieldBlocks(t *testing.T) {
 			t.Parallel()
 			x, err := NewIndex(h, Options{WriterYieldBlocks: tc.opt})
 			require.NoError(t, err)
-			assert.Equal(t, tc.every, x.WriterYieldBlocks())
+			assert.Equal(t, tc.every, x.yieldBlocks)
 			yields := 0
 			x.yield = func() {
 				yields++

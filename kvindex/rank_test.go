@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/state"
 )
 
 // A match names, per engine, the DP rank holding its deepest prefix (the lowest on a tie), so
@@ -21,16 +23,16 @@ func TestMatchNamesTheDeepestRank(t *testing.T) {
 	assert.Equal(t, []EngineMatch{{Engine: "http://a", Blocks: 5}, {Engine: "http://b", Blocks: 4}}, m.Engines)
 	assert.Equal(t, []int{1, 2}, m.DPRanks, "a: ranks 1 and 3 hold five blocks, the lower wins; b: rank 2")
 
-	var into Matches
-	f.x.MatchInto(f.h.Keys(prompt(9, 3)), &into)
+	var into matches
+	f.x.matchInto(f.h.Keys(prompt(9, 3)), &into)
 	assert.Empty(t, into.Engines)
-	assert.Empty(t, into.DPRanks, "a reused Matches is reset")
+	assert.Empty(t, into.DPRanks, "a reused matches is reset")
 
 	src := f.source()
 	res, err := src.Lookup(context.Background(), Query{TokenIDs: prompt(1, 6)})
 	require.NoError(t, err)
 	assert.Equal(t, []int{1, 2}, res.DPRanks, "a local source's hits name the ranks")
-	f.x.MarkUntrusted("http://a", 1)
+	f.x.markUntrusted("http://a", 1)
 	res, err = src.Lookup(context.Background(), Query{TokenIDs: prompt(1, 6)})
 	require.NoError(t, err)
 	assert.Equal(t, []EngineMatch{{Engine: "http://b", Blocks: 4}}, res.Engines)
@@ -49,8 +51,8 @@ func TestPlaceRankRecordsOnTheRank(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int{0}, res.DPRanks)
 
-	require.NoError(t, src.PlaceRank("http://b", 2, q, &res))
-	require.NoError(t, src.PlaceRank("http://a", 1, q, &res), "rank 0's holding says nothing of rank 1's")
+	require.NoError(t, src.Place("http://b", 2, q, &res))
+	require.NoError(t, src.Place("http://a", 1, q, &res), "rank 0's holding says nothing of rank 1's")
 	m := f.x.Match(f.h.Keys(prompt(1, 4)))
 	assert.Equal(t, []EngineMatch{{Engine: "http://a", Blocks: 4}, {Engine: "http://b", Blocks: 4}}, m.Engines)
 	assert.Equal(t, []int{0, 2}, m.DPRanks)
@@ -70,23 +72,24 @@ func TestPlaceRankRecordsOnTheRank(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidRank)
 }
 
-// RankStats counts each (engine, DP rank)'s blocks by tier, sorted, with its trust mark; a
+// Stats.Ranks counts each (engine, DP rank)'s blocks by tier, sorted, with its trust mark; a
 // cleared rank stays listed with nothing.
 func TestRankStats(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, Options{})
-	assert.Nil(t, f.x.RankStats())
+	assert.Nil(t, f.x.Stats().Ranks)
 	f.store("http://b", 1, 1, 0, 3, 0, TierDevice)
 	f.store("http://a", 2, 2, 0, 2, 100, TierHost)
 	f.store("http://b", 0, 3, 0, 4, 200, TierDevice|TierDisk)
 	f.store("http://a", 0, 4, 0, 1, 300, TierExternal)
 	require.NoError(t, f.x.AssumeRank("http://a", 0, f.h.Keys(prompt(5, 2)), 0))
-	require.NoError(t, f.x.MarkUntrusted("http://b", 1))
+	require.NoError(t, f.x.markUntrusted("http://b", 1))
 	require.NoError(t, f.x.Clear("http://a", 2))
 	assert.Equal(t, []RankStats{
 		{Engine: "http://a", DPRank: 0, ExternalBlocks: 1, ApproximateBlocks: 2},
 		{Engine: "http://a", DPRank: 2},
 		{Engine: "http://b", DPRank: 0, DeviceBlocks: 4, DiskBlocks: 4},
 		{Engine: "http://b", DPRank: 1, DeviceBlocks: 3, Untrusted: true},
-	}, f.x.RankStats())
+	}, f.x.Stats().Ranks)
+	assert.Equal(t, []state.EngineID{"http://b"}, f.x.Stats().Untrusted)
 }

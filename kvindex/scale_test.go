@@ -300,7 +300,7 @@ func (w *scaleWorkload) index(tb testing.TB) *scaleIndex {
 // pairs returns the index's (block, engine) pairs: every engine's device blocks.
 func pairs(x *kvindex.Index) int {
 	n := 0
-	for _, es := range x.Stats().Engines {
+	for _, es := range x.Stats().Engines() {
 		n += es.DeviceBlocks
 	}
 	return n
@@ -523,7 +523,7 @@ func BenchmarkScale(b *testing.B) {
 	// Drop pick's placements, so that a next -count finds the index as ingest left it (when a
 	// query benchmark built it: ingest alone does not).
 	if si := scaleIndexes[w.name]; si != nil {
-		si.x.Expire(time.Now().Add(kvindex.DefaultApproxTTL + time.Hour))
+		si.x.Expire(time.Now().Add(120*time.Second + time.Hour))
 		if got := si.x.Stats().Blocks; got != si.blocks {
 			b.Fatalf("after expiring the placements: %d blocks, ingest left %d", got, si.blocks)
 		}

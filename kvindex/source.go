@@ -52,48 +52,29 @@ type LookupBuffers struct {
 	ranks   []int
 }
 
-// Outcome is the kind of a Result. The zero Outcome is never returned by a Source.
-type Outcome uint8
+// Outcome is the kind of a Result, also its metric label. The zero Outcome is never returned by a
+// Source.
+type Outcome string
 
 // The three outcomes.
 const (
 	// OutcomeHit: at least one engine holds the query's first block; Result.Engines lists them.
-	OutcomeHit Outcome = iota + 1
+	OutcomeHit Outcome = "hit"
 	// OutcomeMiss: the backend answered and no engine holds the first block, or the query has no
 	// full block. Fall back to load.
-	OutcomeMiss
+	OutcomeMiss Outcome = "miss"
 	// OutcomeUnavailable: the backend did not answer usefully (Result.Reason says why). Fall back
 	// to load, as for a miss, but report it differently.
-	OutcomeUnavailable
+	OutcomeUnavailable Outcome = "unavailable"
 )
 
-var outcomeNames = [...]string{OutcomeHit: "hit", OutcomeMiss: "miss", OutcomeUnavailable: "unavailable"}
-
-// String returns "hit", "miss", "unavailable", or "outcome(N)".
-func (o Outcome) String() string {
-	if o > 0 && int(o) < len(outcomeNames) {
-		return outcomeNames[o]
-	}
-	return fmt.Sprintf("outcome(%d)", uint8(o))
-}
-
-// Reason says why a Source was unavailable. The values are metric labels.
-type Reason string
-
-// Unavailability reasons (docs/design.md §10: timeout,
-// unreachable, overloaded).
+// Result.Reason values, one per way a Source can be unavailable (docs/design.md §10).
 const (
-	// ReasonTimeout: the lookup did not finish within the source's timeout or the caller's
-	// deadline.
-	ReasonTimeout Reason = "timeout"
-	// ReasonCanceled: the caller's context was canceled.
-	ReasonCanceled Reason = "canceled"
-	// ReasonOverloaded: the source's concurrency limit was reached; the lookup was not attempted.
-	ReasonOverloaded Reason = "overloaded"
-	// ReasonUnreachable: the backend returned an error other than a rejection.
-	ReasonUnreachable Reason = "unreachable"
-	// ReasonInvalidAnswer: the backend answered with a negative block count or an empty engine ID.
-	ReasonInvalidAnswer Reason = "invalid_answer"
+	reasonTimeout       = "timeout"
+	reasonCanceled      = "canceled"
+	reasonOverloaded    = "overloaded"
+	reasonUnreachable   = "unreachable"
+	reasonInvalidAnswer = "invalid_answer"
 )
 
 // Result is a Source's answer. Results may be shared between the callers of one Memo: treat
@@ -105,7 +86,7 @@ type Result struct {
 	// block count in [1, QueryBlocks], deepest first, ties by engine ID. nil otherwise.
 	Engines []EngineMatch
 	// DPRanks, when non-nil, has one entry per Engines entry: the engine's DP rank holding its
-	// matched blocks (Matches.DPRanks). A LocalSource's hits carry it; nil means the source does
+	// matched blocks (the lowest such rank on a tie). A LocalSource's hits carry it; nil means the source does
 	// not know ranks (a remote indexer), and a pick then chooses the rank by load.
 	DPRanks []int
 	// QueryBlocks is the number of full blocks in the query (0 when it has none, or when the
@@ -115,8 +96,13 @@ type Result struct {
 	// tokens only with a valid conversion (docs/design.md §10). Sources set it
 	// for every outcome; it is 0 only in the result a Memo gives a caller that stopped waiting.
 	BlockTokens int
-	// Reason says why, for OutcomeUnavailable; empty otherwise.
-	Reason Reason
+	// Reason says why, for OutcomeUnavailable, as a metric label; empty otherwise. "timeout": the
+	// lookup did not finish within the source's timeout or the caller's deadline; "canceled":
+	// the caller's context was canceled; "overloaded": the source's concurrency limit was
+	// reached and the lookup was not attempted; "unreachable": the backend returned an error
+	// other than a rejection, or panicked; "invalid_answer": the backend answered with a
+	// negative block count or an empty engine ID.
+	Reason string
 	// Err is the backend's error behind an OutcomeUnavailable, when there is one; nil otherwise.
 	Err error
 
@@ -138,31 +124,23 @@ func (r Result) Blocks(engine state.EngineID) int {
 	return 0
 }
 
-func unavailable(blockTokens int, reason Reason, err error) Result {
+func unavailable(blockTokens int, reason string, err error) Result {
 	return Result{Outcome: OutcomeUnavailable, BlockTokens: blockTokens, Reason: reason, Err: err}
 }
 
 // Placer is implemented by a Source that can record the router's own placements: that an engine
 // was just chosen for a prompt, before the engine has prefilled it and published BlockStored
 // (route-time placements, docs/design.md §9.10). LocalSource implements it with approximate
-// entries (Index.Assume); a policy detects it once, at construction.
+// entries; a policy detects it once, at construction.
 type Placer interface {
-	// Place records that engine is taken to hold q's prompt, every full block, from now until
-	// the source's approximate-entry TTL. r is this source's Lookup result for q (through a Memo
-	// or not): the keys it computed are reused, so the prompt is hashed once per request. A result
-	// from another source or query is ignored and q is hashed again. Errors are the
-	// index's (*EventError); the caller may ignore them, a placement being a hint.
-	Place(engine state.EngineID, q Query, r *Result) error
-}
-
-// RankPlacer is a Placer that can record a placement on one DP rank of an engine: the rank a pick
-// named (policy.Pick.DPRank). A policy detects it once, at construction, and uses PlaceRank for
-// picks that name a rank, so that the next match finds the prefix on the rank the request went to
-// rather than on rank 0 (docs/design.md §11).
-type RankPlacer interface {
-	Placer
-	// PlaceRank is Place on engine's DP rank rank (≥ 0).
-	PlaceRank(engine state.EngineID, rank int, q Query, r *Result) error
+	// Place records that engine's DP rank rank (0 for an engine without DP, or when the pick
+	// named no rank) is taken to hold q's prompt, every full block, from now until the source's
+	// approximate-entry TTL, so that the next match finds the prefix on the rank the request
+	// went to (docs/design.md §11). r is this source's Lookup result for q (through a Memo or
+	// not): the keys it computed are reused, so the prompt is hashed once per request. A result
+	// from another source or query is ignored and q is hashed again. Errors are the index's
+	// (*EventError); the caller may ignore them, a placement being a hint.
+	Place(engine state.EngineID, rank int, q Query, r *Result) error
 }
 
 // LocalSource is a Source over an Index in this process. It never returns an error: every token
@@ -173,13 +151,12 @@ type LocalSource struct {
 }
 
 type localScratch struct {
-	m Matches
+	m matches
 }
 
 var (
-	_ Source     = (*LocalSource)(nil)
-	_ Placer     = (*LocalSource)(nil)
-	_ RankPlacer = (*LocalSource)(nil)
+	_ Source = (*LocalSource)(nil)
+	_ Placer = (*LocalSource)(nil)
 )
 
 // NewLocalSource returns a Source over index, hashing queries with index.Hasher(). A nil index
@@ -193,7 +170,7 @@ func NewLocalSource(index *Index) (*LocalSource, error) {
 
 // Lookup hashes q.TokenIDs and matches them against the index, hashing only as far as some engine
 // may hold the prefix. A canceled ctx returns OutcomeUnavailable with
-// ReasonCanceled (or ReasonTimeout for an expired deadline) before any work; a query with no full
+// Reason "canceled" (or "timeout" for an expired deadline) before any work; a query with no full
 // block is a miss. The result's Engines is a new slice owned by the caller; the result also keeps
 // the keys the match hashed, for Place (one allocation of 8 bytes per block when the first block
 // is held, none on a miss); the other matching buffers are pooled. With q.Buffers, the result is
@@ -247,24 +224,30 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	return r, nil
 }
 
-// Place implements Placer: Index.Assume(engine, keys of q's full blocks, 0) on the source's
-// index, so the entries live Options.ApproxTTL and a real BlockStored from the engine supersedes
-// them. Blocks the engine holds already are refreshed (approximate) or left as they are (real):
-// when r says the engine holds every block, nothing is recorded, and when the last block r says
-// it holds is held through a real event, the prefix up to it is skipped and only the rest is
-// recorded, so a conversation's next turn costs the new blocks only. The keys r carries are
-// reused when r is this source's result for a prompt of q's length.
-func (s *LocalSource) Place(engine state.EngineID, q Query, r *Result) error {
-	return s.place(engine, 0, q, r)
-}
-
-// PlaceRank implements RankPlacer: Place on the engine's DP rank rank (Index.AssumeRank).
-func (s *LocalSource) PlaceRank(engine state.EngineID, rank int, q Query, r *Result) error {
+// Place implements Placer with approximate entries of the source's index (docs/design.md §11,
+// after Dynamo's approximate mode): they live Options.ApproxTTL, Match counts them like real
+// blocks until then, and a real BlockStored of a block by (engine, rank) turns its entry real, so
+// it no longer expires. Placing a block again sets its expiry anew; blocks the engine's rank holds
+// through real events are left real: when r says the engine holds every block, nothing is
+// recorded, and when the last block r says it holds is held through a real event, the prefix up
+// to it is skipped and only the rest is recorded, so a conversation's next turn costs the new
+// blocks only. Before adding, it drops the index's expired entries; when the index then holds
+// more than Options.MaxApproxBlocks approximate entries it prunes them to 0.8 of the cap,
+// earliest expiry first and, within an expiry, deepest block first. Approximate entries are not
+// tree blocks: they neither count against MaxBlocks nor are evicted by it. The keys r carries are
+// reused when r is this source's result for a prompt of q's length; a prompt with no full block
+// records nothing.
+//
+// Errors (an *EventError with Op "assume"; the index is unchanged): ErrInvalidEngine (engine is
+// empty), ErrInvalidRank (rank < 0), ErrKeyConflict (a 64-bit key collision with a block of the
+// index that is not a prompt's first block), ErrTooManyHolders (the engine's rank would be holder
+// number 2^24).
+func (s *LocalSource) Place(engine state.EngineID, rank int, q Query, r *Result) error {
 	return s.place(engine, rank, q, r)
 }
 
 func (s *LocalSource) place(engine state.EngineID, rank int, q Query, r *Result) error {
-	n := s.index.hasher.Blocks(len(q.TokenIDs))
+	n := s.index.hasher.blocks(len(q.TokenIDs))
 	if n == 0 {
 		return nil
 	}
@@ -300,11 +283,11 @@ func lastKey(keys []uint64, h Hasher) uint64 {
 	return keys[len(keys)-1]
 }
 
-func ctxReason(err error) Reason {
+func ctxReason(err error) string {
 	if errors.Is(err, context.DeadlineExceeded) {
-		return ReasonTimeout
+		return reasonTimeout
 	}
-	return ReasonCanceled
+	return reasonCanceled
 }
 
 // RemoteIndexer is the host's client for a remote prefix-index service (for example
@@ -316,7 +299,7 @@ func ctxReason(err error) Reason {
 //   - MatchPrefix returns, per engine, the number of leading query blocks the engine holds
 //     contiguously. Engines holding none may be omitted or reported with 0. Duplicate engines are
 //     merged by maximum; counts above the query's block count are capped to it; a negative count
-//     or an empty engine ID makes the answer invalid (OutcomeUnavailable, ReasonInvalidAnswer).
+//     or an empty engine ID makes the answer invalid (OutcomeUnavailable, Reason "invalid_answer").
 //   - It should return promptly when ctx is done. If it does not, RemoteSource returns anyway at
 //     the deadline and the call keeps its concurrency slot until it returns.
 //   - An error wrapping state.ErrInvalidSignal means the service rejected the query (malformed,
@@ -324,16 +307,6 @@ func ctxReason(err error) Reason {
 //   - It must not retain q after returning. It must be safe for concurrent use.
 type RemoteIndexer interface {
 	MatchPrefix(ctx context.Context, q RemoteQuery) ([]EngineMatch, error)
-}
-
-// RemoteIndexerFunc adapts a function to RemoteIndexer.
-type RemoteIndexerFunc func(ctx context.Context, q RemoteQuery) ([]EngineMatch, error)
-
-var _ RemoteIndexer = RemoteIndexerFunc(nil)
-
-// MatchPrefix calls f.
-func (f RemoteIndexerFunc) MatchPrefix(ctx context.Context, q RemoteQuery) ([]EngineMatch, error) {
-	return f(ctx, q)
 }
 
 // RemoteQuery is what a RemoteIndexer receives: the prompt, its chained keys from the
@@ -351,19 +324,19 @@ type RemoteQuery struct {
 // Defaults for RemoteOptions (docs/design.md §10: a 100 ms deadline and 32
 // concurrent queries, as the experimental SGLang router).
 const (
-	DefaultRemoteTimeout       = 100 * time.Millisecond
-	DefaultRemoteMaxConcurrent = 32
+	defaultRemoteTimeout       = 100 * time.Millisecond
+	defaultRemoteMaxConcurrent = 32
 )
 
 // RemoteOptions configures a RemoteSource. The zero value is the documented default for every
 // field.
 type RemoteOptions struct {
 	// Timeout bounds each lookup; the caller's own deadline applies too, whichever is earlier.
-	// 0 means DefaultRemoteTimeout; negative is an error.
+	// 0 means 100 ms; negative is an error.
 	Timeout time.Duration
 	// MaxConcurrent is the most lookups in flight at once, counting calls that outlived their
 	// deadline. A lookup over the limit does not wait: it returns OutcomeUnavailable with
-	// ReasonOverloaded. 0 means DefaultRemoteMaxConcurrent; negative is an error.
+	// Reason "overloaded". 0 means 32; negative is an error.
 	MaxConcurrent int
 }
 
@@ -393,10 +366,10 @@ func NewRemoteSource(indexer RemoteIndexer, h Hasher, opts RemoteOptions) (*Remo
 		return nil, fmt.Errorf("kvindex: RemoteOptions.MaxConcurrent: %d, must be >= 0: %w", opts.MaxConcurrent, state.ErrInvalidConfiguration)
 	}
 	if opts.Timeout == 0 {
-		opts.Timeout = DefaultRemoteTimeout
+		opts.Timeout = defaultRemoteTimeout
 	}
 	if opts.MaxConcurrent == 0 {
-		opts.MaxConcurrent = DefaultRemoteMaxConcurrent
+		opts.MaxConcurrent = defaultRemoteMaxConcurrent
 	}
 	return &RemoteSource{indexer: indexer, hasher: h, timeout: opts.Timeout, sem: make(chan struct{}, opts.MaxConcurrent)}, nil
 }
@@ -423,7 +396,7 @@ func (s *RemoteSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	select {
 	case s.sem <- struct{}{}:
 	default:
-		return unavailable(bt, ReasonOverloaded, nil), nil
+		return unavailable(bt, reasonOverloaded, nil), nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -449,11 +422,11 @@ func (s *RemoteSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	case cctx.Err() != nil:
 		return unavailable(bt, ctxReason(cctx.Err()), err), nil
 	default:
-		return unavailable(bt, ReasonUnreachable, err), nil
+		return unavailable(bt, reasonUnreachable, err), nil
 	}
 	engines, ok := normalizeRemote(reply.engines, len(keys))
 	if !ok {
-		return unavailable(bt, ReasonInvalidAnswer, nil), nil
+		return unavailable(bt, reasonInvalidAnswer, nil), nil
 	}
 	r.Outcome, r.Engines = OutcomeMiss, nil
 	if len(engines) > 0 {
@@ -499,7 +472,7 @@ func normalizeRemote(in []EngineMatch, queryBlocks int) ([]EngineMatch, bool) {
 // `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs`). Hits, misses, unavailability and
 // rejections are all memoized.
 //
-// The host (or the bucket loop) creates one Memo per request with NewMemo and drops it with the
+// The host (or the bucket loop) creates one Memo per request (new(Memo)) and drops it with the
 // request; a Memo must not outlive its request, since it answers every later lookup from memory.
 // Sources are identified by interface equality, so each must be a comparable value, such as the
 // *LocalSource or *RemoteSource pointer. Memo ignores the Query of all but the first Lookup of a
@@ -517,15 +490,12 @@ type memoEntry struct {
 	err  error
 }
 
-// NewMemo returns an empty Memo for one request.
-func NewMemo() *Memo { return &Memo{} }
-
 // Lookup returns src's answer to q, running src.Lookup only if no earlier Lookup of src in this
 // Memo did. A caller that finds the lookup in progress waits for it, or for its own ctx: if ctx
-// ends first it gets OutcomeUnavailable with ReasonCanceled or ReasonTimeout, which is not
+// ends first it gets OutcomeUnavailable with Reason "canceled" or "timeout", which is not
 // memoized. A nil or non-comparable src returns an error wrapping state.ErrInvalidConfiguration.
 // If src.Lookup panics, the panic propagates to the caller that ran it, and the memoized result
-// is OutcomeUnavailable with ReasonUnreachable.
+// is OutcomeUnavailable with Reason "unreachable".
 func (m *Memo) Lookup(ctx context.Context, src Source, q Query) (Result, error) {
 	if src == nil || !reflect.TypeOf(src).Comparable() {
 		return Result{}, fmt.Errorf("kvindex: Memo.Lookup: source %T is nil or not comparable: %w", src, state.ErrInvalidConfiguration)
@@ -553,7 +523,7 @@ func (m *Memo) Lookup(ctx context.Context, src Source, q Query) (Result, error) 
 	finished := false
 	defer func() {
 		if !finished {
-			e.res = unavailable(0, ReasonUnreachable, fmt.Errorf("kvindex: Memo.Lookup: source %T panicked", src))
+			e.res = unavailable(0, reasonUnreachable, fmt.Errorf("kvindex: Memo.Lookup: source %T panicked", src))
 			close(e.done)
 		}
 	}()

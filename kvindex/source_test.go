@@ -26,9 +26,16 @@ func sourceFixture(t *testing.T) *fixture {
 	return f
 }
 
+// indexerFunc adapts a function to RemoteIndexer.
+type indexerFunc func(ctx context.Context, q RemoteQuery) ([]EngineMatch, error)
+
+func (f indexerFunc) MatchPrefix(ctx context.Context, q RemoteQuery) ([]EngineMatch, error) {
+	return f(ctx, q)
+}
+
 // indexBacked is a RemoteIndexer answering from an Index through the query's keys.
 func indexBacked(x *Index) RemoteIndexer {
-	return RemoteIndexerFunc(func(ctx context.Context, q RemoteQuery) ([]EngineMatch, error) {
+	return indexerFunc(func(ctx context.Context, q RemoteQuery) ([]EngineMatch, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -91,13 +98,13 @@ func TestSourceConformance(t *testing.T) {
 			r, err := src.Lookup(canceled, Query{TokenIDs: prompt(1, 2)})
 			require.NoError(t, err, "unavailability is not an error")
 			assert.Equal(t, OutcomeUnavailable, r.Outcome)
-			assert.Equal(t, ReasonCanceled, r.Reason)
+			assert.Equal(t, reasonCanceled, r.Reason)
 			assert.Equal(t, testBlock, r.BlockTokens)
 			expired, cancel2 := context.WithDeadline(ctx, time.Unix(0, 0))
 			defer cancel2()
 			r, err = src.Lookup(expired, Query{TokenIDs: prompt(1, 2)})
 			require.NoError(t, err)
-			assert.Equal(t, ReasonTimeout, r.Reason)
+			assert.Equal(t, reasonTimeout, r.Reason)
 
 			var wg sync.WaitGroup
 			for i := range 16 {
@@ -117,7 +124,7 @@ func TestNewSourcesValidate(t *testing.T) {
 	t.Parallel()
 	h, err := NewHasher(HasherConfig{BlockTokens: 16})
 	require.NoError(t, err)
-	ri := RemoteIndexerFunc(func(context.Context, RemoteQuery) ([]EngineMatch, error) { return nil, nil })
+	ri := indexerFunc(func(context.Context, RemoteQuery) ([]EngineMatch, error) { return nil, nil })
 	_, err = NewLocalSource(nil)
 	assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "nil index")
 	cases := []struct {
@@ -137,11 +144,11 @@ func TestNewSourcesValidate(t *testing.T) {
 	}
 	s, err := NewRemoteSource(ri, h, RemoteOptions{})
 	require.NoError(t, err)
-	assert.Equal(t, DefaultRemoteTimeout, s.timeout)
-	assert.Equal(t, DefaultRemoteMaxConcurrent, cap(s.sem))
+	assert.Equal(t, defaultRemoteTimeout, s.timeout)
+	assert.Equal(t, defaultRemoteMaxConcurrent, cap(s.sem))
 }
 
-func remote(t *testing.T, fn RemoteIndexerFunc, opts RemoteOptions) *RemoteSource {
+func remote(t *testing.T, fn indexerFunc, opts RemoteOptions) *RemoteSource {
 	t.Helper()
 	h, err := NewHasher(HasherConfig{BlockTokens: testBlock})
 	require.NoError(t, err)
@@ -159,7 +166,7 @@ func TestRemoteSourceMapsAnswers(t *testing.T) {
 		answer  []EngineMatch
 		err     error
 		want    Outcome
-		reason  Reason
+		reason  string
 		engines []EngineMatch
 		wantErr error
 	}{
@@ -170,10 +177,10 @@ func TestRemoteSourceMapsAnswers(t *testing.T) {
 			OutcomeHit, "", []EngineMatch{{"http://b", 3}, {"http://b/", 2}}, nil},
 		{"counts are capped at the query's blocks", []EngineMatch{{"http://a", math.MaxInt}, {"http://b", 4}}, nil,
 			OutcomeHit, "", []EngineMatch{{"http://a", 4}, {"http://b", 4}}, nil},
-		{"negative count is invalid", []EngineMatch{{"http://a", -1}}, nil, OutcomeUnavailable, ReasonInvalidAnswer, nil, nil},
-		{"empty engine is invalid", []EngineMatch{{"", 1}}, nil, OutcomeUnavailable, ReasonInvalidAnswer, nil, nil},
-		{"backend error is unavailable", nil, boom, OutcomeUnavailable, ReasonUnreachable, nil, nil},
-		{"rejection is an invalid signal", nil, reject, 0, "", nil, state.ErrInvalidSignal},
+		{"negative count is invalid", []EngineMatch{{"http://a", -1}}, nil, OutcomeUnavailable, reasonInvalidAnswer, nil, nil},
+		{"empty engine is invalid", []EngineMatch{{"", 1}}, nil, OutcomeUnavailable, reasonInvalidAnswer, nil, nil},
+		{"backend error is unavailable", nil, boom, OutcomeUnavailable, reasonUnreachable, nil, nil},
+		{"rejection is an invalid signal", nil, reject, "", "", nil, state.ErrInvalidSignal},
 	}
 	for _, c := range cases {
 		s := remote(t, func(ctx context.Context, q RemoteQuery) ([]EngineMatch, error) {
@@ -226,13 +233,13 @@ func TestRemoteSourceHonoursDeadlinesAndLimit(t *testing.T) {
 	r, err := s.Lookup(context.Background(), Query{TokenIDs: prompt(1, 2)})
 	require.NoError(t, err)
 	assert.Equal(t, OutcomeUnavailable, r.Outcome)
-	assert.Equal(t, ReasonTimeout, r.Reason)
+	assert.Equal(t, reasonTimeout, r.Reason)
 	assert.ErrorIs(t, r.Err, context.DeadlineExceeded)
 	assert.Less(t, time.Since(begin), 2*time.Second, "returned at the deadline, not when the backend did")
 
 	r, err = s.Lookup(context.Background(), Query{TokenIDs: prompt(1, 2)})
 	require.NoError(t, err)
-	assert.Equal(t, ReasonOverloaded, r.Reason, "the hung call still holds the only slot")
+	assert.Equal(t, reasonOverloaded, r.Reason, "the hung call still holds the only slot")
 	assert.Equal(t, int32(1), started.Load(), "an overloaded lookup is not attempted")
 
 	close(release)
@@ -250,12 +257,12 @@ func TestRemoteSourceHonoursDeadlinesAndLimit(t *testing.T) {
 	defer cancel()
 	r, err = slow.Lookup(ctx, Query{TokenIDs: prompt(1, 2)})
 	require.NoError(t, err)
-	assert.Equal(t, ReasonTimeout, r.Reason)
+	assert.Equal(t, reasonTimeout, r.Reason)
 	ctx2, cancel2 := context.WithCancel(context.Background())
 	time.AfterFunc(5*time.Millisecond, cancel2)
 	r, err = slow.Lookup(ctx2, Query{TokenIDs: prompt(1, 2)})
 	require.NoError(t, err)
-	assert.Equal(t, ReasonCanceled, r.Reason)
+	assert.Equal(t, reasonCanceled, r.Reason)
 }
 
 // countingSource counts lookups and answers with a fixed result after an optional gate.
@@ -288,13 +295,13 @@ func TestMemoLooksUpEachSourceOncePerRequest(t *testing.T) {
 	}{
 		{"hit", Result{Outcome: OutcomeHit, Engines: []EngineMatch{{"a", 1}}, QueryBlocks: 1, BlockTokens: 16}, nil},
 		{"miss", Result{Outcome: OutcomeMiss, QueryBlocks: 1, BlockTokens: 16}, nil},
-		{"unavailable", Result{Outcome: OutcomeUnavailable, Reason: ReasonTimeout, BlockTokens: 16}, nil},
+		{"unavailable", Result{Outcome: OutcomeUnavailable, Reason: reasonTimeout, BlockTokens: 16}, nil},
 		{"rejected", Result{}, fmt.Errorf("bad: %w", state.ErrInvalidSignal)},
 	}
 	for _, o := range outcomes {
 		src := &countingSource{res: o.res, err: o.err}
 		other := &countingSource{res: Result{Outcome: OutcomeMiss}}
-		memo := NewMemo()
+		memo := new(Memo)
 		for range 3 { // three picks over different groups of one request
 			r, err := memo.Lookup(ctx, src, Query{TokenIDs: prompt(1, 1)})
 			assert.Equal(t, o.res, r, o.name)
@@ -307,7 +314,7 @@ func TestMemoLooksUpEachSourceOncePerRequest(t *testing.T) {
 		}
 		assert.Equal(t, int32(1), src.calls.Load(), "%s is memoized", o.name)
 		assert.Equal(t, int32(1), other.calls.Load(), "each source once")
-		_, _ = NewMemo().Lookup(ctx, src, Query{})
+		_, _ = new(Memo).Lookup(ctx, src, Query{})
 		assert.Equal(t, int32(2), src.calls.Load(), "a new request queries again")
 	}
 
@@ -321,7 +328,7 @@ func TestMemoLooksUpEachSourceOncePerRequest(t *testing.T) {
 func TestMemoSharesOneLookupAcrossConcurrentPicks(t *testing.T) {
 	t.Parallel()
 	src := &countingSource{gate: make(chan struct{}), res: Result{Outcome: OutcomeHit, Engines: []EngineMatch{{"a", 2}}}}
-	memo := NewMemo()
+	memo := new(Memo)
 	var wg sync.WaitGroup
 	results := make([]Result, 32)
 	for i := range results {
@@ -339,7 +346,7 @@ func TestMemoSharesOneLookupAcrossConcurrentPicks(t *testing.T) {
 	r, err := memo.Lookup(ctx, src, Query{})
 	require.NoError(t, err)
 	assert.Equal(t, OutcomeUnavailable, r.Outcome)
-	assert.Equal(t, ReasonCanceled, r.Reason)
+	assert.Equal(t, reasonCanceled, r.Reason)
 
 	close(src.gate)
 	wg.Wait()
@@ -358,19 +365,19 @@ func (*panicSource) Lookup(context.Context, Query) (Result, error) { panic("boom
 
 func TestMemoSurvivesAPanickingSource(t *testing.T) {
 	t.Parallel()
-	memo := NewMemo()
+	memo := new(Memo)
 	src := &panicSource{}
 	assert.Panics(t, func() { _, _ = memo.Lookup(context.Background(), src, Query{}) })
 	r, err := memo.Lookup(context.Background(), src, Query{})
 	require.NoError(t, err)
 	assert.Equal(t, OutcomeUnavailable, r.Outcome)
-	assert.Equal(t, ReasonUnreachable, r.Reason)
+	assert.Equal(t, reasonUnreachable, r.Reason)
 }
 
 func TestMemoHitDoesNotAllocate(t *testing.T) {
 	f := sourceFixture(t)
 	src := f.source()
-	memo := NewMemo()
+	memo := new(Memo)
 	q := Query{TokenIDs: prompt(1, 6)}
 	ctx := context.Background()
 	_, err := memo.Lookup(ctx, src, q)
@@ -381,10 +388,10 @@ func TestMemoHitDoesNotAllocate(t *testing.T) {
 
 func TestOutcomeString(t *testing.T) {
 	t.Parallel()
-	for o, want := range map[Outcome]string{OutcomeHit: "hit", OutcomeMiss: "miss", OutcomeUnavailable: "unavailable", 0: "outcome(0)", 9: "outcome(9)"} {
-		assert.Equal(t, want, o.String())
+	for o, want := range map[Outcome]string{OutcomeHit: "hit", OutcomeMiss: "miss", OutcomeUnavailable: "unavailable"} {
+		assert.Equal(t, want, fmt.Sprint(o))
 	}
-	for tier, want := range map[Tier]string{0: "none", TierDevice: "device", TierHost | TierDisk: "host|disk", AllTiers | 0x20: "device|host|disk|external|0x20"} {
+	for tier, want := range map[Tier]string{0: "none", TierDevice: "device", TierHost | TierDisk: "host|disk", allTiers | 0x20: "device|host|disk|external|0x20"} {
 		assert.Equal(t, want, tier.String())
 	}
 }

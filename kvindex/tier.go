@@ -20,14 +20,14 @@ const (
 	TierDisk
 	TierExternal
 
-	// AllTiers is every tier. Remove with AllTiers (or 0) drops a block from every tier.
-	AllTiers = TierDevice | TierHost | TierDisk | TierExternal
+	// allTiers is every tier, what Remove takes tiers 0 to mean.
+	allTiers = TierDevice | TierHost | TierDisk | TierExternal
 )
 
 var tierNames = [...]string{"device", "host", "disk", "external"}
 
 // String returns the tier names joined by "|" ("device|host"), "none" for 0, and appends
-// "|0xNN" for bits outside AllTiers.
+// "|0xNN" for bits outside the four tiers.
 func (t Tier) String() string {
 	if t == 0 {
 		return "none"
@@ -38,7 +38,7 @@ func (t Tier) String() string {
 			parts = append(parts, name)
 		}
 	}
-	if rest := t &^ AllTiers; rest != 0 {
+	if rest := t &^ allTiers; rest != 0 {
 		parts = append(parts, fmt.Sprintf("%#x", uint8(rest)))
 	}
 	return strings.Join(parts, "|")

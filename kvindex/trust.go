@@ -21,19 +21,19 @@ type trustSet struct {
 	view atomic.Pointer[map[state.EngineID]struct{}]
 }
 
-// MarkUntrusted records that engine's DP rank rank is out of step with the engine: its event
+// markUntrusted records that engine's DP rank rank is out of step with the engine: its event
 // stream lost events, so the index may hold blocks the engine has dropped. Until every untrusted
 // rank of the engine is marked trusted again, LocalSource reports the engine as holding nothing
 // (it is left out of every Result), so cache-aware routing does not trust a torn view; load-based
-// fallbacks still see it. The index's own entries are untouched, and Match and MatchInto still
-// report them. Marking an already untrusted rank again is a no-op; marks are independent of the
+// fallbacks still see it. The index's own entries are untouched, and Match still
+// reports them. Marking an already untrusted rank again is a no-op; marks are independent of the
 // entries, so they survive Clear and RemoveEngine. The rule and its recovery are described in
 // docs/design.md §13.
 //
 // Errors (an *EventError with Op "mark untrusted"; nothing changes): ErrInvalidEngine for an
 // empty engine, ErrInvalidRank for a negative rank. Safe for concurrent use; cost O(untrusted
 // engines) to republish the set.
-func (x *Index) MarkUntrusted(engine state.EngineID, rank int) error {
+func (x *Index) markUntrusted(engine state.EngineID, rank int) error {
 	if err := checkHolder("mark untrusted", engine, rank); err != nil {
 		return err
 	}
@@ -56,10 +56,10 @@ func (x *Index) MarkUntrusted(engine state.EngineID, rank int) error {
 	return nil
 }
 
-// MarkTrusted clears the mark MarkUntrusted set on engine's DP rank rank: the rank has been
+// markTrusted clears the mark markUntrusted set on engine's DP rank rank: the rank has been
 // resynchronised. The engine is trusted again once none of its ranks is marked. Marking a rank
-// that is not marked is a no-op. Errors as MarkUntrusted (Op "mark trusted").
-func (x *Index) MarkTrusted(engine state.EngineID, rank int) error {
+// that is not marked is a no-op. Errors as markUntrusted (Op "mark trusted").
+func (x *Index) markTrusted(engine state.EngineID, rank int) error {
 	if err := checkHolder("mark trusted", engine, rank); err != nil {
 		return err
 	}
@@ -78,20 +78,9 @@ func (x *Index) MarkTrusted(engine state.EngineID, rank int) error {
 	return nil
 }
 
-// Trusted reports whether no DP rank of engine is marked untrusted. An engine the index has never
-// heard of is trusted. Lock-free.
-func (x *Index) Trusted(engine state.EngineID) bool {
-	v := x.trust.view.Load()
-	if v == nil {
-		return true
-	}
-	_, bad := (*v)[engine]
-	return !bad
-}
-
-// Untrusted returns the engines with at least one untrusted DP rank, sorted by ID; nil when there
-// is none. For diagnostics and metrics.
-func (x *Index) Untrusted() []state.EngineID {
+// untrusted returns the engines with at least one untrusted DP rank, sorted by ID; nil when there
+// is none (Stats.Untrusted). Lock-free.
+func (x *Index) untrusted() []state.EngineID {
 	v := x.trust.view.Load()
 	if v == nil {
 		return nil

@@ -36,25 +36,25 @@ func TestTrustUntrustedEngineHoldsNothing(t *testing.T) {
 	require.Equal(t, OutcomeHit, oc)
 	require.Equal(t, map[state.EngineID]int{"http://a": 5, "http://b": 4}, got)
 
-	require.NoError(t, f.x.MarkUntrusted("http://b", 1))
-	require.NoError(t, f.x.MarkUntrusted("http://b", 0))
+	require.NoError(t, f.x.markUntrusted("http://b", 1))
+	require.NoError(t, f.x.markUntrusted("http://b", 0))
 	assert.False(t, f.x.Trusted("http://b"))
 	assert.True(t, f.x.Trusted("http://a"))
 	assert.True(t, f.x.Trusted("http://never-seen"))
-	assert.Equal(t, []state.EngineID{"http://b"}, f.x.Untrusted())
+	assert.Equal(t, []state.EngineID{"http://b"}, f.x.untrusted())
 
 	_, got = lookupEngines(t, f, 1, 5)
 	assert.Equal(t, map[state.EngineID]int{"http://a": 5}, got, "untrusted b is left out")
 	assert.Equal(t, 4, f.match(1, 5)["http://b"], "Match still reports the raw entries")
 
-	require.NoError(t, f.x.MarkTrusted("http://b", 1))
+	require.NoError(t, f.x.markTrusted("http://b", 1))
 	assert.False(t, f.x.Trusted("http://b"), "rank 0 is still untrusted")
 	_, got = lookupEngines(t, f, 1, 5)
 	assert.Equal(t, map[state.EngineID]int{"http://a": 5}, got)
 
-	require.NoError(t, f.x.MarkTrusted("http://b", 0))
+	require.NoError(t, f.x.markTrusted("http://b", 0))
 	assert.True(t, f.x.Trusted("http://b"))
-	assert.Nil(t, f.x.Untrusted())
+	assert.Nil(t, f.x.untrusted())
 	_, got = lookupEngines(t, f, 1, 5)
 	assert.Equal(t, map[state.EngineID]int{"http://a": 5, "http://b": 4}, got)
 }
@@ -64,7 +64,7 @@ func TestTrustUntrustedEngineHoldsNothing(t *testing.T) {
 func TestTrustOnlyUntrustedHolderIsAMiss(t *testing.T) {
 	t.Parallel()
 	f := sourceFixture(t)
-	require.NoError(t, f.x.MarkUntrusted("http://c", 0))
+	require.NoError(t, f.x.markUntrusted("http://c", 0))
 	oc, got := lookupEngines(t, f, 2, 2)
 	assert.Equal(t, OutcomeMiss, oc)
 	assert.Empty(t, got)
@@ -75,11 +75,11 @@ func TestTrustOnlyUntrustedHolderIsAMiss(t *testing.T) {
 func TestTrustMarksAreIdempotentAndValidated(t *testing.T) {
 	t.Parallel()
 	f := sourceFixture(t)
-	require.NoError(t, f.x.MarkUntrusted("http://a", 0))
-	require.NoError(t, f.x.MarkUntrusted("http://a", 0))
-	require.NoError(t, f.x.MarkTrusted("http://a", 0))
+	require.NoError(t, f.x.markUntrusted("http://a", 0))
+	require.NoError(t, f.x.markUntrusted("http://a", 0))
+	require.NoError(t, f.x.markTrusted("http://a", 0))
 	assert.True(t, f.x.Trusted("http://a"), "one MarkTrusted undoes repeated marks of one rank")
-	require.NoError(t, f.x.MarkTrusted("http://a", 3), "trusting an unmarked rank is a no-op")
+	require.NoError(t, f.x.markTrusted("http://a", 3), "trusting an unmarked rank is a no-op")
 
 	for _, tc := range []struct {
 		name   string
@@ -90,14 +90,14 @@ func TestTrustMarksAreIdempotentAndValidated(t *testing.T) {
 		{"empty engine", "", 0, ErrInvalidEngine},
 		{"negative rank", "http://a", -1, ErrInvalidRank},
 	} {
-		for _, mark := range []func(state.EngineID, int) error{f.x.MarkUntrusted, f.x.MarkTrusted} {
+		for _, mark := range []func(state.EngineID, int) error{f.x.markUntrusted, f.x.markTrusted} {
 			err := mark(tc.engine, tc.rank)
 			assert.ErrorIs(t, err, tc.want, tc.name)
 			var ee *EventError
 			assert.True(t, errors.As(err, &ee), tc.name)
 		}
 	}
-	assert.Nil(t, f.x.Untrusted())
+	assert.Nil(t, f.x.untrusted())
 }
 
 // TestTrustConcurrent: marks and lookups from several goroutines (run with -race).
@@ -112,8 +112,8 @@ func TestTrustConcurrent(t *testing.T) {
 			defer wg.Done()
 			for i := range 200 {
 				if g%2 == 0 {
-					_ = f.x.MarkUntrusted("http://b", g)
-					_ = f.x.MarkTrusted("http://b", g)
+					_ = f.x.markUntrusted("http://b", g)
+					_ = f.x.markTrusted("http://b", g)
 					continue
 				}
 				r, err := src.Lookup(context.Background(), Query{TokenIDs: prompt(1, 1+i%5)})

@@ -19,6 +19,7 @@ import (
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -211,7 +212,7 @@ func TestScrapeAfterScriptedPicks(t *testing.T) {
 	f.advance(10 * time.Second)
 	f.report(t, "e1", 1, 0)
 	f.report(t, "e2", 1, 0)
-	require.NoError(t, x.MarkUntrusted("e2", 0))
+	require.NoError(t, kvbridge.MarkUntrusted(x, "e2", 0))
 
 	got := scrape(t, f.reg)
 	want := map[string]map[string]float64{

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"slices"
 	"strconv"
 	"sync/atomic"
 
@@ -8,7 +9,6 @@ import (
 
 	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/kvindex"
-	"github.com/enginepick/enginepick/kvindex/kvevents"
 )
 
 // stateCollector reads the attached Router's shared state at scrape time. It reports nothing
@@ -169,7 +169,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.kvConnected, b2f(st.Connected))
 		gauge(c.kvInStep, b2f(st.Trusted))
 		for reason, n := range st.Refused {
-			counter(c.kvRefused, n, kvevents.Refusal(reason).String())
+			counter(c.kvRefused, n, reason)
 		}
 		counter(c.kvTopics, st.UnknownTopics)
 		counter(c.kvReplays, st.Replays, "ok")
@@ -192,17 +192,28 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.indexBlocks, prometheus.GaugeValue, float64(st.Blocks))
 		ch <- prometheus.MustNewConstMetric(c.indexApprox, prometheus.GaugeValue, float64(st.ApproximateBlocks))
 		ch <- prometheus.MustNewConstMetric(c.indexEvicted, prometheus.CounterValue, float64(st.EvictedBlocks))
-		for id, es := range st.Engines {
+		// Per engine: its ranks' blocks summed (st.Ranks is sorted by engine).
+		for i := 0; i < len(st.Ranks); {
+			id := st.Ranks[i].Engine
+			var sum kvindex.RankStats
+			for ; i < len(st.Ranks) && st.Ranks[i].Engine == id; i++ {
+				r := &st.Ranks[i]
+				sum.DeviceBlocks += r.DeviceBlocks
+				sum.HostBlocks += r.HostBlocks
+				sum.DiskBlocks += r.DiskBlocks
+				sum.ExternalBlocks += r.ExternalBlocks
+				sum.ApproximateBlocks += r.ApproximateBlocks
+			}
 			for _, t := range []struct {
 				tier string
 				n    int
-			}{{kvindex.TierDevice.String(), es.DeviceBlocks}, {kvindex.TierHost.String(), es.HostBlocks}, {kvindex.TierDisk.String(), es.DiskBlocks},
-				{kvindex.TierExternal.String(), es.ExternalBlocks}, {"approximate", es.ApproximateBlocks}} {
+			}{{kvindex.TierDevice.String(), sum.DeviceBlocks}, {kvindex.TierHost.String(), sum.HostBlocks}, {kvindex.TierDisk.String(), sum.DiskBlocks},
+				{kvindex.TierExternal.String(), sum.ExternalBlocks}, {"approximate", sum.ApproximateBlocks}} {
 				ch <- prometheus.MustNewConstMetric(c.engineBlocks, prometheus.GaugeValue, float64(t.n), string(id), t.tier)
 			}
-			trusted := 0.0
-			if x.Trusted(id) {
-				trusted = 1
+			trusted := 1.0
+			if slices.Contains(st.Untrusted, id) {
+				trusted = 0
 			}
 			ch <- prometheus.MustNewConstMetric(c.trusted, prometheus.GaugeValue, trusted, string(id))
 		}

@@ -147,7 +147,7 @@ func BenchmarkCacheAwarePick8192(b *testing.B) {
 						tc.tokens[i] = 1<<30 | conv%(1<<18)<<12 | uint32(i-6144)
 					}
 					req.TokenIDs, req.InputTokens = tc.tokens, uint64(len(tc.tokens))
-					c.clk.Advance(kvindex.DefaultApproxTTL / newTurnsLive)
+					c.clk.Advance(approxTTL / newTurnsLive)
 				}
 				if tc.fresh && tc.name == "placements/new_turn" {
 					turn++
@@ -158,7 +158,7 @@ func BenchmarkCacheAwarePick8192(b *testing.B) {
 					// ApproxTTL, reached after newTurnsLive picks, so the index holds about
 					// newTurnsLive × 128 approximate entries, as a router does in production,
 					// rather than growing for as long as the benchmark runs.
-					c.clk.Advance(kvindex.DefaultApproxTTL / newTurnsLive)
+					c.clk.Advance(approxTTL / newTurnsLive)
 				}
 				pk, err := tc.p.Pick(ctx, group, req)
 				if err != nil || pk.Reason != tc.reason {

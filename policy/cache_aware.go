@@ -618,14 +618,11 @@ func (p *cacheAware) finish(e state.Engine, o *loadmon.Observation, ic inFlightC
 	if p.placer != nil && len(req.TokenIDs) > 0 {
 		// Route-time placement (docs/design.md §9.10): a hint, so a failure is only logged. A
 		// pick that names a DP rank places the prompt on that rank (docs/design.md §11).
-		q := kvindex.Query{TokenIDs: req.TokenIDs}
-		var err error
-		if rp, ok := p.placer.(kvindex.RankPlacer); ok && o.HasDPRank {
-			err = rp.PlaceRank(e.ID(), o.DPRank, q, res)
-		} else {
-			err = p.placer.Place(e.ID(), q, res)
+		rank := 0
+		if o.HasDPRank {
+			rank = o.DPRank
 		}
-		if err != nil {
+		if err := p.placer.Place(e.ID(), rank, kvindex.Query{TokenIDs: req.TokenIDs}, res); err != nil {
 			if ce := p.log.Check(zap.DebugLevel, "route-time placement not recorded"); ce != nil {
 				ce.Write(zap.String("engine", string(e.ID())), zap.Error(err))
 			}

@@ -24,6 +24,13 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
+// indexerFunc adapts a function to kvindex.RemoteIndexer.
+type indexerFunc func(ctx context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error)
+
+func (f indexerFunc) MatchPrefix(ctx context.Context, q kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+	return f(ctx, q)
+}
+
 const blockTokens = 16
 
 // prompt returns n deterministic tokens; prompts with the same seed share prefixes.
@@ -256,7 +263,7 @@ func TestCacheAwareRemoteEngineIdentityIsExact(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
 	h, _ := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: blockTokens})
-	remote, err := kvindex.NewRemoteSource(kvindex.RemoteIndexerFunc(func(context.Context, kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+	remote, err := kvindex.NewRemoteSource(indexerFunc(func(context.Context, kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
 		return []kvindex.EngineMatch{{Engine: "http://b/", Blocks: math.MaxInt32}, {Engine: "http://a", Blocks: 2}, {Engine: "http://a", Blocks: 3}}, nil
 	}), h, kvindex.RemoteOptions{})
 	require.NoError(t, err)
@@ -277,7 +284,7 @@ func TestCacheAwareMemoReusesLookupButRerunsAdmissionAndSelection(t *testing.T) 
 	c.hold(t, "p2", tok, 8)
 	p := c.policy(t, policy.CacheAwareOptions{})
 	req := creq(tok)
-	req.Memo = kvindex.NewMemo()
+	req.Memo = new(kvindex.Memo)
 	for i, group := range [][]state.EngineID{{"p1"}, {"p2"}, {"p1", "p2"}} {
 		pk, err := p.Pick(ctx, engines(state.StagePrefill, group...), req)
 		require.NoError(t, err)
@@ -293,7 +300,7 @@ func TestCacheAwareMemoReusesLookupButRerunsAdmissionAndSelection(t *testing.T) 
 	assert.Equal(t, int32(1), other.calls.Load(), "another source (namespace) is looked up on its own")
 
 	fresh := creq(tok)
-	fresh.Memo = kvindex.NewMemo()
+	fresh.Memo = new(kvindex.Memo)
 	_, err = p.Pick(ctx, engines(state.StagePrefill, "p1"), fresh)
 	require.NoError(t, err)
 	assert.Equal(t, int32(2), c.source.calls.Load(), "a new request looks up again")
@@ -306,7 +313,7 @@ func TestCacheAwareConcurrentPicksShareOneLookup(t *testing.T) {
 	c.hold(t, "p1", tok, 8)
 	p := c.policy(t, policy.CacheAwareOptions{})
 	req := creq(tok)
-	req.Memo = kvindex.NewMemo()
+	req.Memo = new(kvindex.Memo)
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
@@ -332,7 +339,7 @@ func TestCacheAwareUnavailableFallsBackButRejectedQueriesFail(t *testing.T) {
 	} {
 		c := newCacheEnv(t)
 		var calls atomic.Int32
-		remote, err := kvindex.NewRemoteSource(kvindex.RemoteIndexerFunc(func(context.Context, kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+		remote, err := kvindex.NewRemoteSource(indexerFunc(func(context.Context, kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
 			calls.Add(1)
 			return nil, backendErr
 		}), h, kvindex.RemoteOptions{})
@@ -341,7 +348,7 @@ func TestCacheAwareUnavailableFallsBackButRejectedQueriesFail(t *testing.T) {
 		c.native("idle", loadmon.Report{WaitingRequests: 0})
 		p := c.policy(t, policy.CacheAwareOptions{Source: remote})
 		req := creq(tok)
-		req.Memo = kvindex.NewMemo()
+		req.Memo = new(kvindex.Memo)
 		for range 2 {
 			pk, err := p.Pick(ctx, engines(state.StagePrefill, "busy", "idle"), req)
 			require.NoError(t, err, name)
@@ -353,7 +360,7 @@ func TestCacheAwareUnavailableFallsBackButRejectedQueriesFail(t *testing.T) {
 	}
 
 	c := newCacheEnv(t)
-	remote, _ := kvindex.NewRemoteSource(kvindex.RemoteIndexerFunc(func(context.Context, kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
+	remote, _ := kvindex.NewRemoteSource(indexerFunc(func(context.Context, kvindex.RemoteQuery) ([]kvindex.EngineMatch, error) {
 		return nil, fmt.Errorf("bad namespace: %w", state.ErrInvalidSignal)
 	}), h, kvindex.RemoteOptions{})
 	p := c.policy(t, policy.CacheAwareOptions{Source: remote})
@@ -665,11 +672,15 @@ func TestCacheAwareRecordsExactlyOneDecisionPerSelection(t *testing.T) {
 func TestCacheAwareConcurrentPicksRaceEventsAndRemoval(t *testing.T) {
 	t.Parallel()
 	c := newCacheEnv(t)
+	// Placements live 300 ms of the test clock, so that they expire while the picks run.
+	idx, err := kvindex.NewIndex(c.index.Hasher(), kvindex.Options{Now: c.clk.Now, ApproxTTL: 300 * time.Millisecond})
+	require.NoError(t, err)
+	local, err := kvindex.NewLocalSource(idx)
+	require.NoError(t, err)
+	c.index, c.source = idx, &countingSource{inner: local}
 	p := c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: u64(3)})
 	// The same over the bare LocalSource: every pick records a route-time placement, racing the
 	// engines' events (which take the placed blocks), their removal and expiry.
-	local, err := kvindex.NewLocalSource(c.index)
-	require.NoError(t, err)
 	placed, err := policy.NewCacheAware(c.cfg(), policy.CacheAwareOptions{Source: local, EngineQueueLimit: u64(3)})
 	require.NoError(t, err)
 	group := engines(state.StagePrefill, "a", "b", "c")
@@ -697,11 +708,10 @@ func TestCacheAwareConcurrentPicksRaceEventsAndRemoval(t *testing.T) {
 				_ = c.index.RemoveEngine(id)
 				c.load.Forget(id)
 			}
-			// Approximate entries for an engine without events, and their expiry.
-			keys := c.index.Hasher().Keys(prompt(4*blockTokens, uint32(i%7)))
-			_ = c.index.Assume("c", keys, time.Second)
+			// Approximate entries for an engine without events, and their expiry (a placement
+			// drops the expired ones first).
+			_ = local.Place("c", 0, kvindex.Query{TokenIDs: prompt(4*blockTokens, uint32(i%7))}, nil)
 			c.clk.Advance(100 * time.Millisecond)
-			c.index.Expire(c.clk.Now())
 		}
 	})
 	wg.Wait()

@@ -249,7 +249,7 @@ func TestRoutePlacementsAreRecordedExpireAndCanBeTurnedOff(t *testing.T) {
 	assert.Equal(t, first.Engine.ID(), second.Engine.ID())
 	assert.Equal(t, label.ReasonCacheCandidate, second.Reason)
 
-	c.clk.Advance(kvindex.DefaultApproxTTL + time.Second)
+	c.clk.Advance(approxTTL + time.Second)
 	assert.Empty(t, c.index.Match(c.index.Hasher().Keys(tok)).Engines, "unconfirmed placements expire")
 
 	c = newCacheEnv(t)

@@ -12,6 +12,9 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
+// approxTTL is the lifetime of a route-time placement: kvindex.Options.ApproxTTL's default.
+const approxTTL = 120 * time.Second
+
 // recorder is an admission.Checker that records every call and answers with a fixed verdict.
 type recorder struct {
 	mu      sync.Mutex

@@ -32,7 +32,7 @@ type kvFeed struct {
 // dp_rank_start + r.
 //
 // A stream whose engine rank was sent requests (inflight) and that then publishes nothing for
-// kvevents.DefaultSilenceTimeout is untrusted until its next batch (docs/design.md §13.1).
+// kvevents.Options.SilenceTimeout (30 s) is untrusted until its next batch (docs/design.md §13.1).
 func newKVFeed(specs []engineSpec, index *kvindex.Index, inflight *loadmon.InFlight, log *zap.Logger) (*kvFeed, error) {
 	var endpoints []kvevents.Endpoint
 	ranks := map[state.EngineID]int{}
@@ -131,7 +131,7 @@ var (
 	kvResyncDesc    = prometheus.NewDesc("gateway_kv_resyncs_total", "Recoveries started (gap, restart, overflow, malformed batch).", kvLabels, nil)
 	kvDropsDesc     = prometheus.NewDesc("gateway_kv_drops_total", "Batches dropped because the stream's queue was full.", kvLabels, nil)
 	kvTrustDesc     = prometheus.NewDesc("gateway_kv_stream_trusted", "1 when the stream is in step with its publisher and not silent.", kvLabels, nil)
-	kvRefusedDesc   = prometheus.NewDesc("gateway_kv_refused_events_total", "Events refused, by reason (kvevents.Refusal).", append(kvLabels, "reason"), nil)
+	kvRefusedDesc   = prometheus.NewDesc("gateway_kv_refused_events_total", "Events refused, by reason (kvevents.StreamStats.Refused).", append(kvLabels, "reason"), nil)
 	kvTopicDesc     = prometheus.NewDesc("gateway_kv_unknown_topic_messages_total", "Messages on the stream's address with a topic no endpoint names (a wrong kv_topic); the log names the topic.", kvLabels, nil)
 	kvReplaysDesc   = prometheus.NewDesc("gateway_kv_replays_total", "Replay exchanges with the publisher's replay socket, by result (ok, failed).", append(kvLabels, "result"), nil)
 	kvReplayedDesc  = prometheus.NewDesc("gateway_kv_replayed_batches_total", "Batches recovered from replays.", kvLabels, nil)
@@ -170,7 +170,7 @@ func (c kvCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(kvDropsDesc, s.Drops, e, r)
 		gauge(kvTrustDesc, b2f(s.Trusted), e, r)
 		for reason, n := range s.Refused {
-			counter(kvRefusedDesc, n, e, r, kvevents.Refusal(reason).String())
+			counter(kvRefusedDesc, n, e, r, reason)
 		}
 		counter(kvTopicDesc, s.UnknownTopics, e, r)
 		counter(kvReplaysDesc, s.Replays, e, r, "ok")
@@ -264,7 +264,7 @@ func kvDebugOf(index *kvindex.Index, st kvevents.Stats) kvDebug {
 	if index != nil {
 		is := index.Stats()
 		out.Index = &kvDebugIndex{Blocks: is.Blocks, ApproximateBlocks: is.ApproximateBlocks, EvictedBlocks: is.EvictedBlocks, Ranks: []kvDebugRank{}}
-		for _, r := range index.RankStats() {
+		for _, r := range is.Ranks {
 			out.Index.Ranks = append(out.Index.Ranks, kvDebugRank{Engine: string(r.Engine), DPRank: r.DPRank, DeviceBlocks: r.DeviceBlocks,
 				HostBlocks: r.HostBlocks, DiskBlocks: r.DiskBlocks, ExternalBlocks: r.ExternalBlocks, ApproximateBlocks: r.ApproximateBlocks,
 				Trusted: !r.Untrusted})
@@ -273,15 +273,12 @@ func kvDebugOf(index *kvindex.Index, st kvevents.Stats) kvDebug {
 	for _, s := range st.Streams {
 		d := kvDebugStream{Engine: string(s.Engine), DPRank: s.DPRank, Connected: s.Connected, Trusted: s.Trusted, Silent: s.Silent,
 			LastSeq: s.LastSeq, Batches: s.Batches, Events: s.Events, StoredBlocks: s.StoredBlocks, RemovedBlocks: s.RemovedBlocks,
-			Refused: map[string]uint64{}, Gaps: s.Gaps, Restarts: s.Regressions, Resyncs: s.Resyncs, Replays: s.Replays,
+			Refused: s.Refused, Gaps: s.Gaps, Restarts: s.Regressions, Resyncs: s.Resyncs, Replays: s.Replays,
 			ReplayFailures: s.ReplayFailures, ReplayedBatches: s.ReplayedBatches, RankClears: s.RankClears, Malformed: s.Malformed,
 			Drops: s.Drops, Silences: s.Silences, UnknownTopics: s.UnknownTopics, LastUnknownTopic: s.LastUnknownTopic}
 		if !s.LastBatchAt.IsZero() {
 			at := s.LastBatchAt.UTC()
 			d.LastBatchAt = &at
-		}
-		for r, n := range s.Refused {
-			d.Refused[kvevents.Refusal(r).String()] = n
 		}
 		out.Streams = append(out.Streams, d)
 	}

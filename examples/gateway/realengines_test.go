@@ -236,7 +236,7 @@ func warmUp(t *testing.T, g *gateway, engines []*testengine.Engine) {
 		if !caughtUp(g, engines) {
 			return false
 		}
-		for _, r := range g.index.RankStats() {
+		for _, r := range g.index.Stats().Ranks {
 			if r.DeviceBlocks+r.ApproximateBlocks > 0 {
 				return false
 			}

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -106,7 +107,7 @@ func TestKVCacheEvictsLeastRecentLeafFirst(t *testing.T) {
 	assert.Equal(t, f.c.capacity, f.c.private+4*f.c.cached, "full, not over")
 	assert.False(t, f.c.canReserve(8), "only one evictable block left")
 	assert.LessOrEqual(t, f.c.peak, f.c.capacity)
-	assert.Equal(t, f.c.cached, f.index.Stats().Engines["e"].DeviceBlocks)
+	assert.Equal(t, f.c.cached, treeSize(f.index.Stats(), "e"))
 }
 
 func TestKVCacheReferencedBlocksAreNotEvicted(t *testing.T) {
@@ -122,9 +123,10 @@ func TestKVCacheReferencedBlocksAreNotEvicted(t *testing.T) {
 	require.NoError(t, f.c.reserve(16))
 	assert.Zero(t, f.c.cached)
 	assert.Zero(t, f.held(a))
-	_, ok := f.index.Stats().Engines["e"]
-	assert.True(t, ok, "the engine stays known to the index with no blocks")
-	assert.Zero(t, f.index.Stats().Engines["e"].DeviceBlocks)
+	st := f.index.Stats()
+	assert.True(t, slices.ContainsFunc(st.Ranks, func(r kvindex.RankStats) bool { return r.Engine == "e" }),
+		"the engine stays known to the index with no blocks")
+	assert.Zero(t, treeSize(st, "e"))
 }
 
 // TestDecodeRunArithmetic checks the analytic decode run against stepping it one step at a time,

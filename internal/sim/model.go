@@ -171,7 +171,7 @@ type EngineModel struct {
 	// MaxContextTokens. 0 means DefaultKVCapacityTokens.
 	KVCapacityTokens int `json:"kv_capacity_tokens"`
 	// BlockTokens is the KV block size, in tokens: the unit of caching, eviction and KV events.
-	// Must be at most KVCapacityTokens and kvindex.MaxBlockTokens. 0 means DefaultBlockTokens.
+	// Must be at most KVCapacityTokens and 65,536 (kvindex.HasherConfig). 0 means DefaultBlockTokens.
 	BlockTokens int `json:"block_tokens"`
 	// MaxContextTokens is the model's context window, in tokens: the replay's bucket refuses
 	// longer requests (prompt plus output). 0 means DefaultMaxContextTokens.

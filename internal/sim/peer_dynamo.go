@@ -88,7 +88,6 @@ type Dynamo struct {
 	active    map[int32]*dynamoRequest
 	pending   *dynamoRequest
 	keys      []uint64
-	matches   kvindex.Matches
 	costs     []float64
 	newTokens []int
 	free      []*dynamoRequest
@@ -146,13 +145,13 @@ func (d *Dynamo) Pick(_ context.Context, engines []state.Engine, req *policy.Req
 		tokens = req.TokenIDs
 	}
 	d.keys = d.hasher.AppendKeys(d.keys[:0], tokens)
-	d.env.Index.MatchInto(d.keys, &d.matches)
+	match := d.env.Index.Match(d.keys)
 
 	d.costs, d.newTokens = d.costs[:0], d.newTokens[:0]
 	minCost := 0.0
 	for i, e := range engines {
 		w := d.worker(e.ID())
-		overlap := d.matches.Blocks(e.ID())
+		overlap := match.Blocks(e.ID())
 		newTokens := max(isl-overlap*d.bs, 0)
 		newBlocks := 0
 		for _, k := range d.keys {
@@ -294,6 +293,11 @@ func (d *Dynamo) finished(id int32) {
 // treeSize returns the blocks engine id holds in the index, over every tier (Dynamo's
 // OverlapScores.tree_sizes).
 func treeSize(s kvindex.Stats, id state.EngineID) int {
-	e := s.Engines[id]
-	return e.DeviceBlocks + e.HostBlocks + e.DiskBlocks + e.ExternalBlocks
+	n := 0
+	for _, r := range s.Ranks {
+		if r.Engine == id {
+			n += r.DeviceBlocks + r.HostBlocks + r.DiskBlocks + r.ExternalBlocks
+		}
+	}
+	return n
 }

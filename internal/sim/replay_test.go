@@ -131,7 +131,7 @@ func checkConservation(t *testing.T, r *run) {
 func checkIndex(t *testing.T, r *run, x *kvindex.Index) {
 	stats := x.Stats()
 	for _, e := range r.front {
-		assert.Equal(t, e.cache.cached, stats.Engines[e.id].DeviceBlocks, "engine %s: index and cache disagree on block count", e.id)
+		assert.Equal(t, e.cache.cached, treeSize(stats, e.id), "engine %s: index and cache disagree on block count", e.id)
 		c := e.cache
 		for h, slot := range c.byHash {
 			var keys []uint64

@@ -7,18 +7,17 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/internal/kvwire"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/state"
 )
 
-// DefaultMedia maps the media vLLM and SGLang publish to index tiers: "GPU" (vLLM
-// MEDIUM_GPU, and SGLang's device tier) to the device; "CPU" (vLLM's CPU offloading) and
-// "CPU_PINNED" (SGLang HiCache host memory) to host memory; "DISK" and "EXTERNAL" (SGLang HiCache
-// storage tiers) to disk and external storage (vllm-project/vllm vllm/distributed/kv_events.py;
-// the tiers of sgl-project/sglang's experimental router, docs/design.md §13). An event without a
-// medium is a device event. Lookups are case-insensitive.
-var DefaultMedia = map[string]kvindex.Tier{
+// allTiers is every kvindex tier.
+const allTiers = kvindex.TierDevice | kvindex.TierHost | kvindex.TierDisk | kvindex.TierExternal
+
+// defaultMedia is Options.Media when nil (its comment states the mapping).
+var defaultMedia = map[string]kvindex.Tier{
 	"GPU":        kvindex.TierDevice,
 	"CPU":        kvindex.TierHost,
 	"CPU_PINNED": kvindex.TierHost,
@@ -29,7 +28,7 @@ var DefaultMedia = map[string]kvindex.Tier{
 // counters are one stream's event counts; see StreamStats.
 type counters struct {
 	events, stored, removed, cleared, ignored, rejected, unknownRemovals uint64
-	refused                                                              [NumRefusals]uint64
+	refused                                                              [numRefusals]uint64
 }
 
 // applier turns decoded events into index operations for one stream. It is owned by the stream's
@@ -50,7 +49,7 @@ type applier struct {
 	// a held block; an entry goes with its last extra copy, and every entry with a clear of the
 	// rank, so there are never more entries than copies the engine holds.
 	copies   map[copyKey]uint32
-	restored []kvindex.Restored // Store scratch
+	restored []kvbridge.Restored // Store scratch
 
 	remaining, unknown, known []uint64 // Remove scratch
 }
@@ -68,15 +67,15 @@ func newApplier(engine state.EngineID, rank int, o *Options) *applier {
 	return a
 }
 
-// normalizeMedia upper-cases the keys of m (nil: DefaultMedia) and validates the tiers.
+// normalizeMedia upper-cases the keys of m (nil: defaultMedia) and validates the tiers.
 func normalizeMedia(m map[string]kvindex.Tier) (map[string]kvindex.Tier, error) {
 	if m == nil {
-		m = DefaultMedia
+		m = defaultMedia
 	}
 	out := make(map[string]kvindex.Tier, len(m))
 	for k, t := range m {
-		if t == 0 || t&^kvindex.AllTiers != 0 {
-			return nil, fmt.Errorf("kvevents: Options.Media[%q]: tier %v, want one or more of kvindex.AllTiers: %w", k, t, state.ErrInvalidConfiguration)
+		if t == 0 || t&^allTiers != 0 {
+			return nil, fmt.Errorf("kvevents: Options.Media[%q]: tier %v, want one or more of the four kvindex tiers: %w", k, t, state.ErrInvalidConfiguration)
 		}
 		out[strings.ToUpper(k)] = t
 	}
@@ -177,12 +176,12 @@ func (a *applier) store(ev *kvwire.Event, c *counters) error {
 	}
 	se := kvindex.StoreEvent{Engine: a.engine, DPRank: a.rank, ParentHash: ev.ParentHash,
 		HasParent: ev.HasParent, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, Tier: tier}
-	a.restored, err = x.StoreRestored(se, a.restored[:0])
+	a.restored, err = kvbridge.StoreRestored(x, se, a.restored[:0])
 	if err != nil && se.HasParent && se.ParentHash == 0 && errors.Is(err, kvindex.ErrUnknownParent) {
 		// Parent 0 that the rank does not hold is a root: llm-d's publishers send 0 where vLLM
 		// sends nil (docs/design.md §13.1).
 		se.HasParent = false
-		a.restored, err = x.StoreRestored(se, a.restored[:0])
+		a.restored, err = kvbridge.StoreRestored(x, se, a.restored[:0])
 	}
 	if err != nil {
 		return err
@@ -190,7 +189,7 @@ func (a *applier) store(ev *kvwire.Event, c *counters) error {
 	c.stored += uint64(len(ev.BlockHashes))
 	for _, r := range a.restored {
 		// A block the rank already held in a tier it is stored in again: one more copy there.
-		for t := r.Tiers & tier; t != 0; t &= t - 1 {
+		for t := kvindex.Tier(r.Tiers) & tier; t != 0; t &= t - 1 {
 			if a.copies == nil {
 				a.copies = map[copyKey]uint32{}
 			}
@@ -204,7 +203,7 @@ func (a *applier) store(ev *kvwire.Event, c *counters) error {
 // tier) that holds one, and reports whether it dropped any: the rank then still holds the block.
 func (a *applier) dropCopy(h uint64, tiers kvindex.Tier) bool {
 	if tiers == 0 {
-		tiers = kvindex.AllTiers
+		tiers = allTiers
 	}
 	dropped := false
 	for t := tiers; t != 0; t &= t - 1 {
@@ -320,15 +319,15 @@ func (a *applier) clear() {
 }
 
 // markUntrusted and markTrusted set the stream's trust mark in every index
-// (kvindex.Index.MarkUntrusted).
+// (kvbridge.MarkUntrusted).
 func (a *applier) markUntrusted() {
 	for _, x := range a.all {
-		_ = x.MarkUntrusted(a.engine, a.rank)
+		_ = kvbridge.MarkUntrusted(x, a.engine, a.rank)
 	}
 }
 
 func (a *applier) markTrusted() {
 	for _, x := range a.all {
-		_ = x.MarkTrusted(a.engine, a.rank)
+		_ = kvbridge.MarkTrusted(x, a.engine, a.rank)
 	}
 }

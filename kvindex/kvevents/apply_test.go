@@ -81,11 +81,11 @@ func TestStreamCountsCopies(t *testing.T) {
 			for _, s := range tc.steps {
 				f.send(s.seq, s.events...)
 				assert.Equal(t, s.held, f.held(1, 2), "held after batch %d", s.seq)
-				es := f.x.Stats().Engines[eng]
+				es := engineStats(f.x, eng)
 				assert.Equal(t, [2]int{s.device, s.host}, [2]int{es.DeviceBlocks, es.HostBlocks}, "device and host blocks after batch %d", s.seq)
 			}
 			st := f.stats()
-			assert.Equal(t, tc.refused, st.Refused[RefusedDuplicateHash])
+			assert.Equal(t, tc.refused, st.Refused["duplicate_hash"])
 			assert.Equal(t, tc.refused, st.Rejected)
 			assert.Zero(t, st.UnknownRemovals)
 			if tc.refused > 0 {

@@ -179,7 +179,7 @@ func BenchmarkZMQToIndex(b *testing.B) {
 		time.Sleep(5 * time.Millisecond)
 	}
 
-	window := uint64(DefaultQueueBatches / 2)
+	window := uint64(defaultQueueBatches / 2)
 	var seq uint64
 	b.ReportAllocs()
 	cpu0 := cpuTime(b)
@@ -301,7 +301,7 @@ func BenchmarkZMQToIndexSubscriberOnly(b *testing.B) {
 	require.NoError(b, err)
 
 	const chunk = 128
-	window := uint64(DefaultQueueBatches / 2)
+	window := uint64(defaultQueueBatches / 2)
 	var sent uint64
 	b.ReportAllocs()
 	cpu0 := cpuTime(b)

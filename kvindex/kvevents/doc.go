@@ -11,7 +11,7 @@
 // unsigned and bytes block hashes), dials or binds per endpoint, reconnects with
 // backoff, detects gaps and publisher restarts by sequence number, refills gaps from the
 // publisher's replay socket or clears the rank, bounds each stream's queue, and marks an engine
-// untrusted in the index (kvindex.Index.MarkUntrusted) while its view may be torn or its
+// untrusted in the index (kvindex.Stats.Untrusted) while its view may be torn or its
 // publisher is silent while the engine is sent requests. Every failure is counted
 // (Subscriber.Stats) and warned about at a bounded rate. The wire
 // formats and recovery rules are docs/design.md §13.1; the sources are vllm-project/vllm

@@ -81,59 +81,48 @@ func (e *StreamError) Error() string {
 // Unwrap returns Err.
 func (e *StreamError) Unwrap() error { return e.Err }
 
-// Refusal is why an event was refused: a small fixed set, one per error the applier meets, for
-// StreamStats.Refused and metric labels.
-type Refusal int
+// refusal is why an event was refused: one per error the applier meets, for StreamStats.Refused
+// and the warnings' "reason" (refusalNames has the labels).
+type refusal int
 
 // The refusals, by the error the event got.
 const (
-	// RefusedUnknownParent: kvindex.ErrUnknownParent (a store chained to a block the rank does
+	// refusedUnknownParent: kvindex.ErrUnknownParent (a store chained to a block the rank does
 	// not hold: lost events, or a block the index evicted under its cap).
-	RefusedUnknownParent Refusal = iota
-	// RefusedBlockSize: a *BlockSizeMismatchError or kvindex.ErrBlockSizeMismatch (the engine's
+	refusedUnknownParent refusal = iota
+	// refusedBlockSize: a *BlockSizeMismatchError or kvindex.ErrBlockSizeMismatch (the engine's
 	// block size differs from the index's, or tokens are missing).
-	RefusedBlockSize
-	// RefusedUnknownMedium: ErrUnknownMedium.
-	RefusedUnknownMedium
-	// RefusedUnknownAdapter: ErrUnknownAdapter.
-	RefusedUnknownAdapter
-	// RefusedDuplicateHash: kvindex.ErrDuplicateHash.
-	RefusedDuplicateHash
-	// RefusedKeyConflict: kvindex.ErrKeyConflict (a 64-bit key collision).
-	RefusedKeyConflict
-	// RefusedOther: any other index error (kvindex.ErrCyclicChain, kvindex.ErrTooManyHolders, …).
-	RefusedOther
-	// NumRefusals is the number of refusals.
-	NumRefusals
+	refusedBlockSize
+	refusedUnknownMedium  // ErrUnknownMedium
+	refusedUnknownAdapter // ErrUnknownAdapter
+	refusedDuplicateHash  // kvindex.ErrDuplicateHash
+	refusedKeyConflict    // kvindex.ErrKeyConflict (a 64-bit key collision)
+	// refusedOther: any other index error (kvindex.ErrCyclicChain, kvindex.ErrTooManyHolders, …).
+	refusedOther
+	numRefusals
 )
 
-var refusalNames = [NumRefusals]string{"unknown_parent", "block_size", "unknown_medium", "unknown_adapter",
+// refusalNames are the labels of StreamStats.Refused, by refusal.
+var refusalNames = [numRefusals]string{"unknown_parent", "block_size", "unknown_medium", "unknown_adapter",
 	"duplicate_hash", "key_conflict", "other"}
 
-// String returns the refusal's label: "unknown_parent", "block_size", "unknown_medium",
-// "unknown_adapter", "duplicate_hash", "key_conflict" or "other".
-func (r Refusal) String() string {
-	if r < 0 || r >= NumRefusals {
-		return "other"
-	}
-	return refusalNames[r]
-}
+func (r refusal) String() string { return refusalNames[r] }
 
-// refusalOf classifies an event's error; RefusedOther for anything unlisted.
-func refusalOf(err error) Refusal {
+// refusalOf classifies an event's error; refusedOther for anything unlisted.
+func refusalOf(err error) refusal {
 	switch {
 	case errors.Is(err, kvindex.ErrUnknownParent):
-		return RefusedUnknownParent
+		return refusedUnknownParent
 	case errors.Is(err, kvindex.ErrBlockSizeMismatch):
-		return RefusedBlockSize
+		return refusedBlockSize
 	case errors.Is(err, ErrUnknownMedium):
-		return RefusedUnknownMedium
+		return refusedUnknownMedium
 	case errors.Is(err, ErrUnknownAdapter):
-		return RefusedUnknownAdapter
+		return refusedUnknownAdapter
 	case errors.Is(err, kvindex.ErrDuplicateHash):
-		return RefusedDuplicateHash
+		return refusedDuplicateHash
 	case errors.Is(err, kvindex.ErrKeyConflict):
-		return RefusedKeyConflict
+		return refusedKeyConflict
 	}
-	return RefusedOther
+	return refusedOther
 }

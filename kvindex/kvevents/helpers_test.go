@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -79,4 +80,24 @@ func mustMarshal(t testing.TB, v any) []byte {
 	out, err := msgpack.Marshal(v)
 	require.NoError(t, err)
 	return out
+}
+
+// engineStats sums engine's blocks over its ranks in x (Engine set, DPRank 0).
+func engineStats(x *kvindex.Index, engine state.EngineID) kvindex.RankStats {
+	sum := kvindex.RankStats{Engine: engine}
+	for _, r := range x.Stats().Ranks {
+		if r.Engine == engine {
+			sum.DeviceBlocks += r.DeviceBlocks
+			sum.HostBlocks += r.HostBlocks
+			sum.DiskBlocks += r.DiskBlocks
+			sum.ExternalBlocks += r.ExternalBlocks
+			sum.ApproximateBlocks += r.ApproximateBlocks
+		}
+	}
+	return sum
+}
+
+// trusted reports whether x marks no DP rank of engine untrusted.
+func trusted(x *kvindex.Index, engine state.EngineID) bool {
+	return !slices.Contains(x.Stats().Untrusted, engine)
 }

@@ -100,7 +100,7 @@ func TestInteropLibzmqPublisher(t *testing.T) {
 	assert.Equal(t, 2, held(x, eng, 2, 2), "prompt 2: signed hashes, block 0 from the replay")
 	assert.Equal(t, 2, held(x, eng, 3, 2), "prompt 3: raw-bytes hashes")
 	assert.Zero(t, held(x, eng, 9, 1), "the sliding-window group is ignored")
-	assert.Equal(t, 2, x.Stats().Engines[eng].HostBlocks, "medium CPU is host memory")
+	assert.Equal(t, 2, engineStats(x, eng).HostBlocks, "medium CPU is host memory")
 	st := streamStats(sub, eng)
 	assert.EqualValues(t, 1, st.Gaps)
 	assert.EqualValues(t, 1, st.Replays)

@@ -222,9 +222,8 @@ func TestStreamCountersAndWarnings(t *testing.T) {
 	f.send(1, unknownParent(80)) // a minute later: warned again, with one held back
 
 	st := f.stats()
-	var refused [NumRefusals]uint64
-	refused[RefusedUnknownParent], refused[RefusedUnknownMedium] = 3, 1
-	assert.Equal(t, refused, st.Refused)
+	assert.Equal(t, map[string]uint64{"unknown_parent": 3, "block_size": 0, "unknown_medium": 1, "unknown_adapter": 0,
+		"duplicate_hash": 0, "key_conflict": 0, "other": 0}, st.Refused)
 	assert.EqualValues(t, 4, st.Rejected)
 	assert.EqualValues(t, 9, st.Batches)
 	assert.EqualValues(t, 1, st.Malformed)
@@ -337,12 +336,12 @@ func TestSilenceRule(t *testing.T) {
 		require.NoError(t, sub.Add(Endpoint{Engine: state.EngineID(e), Address: "inproc://" + e}))
 	}
 	at := func(d time.Duration) { clock.advance(start.Add(d).Sub(clock.now())); sub.CheckSilence() }
-	trusted := func(e string) (stats, index bool) {
-		return streamStats(sub, state.EngineID(e)).Trusted, x.Trusted(state.EngineID(e))
+	marks := func(e string) (stats, index bool) {
+		return streamStats(sub, state.EngineID(e)).Trusted, trusted(x, state.EngineID(e))
 	}
 	check := func(e string, want bool, msg string) {
 		t.Helper()
-		s, i := trusted(e)
+		s, i := marks(e)
 		assert.Equal(t, want, s, "%s: stats: %s", e, msg)
 		assert.Equal(t, want, i, "%s: index: %s", e, msg)
 	}

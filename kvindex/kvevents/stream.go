@@ -87,8 +87,9 @@ type stream struct {
 	c        counters
 	seqs     seqCounters
 
-	mu        sync.Mutex // guards published
+	mu        sync.Mutex // guards published and refusals
 	published StreamStats
+	refusals  [numRefusals]uint64 // published's Refused, by refusal
 
 	cancel context.CancelFunc // set by Subscriber.startStream; nil when not started
 	done   chan struct{}      // closed when run returns
@@ -446,7 +447,8 @@ func (s *stream) publish() {
 	p.Resyncs, p.Replays, p.ReplayFailures, p.ReplayedBatches = s.seqs.resyncs, s.seqs.replays, s.seqs.replayFailures, s.seqs.replayed
 	p.Malformed, p.RankClears = s.seqs.malformed, s.seqs.clears
 	p.Events, p.StoredBlocks, p.RemovedBlocks, p.Clears = s.c.events, s.c.stored, s.c.removed, s.c.cleared
-	p.Ignored, p.Rejected, p.UnknownRemovals, p.Refused = s.c.ignored, s.c.rejected, s.c.unknownRemovals, s.c.refused
+	p.Ignored, p.Rejected, p.UnknownRemovals = s.c.ignored, s.c.rejected, s.c.unknownRemovals
+	s.refusals = s.c.refused
 	s.mu.Unlock()
 }
 
@@ -454,6 +456,10 @@ func (s *stream) publish() {
 func (s *stream) stats() StreamStats {
 	s.mu.Lock()
 	p := s.published
+	p.Refused = make(map[string]uint64, numRefusals)
+	for r, n := range s.refusals {
+		p.Refused[refusalNames[r]] = n
+	}
 	s.mu.Unlock()
 	p.Drops = s.drops.Load()
 	p.Malformed += s.frames.Load()

@@ -99,7 +99,7 @@ func TestStreamInOrder(t *testing.T) {
 		assert.EqualValues(t, 3, st.Batches)
 		assert.EqualValues(t, 3, st.StoredBlocks)
 		assert.True(t, st.Trusted)
-		assert.True(t, f.x.Trusted(eng))
+		assert.True(t, trusted(f.x, eng))
 	}
 }
 
@@ -121,7 +121,7 @@ func TestStreamGapWithoutReplay(t *testing.T) {
 	assert.EqualValues(t, 1, st.Gaps)
 	assert.EqualValues(t, 1, st.Resyncs)
 	assert.True(t, st.Trusted)
-	assert.True(t, f.x.Trusted(eng))
+	assert.True(t, trusted(f.x, eng))
 }
 
 // TestStreamGapReplayed: a forward gap is refilled from the replay socket; the engine is
@@ -132,7 +132,7 @@ func TestStreamGapReplayed(t *testing.T) {
 	rep := &fakeReplayer{payloads: map[uint64][]byte{}}
 	f := newStreamFixture(t, rep, nil)
 	rep.during = func() {
-		assert.False(t, f.x.Trusted(eng), "untrusted during the replay")
+		assert.False(t, trusted(f.x, eng), "untrusted during the replay")
 		src, err := kvindex.NewLocalSource(f.x)
 		require.NoError(t, err)
 		r, err := src.Lookup(context.Background(), kvindex.Query{TokenIDs: prompt(1, 2)})
@@ -160,7 +160,7 @@ func TestStreamGapReplayed(t *testing.T) {
 	assert.EqualValues(t, 1, st.Replays)
 	assert.EqualValues(t, 2, st.Duplicates, "live 3 and 4 had been replayed")
 	assert.Zero(t, st.Rejected)
-	assert.True(t, f.x.Trusted(eng))
+	assert.True(t, trusted(f.x, eng))
 }
 
 // TestStreamReplayCannotFillGap: when the replay buffer no longer holds the first missing batch,
@@ -182,7 +182,7 @@ func TestStreamReplayCannotFillGap(t *testing.T) {
 	st := f.stats()
 	assert.EqualValues(t, 1, st.Replays)
 	assert.EqualValues(t, 1, st.Duplicates)
-	assert.True(t, f.x.Trusted(eng))
+	assert.True(t, trusted(f.x, eng))
 }
 
 // TestStreamReplayFails: a replay error clears the rank and rebases; the error is reported.
@@ -260,7 +260,7 @@ func TestStreamFirstBatch(t *testing.T) {
 		assert.Zero(t, st.Gaps+st.Resyncs+st.Regressions+st.Duplicates, "first %d", tc.first)
 		assert.Empty(t, rep.starts, "first %d: no replay", tc.first)
 		assert.True(t, st.Trusted)
-		assert.True(t, f.x.Trusted(eng))
+		assert.True(t, trusted(f.x, eng))
 
 		f.send(tc.restart, block(2, 0))
 		f.send(tc.restart+1, block(2, 1))
@@ -271,7 +271,7 @@ func TestStreamFirstBatch(t *testing.T) {
 		assert.EqualValues(t, 1, st.Resyncs, "first %d restart %d", tc.first, tc.restart)
 		assert.Zero(t, st.Gaps, "first %d restart %d", tc.first, tc.restart)
 		assert.Empty(t, rep.starts)
-		assert.True(t, f.x.Trusted(eng))
+		assert.True(t, trusted(f.x, eng))
 	}
 }
 
@@ -296,7 +296,7 @@ func TestStreamRestartMissedFirstBatches(t *testing.T) {
 	assert.EqualValues(t, 1, st.Regressions)
 	assert.EqualValues(t, 1, st.Gaps)
 	assert.EqualValues(t, 1, st.Duplicates)
-	assert.True(t, f.x.Trusted(eng))
+	assert.True(t, trusted(f.x, eng))
 }
 
 // TestStreamLostBatches: a payload that does not decode, or that names another DP rank, is a lost
@@ -318,13 +318,13 @@ func TestStreamLostBatches(t *testing.T) {
 			f.s.handle(context.Background(), item{seq: 1, payload: tc.raw(t)})
 			f.s.publish()
 			assert.Zero(t, f.held(1, 1), "cleared")
-			assert.False(t, f.x.Trusted(eng))
+			assert.False(t, trusted(f.x, eng))
 			assert.False(t, f.stats().Trusted)
 			require.Len(t, f.errs, 1)
 			assert.ErrorIs(t, f.errs[0], tc.want)
 			f.send(2, block(2, 0))
 			assert.Equal(t, 1, f.held(2, 1))
-			assert.True(t, f.x.Trusted(eng))
+			assert.True(t, trusted(f.x, eng))
 			st := f.stats()
 			assert.EqualValues(t, 1, st.Malformed)
 			assert.Zero(t, st.Gaps, "the rebase accepts the next number")
@@ -364,7 +364,7 @@ func TestStreamRefusedEvents(t *testing.T) {
 			after := f.x.Stats()
 			assert.Equal(t, before.Blocks+1, after.Blocks, "only the valid event changed the index")
 			assert.EqualValues(t, 1, f.stats().Rejected)
-			assert.True(t, f.x.Trusted(eng), "a refused event is not a lost batch")
+			assert.True(t, trusted(f.x, eng), "a refused event is not a lost batch")
 		})
 	}
 	t.Run("block size mismatch is a *BlockSizeMismatchError", func(t *testing.T) {
@@ -402,8 +402,8 @@ func TestStreamAdaptersTiersAndGroups(t *testing.T) {
 	assert.Equal(t, 1, held(lora, eng, 2, 1), "lora_id routes too")
 	assert.Equal(t, 1, held(f.x, eng, 1, 2), "the base index has only the base-model block")
 	assert.Zero(t, held(f.x, eng, 4, 1), "the sliding-window group is ignored")
-	assert.Equal(t, 3, lora.Stats().Engines[eng].HostBlocks, "CPU and CPU_PINNED are host memory")
-	assert.Equal(t, 1, f.x.Stats().Engines[eng].DeviceBlocks, "no medium is the device")
+	assert.Equal(t, 3, engineStats(lora, eng).HostBlocks, "CPU and CPU_PINNED are host memory")
+	assert.Equal(t, 1, engineStats(f.x, eng).DeviceBlocks, "no medium is the device")
 	st := f.stats()
 	assert.EqualValues(t, 2, st.Ignored)
 
@@ -433,7 +433,7 @@ func TestStreamOverflow(t *testing.T) {
 		f.s.enqueue(item{seq: uint64(i), payload: payload(t, 0, block(1, i))})
 	}
 	assert.EqualValues(t, 96, f.s.drops.Load())
-	assert.False(t, f.x.Trusted(eng), "untrusted as soon as a batch is dropped")
+	assert.False(t, trusted(f.x, eng), "untrusted as soon as a batch is dropped")
 	assert.False(t, f.stats().Trusted)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -441,7 +441,7 @@ func TestStreamOverflow(t *testing.T) {
 	go func() { defer close(done); f.s.run(ctx) }()
 	require.Eventually(t, func() bool { return !f.s.overflow.Load() }, 5*time.Second, time.Millisecond)
 	f.s.enqueue(item{seq: 101, payload: payload(t, 0, block(2, 0))})
-	require.Eventually(t, func() bool { return f.x.Trusted(eng) }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return trusted(f.x, eng) }, 5*time.Second, time.Millisecond)
 	cancel()
 	<-done
 	st := f.stats()
@@ -463,5 +463,5 @@ func TestStreamStoppedStaysTrusted(t *testing.T) {
 		f.s.enqueue(item{seq: uint64(i), payload: payload(t, 0, block(1, i))})
 	}
 	assert.EqualValues(t, 2, f.s.drops.Load())
-	assert.True(t, f.x.Trusted(eng))
+	assert.True(t, trusted(f.x, eng))
 }

@@ -20,25 +20,14 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Defaults for Options fields left zero.
+// Defaults for Options fields left zero; each field's comment states its value.
 const (
-	// DefaultQueueBatches is the queue length per stream, in batches. vLLM publishes about one
-	// batch per scheduler step, so this is seconds of backlog.
-	DefaultQueueBatches = 1024
-	// DefaultReplayTimeout bounds one replay exchange (SGLang's experimental router uses 2 s).
-	DefaultReplayTimeout = 2 * time.Second
-	// DefaultReconnectMin and DefaultReconnectMax bound the reconnect backoff, which doubles
-	// after each failure, with up to 25% jitter, and restarts from the minimum once a message
-	// arrives.
-	DefaultReconnectMin = 100 * time.Millisecond
-	DefaultReconnectMax = 5 * time.Second
-	// DefaultWarnInterval is the least time between two warnings of one kind about one stream
-	// (or one socket).
-	DefaultWarnInterval = time.Minute
-	// DefaultSilenceTimeout is how long a stream may go without a batch after its engine rank was
-	// sent a request before it is untrusted (Options.Dispatched). An engine that prefills stores
-	// blocks, and vLLM publishes them within a scheduler step.
-	DefaultSilenceTimeout = 30 * time.Second
+	defaultQueueBatches   = 1024
+	defaultReplayTimeout  = 2 * time.Second
+	defaultReconnectMin   = 100 * time.Millisecond
+	defaultReconnectMax   = 5 * time.Second
+	defaultWarnInterval   = time.Minute
+	defaultSilenceTimeout = 30 * time.Second
 )
 
 // Options configures a Subscriber. Index is required; every other field has a documented default.
@@ -55,19 +44,25 @@ type Options struct {
 	// from both maps are refused with ErrUnknownAdapter. nil maps: no adapters.
 	Adapters   map[string]*kvindex.Index
 	AdapterIDs map[int64]*kvindex.Index
-	// Media maps an event's medium to a storage tier, case-insensitively. nil means
-	// DefaultMedia. A BlockStored whose medium is not in it is refused with ErrUnknownMedium;
-	// a BlockRemoved with an unknown medium removes the blocks from every tier.
+	// Media maps an event's medium to a storage tier, case-insensitively. nil means the media
+	// vLLM and SGLang publish: "GPU" (vLLM MEDIUM_GPU, and SGLang's device tier) to
+	// kvindex.TierDevice; "CPU" (vLLM's CPU offloading) and "CPU_PINNED" (SGLang HiCache host
+	// memory) to TierHost; "DISK" and "EXTERNAL" (SGLang HiCache storage tiers) to TierDisk and
+	// TierExternal (vllm-project/vllm vllm/distributed/kv_events.py; docs/design.md §13). An
+	// event without a medium is a device event. A BlockStored whose medium is not in the map is
+	// refused with ErrUnknownMedium; a BlockRemoved with an unknown medium removes the blocks
+	// from every tier.
 	Media map[string]kvindex.Tier
-	// QueueBatches is each stream's queue length, in batches; 0 means DefaultQueueBatches. When
-	// it is full, batches are dropped (StreamStats.Drops) until the stream has caught up and
+	// QueueBatches is each stream's queue length, in batches; 0 means 1,024 (vLLM publishes
+	// about one batch per scheduler step, so this is seconds of backlog). When it is full, batches are dropped (StreamStats.Drops) until the stream has caught up and
 	// resynchronised. Negative is an error.
 	QueueBatches int
-	// ReplayTimeout bounds one replay exchange; 0 means DefaultReplayTimeout. Negative is an
-	// error.
+	// ReplayTimeout bounds one replay exchange; 0 means 2 s (as SGLang's experimental router).
+	// Negative is an error.
 	ReplayTimeout time.Duration
-	// ReconnectMin and ReconnectMax bound the backoff between connection attempts; 0 means
-	// DefaultReconnectMin / DefaultReconnectMax. Negative, or Min > Max, is an error.
+	// ReconnectMin and ReconnectMax bound the backoff between connection attempts, which
+	// doubles after each failure, with up to 25% jitter, and restarts from the minimum once a
+	// message arrives; 0 means 100 ms / 5 s. Negative, or Min > Max, is an error.
 	ReconnectMin, ReconnectMax time.Duration
 	// Logger receives connection changes and refused batches and events at debug level, and a
 	// warning (at most one per WarnInterval per kind and stream) for each refused event, malformed
@@ -75,7 +70,7 @@ type Options struct {
 	// zap.NewNop().
 	Logger *zap.Logger
 	// WarnInterval is the least time between two warnings of one kind about one stream (or
-	// socket); 0 means DefaultWarnInterval. Negative is an error.
+	// socket); 0 means one minute. Negative is an error.
 	WarnInterval time.Duration
 	// Dispatched reports whether the router sent a request to the engine's DP rank at or after
 	// since (for example from loadmon.InFlight). When set, a stream that receives no batch for
@@ -84,8 +79,8 @@ type Options struct {
 	// silent. nil: the rule is off. Called from one goroutine, about every SilenceTimeout/4; it
 	// must not block.
 	Dispatched func(engine state.EngineID, dpRank int, since time.Time) bool
-	// SilenceTimeout is the silence rule's timeout; 0 means DefaultSilenceTimeout. Negative is an
-	// error.
+	// SilenceTimeout is the silence rule's timeout; 0 means 30 s (an engine that prefills stores
+	// blocks, and vLLM publishes them within a scheduler step). Negative is an error.
 	SilenceTimeout time.Duration
 	// Now is the clock of batch arrival times, warnings and the silence rule; nil means time.Now.
 	// It must be the clock Dispatched compares against.
@@ -140,7 +135,7 @@ type StreamStats struct {
 	Connected bool
 	// Trusted: the stream is in step with its publisher and not silent; false from a detected
 	// loss until it has resynchronised, and while silent (the rank is then also untrusted in the
-	// index: kvindex Index.MarkUntrusted).
+	// index: kvindex.Stats.Untrusted).
 	Trusted bool
 	// Silent: the silence rule holds the stream untrusted (Options.Dispatched); Silences counts
 	// the times it became silent.
@@ -157,8 +152,12 @@ type StreamStats struct {
 	// Rejected events: refused by the decoder's rules or the index (OnError has each).
 	// UnknownRemovals: removed hashes no index held.
 	Ignored, Rejected, UnknownRemovals uint64
-	// Refused splits Rejected by Refusal (they sum to it).
-	Refused [NumRefusals]uint64
+	// Refused splits Rejected by reason (they sum to it), with an entry, zero or not, for each
+	// of "unknown_parent" (kvindex.ErrUnknownParent), "block_size" (a *BlockSizeMismatchError
+	// or kvindex.ErrBlockSizeMismatch), "unknown_medium" (ErrUnknownMedium), "unknown_adapter"
+	// (ErrUnknownAdapter), "duplicate_hash" (kvindex.ErrDuplicateHash), "key_conflict"
+	// (kvindex.ErrKeyConflict) and "other" (any other index error).
+	Refused map[string]uint64
 	// Gaps: forward jumps in the sequence (including a queue overflow, and a first batch after
 	// a publisher restart numbered above 1; not the first batch after the stream was added).
 	// Regressions: the sequence went back (a publisher restart). Duplicates: batches already
@@ -252,25 +251,25 @@ func New(opts Options) (*Subscriber, error) {
 		return nil, fmt.Errorf("kvevents: Options.SilenceTimeout: %v, must be >= 0: %w", opts.SilenceTimeout, state.ErrInvalidConfiguration)
 	}
 	if opts.WarnInterval == 0 {
-		opts.WarnInterval = DefaultWarnInterval
+		opts.WarnInterval = defaultWarnInterval
 	}
 	if opts.SilenceTimeout == 0 {
-		opts.SilenceTimeout = DefaultSilenceTimeout
+		opts.SilenceTimeout = defaultSilenceTimeout
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
 	if opts.QueueBatches == 0 {
-		opts.QueueBatches = DefaultQueueBatches
+		opts.QueueBatches = defaultQueueBatches
 	}
 	if opts.ReplayTimeout == 0 {
-		opts.ReplayTimeout = DefaultReplayTimeout
+		opts.ReplayTimeout = defaultReplayTimeout
 	}
 	if opts.ReconnectMin == 0 {
-		opts.ReconnectMin = DefaultReconnectMin
+		opts.ReconnectMin = defaultReconnectMin
 	}
 	if opts.ReconnectMax == 0 {
-		opts.ReconnectMax = max(DefaultReconnectMax, opts.ReconnectMin)
+		opts.ReconnectMax = max(defaultReconnectMax, opts.ReconnectMin)
 	}
 	if opts.ReconnectMin > opts.ReconnectMax {
 		return nil, fmt.Errorf("kvevents: Options.ReconnectMin %v > ReconnectMax %v: %w", opts.ReconnectMin, opts.ReconnectMax, state.ErrInvalidConfiguration)

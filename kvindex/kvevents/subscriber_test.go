@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/state"
 )
@@ -252,7 +253,7 @@ func TestSubscriberReplaysFromRouter(t *testing.T) {
 	assert.EqualValues(t, 1, st.Gaps)
 	assert.EqualValues(t, 1, st.Replays)
 	assert.EqualValues(t, 1, st.Duplicates, "batch 2, which revealed the gap, had been replayed")
-	assert.True(t, x.Trusted(eng))
+	assert.True(t, trusted(x, eng))
 }
 
 // TestSubscriberLifecycle: validation errors, Start twice, Add after Start and after Close,
@@ -295,10 +296,10 @@ func TestSubscriberLifecycle(t *testing.T) {
 	assert.ErrorIs(t, sub.Start(ctx), state.ErrInvalidConfiguration)
 	require.NoError(t, sub.Add(Endpoint{Engine: "f", Address: addr, Topic: "u"}), "Add after Start")
 	assert.Len(t, sub.Stats().Streams, 2)
-	require.NoError(t, x.MarkUntrusted("f", 0))
+	require.NoError(t, kvbridge.MarkUntrusted(x, "f", 0))
 	sub.Remove("f")
 	assert.Len(t, sub.Stats().Streams, 1)
-	assert.True(t, x.Trusted("f"), "Remove clears the stream's mark")
+	assert.True(t, trusted(x, "f"), "Remove clears the stream's mark")
 	require.NoError(t, sub.Close())
 	require.NoError(t, sub.Close())
 	assert.True(t, errors.Is(sub.Add(Endpoint{Engine: "g", Address: addr}), ErrClosed))

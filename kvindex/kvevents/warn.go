@@ -10,11 +10,11 @@ import (
 // warnKind is one kind of warning, rate-limited on its own.
 type warnKind int
 
-// warnRefused + r is the kind of an event refused for Refusal r.
+// warnRefused + r is the kind of an event refused for refusal r.
 const warnRefused warnKind = 0
 
 const (
-	warnMalformed warnKind = warnKind(NumRefusals) + iota // a batch that did not decode, or named another rank
+	warnMalformed warnKind = warnKind(numRefusals) + iota // a batch that did not decode, or named another rank
 	warnResync                                            // batches lost: a recovery started
 	warnRestart                                           // the publisher restarted
 	warnClear                                             // the rank was cleared after a loss
