@@ -246,8 +246,8 @@ func TestStatusCode(t *testing.T) {
 		{&policy.OutsideCandidatesError{}, http.StatusInternalServerError},
 		{context.DeadlineExceeded, http.StatusGatewayTimeout},
 		{errors.New("other"), http.StatusInternalServerError},
-		{fmt.Errorf("x: %w", &flowcontrol.RejectedError{Reason: flowcontrol.ReasonQueueFull}), http.StatusTooManyRequests},
-		{errors.Join(&flowcontrol.RejectedError{Reason: flowcontrol.ReasonSheddable}, &bucket.ExhaustedError{Last: policy.ErrNoCandidates}), http.StatusTooManyRequests},
+		{fmt.Errorf("x: %w", &flowcontrol.RejectedError{Reason: "queue_full"}), http.StatusTooManyRequests},
+		{errors.Join(&flowcontrol.RejectedError{Reason: "sheddable"}, &bucket.ExhaustedError{Last: policy.ErrNoCandidates}), http.StatusTooManyRequests},
 		{fmt.Errorf("x: %w", flowcontrol.ErrTimeout), http.StatusServiceUnavailable},
 		{fmt.Errorf("x: %w", errors.Join(context.DeadlineExceeded, &bucket.ExhaustedError{})), http.StatusGatewayTimeout},
 	}

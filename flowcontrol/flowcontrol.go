@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
 )
@@ -60,10 +61,10 @@ type Band struct {
 	// means no bound but the caller's context.
 	TTL time.Duration
 	// MaxQueued bounds this band's waiting requests per model; an arrival beyond it is rejected
-	// (ReasonQueueFull). 0 means only Config.MaxQueued bounds the band.
+	// ("queue_full"). 0 means only Config.MaxQueued bounds the band.
 	MaxQueued int
 	// Sheddable bands never wait: a request the fleet cannot serve at once is rejected
-	// (ReasonSheddable).
+	// ("sheddable").
 	Sheddable bool
 }
 
@@ -169,7 +170,7 @@ func (c *Controller) rankSaturated(l *loadmon.EngineLoad) bool {
 // again; a refusal leaves it in its place.
 //
 // Wait returns attempt's error (nil: served); a *RejectedError when the request is rejected
-// (ReasonSheddable, ReasonQueueFull) or displaced (ReasonDisplaced); an error wrapping ErrTimeout
+// (sheddable, queue full) or displaced; an error wrapping ErrTimeout
 // when its band's TTL passes; ctx's error when ctx ends first. A request that leaves holds nothing
 // and leaves no goroutine. A nil ctx means context.Background().
 func (c *Controller) Wait(ctx context.Context, r Request, attempt func() (saturated bool, err error)) error {
@@ -192,7 +193,7 @@ func (c *Controller) Wait(ctx context.Context, r Request, attempt func() (satura
 	}
 	q.mu.Lock()
 	if b.Sheddable {
-		err := q.rejectedLocked(ReasonSheddable, bi)
+		err := q.rejectedLocked(label.FlowSheddable, bi)
 		q.mu.Unlock()
 		return err
 	}
@@ -246,24 +247,15 @@ func (c *Controller) band(priority int) int {
 	return len(c.bands) - 1
 }
 
-// Reasons of a *RejectedError.
-const (
-	// ReasonQueueFull: the model's queue, or the request's band, was full.
-	ReasonQueueFull = "queue_full"
-	// ReasonDisplaced: the request was waiting and a request of a higher band took its place in a
-	// full queue.
-	ReasonDisplaced = "displaced"
-	// ReasonSheddable: the request's band is sheddable and the fleet could not serve it at once.
-	ReasonSheddable = "sheddable"
-)
-
 // ErrTimeout ends a wait that reached its band's TTL (HTTP 503, bucket.StatusCode).
 var ErrTimeout = errors.New("flowcontrol: wait timed out")
 
 // RejectedError reports a request that flow control refused to queue or pushed out of the queue
 // (HTTP 429, bucket.StatusCode).
 type RejectedError struct {
-	// Reason is ReasonQueueFull, ReasonDisplaced or ReasonSheddable.
+	// Reason is "queue_full" (the model's queue, or the request's band, was full), "displaced"
+	// (the request waited and a request of a higher band took its place in a full queue) or
+	// "sheddable" (the request's band is sheddable and the fleet could not serve it at once).
 	Reason string
 	// Priority is the priority of the band the request was in.
 	Priority int

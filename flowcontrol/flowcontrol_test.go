@@ -311,21 +311,21 @@ func TestFullQueueShedsTheLowestBandFirst(t *testing.T) {
 	h.arrive(context.Background(), "high1", flowcontrol.Request{Priority: 10})
 	var rej *flowcontrol.RejectedError
 	require.ErrorAs(t, h.result("low2"), &rej)
-	assert.Equal(t, flowcontrol.ReasonDisplaced, rej.Reason)
+	assert.Equal(t, "displaced", rej.Reason)
 	assert.Equal(t, 0, rej.Priority)
 	assert.Equal(t, time.Second, rej.RetryAfter, "no dispatch yet: 1 s")
 
 	h.arrive(context.Background(), "low3", flowcontrol.Request{Priority: 0})
 	require.ErrorAs(t, h.result("low3"), &rej)
-	assert.Equal(t, flowcontrol.ReasonQueueFull, rej.Reason)
+	assert.Equal(t, "queue_full", rej.Reason)
 
 	h.arrive(context.Background(), "mid2", flowcontrol.Request{Priority: 5})
 	require.ErrorAs(t, h.result("low1"), &rej)
-	assert.Equal(t, flowcontrol.ReasonDisplaced, rej.Reason)
+	assert.Equal(t, "displaced", rej.Reason)
 
 	h.arrive(context.Background(), "mid3", flowcontrol.Request{Priority: 5})
 	require.ErrorAs(t, h.result("mid3"), &rej, "no band below 5 holds a request")
-	assert.Equal(t, flowcontrol.ReasonQueueFull, rej.Reason)
+	assert.Equal(t, "queue_full", rej.Reason)
 	assert.Equal(t, 5, rej.Priority)
 	assert.Equal(t, []string{"high1", "mid1", "mid2"}, h.serveAll(0, 3))
 }
@@ -337,7 +337,7 @@ func TestBandCapRejects(t *testing.T) {
 	h.arrive(context.Background(), "b", flowcontrol.Request{})
 	var rej *flowcontrol.RejectedError
 	require.ErrorAs(t, h.result("b"), &rej)
-	assert.Equal(t, flowcontrol.ReasonQueueFull, rej.Reason)
+	assert.Equal(t, "queue_full", rej.Reason)
 	h.arrive(context.Background(), "c", flowcontrol.Request{Priority: 1})
 	assert.Equal(t, 2, flowcontrol.Queued(h.c, model))
 	assert.Equal(t, []string{"c", "a"}, h.serveAll(0, 2))
@@ -352,7 +352,7 @@ func TestSheddableBandNeverWaits(t *testing.T) {
 	h.arrive(context.Background(), "shed", flowcontrol.Request{Priority: -1})
 	var rej *flowcontrol.RejectedError
 	require.ErrorAs(t, h.result("shed"), &rej)
-	assert.Equal(t, flowcontrol.ReasonSheddable, rej.Reason)
+	assert.Equal(t, "sheddable", rej.Reason)
 	assert.Equal(t, -1, rej.Priority)
 	assert.Equal(t, 0, flowcontrol.Queued(h.c, model))
 }

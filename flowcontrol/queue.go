@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/enginepick/enginepick/internal/label"
 )
 
 // queue is one model's waiting requests.
@@ -230,16 +232,16 @@ func (q *queue) nextLocked() *waiter {
 func (q *queue) enqueueLocked(r *Request, bi int) (*waiter, error) {
 	cfg := &q.c.bands[bi]
 	if cfg.MaxQueued > 0 && q.bands[bi].n >= cfg.MaxQueued {
-		return nil, q.rejectedLocked(ReasonQueueFull, bi)
+		return nil, q.rejectedLocked(label.FlowQueueFull, bi)
 	}
 	if q.n >= q.c.maxQueued {
 		v := q.victimLocked(bi)
 		if v == nil {
-			return nil, q.rejectedLocked(ReasonQueueFull, bi)
+			return nil, q.rejectedLocked(label.FlowQueueFull, bi)
 		}
 		vb := v.fq.band
 		q.removeLocked(v)
-		v.displaced = q.rejectedLocked(ReasonDisplaced, vb)
+		v.displaced = q.rejectedLocked(label.FlowDisplaced, vb)
 		v.ch <- sigDisplaced
 	}
 	f := q.flowLocked(r.Flow)
