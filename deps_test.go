@@ -19,7 +19,7 @@ func TestRuntimeLinksNoDeploymentDependencies(t *testing.T) {
 	if err != nil {
 		t.Skip("no go command on PATH")
 	}
-	runtime := []string{".", "./state", "./loadmon", "./kvindex", "./affinity", "./admission", "./policy", "./bucket"}
+	runtime := []string{".", "./state", "./loadmon", "./kvindex", "./affinity", "./admission", "./policy", "./bucket", "./flowcontrol"}
 	out, err := exec.Command(gobin, append([]string{"list", "-deps"}, runtime...)...).Output()
 	require.NoError(t, err, "go list -deps")
 	deps := strings.Fields(string(out))

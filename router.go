@@ -2,7 +2,9 @@ package enginepick
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -14,6 +16,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -57,6 +60,13 @@ type Options struct {
 	// AffinityStore is the store the session and sticky policies share. Optional: when set,
 	// RemoveEngine invalidates the engine's bindings in it.
 	AffinityStore affinity.Store
+	// FlowControl, when set, makes Select wait in the Router while the fleet is saturated for the
+	// request, instead of failing with 503, and hands freed capacity to the waiting requests by
+	// priority band, fair share between flows and arrival (bucket.Request.Priority and Flow,
+	// docs/design.md §17). The Router wakes them when a dispatch ends, an engine is removed and,
+	// with Load, on every load report (it registers a Table.OnChange callback for the table's
+	// lifetime). Nil means no flow control.
+	FlowControl *flowcontrol.Controller
 }
 
 // Router selects engines for requests of several models and accounts for the dispatches that
@@ -78,6 +88,8 @@ type Router struct {
 	labels    map[*bucket.Bucket]groupLabels
 	models    []state.ModelID
 	store     affinity.Store
+	fc        *flowcontrol.Controller
+	staleWake atomic.Bool // a wakeWhenStale timer is pending
 }
 
 // groupLabels are the policy names of one bucket's groups, by stage.
@@ -121,7 +133,14 @@ func NewRouter(opts Options) (*Router, error) {
 	}
 	r := &Router{registry: opts.Registry, resolvers: resolvers, inflight: opts.InFlight, load: opts.Load, index: opts.Index,
 		log: log, obs: opts.Observer, now: opts.Now, realClock: opts.Now == nil, models: models, store: opts.AffinityStore,
-		labels: map[*bucket.Bucket]groupLabels{}}
+		labels: map[*bucket.Bucket]groupLabels{}, fc: opts.FlowControl}
+	if fc := r.fc; fc != nil && r.load != nil {
+		opts.Load.OnChange(func(state.EngineID) {
+			for _, m := range models {
+				fc.Notify(m)
+			}
+		})
+	}
 	if r.realClock {
 		r.now = time.Now
 	}
@@ -168,6 +187,7 @@ func (d *Dispatch) Release() {
 	for _, g := range d.guards {
 		g.Release()
 	}
+	d.r.notify(d.model)
 }
 
 // ReleaseStage releases, ahead of the end of the dispatch, the in-flight guard of one leg of a PD
@@ -185,7 +205,10 @@ func (d *Dispatch) ReleaseStage(stage state.Stage) {
 		d.guards[0].Release()
 	case state.StageDecode:
 		d.guards[1].Release()
+	default:
+		return
 	}
+	d.r.notify(d.model)
 }
 
 // FirstToken records that the response's first token has arrived: the selected engines have ended
@@ -212,6 +235,7 @@ func (d *Dispatch) Done(o Outcome) {
 		g.Release()
 	}
 	r := d.r
+	r.notify(d.model)
 	if r == nil || r.obs == nil {
 		return
 	}
@@ -244,11 +268,18 @@ func (d *Dispatch) Done(o Outcome) {
 // see the new count; after 4 such runs the error is a *bucket.ExhaustedError holding the
 // in-flight *policy.AdmissionRejectedError (503) (docs/design.md §5).
 //
+// With Options.FlowControl, a request the fleet cannot serve now (every candidate refused by
+// admission, or every candidate engine saturated by the detector) waits for its turn and is
+// selected again when capacity may have freed (docs/design.md §17); the Observer then sees the
+// Select once, when it ends, its duration including the wait.
+//
 // Errors: a nil req wraps policy.ErrInvalidSignal; ErrUnknownModel (404); otherwise bucket.Select's
-// errors (bucket.StatusCode maps them). A nil ctx means context.Background().
+// errors (bucket.StatusCode maps them); with flow control also a *flowcontrol.RejectedError (429),
+// an error wrapping flowcontrol.ErrTimeout (503) or ctx's error (499, 504), each wrapping the last
+// refusal. A nil ctx means context.Background().
 func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, error) {
 	if r.obs == nil {
-		return r.selectOnce(ctx, req, nil)
+		return r.selectFlow(ctx, req, nil)
 	}
 	timed := r.timeEvery <= 1 || rand.Uint32N(r.timeEvery) == 0
 	var start time.Duration
@@ -256,7 +287,7 @@ func (r *Router) Select(ctx context.Context, req *bucket.Request) (*Dispatch, er
 		start = r.stamp()
 	}
 	var at time.Time
-	d, err := r.selectOnce(ctx, req, &at)
+	d, err := r.selectFlow(ctx, req, &at)
 	var end time.Duration
 	if !at.IsZero() {
 		end = at.Sub(r.base) // the dispatch's own clock reading (selectOnce)
@@ -355,11 +386,165 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.T
 			break
 		}
 	}
+	return nil, err
+}
+
+// logFailure logs a failed selection at Debug.
+func (r *Router) logFailure(req *bucket.Request, err error) {
 	if ce := r.log.Check(zap.DebugLevel, "selection failed"); ce != nil {
 		ce.Write(zap.String("model", string(req.Model)), zap.Int64("input_tokens", req.InputTokens),
 			zap.Int("status", bucket.StatusCode(err)), zap.Error(err))
 	}
-	return nil, err
+}
+
+// errDetectorSaturated is the refusal of an attempt the saturation detector turned away.
+var errDetectorSaturated = errors.New("enginepick: the saturation detector finds every candidate engine saturated")
+
+// selectFlow is selectOnce under the Router's flow control (docs/design.md §17), logging the
+// failure: each attempt of the request is refused when the detector finds the fleet saturated for
+// it, or when selectOnce's *bucket.ExhaustedError holds an admission rejection; the request then
+// waits (flowcontrol.Controller.Wait) and the whole selection runs again at its turn. A wait that
+// ends without a dispatch returns the Controller's error with the last refusal.
+func (r *Router) selectFlow(ctx context.Context, req *bucket.Request, at *time.Time) (*Dispatch, error) {
+	res, ok := (*bucket.Resolver)(nil), false
+	if req != nil {
+		res, ok = r.resolvers[req.Model]
+	}
+	if r.fc == nil || !ok {
+		d, err := r.selectOnce(ctx, req, at)
+		if err != nil && ok {
+			r.logFailure(req, err)
+		}
+		return d, err
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	buckets, _ := res.Resolve(req.Signals) // an error shows in the selection
+	var d *Dispatch
+	var last error
+	finished := false
+	attempt := func() (bool, error) {
+		if err := ctx.Err(); err != nil {
+			return false, err // the wait ended: with the last refusal, below
+		}
+		if stale, ok := r.saturated(buckets, req.Model); ok {
+			r.wakeWhenStale(stale)
+			last = errDetectorSaturated
+			return true, nil
+		}
+		var err error
+		if d, err = r.selectOnce(ctx, req, at); err != nil {
+			if ex, ok := err.(*bucket.ExhaustedError); ok && len(ex.Rejections) > 0 {
+				last = err
+				return true, nil
+			}
+		}
+		finished = true
+		return false, err
+	}
+	err := r.fc.Wait(ctx, flowcontrol.Request{Model: req.Model, Priority: req.Priority, Flow: req.Flow,
+		Cost: cost(req), Class: classOf(buckets, req)}, attempt)
+	if err != nil {
+		if !finished && last != nil {
+			err = fmt.Errorf("%w; last refusal: %w", err, last)
+		}
+		r.logFailure(req, err)
+		return nil, err
+	}
+	return d, nil
+}
+
+// saturated reports whether the saturation detector finds the fleet saturated for a request that
+// may use buckets: in every bucket, some group (plain, prefill or decode) has engines and the
+// detector finds each of them saturated (flowcontrol.Controller.Saturated: an engine without a
+// fresh report is not). Without a load table, or without buckets, nothing is saturated. When
+// saturated, it also returns how long until the oldest report it relied on goes stale.
+func (r *Router) saturated(buckets []*bucket.Bucket, model state.ModelID) (time.Duration, bool) {
+	if r.load == nil || len(buckets) == 0 {
+		return 0, false
+	}
+	snap := r.load.Snapshot()
+	var oldest time.Time
+	var buf [32]state.Engine
+	for _, b := range buckets {
+		stages := []state.Stage{state.StagePlain}
+		if b.IsPD() {
+			stages = []state.Stage{state.StagePrefill, state.StageDecode}
+		}
+		full := false
+		for _, s := range stages {
+			es := b.Engines(r.registry, model, s, buf[:0])
+			full = len(es) > 0
+			for _, e := range es {
+				l, _ := snap.Load(e.ID())
+				if !r.fc.Saturated(l) {
+					full = false
+					break
+				}
+				if oldest.IsZero() || l.ReportedAt.Before(oldest) {
+					oldest = l.ReportedAt
+				}
+			}
+			clear(es)
+			if full {
+				break
+			}
+		}
+		if !full {
+			return 0, false
+		}
+	}
+	return oldest.Add(r.load.Freshness()).Sub(snap.CapturedAt()) + time.Millisecond, true
+}
+
+// wakeWhenStale wakes every model's waiting requests after d, when a report the detector found
+// saturated has gone stale: stale load is not saturated, and no report or dispatch end may come to
+// say so. One wake is pending at a time; a request refused after it fired arms the next.
+func (r *Router) wakeWhenStale(d time.Duration) {
+	if !r.staleWake.CompareAndSwap(false, true) {
+		return
+	}
+	time.AfterFunc(d, func() {
+		r.staleWake.Store(false)
+		for _, m := range r.models {
+			r.notify(m)
+		}
+	})
+}
+
+// classOf is a request's flow-control class (flowcontrol.Request.Class): requests with the same
+// buckets and affinity keys meet the same saturation.
+func classOf(buckets []*bucket.Bucket, req *bucket.Request) uint64 {
+	var h maphash.Hash
+	h.SetSeed(classSeed)
+	for _, b := range buckets {
+		h.WriteString(b.ID())
+		h.WriteByte(0)
+	}
+	h.WriteByte(1)
+	h.WriteString(req.SessionKey)
+	h.WriteByte(0)
+	h.WriteString(req.RoutingKey)
+	return h.Sum64()
+}
+
+var classSeed = maphash.MakeSeed()
+
+// cost is the service a request receives, in tokens: its expected peak (prompt + output budget)
+// when known, else its prompt.
+func cost(req *bucket.Request) uint64 {
+	if req.HasExpectedPeak {
+		return uint64(max(req.ExpectedPeakTokens, 0))
+	}
+	return uint64(max(req.InputTokens, 0))
+}
+
+// notify wakes the model's waiting requests, under flow control.
+func (r *Router) notify(model state.ModelID) {
+	if r != nil && r.fc != nil {
+		r.fc.Notify(model)
+	}
 }
 
 // maxSelectAttempts bounds how often Select runs the bucket loop again after concurrent
@@ -416,6 +601,9 @@ func (r *Router) RemoveEngine(id state.EngineID) {
 		_ = r.index.RemoveEngine(id) // an engine with no blocks is not an error here
 	}
 	r.inflight.Remove(id)
+	for _, m := range r.models {
+		r.notify(m)
+	}
 }
 
 // Resolver returns the model's resolver, or false for a model the Router does not serve.

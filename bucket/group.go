@@ -167,6 +167,36 @@ func (g *EngineGroup) pick(ctx context.Context, registry state.Registry, req *po
 	return policy.Pick{}, &policy.OutsideCandidatesError{Engine: id}
 }
 
+// Engines appends to dst the healthy engines of the model that the bucket's group of stage s may
+// pick (docs/design.md §4), sorted by ID: for an *EngineGroup its members, for a host's own
+// GroupPicker every engine of the model and stage. PD compatibility is not applied. A stage the
+// bucket has no group for, or a nil registry, appends nothing. A Router's saturation detector
+// reads it (docs/design.md §17).
+func (b *Bucket) Engines(registry state.Registry, model state.ModelID, s state.Stage, dst []state.Engine) []state.Engine {
+	var g GroupPicker
+	switch s {
+	case state.StagePlain:
+		g = b.plain
+	case state.StagePrefill:
+		g = b.prefill
+	case state.StageDecode:
+		g = b.decode
+	}
+	if g == nil || registry == nil {
+		return dst
+	}
+	eg, ok := g.(*EngineGroup)
+	if !ok {
+		eg = &everyEngine
+	} else if eg.members != nil && len(eg.members) == 0 {
+		return dst
+	}
+	return eg.filter(dst, registry.Engines(model), &policy.Request{Model: model, Stage: s}, true)
+}
+
+// everyEngine filters for a host's GroupPicker: no membership.
+var everyEngine EngineGroup
+
 // filter appends to dst the engines of the request's model and stage that are members (and
 // healthy, when health is true), sorted by ID.
 func (g *EngineGroup) filter(dst, engines []state.Engine, req *policy.Request, health bool) []state.Engine {

@@ -1,6 +1,7 @@
 package bucket_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -182,4 +183,51 @@ func TestGroupPicksRaceRegistryChanges(t *testing.T) {
 		}
 		require.NotNil(t, pk.Engine)
 	}
+}
+
+// hostPicker is a GroupPicker that is not an *EngineGroup.
+type hostPicker struct{}
+
+func (hostPicker) Pick(context.Context, state.Registry, *policy.Request) (policy.Pick, error) {
+	return policy.Pick{}, policy.ErrNoCandidates
+}
+
+func TestBucketEngines(t *testing.T) {
+	t.Parallel()
+	down := eng("down", state.StagePlain)
+	down.SetHealthy(false)
+	reg := registry(eng("c", state.StagePlain), eng("a", state.StagePlain), eng("b", state.StagePlain), down,
+		state.NewStaticEngine("other-model", "n", state.StagePlain),
+		eng("p2", state.StagePrefill), eng("p1", state.StagePrefill), eng("d1", state.StageDecode))
+	listed := plainBucket(bucket.Spec{ID: "listed"}, group(first(), "c", "a", "missing", "down"))
+	all := plainBucket(bucket.Spec{ID: "all"}, allGroup(first()))
+	none := plainBucket(bucket.Spec{ID: "none"}, group(first(), []state.EngineID{}...))
+	host := plainBucket(bucket.Spec{ID: "host"}, hostPicker{})
+	pd := pdBucket(bucket.Spec{ID: "pd"}, allGroup(first()), allGroup(first()))
+	engineIDs := func(es []state.Engine) []state.EngineID {
+		out := []state.EngineID{}
+		for _, e := range es {
+			out = append(out, e.ID())
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		b     *bucket.Bucket
+		stage state.Stage
+		reg   state.Registry
+		want  []state.EngineID
+	}{
+		{listed, state.StagePlain, reg, []state.EngineID{"a", "c"}},
+		{all, state.StagePlain, reg, []state.EngineID{"a", "b", "c"}},
+		{none, state.StagePlain, reg, []state.EngineID{}},
+		{host, state.StagePlain, reg, []state.EngineID{"a", "b", "c"}},
+		{pd, state.StagePrefill, reg, []state.EngineID{"p1", "p2"}},
+		{pd, state.StageDecode, reg, []state.EngineID{"d1"}},
+		{pd, state.StagePlain, reg, []state.EngineID{}},
+		{all, state.StageDecode, reg, []state.EngineID{}},
+		{all, state.StagePlain, nil, []state.EngineID{}},
+	} {
+		assert.Equal(t, tc.want, engineIDs(tc.b.Engines(tc.reg, "m", tc.stage, nil)), "%s %s", tc.b.ID(), tc.stage)
+	}
+	assert.Len(t, all.Engines(reg, "m", state.StagePlain, make([]state.Engine, 1, 8)), 4, "appends to dst")
 }

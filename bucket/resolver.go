@@ -86,6 +86,11 @@ type Request struct {
 	// request with new(kvindex.Memo). Nil means no memo: each cache-aware pick looks up its source
 	// itself (enginepick.Router.Select supplies one).
 	Memo *kvindex.Memo
+	// Priority and Flow place the request in a Router's flow control (docs/design.md §17): its
+	// priority band (higher first) and its fairness key (a tenant, an API key; empty is one flow
+	// like any other). Without flow control they are ignored.
+	Priority int
+	Flow     string
 }
 
 // ResolverOptions configures SLO ordering. The zero value disables both preferences.

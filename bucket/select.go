@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -120,10 +121,12 @@ func appendRejections(dst []*policy.AdmissionRejectedError, err error) []*policy
 }
 
 // StatusCode maps a selection error to the HTTP status a gateway returns (docs/design.md §16):
-// nil 200; ErrNoMatchingBucket 400; ErrUnknownModel 404; context.Canceled 499 (client closed
-// request); context.DeadlineExceeded 504; exhaustion, no candidates or admission rejection 503;
-// invalid signal, invalid configuration, a foreign pick, or anything else 500.
+// nil 200; ErrNoMatchingBucket 400; ErrUnknownModel 404; a *flowcontrol.RejectedError 429 (its
+// RetryAfter is the Retry-After hint); flowcontrol.ErrTimeout 503; context.Canceled 499 (client
+// closed request); context.DeadlineExceeded 504; exhaustion, no candidates or admission rejection
+// 503; invalid signal, invalid configuration, a foreign pick, or anything else 500.
 func StatusCode(err error) int {
+	var rejected *flowcontrol.RejectedError
 	switch {
 	case err == nil:
 		return http.StatusOK
@@ -131,6 +134,10 @@ func StatusCode(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, ErrUnknownModel):
 		return http.StatusNotFound
+	case errors.As(err, &rejected):
+		return http.StatusTooManyRequests
+	case errors.Is(err, flowcontrol.ErrTimeout):
+		return http.StatusServiceUnavailable
 	case errors.Is(err, context.Canceled):
 		return 499
 	case errors.Is(err, context.DeadlineExceeded):

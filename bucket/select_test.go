@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -245,6 +246,10 @@ func TestStatusCode(t *testing.T) {
 		{&policy.OutsideCandidatesError{}, http.StatusInternalServerError},
 		{context.DeadlineExceeded, http.StatusGatewayTimeout},
 		{errors.New("other"), http.StatusInternalServerError},
+		{fmt.Errorf("x: %w", &flowcontrol.RejectedError{Reason: "queue_full"}), http.StatusTooManyRequests},
+		{errors.Join(&flowcontrol.RejectedError{Reason: "sheddable"}, &bucket.ExhaustedError{Last: policy.ErrNoCandidates}), http.StatusTooManyRequests},
+		{fmt.Errorf("x: %w", flowcontrol.ErrTimeout), http.StatusServiceUnavailable},
+		{fmt.Errorf("x: %w", errors.Join(context.DeadlineExceeded, &bucket.ExhaustedError{})), http.StatusGatewayTimeout},
 	}
 	for _, tt := range tests {
 		assert.Equal(t, tt.want, bucket.StatusCode(tt.err), "StatusCode(%v)", tt.err)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -183,7 +184,12 @@ type Table struct {
 	entries map[state.EngineID]*engineEntry
 	view    atomic.Pointer[tableView]
 	version uint64
+	// subs is the OnChange callbacks; nil until the first one (replaced as a whole under mu).
+	subs atomic.Pointer[[]*subscription]
 }
+
+// subscription is one OnChange callback; its pointer identifies it for removal.
+type subscription struct{ fn func(state.EngineID) }
 
 type tableView struct {
 	version uint64
@@ -244,12 +250,14 @@ func (t *Table) Report(r Report) error {
 	}
 	now := t.now()
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if err := t.checkRankLocked(&r); err != nil {
+		t.mu.Unlock()
 		return err
 	}
 	e := t.applyLocked(&r, now)
 	t.recompute(r.Engine, e)
+	t.mu.Unlock()
+	t.notify(r.Engine)
 	return nil
 }
 
@@ -275,9 +283,9 @@ func (t *Table) ReportBatch(reports []Report) error {
 	}
 	now := t.now()
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	for i := range reports {
 		if err := t.checkRankLocked(&reports[i]); err != nil {
+			t.mu.Unlock()
 			return err
 		}
 	}
@@ -285,18 +293,74 @@ func (t *Table) ReportBatch(reports []Report) error {
 		t.applyLocked(&reports[i], now)
 	}
 	for i := range reports {
-		first := true
-		for j := range i {
-			if reports[j].Engine == reports[i].Engine {
-				first = false
-				break
-			}
-		}
-		if first {
+		if firstOfEngine(reports, i) {
 			t.recompute(reports[i].Engine, t.entries[reports[i].Engine])
 		}
 	}
+	t.mu.Unlock()
+	if t.subs.Load() != nil {
+		for i := range reports {
+			if firstOfEngine(reports, i) {
+				t.notify(reports[i].Engine)
+			}
+		}
+	}
 	return nil
+}
+
+// firstOfEngine reports whether reports[i] is the first report of its engine in reports.
+func firstOfEngine(reports []Report, i int) bool {
+	for j := range i {
+		if reports[j].Engine == reports[i].Engine {
+			return false
+		}
+	}
+	return true
+}
+
+// OnChange registers fn to be called with the engine's ID after every change to an engine's
+// reports: once per engine a Report, ReportBatch or Forget changed, after the change is visible to
+// Snapshot, on the caller's goroutine and outside the table's lock. fn must be quick and must not
+// block (a Router with flow control wakes its waiting requests with it, docs/design.md §17); it
+// may call the table. The returned function removes fn; calling it again does nothing. Without
+// callbacks, reports pay one atomic load for this.
+func (t *Table) OnChange(fn func(engine state.EngineID)) (remove func()) {
+	s := &subscription{fn: fn}
+	t.mu.Lock()
+	var next []*subscription
+	if old := t.subs.Load(); old != nil {
+		next = append(next, *old...)
+	}
+	next = append(next, s)
+	t.subs.Store(&next)
+	t.mu.Unlock()
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		old := t.subs.Load()
+		if old == nil {
+			return
+		}
+		i := slices.Index(*old, s)
+		if i < 0 {
+			return
+		}
+		if len(*old) == 1 {
+			t.subs.Store(nil)
+			return
+		}
+		next := slices.Delete(slices.Clone(*old), i, i+1)
+		t.subs.Store(&next)
+	}
+}
+
+// notify calls the OnChange callbacks for the engine. Callers do not hold t.mu.
+func (t *Table) notify(engine state.EngineID) {
+	if subs := t.subs.Load(); subs != nil {
+		for _, s := range *subs {
+			s.fn(engine)
+		}
+	}
 }
 
 // checkReport validates what a report says about itself; it takes no lock.
@@ -363,12 +427,14 @@ func (t *Table) applyLocked(r *Report, now time.Time) *engineEntry {
 // report starts a new engine with one expected rank.
 func (t *Table) Forget(engine state.EngineID) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if _, ok := t.entries[engine]; !ok {
+		t.mu.Unlock()
 		return
 	}
 	delete(t.entries, engine)
 	t.publish(engine, nil)
+	t.mu.Unlock()
+	t.notify(engine)
 }
 
 // recompute aggregates the engine's ranks and publishes the result. Callers hold t.mu.

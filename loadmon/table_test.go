@@ -376,3 +376,35 @@ func TestReportedIgnoresFreshness(t *testing.T) {
 	_, ok = loadmon.Snapshot{}.Reported("e")
 	assert.False(t, ok)
 }
+
+// OnChange callbacks run once per changed engine, after the change is visible, and never for a
+// refused report; a removed callback runs no more.
+func TestOnChange(t *testing.T) {
+	t.Parallel()
+	tab := loadmon.NewTable()
+	var mu sync.Mutex
+	var seen []string
+	removeA := tab.OnChange(func(e state.EngineID) {
+		_, visible := tab.Snapshot().Reported(e)
+		mu.Lock()
+		seen = append(seen, fmt.Sprintf("a:%s:%v", e, visible))
+		mu.Unlock()
+	})
+	removeB := tab.OnChange(func(e state.EngineID) {
+		mu.Lock()
+		seen = append(seen, "b:"+string(e))
+		mu.Unlock()
+	})
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "e1", WaitingRequests: 1}))
+	require.NoError(t, tab.Expect("e2", 2))
+	require.NoError(t, tab.ReportBatch([]loadmon.Report{{Engine: "e2", DPRank: 0}, {Engine: "e1"}, {Engine: "e2", DPRank: 1}}))
+	require.ErrorIs(t, tab.Report(loadmon.Report{Engine: "e1", DPRank: 3}), loadmon.ErrRankOutOfRange)
+	require.Error(t, tab.ReportBatch([]loadmon.Report{{Engine: "e1"}, {Engine: "e1"}}))
+	removeB()
+	removeB()
+	tab.Forget("e1")
+	tab.Forget("e1") // not known any more: no change
+	removeA()
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "e1"}))
+	assert.Equal(t, []string{"a:e1:true", "b:e1", "a:e2:true", "b:e2", "a:e1:true", "b:e1", "a:e1:false"}, seen)
+}

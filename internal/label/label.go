@@ -71,6 +71,13 @@ const (
 	FailError                = "error"
 )
 
+// Reasons of a flow-control rejection (flowcontrol.RejectedError.Reason; docs/design.md §17).
+const (
+	FlowQueueFull = "queue_full"
+	FlowDisplaced = "displaced"
+	FlowSheddable = "sheddable"
+)
+
 // Failures lists every failure reason.
 var Failures = []string{FailNoMatchingBucket, FailUnknownModel, FailAdmissionRejected, FailNoCandidates, FailInvalidSignal,
 	FailInvalidConfiguration, FailOutsideCandidates, FailCanceled, FailDeadlineExceeded, FailError}

@@ -1,0 +1,449 @@
+package flowcontrol
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/enginepick/enginepick/internal/label"
+)
+
+// queue is one model's waiting requests.
+//
+// The pass: a waiting request is tried only when it holds the turn (holder), which one request
+// holds at a time. advanceLocked gives the turn to the first eligible request in order; a refused
+// request marks its class refused for the current epoch (Notify increments it), which makes the
+// class's other requests ineligible until the next Notify. The pass ends when no request is
+// eligible, and the next Notify starts another.
+type queue struct {
+	c       *Controller
+	epoch   atomic.Uint64 // capacity events (Notify)
+	waiting atomic.Int64  // len of the queue, readable without mu
+	busy    atomic.Bool   // holder != nil, readable without mu
+
+	mu      sync.Mutex
+	bands   []band // as c.bands
+	n       int
+	seq     uint64
+	holder  *waiter
+	classes map[uint64]int // waiting requests per class
+	refused map[uint64]struct{}
+	// refusedEpoch is the epoch refused belongs to; a newer epoch empties it.
+	refusedEpoch uint64
+
+	// Attained service is kept scaled: a flow's service is flow.service × 2^−(now−base)/halfLife,
+	// so that decay changes no flow's order and only a charge needs arithmetic. served is the
+	// dispatches, decayed the same way (RetryAfter's rate).
+	flows      map[string]*flow
+	base       time.Time
+	dispatched float64
+	sweepAt    int
+}
+
+// band is one band's waiting requests of a queue.
+type band struct {
+	n           int
+	active      flowHeap // flows with waiting requests in the band, least service ÷ weight first
+	first, last *waiter  // arrival order, for displacement
+}
+
+// flow is one fairness key's state in a queue.
+type flow struct {
+	weight  float64
+	service float64  // scaled, see queue
+	qs      []*flowQ // per band, nil until used
+	active  int      // bands where the flow has waiting requests
+}
+
+// flowQ is one flow's waiting requests in one band, first come first served.
+type flowQ struct {
+	f          *flow
+	band       int
+	head, tail *waiter
+	idx        int // in the band's heap, −1 when empty
+}
+
+type signal uint8
+
+const (
+	sigTurn signal = iota + 1
+	sigDisplaced
+)
+
+// waiter is one waiting request.
+type waiter struct {
+	req          Request
+	fq           *flowQ
+	seq          uint64
+	prev, next   *waiter // in fq
+	bprev, bnext *waiter // in the band's arrival order
+	ch           chan signal
+	queued       bool
+	turnEpoch    uint64
+	displaced    error // set before sigDisplaced
+}
+
+func newQueue(c *Controller) *queue {
+	q := &queue{c: c, bands: make([]band, len(c.bands)), classes: map[uint64]int{}, refused: map[uint64]struct{}{},
+		flows: map[string]*flow{}, base: c.now(), sweepAt: 1024}
+	return q
+}
+
+// wait is a queued request's loop: its turns, its end.
+func (q *queue) wait(ctx context.Context, w *waiter, b *Band, attempt func() (bool, error)) error {
+	var expired <-chan time.Time
+	if b.TTL > 0 {
+		t := time.NewTimer(b.TTL)
+		defer t.Stop()
+		expired = t.C
+	}
+	for {
+		select {
+		case s := <-w.ch:
+			if s == sigDisplaced {
+				return w.displaced
+			}
+			saturated, err := attempt()
+			q.mu.Lock()
+			q.holder = nil
+			q.busy.Store(false)
+			if !saturated {
+				q.removeLocked(w)
+				if err == nil {
+					q.servedLocked(&w.req)
+				}
+				q.advanceLocked()
+				q.mu.Unlock()
+				return err
+			}
+			q.refusedLocked(w.req.Class, w.turnEpoch)
+			q.advanceLocked()
+			q.mu.Unlock()
+		case <-ctx.Done():
+			return q.leave(w, fmt.Errorf("flowcontrol: gave up waiting: %w", ctx.Err()))
+		case <-expired:
+			return q.leave(w, fmt.Errorf("%w after %v in band %d", ErrTimeout, b.TTL, b.Priority))
+		}
+	}
+}
+
+// leave removes a request whose wait ended, passing its turn on if it held it.
+func (q *queue) leave(w *waiter, err error) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !w.queued {
+		return w.displaced // displaced meanwhile
+	}
+	q.removeLocked(w)
+	if q.holder == w {
+		q.holder = nil
+		q.busy.Store(false)
+		q.advanceLocked()
+	}
+	return err
+}
+
+// refusedLocked records that a request of class was refused at epoch; a refusal from an older
+// epoch (capacity may have freed since) records nothing.
+func (q *queue) refusedLocked(class, epoch uint64) {
+	cur := q.epoch.Load()
+	if epoch != cur {
+		return
+	}
+	if q.refusedEpoch != cur {
+		clear(q.refused)
+		q.refusedEpoch = cur
+	}
+	q.refused[class] = struct{}{}
+}
+
+// isRefused reports whether class was refused in the current epoch.
+func (q *queue) isRefused(class uint64) bool {
+	if q.refusedEpoch != q.epoch.Load() {
+		return false
+	}
+	_, ok := q.refused[class]
+	return ok
+}
+
+// advanceLocked gives the turn to the next eligible request, unless one holds it.
+func (q *queue) advanceLocked() {
+	if q.holder != nil || q.n == 0 {
+		return
+	}
+	w := q.nextLocked()
+	if w == nil {
+		return
+	}
+	q.holder = w
+	q.busy.Store(true)
+	w.turnEpoch = q.epoch.Load()
+	w.ch <- sigTurn // buffered, and empty: a queued request has no signal pending
+}
+
+// nextLocked returns the first eligible request in order (band, least service ÷ weight, arrival),
+// or nil when every waiting request's class was refused in this epoch.
+func (q *queue) nextLocked() *waiter {
+	if q.refusedEpoch != q.epoch.Load() || len(q.refused) == 0 {
+		for i := range q.bands {
+			if b := &q.bands[i]; b.n > 0 {
+				return b.active[0].head
+			}
+		}
+		return nil
+	}
+	blocked := true
+	for class := range q.classes {
+		if _, ok := q.refused[class]; !ok {
+			blocked = false
+			break
+		}
+	}
+	if blocked {
+		return nil
+	}
+	for i := range q.bands {
+		var best *waiter
+		var bestQ *flowQ
+		for _, fq := range q.bands[i].active {
+			if bestQ != nil && !fq.before(bestQ) {
+				continue
+			}
+			for w := fq.head; w != nil; w = w.next {
+				if _, ok := q.refused[w.req.Class]; !ok {
+					best, bestQ = w, fq
+					break
+				}
+			}
+		}
+		if best != nil {
+			return best
+		}
+	}
+	return nil
+}
+
+// enqueueLocked queues the request in band bi, displacing the newest request of a lower band when
+// the queue is full; it returns a *RejectedError when the request cannot be queued.
+func (q *queue) enqueueLocked(r *Request, bi int) (*waiter, error) {
+	cfg := &q.c.bands[bi]
+	if cfg.MaxQueued > 0 && q.bands[bi].n >= cfg.MaxQueued {
+		return nil, q.rejectedLocked(label.FlowQueueFull, bi)
+	}
+	if q.n >= q.c.maxQueued {
+		v := q.victimLocked(bi)
+		if v == nil {
+			return nil, q.rejectedLocked(label.FlowQueueFull, bi)
+		}
+		vb := v.fq.band
+		q.removeLocked(v)
+		v.displaced = q.rejectedLocked(label.FlowDisplaced, vb)
+		v.ch <- sigDisplaced
+	}
+	f := q.flowLocked(r.Flow)
+	if f.qs[bi] == nil {
+		f.qs[bi] = &flowQ{f: f, band: bi, idx: -1}
+	}
+	fq := f.qs[bi]
+	q.seq++
+	w := &waiter{req: *r, fq: fq, seq: q.seq, ch: make(chan signal, 1), queued: true}
+	if fq.tail == nil {
+		fq.head, fq.tail = w, w
+		heap.Push(&q.bands[bi].active, fq)
+		f.active++
+	} else {
+		w.prev, fq.tail.next = fq.tail, w
+		fq.tail = w
+	}
+	b := &q.bands[bi]
+	if b.last == nil {
+		b.first, b.last = w, w
+	} else {
+		w.bprev, b.last.bnext = b.last, w
+		b.last = w
+	}
+	b.n++
+	q.n++
+	q.waiting.Add(1)
+	q.classes[r.Class]++
+	return w, nil
+}
+
+// victimLocked returns the newest request of the lowest non-empty band below band bi that does not
+// hold the turn, or nil.
+func (q *queue) victimLocked(bi int) *waiter {
+	for i := len(q.bands) - 1; i > bi; i-- {
+		for w := q.bands[i].last; w != nil; w = w.bprev {
+			if w != q.holder {
+				return w
+			}
+		}
+	}
+	return nil
+}
+
+// removeLocked takes a queued request out of the queue.
+func (q *queue) removeLocked(w *waiter) {
+	fq := w.fq
+	b := &q.bands[fq.band]
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		fq.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		fq.tail = w.prev
+	}
+	switch {
+	case fq.head == nil:
+		heap.Remove(&b.active, fq.idx)
+		fq.f.active--
+	case w.prev == nil:
+		heap.Fix(&b.active, fq.idx) // a new head: a new tie-break
+	}
+	if w.bprev != nil {
+		w.bprev.bnext = w.bnext
+	} else {
+		b.first = w.bnext
+	}
+	if w.bnext != nil {
+		w.bnext.bprev = w.bprev
+	} else {
+		b.last = w.bprev
+	}
+	w.prev, w.next, w.bprev, w.bnext = nil, nil, nil, nil
+	w.queued = false
+	b.n--
+	q.n--
+	q.waiting.Add(-1)
+	if q.classes[w.req.Class]--; q.classes[w.req.Class] == 0 {
+		delete(q.classes, w.req.Class)
+	}
+}
+
+// servedDirect charges a request served at its first attempt. When its class was refused in this
+// epoch, capacity freed without a Notify: it starts a pass.
+func (q *queue) servedDirect(r *Request) {
+	q.mu.Lock()
+	q.servedLocked(r)
+	if q.n > 0 && q.isRefused(r.Class) {
+		q.epoch.Add(1)
+		q.advanceLocked()
+	}
+	q.mu.Unlock()
+}
+
+// servedLocked charges the request's cost to its flow and counts the dispatch.
+func (q *queue) servedLocked(r *Request) {
+	s := q.scaleLocked()
+	f := q.flowLocked(r.Flow)
+	f.service += float64(max(r.Cost, 1)) * s
+	q.dispatched += s
+	if f.active > 0 {
+		for _, fq := range f.qs {
+			if fq != nil && fq.idx >= 0 {
+				heap.Fix(&q.bands[fq.band].active, fq.idx)
+			}
+		}
+	}
+}
+
+// renormalizeAt bounds the scale's exponent: beyond it every scaled value is divided by 2^k.
+const renormalizeAt = 512
+
+// scaleLocked returns 2^((now − base) ÷ halfLife), renormalizing the scaled values first when the
+// exponent grows past renormalizeAt.
+func (q *queue) scaleLocked() float64 {
+	x := float64(q.c.now().Sub(q.base)) / float64(q.c.halfLife)
+	if x > renormalizeAt {
+		k := math.Floor(x)
+		d := math.Exp2(-k)
+		for _, f := range q.flows {
+			f.service *= d
+		}
+		q.dispatched *= d
+		q.base = q.base.Add(time.Duration(k * float64(q.c.halfLife)))
+		x -= k
+	}
+	return math.Exp2(x)
+}
+
+// flowLocked returns the flow of key, creating it; creating one past sweepAt first forgets the
+// idle flows whose service has decayed below one token.
+func (q *queue) flowLocked(key string) *flow {
+	if f := q.flows[key]; f != nil {
+		return f
+	}
+	if len(q.flows) >= q.sweepAt {
+		s := q.scaleLocked()
+		for k, f := range q.flows {
+			if f.active == 0 && f.service < s {
+				delete(q.flows, k)
+			}
+		}
+		q.sweepAt = max(1024, 2*len(q.flows))
+	}
+	w := 1.0
+	if q.c.weight != nil {
+		if v := q.c.weight(key); v > 0 && !math.IsInf(v, 0) {
+			w = v
+		}
+	}
+	f := &flow{weight: w, qs: make([]*flowQ, len(q.bands))}
+	q.flows[key] = f
+	return f
+}
+
+// rejectedLocked builds the rejection of a request of band bi, with its retry hint.
+func (q *queue) rejectedLocked(reason string, bi int) *RejectedError {
+	ahead := 0
+	for i := 0; i <= bi; i++ {
+		ahead += q.bands[i].n
+	}
+	retry := time.Second
+	// A steady rate λ of dispatches keeps the decayed count at λ × halfLife ÷ ln 2.
+	if count := q.dispatched / q.scaleLocked(); count > 0 {
+		rate := count * math.Ln2 / q.c.halfLife.Seconds()
+		retry = min(max(time.Duration(float64(ahead)/rate*float64(time.Second)), time.Second), time.Minute)
+	}
+	return &RejectedError{Reason: reason, Priority: q.c.bands[bi].Priority, RetryAfter: retry}
+}
+
+// before reports whether fq is served before o: less attained service ÷ weight, then the older
+// head.
+func (fq *flowQ) before(o *flowQ) bool {
+	a, b := fq.f.service/fq.f.weight, o.f.service/o.f.weight
+	if a != b {
+		return a < b
+	}
+	return fq.head.seq < o.head.seq
+}
+
+// flowHeap orders a band's active flows (container/heap).
+type flowHeap []*flowQ
+
+func (h flowHeap) Len() int           { return len(h) }
+func (h flowHeap) Less(i, j int) bool { return h[i].before(h[j]) }
+func (h flowHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].idx, h[j].idx = i, j
+}
+func (h *flowHeap) Push(x any) {
+	fq := x.(*flowQ)
+	fq.idx = len(*h)
+	*h = append(*h, fq)
+}
+func (h *flowHeap) Pop() any {
+	old := *h
+	fq := old[len(old)-1]
+	old[len(old)-1] = nil
+	fq.idx = -1
+	*h = old[:len(old)-1]
+	return fq
+}
