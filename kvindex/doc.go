@@ -38,6 +38,11 @@
 // table, 125,000 expected holder blocks a 2 MiB table per holder. Too high costs the difference
 // for good; too low, the tables grow.
 //
+// On Linux the index asks the kernel to back its arrays of 4 MiB or more with transparent huge
+// pages (MADV_HUGEPAGE), whose first touch costs less per byte than 4 KiB pages'. Under the
+// madvise policy, resident memory may then exceed the heap by partly used 2 MiB regions;
+// GODEBUG=disablethp=1 turns the advice off.
+//
 // # Keys and blocks
 //
 // A block is BlockTokens consecutive tokens of a prompt; only full blocks have keys. Key i depends
