@@ -216,7 +216,7 @@ type KVEventsEndpoint struct {
 	Bind bool `json:"bind,omitempty"`
 }
 
-// LoadEndpoint is an engine's load page (docs/design.md §13.1).
+// LoadEndpoint is an engine's load page (docs/design.md §13.2).
 type LoadEndpoint struct {
 	// URL is the absolute http or https URL of the page. Required.
 	URL string `json:"url"`

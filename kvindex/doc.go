@@ -2,8 +2,8 @@
 //
 // Start with NewHasher (the engines' block size in tokens), NewIndex and NewLocalSource, and give
 // the source to policy.NewCacheAware; feed the index with package kvindex/kvevents, which
-// subscribes to the engines' KV events. Size Options.MaxBlocks to the fleet (docs/performance.md,
-// "Sizing MaxBlocks"). A host with a shared prefix indexer uses NewRemoteSource instead.
+// subscribes to the engines' KV events. Size Options.MaxBlocks to the fleet ("Sizing MaxBlocks",
+// below). A host with a shared prefix indexer uses NewRemoteSource instead.
 //
 // The index hashes token IDs into chained 64-bit block keys (Hasher), keeps a radix tree of which
 // engines hold which blocks, per DP rank and storage tier (Index), applies KV events (Store,
@@ -21,6 +21,27 @@
 // It never reproduces an engine's own block hashes, which it keeps only as opaque IDs for parent
 // links and removals; and it does not choose engines: the cache-aware policy reads per-engine
 // match depths from a Source and decides. Its memory bound is a block cap, not a byte budget.
+//
+// # Sizing MaxBlocks
+//
+// Options.MaxBlocks (kv.max_blocks in a configuration) should cover the distinct blocks the fleet
+// holds: at most the sum over engines of KV capacity in tokens ÷ BlockTokens, over every tier the
+// engines report (device, and host or disk when they offload), less what engines share. The index
+// takes about 66 bytes per block plus 35 per (block, engine) pair (the fit of BenchmarkMemory,
+// docs/performance.md). For example, 16 engines of 2,000,000 KV tokens with 16-token blocks hold
+// at most 2,000,000 blocks and pairs, 202 MB, which the default of 4,194,304 blocks covers
+// twice; with host offload of 4 times the device capacity, set 10,485,760: about 1 GB at worst.
+//
+// To allocate up front, set Options.ExpectedBlocks (kv.expected_blocks) to the blocks the full
+// fleet holds and Options.ExpectedHolderBlocks (kv.expected_holder_blocks) to one holder's KV
+// capacity in blocks (one DP rank's, with DP ranks): 2,000,000 expected blocks take a 64 MiB key
+// table, 125,000 expected holder blocks a 2 MiB table per holder. Too high costs the difference
+// for good; too low, the tables grow.
+//
+// On Linux the index asks the kernel to back its arrays of 4 MiB or more with transparent huge
+// pages (MADV_HUGEPAGE), whose first touch costs less per byte than 4 KiB pages'. Under the
+// madvise policy, resident memory may then exceed the heap by partly used 2 MiB regions;
+// GODEBUG=disablethp=1 turns the advice off.
 //
 // # Keys and blocks
 //

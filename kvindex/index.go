@@ -47,10 +47,10 @@ type Options struct {
 	// applied the count may exceed the cap by that event's own new blocks; the cap holds again
 	// when Store returns. 0 means 4,194,304 blocks (2^22: 64 Mi tokens at 16 tokens per block);
 	// negative or above 2^32−2 is an error.
-	// docs/performance.md ("Sizing MaxBlocks") says how to size it.
+	// The package documentation ("Sizing MaxBlocks") says how to size it.
 	MaxBlocks int
 	// ExpectedBlocks is how many blocks the index is expected to hold when full: the fleet's
-	// distinct blocks, at most MaxBlocks (docs/performance.md, "Sizing MaxBlocks"). NewIndex then
+	// distinct blocks, at most MaxBlocks (package documentation, "Sizing MaxBlocks"). NewIndex then
 	// allocates the key → block table for that many blocks (the least power of two of slots at
 	// least 4/3 of it, 16 bytes a slot: 21 to 43 bytes per expected block, from the start), and
 	// the table never shrinks below it, so filling the index never grows and rehashes it. 0 means

@@ -51,7 +51,7 @@ const (
 	scaleQueryTokens   = 8192
 	scaleSmallRequests = 400
 	// scaleMaxBlocks sizes Options.MaxBlocks above the full workload's 5,662,916 blocks, so that
-	// nothing is evicted (docs/performance.md, "Sizing MaxBlocks").
+	// nothing is evicted (package documentation, "Sizing MaxBlocks").
 	scaleMaxBlocks = 8 << 20
 	// scaleCappedBlocks is the cap of the full workload's capped ingest
 	// (BenchmarkScale/ingest-capped; the small workload's is a third of its blocks): below the
@@ -257,8 +257,8 @@ func (w *scaleWorkload) newIndex(tb testing.TB) *kvindex.Index {
 
 // presizedOptions are the workload's Options with the tables sized for it up front: ExpectedBlocks
 // its distinct blocks, ExpectedHolderBlocks its (block, engine) pairs over the engines, rounded up,
-// as an operator would set them from the fleet's KV capacity (docs/performance.md, "Sizing
-// MaxBlocks").
+// as an operator would set them from the fleet's KV capacity (package
+// documentation, "Sizing MaxBlocks").
 func (w *scaleWorkload) presizedOptions() kvindex.Options {
 	c := countsFromHashIDs(w.reqs)
 	return kvindex.Options{MaxBlocks: scaleMaxBlocks, ExpectedBlocks: c[1], ExpectedHolderBlocks: (c[2] + scaleEngines - 1) / scaleEngines}

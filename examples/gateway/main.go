@@ -1,14 +1,3 @@
-// Command gateway is an OpenAI-compatible HTTP gateway that routes requests to vLLM and SGLang
-// engines with an enginepick.Router: POST /v1/chat/completions and /v1/completions (streams
-// relayed as they arrive), plain and PD (prefill/decode) engines, load polled from the engines'
-// own endpoints, GET /metrics, GET /healthz and GET /debug/kv (the prefix index and KV-event
-// streams, as JSON). Run
-//
-//	go run ./examples/gateway --engine url=http://127.0.0.1:8000,model=llama,kind=vllm
-//
-// and see --help for every flag, or give the engines in a YAML file with --engines-file, or run it
-// from a routing configuration file (the files under examples/configs, which examples/replay
-// -config replays too) with --config.
 package main
 
 import (

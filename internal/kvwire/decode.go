@@ -1,8 +1,8 @@
 // Package kvwire decodes the KV-event messages vLLM and SGLang publish: the ZMQ framing
 // [topic, sequence, msgpack payload] (ParseMessage) and the payload in every encoding the engines
 // have published (Decoder: tagged arrays of any length and tagged maps; signed, unsigned and bytes
-// block hashes). Package kvindex/kvevents uses it to follow publishers; the wire formats are
-// docs/design.md §13.1.
+// block hashes). Package kvindex/kvevents uses it to follow publishers, and its package
+// documentation ("Wire format") describes the messages.
 package kvwire
 
 import (

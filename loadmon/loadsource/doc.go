@@ -2,7 +2,8 @@
 // page (GET /metrics), SGLang's GET /get_load and GET /v1/loads. It holds one parser per format,
 // each turning a response body into per-DP-rank loadmon.Report values, and a Poller that fetches
 // every engine's endpoint on an interval (with a timeout and jitter) and records each successful
-// poll in the table as one all-or-nothing batch.
+// poll in the table as one all-or-nothing batch. Each Format constant names the series or fields
+// it reads and its upstream source.
 //
 // The rules are docs/design.md §13 and §6: a failed, malformed or timed-out poll records nothing,
 // so the engine's load goes stale and then unknown, never zero; a rank missing from a page is not
