@@ -60,10 +60,12 @@
 //	                 throughput ceiling of any routing (sim.ComputeCeiling). Each policy takes about 8
 //	                 replays, so under -sweep -limit defaults to 3000 requests (-limit 0: all)
 //	-slo D           TTFT p99 target of -sweep (default 10s)
-//	-workload SPEC   replay a generated workload instead of a trace: chats (short multi-turn chats)
-//	                 or prefix-groups (groups of requests sharing a long prefix), optionally with
-//	                 parameters, e.g. chats:conversations=500,rate=5 (sim.ParseWorkload,
-//	                 docs/traces.md); -speed then defaults to 1 and KV blocks are 16 tokens
+//	-workload SPEC   replay a generated workload instead of a trace: chats (short multi-turn chats),
+//	                 prefix-groups (groups of requests sharing a long prefix) or tenants (tenants
+//	                 with their own arrival rates, one heavy, and a critical priority band),
+//	                 optionally with parameters, e.g. chats:conversations=500,rate=5
+//	                 (sim.ParseWorkload, docs/traces.md); -speed then defaults to 1 and KV blocks
+//	                 are 16 tokens
 //	-workload-seed N random seed of -workload (default: -seed)
 //	-json            print the report as JSON instead of a table
 //	-admission JSON  per-engine admission caps, e.g. '{"max_waiting_requests": 32}' (default:
@@ -81,6 +83,11 @@
 //	                 The report has one row, named after the file (see sim.Routing)
 //	-model M         with -config: the model whose engines and buckets are replayed (default: the
 //	                 file's first model)
+//
+// When the requests name tenants or priority bands (the tenants workload), a second table follows
+// the first: per policy, each band and each tenant's requests, TTFT, E2E, output throughput, the
+// prompt and output tokens it was served by the last arrival, and Jain's fairness index of each
+// band (sim.TenantResult, sim.BandResult).
 //
 // A figure no request defines (every request of a policy rejected by admission, say) prints as
 // "n/a", and is null in -json output. After the table, a line starting "warning:" flags each
@@ -163,7 +170,9 @@ time to first token (TTFT) and end-to-end (E2E) latency quantiles in seconds of 
 output tokens per second, load imbalance (max ÷ mean requests per engine, 1 is even), the
 engines' mean share of time spent prefilling (prefill util) and prefilling or decoding (busy),
 and the requests dropped because admission rejected every engine (rejected, HTTP 503) or no
-bucket fits them (too long, HTTP 400). "n/a" marks a figure no request defines; a "warning:" line
+bucket fits them (too long, HTTP 400). When the requests name tenants (-workload tenants), a
+second table gives the same per priority band and tenant, with the tokens each was served by
+the last arrival and each band's Jain fairness index. "n/a" marks a figure no request defines; a "warning:" line
 after the table marks a policy whose run was overloaded (queues still growing when the trace
 ended), whose latencies measure that backlog, not routing. The same flags print the same bytes.
 

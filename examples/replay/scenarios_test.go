@@ -99,6 +99,7 @@ func TestRunWorkloads(t *testing.T) {
 	for _, tc := range []struct{ spec, name string }{
 		{"chats:conversations=40,turns=4", "chats:conversations=40,turns=4,rate=45,think=5s,shared-system=false (seed 1)"},
 		{"prefix-groups:requests=80", "prefix-groups:groups=150,prompts=5,prefix=6000,question=1200,output=1000,requests=80,rate=20 (seed 1)"},
+		{"tenants:duration=5s", "tenants:tenants=4,rate=25,heavy=10,critical=0.7,duration=5s (seed 1)"},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
 			var out, stderr bytes.Buffer
@@ -112,14 +113,17 @@ func TestRunWorkloads(t *testing.T) {
 			assert.Equal(t, sim.WorkloadBlockTokens, rep.Model.BlockTokens)
 			assert.Positive(t, rep.InfiniteCacheHitRate)
 			require.Len(t, rep.Results, 2)
+			tenants := strings.HasPrefix(tc.spec, sim.WorkloadTenants)
 			for _, r := range rep.Results {
 				assert.Equal(t, 60, r.Completed, r.Policy)
+				assert.Equal(t, tenants, r.Bands != nil, "per-band results for the tenants workload only")
 			}
 
 			out.Reset()
 			require.NoError(t, run(context.Background(), args[:len(args)-1], &out, &stderr, false))
 			assert.Contains(t, out.String(), "trace "+tc.name+": 60 requests")
 			assert.Contains(t, out.String(), "in 16-token blocks")
+			assert.Equal(t, tenants, strings.Contains(out.String(), "\nper priority band and tenant"), "the second table")
 		})
 	}
 }
@@ -163,7 +167,7 @@ func TestRunRejectsBadWorkloadFlags(t *testing.T) {
 		msg  string
 	}{
 		{[]string{"-workload", "chats:turns=0"}, `replay: sim: workload "chats:turns=0": turns="0": must be >= 1 (omit it for the default): invalid configuration`},
-		{[]string{"-workload", "sessions"}, `unknown workload "sessions" (known: chats, prefix-groups)`},
+		{[]string{"-workload", "sessions"}, `unknown workload "sessions" (known: chats, prefix-groups, tenants)`},
 		{[]string{"-workload", "chats:rate=1e-9"}, "passes MaxArrival"},
 		{[]string{"-workload", "chats", "-trace", "x.jsonl"}, "replay: -trace and -workload are exclusive"},
 		{[]string{"-workload-seed", "3"}, "replay: -workload-seed needs -workload"},

@@ -267,6 +267,7 @@ type resolved struct {
 	names        []string
 	factories    []PolicyFactory
 	routing      *routingPlan // nil unless Config.Routing is set
+	flows        *flowPlan    // nil unless some request names a tenant or a band
 }
 
 func (cfg *Config) resolve() (*resolved, error) {
@@ -342,6 +343,9 @@ func (cfg *Config) resolve() (*resolved, error) {
 		return nil, err
 	}
 	rc.requests = reqs
+	if err := rc.resolveTenants(); err != nil {
+		return nil, err
+	}
 	return rc, nil
 }
 

@@ -2,10 +2,13 @@ package sim
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"gonum.org/v1/gonum/floats"
@@ -107,6 +110,12 @@ type PolicyResult struct {
 	BusyUtilization float64 `json:"busy_utilization"`
 	// Overload tells whether the fleet kept up with the trace under this policy.
 	Overload Overload `json:"overload"`
+	// Tenants has one entry per tenant and priority band of the requests, by band (highest
+	// priority first), then in Trace.Tenants order; Bands one per band, in the same order. Both
+	// are nil, and absent from the JSON form, when no request names a tenant or a band
+	// (Request.Tenant, Request.Priority).
+	Tenants []TenantResult `json:"tenants,omitempty"`
+	Bands   []BandResult   `json:"bands,omitempty"`
 	// TTFTSamples is every completed request's TTFT in seconds, sorted ascending, for plots. It
 	// is not part of the JSON form.
 	TTFTSamples []float64 `json:"-"`
@@ -172,6 +181,9 @@ func (r *run) result() PolicyResult {
 		res.RequestsPerSecond = float64(r.finished) / span.Seconds()
 	}
 	res.Overload = r.overload()
+	if r.flows != nil {
+		res.Tenants, res.Bands = r.flowResults(span.Seconds())
+	}
 	counts := make([]float64, len(r.front))
 	var prefill, busy []float64
 	for k, e := range r.front {
@@ -316,7 +328,55 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	for _, warning := range rep.Warnings() {
 		fmt.Fprintln(bw, warning)
 	}
+	if err := rep.writeTenantTable(bw); err != nil {
+		return err
+	}
 	return bw.Flush()
+}
+
+// writeTenantTable writes, when the results have tenants, a blank line and a second table: per
+// policy, one row per priority band (highest first) followed by one row per tenant of the band:
+// requests, completed, TTFT p50/p99, E2E p99, output throughput, service within the arrival span
+// (millions of tokens), service ÷ weight, service ÷ fair share, and on band rows Jain's index of
+// the band's tenants (see TenantResult, BandResult).
+func (rep *Report) writeTenantTable(w io.Writer) error {
+	if !slices.ContainsFunc(rep.Results, func(r PolicyResult) bool { return r.Bands != nil }) {
+		return nil
+	}
+	fmt.Fprintln(w, "\nper priority band and tenant; service: prompt and output tokens served by the last arrival (M tokens), "+
+		"fair: its weighted max-min share of the band's service")
+	var table bytes.Buffer
+	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "policy\tband\ttenant\tweight\trequests\tcompleted\tTTFT p50\tp99\tE2E p99\tout tok/s\tservice\t÷ weight\t÷ fair\tJain\t")
+	row := func(policy string, band int, tenant, weight string, requests, completed int, def bool, ttft, e2e Latency, tps float64, service, perWeight, ratio, jain string) {
+		cells := []string{policy, strconv.Itoa(band), tenant, weight, strconv.Itoa(requests), strconv.Itoa(completed),
+			figure(def, "%.2f s", ttft.P50), figure(def, "%.2f s", ttft.P99), figure(def, "%.1f s", e2e.P99),
+			figure(def, "%.0f", tps), service, perWeight, ratio, jain}
+		fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
+	}
+	millions := func(tokens float64) string { return fmt.Sprintf("%.2f", tokens/1e6) }
+	for i := range rep.Results {
+		r := &rep.Results[i]
+		t := 0
+		for j := range r.Bands {
+			b := &r.Bands[j]
+			row(r.Policy, b.Priority, "(all)", "", b.Requests, b.Completed, b.Defined(), b.TTFT, b.E2E, b.OutputTokensPerSecond,
+				millions(float64(b.Service)), "", "", figure(b.FairnessDefined(), "%.3f", b.Fairness))
+			for ; t < len(r.Tenants) && r.Tenants[t].Priority == b.Priority; t++ {
+				x := &r.Tenants[t]
+				row(r.Policy, x.Priority, x.Tenant, fmt.Sprintf("%g", x.Weight), x.Requests, x.Completed, x.Defined(), x.TTFT, x.E2E,
+					x.OutputTokensPerSecond, millions(float64(x.Service)), millions(x.ServicePerWeight),
+					figure(x.FairShare > 0, "%.2f", float64(x.Service)/x.FairShare), "")
+			}
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for line := range strings.Lines(table.String()) {
+		fmt.Fprintln(w, strings.TrimRight(line, " \n")) // every cell is padded, the last ones too
+	}
+	return nil
 }
 
 // NotApplicable is how WriteTable prints an undefined figure (see PolicyResult).

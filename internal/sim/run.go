@@ -68,6 +68,7 @@ type run struct {
 	backlog    int           // requests routed to an engine that have not had their first token
 	backlogAll backlogWindow // samples over the whole arrival span
 	backlogEnd backlogWindow // samples over its last OverloadWindow fraction
+	flows      []flowStats   // per rc.flows key; nil when the requests name no tenant or band
 
 	// Buffers.
 	scratch []byte
@@ -209,6 +210,9 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 	r.pending = len(r.reqs)
 	r.ttft = make([]float64, 0, len(r.reqs))
 	r.e2e = make([]float64, 0, len(r.reqs))
+	if rc.flows != nil {
+		r.flows = make([]flowStats, len(rc.flows.keys))
+	}
 	return r, nil
 }
 
@@ -329,6 +333,9 @@ func (r *run) tick() error {
 func (r *run) arrive(k int) error {
 	if k+1 < len(r.reqs) {
 		r.schedule(r.reqs[k+1].arrival, evArrival, int32(k+1), 0)
+	}
+	if r.flows != nil && k == len(r.reqs)-1 {
+		r.measureService()
 	}
 	q := &r.reqs[k]
 	n := q.input
@@ -458,8 +465,12 @@ func (r *run) finish(q *reqState) error {
 	}
 	r.finished++
 	r.outputTok += int64(q.output)
-	r.ttft = append(r.ttft, (q.firstToken - q.arrival).Seconds())
-	r.e2e = append(r.e2e, (r.now - q.arrival).Seconds())
+	ttft, e2e := (q.firstToken - q.arrival).Seconds(), (r.now - q.arrival).Seconds()
+	r.ttft = append(r.ttft, ttft)
+	r.e2e = append(r.e2e, e2e)
+	if r.flows != nil {
+		r.recordFlow(q, ttft, e2e)
+	}
 	r.lastFinish = max(r.lastFinish, r.now)
 	r.drop()
 	if q.decode != nil {

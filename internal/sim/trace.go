@@ -146,6 +146,23 @@ type Request struct {
 	// Session is the request's conversation key when its source names one (a generated chat);
 	// "" otherwise. See SessionKey.
 	Session string
+	// Tenant names the tenant that sent the request when its source names one (the tenants
+	// workload); "" otherwise. Trace.Tenants gives its weight. The report accounts each tenant
+	// and priority band apart (PolicyResult.Tenants, PolicyResult.Bands).
+	Tenant string
+	// Priority is the request's priority band: a higher value is more urgent; 0 is the default
+	// band. Every request of a trace without bands has 0.
+	Priority int
+}
+
+// Tenant is one tenant of a trace: the name its requests carry in Request.Tenant, and its weight.
+type Tenant struct {
+	// Name is the tenant's name, unique in its trace and not "".
+	Name string
+	// Weight is the tenant's share of its priority band's service relative to the band's other
+	// tenants: two tenants of weights 1 and 2, both asking for more than they get, are owed
+	// service in the ratio 1 : 2. Finite and > 0.
+	Weight float64
 }
 
 // Segment is a run of synthetic prompt tokens: the first Tokens token IDs of the stream that
@@ -249,6 +266,10 @@ type Trace struct {
 	// Requests are the requests in file order, which is arrival order. Never empty for a Trace a
 	// reader returns.
 	Requests []Request
+	// Tenants lists the tenants the requests name (Request.Tenant), with their weights; nil when
+	// they name none. A tenant its requests name that is not listed has weight 1. Names must be
+	// unique and not "", weights finite and > 0 (Replay checks it).
+	Tenants []Tenant
 }
 
 // CacheStats counts how much of a trace's prompts an infinite prefix cache would already hold.
@@ -401,6 +422,7 @@ func (t *Trace) Clone() *Trace {
 	}
 	c := *t
 	c.Requests = slices.Clone(t.Requests)
+	c.Tenants = slices.Clone(t.Tenants)
 	ids, segs := 0, 0
 	for i := range t.Requests {
 		ids += len(t.Requests[i].HashIDs)

@@ -44,8 +44,8 @@ const WorkloadBlockTokens = 16
 // MaxWorkloadRequests bounds the requests a workload generates, and PrefixGroups' distinct prompts.
 const MaxWorkloadRequests = 1_000_000
 
-// ErrBadWorkload reports a workload spec that ParseWorkload cannot read, or a Chats or
-// PrefixGroups field out of range. It wraps state.ErrInvalidConfiguration.
+// ErrBadWorkload reports a workload spec that ParseWorkload cannot read, or a Chats,
+// PrefixGroups or Tenants field out of range. It wraps state.ErrInvalidConfiguration.
 var ErrBadWorkload = fmt.Errorf("sim: bad workload: %w", state.ErrInvalidConfiguration)
 
 // Sizes of a generated chat, in tokens: each conversation's system prompt is uniform in
@@ -177,7 +177,10 @@ const (
 //   - chats (Chats): conversations, turns (decimal integers), rate (conversations per second,
 //     a positive number), think (a Go duration such as 5s), shared-system (true or false);
 //   - prefix-groups (PrefixGroups): groups, prompts (per group), prefix, question, output (in
-//     tokens), requests (decimal integers), rate (requests per second).
+//     tokens), requests (decimal integers), rate (requests per second);
+//   - tenants (Tenants): tenants (a decimal integer), rate (each tenant's requests per second),
+//     heavy and critical (multiples of rate, numbers >= 0, 0 for none; by default
+//     DefaultTenantHeavy and DefaultTenantCritical), duration (a Go duration such as 60s).
 //
 // A number must be written without sign or spaces. Errors: a configuration error wrapping
 // ErrBadWorkload (and state.ErrInvalidConfiguration) that names the spec, the key and the rule:
@@ -202,8 +205,10 @@ func ParseWorkload(spec string) (Workload, error) {
 		w, err = p.chats()
 	case WorkloadPrefixGroups:
 		w, err = p.prefixGroups()
+	case WorkloadTenants:
+		w, err = p.tenants()
 	default:
-		return nil, p.fail("unknown workload %q (known: %s, %s)", name, WorkloadChats, WorkloadPrefixGroups)
+		return nil, p.fail("unknown workload %q (known: %s, %s, %s)", name, WorkloadChats, WorkloadPrefixGroups, WorkloadTenants)
 	}
 	if err != nil {
 		return nil, err
@@ -252,6 +257,15 @@ func (p *specParser) count(k, v string) (int, error) {
 		return 0, p.fail("%s=%q: must be >= 1 (omit it for the default)", k, v)
 	}
 	return n, nil
+}
+
+// multiple parses a non-negative finite number.
+func (p *specParser) multiple(k, v string) (float64, error) {
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(f >= 0) || math.IsInf(f, 1) {
+		return 0, p.fail("%s=%q: want a finite number >= 0", k, v)
+	}
+	return f, nil
 }
 
 // rate parses a positive finite number.
@@ -318,6 +332,37 @@ func (p *specParser) prefixGroups() (Workload, error) {
 		return nil, p.fail("%v", err)
 	}
 	return g, nil
+}
+
+func (p *specParser) tenants() (Workload, error) {
+	w := Tenants{Heavy: DefaultTenantHeavy, Critical: DefaultTenantCritical}
+	err := p.each([]string{"tenants", "rate", "heavy", "critical", "duration"}, func(k, v string) error {
+		var err error
+		switch k {
+		case "tenants":
+			w.Tenants, err = p.count(k, v)
+		case "rate":
+			w.Rate, err = p.rate(k, v)
+		case "heavy":
+			w.Heavy, err = p.multiple(k, v)
+		case "critical":
+			w.Critical, err = p.multiple(k, v)
+		case "duration":
+			w.Duration, err = time.ParseDuration(v)
+			if err != nil || w.Duration <= 0 {
+				return p.fail("%s=%q: want a positive duration such as 60s", k, v)
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	w = w.filled()
+	if err := w.validate(); err != nil {
+		return nil, p.fail("%v", err)
+	}
+	return w, nil
 }
 
 // filled returns c with zero fields replaced by their defaults.

@@ -52,6 +52,7 @@ func TestWorkloadDeterministicBySeed(t *testing.T) {
 		Chats{Conversations: 40, Turns: 3},
 		Chats{Conversations: 40, Turns: 3, SharedSystemPrompt: true},
 		PrefixGroups{Groups: 4, PromptsPerGroup: 3, PrefixTokens: 700, QuestionTokens: 90, Requests: 30},
+		Tenants{Tenants: 3, Rate: 2, Heavy: 5, Critical: 1, Duration: 5 * time.Second},
 	} {
 		t.Run(w.String(), func(t *testing.T) {
 			t.Parallel()
@@ -395,6 +396,10 @@ func TestParseWorkload(t *testing.T) {
 		{"prefix-groups", PrefixGroups{}.filled()},
 		{"prefix-groups:groups=32,prompts=32,prefix=2048,question=256,output=256,requests=100,rate=1e1",
 			PrefixGroups{Groups: 32, PromptsPerGroup: 32, PrefixTokens: 2048, QuestionTokens: 256, OutputTokens: 256, Requests: 100, Rate: 10}},
+		{"tenants", Tenants{Heavy: DefaultTenantHeavy, Critical: DefaultTenantCritical}.filled()},
+		{"tenants:heavy=0,critical=0", Tenants{}.filled()},
+		{"tenants:tenants=8,rate=2.5,heavy=1,critical=0.25,duration=90s",
+			Tenants{Tenants: 8, Rate: 2.5, Heavy: 1, Critical: 0.25, Duration: 90 * time.Second}},
 	}
 	for _, tt := range tests {
 		w, err := ParseWorkload(tt.spec)
@@ -407,6 +412,7 @@ func TestParseWorkload(t *testing.T) {
 	assert.Equal(t, "chats:conversations=5000,turns=5,rate=45,think=5s,shared-system=false", Chats{}.String())
 	assert.Equal(t, "prefix-groups:groups=150,prompts=5,prefix=6000,question=1200,output=1000,requests=3000,rate=20",
 		PrefixGroups{}.String())
+	assert.Equal(t, "tenants:tenants=4,rate=25,heavy=0,critical=0,duration=1m0s", Tenants{}.String())
 }
 
 func TestParseWorkloadRejects(t *testing.T) {
@@ -415,7 +421,7 @@ func TestParseWorkloadRejects(t *testing.T) {
 		spec, msg string
 	}{
 		{"", `unknown workload ""`},
-		{"chat", `unknown workload "chat" (known: chats, prefix-groups)`},
+		{"chat", `unknown workload "chat" (known: chats, prefix-groups, tenants)`},
 		{"chats:", `parameter "" is not key=value`},
 		{"chats:turns", `parameter "turns" is not key=value`},
 		{"chats:turns=2,", `parameter "" is not key=value`},
@@ -441,6 +447,17 @@ func TestParseWorkloadRejects(t *testing.T) {
 		{"prefix-groups:requests=1000001", `requests 1000001: must be in [1, 1000000]`},
 		{"prefix-groups:prompts=0", `prompts="0": must be >= 1`},
 		{"prefix-groups:rate=-2", `rate="-2": want a positive finite number`},
+		{"tenants:tenants=0", `tenants="0": must be >= 1`},
+		{"tenants:tenants=1001", `tenants 1001: must be in [1, 1000]`},
+		{"tenants:heavy=-1", `heavy="-1": want a finite number >= 0`},
+		{"tenants:critical=NaN", `critical="NaN": want a finite number >= 0`},
+		{"tenants:critical=inf", `critical="inf": want a finite number >= 0`},
+		{"tenants:rate=0", `rate="0": want a positive finite number`},
+		{"tenants:duration=0s", `duration="0s": want a positive duration`},
+		{"tenants:duration=9000h", `duration 9000h0m0s: must be in (0, 8760h0m0s]`},
+		{"tenants:tenants=1,heavy=0,critical=0", `no tenant sends`},
+		{"tenants:rate=1000,duration=1h", `49320000 requests expected: must be at most 500000`},
+		{"tenants:users=3", `unknown parameter "users" (known: tenants, rate, heavy, critical, duration)`},
 	}
 	for _, tt := range tests {
 		w, err := ParseWorkload(tt.spec)
@@ -476,6 +493,11 @@ func TestWorkloadGenerateRejects(t *testing.T) {
 		{PrefixGroups{Rate: math.NaN()}, nil},
 		{Chats{Conversations: 3, Turns: 1, Rate: 1e-8}, ErrOutOfRange},
 		{PrefixGroups{Requests: 2, Rate: 1e-8}, ErrOutOfRange},
+		{Tenants{Heavy: -1}, nil},
+		{Tenants{Rate: math.Inf(1)}, nil},
+		{Tenants{Critical: math.NaN()}, nil},
+		{Tenants{Tenants: 1}, nil},
+		{Tenants{Rate: 1e-9, Duration: time.Second}, nil}, // no request arrives
 	} {
 		tr, err := tt.w.Generate(1)
 		assert.Nil(t, tr)
@@ -493,7 +515,8 @@ func FuzzParseWorkload(f *testing.F) {
 	for _, s := range []string{"chats", "prefix-groups", "chats:turns=3,rate=2.5,think=1m30s,shared-system=1",
 		"prefix-groups:groups=32,prompts=32,prefix=2048,question=256,output=256", "chats:", "chats:turns",
 		"chats:turns=0", "chats:rate=1e309", "chats:think=-1s", "prefix-groups:prefix=9999999,question=2",
-		"chats:conversations=999999999", "prefix-groups:rate=0x1p-3", ":", ",", "=", ""} {
+		"chats:conversations=999999999", "prefix-groups:rate=0x1p-3", "tenants", "tenants:tenants=2,rate=3,heavy=0,critical=0.5,duration=2s",
+		"tenants:heavy=-0", "tenants:tenants=1,heavy=0,critical=0", ":", ",", "=", ""} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, spec string) {
@@ -520,6 +543,10 @@ func FuzzParseWorkload(f *testing.F) {
 			if w.validate() != nil {
 				t.Fatalf("ParseWorkload(%q) = %+v out of range", spec, w)
 			}
+		case Tenants:
+			if w.validate() != nil {
+				t.Fatalf("ParseWorkload(%q) = %+v out of range", spec, w)
+			}
 		default:
 			t.Fatalf("ParseWorkload(%q) returned a %T", spec, w)
 		}
@@ -540,6 +567,7 @@ func TestDefaultWorkloadLimits(t *testing.T) {
 		// The first pass over the 750 prompts hits the prefix of all but each group's first
 		// request; the three passes after it hit whole prompts.
 		{PrefixGroups{}, 3000, CacheStats{Tokens: 3000 * 7200, HitTokens: 600*6000 + 2250*7200}},
+		{Tenants{Heavy: DefaultTenantHeavy, Critical: DefaultTenantCritical}, 20683, CacheStats{Tokens: 19351345, HitTokens: 15714006}},
 	} {
 		tr := generate(t, tt.w, 1)
 		assert.Len(t, tr.Requests, tt.requests, tt.w.String())
