@@ -420,39 +420,9 @@ func (r *Router) selectFlow(ctx context.Context, req *bucket.Request, at *time.T
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	buckets, _ := res.Resolve(req.Signals) // an error shows in the selection
-	var d *Dispatch
-	var last error
-	finished := false
-	attempt := func() (bool, error) {
-		if err := ctx.Err(); err != nil {
-			return false, err // the wait ended: with the last refusal, below
-		}
-		if stale, ok := r.saturated(buckets, req.Model); ok {
-			r.wakeWhenStale(stale)
-			last = errDetectorSaturated
-			return true, nil
-		}
-		var err error
-		if d, err = r.selectOnce(ctx, req, at); err != nil {
-			if ex, ok := err.(*bucket.ExhaustedError); ok && len(ex.Rejections) > 0 {
-				last = err
-				return true, nil
-			}
-		}
-		finished = true
-		return false, err
-	}
-	err := r.fc.Wait(ctx, flowcontrol.Request{Model: req.Model, Priority: req.Priority, Flow: req.Flow,
-		Cost: cost(req), Class: classOf(buckets, req)}, attempt)
-	if err != nil {
-		if !finished && last != nil {
-			err = fmt.Errorf("%w; last refusal: %w", err, last)
-		}
-		r.logFailure(req, err)
-		return nil, err
-	}
-	return d, nil
+	a := r.newFlowAttempt(ctx, res, req, at)
+	a.wake = true
+	return a.result(r.fc.Wait(ctx, a.request(), a.try))
 }
 
 // saturated reports whether the saturation detector finds the fleet saturated for a request that

@@ -177,37 +177,45 @@ func (c *Controller) Wait(ctx context.Context, r Request, attempt func() (satura
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	q, w, err := c.enter(&r, attempt, nil)
+	if w == nil {
+		return err
+	}
+	return q.wait(ctx, w, &c.bands[w.fq.band], attempt)
+}
+
+// enter runs a request's first attempt at once unless waiting requests of its model are being
+// tried, and queues it when that attempt is refused or did not run. It returns the queued request,
+// or a nil waiter and the outcome when the request did not wait. With done set, the request is
+// driven (Drive): it has no channel, and done receives its end.
+func (c *Controller) enter(r *Request, attempt func() (bool, error), done func(error)) (*queue, *waiter, error) {
 	q := c.queue(r.Model)
 	bi := c.band(r.Priority)
-	b := &c.bands[bi]
 	epoch := q.epoch.Load()
 	busy := q.busy.Load()
 	if !busy {
 		saturated, err := attempt()
 		if !saturated {
 			if err == nil {
-				q.servedDirect(&r)
+				q.servedDirect(r)
 			}
-			return err
+			return q, nil, err
 		}
 	}
 	q.mu.Lock()
-	if b.Sheddable {
-		err := q.rejectedLocked(label.FlowSheddable, bi)
-		q.mu.Unlock()
-		return err
+	defer q.mu.Unlock()
+	if c.bands[bi].Sheddable {
+		return q, nil, q.rejectedLocked(label.FlowSheddable, bi)
 	}
-	w, err := q.enqueueLocked(&r, bi)
+	w, err := q.enqueueLocked(r, bi, attempt, done)
 	if err != nil {
-		q.mu.Unlock()
-		return err
+		return q, nil, err
 	}
 	if !busy {
 		q.refusedLocked(r.Class, epoch)
 	}
 	q.advanceLocked()
-	q.mu.Unlock()
-	return q.wait(ctx, w, b, attempt)
+	return q, w, nil
 }
 
 // Notify tells the Controller that capacity for the model's requests may have freed: a dispatch

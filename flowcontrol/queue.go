@@ -42,6 +42,8 @@ type queue struct {
 	base       time.Time
 	dispatched float64
 	sweepAt    int
+
+	ended []ending // driven requests that left, for their done (Drive)
 }
 
 // band is one band's waiting requests of a queue.
@@ -74,7 +76,7 @@ const (
 	sigDisplaced
 )
 
-// waiter is one waiting request.
+// waiter is one waiting request: a blocked Wait (ch), or a driven request (Drive: attempt, done).
 type waiter struct {
 	req          Request
 	fq           *flowQ
@@ -85,6 +87,16 @@ type waiter struct {
 	queued       bool
 	turnEpoch    uint64
 	displaced    error // set before sigDisplaced
+
+	attempt  func() (bool, error)
+	done     func(error)
+	deadline time.Time // its band's TTL, on the Controller's clock; zero: none
+}
+
+// ending is a driven request that left the queue, and its outcome.
+type ending struct {
+	w   *waiter
+	err error
 }
 
 func newQueue(c *Controller) *queue {
@@ -109,26 +121,40 @@ func (q *queue) wait(ctx context.Context, w *waiter, b *Band, attempt func() (bo
 			}
 			saturated, err := attempt()
 			q.mu.Lock()
-			q.holder = nil
-			q.busy.Store(false)
-			if !saturated {
-				q.removeLocked(w)
-				if err == nil {
-					q.servedLocked(&w.req)
-				}
-				q.advanceLocked()
-				q.mu.Unlock()
+			left := q.turnEndedLocked(w, saturated, err)
+			q.mu.Unlock()
+			if left {
 				return err
 			}
-			q.refusedLocked(w.req.Class, w.turnEpoch)
-			q.advanceLocked()
-			q.mu.Unlock()
 		case <-ctx.Done():
 			return q.leave(w, fmt.Errorf("flowcontrol: gave up waiting: %w", ctx.Err()))
 		case <-expired:
-			return q.leave(w, fmt.Errorf("%w after %v in band %d", ErrTimeout, b.TTL, b.Priority))
+			return q.leave(w, timeoutError(b))
 		}
 	}
+}
+
+// timeoutError is the end of a wait that reached band b's TTL.
+func timeoutError(b *Band) error {
+	return fmt.Errorf("%w after %v in band %d", ErrTimeout, b.TTL, b.Priority)
+}
+
+// turnEndedLocked applies the outcome of w's turn and passes the turn on: a request that was not
+// refused leaves the queue (charged when served); a refused one keeps its place, and its class is
+// refused for the epoch of the turn. It reports whether w left.
+func (q *queue) turnEndedLocked(w *waiter, saturated bool, err error) bool {
+	q.holder = nil
+	q.busy.Store(false)
+	if saturated {
+		q.refusedLocked(w.req.Class, w.turnEpoch)
+	} else {
+		q.removeLocked(w)
+		if err == nil {
+			q.servedLocked(&w.req)
+		}
+	}
+	q.advanceLocked()
+	return !saturated
 }
 
 // leave removes a request whose wait ended, passing its turn on if it held it.
@@ -182,7 +208,9 @@ func (q *queue) advanceLocked() {
 	q.holder = w
 	q.busy.Store(true)
 	w.turnEpoch = q.epoch.Load()
-	w.ch <- sigTurn // buffered, and empty: a queued request has no signal pending
+	if w.ch != nil {
+		w.ch <- sigTurn // buffered, and empty: a queued request has no signal pending
+	} // a driven request's turn is run by Drive
 }
 
 // nextLocked returns the first eligible request in order (band, least service ÷ weight, arrival),
@@ -228,8 +256,9 @@ func (q *queue) nextLocked() *waiter {
 }
 
 // enqueueLocked queues the request in band bi, displacing the newest request of a lower band when
-// the queue is full; it returns a *RejectedError when the request cannot be queued.
-func (q *queue) enqueueLocked(r *Request, bi int) (*waiter, error) {
+// the queue is full; it returns a *RejectedError when the request cannot be queued. With done set,
+// the request is driven, with attempt as its turn.
+func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, error), done func(error)) (*waiter, error) {
 	cfg := &q.c.bands[bi]
 	if cfg.MaxQueued > 0 && q.bands[bi].n >= cfg.MaxQueued {
 		return nil, q.rejectedLocked(label.FlowQueueFull, bi)
@@ -242,7 +271,11 @@ func (q *queue) enqueueLocked(r *Request, bi int) (*waiter, error) {
 		vb := v.fq.band
 		q.removeLocked(v)
 		v.displaced = q.rejectedLocked(label.FlowDisplaced, vb)
-		v.ch <- sigDisplaced
+		if v.ch != nil {
+			v.ch <- sigDisplaced
+		} else {
+			q.ended = append(q.ended, ending{v, v.displaced})
+		}
 	}
 	f := q.flowLocked(r.Flow)
 	if f.qs[bi] == nil {
@@ -250,7 +283,15 @@ func (q *queue) enqueueLocked(r *Request, bi int) (*waiter, error) {
 	}
 	fq := f.qs[bi]
 	q.seq++
-	w := &waiter{req: *r, fq: fq, seq: q.seq, ch: make(chan signal, 1), queued: true}
+	w := &waiter{req: *r, fq: fq, seq: q.seq, queued: true}
+	if done == nil {
+		w.ch = make(chan signal, 1)
+	} else {
+		w.attempt, w.done = attempt, done
+		if ttl := cfg.TTL; ttl > 0 {
+			w.deadline = q.c.now().Add(ttl)
+		}
+	}
 	if fq.tail == nil {
 		fq.head, fq.tail = w, w
 		heap.Push(&q.bands[bi].active, fq)
