@@ -32,8 +32,10 @@ type Config struct {
 	// priority is below every band's. Empty means one band of priority 0 with Band's defaults.
 	Bands []Band
 	// MaxQueued bounds the waiting requests of one model, every band together. When it is
-	// reached, an arrival displaces the newest waiting request of the lowest band below its own,
-	// or is rejected when there is none. 0 means 4,096.
+	// reached, an arrival displaces the newest waiting request of the flow served last in the
+	// lowest band below its own; with no lower band waiting, as in a full band (Band.MaxQueued),
+	// the newest request of the flow its band serves last, when the arrival's flow is served
+	// before it; otherwise the arrival is rejected. 0 means 4,096.
 	MaxQueued int
 	// HalfLife is the half-life of a flow's attained service: a token served counts 1 at once,
 	// ½ after HalfLife. 0 means 60 s.
@@ -60,8 +62,9 @@ type Band struct {
 	// TTL bounds a request's wait in this band; when it passes, the wait ends with ErrTimeout. 0
 	// means no bound but the caller's context.
 	TTL time.Duration
-	// MaxQueued bounds this band's waiting requests per model; an arrival beyond it is rejected
-	// ("queue_full"). 0 means only Config.MaxQueued bounds the band.
+	// MaxQueued bounds this band's waiting requests per model; an arrival beyond it displaces
+	// the newest request of the flow the band serves last when its own flow is served before it,
+	// and is rejected ("queue_full") otherwise. 0 means only Config.MaxQueued bounds the band.
 	MaxQueued int
 	// Sheddable bands never wait: a request the fleet cannot serve at once is rejected
 	// ("sheddable").
@@ -262,7 +265,8 @@ var ErrTimeout = errors.New("flowcontrol: wait timed out")
 // (HTTP 429, bucket.StatusCode).
 type RejectedError struct {
 	// Reason is "queue_full" (the model's queue, or the request's band, was full), "displaced"
-	// (the request waited and a request of a higher band took its place in a full queue) or
+	// (the request waited and a request of a higher band, or of a flow served before its own,
+	// took its place in a full queue) or
 	// "sheddable" (the request's band is sheddable and the fleet could not serve it at once).
 	Reason string
 	// Priority is the priority of the band the request was in.

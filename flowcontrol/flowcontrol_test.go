@@ -330,6 +330,42 @@ func TestFullQueueShedsTheLowestBandFirst(t *testing.T) {
 	assert.Equal(t, []string{"high1", "mid1", "mid2"}, h.serveAll(0, 3))
 }
 
+// In a full queue or band, an arrival whose flow is served before the flow served last displaces
+// that flow's newest request; an arrival of the flow served last is rejected. A flow sending ten
+// times the others fills the queue without shutting them out.
+func TestFullQueueDisplacesTheFlowServedLast(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]flowcontrol.Config{
+		"model cap": {MaxQueued: 3},
+		"band cap":  {Bands: []flowcontrol.Band{{MaxQueued: 3}}},
+	} {
+		h := newHarness(t, cfg)
+		h.capacity[0] = 1
+		h.arrive(context.Background(), "heavy0", flowcontrol.Request{Flow: "heavy", Cost: 100})
+		require.NoError(t, h.result("heavy0"), name)
+		for _, id := range []string{"heavy1", "heavy2", "heavy3"} {
+			h.arrive(context.Background(), id, flowcontrol.Request{Flow: "heavy", Cost: 100})
+		}
+		h.arrive(context.Background(), "heavy4", flowcontrol.Request{Flow: "heavy", Cost: 100})
+		var rej *flowcontrol.RejectedError
+		require.ErrorAs(t, h.result("heavy4"), &rej, name)
+		assert.Equal(t, "queue_full", rej.Reason, "%s: the flow served last cannot displace itself", name)
+
+		h.arrive(context.Background(), "light0", flowcontrol.Request{Flow: "light", Cost: 100})
+		require.ErrorAs(t, h.result("heavy3"), &rej, name)
+		assert.Equal(t, "displaced", rej.Reason, name)
+		assert.Equal(t, 0, rej.Priority, name)
+		h.arrive(context.Background(), "light1", flowcontrol.Request{Flow: "light", Cost: 100})
+		require.ErrorAs(t, h.result("heavy2"), &rej, name)
+		assert.Equal(t, "displaced", rej.Reason, name)
+
+		// light has no service yet and heavy 100: light0 first, then a tie at 100 goes to the older
+		// head.
+		assert.Equal(t, []string{"heavy0", "light0", "heavy1", "light1"}, h.serveAll(0, 3), name)
+		h.wg.Wait()
+	}
+}
+
 func TestBandCapRejects(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, flowcontrol.Config{Bands: []flowcontrol.Band{{Priority: 0, MaxQueued: 1}, {Priority: 1}}})

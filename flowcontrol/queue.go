@@ -255,16 +255,23 @@ func (q *queue) nextLocked() *waiter {
 	return nil
 }
 
-// enqueueLocked queues the request in band bi, displacing the newest request of a lower band when
-// the queue is full; it returns a *RejectedError when the request cannot be queued. With done set,
-// the request is driven, with attempt as its turn.
+// enqueueLocked queues the request in band bi. When the model's queue is full it displaces the
+// newest request of the flow served last in the lowest band below bi, else, as when band bi is
+// full, the newest request of the flow band bi serves last if the request's flow is served before
+// it; it returns a *RejectedError when the request cannot be queued. With done set, the request is driven, with
+// attempt as its turn.
 func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, error), done func(error)) (*waiter, error) {
 	cfg := &q.c.bands[bi]
-	if cfg.MaxQueued > 0 && q.bands[bi].n >= cfg.MaxQueued {
-		return nil, q.rejectedLocked(label.FlowQueueFull, bi)
-	}
-	if q.n >= q.c.maxQueued {
-		v := q.victimLocked(bi)
+	f := q.flowLocked(r.Flow)
+	bandFull := cfg.MaxQueued > 0 && q.bands[bi].n >= cfg.MaxQueued
+	if bandFull || q.n >= q.c.maxQueued {
+		var v *waiter
+		if !bandFull {
+			v = q.victimLocked(bi)
+		}
+		if v == nil {
+			v = q.fairVictimLocked(bi, f)
+		}
 		if v == nil {
 			return nil, q.rejectedLocked(label.FlowQueueFull, bi)
 		}
@@ -277,7 +284,6 @@ func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, error), 
 			q.ended = append(q.ended, ending{v, v.displaced})
 		}
 	}
-	f := q.flowLocked(r.Flow)
 	if f.qs[bi] == nil {
 		f.qs[bi] = &flowQ{f: f, band: bi, idx: -1}
 	}
@@ -314,14 +320,44 @@ func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, error), 
 	return w, nil
 }
 
-// victimLocked returns the newest request of the lowest non-empty band below band bi that does not
-// hold the turn, or nil.
+// victimLocked returns the request a full queue displaces for an arrival of band bi: in the lowest
+// non-empty band below bi, the newest request of the flow the band serves last; or nil.
 func (q *queue) victimLocked(bi int) *waiter {
 	for i := len(q.bands) - 1; i > bi; i-- {
-		for w := q.bands[i].last; w != nil; w = w.bprev {
-			if w != q.holder {
-				return w
-			}
+		if fq := q.lastFlowLocked(i); fq != nil {
+			return q.newestLocked(fq)
+		}
+	}
+	return nil
+}
+
+// fairVictimLocked returns the newest request of the flow that band bi serves last, when flow f
+// is served before it; or nil.
+func (q *queue) fairVictimLocked(bi int, f *flow) *waiter {
+	last := q.lastFlowLocked(bi)
+	if last == nil || last.f == f || !(f.service/f.weight < last.f.service/last.f.weight) {
+		return nil
+	}
+	return q.newestLocked(last)
+}
+
+// lastFlowLocked returns the flow band bi serves last (the most attained service ÷ weight), or nil
+// when the band is empty.
+func (q *queue) lastFlowLocked(bi int) *flowQ {
+	var last *flowQ
+	for _, fq := range q.bands[bi].active {
+		if last == nil || last.before(fq) {
+			last = fq
+		}
+	}
+	return last
+}
+
+// newestLocked returns fq's newest request that does not hold the turn, or nil.
+func (q *queue) newestLocked(fq *flowQ) *waiter {
+	for w := fq.tail; w != nil; w = w.prev {
+		if w != q.holder {
+			return w
 		}
 	}
 	return nil
