@@ -36,6 +36,7 @@ type reqState struct {
 	generated   int     // output tokens produced so far
 
 	firstToken time.Duration
+	routed     bool // its selection ended (flow control: once, counted by the sim)
 	finished   bool
 }
 

@@ -46,8 +46,8 @@ const (
 )
 
 // Overload tells whether a policy run kept up with the trace. The backlog is the number of
-// requests routed to an engine that have not had their first token yet (queued or prefilling;
-// PD: until their KV reached the decode engine), sampled at every load report
+// requests arrived that have not had their first token yet (waiting under flow control, queued
+// or prefilling; PD: until their KV reached the decode engine), sampled at every load report
 // (Config.ReportInterval of virtual time) from the first to the last arrival.
 //
 // A run is overloaded when, over the last OverloadWindow (10 %) of the arrival span, the mean

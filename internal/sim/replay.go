@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -219,8 +220,20 @@ type Config struct {
 	// ReportsNative; any other value is invalid.
 	Reports LoadReports
 	// Admission checks every engine a policy returns. Nil means admission.Limits{} (admit all).
-	// A request no bucket admits is dropped and counted in PolicyResult.Rejected.
+	// A request no bucket admits is dropped and counted in PolicyResult.Rejected, or waits under
+	// FlowControl.
 	Admission admission.Checker
+	// FlowControl, when set, gives every router replica its own flow-control Controller
+	// (enginepick.Options.FlowControl, docs/design.md §17) built from it, on the virtual clock: a
+	// request the fleet cannot serve waits in the router, Request.Priority choosing its band and
+	// Request.Tenant its flow, until an engine's load report or a request's end frees capacity.
+	// Nil Bands means one band per priority the requests name, with Band's defaults; nil Weight
+	// means the weights of Trace.Tenants. TTFT counts the wait; a wait that times out counts in
+	// PolicyResult.Rejected, a request refused by flow control (queue full, displaced, sheddable)
+	// in PolicyResult.Shed. A band's TTL ends a wait at the first event at or after it (a load
+	// report comes every ReportInterval). Nil means no flow control. An invalid Config is an error
+	// wrapping state.ErrInvalidConfiguration, as is FlowControl with Routing.
+	FlowControl *flowcontrol.Config
 	// Parallelism bounds how many policy runs simulate at once; each run is single-threaded and
 	// independent, so the report does not depend on it. 0 means runtime.GOMAXPROCS(0).
 	Parallelism int
@@ -266,8 +279,9 @@ type resolved struct {
 	requests     []Request
 	names        []string
 	factories    []PolicyFactory
-	routing      *routingPlan // nil unless Config.Routing is set
-	flows        *flowPlan    // nil unless some request names a tenant or a band
+	routing      *routingPlan        // nil unless Config.Routing is set
+	flows        *flowPlan           // nil unless some request names a tenant or a band
+	flowControl  *flowcontrol.Config // FlowControl with Bands and Weight filled; nil without
 }
 
 func (cfg *Config) resolve() (*resolved, error) {
@@ -344,6 +358,9 @@ func (cfg *Config) resolve() (*resolved, error) {
 	}
 	rc.requests = reqs
 	if err := rc.resolveTenants(); err != nil {
+		return nil, err
+	}
+	if err := rc.resolveFlowControl(); err != nil {
 		return nil, err
 	}
 	return rc, nil

@@ -38,6 +38,8 @@ type Report struct {
 	// Reports is ReportsBasic when the engines' load reports had no native extension
 	// (Config.Reports); empty for native reports.
 	Reports LoadReports `json:"reports,omitempty"`
+	// FlowControl is whether the routers ran flow control (Config.FlowControl).
+	FlowControl bool `json:"flow_control,omitempty"`
 	// Model is the engines' performance model, defaults filled in.
 	Model EngineModel `json:"model"`
 	// ReportInterval is the engines' load report interval, in seconds.
@@ -78,6 +80,10 @@ type PolicyResult struct {
 	// Rejected counts requests no bucket would take because admission rejected every engine the
 	// policy chose (HTTP 503 from the router); they are dropped.
 	Rejected int `json:"rejected"`
+	// Shed counts requests flow control refused (HTTP 429: its queue or band was full, a request
+	// of a higher band displaced it, or its band is sheddable); they are dropped. With
+	// Config.FlowControl, Rejected also counts waits that reached their band's TTL (503).
+	Shed int `json:"shed,omitempty"`
 	// Unroutable counts requests longer than the bucket's context (prompt plus output above
 	// EngineModel.MaxContextTokens; HTTP 400); they are dropped.
 	Unroutable int `json:"unroutable"`
@@ -163,6 +169,7 @@ func (r *run) result() PolicyResult {
 		Policy:       r.name,
 		Completed:    r.finished,
 		Rejected:     r.rejected,
+		Shed:         r.shed,
 		Unroutable:   r.unroutable,
 		PromptTokens: r.promptTok,
 		CachedTokens: r.cachedTok,
@@ -242,6 +249,7 @@ func newReport(rc *resolved, results []PolicyResult) *Report {
 		SystemPromptTokens:   rc.SystemPromptTokens,
 		Routers:              rc.Routers,
 		Reports:              basicOnly(rc.Reports),
+		FlowControl:          rc.flowControl != nil,
 		Model:                rc.Model,
 		ReportInterval:       rc.ReportInterval.Seconds(),
 		InfiniteCacheHitRate: hitRate,
@@ -278,7 +286,8 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 // WriteTable writes the report as a heading and an aligned text table, one row per policy:
 // prefix hit rate, TTFT p50/p90/p99, end-to-end p50/p99 (seconds), output throughput, load
 // imbalance, mean prefill utilization of the engines, requests dropped because admission rejected
-// every engine (503), and requests too long for any bucket (400). An undefined figure (see
+// every engine or their flow-control wait timed out (503), with flow control the requests it
+// refused (429), and requests too long for any bucket (400). An undefined figure (see
 // PolicyResult) prints as "n/a". After the table, one warning line per overloaded policy run (see
 // Overload), starting "warning: ".
 func (rep *Report) WriteTable(w io.Writer) error {
@@ -298,6 +307,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	if rep.Reports == ReportsBasic {
 		fmt.Fprint(bw, ", basic load reports (running and waiting only)")
 	}
+	if rep.FlowControl {
+		fmt.Fprint(bw, ", flow control")
+	}
 	fmt.Fprintln(bw)
 	m := &rep.Model
 	prefill := fmt.Sprintf("prefill %.0f tok/s + %.2f ns per attended token pair", m.PrefillLinearTokensPerSecond,
@@ -310,17 +322,24 @@ func (rep *Report) WriteTable(w io.Writer) error {
 		m.MaxRunningRequests, m.ChunkedPrefillTokens, rep.ReportInterval)
 	fmt.Fprintf(bw, "infinite-cache prefix hit limit: %.1f %% of prompt tokens\n\n", 100*rep.InfiniteCacheHitRate)
 	tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "policy\thit rate\tTTFT p50\tp90\tp99\tE2E p50\tp99\tout tok/s\timbalance\tprefill util\tbusy\trejected\ttoo long")
+	shed := ""
+	if rep.FlowControl {
+		shed = "shed\t"
+	}
+	fmt.Fprintln(tw, "policy\thit rate\tTTFT p50\tp90\tp99\tE2E p50\tp99\tout tok/s\timbalance\tprefill util\tbusy\trejected\t"+shed+"too long")
 	for i := range rep.Results {
 		r := &rep.Results[i]
 		def := r.Defined()
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", r.Policy,
+		if rep.FlowControl {
+			shed = strconv.Itoa(r.Shed) + "\t"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s%d\n", r.Policy,
 			figure(r.HitRateDefined(), "%.1f %%", 100*r.HitRate),
 			figure(def, "%.2f s", r.TTFT.P50), figure(def, "%.2f s", r.TTFT.P90), figure(def, "%.2f s", r.TTFT.P99),
 			figure(def, "%.1f s", r.E2E.P50), figure(def, "%.1f s", r.E2E.P99),
 			figure(def, "%.0f", r.OutputTokensPerSecond), figure(def, "%.2f", r.Imbalance),
 			figure(def, "%.0f %%", 100*r.PrefillUtilization), figure(def, "%.0f %%", 100*r.BusyUtilization),
-			r.Rejected, r.Unroutable)
+			r.Rejected, shed, r.Unroutable)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

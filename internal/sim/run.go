@@ -14,6 +14,7 @@ import (
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
@@ -54,9 +55,11 @@ type run struct {
 
 	progress  func(int)
 	unflushed int
+	err       error // the first error of a flow-control callback (fail)
 
 	// Outcomes.
 	rejected   int
+	shed       int
 	unroutable int
 	finished   int
 	promptTok  int64
@@ -65,7 +68,7 @@ type run struct {
 	ttft       []float64
 	e2e        []float64
 	lastFinish time.Duration
-	backlog    int           // requests routed to an engine that have not had their first token
+	backlog    int           // requests arrived (not refused) that have not had their first token
 	backlogAll backlogWindow // samples over the whole arrival span
 	backlogEnd backlogWindow // samples over its last OverloadWindow fraction
 	flows      []flowStats   // per rc.flows key; nil when the requests name no tenant or band
@@ -86,8 +89,9 @@ type replica struct {
 	inflight *loadmon.InFlight
 	index    *kvindex.Index
 	router   *enginepick.Router
-	trackers []requestTracker // policies that follow their requests' lifecycle
-	routed   int              // requests this replica routed (selected an engine for)
+	trackers []requestTracker        // policies that follow their requests' lifecycle
+	routed   int                     // requests this replica routed (selected an engine for)
+	fc       *flowcontrol.Controller // nil without Config.FlowControl
 }
 
 // simulate runs policy i of rc and returns its result.
@@ -273,8 +277,13 @@ func (r *run) newReplica(reg state.Registry, k int, factory PolicyFactory) (*rep
 	if err != nil {
 		return nil, err
 	}
+	if rc.flowControl != nil {
+		if rep.fc, err = r.newController(); err != nil {
+			return nil, err
+		}
+	}
 	rep.router, err = enginepick.NewRouter(enginepick.Options{Registry: reg, InFlight: rep.inflight, Load: rep.load,
-		Resolvers: map[state.ModelID]*bucket.Resolver{simModel: res}})
+		Resolvers: map[state.ModelID]*bucket.Resolver{simModel: res}, FlowControl: rep.fc})
 	if err != nil {
 		return nil, err
 	}
@@ -303,6 +312,9 @@ func (r *run) loop() error {
 			err = r.all[ev.arg].onStep(ev.ver)
 		case evTransfer:
 			err = r.transferred(&r.reqs[ev.arg])
+		}
+		if err == nil && r.rc.flowControl != nil {
+			err = r.drive()
 		}
 		if err != nil {
 			return err
@@ -341,17 +353,33 @@ func (r *run) arrive(k int) error {
 	n := q.input
 	q.tokens = q.tr.AppendTokenIDs(append(r.tokenBuf(n), r.rc.systemPrompt...))
 	key := q.tr.SessionKey()
-	r.breq = bucket.Request{
+	req := &r.breq
+	if q.replica.fc != nil {
+		req = new(bucket.Request) // the router holds it while the request waits
+	}
+	*req = bucket.Request{
 		Model:      r.model,
 		TokenIDs:   q.tokens,
 		SessionKey: key,
 		RoutingKey: key,
 		Signals: bucket.Signals{InputTokens: int64(n), ExpectedPeakTokens: int64(n + q.tr.OutputTokens),
 			HasExpectedPeak: true},
+		Priority: q.tr.Priority,
+		Flow:     q.tr.Tenant,
 	}
-	rep := q.replica
-	d, err := rep.router.Select(r.ctx, &r.breq)
+	r.backlog++ // until its first token, or its selection fails
+	if q.replica.fc != nil {
+		r.selectFlow(q, req)
+		return r.err
+	}
+	d, err := q.replica.router.Select(r.ctx, req)
 	r.breq = bucket.Request{}
+	return r.routed(q, d, err)
+}
+
+// routed hands request q to the engine its selection chose, or counts the error that ended it.
+func (r *run) routed(q *reqState, d *enginepick.Dispatch, err error) error {
+	rep := q.replica
 	for _, t := range rep.trackers {
 		if err == nil {
 			t.bind(q.pos)
@@ -366,18 +394,20 @@ func (r *run) arrive(k int) error {
 		switch bucket.StatusCode(err) {
 		case http.StatusServiceUnavailable:
 			r.rejected++
+		case http.StatusTooManyRequests:
+			r.shed++
 		case http.StatusBadRequest:
 			r.unroutable++
 		default:
-			return fmt.Errorf("sim: routing request %d: %w", k, err)
+			return fmt.Errorf("sim: routing request %d: %w", q.pos, err)
 		}
+		r.backlog--
 		r.putTokenBuf(q.tokens)
 		q.tokens = nil
 		r.drop()
 		return nil
 	}
 	q.dispatch = d
-	r.backlog++
 	sel := &d.Selection
 	if sel.IsPD() {
 		q.front, q.decode = r.byID[sel.Prefill.Engine.ID()], r.byID[sel.Decode.Engine.ID()]

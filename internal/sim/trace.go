@@ -148,10 +148,12 @@ type Request struct {
 	Session string
 	// Tenant names the tenant that sent the request when its source names one (the tenants
 	// workload); "" otherwise. Trace.Tenants gives its weight. The report accounts each tenant
-	// and priority band apart (PolicyResult.Tenants, PolicyResult.Bands).
+	// and priority band apart (PolicyResult.Tenants, PolicyResult.Bands); the router gets it as
+	// bucket.Request.Flow (Config.FlowControl).
 	Tenant string
 	// Priority is the request's priority band: a higher value is more urgent; 0 is the default
-	// band. Every request of a trace without bands has 0.
+	// band. Every request of a trace without bands has 0. The router gets it as
+	// bucket.Request.Priority.
 	Priority int
 }
 

@@ -1,0 +1,182 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/flowcontrol"
+	"github.com/enginepick/enginepick/state"
+)
+
+// flowCap is the in-flight cap the flow-control replays pair with flow control: the engines'
+// running batch (EngineModel.MaxRunningRequests), so that the router, not the engines' queues,
+// holds what the fleet cannot run.
+const flowCap = DefaultMaxRunningRequests
+
+// tenantsConfig is a replay of the tenants workload spec on 16 engines under round_robin, with
+// flow control and the in-flight cap when fc is set.
+func tenantsConfig(t *testing.T, spec string, fc bool) Config {
+	t.Helper()
+	w, err := ParseWorkload(spec)
+	require.NoError(t, err)
+	tr, err := w.Generate(1)
+	require.NoError(t, err)
+	cfg := Config{Trace: tr, Fleet: Fleet{Plain: 16}, Seed: 1, Model: EngineModel{BlockTokens: WorkloadBlockTokens},
+		Policies: []string{NameRoundRobin}}
+	if fc {
+		cfg.FlowControl = &flowcontrol.Config{}
+		cfg.Admission = admission.Limits{MaxInFlightRequests: admission.Cap(flowCap)}
+	}
+	return cfg
+}
+
+// accounted checks that every request of a run ended once: completed, or refused with a typed
+// error (503, 429, 400), in total and per tenant.
+func accounted(t *testing.T, rep *Report) {
+	t.Helper()
+	for _, r := range rep.Results {
+		assert.Equal(t, rep.Requests, r.Completed+r.Rejected+r.Shed+r.Unroutable, "%s: every request ends once", r.Policy)
+		sum := 0
+		for _, x := range r.Tenants {
+			sum += x.Requests
+		}
+		assert.Equal(t, rep.Requests, sum, r.Policy)
+	}
+}
+
+// tenant returns the result of a tenant of band 0, or of the critical tenant.
+func tenant(t *testing.T, r PolicyResult, name string) TenantResult {
+	t.Helper()
+	for _, x := range r.Tenants {
+		if x.Tenant == name {
+			return x
+		}
+	}
+	require.Failf(t, "no tenant", "%s", name)
+	return TenantResult{}
+}
+
+// TestFlowControlReplay: a replay with flow control queues what the capped fleet cannot run in
+// each router replica's Controller on the virtual clock: the requests the caps turn away wait
+// instead of failing with 503, every request ends once, the report says so, and the replay is
+// deterministic.
+func TestFlowControlReplay(t *testing.T) {
+	t.Parallel()
+	cfg := tenantsConfig(t, "tenants:rate=84,duration=2s", true)
+	cfg.Admission = admission.Limits{MaxInFlightRequests: admission.Cap(16)}
+	off := cfg
+	off.FlowControl = nil
+	offRep := replayLogged(t, off)
+	require.Positive(t, offRep.Results[0].Rejected, "the caps turn requests away")
+	for _, variant := range []string{"one router", "two routers", "PD 8:8"} {
+		switch variant {
+		case "two routers":
+			cfg.Routers = 2
+		case "PD 8:8":
+			cfg.Routers, cfg.Fleet = 1, Fleet{Prefill: 8, Decode: 8}
+		}
+		rep := replayLogged(t, cfg)
+		accounted(t, rep)
+		r := rep.Results[0]
+		assert.Zero(t, r.Rejected, "no wait times out: no TTL")
+		assert.Equal(t, rep.Requests, r.Completed+r.Shed)
+		assert.Greater(t, r.Completed, offRep.Results[0].Completed, variant)
+		assert.Greater(t, r.TTFT.P99, 1.0, "TTFT counts the wait in the router")
+
+		again, err := Replay(context.Background(), cfg)
+		require.NoError(t, err)
+		var a, b bytes.Buffer
+		require.NoError(t, rep.WriteJSON(&a))
+		require.NoError(t, again.WriteJSON(&b))
+		assert.Equal(t, a.String(), b.String(), "deterministic")
+
+		var table bytes.Buffer
+		require.NoError(t, rep.WriteTable(&table))
+		assert.Contains(t, table.String(), ", flow control\n")
+		assert.Contains(t, table.String(), "rejected  shed  too long")
+	}
+}
+
+func TestFlowControlConfig(t *testing.T) {
+	t.Parallel()
+	tr := generate(t, Tenants{Rate: 1, Heavy: 1, Critical: 1, Duration: 10 * time.Second}, 1)
+	base := Config{Trace: tr, Fleet: Fleet{Plain: 2}, FlowControl: &flowcontrol.Config{}}
+	rc, err := base.resolve()
+	require.NoError(t, err)
+	assert.Equal(t, []flowcontrol.Band{{Priority: 0}, {Priority: CriticalPriority}}, rc.flowControl.Bands,
+		"one band per priority of the requests")
+	assert.Nil(t, base.FlowControl.Bands, "the caller's Config is not changed")
+
+	for name, cfg := range map[string]Config{
+		"invalid flow control": {Trace: tr, Fleet: Fleet{Plain: 2}, FlowControl: &flowcontrol.Config{MaxQueued: -1}},
+		"with routing":         {Trace: tr, FlowControl: &flowcontrol.Config{}, Routing: &Routing{Config: &config.Config{}}},
+	} {
+		_, err := Replay(context.Background(), cfg)
+		assert.ErrorIs(t, err, state.ErrInvalidConfiguration, name)
+	}
+}
+
+// TestFlowControlTargets measures flow control on the tenants workload, 16 engines, one seed,
+// 20 s of arrivals, flow control on (with an in-flight cap of 256, the engines' running batch)
+// against off (no cap), the same arrivals (docs/traces.md "tenants"):
+//
+//   - at 1.5 × capacity (rate=84: the heavy tenant sends 10 × each other tenant): the critical
+//     band's and the light tenants' TTFT p99 are lower with flow control on; the light tenants
+//     are served in full (only the heavy tenant's requests are shed) and band 0's Jain index is
+//     at least 0.95; output throughput is at least 98 % of flow control off;
+//   - below capacity (the default rates): TTFT p50 and p99 and the hit rate are within 2 % of
+//     flow control off;
+//   - every request ends once, completed or with a typed error.
+//
+// The absolute TTFT targets (critical p99 within 2 × its p99 on an idle fleet, light tenants'
+// p99 within 1.2 × theirs without the heavy tenant) are not met: the figures and the reasons are
+// in docs/traces.md. Skipped under -race (single-goroutine replays); .ci/run runs it without.
+func TestFlowControlTargets(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sim: TestFlowControlTargets replays on one goroutine; .ci/run runs it without -race")
+	}
+	if testing.Short() {
+		t.Skip("sim: TestFlowControlTargets replays 20 s of the tenants workload 4 times")
+	}
+	run := func(spec string, fc bool) PolicyResult {
+		rep := replayLogged(t, tenantsConfig(t, spec+"duration=20s", fc))
+		accounted(t, rep)
+		return rep.Results[0]
+	}
+	light := []string{"tenant-1", "tenant-2", "tenant-3"}
+
+	t.Run("1.5 x capacity", func(t *testing.T) {
+		off, on := run("tenants:rate=84,", false), run("tenants:rate=84,", true)
+		assert.Zero(t, off.Shed+off.Rejected)
+		assert.Less(t, on.Bands[0].TTFT.P99, off.Bands[0].TTFT.P99/10, "critical band")
+		require.Equal(t, CriticalPriority, on.Bands[0].Priority)
+		for _, name := range light {
+			x, y := tenant(t, off, name), tenant(t, on, name)
+			assert.Equal(t, y.Requests, y.Completed, "%s: served in full", name)
+			assert.Less(t, y.TTFT.P99, x.TTFT.P99/5, name)
+		}
+		heavy := tenant(t, on, "tenant-0")
+		assert.Equal(t, on.Shed, heavy.Requests-heavy.Completed, "only the heavy tenant is shed")
+		assert.Positive(t, on.Shed)
+		assert.Less(t, off.Bands[1].Fairness, 0.95)
+		assert.GreaterOrEqual(t, on.Bands[1].Fairness, 0.95)
+		assert.GreaterOrEqual(t, on.OutputTokensPerSecond, 0.98*off.OutputTokensPerSecond)
+	})
+	t.Run("below capacity", func(t *testing.T) {
+		off, on := run("tenants:", false), run("tenants:", true)
+		near := func(a, b float64, what string) {
+			assert.InDelta(t, 1, a/b, 0.02, "%s: %v with flow control, %v without", what, a, b)
+		}
+		near(on.TTFT.P50, off.TTFT.P50, "TTFT p50")
+		near(on.TTFT.P99, off.TTFT.P99, "TTFT p99")
+		near(on.HitRate, off.HitRate, "hit rate")
+		assert.Zero(t, on.Shed+on.Rejected)
+	})
+}
