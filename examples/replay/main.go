@@ -71,6 +71,14 @@
 //	-admission JSON  per-engine admission caps, e.g. '{"max_waiting_requests": 32}' (default:
 //	                 admit everything); unknown fields and values that are not non-negative
 //	                 integers are errors that name the field and what is allowed
+//	-flow-control    queue in the router what the fleet cannot serve now (package flowcontrol,
+//	                 docs/design.md §17): one priority band per request priority, fair shares
+//	                 between tenants, the detector's default thresholds. Pair it with an in-flight
+//	                 cap at the engines' running batch, -admission '{"max_inflight_requests": 256}',
+//	                 as a deployment would: the router then holds what the engines would queue (the
+//	                 detector alone reads reports up to one interval old, and a report that shows
+//	                 room releases the whole queue). The table gains "shed" (HTTP 429). Not with
+//	                 -config
 //	-plot DIR        also write PNG charts to DIR: ttft_cdf.png, hit_rate.png, imbalance.png
 //	-config FILE     replay a routing configuration file instead of -engines, -pd, -policies and
 //	                 -admission: the file production builds its router from (config.Load,
@@ -125,6 +133,7 @@ import (
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/internal/sim"
 	"github.com/enginepick/enginepick/state"
 )
@@ -169,11 +178,12 @@ engines' prefix caches served (hit rate; the heading gives the trace's infinite-
 time to first token (TTFT) and end-to-end (E2E) latency quantiles in seconds of virtual time,
 output tokens per second, load imbalance (max ÷ mean requests per engine, 1 is even), the
 engines' mean share of time spent prefilling (prefill util) and prefilling or decoding (busy),
-and the requests dropped because admission rejected every engine (rejected, HTTP 503) or no
-bucket fits them (too long, HTTP 400). When the requests name tenants (-workload tenants), a
-second table gives the same per priority band and tenant, with the tokens each was served by
-the last arrival and each band's Jain fairness index. "n/a" marks a figure no request defines; a "warning:" line
-after the table marks a policy whose run was overloaded (queues still growing when the trace
+and the requests dropped because admission rejected every engine (rejected, HTTP 503), flow
+control refused them (shed, HTTP 429; -flow-control) or no bucket fits them (too long, HTTP
+400). When the requests name tenants (-workload tenants), a second table gives the same per
+priority band and tenant, with the tokens each was served by the last arrival and each band's
+Jain fairness index. "n/a" marks a figure no request defines; a "warning:" line after the
+table marks a policy whose run was overloaded (queues still growing when the trace
 ended), whose latencies measure that backlog, not routing. The same flags print the same bytes.
 
 Flags:
@@ -257,6 +267,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	limitsJSON := fs.String("admission", "", `per-engine admission caps as JSON, e.g. '{"max_waiting_requests": 32}' (default: admit everything)`)
 	configPath := fs.String("config", "", "routing configuration file (YAML or JSON, as config.Load reads) to replay instead of -engines, -pd, -policies and -admission")
 	model := fs.String("model", "", "with -config: the model to replay (default: the file's first model)")
+	flowControl := fs.Bool("flow-control", false, `queue in the router what the fleet cannot serve now: a band per priority, fair shares between tenants (pair with -admission '{"max_inflight_requests": 256}')`)
 	scenario := addScenarioFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -299,6 +310,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 			return usage(admissionError(err))
 		}
 		cfg.Admission = limits
+	}
+	if *flowControl {
+		cfg.FlowControl = &flowcontrol.Config{}
 	}
 	if *tracePath != "" {
 		if err := checkTrace(*tracePath); err != nil {

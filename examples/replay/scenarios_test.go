@@ -151,6 +151,37 @@ func TestRunWorkloadSeed(t *testing.T) {
 }
 
 // TestRunWorkloadWithConfig: a -config file keeps its own KV block size under -workload.
+// TestRunFlowControl: -flow-control queues in the router what the in-flight caps turn away: the
+// requests the caps reject without it are served, the heading says so and the table counts shed
+// requests; it cannot replay a -config file.
+func TestRunFlowControl(t *testing.T) {
+	args := []string{"-workload", "tenants:rate=84,duration=1s", "-policies", "round_robin", "-admission", `{"max_inflight_requests": 8}`}
+	var out, stderr bytes.Buffer
+	require.NoError(t, run(context.Background(), append(args, "-json"), &out, &stderr, false))
+	var off, on sim.Report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &off))
+	out.Reset()
+	require.NoError(t, run(context.Background(), append(args, "-json", "-flow-control"), &out, &stderr, false))
+	require.NoError(t, json.Unmarshal(out.Bytes(), &on))
+	assert.False(t, off.FlowControl)
+	assert.True(t, on.FlowControl)
+	assert.Positive(t, off.Results[0].Rejected)
+	assert.Zero(t, on.Results[0].Rejected)
+	assert.Equal(t, on.Requests, on.Results[0].Completed+on.Results[0].Shed)
+	assert.Greater(t, on.Results[0].Completed, off.Results[0].Completed)
+
+	out.Reset()
+	require.NoError(t, run(context.Background(), append(args, "-flow-control"), &out, &stderr, false))
+	assert.Contains(t, out.String(), ", flow control\n")
+	assert.Contains(t, out.String(), "rejected  shed  too long")
+
+	out.Reset()
+	stderr.Reset()
+	err := run(context.Background(), []string{"-config", "../configs/plain-round-robin.yaml", "-flow-control"}, &out, &stderr, false)
+	assert.Equal(t, 2, exitCode(err, &stderr))
+	assert.Contains(t, stderr.String(), "Config.FlowControl is not supported with Config.Routing")
+}
+
 func TestRunWorkloadWithConfig(t *testing.T) {
 	var out, stderr bytes.Buffer
 	require.NoError(t, run(context.Background(), []string{"-config", "../configs/plain-round-robin.yaml", "-workload",
