@@ -26,6 +26,8 @@ type Observation struct {
 	// Dispatched and DispatchedTokens are the dispatches this router made at or after
 	// Figures().ReportedAt, and the prefill tokens they brought (InFlight.DispatchedSince): to the
 	// engine, or, when the observation names a rank, to that rank. Both are 0 when Load is nil.
+	// With router replicas sharing their decisions, they include the peers' dispatches since
+	// the report (docs/design.md §6).
 	Dispatched       uint64
 	DispatchedTokens uint64
 	// DPRank is the DP rank the observation names, valid when HasDPRank. A rank is named only for
