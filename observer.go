@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -125,14 +126,21 @@ type DispatchedEngine struct {
 }
 
 // FailureReason maps an error of Router.Select, or of a dispatch, to a bounded label: "" for nil;
-// canceled and deadline_exceeded for context errors; no_matching_bucket, unknown_model,
-// invalid_signal, invalid_configuration and outside_candidates for those errors;
-// admission_rejected when the bucket loop ended with at least one admission rejection and
-// no_candidates when it ended without; error for anything else (docs/design.md §15).
+// flow_rejected for a *flowcontrol.RejectedError (429) and flow_timeout for
+// flowcontrol.ErrTimeout (503), whatever refusal they wrap; canceled and deadline_exceeded for
+// context errors; no_matching_bucket, unknown_model, invalid_signal, invalid_configuration and
+// outside_candidates for those errors; admission_rejected when the bucket loop ended with at least
+// one admission rejection and no_candidates when it ended without; error for anything else
+// (docs/design.md §15).
 func FailureReason(err error) string {
+	var rejected *flowcontrol.RejectedError
 	switch {
 	case err == nil:
 		return ""
+	case errors.As(err, &rejected):
+		return label.FailFlowRejected
+	case errors.Is(err, flowcontrol.ErrTimeout):
+		return label.FailFlowTimeout
 	case errors.Is(err, context.Canceled):
 		return label.FailCanceled
 	case errors.Is(err, context.DeadlineExceeded):
