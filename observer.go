@@ -24,7 +24,8 @@ import (
 // policy.CacheObserver receives every cache-aware decision (docs/design.md §9.8) from the policies
 // package config builds; one that implements config.RouterAttacher is attached to the Router
 // config.New built, to read its shared state when scraped; one that implements
-// SelectTimingSampler has only a sample of selections timed.
+// SelectTimingSampler has only a sample of selections timed; one that implements
+// flowcontrol.Observer receives the events of the flow control config.New builds.
 type Observer interface {
 	// ObserveGroup is called once per engine group by config.New, before the Router serves a
 	// request (a host that builds its groups itself calls it, and wraps the group's policy,

@@ -90,7 +90,7 @@ const (
 
 // FlowOutcomes lists every flowcontrol.Event.Outcome of a request that left the queue or was
 // refused.
-var FlowOutcomes = []string{FlowServed, FlowFailed, FlowQueueFull, FlowDisplaced, FlowSheddable, FlowExpired, FlowCanceled}
+var FlowOutcomes = [...]string{FlowServed, FlowFailed, FlowQueueFull, FlowDisplaced, FlowSheddable, FlowExpired, FlowCanceled}
 
 // Failures lists every failure reason.
 var Failures = []string{FailNoMatchingBucket, FailUnknownModel, FailAdmissionRejected, FailFlowRejected, FailFlowTimeout,
