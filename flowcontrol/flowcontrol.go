@@ -50,6 +50,9 @@ type Config struct {
 	// KVThreshold is the detector's KV usage threshold, a fraction of the rank's KV capacity.
 	// 0 means 0.8; a value above 1 turns the KV test off. Negative or NaN is invalid.
 	KVThreshold float64
+	// Observer, when set, receives every request that starts waiting, leaves the queue or is
+	// refused (Observer). Nil means none, at no cost.
+	Observer Observer
 }
 
 // Band is one priority band's settings. Bands are served strictly: a request of a lower band is
@@ -95,6 +98,7 @@ type Controller struct {
 	weight    func(string) float64
 	queueTh   uint64
 	kvTh      float64
+	obs       Observer
 	now       func() time.Time
 	queues    sync.Map // state.ModelID → *queue
 }
@@ -124,7 +128,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	c := &Controller{bands: bands, maxQueued: cmp.Or(cfg.MaxQueued, defaultMaxQueued), halfLife: cmp.Or(cfg.HalfLife, defaultHalfLife),
 		weight: cfg.Weight, queueTh: cmp.Or(cfg.QueueThreshold, defaultQueueThreshold), kvTh: cmp.Or(cfg.KVThreshold, defaultKVThreshold),
-		now: time.Now}
+		obs: cfg.Observer, now: time.Now}
 	return c, nil
 }
 
@@ -195,11 +199,13 @@ func (c *Controller) Wait(ctx context.Context, r Request, attempt func() (satura
 	if b.Sheddable {
 		err := q.rejectedLocked(label.FlowSheddable, bi)
 		q.mu.Unlock()
+		c.refused(&r, b, err)
 		return err
 	}
 	w, err := q.enqueueLocked(&r, bi)
 	if err != nil {
 		q.mu.Unlock()
+		c.refused(&r, b, err)
 		return err
 	}
 	if !busy {
@@ -207,6 +213,9 @@ func (c *Controller) Wait(ctx context.Context, r Request, attempt func() (satura
 	}
 	q.advanceLocked()
 	q.mu.Unlock()
+	if c.obs != nil {
+		return c.observedWait(ctx, q, w, b, &r, attempt)
+	}
 	return q.wait(ctx, w, b, attempt)
 }
 
