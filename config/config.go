@@ -339,10 +339,10 @@ type FlowBand struct {
 type RedisSettings struct {
 	// Addrs are the Redis server or cluster addresses (host:port). At least one.
 	Addrs []string `json:"addrs"`
-	// Prefix starts every key; empty means redisstore.DefaultPrefix. Replicas sharing bindings use
+	// Prefix starts every key; empty means "enginepick:affinity". Replicas sharing bindings use
 	// the same prefix, shard count and idle timeout.
 	Prefix string `json:"prefix,omitempty"`
-	// Shards is the number of hash-tag shards; 0 means redisstore.DefaultShards (256).
+	// Shards is the number of hash-tag shards; 0 means 256.
 	Shards int `json:"shards,omitempty"`
 }
 
