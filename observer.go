@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -23,7 +24,8 @@ import (
 // policy.CacheObserver receives every cache-aware decision (docs/design.md §9.8) from the policies
 // package config builds; one that implements config.RouterAttacher is attached to the Router
 // config.New built, to read its shared state when scraped; one that implements
-// SelectTimingSampler has only a sample of selections timed.
+// SelectTimingSampler has only a sample of selections timed; one that implements
+// flowcontrol.Observer receives the events of the flow control config.New builds.
 type Observer interface {
 	// ObserveGroup is called once per engine group by config.New, before the Router serves a
 	// request (a host that builds its groups itself calls it, and wraps the group's policy,
@@ -125,14 +127,21 @@ type DispatchedEngine struct {
 }
 
 // FailureReason maps an error of Router.Select, or of a dispatch, to a bounded label: "" for nil;
-// canceled and deadline_exceeded for context errors; no_matching_bucket, unknown_model,
-// invalid_signal, invalid_configuration and outside_candidates for those errors;
-// admission_rejected when the bucket loop ended with at least one admission rejection and
-// no_candidates when it ended without; error for anything else (docs/design.md §15).
+// flow_rejected for a *flowcontrol.RejectedError (429) and flow_timeout for
+// flowcontrol.ErrTimeout (503), whatever refusal they wrap; canceled and deadline_exceeded for
+// context errors; no_matching_bucket, unknown_model, invalid_signal, invalid_configuration and
+// outside_candidates for those errors; admission_rejected when the bucket loop ended with at least
+// one admission rejection and no_candidates when it ended without; error for anything else
+// (docs/design.md §15).
 func FailureReason(err error) string {
+	var rejected *flowcontrol.RejectedError
 	switch {
 	case err == nil:
 		return ""
+	case errors.As(err, &rejected):
+		return label.FailFlowRejected
+	case errors.Is(err, flowcontrol.ErrTimeout):
+		return label.FailFlowTimeout
 	case errors.Is(err, context.Canceled):
 		return label.FailCanceled
 	case errors.Is(err, context.DeadlineExceeded):

@@ -35,6 +35,10 @@ type Config struct {
 	// Affinity holds the settings of session and routing-key affinity that hosts read (the
 	// header names) and that the affinity store uses.
 	Affinity AffinitySettings `json:"affinity,omitzero"`
+	// FlowControl makes the Router queue the requests the fleet cannot serve now instead of
+	// failing them with 503 (docs/design.md §17). Nil (the block absent, or null) means no flow
+	// control; an empty block means flow control with its defaults.
+	FlowControl *FlowControl `json:"flow_control,omitempty"`
 
 	// lines maps field paths to their lines in the parsed input, for error messages; nil for a
 	// Config built in code.
@@ -296,16 +300,49 @@ type AffinitySettings struct {
 	Redis *RedisSettings `json:"redis,omitempty"`
 }
 
+// FlowControl configures the Router's flow control (flowcontrol.Config; docs/design.md §17). The
+// zero value of every field is flowcontrol.Config's default.
+type FlowControl struct {
+	// Bands are the priority bands, priorities distinct. Empty means one band of priority 0.
+	Bands []FlowBand `json:"bands,omitempty"`
+	// MaxQueued bounds one model's waiting requests, every band together; 0 means 4,096.
+	MaxQueued int `json:"max_queued,omitempty"`
+	// HalfLife is the half-life of a flow's attained service; 0 means 60 s.
+	HalfLife Duration `json:"half_life,omitzero"`
+	// FlowWeights maps flows (bucket.Request.Flow) to their weights, each finite and > 0; a flow
+	// not listed has weight 1. Package metrics labels the flows listed here by name, the others
+	// as "other".
+	FlowWeights map[string]float64 `json:"flow_weights,omitempty"`
+	// QueueThreshold and KVThreshold are the saturation detector's thresholds: waiting requests
+	// (0 means 5) and a KV usage fraction (0 means 0.8; above 1 turns the KV test off).
+	QueueThreshold uint64  `json:"queue_threshold,omitempty"`
+	KVThreshold    float64 `json:"kv_threshold,omitempty"`
+}
+
+// FlowBand is one priority band (flowcontrol.Band).
+type FlowBand struct {
+	// Priority orders bands, higher first; a request waits in the band of the highest priority
+	// at or below its own (the lowest band when below every band).
+	Priority int `json:"priority"`
+	// TTL bounds a wait in the band (then HTTP 503); 0 means only the caller's context does.
+	TTL Duration `json:"ttl,omitzero"`
+	// MaxQueued bounds the band's waiting requests per model (then HTTP 429); 0 means none but
+	// FlowControl.MaxQueued.
+	MaxQueued int `json:"max_queued,omitempty"`
+	// Sheddable bands never wait: a request the fleet cannot serve at once gets HTTP 429.
+	Sheddable bool `json:"sheddable,omitempty"`
+}
+
 // RedisSettings describe the Redis deployment of a shared affinity store (affinity/redisstore).
 // The library does not dial Redis itself: the host builds the client from them, with its own
 // credentials and TLS settings, which do not belong in this file.
 type RedisSettings struct {
 	// Addrs are the Redis server or cluster addresses (host:port). At least one.
 	Addrs []string `json:"addrs"`
-	// Prefix starts every key; empty means redisstore.DefaultPrefix. Replicas sharing bindings use
+	// Prefix starts every key; empty means "enginepick:affinity". Replicas sharing bindings use
 	// the same prefix, shard count and idle timeout.
 	Prefix string `json:"prefix,omitempty"`
-	// Shards is the number of hash-tag shards; 0 means redisstore.DefaultShards (256).
+	// Shards is the number of hash-tag shards; 0 means 256.
 	Shards int `json:"shards,omitempty"`
 }
 

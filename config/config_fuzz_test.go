@@ -28,6 +28,7 @@ func FuzzParseConfig(f *testing.F) {
 		f.Add([]byte(tc.input), uint8(tc.format))
 	}
 	f.Add([]byte(seedPD), uint8(config.FormatYAML))
+	f.Add([]byte("flow_control: {bands: [{priority: 1, ttl: 5s}, {priority: 0, sheddable: true}], flow_weights: {a: 2}}\n"+flowFleet), uint8(config.FormatYAML))
 	f.Fuzz(func(t *testing.T, data []byte, format uint8) {
 		cfg, err := config.ParseAs(data, config.Format(format%3))
 		if err != nil {

@@ -453,6 +453,28 @@ func (d *decoder) decodeValue(n *cnode, v reflect.Value, path string) error {
 		}
 		v.Set(out)
 		return nil
+	case reflect.Map:
+		// A mapping of names the user chooses (flow_control.flow_weights): string keys, each
+		// value decoded strictly, a repeated name refused.
+		if n.kind != kindMap {
+			return cfgErr(path, n.line, state.ErrBadValue, "%s: want a mapping", describe(n))
+		}
+		out := reflect.MakeMapWithSize(v.Type(), len(n.keys))
+		for i, key := range n.keys {
+			kpath := join(path, key)
+			kv := reflect.ValueOf(key).Convert(v.Type().Key())
+			if out.MapIndex(kv).IsValid() {
+				return cfgErr(kpath, n.klines[i], state.ErrDuplicate, "key set twice")
+			}
+			d.lines[kpath] = n.klines[i]
+			ev := reflect.New(v.Type().Elem()).Elem()
+			if err := d.decodeValue(n.vals[i], ev, kpath); err != nil {
+				return err
+			}
+			out.SetMapIndex(kv, ev)
+		}
+		v.Set(out)
+		return nil
 	case reflect.String:
 		if n.kind != kindString {
 			return cfgErr(path, n.line, state.ErrBadValue, "%s: want a string (quote it)", describe(n))

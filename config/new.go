@@ -3,6 +3,7 @@ package config
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/kvindex/kvevents"
 	"github.com/enginepick/enginepick/loadmon"
@@ -57,7 +59,8 @@ const (
 func WithLogger(l *zap.Logger) Option { return func(s *settings) { s.log = l } }
 
 // WithObserver sets the Observer that receives the Router's decisions and dispatch outcomes (for
-// example metrics.New's). Nil (and the default) is none.
+// example metrics.New's); with a flow_control block, one that implements flowcontrol.Observer
+// also receives the queue's events. Nil (and the default) is none.
 func WithObserver(o enginepick.Observer) Option { return func(s *settings) { s.obs = o } }
 
 // WithClock sets the clock of every freshness, expiry and latency measurement New sets up. Nil
@@ -136,7 +139,8 @@ type RouterAttacher interface {
 // builds the state every policy shares, once: one load table and one in-flight counter set, and,
 // on a policy's first request through policy.Env, one KV-block index with its local prefix
 // source, one remote prefix source, and one affinity store. It builds each group's policy with its
-// type's policy.Builder, assembles the Router with enginepick.NewRouter, and starts the shared
+// type's policy.Builder, builds the flowcontrol.Controller of a flow_control block (docs/design.md
+// §17), assembles the Router with enginepick.NewRouter, and starts the shared
 // services: one load poller for every engine with a load endpoint, one KV-event subscriber, the
 // in-memory affinity store's sweeper, and the degraded-state checks. Close stops them.
 //
@@ -191,6 +195,11 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 	if !realClock {
 		ro.Now = s.now
 	}
+	fc, err := b.flowControl()
+	if err != nil {
+		return nil, err
+	}
+	ro.FlowControl = fc
 	er, err := enginepick.NewRouter(ro)
 	if err != nil {
 		return nil, err
@@ -207,6 +216,29 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 	}
 	b.summary(r)
 	return r, nil
+}
+
+// flowControl builds the Controller of the flow_control block, nil without one; an Observer that
+// implements flowcontrol.Observer receives its events.
+func (b *builder) flowControl() (*flowcontrol.Controller, error) {
+	f := b.cfg.FlowControl
+	if f == nil {
+		return nil, nil
+	}
+	fc := flowcontrol.Config{MaxQueued: f.MaxQueued, HalfLife: f.HalfLife.D(), QueueThreshold: f.QueueThreshold, KVThreshold: f.KVThreshold}
+	for _, bd := range f.Bands {
+		fc.Bands = append(fc.Bands, flowcontrol.Band{Priority: bd.Priority, TTL: bd.TTL.D(), MaxQueued: bd.MaxQueued, Sheddable: bd.Sheddable})
+	}
+	if len(f.FlowWeights) > 0 {
+		weights := maps.Clone(f.FlowWeights)
+		fc.Weight = func(flow string) float64 { return weights[flow] } // 0 for the others: weight 1
+	}
+	fc.Observer, _ = b.s.obs.(flowcontrol.Observer)
+	c, err := flowcontrol.New(fc)
+	if err != nil {
+		return nil, &Error{Path: "flow_control", Line: b.cfg.lines["flow_control"], Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+	}
+	return c, nil
 }
 
 // builder holds New's work in progress.
@@ -697,7 +729,7 @@ func (b *builder) summary(r *Router) {
 	}
 	ce.Write(zap.Strings("models", models), zap.Int("engines", len(b.cfg.Engines)),
 		zap.Int("load_pollers", len(b.degraded.polled)), zap.Int("kv_event_streams", r.kvStreams()), zap.Duration("load_freshness", b.load.Freshness()),
-		zap.Bool("kv_index", b.index != nil), zap.Bool("remote_prefix_source", b.remote != nil), zap.String("affinity_store", b.storeKind()))
+		zap.Bool("kv_index", b.index != nil), zap.Bool("remote_prefix_source", b.remote != nil), zap.String("affinity_store", b.storeKind()), zap.Bool("flow_control", b.cfg.FlowControl != nil))
 }
 
 // storeKind names the affinity store for the summary: none, memory or host.

@@ -23,6 +23,7 @@ import (
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/kvindex"
@@ -619,6 +620,7 @@ models: [{id: m, buckets: [{id: a, limits: {max: 100}, groups: {plain: {policy: 
 func TestFailureReason(t *testing.T) {
 	t.Parallel()
 	rej := &policy.AdmissionRejectedError{Engine: state.NewStaticEngine("e", "m", state.StagePlain), Limit: admission.LimitKVTokens}
+	exhausted := &bucket.ExhaustedError{Rejections: []*policy.AdmissionRejectedError{rej}, Last: &bucket.StageError{Err: rej}}
 	for _, tc := range []struct {
 		err  error
 		want string
@@ -634,6 +636,10 @@ func TestFailureReason(t *testing.T) {
 		{&bucket.ExhaustedError{Rejections: []*policy.AdmissionRejectedError{rej}, Last: &bucket.StageError{Err: rej}}, label.FailAdmissionRejected},
 		{&bucket.ExhaustedError{Last: &bucket.StageError{Err: policy.ErrNoCandidates}}, label.FailNoCandidates},
 		{errors.New("connection reset"), label.FailError},
+		// Flow control's ends, each wrapping the last refusal as the Router returns them.
+		{fmt.Errorf("%w; last refusal: %w", &flowcontrol.RejectedError{Reason: "queue_full"}, exhausted), label.FailFlowRejected},
+		{fmt.Errorf("%w after 1s in band 0; last refusal: %w", flowcontrol.ErrTimeout, exhausted), label.FailFlowTimeout},
+		{fmt.Errorf("gave up waiting: %w; last refusal: %w", context.Canceled, exhausted), label.FailCanceled},
 	} {
 		assert.Equal(t, tc.want, enginepick.FailureReason(tc.err), "FailureReason(%v)", tc.err)
 	}

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"net"
 	"net/url"
 	"reflect"
@@ -109,6 +111,7 @@ func (v *validator) config(c *Config) {
 	v.load(&c.Load)
 	v.kv(&c.KV)
 	v.affinity(&c.Affinity)
+	v.flowControl(c.FlowControl)
 	if v.err != nil {
 		return
 	}
@@ -674,6 +677,43 @@ func (v *validator) affinity(a *AffinitySettings) {
 		v.fail("affinity.sweep_interval", state.ErrOutOfRange, "%v is negative", a.SweepInterval.D())
 	} else if a.MaxBindings < 0 {
 		v.fail("affinity.max_bindings", state.ErrOutOfRange, "%d is negative", a.MaxBindings)
+	}
+}
+
+func (v *validator) flowControl(f *FlowControl) {
+	if v.err != nil || f == nil {
+		return
+	}
+	seen := map[int]int{}
+	for i, b := range f.Bands {
+		path := fmt.Sprintf("flow_control.bands[%d]", i)
+		if j, dup := seen[b.Priority]; dup {
+			v.fail(join(path, "priority"), state.ErrDuplicate, "duplicate band priority %d (also flow_control.bands[%d])", b.Priority, j)
+			return
+		}
+		seen[b.Priority] = i
+		if b.TTL < 0 {
+			v.fail(join(path, "ttl"), state.ErrOutOfRange, "%v is negative", b.TTL.D())
+			return
+		}
+		if b.MaxQueued < 0 {
+			v.fail(join(path, "max_queued"), state.ErrOutOfRange, "%d is negative", b.MaxQueued)
+			return
+		}
+	}
+	switch {
+	case f.MaxQueued < 0:
+		v.fail("flow_control.max_queued", state.ErrOutOfRange, "%d is negative", f.MaxQueued)
+	case f.HalfLife < 0:
+		v.fail("flow_control.half_life", state.ErrOutOfRange, "%v is negative", f.HalfLife.D())
+	case f.KVThreshold < 0:
+		v.fail("flow_control.kv_threshold", state.ErrOutOfRange, "%v is negative", f.KVThreshold)
+	}
+	for _, flow := range slices.Sorted(maps.Keys(f.FlowWeights)) {
+		if w := f.FlowWeights[flow]; !(w > 0) || math.IsInf(w, 0) {
+			v.fail(join("flow_control.flow_weights", flow), state.ErrOutOfRange, "%v: want a finite weight > 0", w)
+			return
+		}
 	}
 }
 

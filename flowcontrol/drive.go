@@ -17,11 +17,27 @@ func init() {
 	flowbridge.SetClock = func(c any, now func() time.Time) { c.(*Controller).now = now }
 }
 
-// submit is Wait for a driven request (flowbridge.Submit).
+// submit is Wait for a driven request (flowbridge.Submit), reported to the Observer as Wait is.
 func (c *Controller) submit(r Request, attempt func() (bool, error), done func(error)) {
-	q, w, err := c.enter(&r, attempt, done)
-	if w == nil {
+	var ev *Event // the wait's start, once the request waits
+	var start time.Time
+	end := done
+	if c.obs != nil {
+		end = func(err error) {
+			if ev != nil {
+				ev.Outcome, ev.Waited = waitOutcome(err), c.now().Sub(start)
+				c.obs.ObserveFlow(*ev)
+			}
+			done(err)
+		}
+	}
+	q, w, err := c.enter(&r, attempt, end)
+	switch {
+	case w == nil:
 		done(err)
+	case c.obs != nil:
+		ev, start = &Event{Model: r.Model, Band: c.bands[w.fq.band].Priority, Flow: r.Flow}, c.now()
+		c.obs.ObserveFlow(*ev)
 	}
 	q.flush()
 }

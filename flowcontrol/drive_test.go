@@ -172,3 +172,26 @@ func TestDrivenRequestRejected(t *testing.T) {
 	assert.Equal(t, []string{"high"}, d.order)
 	assert.Equal(t, map[string]int{"shed": 1, "low": 1, "high": 1}, d.ends)
 }
+
+// Driven requests are observed as blocked ones are: a wait's start and its end with the time
+// waited on the Controller's clock, a refusal once, a request served at once not at all.
+func TestDrivenRequestsObserved(t *testing.T) {
+	t.Parallel()
+	obs := &events{}
+	d := newDriven(t, flowcontrol.Config{MaxQueued: 1, Observer: obs, Bands: []flowcontrol.Band{{Priority: 0, TTL: time.Second}, {Priority: 1}}})
+	d.capacity[0] = 1
+	d.submit("now", flowcontrol.Request{Flow: "f"})
+	d.submit("low", flowcontrol.Request{Flow: "f"})
+	d.submit("high", flowcontrol.Request{Flow: "g", Priority: 1})
+	d.submit("full", flowcontrol.Request{Flow: "g", Priority: 1})
+	d.now = d.now.Add(300 * time.Millisecond)
+	d.free(0, 1)
+	assert.Equal(t, []flowcontrol.Event{
+		{Model: model, Band: 0, Flow: "f"},
+		{Model: model, Band: 1, Flow: "g"},
+		{Model: model, Band: 0, Flow: "f", Outcome: "displaced"},
+		{Model: model, Band: 1, Flow: "g", Outcome: "queue_full"},
+		{Model: model, Band: 1, Flow: "g", Outcome: "served", Waited: 300 * time.Millisecond},
+	}, obs.take())
+	assert.Equal(t, []string{"now", "high"}, d.order)
+}

@@ -52,6 +52,9 @@ type Config struct {
 	// KVThreshold is the detector's KV usage threshold, a fraction of the rank's KV capacity.
 	// 0 means 0.8; a value above 1 turns the KV test off. Negative or NaN is invalid.
 	KVThreshold float64
+	// Observer, when set, receives every request that starts waiting, leaves the queue or is
+	// refused (Observer). Nil means none, at no cost.
+	Observer Observer
 }
 
 // Band is one priority band's settings. Bands are served strictly: a request of a lower band is
@@ -98,6 +101,7 @@ type Controller struct {
 	weight    func(string) float64
 	queueTh   uint64
 	kvTh      float64
+	obs       Observer
 	now       func() time.Time
 	queues    sync.Map // state.ModelID → *queue
 }
@@ -127,7 +131,7 @@ func New(cfg Config) (*Controller, error) {
 	}
 	c := &Controller{bands: bands, maxQueued: cmp.Or(cfg.MaxQueued, defaultMaxQueued), halfLife: cmp.Or(cfg.HalfLife, defaultHalfLife),
 		weight: cfg.Weight, queueTh: cmp.Or(cfg.QueueThreshold, defaultQueueThreshold), kvTh: cmp.Or(cfg.KVThreshold, defaultKVThreshold),
-		now: time.Now}
+		obs: cfg.Observer, now: time.Now}
 	return c, nil
 }
 
@@ -184,16 +188,22 @@ func (c *Controller) Wait(ctx context.Context, r Request, attempt func() (satura
 	if w == nil {
 		return err
 	}
-	return q.wait(ctx, w, &c.bands[w.fq.band], attempt)
+	b := &c.bands[w.fq.band]
+	if c.obs != nil {
+		return c.observedWait(ctx, q, w, b, &r, attempt)
+	}
+	return q.wait(ctx, w, b, attempt)
 }
 
 // enter runs a request's first attempt at once unless waiting requests of its model are being
 // tried, and queues it when that attempt is refused or did not run. It returns the queued request,
-// or a nil waiter and the outcome when the request did not wait. With done set, the request is
-// driven (Drive): it has no channel, and done receives its end.
+// or a nil waiter and the outcome when the request did not wait (a refusal reported to the
+// Observer). With done set, the request is driven (Drive): it has no channel, and done receives
+// its end.
 func (c *Controller) enter(r *Request, attempt func() (bool, error), done func(error)) (*queue, *waiter, error) {
 	q := c.queue(r.Model)
 	bi := c.band(r.Priority)
+	b := &c.bands[bi]
 	epoch := q.epoch.Load()
 	busy := q.busy.Load()
 	if !busy {
@@ -206,18 +216,21 @@ func (c *Controller) enter(r *Request, attempt func() (bool, error), done func(e
 		}
 	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	if c.bands[bi].Sheddable {
-		return q, nil, q.rejectedLocked(label.FlowSheddable, bi)
+	var w *waiter
+	var err error
+	if b.Sheddable {
+		err = q.rejectedLocked(label.FlowSheddable, bi)
+	} else if w, err = q.enqueueLocked(r, bi, attempt, done); err == nil {
+		if !busy {
+			q.refusedLocked(r.Class, epoch)
+		}
+		q.advanceLocked()
 	}
-	w, err := q.enqueueLocked(r, bi, attempt, done)
+	q.mu.Unlock()
 	if err != nil {
+		c.refused(r, b, err)
 		return q, nil, err
 	}
-	if !busy {
-		q.refusedLocked(r.Class, epoch)
-	}
-	q.advanceLocked()
 	return q, w, nil
 }
 

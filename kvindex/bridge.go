@@ -18,4 +18,14 @@ func init() {
 		return x.(*Index).markTrusted(engine, rank)
 	}
 	kvbridge.WriterYieldBlocks = func(x any) int { return x.(*Index).yieldBlocks }
+	kvbridge.SetPlaceHook = func(x any, fn func(engine state.EngineID, rank int, keys []uint64, held int)) {
+		if fn == nil {
+			x.(*Index).placeHook.Store(nil)
+			return
+		}
+		x.(*Index).placeHook.Store(&fn)
+	}
+	kvbridge.PlacePeer = func(x any, engine state.EngineID, rank int, keys []uint64, held int) error {
+		return x.(*Index).assume(engine, rank, keys, held, 0, false)
+	}
 }

@@ -103,6 +103,10 @@ type Options struct {
 // event without blocking readers and takes the read-excluding lock only to apply it, in chunks
 // of at most storeChunk blocks. doc.go records the choice, with figures.
 type Index struct {
+	// placeHook, when set, is told each placement of a LocalSource over the index
+	// (kvbridge.SetPlaceHook).
+	placeHook atomic.Pointer[func(engine state.EngineID, rank int, keys []uint64, held int)]
+
 	wmu   sync.Mutex   // serialises writers
 	mu    sync.RWMutex // readers share it; a writer holds it while it changes what readers read
 	trust trustSet     // engines whose entries Sources must not trust (trust.go); not guarded by mu

@@ -272,7 +272,13 @@ func (s *LocalSource) place(engine state.EngineID, rank int, q Query, r *Result)
 		b := s.index.hasher.BlockTokens()
 		keys = s.index.hasher.appendFrom(slices.Clip(keys), lastKey(keys, s.index.hasher), q.TokenIDs[len(keys)*b:n*b])
 	}
-	return s.index.assume(engine, rank, keys, held, 0, true)
+	if err := s.index.assume(engine, rank, keys, held, 0, true); err != nil {
+		return err
+	}
+	if h := s.index.placeHook.Load(); h != nil {
+		(*h)(engine, rank, keys[:n], held)
+	}
+	return nil
 }
 
 // lastKey is the key a continuation of keys chains from: the last key, or the Hasher's root.

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/enginepick/enginepick/internal/loadbridge"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -34,6 +35,15 @@ type InFlight struct {
 	mu       sync.Mutex // serializes map replacement
 	counters atomic.Pointer[map[state.EngineID]*counter]
 	ranks    atomic.Pointer[map[rankKey]*counter] // per (engine, DP rank): dispatches that named one
+
+	// hook, when set, is told every dispatch change (loadbridge.SetHook); ids numbers dispatches
+	// for it.
+	hook atomic.Pointer[func(loadbridge.Change)]
+	ids  atomic.Uint64
+	// peers and peerRanks count other router replicas' dispatches (loadbridge.ApplyPeer), same
+	// scheme as counters and ranks.
+	peers     atomic.Pointer[map[state.EngineID]*counter]
+	peerRanks atomic.Pointer[map[rankKey]*counter]
 }
 
 // rankKey names one DP rank of an engine.
@@ -63,6 +73,8 @@ func NewInFlight(now func() time.Time) *InFlight {
 	f := &InFlight{now: now, system: system}
 	f.counters.Store(&map[state.EngineID]*counter{})
 	f.ranks.Store(&map[rankKey]*counter{})
+	f.peers.Store(&map[state.EngineID]*counter{})
+	f.peerRanks.Store(&map[rankKey]*counter{})
 	return f
 }
 
@@ -76,6 +88,12 @@ type Guard struct {
 	tokens   uint64 // prefill tokens, counted in prefilling until the first token
 	released atomic.Bool
 	prefill  atomic.Bool // the prefill has ended (FirstToken or Release)
+
+	// Set when the InFlight has a hook: the dispatch as the hook names it.
+	hook   func(loadbridge.Change)
+	id     uint64
+	engine state.EngineID
+	rank   int
 }
 
 // FirstToken records that the request's first output token has arrived: the engine has ended its
@@ -90,17 +108,20 @@ func (g *Guard) FirstToken() {
 	if !g.f.firstTokens.Load() {
 		g.f.firstTokens.Store(true)
 	}
-	g.endPrefill()
+	if g.endPrefill() && g.hook != nil {
+		g.hook(loadbridge.Change{Op: loadbridge.OpPrefillEnd, ID: g.id, Engine: g.engine, Rank: g.rank, Tokens: g.tokens})
+	}
 }
 
-func (g *Guard) endPrefill() {
+func (g *Guard) endPrefill() bool {
 	if !g.prefill.CompareAndSwap(false, true) || g.tokens == 0 {
-		return
+		return false
 	}
 	g.c.prefilling.Add(-g.tokens)
 	if g.rc != nil {
 		g.rc.prefilling.Add(-g.tokens)
 	}
+	return true
 }
 
 // Release decrements the counters the guard incremented, once.
@@ -108,10 +129,17 @@ func (g *Guard) Release() {
 	if g == nil || !g.released.CompareAndSwap(false, true) {
 		return
 	}
-	g.endPrefill()
+	ended := g.endPrefill()
 	g.c.n.Add(-1)
 	if g.rc != nil {
 		g.rc.n.Add(-1)
+	}
+	if g.hook != nil {
+		var tokens uint64
+		if ended {
+			tokens = g.tokens
+		}
+		g.hook(loadbridge.Change{Op: loadbridge.OpEnd, ID: g.id, Engine: g.engine, Rank: g.rank, Tokens: tokens})
 	}
 }
 
@@ -202,6 +230,10 @@ func (f *InFlight) TryAcquire(engine state.EngineID, rank int, prefillTokens, li
 
 // withRank counts the engine's dispatch g on its DP rank too; a negative rank counts on none.
 func (f *InFlight) withRank(g *Guard, engine state.EngineID, rank int, prefillTokens uint64, at int64) *Guard {
+	if h := f.hook.Load(); h != nil {
+		g.hook, g.id, g.engine, g.rank = *h, f.ids.Add(1), engine, max(rank, -1)
+		defer g.hook(loadbridge.Change{Op: loadbridge.OpStart, ID: g.id, Engine: engine, Rank: g.rank, Tokens: prefillTokens, At: at})
+	}
 	if rank < 0 {
 		return g
 	}
@@ -330,5 +362,6 @@ func (f *InFlight) Remove(engine state.EngineID) {
 	if next != nil {
 		f.ranks.Store(&next)
 	}
+	f.removePeers(engine)
 	f.mu.Unlock()
 }

@@ -26,6 +26,8 @@ type Observation struct {
 	// Dispatched and DispatchedTokens are the dispatches this router made at or after
 	// Figures().ReportedAt, and the prefill tokens they brought (InFlight.DispatchedSince): to the
 	// engine, or, when the observation names a rank, to that rank. Both are 0 when Load is nil.
+	// With router replicas sharing their decisions, they include the peers' dispatches since
+	// the report (docs/design.md §6).
 	Dispatched       uint64
 	DispatchedTokens uint64
 	// DPRank is the DP rank the observation names, valid when HasDPRank. A rank is named only for
@@ -60,6 +62,7 @@ func Observe(snap Snapshot, inflight *InFlight, engine state.EngineID) Observati
 		o.InFlight = c.count()
 		if o.Load != nil {
 			o.Dispatched, o.DispatchedTokens = c.since(o.Load.ReportedAt)
+			o.addPeers(inflight.peer(engine, -1))
 		}
 	}
 	return o
@@ -90,6 +93,7 @@ func withRank(o Observation, inflight *InFlight, engine state.EngineID, rank int
 	o.Dispatched, o.DispatchedTokens, o.RankInFlight = 0, 0, 0
 	if inflight != nil {
 		o.Dispatched, o.DispatchedTokens = inflight.DispatchedSince(engine, rank, rl.ReportedAt)
+		o.addPeers(inflight.peer(engine, rank))
 		o.RankInFlight = inflight.rankCount(engine, rank)
 	}
 	return o
@@ -187,10 +191,31 @@ func (o *Observation) EstimatePendingPrefillTokens(inflight *InFlight, perReques
 		queued = math.MaxUint64
 	}
 	pending := satAdd(queued, o.DispatchedTokens)
-	if c != nil && inflight.firstTokens.Load() {
-		pending = max(pending, c.prefilling.Load())
+	if inflight != nil && inflight.firstTokens.Load() {
+		var prefilling uint64
+		if c != nil {
+			prefilling = c.prefilling.Load()
+		}
+		rank := -1
+		if o.HasDPRank {
+			rank = o.DPRank
+		}
+		if p := inflight.peer(l.Engine, rank); p != nil {
+			prefilling = satAdd(prefilling, p.prefilling.Load())
+		}
+		pending = max(pending, prefilling)
 	}
 	return pending, true
+}
+
+// addPeers adds the peer dispatches since the report (Figures().ReportedAt) to Dispatched and
+// DispatchedTokens; p nil adds nothing.
+func (o *Observation) addPeers(p *counter) {
+	if p == nil {
+		return
+	}
+	n, tok := p.peerSince(o.Figures().ReportedAt)
+	o.Dispatched, o.DispatchedTokens = satAdd(o.Dispatched, n), satAdd(o.DispatchedTokens, tok)
 }
 
 // PendingPrefillTime returns PendingPrefillTokens divided by the engine's measured prefill

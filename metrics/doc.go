@@ -4,8 +4,8 @@
 // pass it to config.New with config.WithObserver.
 //
 // Every label value is bounded: configured model, bucket and engine IDs, stage and policy names,
-// reason and decision labels, admission limit names; never a per-request value. An unknown model
-// is labelled with the empty model_id.
+// reason and decision labels, admission limit names, band priorities and configured flow names;
+// never a per-request value. An unknown model is labelled with the empty model_id.
 //
 // # Metrics
 //
@@ -36,6 +36,15 @@
 //     (model_id, engine): the prompt and engine-reported cached tokens of plain or prefill engines
 //     (cached ÷ prompt{cached_reported="true"} is the engines' own hit rate); output_tokens_total
 //     (model_id, engine): of plain or decode engines.
+//
+// Flow control, from flowcontrol.Observer (docs/design.md §17; band is the band's priority):
+//   - flow_control_queued_requests (model_id, band): requests waiting.
+//   - flow_control_wait_seconds (model_id, band): the time waited by requests served after
+//     waiting (10 ms to about 330 s).
+//   - flow_control_requests_total (model_id, band, flow, outcome): requests queued or refused, by
+//     outcome (served, failed, displaced, expired, canceled after waiting; queue_full, sheddable
+//     without). Flows are host keys of unbounded cardinality: flow is a flow that
+//     flow_control.flow_weights names, else "other".
 //
 // Shared state, read at each scrape once a Router is attached:
 //   - inflight_requests (model_id, engine): this router's requests in flight.

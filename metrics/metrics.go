@@ -11,6 +11,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -69,6 +70,7 @@ type observer struct {
 	outputTokens     *prometheus.CounterVec
 	timeEvery        int // one Router.Select in timeEvery is timed (SelectTimingSampler)
 	state            *stateCollector
+	flow             *flowMetrics
 
 	mu      sync.Mutex                                    // serializes writers of models and engines
 	models  atomic.Pointer[map[state.ModelID]*modelObs]   // copy on write
@@ -114,6 +116,7 @@ var (
 		BorrowCacheDecision(*policy.CacheDecision)
 	} = (*observer)(nil)
 	_ enginepick.SelectTimingSampler = (*observer)(nil)
+	_ flowcontrol.Observer           = (*observer)(nil)
 )
 
 // New creates the metric families, registers them on reg and returns an enginepick.Observer that
@@ -121,8 +124,9 @@ var (
 // (docs/design.md §15). Pass it to config.New with config.WithObserver; one observer serves one
 // Router. It also implements policy.CacheObserver (the cache-aware decisions),
 // config.RouterAttacher (the Router's shared state, read at each scrape; attaching a second Router
-// is an error) and enginepick.SelectTimingSampler (Options.SelectTimingEvery). Safe for concurrent
-// use.
+// is an error), enginepick.SelectTimingSampler (Options.SelectTimingEvery) and
+// flowcontrol.Observer (flow control's queue, which config.New connects; a host building its
+// Controller sets flowcontrol.Config.Observer to it). Safe for concurrent use.
 //
 // Errors: a nil reg or a negative opts.SelectTimingEvery (wrapping
 // state.ErrInvalidConfiguration), or reg's registration error (a family already registered, say),
@@ -194,10 +198,11 @@ func New(reg prometheus.Registerer, opts Options) (enginepick.Observer, error) {
 			"Output tokens of dispatches reported with Dispatch.Done, by decode or plain engine.", "model_id", "engine"),
 	}
 	p.state = newStateCollector(ns)
+	p.flow = newFlowMetrics(ns)
 	p.models.Store(&map[state.ModelID]*modelObs{})
 	for _, c := range []prometheus.Collector{p.decisions, p.selections, p.selectFailures, p.selectSeconds, p.cacheDecisions,
 		p.diverted, p.forfeited, p.gateRejections, p.guardOverrides, p.admissionRejects, p.ttft, p.e2e, p.dispatchFailures,
-		p.promptTokens, p.cachedTokens, p.outputTokens, p.state} {
+		p.promptTokens, p.cachedTokens, p.outputTokens, p.state, p.flow.queued, p.flow.wait, p.flow.requests} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: register: %w", err)
 		}
@@ -516,5 +521,8 @@ func (p *observer) AttachRouter(r *config.Router) error {
 		}
 	}
 	p.buckets.Store(&bs)
+	if fc := r.Config().FlowControl; fc != nil {
+		p.flow.nameFlows(fc.FlowWeights)
+	}
 	return nil
 }

@@ -104,6 +104,7 @@ models:
 // manual clock.
 type fixture struct {
 	reg *prometheus.Registry
+	obs enginepick.Observer
 	r   *config.Router
 	mu  sync.Mutex
 	now time.Time
@@ -129,6 +130,7 @@ func newFixtureWith(t testing.TB, yaml string, opts metrics.Options) *fixture {
 	f := &fixture{reg: prometheus.NewRegistry(), now: time.Unix(1_700_000_000, 0)}
 	p, err := metrics.New(f.reg, opts)
 	require.NoError(t, err)
+	f.obs = p
 	cfg, err := config.Parse([]byte(yaml))
 	require.NoError(t, err)
 	f.r, err = config.New(cfg, nil, config.WithObserver(p), config.WithClock(f.clock), config.WithHealthInterval(0))

@@ -34,13 +34,13 @@ import (
 
 // Defaults of Options.
 const (
-	// DefaultPrefix starts every key of the store.
-	DefaultPrefix = "enginepick:affinity"
-	// DefaultShards is the number of hash-tag shards: 256 tags spread bindings over a cluster's
+	// defaultPrefix starts every key of the store.
+	defaultPrefix = "enginepick:affinity"
+	// defaultShards is the number of hash-tag shards: 256 tags spread bindings over a cluster's
 	// masters, and invalidating an engine costs one script per shard (pipelined).
-	DefaultShards = 256
-	// MaxShards is the largest Shards value: Redis Cluster has 16,384 slots.
-	MaxShards = 16384
+	defaultShards = 256
+	// maxShards is the largest Shards value: Redis Cluster has 16,384 slots.
+	maxShards = 16384
 )
 
 // Options configures a Store. The zero value of every field but Client is its documented default.
@@ -49,10 +49,10 @@ type Options struct {
 	// cluster (or any redis.UniversalClient). Required. The Store does not close it.
 	Client redis.UniversalClient
 	// Prefix starts every key: "<Prefix>:{N}:b:…" for bindings, "<Prefix>:{N}:e:…" for engine
-	// indexes. "" means DefaultPrefix. It must not contain '{' or '}', which would move the
+	// indexes. "" means "enginepick:affinity". It must not contain '{' or '}', which would move the
 	// cluster hash tag.
 	Prefix string
-	// Shards is the number of hash-tag shards, in [1, MaxShards]. 0 means DefaultShards (256).
+	// Shards is the number of hash-tag shards, in [1, 16,384]. 0 means 256.
 	Shards int
 	// IdleTimeout is how long a binding lives without a hit: a positive whole number of
 	// milliseconds. 0 means affinity.DefaultIdleTimeout (600 s).
@@ -82,7 +82,7 @@ var _ affinity.Store = (*Store)(nil)
 
 // New validates opts and returns a Store. It does not contact Redis. Errors wrap
 // state.ErrInvalidConfiguration and name the field: a nil Client, a Prefix with '{' or '}',
-// Shards outside [0, MaxShards], or an IdleTimeout or TTLSlack that is negative or not a whole
+// Shards outside [0, 16,384], or an IdleTimeout or TTLSlack that is negative or not a whole
 // number of milliseconds.
 func New(opts Options) (*Store, error) {
 	fail := func(format string, args ...any) (*Store, error) {
@@ -92,16 +92,16 @@ func New(opts Options) (*Store, error) {
 		return fail("Options.Client is nil")
 	}
 	if opts.Prefix == "" {
-		opts.Prefix = DefaultPrefix
+		opts.Prefix = defaultPrefix
 	}
 	if strings.ContainsAny(opts.Prefix, "{}") {
 		return fail("Options.Prefix %q contains '{' or '}'", opts.Prefix)
 	}
 	if opts.Shards == 0 {
-		opts.Shards = DefaultShards
+		opts.Shards = defaultShards
 	}
-	if opts.Shards < 1 || opts.Shards > MaxShards {
-		return fail("Options.Shards %d: must be in [1, %d]", opts.Shards, MaxShards)
+	if opts.Shards < 1 || opts.Shards > maxShards {
+		return fail("Options.Shards %d: must be in [1, %d]", opts.Shards, maxShards)
 	}
 	if opts.IdleTimeout == 0 {
 		opts.IdleTimeout = affinity.DefaultIdleTimeout

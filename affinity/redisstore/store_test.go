@@ -128,7 +128,7 @@ func TestNewValidates(t *testing.T) {
 		{Client: c, Prefix: "a{b"},
 		{Client: c, Prefix: "a}b"},
 		{Client: c, Shards: -1},
-		{Client: c, Shards: redisstore.MaxShards + 1},
+		{Client: c, Shards: 16385},
 		{Client: c, IdleTimeout: -time.Second},
 		{Client: c, IdleTimeout: time.Microsecond},
 		{Client: c, IdleTimeout: 1500 * time.Microsecond},

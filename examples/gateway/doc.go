@@ -18,4 +18,11 @@
 // in-flight guard is released when it ends (Dispatch.ReleaseStage), the dispatch with
 // Dispatch.Done when both have. A circuit breaker per engine counts only failures the engine
 // alone causes (a refused connection, failed health probes).
+//
+// With a flow_control block in the --config file (docs/design.md §17), a request the engines
+// cannot take waits in the gateway until a dispatch ends, and the client leaving ends the wait.
+// Its band is the integer header x-enginepick-priority (absent: 0); its flow, the fairness key,
+// the header x-enginepick-flow, else the body's OpenAI "user" field. A rejection (queue full,
+// displaced, sheddable band) is a 429 with Retry-After in whole seconds, rounded up; a band's ttl
+// ending the wait is a 503.
 package main

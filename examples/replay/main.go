@@ -48,6 +48,9 @@
 //	                 and approximate entries; requests go round-robin over them and every engine's
 //	                 KV events and load reports reach all of them; the affinity policies of all
 //	                 replicas share one affinity store, as replicas share Redis (default 1)
+//	-share           the -routers replicas share their dispatches and route-time placements, as
+//	                 replicas over a broker do (package replicas)
+//	-share-delay D   how long a shared decision takes to reach the other replicas (default 5ms)
 //	-prefill-model M attention (default): an uncached token costs its linear work plus attention
 //	                 over its whole context, cached tokens included; flat: one rate for uncached
 //	                 tokens at any length, the earlier model, for comparison (see sim.EngineModel)

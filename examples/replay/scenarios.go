@@ -26,6 +26,8 @@ type scenarioFlags struct {
 	systemPrompt *int
 	reports      *string
 	routers      *int
+	share        *bool
+	shareDelay   *time.Duration
 	prefillModel *string
 	sweep        *bool
 	slo          *time.Duration
@@ -39,6 +41,9 @@ func addScenarioFlags(fs *flag.FlagSet) *scenarioFlags {
 		systemPrompt: fs.Int("system-prompt", 0, "prepend one shared prompt of N tokens to every request (0: none)"),
 		routers: fs.Int("routers", 1, fmt.Sprintf("N independent router replicas (at most %d), requests round-robin over them, "+
 			"every engine's events and load reports delivered to all", sim.MaxRouters)),
+		share: fs.Bool("share", false, "the -routers replicas share their dispatches and route-time placements, "+
+			"as replicas over a broker (package replicas) do"),
+		shareDelay: fs.Duration("share-delay", sim.DefaultShareDelay, "how long a shared decision takes to reach the other replicas (-share)"),
 		reports: fs.String("reports", string(sim.ReportsNative), fmt.Sprintf(
 			"what the engines' load reports carry: %q (as SGLang: running, waiting, KV and the native fields) or %q (as vLLM's /metrics: running, waiting and KV only)",
 			sim.ReportsNative, sim.ReportsBasic)),
@@ -76,11 +81,15 @@ func (s *scenarioFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 	default:
 		return usage(fmt.Errorf("-reports %q: must be %q or %q", *s.reports, sim.ReportsNative, sim.ReportsBasic))
 	}
+	if *s.shareDelay <= 0 {
+		return usage(fmt.Errorf("-share-delay %v: must be > 0", *s.shareDelay))
+	}
 	if *s.slo <= 0 {
 		return usage(fmt.Errorf("-slo %v: must be > 0", *s.slo))
 	}
 	cfg.SystemPromptTokens = *s.systemPrompt
 	cfg.Routers = *s.routers
+	cfg.ShareRouters, cfg.ShareDelay = *s.share, *s.shareDelay
 	return s.generate(fs, cfg)
 }
 

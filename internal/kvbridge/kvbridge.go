@@ -46,4 +46,17 @@ var (
 	// WriterYieldBlocks returns how many blocks x's Stores add between two yields of the writer's
 	// processor (kvindex.Options.WriterYieldBlocks after its default); 0 means never.
 	WriterYieldBlocks func(x any) int
+
+	// SetPlaceHook makes x call fn, synchronously, after each route-time placement a
+	// kvindex.LocalSource over x records (kvindex.Placer): engine's DP rank, the prompt's chained
+	// block keys (read-only, valid during the call) and held, the leading blocks the rank held
+	// through real events. nil removes the hook. fn must be safe for concurrent use and must not
+	// block.
+	SetPlaceHook func(x any, fn func(engine state.EngineID, rank int, keys []uint64, held int))
+
+	// PlacePeer records another router replica's placement (SetPlaceHook's arguments) in x as
+	// approximate entries, as kvindex.LocalSource.Place would (docs/design.md §9.10). keys come
+	// from outside the process: a chain that repeats a key or conflicts with the index is
+	// refused. Errors as LocalSource.Place's, and kvindex.ErrCyclicChain.
+	PlacePeer func(x any, engine state.EngineID, rank int, keys []uint64, held int) error
 )

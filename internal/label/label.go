@@ -62,6 +62,8 @@ const (
 	FailNoMatchingBucket     = "no_matching_bucket"
 	FailUnknownModel         = "unknown_model"
 	FailAdmissionRejected    = "admission_rejected"
+	FailFlowRejected         = "flow_rejected"
+	FailFlowTimeout          = "flow_timeout"
 	FailNoCandidates         = "no_candidates"
 	FailInvalidSignal        = "invalid_signal"
 	FailInvalidConfiguration = "invalid_configuration"
@@ -78,9 +80,21 @@ const (
 	FlowSheddable = "sheddable"
 )
 
+// Ends of a flow-control wait other than a rejection (flowcontrol.Event.Outcome).
+const (
+	FlowServed   = "served"
+	FlowFailed   = "failed"
+	FlowExpired  = "expired"
+	FlowCanceled = "canceled"
+)
+
+// FlowOutcomes lists every flowcontrol.Event.Outcome of a request that left the queue or was
+// refused.
+var FlowOutcomes = [...]string{FlowServed, FlowFailed, FlowQueueFull, FlowDisplaced, FlowSheddable, FlowExpired, FlowCanceled}
+
 // Failures lists every failure reason.
-var Failures = []string{FailNoMatchingBucket, FailUnknownModel, FailAdmissionRejected, FailNoCandidates, FailInvalidSignal,
-	FailInvalidConfiguration, FailOutsideCandidates, FailCanceled, FailDeadlineExceeded, FailError}
+var Failures = []string{FailNoMatchingBucket, FailUnknownModel, FailAdmissionRejected, FailFlowRejected, FailFlowTimeout,
+	FailNoCandidates, FailInvalidSignal, FailInvalidConfiguration, FailOutsideCandidates, FailCanceled, FailDeadlineExceeded, FailError}
 
 // Reasons maps each built-in policy's configuration name to the pick reasons it produces, for
 // the series package metrics declares up front.

@@ -18,6 +18,8 @@ const (
 	evStep
 	// evTransfer: request arg's KV has reached its decode engine (PD).
 	evTransfer
+	// evShare: shared batch arg of replica ver reaches the other replicas (Config.ShareRouters).
+	evShare
 )
 
 // event is one entry of the virtual-time queue. Events fire in (at, seq) order: seq is the order

@@ -210,6 +210,15 @@ type Config struct {
 	// publishes its KV events to every replica's index. Replica j's policies draw from
 	// PCG(Seed, Seed+j), so Routers 1 replays exactly as 0. 0 means 1; negative is invalid.
 	Routers int
+	// ShareRouters makes the router replicas share their decisions as replicas over a broker do
+	// (docs/design.md §6, "Router replicas"): each replica's dispatch starts and ends and
+	// route-time placements reach every other replica ShareDelay later, and count there in
+	// pressure comparisons and prefix matches. Without it (and with one replica) nothing is
+	// shared.
+	ShareRouters bool
+	// ShareDelay is the virtual time a shared decision takes to reach the other replicas. 0
+	// means DefaultShareDelay; negative is invalid.
+	ShareDelay time.Duration
 	// Seed seeds each policy run's PCG random source (math/rand/v2 PCG(Seed, Seed)). The same
 	// Config gives a byte-identical Report.
 	Seed uint64
@@ -266,6 +275,10 @@ const (
 	ReportsBasic LoadReports = "basic"
 )
 
+// DefaultShareDelay is Config.ShareDelay's default: a broker's publish-to-delivery time on one
+// network.
+const DefaultShareDelay = 5 * time.Millisecond
+
 // MaxRouters bounds Config.Routers.
 const MaxRouters = 64
 
@@ -321,6 +334,12 @@ func (cfg *Config) resolve() (*resolved, error) {
 	}
 	if rc.Routers < 0 || rc.Routers > MaxRouters {
 		return nil, fmt.Errorf("sim: Config.Routers = %d: must be in [0, %d]: %w", cfg.Routers, MaxRouters, state.ErrInvalidConfiguration)
+	}
+	if rc.ShareDelay == 0 {
+		rc.ShareDelay = DefaultShareDelay
+	}
+	if rc.ShareDelay < 0 {
+		return nil, fmt.Errorf("sim: Config.ShareDelay = %v: must be >= 0: %w", cfg.ShareDelay, state.ErrInvalidConfiguration)
 	}
 	if rc.ReportInterval == 0 {
 		rc.ReportInterval = DefaultReportInterval

@@ -35,6 +35,9 @@ type Report struct {
 	SystemPromptTokens int `json:"system_prompt_tokens,omitempty"`
 	// Routers is the number of router replicas (Config.Routers, at least 1).
 	Routers int `json:"routers"`
+	// ShareDelay is the delay of the replicas' shared decisions (Config.ShareRouters), in
+	// seconds; 0 when they share nothing.
+	ShareDelay float64 `json:"share_delay,omitempty"`
 	// Reports is ReportsBasic when the engines' load reports had no native extension
 	// (Config.Reports); empty for native reports.
 	Reports LoadReports `json:"reports,omitempty"`
@@ -248,6 +251,7 @@ func newReport(rc *resolved, results []PolicyResult) *Report {
 		Fleet:                rc.Fleet,
 		SystemPromptTokens:   rc.SystemPromptTokens,
 		Routers:              rc.Routers,
+		ShareDelay:           rc.shareDelay(),
 		Reports:              basicOnly(rc.Reports),
 		FlowControl:          rc.flowControl != nil,
 		Model:                rc.Model,
@@ -303,6 +307,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	if rep.Routers > 1 {
 		fmt.Fprintf(bw, ", %d router replicas", rep.Routers)
+		if rep.ShareDelay > 0 {
+			fmt.Fprintf(bw, " sharing decisions (%g ms)", rep.ShareDelay*1e3)
+		}
 	}
 	if rep.Reports == ReportsBasic {
 		fmt.Fprint(bw, ", basic load reports (running and waiting only)")
@@ -420,4 +427,12 @@ func (rep *Report) Warnings() []string {
 		}
 	}
 	return out
+}
+
+// shareDelay returns Report.ShareDelay: the delay in seconds when the replicas share, else 0.
+func (rc *resolved) shareDelay() float64 {
+	if !rc.ShareRouters || rc.Routers < 2 {
+		return 0
+	}
+	return rc.ShareDelay.Seconds()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/flowcontrol"
+	"github.com/enginepick/enginepick/internal/peersync"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
@@ -43,6 +44,8 @@ type run struct {
 	seq    uint64
 
 	replicas []*replica     // router replicas; request k goes to replicas[k % len]
+	shared   [][]byte       // batches in transit between replicas (evShare); nil: a free slot
+	freeMsg  []int32        // free slots of shared
 	affinity affinity.Store // shared by every replica
 	indexes  []*kvindex.Index
 
@@ -91,6 +94,7 @@ type replica struct {
 	router   *enginepick.Router
 	trackers []requestTracker        // policies that follow their requests' lifecycle
 	routed   int                     // requests this replica routed (selected an engine for)
+	share    *peersync.Core          // nil unless Config.ShareRouters with several replicas
 	fc       *flowcontrol.Controller // nil without Config.FlowControl
 }
 
@@ -228,6 +232,14 @@ func (r *run) newReplica(reg state.Registry, k int, factory PolicyFactory) (*rep
 	rep := &replica{load: rc.routing.newLoadTable(r.clock), inflight: loadmon.NewInFlight(r.clock),
 		index: r.indexes[k]}
 	rng := rand.New(rand.NewPCG(rc.Seed, rc.Seed+uint64(k)))
+	if rc.ShareRouters && rc.Routers > 1 {
+		var err error
+		rep.share, err = peersync.New(peersync.Config{ID: fmt.Sprint(k), InFlight: rep.inflight, Index: rep.index,
+			Known: func(e state.EngineID) bool { return r.byID[e] != nil }, Lease: time.Duration(1<<63 - 1)})
+		if err != nil {
+			return nil, err
+		}
+	}
 	if rc.routing != nil {
 		var err error
 		if rep.router, err = rc.routing.newRouter(r, reg, rep, rng.IntN); err != nil {
@@ -312,6 +324,8 @@ func (r *run) loop() error {
 			err = r.all[ev.arg].onStep(ev.ver)
 		case evTransfer:
 			err = r.transferred(&r.reqs[ev.arg])
+		case evShare:
+			err = r.deliver(ev.arg, int(ev.ver))
 		}
 		if err == nil && r.rc.flowControl != nil {
 			err = r.drive()
@@ -319,9 +333,44 @@ func (r *run) loop() error {
 		if err != nil {
 			return err
 		}
+		r.share()
 	}
 	if r.pending != 0 {
 		return fmt.Errorf("sim: %d requests never finished (simulator bug)", r.pending)
+	}
+	return nil
+}
+
+// share sends each sharing replica's pending decisions to the others, Config.ShareDelay from now.
+func (r *run) share() {
+	for k, rep := range r.replicas {
+		if rep.share == nil || !rep.share.Pending() {
+			continue
+		}
+		var slot int32
+		if n := len(r.freeMsg); n > 0 {
+			slot, r.freeMsg = r.freeMsg[n-1], r.freeMsg[:n-1]
+		} else {
+			slot = int32(len(r.shared))
+			r.shared = append(r.shared, nil)
+		}
+		r.shared[slot] = rep.share.Flush(false)
+		r.schedule(r.now+r.rc.ShareDelay, evShare, slot, uint64(k))
+	}
+}
+
+// deliver folds shared batch slot of replica from into every other replica's view.
+func (r *run) deliver(slot int32, from int) error {
+	msg := r.shared[slot]
+	r.shared[slot] = nil
+	r.freeMsg = append(r.freeMsg, slot)
+	for k, rep := range r.replicas {
+		if k == from {
+			continue
+		}
+		if err := rep.share.Receive(msg, r.clock()); err != nil {
+			return fmt.Errorf("sim: shared batch of replica %d: %w", from, err)
+		}
 	}
 	return nil
 }

@@ -26,9 +26,9 @@ const (
 	DefaultInterval = time.Second
 	// DefaultTimeout bounds one poll: connection, request and body.
 	DefaultTimeout = 500 * time.Millisecond
-	// DefaultMaxBodyBytes bounds a load page; vLLM's /metrics page with every histogram is a few
+	// defaultMaxBodyBytes bounds a load page; vLLM's /metrics page with every histogram is a few
 	// hundred KiB per DP rank.
-	DefaultMaxBodyBytes = 16 << 20
+	defaultMaxBodyBytes = 16 << 20
 )
 
 // Target is one engine's load endpoint: one page for every DP rank (URL), or one page per rank
@@ -71,7 +71,7 @@ func (t *Target) ranks() int {
 }
 
 // Options configures a Poller. The zero value is usable: DefaultInterval, DefaultTimeout, no
-// jitter, DefaultMaxBodyBytes, a plain http.Client, no logging.
+// jitter, 16 MiB pages, a plain http.Client, no logging.
 type Options struct {
 	// Client sends the polls. Nil means a new &http.Client{} (Timeout below still bounds each poll).
 	Client *http.Client
@@ -84,7 +84,7 @@ type Options struct {
 	// Jitter × Interval, and each engine's first poll waits a uniformly random time up to Jitter ×
 	// Interval, so that polls of many engines spread out. Zero means none.
 	Jitter float64
-	// MaxBodyBytes bounds a page; a longer page is a failed poll. Zero means DefaultMaxBodyBytes;
+	// MaxBodyBytes bounds a page; a longer page is a failed poll. Zero means 16 MiB;
 	// negative is invalid.
 	MaxBodyBytes int64
 	// Rand returns uniform values in [0, 1) for jitter. Nil means math/rand/v2.Float64.
@@ -183,7 +183,7 @@ func NewPoller(table *loadmon.Table, targets []Target, opts Options) (*Poller, e
 		p.timeout = min(DefaultTimeout, p.interval)
 	}
 	if p.maxBody == 0 {
-		p.maxBody = DefaultMaxBodyBytes
+		p.maxBody = defaultMaxBodyBytes
 	}
 	if p.rand == nil {
 		p.rand = rand.Float64

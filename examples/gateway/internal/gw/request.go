@@ -23,6 +23,8 @@ type requestHead struct {
 	// Output is the output budget: max_completion_tokens, else max_tokens; nil when neither is
 	// given (or both are null).
 	Output *tokenCount
+	// User is the request's "user", OpenAI's end-user identifier ("" when absent or null).
+	User string
 }
 
 // tokenCount is a valid, non-negative integer token-count field of the request.
@@ -59,6 +61,7 @@ func parseHead(body []byte, chat bool) (requestHead, error) {
 		Prompt              json.RawMessage `json:"prompt"`
 		MaxTokens           json.RawMessage `json:"max_tokens"`
 		MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+		User                json.RawMessage `json:"user"`
 	}
 	if t := bytes.TrimSpace(body); len(t) == 0 || t[0] != '{' {
 		return requestHead{}, errNotObject
@@ -101,6 +104,14 @@ func parseHead(body []byte, chat bool) (requestHead, error) {
 			return h, errors.New("prompt is required")
 		}
 		h.Prompt = raw.Prompt
+	}
+	if !absent(raw.User) {
+		if raw.User[0] != '"' {
+			return h, fmt.Errorf("user must be a string, got %s", quote(raw.User))
+		}
+		if err := json.Unmarshal(raw.User, &h.User); err != nil {
+			return h, errNotObject // a string json.Unmarshal validated
+		}
 	}
 	completion, err := parseTokenCount("max_completion_tokens", raw.MaxCompletionTokens)
 	if err != nil {

@@ -16,6 +16,7 @@ func FuzzParseHead(f *testing.F) {
 		`{"model":5,"messages":"hi","max_tokens":1e30}`,
 		`{"model":"","stream":"yes","max_tokens":-0}`,
 		`[1,2]`, `null`, ` {"model":"é","messages":[1]} `, `{"max_tokens":-9223372036854775809}`,
+		`{"model":"m","prompt":"x","user":"alice"}`, `{"model":"m","prompt":"x","user":["alice"]}`,
 	} {
 		f.Add([]byte(seed), true)
 		f.Add([]byte(seed), false)

@@ -2,11 +2,13 @@ package gw
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/bucket"
+	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -43,6 +46,15 @@ const (
 // serve a request on (vllm-project/vllm vllm/entrypoints/openai/serving_engine.py,
 // _get_data_parallel_rank).
 const VLLMRankHeader = "X-data-parallel-rank"
+
+// Flow-control headers (docs/design.md §17): the request's priority, an integer that selects its
+// band (bucket.Request.Priority; absent means 0), and its flow, the fairness key
+// (bucket.Request.Flow; absent or empty means the body's OpenAI "user" field). They matter only
+// when the Router has flow control (the --config file's flow_control block).
+const (
+	PriorityHeader = "x-enginepick-priority"
+	FlowHeader     = "x-enginepick-flow"
+)
 
 // SGLang request fields (sgl-project/sglang python/sglang/srt/entrypoints/openai/protocol.py):
 // the DP rank to serve on (routed_dp_rank, formerly data_parallel_rank), the prefill rank holding a
@@ -275,6 +287,16 @@ func (s *Server) inference(rw http.ResponseWriter, r *http.Request, chat bool) {
 	if s.opts.RoutingKeyHeader != "" {
 		req.RoutingKey = r.Header.Get(s.opts.RoutingKeyHeader)
 	}
+	if v := r.Header.Get(PriorityHeader); v != "" {
+		p, err := strconv.Atoi(v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_request_error",
+				fmt.Sprintf("header %s must be an integer, got %s", PriorityHeader, quote([]byte(strconv.Quote(v)))))
+			return
+		}
+		req.Priority = p
+	}
+	req.Flow = cmp.Or(r.Header.Get(FlowHeader), head.User)
 
 	d, err := s.opts.Router.Select(r.Context(), req)
 	if err != nil {
@@ -297,6 +319,17 @@ func (s *Server) selectionError(w http.ResponseWriter, err error, model state.Mo
 		ce.Write(zap.Int("status", code), zap.Error(err))
 	}
 	var typ, msg string
+	var rejected *flowcontrol.RejectedError
+	switch {
+	case errors.As(err, &rejected):
+		// RFC 9110 §10.2.3: delay-seconds, rounded up so that a client does not retry early.
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(rejected.RetryAfter.Seconds()))))
+		writeError(w, code, "rate_limit_exceeded", "too many requests are waiting for an engine: retry later")
+		return
+	case errors.Is(err, flowcontrol.ErrTimeout):
+		writeError(w, code, "engine_unavailable", "the request waited its priority's time limit and no engine took it")
+		return
+	}
 	switch code {
 	case http.StatusBadRequest:
 		typ, msg = "invalid_request_error", "no engine group accepts a request of this length"

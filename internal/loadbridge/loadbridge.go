@@ -1,0 +1,56 @@
+// Package loadbridge gives the module's own packages the loadmon.InFlight operations that are not
+// part of loadmon's API: the hook that reports this router's dispatch changes, and the peer
+// component that counts other router replicas' dispatches in pressure comparisons
+// (docs/design.md §6, "Router replicas").
+//
+// Package loadmon sets the functions when it is initialised, so they are never nil once loadmon is
+// imported. This package cannot name loadmon's types (loadmon imports it): f is always a
+// *loadmon.InFlight; anything else panics.
+package loadbridge
+
+import "github.com/enginepick/enginepick/state"
+
+// Op is the kind of a dispatch Change.
+type Op uint8
+
+const (
+	// OpStart is a dispatch counted (Acquire, or a TryAcquire that succeeded).
+	OpStart Op = iota + 1
+	// OpPrefillEnd is the dispatch's first token (Guard.FirstToken): its prefill tokens no longer
+	// count as in-flight prefill.
+	OpPrefillEnd
+	// OpEnd is the dispatch released (Guard.Release); Tokens are the prefill tokens still counted
+	// as in-flight prefill until then (0 when its first token came before).
+	OpEnd
+)
+
+// Change is one change to a router's in-flight dispatches to one engine.
+type Change struct {
+	Op Op
+	// ID numbers the dispatch from 1, in the order the InFlight counted them; its changes share it.
+	ID     uint64
+	Engine state.EngineID
+	// Rank is the DP rank the dispatch named; negative for none.
+	Rank int
+	// Tokens are the dispatch's prefill tokens (OpStart, OpPrefillEnd) or those still in-flight
+	// prefill at its end (OpEnd).
+	Tokens uint64
+	// At is the dispatch time in unix nanoseconds (OpStart; 0 otherwise).
+	At int64
+}
+
+var (
+	// SetHook makes f call fn, synchronously, after each change to its dispatches; nil removes
+	// the hook. fn must be safe for concurrent use and must not block. Changes of one dispatch
+	// reach fn in order.
+	SetHook func(f any, fn func(Change))
+
+	// ApplyPeer counts another replica's dispatch change in f's peer component: OpStart adds a
+	// dispatch in flight with its prefill tokens and records its time and tokens for the
+	// dispatches since a report; OpPrefillEnd subtracts Tokens from the in-flight prefill; OpEnd
+	// subtracts the dispatch and Tokens. The peer component counts in Observe's Dispatched and
+	// DispatchedTokens and in the in-flight prefill of EstimatePendingPrefillTokens, never in
+	// Count, admission caps or TryAcquire. The caller keeps the changes consistent (an end only
+	// after its start, once); the counters saturate at zero.
+	ApplyPeer func(f any, c Change)
+)

@@ -1,0 +1,303 @@
+// Package peersync folds router replicas' shared decisions into each replica's view: the
+// dispatches each replica starts and ends per engine and DP rank, and its route-time placements
+// (docs/design.md §6, "Router replicas"). It has no goroutine and no transport: package replicas
+// runs it over a broker, the replay (internal/sim) over virtual time.
+package peersync
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/enginepick/enginepick/internal/kvbridge"
+	"github.com/enginepick/enginepick/internal/loadbridge"
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/state"
+)
+
+// ErrInvalidBatch is returned by Receive for a message that is not a batch.
+var ErrInvalidBatch = errors.New("peersync: invalid batch")
+
+// Config configures a Core.
+type Config struct {
+	// ID names this replica among its peers; required. Incarnation tells a restarted replica
+	// from its previous run (any value that differs between runs, e.g. the start time).
+	ID          string
+	Incarnation uint64
+	// InFlight is this replica's in-flight counters: its dispatches are shared, its peers' folded
+	// in. Required.
+	InFlight *loadmon.InFlight
+	// Index is this replica's prefix index: its LocalSource placements are shared, its peers'
+	// recorded. nil: placements are neither shared nor received.
+	Index *kvindex.Index
+	// Known reports whether an engine is in this replica's fleet; deltas for others are dropped.
+	// Required.
+	Known func(state.EngineID) bool
+	// Lease is how long a silent peer's dispatches keep counting (Expire); > 0.
+	Lease time.Duration
+}
+
+// Core is one replica's side of the sharing: the local deltas waiting for Flush and the state of
+// every peer heard from. Safe for concurrent use.
+type Core struct {
+	cfg Config
+
+	outMu sync.Mutex
+	out   batch // pending local deltas; out.Seq is the last sequence number flushed
+
+	mu    sync.Mutex
+	peers map[string]*peer
+
+	sent, received, dropped atomic.Uint64
+}
+
+// batch is the message replicas exchange, msgpack-encoded.
+type batch struct {
+	_       struct{} `msgpack:",as_array"`
+	Origin  string
+	Inc     uint64
+	Seq     uint64 // from 1 per incarnation; a gap means lost batches
+	Changes []change
+	Places  []place
+}
+
+type change struct {
+	_      struct{} `msgpack:",as_array"`
+	Op     loadbridge.Op
+	ID     uint64
+	Engine state.EngineID
+	Rank   int
+	Tokens uint64
+	At     int64
+}
+
+type place struct {
+	_      struct{} `msgpack:",as_array"`
+	Engine state.EngineID
+	Rank   int
+	Keys   []uint64
+	Held   int
+}
+
+// peer is what a replica knows of one peer: its live dispatches, folded into the InFlight.
+type peer struct {
+	inc   uint64
+	seq   uint64
+	heard time.Time
+	live  map[uint64]*dispatch
+}
+
+type dispatch struct {
+	engine     state.EngineID
+	rank       int
+	prefilling uint64 // prefill tokens still counted
+}
+
+// New returns a Core and installs its hooks on cfg.InFlight and cfg.Index (Close removes them).
+func New(cfg Config) (*Core, error) {
+	switch {
+	case cfg.ID == "":
+		return nil, fmt.Errorf("peersync: empty replica ID: %w", state.ErrInvalidConfiguration)
+	case cfg.InFlight == nil || cfg.Known == nil:
+		return nil, fmt.Errorf("peersync: InFlight and Known are required: %w", state.ErrInvalidConfiguration)
+	case cfg.Lease <= 0:
+		return nil, fmt.Errorf("peersync: lease %v, must be > 0: %w", cfg.Lease, state.ErrInvalidConfiguration)
+	}
+	c := &Core{cfg: cfg, peers: map[string]*peer{}}
+	c.out.Origin, c.out.Inc = cfg.ID, cfg.Incarnation
+	loadbridge.SetHook(cfg.InFlight, c.local)
+	if cfg.Index != nil {
+		kvbridge.SetPlaceHook(cfg.Index, c.localPlace)
+	}
+	return c, nil
+}
+
+// Close removes the hooks New installed.
+func (c *Core) Close() {
+	loadbridge.SetHook(c.cfg.InFlight, nil)
+	if c.cfg.Index != nil {
+		kvbridge.SetPlaceHook(c.cfg.Index, nil)
+	}
+}
+
+func (c *Core) local(ch loadbridge.Change) {
+	if !c.cfg.Known(ch.Engine) {
+		return
+	}
+	c.outMu.Lock()
+	c.out.Changes = append(c.out.Changes, change{Op: ch.Op, ID: ch.ID, Engine: ch.Engine, Rank: ch.Rank, Tokens: ch.Tokens, At: ch.At})
+	c.outMu.Unlock()
+}
+
+func (c *Core) localPlace(engine state.EngineID, rank int, keys []uint64, held int) {
+	p := place{Engine: engine, Rank: rank, Keys: append([]uint64(nil), keys...), Held: held}
+	c.outMu.Lock()
+	c.out.Places = append(c.out.Places, p)
+	c.outMu.Unlock()
+}
+
+// Pending reports whether local deltas wait for Flush.
+func (c *Core) Pending() bool {
+	c.outMu.Lock()
+	defer c.outMu.Unlock()
+	return len(c.out.Changes)+len(c.out.Places) > 0
+}
+
+// Flush takes the pending local deltas as one encoded batch with the next sequence number; with
+// none pending it returns nil unless heartbeat (an empty batch keeps this replica's lease). A
+// batch the caller fails to deliver is lost: peers see the gap and drop this replica's
+// dispatches (Receive).
+func (c *Core) Flush(heartbeat bool) []byte {
+	c.outMu.Lock()
+	n := len(c.out.Changes) + len(c.out.Places)
+	if n == 0 && !heartbeat {
+		c.outMu.Unlock()
+		return nil
+	}
+	c.out.Seq++
+	b, err := msgpack.Marshal(&c.out)
+	c.out.Changes, c.out.Places = c.out.Changes[:0], c.out.Places[:0]
+	c.outMu.Unlock()
+	if err != nil {
+		panic(err) // a batch of plain values always encodes
+	}
+	c.sent.Add(uint64(n))
+	return b
+}
+
+// Counts returns the deltas this replica flushed, the peers' deltas it applied and those it
+// dropped (duplicates, unknown engines or dispatches, refused placements, undecodable batches).
+func (c *Core) Counts() (sent, received, dropped uint64) {
+	return c.sent.Load(), c.received.Load(), c.dropped.Load()
+}
+
+// Receive folds one peer batch into the view at now: its own batches are ignored, a batch seen
+// before is dropped, and a gap in a peer's sequence or a new incarnation first drops what the
+// peer had in flight, which then counts again from the starts received. Errors:
+// ErrInvalidBatch (nothing changes).
+func (c *Core) Receive(msg []byte, now time.Time) error {
+	var b batch
+	if err := msgpack.Unmarshal(msg, &b); err != nil || b.Origin == "" || b.Seq == 0 {
+		c.dropped.Add(1)
+		return fmt.Errorf("%w: %v", ErrInvalidBatch, err)
+	}
+	if b.Origin == c.cfg.ID && b.Inc == c.cfg.Incarnation {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.peers[b.Origin]
+	switch {
+	case p == nil:
+		p = &peer{inc: b.Inc, live: map[uint64]*dispatch{}}
+		c.peers[b.Origin] = p
+	case p.inc != b.Inc:
+		c.forget(p)
+		p.inc = b.Inc
+	case b.Seq <= p.seq:
+		c.dropped.Add(uint64(len(b.Changes) + len(b.Places)))
+		return nil
+	case b.Seq != p.seq+1:
+		c.forget(p)
+	}
+	p.seq, p.heard = b.Seq, now
+	for _, ch := range b.Changes {
+		if c.apply(p, ch) {
+			c.received.Add(1)
+		} else {
+			c.dropped.Add(1)
+		}
+	}
+	for _, pl := range b.Places {
+		if c.cfg.Index != nil && c.cfg.Known(pl.Engine) &&
+			kvbridge.PlacePeer(c.cfg.Index, pl.Engine, pl.Rank, pl.Keys, pl.Held) == nil {
+			c.received.Add(1)
+		} else {
+			c.dropped.Add(1)
+		}
+	}
+	return nil
+}
+
+// apply folds one change of p; false when it is dropped. Callers hold c.mu.
+func (c *Core) apply(p *peer, ch change) bool {
+	d := p.live[ch.ID]
+	switch ch.Op {
+	case loadbridge.OpStart:
+		if d != nil || !c.cfg.Known(ch.Engine) {
+			return false
+		}
+		rank := max(ch.Rank, -1)
+		p.live[ch.ID] = &dispatch{engine: ch.Engine, rank: rank, prefilling: ch.Tokens}
+		loadbridge.ApplyPeer(c.cfg.InFlight, loadbridge.Change{Op: loadbridge.OpStart, Engine: ch.Engine, Rank: rank, Tokens: ch.Tokens, At: ch.At})
+	case loadbridge.OpPrefillEnd:
+		if d == nil || d.prefilling == 0 {
+			return false
+		}
+		loadbridge.ApplyPeer(c.cfg.InFlight, loadbridge.Change{Op: loadbridge.OpPrefillEnd, Engine: d.engine, Rank: d.rank, Tokens: d.prefilling})
+		d.prefilling = 0
+	case loadbridge.OpEnd:
+		if d == nil {
+			return false
+		}
+		c.end(p, ch.ID, d)
+	default:
+		return false
+	}
+	return true
+}
+
+// end ends p's dispatch id in the view. Callers hold c.mu.
+func (c *Core) end(p *peer, id uint64, d *dispatch) {
+	loadbridge.ApplyPeer(c.cfg.InFlight, loadbridge.Change{Op: loadbridge.OpEnd, Engine: d.engine, Rank: d.rank, Tokens: d.prefilling})
+	delete(p.live, id)
+}
+
+// forget ends every dispatch of p in the view. Callers hold c.mu.
+func (c *Core) forget(p *peer) {
+	for id, d := range p.live {
+		c.end(p, id, d)
+	}
+	p.seq = 0
+}
+
+// Expire forgets the peers last heard before now − Lease: their dispatches stop counting. It
+// returns how many it forgot.
+func (c *Core) Expire(now time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for id, p := range c.peers {
+		if now.Sub(p.heard) > c.cfg.Lease {
+			c.forget(p)
+			delete(c.peers, id)
+			n++
+		}
+	}
+	return n
+}
+
+// Forget forgets every peer (the broker is unreachable: the replica runs on its own view).
+func (c *Core) Forget() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, p := range c.peers {
+		c.forget(p)
+		delete(c.peers, id)
+	}
+}
+
+// Peers returns how many peers the view counts and their dispatches in flight.
+func (c *Core) Peers() (peers, dispatches int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.peers {
+		dispatches += len(p.live)
+	}
+	return len(c.peers), dispatches
+}

@@ -1,0 +1,307 @@
+package peersync_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/internal/peersync"
+	"github.com/enginepick/enginepick/kvindex"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/state"
+)
+
+const (
+	engA state.EngineID = "http://a"
+	engB state.EngineID = "http://b"
+)
+
+var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// replica is one router replica's state over a fixed clock.
+type replica struct {
+	now      time.Time
+	load     *loadmon.Table
+	inflight *loadmon.InFlight
+	index    *kvindex.Index
+	source   *kvindex.LocalSource
+	core     *peersync.Core
+}
+
+func newReplica(t *testing.T, id string, inc uint64) *replica {
+	t.Helper()
+	r := &replica{now: t0}
+	clock := func() time.Time { return r.now }
+	r.load = loadmon.NewTable(loadmon.WithClock(clock))
+	r.inflight = loadmon.NewInFlight(clock)
+	h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: 4})
+	require.NoError(t, err)
+	r.index, err = kvindex.NewIndex(h, kvindex.Options{Now: clock})
+	require.NoError(t, err)
+	r.source, err = kvindex.NewLocalSource(r.index)
+	require.NoError(t, err)
+	r.core, err = peersync.New(peersync.Config{ID: id, Incarnation: inc, InFlight: r.inflight, Index: r.index,
+		Known: func(e state.EngineID) bool { return e == engA || e == engB }, Lease: 3 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(r.core.Close)
+	for _, e := range []state.EngineID{engA, engB} {
+		require.NoError(t, r.load.Report(loadmon.Report{Engine: e, WaitingRequests: 1}))
+	}
+	return r
+}
+
+// dispatched returns the dispatches since the report and their prefill tokens that r's pressure
+// comparisons see on engine.
+func (r *replica) dispatched(engine state.EngineID) (uint64, uint64) {
+	o := loadmon.Observe(r.load.Snapshot(), r.inflight, engine)
+	return o.Dispatched, o.DispatchedTokens
+}
+
+func (r *replica) pendingPrefill(engine state.EngineID) uint64 {
+	o := loadmon.Observe(r.load.Snapshot(), r.inflight, engine)
+	p, ok := o.EstimatePendingPrefillTokens(r.inflight, 0)
+	if !ok {
+		panic("unknown load")
+	}
+	return p
+}
+
+func TestPeerDispatchesCountInPressureNotInFlight(t *testing.T) {
+	a, b := newReplica(t, "a", 1), newReplica(t, "b", 1)
+	g := a.inflight.Acquire(engA, -1, 100)
+	require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+
+	n, tok := b.dispatched(engA)
+	assert.Equal(t, uint64(1), n)
+	assert.Equal(t, uint64(100), tok)
+	assert.Equal(t, uint64(0), b.inflight.Count(engA), "a peer's dispatch is not this replica's in-flight")
+	n, _ = b.dispatched(engB)
+	assert.Equal(t, uint64(0), n)
+	// A report after the dispatch reflects it: the peer's dispatch no longer counts as since.
+	b.now = b.now.Add(time.Second)
+	require.NoError(t, b.load.Report(loadmon.Report{Engine: engA, WaitingRequests: 2}))
+	n, _ = b.dispatched(engA)
+	assert.Equal(t, uint64(0), n)
+
+	g.FirstToken()
+	require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+	assert.Equal(t, uint64(0), b.pendingPrefill(engA), "no in-flight prefill left; b's own mean is 0")
+	_, live := b.core.Peers()
+	assert.Equal(t, 1, live)
+	g.Release()
+	require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+	_, live = b.core.Peers()
+	assert.Equal(t, 0, live)
+	sent, _, _ := a.core.Counts()
+	_, received, dropped := b.core.Counts()
+	assert.Equal(t, [3]uint64{3, 3, 0}, [3]uint64{sent, received, dropped})
+}
+
+func TestPeerInFlightPrefill(t *testing.T) {
+	a, b := newReplica(t, "a", 1), newReplica(t, "b", 1)
+	g := a.inflight.Acquire(engA, -1, 500)
+	g.FirstToken() // a reports first tokens; its second dispatch is still prefilling
+	a.inflight.Acquire(engA, -1, 300)
+	require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+	b.now = b.now.Add(time.Second)
+	require.NoError(t, b.load.Report(loadmon.Report{Engine: engA})) // nothing waiting since
+	assert.Equal(t, uint64(300), b.pendingPrefill(engA))
+}
+
+func TestDuplicateGapIncarnationAndUnknown(t *testing.T) {
+	tests := []struct {
+		name           string
+		run            func(a, a2, b *replica) // a2: a restarted
+		live           int
+		dispatched     uint64
+		received, drop uint64
+	}{
+		{"duplicate batch counted once", func(a, _, b *replica) {
+			a.inflight.Acquire(engA, -1, 10)
+			m := a.core.Flush(false)
+			_ = b.core.Receive(m, b.now)
+			_ = b.core.Receive(m, b.now)
+		}, 1, 1, 1, 1},
+		{"unknown engine dropped", func(a, _, b *replica) {
+			a.inflight.Acquire("http://other", -1, 10)
+			a.inflight.Acquire(engA, -1, 10)
+			_ = b.core.Receive(a.core.Flush(false), b.now)
+		}, 1, 1, 1, 0},
+		{"gap forgets the peer's dispatches", func(a, _, b *replica) {
+			a.inflight.Acquire(engA, -1, 10)
+			_ = b.core.Receive(a.core.Flush(false), b.now)
+			g := a.inflight.Acquire(engB, -1, 10)
+			_ = a.core.Flush(false) // lost
+			g.Release()
+			_ = b.core.Receive(a.core.Flush(false), b.now) // the end of a dispatch b never saw
+		}, 0, 1, 1, 1},
+		{"restart forgets the old incarnation", func(a, a2, b *replica) {
+			a.inflight.Acquire(engA, -1, 10)
+			_ = b.core.Receive(a.core.Flush(false), b.now)
+			a2.inflight.Acquire(engB, -1, 10)
+			_ = b.core.Receive(a2.core.Flush(false), b.now)
+		}, 1, 2, 2, 0},
+		{"own batches ignored", func(_, _, b *replica) {
+			b.inflight.Acquire(engA, -1, 10)
+			_ = b.core.Receive(b.core.Flush(false), b.now)
+		}, 0, 1, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, a2, b := newReplica(t, "a", 1), newReplica(t, "a", 2), newReplica(t, "b", 1)
+			tt.run(a, a2, b)
+			_, live := b.core.Peers()
+			assert.Equal(t, tt.live, live)
+			_, received, dropped := b.core.Counts()
+			assert.Equal(t, tt.received, received)
+			assert.Equal(t, tt.drop, dropped)
+			na, _ := b.dispatched(engA)
+			nb, _ := b.dispatched(engB)
+			assert.Equal(t, tt.dispatched, na+nb, "dispatches since the report (a forgotten dispatch's time stays recorded)")
+		})
+	}
+}
+
+func TestLeaseAndForget(t *testing.T) {
+	a, b, c := newReplica(t, "a", 1), newReplica(t, "b", 1), newReplica(t, "c", 1)
+	a.inflight.Acquire(engA, -1, 10)
+	c.inflight.Acquire(engA, -1, 10)
+	require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+	b.now = b.now.Add(2 * time.Second)
+	require.NoError(t, b.core.Receive(c.core.Flush(false), b.now))
+	assert.Equal(t, 0, b.core.Expire(b.now.Add(time.Second)), "a lease of 3 s: a is still within it")
+	assert.Equal(t, 1, b.core.Expire(b.now.Add(time.Second+time.Nanosecond)))
+	peers, live := b.core.Peers()
+	assert.Equal(t, [2]int{1, 1}, [2]int{peers, live})
+	// A heartbeat keeps the lease.
+	require.NoError(t, b.core.Receive(c.core.Flush(true), b.now.Add(3*time.Second)))
+	assert.Equal(t, 0, b.core.Expire(b.now.Add(6*time.Second)))
+	assert.Nil(t, c.core.Flush(false), "nothing pending, no heartbeat: no batch")
+	b.core.Forget()
+	peers, live = b.core.Peers()
+	assert.Equal(t, [2]int{0, 0}, [2]int{peers, live})
+}
+
+func TestPeerPlacementFound(t *testing.T) {
+	a, b := newReplica(t, "a", 1), newReplica(t, "b", 1)
+	prompt := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	ctx := context.Background()
+	q := kvindex.Query{TokenIDs: prompt}
+	res, err := a.source.Lookup(ctx, q)
+	require.NoError(t, err)
+	require.NoError(t, a.source.Place(engB, 0, q, &res))
+	before, err := b.source.Lookup(ctx, q)
+	require.NoError(t, err)
+	assert.Equal(t, kvindex.OutcomeMiss, before.Outcome)
+	require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+	after, err := b.source.Lookup(ctx, q)
+	require.NoError(t, err)
+	assert.Equal(t, 2, after.Blocks(engB), "both full blocks of a's placement")
+
+	// A placement on an engine b does not know is dropped.
+	require.NoError(t, a.source.Place("http://other", 0, q, &res))
+	require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+	_, received, dropped := b.core.Counts()
+	assert.Equal(t, [2]uint64{1, 1}, [2]uint64{received, dropped})
+}
+
+func TestInvalidBatch(t *testing.T) {
+	b := newReplica(t, "b", 1)
+	for _, msg := range [][]byte{nil, {0xc1}, []byte("not msgpack")} {
+		assert.ErrorIs(t, b.core.Receive(msg, b.now), peersync.ErrInvalidBatch)
+	}
+	peers, _ := b.core.Peers()
+	assert.Equal(t, 0, peers)
+}
+
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	f := loadmon.NewInFlight(nil)
+	known := func(state.EngineID) bool { return true }
+	for _, cfg := range []peersync.Config{
+		{InFlight: f, Known: known, Lease: time.Second},
+		{ID: "a", Known: known, Lease: time.Second},
+		{ID: "a", InFlight: f, Lease: time.Second},
+		{ID: "a", InFlight: f, Known: known},
+	} {
+		_, err := peersync.New(cfg)
+		assert.ErrorIs(t, err, state.ErrInvalidConfiguration)
+	}
+}
+
+// Concurrent dispatches on two replicas, flushed and received while they run: once every
+// dispatch has ended and the last batches are in, no peer dispatch is left in either view.
+func TestConcurrentSharingSettles(t *testing.T) {
+	a, b := newReplica(t, "a", 1), newReplica(t, "b", 1)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var pump sync.WaitGroup
+	pump.Add(1)
+	go func() {
+		defer pump.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if m := a.core.Flush(false); m != nil {
+				_ = b.core.Receive(m, b.now)
+			}
+			if m := b.core.Flush(false); m != nil {
+				_ = a.core.Receive(m, a.now)
+			}
+		}
+	}()
+	for w := range 4 {
+		r := a
+		if w%2 == 1 {
+			r = b
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				g := r.inflight.Acquire([]state.EngineID{engA, engB}[i%2], i%3-1, uint64(i))
+				g.FirstToken()
+				g.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	pump.Wait()
+	require.NoError(t, b.core.Receive(a.core.Flush(true), b.now))
+	require.NoError(t, a.core.Receive(b.core.Flush(true), a.now))
+	for _, r := range []*replica{a, b} {
+		_, live := r.core.Peers()
+		assert.Equal(t, 0, live)
+		_, received, dropped := r.core.Counts()
+		assert.Equal(t, uint64(400*2+ /* prefill ends of dispatches with tokens */ 2*199), received)
+		assert.Equal(t, uint64(0), dropped)
+	}
+}
+
+func FuzzReceive(f *testing.F) {
+	a := func() *replica {
+		t := &testing.T{}
+		return newReplica(t, "a", 1)
+	}()
+	a.inflight.Acquire(engA, 0, 7)
+	f.Add(a.core.Flush(false))
+	f.Add([]byte{0x95, 0xa1, 'x', 1, 1, 0x90, 0x90})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		b := newReplica(t, "b", 1)
+		_ = b.core.Receive(msg, b.now)
+		_ = b.core.Receive(msg, b.now)
+		b.core.Forget()
+		_, live := b.core.Peers()
+		assert.Equal(t, 0, live)
+		o := loadmon.Observe(b.load.Snapshot(), b.inflight, engA)
+		assert.Equal(t, uint64(0), o.InFlight)
+	})
+}
