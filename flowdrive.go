@@ -78,6 +78,10 @@ func init() {
 	flowbridge.Select = func(router any, ctx context.Context, req any, done func(any, error)) {
 		router.(*Router).selectDriven(ctx, req.(*bucket.Request), done)
 	}
+	flowbridge.Controller = func(router any) (any, bool) {
+		fc := router.(*Router).fc
+		return fc, fc != nil
+	}
 }
 
 // selectDriven is Select for a driven request (flowbridge.Select).

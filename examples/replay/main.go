@@ -80,8 +80,8 @@
 //	                 cap at the engines' running batch, -admission '{"max_inflight_requests": 256}',
 //	                 as a deployment would: the router then holds what the engines would queue (the
 //	                 detector alone reads reports up to one interval old, and a report that shows
-//	                 room releases the whole queue). The table gains "shed" (HTTP 429). Not with
-//	                 -config
+//	                 room releases the whole queue). The table gains "shed" (HTTP 429). With
+//	                 -config, the file's flow_control block decides instead
 //	-plot DIR        also write PNG charts to DIR: ttft_cdf.png, hit_rate.png, imbalance.png
 //	-config FILE     replay a routing configuration file instead of -engines, -pd, -policies and
 //	                 -admission: the file production builds its router from (config.Load,
@@ -89,8 +89,9 @@
 //	                 engines the file lists for the model (their IDs and stages; each one DP rank,
 //	                 its load and KV events fed by the simulation instead of its endpoints) and
 //	                 routes with config.New from the file: its buckets, groups, policies,
-//	                 admission caps, freshness, KV block size and affinity idle time. Redis
-//	                 affinity is replaced by one in-memory store shared by the -routers replicas.
+//	                 admission caps, flow control, freshness, KV block size and affinity idle
+//	                 time. Redis affinity is replaced by one in-memory store shared by the
+//	                 -routers replicas.
 //	                 The report has one row, named after the file (see sim.Routing)
 //	-model M         with -config: the model whose engines and buckets are replayed (default: the
 //	                 file's first model)

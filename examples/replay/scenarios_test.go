@@ -153,7 +153,7 @@ func TestRunWorkloadSeed(t *testing.T) {
 // TestRunWorkloadWithConfig: a -config file keeps its own KV block size under -workload.
 // TestRunFlowControl: -flow-control queues in the router what the in-flight caps turn away: the
 // requests the caps reject without it are served, the heading says so and the table counts shed
-// requests; it cannot replay a -config file.
+// requests; with a -config file, the file's flow_control block decides.
 func TestRunFlowControl(t *testing.T) {
 	args := []string{"-workload", "tenants:rate=84,duration=1s", "-policies", "round_robin", "-admission", `{"max_inflight_requests": 8}`}
 	var out, stderr bytes.Buffer
@@ -179,7 +179,7 @@ func TestRunFlowControl(t *testing.T) {
 	stderr.Reset()
 	err := run(context.Background(), []string{"-config", "../configs/plain-round-robin.yaml", "-flow-control"}, &out, &stderr, false)
 	assert.Equal(t, 2, exitCode(err, &stderr))
-	assert.Contains(t, stderr.String(), "Config.FlowControl is not supported with Config.Routing")
+	assert.Contains(t, stderr.String(), "the file's flow_control block configures flow control")
 }
 
 func TestRunWorkloadWithConfig(t *testing.T) {

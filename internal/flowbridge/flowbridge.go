@@ -9,10 +9,10 @@
 // for the next Drive. Blocking and driven requests should not share a model's queue: a blocked
 // request's turn is its own goroutine's, a driven one's waits for Drive.
 //
-// Package flowcontrol sets Submit, Drive and SetClock and package enginepick sets Select when they
-// are initialised, so they are never nil once those packages are imported. This package cannot
-// name their types (they import it): c is always a *flowcontrol.Controller, r a
-// flowcontrol.Request, router an *enginepick.Router, req a *bucket.Request and d an
+// Package flowcontrol sets Submit, Drive and SetClock, and package enginepick Select and
+// Controller, when they are initialised, so they are never nil once those packages are imported.
+// This package cannot name their types (they import it): c is always a *flowcontrol.Controller, r
+// a flowcontrol.Request, router an *enginepick.Router, req a *bucket.Request and d an
 // *enginepick.Dispatch; anything else panics.
 package flowbridge
 
@@ -48,4 +48,8 @@ var (
 	// timer: the driver's next load report wakes the queue. Without flow control, done is called
 	// before Select returns.
 	Select func(router any, ctx context.Context, req any, done func(d any, err error))
+
+	// Controller returns router's flow control (enginepick.Options.FlowControl, as a
+	// *flowcontrol.Controller), and false when it has none.
+	Controller func(router any) (c any, ok bool)
 )

@@ -8,7 +8,6 @@ import (
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/internal/flowbridge"
-	"github.com/enginepick/enginepick/state"
 )
 
 // resolveFlowControl validates Config.FlowControl and sets rc.flowControl, Bands and Weight filled.
@@ -17,8 +16,8 @@ func (rc *resolved) resolveFlowControl() error {
 		return nil
 	}
 	if rc.routing != nil {
-		return &configError{msg: "sim: Config.FlowControl is not supported with Config.Routing (config.New builds the file's router)",
-			errs: []error{state.ErrInvalidConfiguration}}
+		return &configError{msg: "sim: Config.FlowControl with Config.Routing: the file's flow_control block configures flow control",
+			errs: []error{ErrRoutingConflict}}
 	}
 	cfg := *rc.FlowControl
 	if cfg.Bands == nil {
@@ -43,6 +42,12 @@ func (rc *resolved) resolveFlowControl() error {
 	}
 	rc.flowControl = &cfg
 	return nil
+}
+
+// flowControlled reports whether the routers run flow control: Config.FlowControl, or a Routing
+// file's flow_control block.
+func (rc *resolved) flowControlled() bool {
+	return rc.flowControl != nil || (rc.routing != nil && rc.routing.cfg.FlowControl != nil)
 }
 
 // newController builds a replica's flow-control Controller on the run's virtual clock.

@@ -180,3 +180,28 @@ func TestFlowControlTargets(t *testing.T) {
 		assert.Zero(t, on.Shed+on.Rejected)
 	})
 }
+
+// TestFlowControlFromRoutingFile: a routing file's flow_control block runs in the replay as
+// Config.FlowControl does, on the virtual clock: the same bands, caps and fleet replay to the same
+// figures as the built-in run.
+func TestFlowControlFromRoutingFile(t *testing.T) {
+	t.Parallel()
+	tr := generate(t, Tenants{Rate: 20, Heavy: 10, Critical: 0.7, Duration: 2 * time.Second}, 1)
+	builtIn := Config{Trace: tr, Fleet: Fleet{Plain: 4}, Seed: 1, Policies: []string{NameRoundRobin},
+		Admission: admission.Limits{MaxInFlightRequests: admission.Cap(8)}, FlowControl: &flowcontrol.Config{}}
+	want := replayLogged(t, builtIn)
+	require.True(t, want.FlowControl)
+
+	yaml := "engines:\n" + fleetYAML("llama-3.1-8b", "engine", "plain", 4) +
+		"flow_control: {bands: [{priority: 0}, {priority: 1}]}\n" +
+		"models: [{id: llama-3.1-8b, buckets: [{id: default, max_context_tokens: 131072, groups: {plain: {policy: {type: round_robin, admission: {max_inflight_requests: 8}}}}}]}]\n"
+	fromFile := Config{Trace: tr, Seed: 1, Routing: &Routing{Config: parseRouting(t, yaml), Name: NameRoundRobin}}
+	got := replayLogged(t, fromFile)
+	assert.True(t, got.FlowControl)
+	assert.Equal(t, want.Results, got.Results)
+	accounted(t, got)
+
+	fromFile.FlowControl = &flowcontrol.Config{}
+	_, err := Replay(context.Background(), fromFile)
+	assert.ErrorIs(t, err, ErrRoutingConflict)
+}

@@ -241,7 +241,8 @@ type Config struct {
 	// PolicyResult.Rejected, a request refused by flow control (queue full, displaced, sheddable)
 	// in PolicyResult.Shed. A band's TTL ends a wait at the first event at or after it (a load
 	// report comes every ReportInterval). Nil means no flow control. An invalid Config is an error
-	// wrapping state.ErrInvalidConfiguration, as is FlowControl with Routing.
+	// wrapping state.ErrInvalidConfiguration. With Routing, the file's flow_control block
+	// configures flow control instead (FlowControl set too: ErrRoutingConflict).
 	FlowControl *flowcontrol.Config
 	// Parallelism bounds how many policy runs simulate at once; each run is single-threaded and
 	// independent, so the report does not depend on it. 0 means runtime.GOMAXPROCS(0).

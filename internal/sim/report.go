@@ -253,7 +253,7 @@ func newReport(rc *resolved, results []PolicyResult) *Report {
 		Routers:              rc.Routers,
 		ShareDelay:           rc.shareDelay(),
 		Reports:              basicOnly(rc.Reports),
-		FlowControl:          rc.flowControl != nil,
+		FlowControl:          rc.flowControlled(),
 		Model:                rc.Model,
 		ReportInterval:       rc.ReportInterval.Seconds(),
 		InfiniteCacheHitRate: hitRate,

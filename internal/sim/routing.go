@@ -7,6 +7,8 @@ import (
 	"github.com/enginepick/enginepick"
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/flowcontrol"
+	"github.com/enginepick/enginepick/internal/flowbridge"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
@@ -42,8 +44,8 @@ type Routing struct {
 const DefaultRoutingName = "config"
 
 // ErrRoutingConflict: Config.Routing is set together with a field that it replaces (Fleet,
-// Policies, Factories or Admission), or with an EngineModel.BlockTokens that differs from the
-// configuration's kv.block_tokens.
+// Policies, Factories, Admission or FlowControl), or with an EngineModel.BlockTokens that differs
+// from the configuration's kv.block_tokens.
 var ErrRoutingConflict = fmt.Errorf("sim: Config.Routing replaces Fleet, Policies, Factories and Admission: %w", state.ErrInvalidConfiguration)
 
 // routingPlan is a resolved Routing: the model and its engines.
@@ -177,6 +179,10 @@ func (p *routingPlan) newRouter(r *run, reg state.Registry, rep *replica, rand f
 	cr, err := config.New(p.simConfig(), reg, opts...)
 	if err != nil {
 		return nil, err
+	}
+	if c, ok := flowbridge.Controller(cr.Router); ok { // the file's flow_control block
+		flowbridge.SetClock(c, r.clock)
+		rep.fc = c.(*flowcontrol.Controller)
 	}
 	return cr.Router, nil // with no pollers, publishers or health checks, nothing to close
 }

@@ -306,6 +306,7 @@ func (r *run) newReplica(reg state.Registry, k int, factory PolicyFactory) (*rep
 func (r *run) loop() error {
 	r.schedule(0, evTick, 0, 0)
 	r.schedule(r.reqs[0].arrival, evArrival, 0, 0)
+	flow := r.rc.flowControlled()
 	for n := 0; r.events.Len() > 0; n++ {
 		if n&0xfff == 0 {
 			if err := r.ctx.Err(); err != nil {
@@ -327,7 +328,7 @@ func (r *run) loop() error {
 		case evShare:
 			err = r.deliver(ev.arg, int(ev.ver))
 		}
-		if err == nil && r.rc.flowControl != nil {
+		if err == nil && flow {
 			err = r.drive()
 		}
 		if err != nil {
