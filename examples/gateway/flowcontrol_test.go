@@ -20,6 +20,14 @@ import (
 // gateway's /metrics; 0 when absent.
 func series(t *testing.T, g *gateway, nameAndLabels string) float64 {
 	t.Helper()
+	v, _ := lookupSeries(t, g, nameAndLabels)
+	return v
+}
+
+// lookupSeries reads one series (name, or name{labels} in the exposition's order) from the
+// gateway's /metrics, and whether it exists.
+func lookupSeries(t *testing.T, g *gateway, nameAndLabels string) (float64, bool) {
+	t.Helper()
 	rec := httptest.NewRecorder()
 	g.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	require.Equal(t, http.StatusOK, rec.Code)
@@ -28,10 +36,10 @@ func series(t *testing.T, g *gateway, nameAndLabels string) float64 {
 			var f float64
 			_, err := fmt.Sscan(v, &f)
 			require.NoError(t, err)
-			return f
+			return f, true
 		}
 	}
-	return 0
+	return 0, false
 }
 
 // openAIError decodes an OpenAI-style error body.

@@ -442,22 +442,12 @@ func TestPromptsTokenizedThroughTheEngine(t *testing.T) {
 	assert.Equal(t, float64(1), metricValue(t, g, "gateway_estimated_prompts_total"))
 }
 
-// metricValue reads one unlabelled series from the gateway's /metrics.
+// metricValue reads one unlabelled series from the gateway's /metrics; the series must exist.
 func metricValue(t *testing.T, g *gateway, name string) float64 {
 	t.Helper()
-	rec := httptest.NewRecorder()
-	g.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	require.Equal(t, http.StatusOK, rec.Code)
-	for _, line := range strings.Split(rec.Body.String(), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			var f float64
-			_, err := fmt.Sscan(v, &f)
-			require.NoError(t, err)
-			return f
-		}
-	}
-	t.Fatalf("metric %s not found", name)
-	return 0
+	v, ok := lookupSeries(t, g, name)
+	require.True(t, ok, "metric %s not found", name)
+	return v
 }
 
 func TestLoadPolledFromEngines(t *testing.T) {
