@@ -420,9 +420,20 @@ func (r *Router) selectFlow(ctx context.Context, req *bucket.Request, at *time.T
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	a := r.newFlowAttempt(ctx, res, req, at)
+	// The attempt keeps its own clock reading, copied to *at at the end, so that at does not
+	// escape: a Select without flow control allocates nothing for it.
+	var local time.Time
+	var atLocal *time.Time
+	if at != nil {
+		atLocal = &local
+	}
+	a := r.newFlowAttempt(ctx, res, req, atLocal)
 	a.wake = true
-	return a.result(r.fc.Wait(ctx, a.request(), a.try))
+	d, err := a.result(r.fc.Wait(ctx, a.request(), a.try))
+	if at != nil {
+		*at = local
+	}
+	return d, err
 }
 
 // saturated reports whether the saturation detector finds the fleet saturated for a request that
