@@ -706,6 +706,7 @@ type lookupView struct {
 	idx     []int
 	matched []uint64
 	credit  []uint64 // matched, 0 where below the hit gate: what the cost comparison credits
+	gate    uint64   // the hit gate for the request (hitGate)
 }
 
 // lookupBuf backs a lookupView in the pick's scratch; its slices grow to the largest group and
@@ -718,7 +719,7 @@ type lookupBuf struct {
 }
 
 func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kvindex.Result, gate uint64) lookupView {
-	var v lookupView
+	v := lookupView{gate: gate}
 	buf.matched = slices.Grow(buf.matched[:0], len(engines))[:len(engines)]
 	buf.credit = slices.Grow(buf.credit[:0], len(engines))[:len(engines)]
 	v.matched, v.credit = buf.matched, buf.credit
@@ -865,7 +866,7 @@ func (p *cacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return dst
 	}
-	gate := p.hitGate(req)
+	gate := v.gate
 	n := len(engines)
 	limit := min(n, p.opts.CandidateMaxEngines, max(p.opts.CandidateMinEngines, int(math.Ceil(p.opts.CandidateRatio*float64(n)))))
 	all = all[:0]
