@@ -372,6 +372,13 @@ func TestEstimatePendingPrefillTokensCountsPrefillsInFlight(t *testing.T) {
 	clk.Advance(time.Millisecond)
 	require.NoError(t, tab.Report(loadmon.Report{Engine: "c", WaitingRequests: 10}))
 	assert.Equal(t, uint64(10*100), est("c"), "10 waiting × the mean 100 exceeds the 100 in flight")
+	// A native report already counts the prefill in progress (its waiting uncached tokens): it is
+	// used as reported, however much of this router's prefill is in flight there.
+	f.Acquire("n", -1, 9000)
+	clk.Advance(time.Millisecond)
+	require.NoError(t, tab.Report(loadmon.Report{Engine: "n", KVCapacityTokens: 100,
+		Native: &loadmon.NativeLoad{MaxRunningRequests: 8, WaitingUncachedTokens: 700}}))
+	assert.Equal(t, uint64(700), est("n"), "native: the reported waiting uncached tokens")
 	var nilGuard *loadmon.Guard
 	nilGuard.FirstToken()
 }
