@@ -42,6 +42,9 @@
 //	-speed X         divide every arrival time by X, a positive finite number (default 4)
 //	-limit N         replay only the first N requests (default: all)
 //	-seed N          random seed of every policy run (default 1)
+//	-spread-arrivals spread each second's requests uniformly over that second, in their order,
+//	                 drawn from -seed: the Mooncake trace's timestamps are whole seconds, so as given
+//	                 each second's requests arrive at one instant (default: as given)
 //	-system-prompt N prepend one shared N-token prompt to every request (default 0: none), the
 //	                 case of a long system prompt that every request starts with
 //	-routers N       N independent router replicas, each with its own router, in-flight counters

@@ -19,7 +19,8 @@ import (
 const defaultSweepLimit = 3000
 
 // scenarioFlags are the replay's scenario flags, kept apart from the basic ones: a shared system
-// prompt in front of every request (-system-prompt), router replicas (-routers), the engines'
+// prompt in front of every request (-system-prompt), router replicas (-routers, -share,
+// -share-delay), arrivals spread within each second (-spread-arrivals), the engines'
 // prefill time model (-prefill-model), what their load reports carry (-reports) and a generated
 // workload instead of a trace (-workload).
 type scenarioFlags struct {
@@ -28,6 +29,7 @@ type scenarioFlags struct {
 	routers      *int
 	share        *bool
 	shareDelay   *time.Duration
+	spread       *bool
 	prefillModel *string
 	sweep        *bool
 	slo          *time.Duration
@@ -44,6 +46,8 @@ func addScenarioFlags(fs *flag.FlagSet) *scenarioFlags {
 		share: fs.Bool("share", false, "the -routers replicas share their dispatches and route-time placements, "+
 			"as replicas over a broker (package replicas) do"),
 		shareDelay: fs.Duration("share-delay", sim.DefaultShareDelay, "how long a shared decision takes to reach the other replicas (-share)"),
+		spread: fs.Bool("spread-arrivals", false, "spread each second's arrivals uniformly over that second, in their order, "+
+			"drawn from -seed: the Mooncake trace's timestamps are whole seconds, so without it each second's requests arrive at one instant"),
 		reports: fs.String("reports", string(sim.ReportsNative), fmt.Sprintf(
 			"what the engines' load reports carry: %q (as SGLang: running, waiting, KV and the native fields) or %q (as vLLM's /metrics: running, waiting and KV only)",
 			sim.ReportsNative, sim.ReportsBasic)),
@@ -90,6 +94,7 @@ func (s *scenarioFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 	cfg.SystemPromptTokens = *s.systemPrompt
 	cfg.Routers = *s.routers
 	cfg.ShareRouters, cfg.ShareDelay = *s.share, *s.shareDelay
+	cfg.SpreadArrivals = *s.spread
 	return s.generate(fs, cfg)
 }
 

@@ -30,6 +30,24 @@ func TestRunSystemPromptAndRouters(t *testing.T) {
 	}
 }
 
+func TestRunSpreadArrivals(t *testing.T) {
+	for _, spread := range []bool{false, true} {
+		args := []string{"-limit", "60", "-engines", "2", "-policies", "round_robin", "-json"}
+		if spread {
+			args = append(args, "-spread-arrivals")
+		}
+		var out, stderr bytes.Buffer
+		require.NoError(t, run(context.Background(), args, &out, &stderr, false))
+		var rep sim.Report
+		require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+		assert.Equal(t, spread, rep.SpreadArrivals)
+		// The embedded trace's timestamps are whole seconds, so its span at -speed 4 is a multiple
+		// of 0.25 s unless the arrivals are spread.
+		quarters := rep.Span * 4
+		assert.Equal(t, !spread, quarters == float64(int(quarters)), "span %v s", rep.Span)
+	}
+}
+
 func TestRunRejectsBadScenarioFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-system-prompt", "-1"},

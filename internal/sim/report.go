@@ -29,6 +29,8 @@ type Report struct {
 	Speed float64 `json:"speed"`
 	// Seed is the random seed of every policy run.
 	Seed uint64 `json:"seed"`
+	// SpreadArrivals is whether each second's arrivals were spread over it (Config.SpreadArrivals).
+	SpreadArrivals bool `json:"spread_arrivals,omitempty"`
 	// Fleet is the simulated deployment.
 	Fleet Fleet `json:"fleet"`
 	// SystemPromptTokens is the shared prefix prepended to every prompt (Config.SystemPromptTokens).
@@ -248,6 +250,7 @@ func newReport(rc *resolved, results []PolicyResult) *Report {
 		Span:                 (last - first) / 1e9,
 		Speed:                rc.Speed,
 		Seed:                 rc.Seed,
+		SpreadArrivals:       rc.SpreadArrivals,
 		Fleet:                rc.Fleet,
 		SystemPromptTokens:   rc.SystemPromptTokens,
 		Routers:              rc.Routers,
@@ -302,6 +305,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(bw, "trace %s: %d requests over %.0f s (speed %g), fleet %s, seed %d",
 		name, rep.Requests, rep.Span, rep.Speed, rep.Fleet, rep.Seed)
+	if rep.SpreadArrivals {
+		fmt.Fprint(bw, ", arrivals spread within each second")
+	}
 	if rep.SystemPromptTokens > 0 {
 		fmt.Fprintf(bw, ", %d-token system prompt", rep.SystemPromptTokens)
 	}
