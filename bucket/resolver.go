@@ -91,6 +91,9 @@ type Request struct {
 	// like any other). Without flow control they are ignored.
 	Priority int
 	Flow     string
+	// Adapter is the LoRA adapter the request asks for, by the name the engines know it by
+	// (vLLM lora_name); empty means the base model.
+	Adapter string
 }
 
 // ResolverOptions configures SLO ordering. The zero value disables both preferences.

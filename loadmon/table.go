@@ -49,6 +49,21 @@ type Report struct {
 	// Native holds the optional LoadStat v3 extension. Nil means an older publisher: the report is
 	// fresh for admission of running/waiting, but supplies no native pressure.
 	Native *NativeLoad
+	// LoRA is the rank's LoRA adapter residency (vLLM's vllm:lora_requests_info). Nil means the
+	// engine does not report it.
+	LoRA *LoRALoad
+}
+
+// LoRALoad is the LoRA adapters an engine rank reports, after vLLM's vllm:lora_requests_info
+// gauge (labels running_lora_adapters, waiting_lora_adapters, max_lora; vllm-project/vllm
+// vllm/v1/metrics/loggers.py).
+type LoRALoad struct {
+	// MaxAdapters is the adapters the rank can hold in one batch (vLLM max_loras). Zero means
+	// unknown.
+	MaxAdapters int
+	// Running and Waiting name the adapters of the rank's running and waiting requests.
+	Running []string
+	Waiting []string
 }
 
 // NativeLoad is the optional extension of a load report (LoadStat v3, docs/design.md
