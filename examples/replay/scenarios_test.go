@@ -198,7 +198,7 @@ func TestRunRejectsBadWorkloadFlags(t *testing.T) {
 		msg  string
 	}{
 		{[]string{"-workload", "chats:turns=0"}, `replay: sim: workload "chats:turns=0": turns="0": must be >= 1 (omit it for the default): invalid configuration`},
-		{[]string{"-workload", "sessions"}, `unknown workload "sessions" (known: chats, prefix-groups, tenants)`},
+		{[]string{"-workload", "sessions"}, `unknown workload "sessions" (known: chats, prefix-groups, tenants, lora)`},
 		{[]string{"-workload", "chats:rate=1e-9"}, "passes MaxArrival"},
 		{[]string{"-workload", "chats", "-trace", "x.jsonl"}, "replay: -trace and -workload are exclusive"},
 		{[]string{"-workload-seed", "3"}, "replay: -workload-seed needs -workload"},

@@ -20,11 +20,19 @@ const engineHashSeed = 0x656e67696e65 // "engine"
 // hash is defined over.
 var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
+// adapterHashRoot returns the root of the engines' block hash chains for the LoRA adapter named
+// name: an adapter's blocks never share a hash with the base model's (root engineHashSeed) or
+// another adapter's, as vLLM folds the adapter into its block hashes.
+func adapterHashRoot(name string) uint64 {
+	return mix64(engineHashSeed ^ xxhash.Sum64String(name))
+}
+
 // appendEngineHashes appends the engine-side hash of every full block of tokens: a chain in which
-// block i's hash is mix64(hash[i-1] XOR xxh64(le32 tokens of block i)). On big-endian platforms
+// block i's hash is mix64(hash[i-1] XOR xxh64(le32 tokens of block i)), hash[-1] being root
+// (engineHashSeed for the base model, adapterHashRoot for an adapter). On big-endian platforms
 // scratch is reused for the little-endian encoding; it is returned for the next call.
-func appendEngineHashes(dst []uint64, scratch []byte, tokens []uint32, blockTokens int) ([]uint64, []byte) {
-	h := uint64(engineHashSeed)
+func appendEngineHashes(dst []uint64, scratch []byte, tokens []uint32, blockTokens int, root uint64) ([]uint64, []byte) {
+	h := root
 	for len(tokens) >= blockTokens {
 		var block []byte
 		if littleEndian {
@@ -54,6 +62,7 @@ type cacheBlock struct {
 	prev     int32  // evictable LRU list links (-1: none)
 	next     int32
 	inLRU    bool
+	adapter  int32  // the LoRA adapter whose block it is (resolved.adapters index), -1 for the base model
 	indexKey uint64 // kvindex key, recorded only when the replay checks the index
 }
 
@@ -65,7 +74,9 @@ type cacheBlock struct {
 //
 // Every change of the set of cached blocks is published to the index (BlockStored on insert,
 // BlockRemoved on eviction), with the engine's hashes, parent hash and token IDs and
-// kvindex.TierDevice: the path real KV events take. A kvCache is used by one goroutine.
+// kvindex.TierDevice: the path real KV events take. A LoRA adapter's blocks go to the adapter's
+// own index instead, as a subscriber routes events naming the adapter (kvevents.Options.Adapters).
+// A kvCache is used by one goroutine.
 type kvCache struct {
 	engine      state.EngineID
 	blockTokens int
@@ -81,12 +92,16 @@ type kvCache struct {
 	private          int // tokens reserved outside the cache
 	peak             int // most tokens ever cached or reserved at once
 
-	indexes   []*kvindex.Index // every router replica's index; none: publish nothing (PD decode engines)
-	recordKey bool             // keep each block's kvindex key for the end-of-run check
-	evicted   []uint64         // scratch for one Remove event
+	indexes   []*kvindex.Index   // every router replica's index; none: publish nothing (PD decode engines)
+	adapters  [][]*kvindex.Index // per LoRA adapter, every replica's index of its blocks
+	recordKey bool               // keep each block's kvindex key for the end-of-run check
+	evicted   []uint64           // scratch for one Remove event
+	evictedBy []int32            // the adapter of each evicted block, -1 for the base model
 }
 
-func newKVCache(engine state.EngineID, m *EngineModel, indexes []*kvindex.Index, recordKey bool) *kvCache {
+// newKVCache returns an empty cache publishing to indexes, and each adapter's blocks to
+// adapters[adapter]; both nil publish nothing.
+func newKVCache(engine state.EngineID, m *EngineModel, indexes []*kvindex.Index, adapters [][]*kvindex.Index, recordKey bool) *kvCache {
 	return &kvCache{
 		engine:      engine,
 		blockTokens: m.BlockTokens,
@@ -95,8 +110,17 @@ func newKVCache(engine state.EngineID, m *EngineModel, indexes []*kvindex.Index,
 		lruHead:     -1,
 		lruTail:     -1,
 		indexes:     indexes,
+		adapters:    adapters,
 		recordKey:   recordKey,
 	}
+}
+
+// indexesOf returns the indexes that publish the blocks of adapter (-1: the base model).
+func (c *kvCache) indexesOf(adapter int32) []*kvindex.Index {
+	if adapter < 0 || c.indexes == nil {
+		return c.indexes
+	}
+	return c.adapters[adapter]
 }
 
 // free returns the tokens neither cached nor reserved.
@@ -114,7 +138,7 @@ func (c *kvCache) canReserve(tokens int) bool {
 // reserve sets aside tokens of private KV, evicting unreferenced blocks first when needed. The
 // caller checked canReserve. Evictions are published as one BlockRemoved event.
 func (c *kvCache) reserve(tokens int) error {
-	c.evicted = c.evicted[:0]
+	c.evicted, c.evictedBy = c.evicted[:0], c.evictedBy[:0]
 	for c.free() < tokens {
 		if c.lruHead < 0 {
 			return fmt.Errorf("sim: engine %q: KV cache cannot reserve %d tokens (free %d)", c.engine, tokens, c.free())
@@ -123,11 +147,34 @@ func (c *kvCache) reserve(tokens int) error {
 	}
 	c.private += tokens
 	c.peak = max(c.peak, c.cached*c.blockTokens+c.private)
-	if len(c.evicted) > 0 {
-		for _, x := range c.indexes {
-			if err := x.Remove(c.engine, 0, c.evicted, kvindex.TierDevice); err != nil {
-				return fmt.Errorf("sim: engine %q: publish BlockRemoved: %w", c.engine, err)
+	if len(c.evicted) == 0 {
+		return nil
+	}
+	if c.adapters == nil {
+		return c.publishRemoved(c.indexes, c.evicted)
+	}
+	// One event per adapter, the base model's first, then by adapter.
+	for a := int32(-1); int(a) < len(c.adapters); a++ {
+		var hashes []uint64
+		for i, h := range c.evicted {
+			if c.evictedBy[i] == a {
+				hashes = append(hashes, h)
 			}
+		}
+		if len(hashes) > 0 {
+			if err := c.publishRemoved(c.indexesOf(a), hashes); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// publishRemoved sends one BlockRemoved event for hashes to indexes.
+func (c *kvCache) publishRemoved(indexes []*kvindex.Index, hashes []uint64) error {
+	for _, x := range indexes {
+		if err := x.Remove(c.engine, 0, hashes, kvindex.TierDevice); err != nil {
+			return fmt.Errorf("sim: engine %q: publish BlockRemoved: %w", c.engine, err)
 		}
 	}
 	return nil
@@ -142,6 +189,7 @@ func (c *kvCache) evictHead() {
 	b := &c.blocks[i]
 	c.lruUnlink(i)
 	c.evicted = append(c.evicted, b.hash)
+	c.evictedBy = append(c.evictedBy, b.adapter)
 	delete(c.byHash, b.hash)
 	c.cached--
 	c.evictable--
@@ -181,9 +229,10 @@ func (c *kvCache) acquire(h uint64) int32 {
 	return i
 }
 
-// insert caches a new block under parent (a slot the caller references, or -1), referenced once by
-// the caller, and moves its tokens from the caller's private reservation into the cache.
-func (c *kvCache) insert(h uint64, parent int32, key uint64) int32 {
+// insert caches a new block of adapter (-1: the base model) under parent (a slot the caller
+// references, or -1), referenced once by the caller, and moves its tokens from the caller's
+// private reservation into the cache.
+func (c *kvCache) insert(h uint64, parent int32, key uint64, adapter int32) int32 {
 	var i int32
 	if n := len(c.freeSlots); n > 0 {
 		i = c.freeSlots[n-1]
@@ -192,7 +241,7 @@ func (c *kvCache) insert(h uint64, parent int32, key uint64) int32 {
 		i = int32(len(c.blocks))
 		c.blocks = append(c.blocks, cacheBlock{})
 	}
-	c.blocks[i] = cacheBlock{hash: h, parent: parent, refs: 1, prev: -1, next: -1}
+	c.blocks[i] = cacheBlock{hash: h, parent: parent, refs: 1, prev: -1, next: -1, adapter: adapter}
 	if c.recordKey {
 		c.blocks[i].indexKey = key
 	}
@@ -221,8 +270,9 @@ func (c *kvCache) release(chain []int32) {
 	}
 }
 
-// publishStored sends one BlockStored event for a run of newly inserted blocks.
-func (c *kvCache) publishStored(parentHash uint64, hasParent bool, hashes []uint64, tokens []uint32) error {
+// publishStored sends one BlockStored event for a run of newly inserted blocks of adapter (-1:
+// the base model).
+func (c *kvCache) publishStored(adapter int32, parentHash uint64, hasParent bool, hashes []uint64, tokens []uint32) error {
 	if len(hashes) == 0 {
 		return nil
 	}
@@ -234,7 +284,7 @@ func (c *kvCache) publishStored(parentHash uint64, hasParent bool, hashes []uint
 		TokenIDs:    tokens,
 		Tier:        kvindex.TierDevice,
 	}
-	for _, x := range c.indexes {
+	for _, x := range c.indexesOf(adapter) {
 		if err := x.Store(ev); err != nil {
 			return fmt.Errorf("sim: engine %q: publish BlockStored: %w", c.engine, err)
 		}

@@ -85,7 +85,7 @@ func (o *Oracle) Pick(_ context.Context, engines []state.Engine, req *policy.Req
 		input, tokens = int(req.InputTokens), req.TokenIDs
 	}
 	B := o.r.rc.Model.BlockTokens
-	o.hashes, o.scratch = appendEngineHashes(o.hashes[:0], o.scratch, tokens, B)
+	o.hashes, o.scratch = appendEngineHashes(o.hashes[:0], o.scratch, tokens, B, engineHashSeed)
 	t := tieBreak{rand: o.env.Rand, best: -1}
 	bestCost := 0.0
 	for i, se := range engines {

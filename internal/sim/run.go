@@ -48,6 +48,7 @@ type run struct {
 	freeMsg  []int32        // free slots of shared
 	affinity affinity.Store // shared by every replica
 	indexes  []*kvindex.Index
+	adapterX [][]*kvindex.Index // per LoRA adapter, every replica's index of its blocks; nil: no adapters
 
 	front   []*engine // plain or prefill engines, by ID
 	decode  []*engine // PD decode engines, by ID
@@ -125,11 +126,22 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 		r.model = rc.routing.model
 	}
 	for range rc.Routers {
-		x, err := rc.routing.newIndex(rc.Model.BlockTokens, r.clock)
+		x, err := rc.routing.newIndex(rc.Model.BlockTokens, "", r.clock)
 		if err != nil {
 			return nil, err
 		}
 		r.indexes = append(r.indexes, x)
+	}
+	for _, a := range rc.adapters {
+		var xs []*kvindex.Index
+		for range rc.Routers {
+			x, err := rc.routing.newIndex(rc.Model.BlockTokens, a, r.clock)
+			if err != nil {
+				return nil, err
+			}
+			xs = append(xs, x)
+		}
+		r.adapterX = append(r.adapterX, xs)
 	}
 
 	reg := &state.StaticRegistry{}
@@ -137,11 +149,13 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 	addEngine := func(id state.EngineID, stage state.Stage) (*engine, error) {
 		e := &engine{r: r, idx: int32(len(r.all)), id: id, stage: stage, m: &rc.Model,
 			static: state.NewStaticEngine(id, r.model, stage)}
-		idx := r.indexes
+		idx, adapterX := r.indexes, r.adapterX
 		if stage == state.StageDecode {
-			idx = nil // decode engines receive KV by transfer and publish no prefix blocks
+			idx, adapterX = nil, nil // decode engines receive KV by transfer and publish no prefix blocks
+		} else if len(rc.adapters) > 0 {
+			e.waitingFor = make([]int32, len(rc.adapters))
 		}
-		e.cache = newKVCache(id, &rc.Model, idx, rc.inspect != nil)
+		e.cache = newKVCache(id, &rc.Model, idx, adapterX, rc.inspect != nil)
 		if err := reg.Add(e.static); err != nil {
 			return nil, err
 		}
@@ -211,7 +225,11 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 	r.reqs = make([]reqState, len(rc.requests))
 	for k := range r.reqs {
 		tr := &rc.requests[k]
-		r.reqs[k] = reqState{pos: int32(k), tr: tr, input: len(rc.systemPrompt) + tr.InputTokens,
+		adapter := int32(-1)
+		if tr.Adapter != "" {
+			adapter = rc.adapterIDs[tr.Adapter]
+		}
+		r.reqs[k] = reqState{pos: int32(k), tr: tr, adapter: adapter, input: len(rc.systemPrompt) + tr.InputTokens,
 			output: max(tr.OutputTokens, 1), arrival: time.Duration(float64(tr.Arrival) / rc.Speed),
 			replica: r.replicas[k%len(r.replicas)]}
 	}
@@ -249,6 +267,12 @@ func (r *run) newReplica(reg state.Registry, k int, factory PolicyFactory) (*rep
 	}
 	env := PolicyEnv{Load: rep.load, InFlight: rep.inflight, Index: rep.index, Rand: rng.IntN,
 		Admission: rc.Admission, Now: r.clock, Affinity: r.affinity, run: r}
+	if len(rc.adapters) > 0 {
+		env.Adapters = make(map[string]*kvindex.Index, len(rc.adapters))
+		for a, name := range rc.adapters {
+			env.Adapters[name] = r.adapterX[a][k]
+		}
+	}
 	group := func(f PolicyFactory, stage state.Stage) (*bucket.EngineGroup, error) {
 		p, err := f(env, stage)
 		if err != nil {
@@ -416,6 +440,7 @@ func (r *run) arrive(k int) error {
 			HasExpectedPeak: true},
 		Priority: q.tr.Priority,
 		Flow:     q.tr.Tenant,
+		Adapter:  q.tr.Adapter,
 	}
 	r.backlog++ // until its first token, or its selection fails
 	if q.replica.fc != nil {
@@ -467,9 +492,13 @@ func (r *run) routed(q *reqState, d *enginepick.Dispatch, err error) error {
 	if q.front == nil || (sel.IsPD() && q.decode == nil) {
 		return errors.New("sim: router selected an engine outside the fleet")
 	}
-	q.hashes, r.scratch = appendEngineHashes(q.hashes[:0], r.scratch, q.tokens, r.rc.Model.BlockTokens)
+	root, index := uint64(engineHashSeed), r.indexes[0]
+	if q.adapter >= 0 {
+		root, index = r.rc.adapterRoots[q.adapter], r.adapterX[q.adapter][0]
+	}
+	q.hashes, r.scratch = appendEngineHashes(q.hashes[:0], r.scratch, q.tokens, r.rc.Model.BlockTokens, root)
 	if r.rc.inspect != nil {
-		q.keys = r.indexes[0].Hasher().AppendKeys(nil, q.tokens)
+		q.keys = index.Hasher().AppendKeys(nil, q.tokens)
 	}
 	return q.front.enqueue(q)
 }

@@ -421,7 +421,7 @@ func TestParseWorkloadRejects(t *testing.T) {
 		spec, msg string
 	}{
 		{"", `unknown workload ""`},
-		{"chat", `unknown workload "chat" (known: chats, prefix-groups, tenants)`},
+		{"chat", `unknown workload "chat" (known: chats, prefix-groups, tenants, lora)`},
 		{"chats:", `parameter "" is not key=value`},
 		{"chats:turns", `parameter "turns" is not key=value`},
 		{"chats:turns=2,", `parameter "" is not key=value`},
