@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/enginepick/enginepick/internal/lora"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -39,6 +40,10 @@ type Observation struct {
 	// RankInFlight is this router's in-flight requests to the named rank (dispatches that named
 	// it); 0 unless HasDPRank.
 	RankInFlight uint64
+	// Adapter is the LoRA adapter of the request being placed (vLLM lora_name); empty means the
+	// base model. The Observe functions leave it empty; a policy sets it, and ComparePressure
+	// then weighs the engine's adapter residency (Load.LoRA; docs/design.md §18).
+	Adapter string
 }
 
 // Figures returns the load the queue gate and the pressure comparisons read: the named rank's own
@@ -85,7 +90,7 @@ func withRank(o Observation, inflight *InFlight, engine state.EngineID, rank int
 	if o.Load == nil {
 		return o
 	}
-	rl, ok := o.Load.Rank(rank)
+	rl, ok := o.Load.rank(rank)
 	if !ok {
 		return o
 	}
@@ -325,6 +330,14 @@ func (o *Observation) Basis() Basis {
 //
 // An observation that names a DP rank is compared on that rank's own figures (Observation.Figures).
 //
+// For a request for a LoRA adapter (both observations' Adapter, the same and non-empty), engines
+// equal on the waiting keys (the queue time, the waiting uncached tokens and the waiting
+// requests above, whichever the basis compares) are ordered by their residency of the adapter
+// before the other keys: running it, then a free adapter slot, then its requests waiting, then
+// none of these (docs/design.md §18, after llm-d's LoRA affinity scorer). An engine whose
+// residency is unknown (no LoRA report, or no slot count and the adapter absent) is not compared
+// on it; neither is any engine on the in-flight basis.
+//
 // The result is not a total order over a set (engines with and without a queue estimate are
 // compared on different keys): use it in linear scans, never to sort.
 func ComparePressure(stage state.Stage, a, b *Observation, basis Basis) int {
@@ -344,6 +357,9 @@ func compareReported(stage state.Stage, oa, ob *Observation, basis Basis) int {
 	wb, _ := ob.WaitingRequests()
 	if stage == state.StageDecode {
 		if c := cmp.Compare(wa, wb); c != 0 {
+			return c
+		}
+		if c := compareAdapter(oa, ob); c != 0 {
 			return c
 		}
 		if c := cmp.Compare(a.RunningRequests, b.RunningRequests); c != 0 {
@@ -371,7 +387,38 @@ func compareReported(stage state.Stage, oa, ob *Observation, basis Basis) int {
 	if c := cmp.Compare(wa, wb); c != 0 {
 		return c
 	}
+	if c := compareAdapter(oa, ob); c != 0 {
+		return c
+	}
 	return cmp.Compare(a.RunningRequests, b.RunningRequests)
+}
+
+// adapterClass is the engine's residency of o.Adapter (internal/lora.Class), false when unknown:
+// no fresh report, or one without LoRA residency.
+func (o *Observation) adapterClass() (int, bool) {
+	if o.Load == nil || o.Load.LoRA == nil {
+		return 0, false
+	}
+	l := o.Load.LoRA
+	return lora.Class(o.Adapter, l.Running, l.Waiting, l.MaxAdapters)
+}
+
+// compareAdapter orders two observations by their engines' residency of the request's LoRA
+// adapter, the better first (negative when a is better); 0 for a base-model request, different
+// adapters, or when either residency is unknown (ComparePressure).
+func compareAdapter(a, b *Observation) int {
+	if a.Adapter == "" || a.Adapter != b.Adapter {
+		return 0
+	}
+	ca, ok := a.adapterClass()
+	if !ok {
+		return 0
+	}
+	cb, ok := b.adapterClass()
+	if !ok {
+		return 0
+	}
+	return cmp.Compare(cb, ca)
 }
 
 // compareFraction compares ua/ca with ub/cb exactly (ua×cb vs ub×ca in 128 bits). A zero capacity
