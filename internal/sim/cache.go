@@ -62,7 +62,6 @@ type cacheBlock struct {
 	prev     int32  // evictable LRU list links (-1: none)
 	next     int32
 	inLRU    bool
-	adapter  int32  // the LoRA adapter whose block it is (resolved.adapters index), -1 for the base model
 	indexKey uint64 // kvindex key, recorded only when the replay checks the index
 }
 
@@ -74,9 +73,9 @@ type cacheBlock struct {
 //
 // Every change of the set of cached blocks is published to the index (BlockStored on insert,
 // BlockRemoved on eviction), with the engine's hashes, parent hash and token IDs and
-// kvindex.TierDevice: the path real KV events take. A LoRA adapter's blocks go to the adapter's
-// own index instead, as a subscriber routes events naming the adapter (kvevents.Options.Adapters).
-// A kvCache is used by one goroutine.
+// kvindex.TierDevice: the path real KV events take; a LoRA adapter's stored blocks name the
+// adapter (kvindex.StoreEvent.Adapter), as vLLM's events name their lora_name. A kvCache is used
+// by one goroutine.
 type kvCache struct {
 	engine      state.EngineID
 	blockTokens int
@@ -92,16 +91,15 @@ type kvCache struct {
 	private          int // tokens reserved outside the cache
 	peak             int // most tokens ever cached or reserved at once
 
-	indexes   []*kvindex.Index   // every router replica's index; none: publish nothing (PD decode engines)
-	adapters  [][]*kvindex.Index // per LoRA adapter, every replica's index of its blocks
-	recordKey bool               // keep each block's kvindex key for the end-of-run check
-	evicted   []uint64           // scratch for one Remove event
-	evictedBy []int32            // the adapter of each evicted block, -1 for the base model
+	indexes   []*kvindex.Index // every router replica's index; none: publish nothing (PD decode engines)
+	adapters  []string         // the LoRA adapters' names, by index (resolved.adapters)
+	recordKey bool             // keep each block's kvindex key for the end-of-run check
+	evicted   []uint64         // scratch for one Remove event
 }
 
-// newKVCache returns an empty cache publishing to indexes, and each adapter's blocks to
-// adapters[adapter]; both nil publish nothing.
-func newKVCache(engine state.EngineID, m *EngineModel, indexes []*kvindex.Index, adapters [][]*kvindex.Index, recordKey bool) *kvCache {
+// newKVCache returns an empty cache publishing to indexes (nil: nothing), naming the blocks of
+// adapter a adapters[a].
+func newKVCache(engine state.EngineID, m *EngineModel, indexes []*kvindex.Index, adapters []string, recordKey bool) *kvCache {
 	return &kvCache{
 		engine:      engine,
 		blockTokens: m.BlockTokens,
@@ -113,14 +111,6 @@ func newKVCache(engine state.EngineID, m *EngineModel, indexes []*kvindex.Index,
 		adapters:    adapters,
 		recordKey:   recordKey,
 	}
-}
-
-// indexesOf returns the indexes that publish the blocks of adapter (-1: the base model).
-func (c *kvCache) indexesOf(adapter int32) []*kvindex.Index {
-	if adapter < 0 || c.indexes == nil {
-		return c.indexes
-	}
-	return c.adapters[adapter]
 }
 
 // free returns the tokens neither cached nor reserved.
@@ -138,7 +128,7 @@ func (c *kvCache) canReserve(tokens int) bool {
 // reserve sets aside tokens of private KV, evicting unreferenced blocks first when needed. The
 // caller checked canReserve. Evictions are published as one BlockRemoved event.
 func (c *kvCache) reserve(tokens int) error {
-	c.evicted, c.evictedBy = c.evicted[:0], c.evictedBy[:0]
+	c.evicted = c.evicted[:0]
 	for c.free() < tokens {
 		if c.lruHead < 0 {
 			return fmt.Errorf("sim: engine %q: KV cache cannot reserve %d tokens (free %d)", c.engine, tokens, c.free())
@@ -147,34 +137,11 @@ func (c *kvCache) reserve(tokens int) error {
 	}
 	c.private += tokens
 	c.peak = max(c.peak, c.cached*c.blockTokens+c.private)
-	if len(c.evicted) == 0 {
-		return nil
-	}
-	if c.adapters == nil {
-		return c.publishRemoved(c.indexes, c.evicted)
-	}
-	// One event per adapter, the base model's first, then by adapter.
-	for a := int32(-1); int(a) < len(c.adapters); a++ {
-		var hashes []uint64
-		for i, h := range c.evicted {
-			if c.evictedBy[i] == a {
-				hashes = append(hashes, h)
+	if len(c.evicted) > 0 {
+		for _, x := range c.indexes {
+			if err := x.Remove(c.engine, 0, c.evicted, kvindex.TierDevice); err != nil {
+				return fmt.Errorf("sim: engine %q: publish BlockRemoved: %w", c.engine, err)
 			}
-		}
-		if len(hashes) > 0 {
-			if err := c.publishRemoved(c.indexesOf(a), hashes); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// publishRemoved sends one BlockRemoved event for hashes to indexes.
-func (c *kvCache) publishRemoved(indexes []*kvindex.Index, hashes []uint64) error {
-	for _, x := range indexes {
-		if err := x.Remove(c.engine, 0, hashes, kvindex.TierDevice); err != nil {
-			return fmt.Errorf("sim: engine %q: publish BlockRemoved: %w", c.engine, err)
 		}
 	}
 	return nil
@@ -189,7 +156,6 @@ func (c *kvCache) evictHead() {
 	b := &c.blocks[i]
 	c.lruUnlink(i)
 	c.evicted = append(c.evicted, b.hash)
-	c.evictedBy = append(c.evictedBy, b.adapter)
 	delete(c.byHash, b.hash)
 	c.cached--
 	c.evictable--
@@ -229,10 +195,9 @@ func (c *kvCache) acquire(h uint64) int32 {
 	return i
 }
 
-// insert caches a new block of adapter (-1: the base model) under parent (a slot the caller
-// references, or -1), referenced once by the caller, and moves its tokens from the caller's
-// private reservation into the cache.
-func (c *kvCache) insert(h uint64, parent int32, key uint64, adapter int32) int32 {
+// insert caches a new block under parent (a slot the caller references, or -1), referenced once by
+// the caller, and moves its tokens from the caller's private reservation into the cache.
+func (c *kvCache) insert(h uint64, parent int32, key uint64) int32 {
 	var i int32
 	if n := len(c.freeSlots); n > 0 {
 		i = c.freeSlots[n-1]
@@ -241,7 +206,7 @@ func (c *kvCache) insert(h uint64, parent int32, key uint64, adapter int32) int3
 		i = int32(len(c.blocks))
 		c.blocks = append(c.blocks, cacheBlock{})
 	}
-	c.blocks[i] = cacheBlock{hash: h, parent: parent, refs: 1, prev: -1, next: -1, adapter: adapter}
+	c.blocks[i] = cacheBlock{hash: h, parent: parent, refs: 1, prev: -1, next: -1}
 	if c.recordKey {
 		c.blocks[i].indexKey = key
 	}
@@ -284,7 +249,10 @@ func (c *kvCache) publishStored(adapter int32, parentHash uint64, hasParent bool
 		TokenIDs:    tokens,
 		Tier:        kvindex.TierDevice,
 	}
-	for _, x := range c.indexesOf(adapter) {
+	if adapter >= 0 {
+		ev.Adapter = c.adapters[adapter]
+	}
+	for _, x := range c.indexes {
 		if err := x.Store(ev); err != nil {
 			return fmt.Errorf("sim: engine %q: publish BlockStored: %w", c.engine, err)
 		}

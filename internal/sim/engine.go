@@ -471,7 +471,7 @@ func (e *engine) storeBlocks(q *reqState) error {
 		if c.recordKey {
 			key = q.keys[j]
 		}
-		q.chain = append(q.chain, c.insert(h, parent, key, q.adapter))
+		q.chain = append(q.chain, c.insert(h, parent, key))
 		q.private -= B
 		if start < 0 {
 			start = j

@@ -59,7 +59,7 @@ func (f *cacheFixture) admit(t *testing.T, toks []uint32) []int32 {
 		if j > 0 {
 			parent = chain[j-1]
 		}
-		chain = append(chain, c.insert(hashes[j], parent, keys[j], -1))
+		chain = append(chain, c.insert(hashes[j], parent, keys[j]))
 	}
 	if m < len(hashes) {
 		var parent uint64

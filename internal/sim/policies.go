@@ -36,10 +36,6 @@ type PolicyEnv struct {
 	// per policy run and shared by every router replica of the run, as replicas share one Redis
 	// store in production.
 	Affinity affinity.Store
-	// Adapters maps each LoRA adapter the trace names to the prefix index of its blocks (hashed
-	// under the adapter's name as kvindex.HasherConfig.Namespace), as kvevents.Options.Adapters
-	// routes the events that name it; nil when the trace names no adapter.
-	Adapters map[string]*kvindex.Index
 
 	// run is the replay behind the handles, for the oracle baselines that read the simulated
 	// engines (Oracle); nil outside a replay.

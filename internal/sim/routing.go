@@ -114,9 +114,8 @@ func (rc *resolved) resolveRouting() error {
 }
 
 // newIndex builds a replica's prefix index: the file's hashing and caps for a Routing run, else
-// the engine model's block size with the defaults. A non-empty adapter builds the index of that
-// LoRA adapter's blocks instead, hashed under the adapter's name as namespace.
-func (p *routingPlan) newIndex(blockTokens int, adapter string, now func() time.Time) (*kvindex.Index, error) {
+// the engine model's block size with the defaults.
+func (p *routingPlan) newIndex(blockTokens int, now func() time.Time) (*kvindex.Index, error) {
 	hc := kvindex.HasherConfig{BlockTokens: blockTokens}
 	var o kvindex.Options
 	if p != nil {
@@ -124,9 +123,6 @@ func (p *routingPlan) newIndex(blockTokens int, adapter string, now func() time.
 		hc.Seed, hc.Namespace = kv.HashSeed, kv.Namespace
 		o = kvindex.Options{MaxBlocks: kv.MaxBlocks, MaxApproxBlocks: kv.MaxApproxBlocks, ApproxTTL: kv.ApproxTTL.D(),
 			ExpectedBlocks: kv.ExpectedBlocks, ExpectedHolderBlocks: kv.ExpectedHolderBlocks}
-	}
-	if adapter != "" {
-		hc.Namespace = adapter
 	}
 	o.Now = now
 	h, err := kvindex.NewHasher(hc)

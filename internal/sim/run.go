@@ -48,7 +48,6 @@ type run struct {
 	freeMsg  []int32        // free slots of shared
 	affinity affinity.Store // shared by every replica
 	indexes  []*kvindex.Index
-	adapterX [][]*kvindex.Index // per LoRA adapter, every replica's index of its blocks; nil: no adapters
 
 	front   []*engine // plain or prefill engines, by ID
 	decode  []*engine // PD decode engines, by ID
@@ -126,22 +125,11 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 		r.model = rc.routing.model
 	}
 	for range rc.Routers {
-		x, err := rc.routing.newIndex(rc.Model.BlockTokens, "", r.clock)
+		x, err := rc.routing.newIndex(rc.Model.BlockTokens, r.clock)
 		if err != nil {
 			return nil, err
 		}
 		r.indexes = append(r.indexes, x)
-	}
-	for _, a := range rc.adapters {
-		var xs []*kvindex.Index
-		for range rc.Routers {
-			x, err := rc.routing.newIndex(rc.Model.BlockTokens, a, r.clock)
-			if err != nil {
-				return nil, err
-			}
-			xs = append(xs, x)
-		}
-		r.adapterX = append(r.adapterX, xs)
 	}
 
 	reg := &state.StaticRegistry{}
@@ -149,13 +137,13 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 	addEngine := func(id state.EngineID, stage state.Stage) (*engine, error) {
 		e := &engine{r: r, idx: int32(len(r.all)), id: id, stage: stage, m: &rc.Model,
 			static: state.NewStaticEngine(id, r.model, stage)}
-		idx, adapterX := r.indexes, r.adapterX
+		idx := r.indexes
 		if stage == state.StageDecode {
-			idx, adapterX = nil, nil // decode engines receive KV by transfer and publish no prefix blocks
+			idx = nil // decode engines receive KV by transfer and publish no prefix blocks
 		} else if len(rc.adapters) > 0 {
 			e.waitingFor = make([]int32, len(rc.adapters))
 		}
-		e.cache = newKVCache(id, &rc.Model, idx, adapterX, rc.inspect != nil)
+		e.cache = newKVCache(id, &rc.Model, idx, rc.adapters, rc.inspect != nil)
 		if err := reg.Add(e.static); err != nil {
 			return nil, err
 		}
@@ -267,12 +255,7 @@ func (r *run) newReplica(reg state.Registry, k int, factory PolicyFactory) (*rep
 	}
 	env := PolicyEnv{Load: rep.load, InFlight: rep.inflight, Index: rep.index, Rand: rng.IntN,
 		Admission: rc.Admission, Now: r.clock, Affinity: r.affinity, run: r}
-	if len(rc.adapters) > 0 {
-		env.Adapters = make(map[string]*kvindex.Index, len(rc.adapters))
-		for a, name := range rc.adapters {
-			env.Adapters[name] = r.adapterX[a][k]
-		}
-	}
+
 	group := func(f PolicyFactory, stage state.Stage) (*bucket.EngineGroup, error) {
 		p, err := f(env, stage)
 		if err != nil {
@@ -492,15 +475,33 @@ func (r *run) routed(q *reqState, d *enginepick.Dispatch, err error) error {
 	if q.front == nil || (sel.IsPD() && q.decode == nil) {
 		return errors.New("sim: router selected an engine outside the fleet")
 	}
-	root, index := uint64(engineHashSeed), r.indexes[0]
+	root := uint64(engineHashSeed)
 	if q.adapter >= 0 {
-		root, index = r.rc.adapterRoots[q.adapter], r.adapterX[q.adapter][0]
+		root = r.rc.adapterRoots[q.adapter]
 	}
 	q.hashes, r.scratch = appendEngineHashes(q.hashes[:0], r.scratch, q.tokens, r.rc.Model.BlockTokens, root)
 	if r.rc.inspect != nil {
-		q.keys = index.Hasher().AppendKeys(nil, q.tokens)
+		keys, err := r.indexKeys(q)
+		if err != nil {
+			return err
+		}
+		q.keys = keys
 	}
 	return q.front.enqueue(q)
+}
+
+// indexKeys returns the kvindex keys of q's prompt blocks, chained from its adapter's root (for an
+// index whose Hasher has no namespace, an adapter's root is that of a Hasher namespaced by the
+// adapter: kvindex.Hasher).
+func (r *run) indexKeys(q *reqState) ([]uint64, error) {
+	h := r.indexes[0].Hasher()
+	if q.adapter >= 0 {
+		var err error
+		if h, err = kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: h.BlockTokens(), Namespace: q.tr.Adapter}); err != nil {
+			return nil, err
+		}
+	}
+	return h.AppendKeys(nil, q.tokens), nil
 }
 
 // observeAdmission accounts a request's cache hit when its front engine admits it.
