@@ -30,10 +30,14 @@ const (
 	// for in proportion to 1 ÷ (k+1), so with 64 adapters the most popular takes 21 % of the
 	// requests and the top four 44 %.
 	DefaultLoRAZipf = 1.0
-	// DefaultLoRARequests is LoRA.Requests' default.
+	// DefaultLoRARequests is LoRA.Requests' default: about two and a half minutes at
+	// DefaultLoRARate.
 	DefaultLoRARequests = 10_000
-	// DefaultLoRARate is LoRA.Rate's default, in requests per second.
-	DefaultLoRARate = 150.0
+	// DefaultLoRARate is LoRA.Rate's default, in requests per second: a load that the replay's
+	// default fleet (16 engines of DefaultEngineModel with DefaultMaxLoRAs slots) serves with
+	// short queues when each engine serves few adapters, and where requests routed without
+	// regard to their adapter wait for slots (docs/performance.md "LoRA adapters").
+	DefaultLoRARate = 70.0
 )
 
 // LoRA is a workload of requests spread over LoRA adapters of one base model: Requests requests
@@ -126,7 +130,7 @@ func (w LoRA) validate() error {
 }
 
 // String returns the canonical spec, for example
-// "lora:adapters=64,zipf=1,base=0,requests=10000,rate=150".
+// "lora:adapters=64,zipf=1,base=0,requests=10000,rate=70".
 func (w LoRA) String() string {
 	w = w.filled()
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
