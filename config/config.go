@@ -60,6 +60,12 @@ type Model struct {
 	SLO SLO `json:"slo,omitzero"`
 	// Buckets lists the model's buckets; at least one, IDs unique and non-empty within the model.
 	Buckets []Bucket `json:"buckets"`
+	// Adapters lists the LoRA adapters this model's engines serve, by the name the engines serve
+	// each under, which requests carry as their model (vLLM --lora-modules NAME=PATH: the OpenAI
+	// model field names the adapter). A request for one is routed on this model's buckets with
+	// bucket.Request.Adapter set (docs/design.md §18). Names are non-empty and unique among
+	// every model's IDs and adapters. Empty means none.
+	Adapters []string `json:"adapters,omitempty"`
 }
 
 // StagePolicies holds one optional default policy per stage, for the groups of that stage that set
@@ -249,6 +255,11 @@ type KVSettings struct {
 	HashSeed uint64 `json:"hash_seed,omitempty"`
 	// Namespace is folded into every block key (kvindex.HasherConfig.Namespace); empty means none.
 	Namespace string `json:"namespace,omitempty"`
+	// AdapterIDs maps a LoRA adapter (one of a model's Adapters) to the integer ID its engines'
+	// KV events carry (lora_id), for publishers that send an ID without the adapter's name
+	// (SGLang; kvevents.Options.AdapterNames). IDs are unique and not negative. Empty means none:
+	// such events are refused.
+	AdapterIDs map[string]int64 `json:"adapter_ids,omitempty"`
 	// MaxBlocks, MaxApproxBlocks and ApproxTTL are the index caps (kvindex.Options): zero means
 	// 4,194,304 blocks, 1,048,576 approximate entries and 120 s.
 	MaxBlocks       int      `json:"max_blocks,omitempty"`

@@ -671,7 +671,14 @@ func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
 		return nil, nil
 	}
 	inflight := b.inflight
-	sub, err := kvevents.New(kvevents.Options{Index: b.index, Logger: b.s.log, WarnInterval: b.s.warnEvery, Now: b.s.now,
+	var names map[int64]string
+	for a, id := range b.cfg.KV.AdapterIDs {
+		if names == nil {
+			names = map[int64]string{}
+		}
+		names[id] = a
+	}
+	sub, err := kvevents.New(kvevents.Options{Index: b.index, AdapterNames: names, Logger: b.s.log, WarnInterval: b.s.warnEvery, Now: b.s.now,
 		Dispatched: func(engine state.EngineID, rank int, since time.Time) bool {
 			return dispatchedSince(inflight, ranks[engine], engine, rank, since)
 		}})

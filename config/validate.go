@@ -107,9 +107,11 @@ func (v *validator) config(c *Config) {
 			return
 		}
 	}
+	v.adapters(c)
 	v.engines(c)
 	v.load(&c.Load)
 	v.kv(&c.KV)
+	v.adapterIDs(c)
 	v.affinity(&c.Affinity)
 	v.flowControl(c.FlowControl)
 	if v.err != nil {
@@ -159,6 +161,62 @@ func (v *validator) model(m *Model, path string, seen map[string]int, i int) {
 		if v.err != nil {
 			return
 		}
+	}
+}
+
+// adapters checks every model's LoRA adapter names: non-empty, and unique among the model IDs
+// and every model's adapters.
+func (v *validator) adapters(c *Config) {
+	if v.err != nil {
+		return
+	}
+	names := map[string]string{}
+	for i := range c.Models {
+		names[c.Models[i].ID] = fmt.Sprintf("models[%d].id", i)
+	}
+	for i := range c.Models {
+		for j, a := range c.Models[i].Adapters {
+			path := fmt.Sprintf("models[%d].adapters[%d]", i, j)
+			if a == "" {
+				v.fail(path, state.ErrMissingField, "an adapter needs a name")
+				return
+			}
+			if prev, dup := names[a]; dup {
+				v.fail(path, state.ErrDuplicate, "adapter %q is also %s: a request's model names one model or adapter", a, prev)
+				return
+			}
+			names[a] = path
+		}
+	}
+}
+
+// adapterIDs checks kv.adapter_ids: each key an adapter of some model, each ID not negative and
+// used once.
+func (v *validator) adapterIDs(c *Config) {
+	if v.err != nil || len(c.KV.AdapterIDs) == 0 {
+		return
+	}
+	adapters := map[string]bool{}
+	for i := range c.Models {
+		for _, a := range c.Models[i].Adapters {
+			adapters[a] = true
+		}
+	}
+	ids := map[int64]string{}
+	for _, a := range slices.Sorted(maps.Keys(c.KV.AdapterIDs)) {
+		path, id := "kv.adapter_ids."+a, c.KV.AdapterIDs[a]
+		switch prev, dup := ids[id]; {
+		case !adapters[a]:
+			v.fail(path, state.ErrBadValue, "%q is not an adapter of any model (models[].adapters)", a)
+		case id < 0:
+			v.fail(path, state.ErrOutOfRange, "%d is negative", id)
+		case dup:
+			v.fail(path, state.ErrDuplicate, "lora_id %d is also kv.adapter_ids.%s", id, prev)
+		}
+		if v.err != nil {
+			return
+		}
+		ids[id] = a
 	}
 }
 

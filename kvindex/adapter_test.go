@@ -3,6 +3,7 @@ package kvindex
 import (
 	"context"
 	"encoding/binary"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -165,4 +166,25 @@ type countingLocal struct {
 func (c *countingLocal) Lookup(ctx context.Context, q Query) (Result, error) {
 	c.calls.Add(1)
 	return c.inner.Lookup(ctx, q)
+}
+
+// TestMemoAdaptersConcurrently: concurrent lookups of one source for two adapters run one lookup
+// per adapter, each caller getting its adapter's answer.
+func TestMemoAdaptersConcurrently(t *testing.T) {
+	t.Parallel()
+	f := adapterFixture(t)
+	cs := &countingLocal{inner: f.source()}
+	var m Memo
+	want := map[string][]EngineMatch{"A": {{"http://a", 3}}, "B": {{"http://b", 2}}}
+	var wg sync.WaitGroup
+	for i := range 16 {
+		adapter := []string{"A", "B"}[i%2]
+		wg.Go(func() {
+			r, err := m.Lookup(context.Background(), cs, Query{TokenIDs: prompt(1, 3), Adapter: adapter})
+			assert.NoError(t, err)
+			assert.Equal(t, want[adapter], r.Engines, "adapter %q", adapter)
+		})
+	}
+	wg.Wait()
+	assert.EqualValues(t, 2, cs.calls.Load())
 }

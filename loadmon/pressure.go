@@ -393,7 +393,7 @@ func compareReported(stage state.Stage, oa, ob *Observation, basis Basis) int {
 	return cmp.Compare(a.RunningRequests, b.RunningRequests)
 }
 
-// adapterClass is the engine's residency of o.Adapter (internal/lora.Class), false when unknown:
+// adapterClass is the engine's residency of o.Adapter (lora.Class), false when unknown:
 // no fresh report, or one without LoRA residency.
 func (o *Observation) adapterClass() (int, bool) {
 	if o.Load == nil || o.Load.LoRA == nil {

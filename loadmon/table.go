@@ -538,14 +538,16 @@ func aggregateLoRA(ranks []rankSample) *LoRALoad {
 	if len(ranks) == 1 {
 		return ranks[0].report.LoRA
 	}
+	for i := range ranks {
+		if ranks[i].report.LoRA == nil {
+			return nil
+		}
+	}
 	running := make([][]string, len(ranks))
 	waiting := make([][]string, len(ranks))
 	slots := 0
 	for i := range ranks {
 		l := ranks[i].report.LoRA
-		if l == nil {
-			return nil
-		}
 		running[i], waiting[i] = l.Running, l.Waiting
 		if i == 0 || l.MaxAdapters < slots {
 			slots = l.MaxAdapters

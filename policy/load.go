@@ -195,7 +195,7 @@ func stageOf(req *Request) state.Stage {
 	return req.Stage
 }
 
-// adapterClass is the engine's residency of the observation's LoRA adapter (internal/lora.Class):
+// adapterClass is the engine's residency of the observation's LoRA adapter (lora.Class):
 // false for a base-model request, or when the engine's residency is unknown.
 func adapterClass(o *loadmon.Observation) (int, bool) {
 	if o.Adapter == "" || o.Load == nil || o.Load.LoRA == nil {
@@ -222,7 +222,7 @@ func compareAdapter(a, b *loadmon.Observation) int {
 
 // evicts reports whether sending the observation's adapter request to its engine would make it
 // wait for a slot and evict an adapter in use: the engine's residency is known, the adapter is
-// neither running nor waiting there and every slot is taken (internal/lora.Full).
+// neither running nor waiting there and every slot is taken (lora.Full).
 func evicts(o *loadmon.Observation) bool {
 	c, ok := adapterClass(o)
 	return ok && c == lora.Full

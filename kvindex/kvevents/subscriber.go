@@ -149,7 +149,7 @@ type StreamStats struct {
 	Batches, Events, StoredBlocks, RemovedBlocks, Clears uint64
 	// Ignored events: other KV-cache groups, placeholders without tokens, unknown event types.
 	// Rejected events: refused by the decoder's rules or the index (OnError has each).
-	// UnknownRemovals: removed hashes no index held.
+	// UnknownRemovals: removed hashes the index did not hold.
 	Ignored, Rejected, UnknownRemovals uint64
 	// Refused splits Rejected by reason (they sum to it), with an entry, zero or not, for each
 	// of "unknown_parent" (kvindex.ErrUnknownParent), "block_size" (a *BlockSizeMismatchError
