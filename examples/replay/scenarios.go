@@ -57,9 +57,9 @@ func addScenarioFlags(fs *flag.FlagSet) *scenarioFlags {
 		sweep: fs.Bool("sweep", false, fmt.Sprintf("instead of one replay, find per policy the highest -speed with TTFT p99 <= -slo, "+
 			"by bisection to 5 %% (each probe replays -limit requests, default %d under -sweep)", defaultSweepLimit)),
 		slo: fs.Duration("slo", sim.DefaultSweepSLO, "TTFT p99 target of -sweep"),
-		workload: fs.String("workload", "", fmt.Sprintf("replay a generated workload instead of a trace: %s, %s or %s, "+
+		workload: fs.String("workload", "", fmt.Sprintf("replay a generated workload instead of a trace: %s, %s, %s or %s, "+
 			"optionally with parameters, e.g. %s:conversations=500,rate=5 (see sim.ParseWorkload); -speed then defaults to 1",
-			sim.WorkloadChats, sim.WorkloadPrefixGroups, sim.WorkloadTenants, sim.WorkloadChats)),
+			sim.WorkloadChats, sim.WorkloadPrefixGroups, sim.WorkloadTenants, sim.WorkloadLoRA, sim.WorkloadChats)),
 		workloadSeed: fs.Uint64("workload-seed", 0, "random seed of -workload (default: -seed)"),
 	}
 }

@@ -306,6 +306,9 @@ type resolved struct {
 	routing      *routingPlan        // nil unless Config.Routing is set
 	flows        *flowPlan           // nil unless some request names a tenant or a band
 	flowControl  *flowcontrol.Config // FlowControl with Bands and Weight filled; nil without
+	adapters     []string            // the LoRA adapters the requests name, in name order; nil: none
+	adapterIDs   map[string]int32    // adapter name → its index in adapters
+	adapterRoots []uint64            // per adapter, the root of the engines' block hash chains
 }
 
 func (cfg *Config) resolve() (*resolved, error) {
@@ -390,6 +393,7 @@ func (cfg *Config) resolve() (*resolved, error) {
 	if rc.SpreadArrivals {
 		rc.requests = spreadArrivals(reqs, rc.Seed)
 	}
+	rc.resolveAdapters()
 	if err := rc.resolveTenants(); err != nil {
 		return nil, err
 	}
@@ -397,6 +401,31 @@ func (cfg *Config) resolve() (*resolved, error) {
 		return nil, err
 	}
 	return rc, nil
+}
+
+// resolveAdapters collects the LoRA adapters the requests name and, when there are any, fills
+// the engine model's LoRA defaults.
+func (rc *resolved) resolveAdapters() {
+	ids := map[string]int32{}
+	for i := range rc.requests {
+		if a := rc.requests[i].Adapter; a != "" {
+			if _, ok := ids[a]; !ok {
+				ids[a] = 0
+				rc.adapters = append(rc.adapters, a)
+			}
+		}
+	}
+	if len(rc.adapters) == 0 {
+		return
+	}
+	slices.Sort(rc.adapters)
+	rc.adapterRoots = make([]uint64, len(rc.adapters))
+	for i, a := range rc.adapters {
+		ids[a] = int32(i)
+		rc.adapterRoots[i] = adapterHashRoot(a)
+	}
+	rc.adapterIDs = ids
+	rc.Model.fillLoRA()
 }
 
 // resolvePolicies sets rc.names and rc.factories from Policies and Factories.
