@@ -22,20 +22,32 @@ func resident(maxAdapters int, running, waiting []string) *loadmon.LoRALoad {
 	return &loadmon.LoRALoad{MaxAdapters: maxAdapters, Running: running, Waiting: waiting}
 }
 
-// TestComparePressureAdapter: for a request for a LoRA adapter, engines equal on the waiting keys
-// are ordered by their residency of the adapter (running, free slot, waiting, full) before
-// running requests and in-flight; the waiting keys still come first; unknown residency, a base
-// request and the in-flight basis ignore it.
+// TestComparePressureAdapter: for a request for a LoRA adapter whose residency both engines
+// report, an engine where the adapter would wait for a slot (full, or waiting with no free slot)
+// counts the request as one more waiting request, and the better residency class (running, free
+// slot, waiting, full) wins whenever it has no more waiting requests, so counted, than the other,
+// before the native keys, running requests and in-flight; with more, the usual keys decide.
+// Unknown residency, a base request and the in-flight basis ignore it.
 func TestComparePressureAdapter(t *testing.T) {
 	t.Parallel()
 	plain, decode := state.StagePlain, state.StageDecode
 	idle := loadmon.EngineLoad{}
 	busy := loadmon.EngineLoad{RunningRequests: 9}
 	queued := loadmon.EngineLoad{WaitingRequests: 1}
+	queued2 := loadmon.EngineLoad{WaitingRequests: 2}
 	running := resident(2, []string{"A"}, nil)
 	free := resident(2, []string{"B"}, nil)
 	waiting := resident(2, []string{"B"}, []string{"A"})
 	full := resident(2, []string{"B", "C"}, nil)
+	native := func(l loadmon.EngineLoad, residency *loadmon.LoRALoad) loadmon.Observation {
+		o := nat(l, 0)
+		o.Load.LoRA, o.Adapter = residency, "A"
+		return o
+	}
+	dispatched := func(o loadmon.Observation, n uint64) loadmon.Observation {
+		o.Dispatched = n
+		return o
+	}
 	tests := []struct {
 		name  string
 		stage state.Stage
@@ -51,42 +63,41 @@ func TestComparePressureAdapter(t *testing.T) {
 			adapterObs("A", busy, waiting, 0), adapterObs("A", idle, full, 0), loadmon.BasisReported, -1},
 		{"full loses to a free slot", plain,
 			adapterObs("A", idle, full, 0), adapterObs("A", busy, free, 0), loadmon.BasisReported, 1},
-		{"a queue is not comparable: the resident adapter on a queued engine loses", plain,
-			adapterObs("A", queued, running, 0), adapterObs("A", busy, full, 0), loadmon.BasisReported, 1},
+		{"the slot wait is a waiting request: running with one waiting beats full with none", plain,
+			adapterObs("A", queued, running, 0), adapterObs("A", busy, full, 0), loadmon.BasisReported, -1},
+		{"a free slot with one waiting beats waiting for a slot with none", plain,
+			adapterObs("A", queued, free, 0), adapterObs("A", idle, waiting, 0), loadmon.BasisReported, -1},
+		{"a dispatch since the report is a waiting request", plain,
+			dispatched(adapterObs("A", idle, free, 0), 1), adapterObs("A", idle, full, 0), loadmon.BasisReported, -1},
+		{"the resident adapter behind a longer queue loses to full", plain,
+			adapterObs("A", queued2, running, 0), adapterObs("A", busy, full, 0), loadmon.BasisReported, 1},
+		{"the resident adapter behind one more waiting request loses to a free slot", plain,
+			dispatched(adapterObs("A", idle, running, 0), 1), adapterObs("A", busy, free, 0), loadmon.BasisReported, 1},
 		{"the same class goes on to running requests", plain,
 			adapterObs("A", busy, running, 0), adapterObs("A", idle, resident(3, []string{"A", "B"}, nil), 0), loadmon.BasisReported, 1},
-		{"decode: after waiting, before running", decode,
-			adapterObs("A", busy, running, 0), adapterObs("A", idle, full, 0), loadmon.BasisReported, -1},
+		{"the same class goes on to waiting requests, with no slot wait", plain,
+			adapterObs("A", queued, full, 0), adapterObs("A", busy, full, 0), loadmon.BasisReported, 1},
+		{"decode: the same rule", decode,
+			adapterObs("A", queued, running, 0), adapterObs("A", idle, full, 0), loadmon.BasisReported, -1},
+		{"decode: a longer queue loses", decode,
+			adapterObs("A", queued2, running, 0), adapterObs("A", idle, full, 0), loadmon.BasisReported, 1},
 		{"unknown residency is neutral", plain,
 			adapterObs("A", busy, nil, 0), adapterObs("A", idle, full, 0), loadmon.BasisReported, 1},
 		{"unknown slots and the adapter absent are neutral", plain,
 			adapterObs("A", busy, resident(0, []string{"B"}, nil), 0), adapterObs("A", idle, running, 0), loadmon.BasisReported, 1},
 		{"a base-model request ignores residency", plain,
-			adapterObs("", busy, running, 0), adapterObs("", idle, full, 0), loadmon.BasisReported, 1},
+			adapterObs("", queued, running, 0), adapterObs("", idle, full, 0), loadmon.BasisReported, 1},
 		{"the in-flight basis ignores residency", plain,
 			adapterObs("A", busy, running, 3), adapterObs("A", idle, full, 1), loadmon.BasisInFlight, 1},
-		{"native: after the waiting uncached tokens", plain,
-			func() loadmon.Observation {
-				o := nat(loadmon.EngineLoad{RunningRequests: 9}, 0)
-				o.Load.LoRA, o.Adapter = running, "A"
-				return o
-			}(),
-			func() loadmon.Observation {
-				o := nat(loadmon.EngineLoad{}, 0)
-				o.Load.LoRA, o.Adapter = full, "A"
-				return o
-			}(), loadmon.BasisNative, -1},
-		{"native: pending uncached tokens come first", plain,
-			func() loadmon.Observation {
-				o := nat(loadmon.EngineLoad{WaitingUncachedTokens: 1}, 0)
-				o.Load.LoRA, o.Adapter = running, "A"
-				return o
-			}(),
-			func() loadmon.Observation {
-				o := nat(loadmon.EngineLoad{}, 0)
-				o.Load.LoRA, o.Adapter = full, "A"
-				return o
-			}(), loadmon.BasisNative, 1},
+		{"native: before the waiting uncached tokens", plain,
+			native(loadmon.EngineLoad{WaitingRequests: 1, WaitingUncachedTokens: 5000}, running),
+			native(loadmon.EngineLoad{}, full), loadmon.BasisNative, -1},
+		{"native: the same class compares the tokens first", plain,
+			native(loadmon.EngineLoad{WaitingUncachedTokens: 1}, running),
+			native(loadmon.EngineLoad{WaitingRequests: 3}, running), loadmon.BasisNative, 1},
+		{"native: more waiting requests, the tokens decide", plain,
+			native(loadmon.EngineLoad{WaitingRequests: 2, WaitingUncachedTokens: 10}, running),
+			native(loadmon.EngineLoad{WaitingRequests: 1, WaitingUncachedTokens: 20}, free), loadmon.BasisNative, -1},
 	}
 	for _, tc := range tests {
 		assert.Equal(t, tc.want, loadmon.ComparePressure(tc.stage, &tc.a, &tc.b, tc.basis), "%s: a vs b", tc.name)

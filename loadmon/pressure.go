@@ -330,13 +330,15 @@ func (o *Observation) Basis() Basis {
 //
 // An observation that names a DP rank is compared on that rank's own figures (Observation.Figures).
 //
-// For a request for a LoRA adapter (both observations' Adapter, the same and non-empty), engines
-// equal on the waiting keys (the queue time, the waiting uncached tokens and the waiting
-// requests above, whichever the basis compares) are ordered by their residency of the adapter
-// before the other keys: running it, then a free adapter slot, then its requests waiting, then
-// none of these (docs/design.md §18, after llm-d's LoRA affinity scorer). An engine whose
-// residency is unknown (no LoRA report, or no slot count and the adapter absent) is not compared
-// on it; neither is any engine on the in-flight basis.
+// For a request for a LoRA adapter (both observations' Adapter, the same and non-empty), the
+// engines' residency of the adapter comes first (docs/design.md §18, after llm-d's LoRA affinity
+// scorer): an engine where the adapter would wait for a slot (lora.Class Waiting or Full) counts
+// the request as one more waiting request, since vLLM keeps it waiting until a slot frees; and of
+// two engines of different classes (running the adapter, then a free adapter slot, then its
+// requests waiting, then full), the better wins when its waiting requests, so counted, are no
+// more than the other's. Otherwise the keys above decide. An engine whose residency is unknown
+// (no LoRA report, or no slot count and the adapter absent) is not compared on it; neither is any
+// engine on the in-flight basis.
 //
 // The result is not a total order over a set (engines with and without a queue estimate are
 // compared on different keys): use it in linear scans, never to sort.
@@ -355,11 +357,11 @@ func compareReported(stage state.Stage, oa, ob *Observation, basis Basis) int {
 	a, b := oa.Figures(), ob.Figures()
 	wa, _ := oa.WaitingRequests()
 	wb, _ := ob.WaitingRequests()
+	if c := compareAdapter(oa, ob, wa, wb); c != 0 {
+		return c
+	}
 	if stage == state.StageDecode {
 		if c := cmp.Compare(wa, wb); c != 0 {
-			return c
-		}
-		if c := compareAdapter(oa, ob); c != 0 {
 			return c
 		}
 		if c := cmp.Compare(a.RunningRequests, b.RunningRequests); c != 0 {
@@ -387,9 +389,6 @@ func compareReported(stage state.Stage, oa, ob *Observation, basis Basis) int {
 	if c := cmp.Compare(wa, wb); c != 0 {
 		return c
 	}
-	if c := compareAdapter(oa, ob); c != 0 {
-		return c
-	}
 	return cmp.Compare(a.RunningRequests, b.RunningRequests)
 }
 
@@ -403,10 +402,14 @@ func (o *Observation) adapterClass() (int, bool) {
 	return lora.Class(o.Adapter, l.Running, l.Waiting, l.MaxAdapters)
 }
 
-// compareAdapter orders two observations by their engines' residency of the request's LoRA
-// adapter, the better first (negative when a is better); 0 for a base-model request, different
-// adapters, or when either residency is unknown (ComparePressure).
-func compareAdapter(a, b *Observation) int {
+// compareAdapter orders two observations for a request for a LoRA adapter by the engines'
+// residency of it, wa and wb being their waiting requests with the dispatches since the report:
+// negative when a's class is better and its waiting requests, plus one where the adapter would
+// wait for a slot, are no more than b's so counted; positive the other way round; 0 when neither
+// holds, for a base-model request, different adapters, or when either residency is unknown
+// (ComparePressure). Of two engines of different classes the better wins or has strictly more
+// waiting requests, so the waiting-request key decides what this leaves.
+func compareAdapter(a, b *Observation, wa, wb uint64) int {
 	if a.Adapter == "" || a.Adapter != b.Adapter {
 		return 0
 	}
@@ -415,10 +418,22 @@ func compareAdapter(a, b *Observation) int {
 		return 0
 	}
 	cb, ok := b.adapterClass()
-	if !ok {
+	if !ok || ca == cb {
 		return 0
 	}
-	return cmp.Compare(cb, ca)
+	if ca <= lora.Waiting {
+		wa = satAdd(wa, 1)
+	}
+	if cb <= lora.Waiting {
+		wb = satAdd(wb, 1)
+	}
+	switch {
+	case ca > cb && wa <= wb:
+		return -1
+	case cb > ca && wb <= wa:
+		return 1
+	}
+	return 0
 }
 
 // compareFraction compares ua/ca with ub/cb exactly (ua×cb vs ub×ca in 128 bits). A zero capacity
