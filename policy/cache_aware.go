@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/enginepick/enginepick/internal/label"
+	"github.com/enginepick/enginepick/internal/lora"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
@@ -464,7 +465,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	evaluated, gated := cands, cands[:0:0]
 	bestGatedBlocks := 0
 	readmitted := false
-	if p.queueCap != 0 {
+	if p.gating(req) {
 		gated = sc.gated
 		kept := cands[:0]
 		for _, c := range cands {
@@ -476,7 +477,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			}
 		}
 		evaluated = kept
-		if len(evaluated) == 0 && len(gated) > 0 && d.FleetAllQueued && p.floor == 0 {
+		if len(evaluated) == 0 && len(gated) > 0 && p.floor == 0 && (d.FleetAllQueued || req.Adapter != "" && p.allQueued(engines, req, snap)) {
 			evaluated = append(evaluated, gated...) // all-queued re-admission
 			readmitted = true
 		}
@@ -566,7 +567,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		// engine of the same tier.
 		matched := v.credit
 		var load fleetLoad
-		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, p.queueCap != 0, &load)
+		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, p.gating(req), &load)
 		if covered && j < 0 { // every engine is queued (or has no slot for the adapter): the tier is the whole group
 			load = fleetLoad{}
 			j, jc, jo, covered = p.cheapest(engines, req, matched, snap, nil, false, &load)
@@ -575,7 +576,11 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		if j >= 0 {
 			uj = req.InputTokens - matched[j]
 		}
-		if covered && j >= 0 && j != i && p.materiallyCheaper(p.prefillCost(&o, ui, req), jc, ui, uj, load) {
+		cost := p.prefillCost(&o, ui, req)
+		if k, ko, ok := p.resident(engines, req, matched, snap, i, &o, cost); ok {
+			i, o = k, ko
+			d.CostOverride = true
+		} else if covered && j >= 0 && j != i && p.materiallyCheaper(cost, jc, ui, uj, load) {
 			i, o = j, jo
 			d.CostOverride = true
 		}
@@ -798,6 +803,23 @@ func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 		return none, nil
 	}
 	wCost := p.prefillCost(&w.obs, w.uncached, req)
+	if j, jo, ok := p.resident(engines, req, matched, snap, w.idx, &w.obs, wCost); ok {
+		if c, ok := candidateAt(admitted, j); ok {
+			return costAlt{idx: j, holder: true, blocks: c.blocks, uncached: c.uncached, obs: c.obs, cap: c.cap}, nil
+		}
+		if !holdsIn(evaluated, j) { // not a holder admission rejected
+			alt := costAlt{idx: j, blocks: heldBlocks(res, engines[j].ID()), uncached: req.InputTokens - matched[j], obs: jo}
+			ic, err := p.cfg.admit(engines[j], jo)
+			var rej *AdmissionRejectedError
+			switch {
+			case err == nil:
+				alt.cap = ic
+				return alt, nil
+			case !asRejection(err, &rej):
+				return none, err
+			}
+		}
+	}
 	best, bestCost := none, wCost
 	for _, c := range admitted {
 		if evicts(&c.obs) {
@@ -831,7 +853,7 @@ func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 	for i := range evaluated {
 		load.add(p.pendingPrefill(&evaluated[i].obs, req))
 	}
-	nIdx, nCost, nObs, covered := p.cheapest(engines, req, matched, snap, evaluated, p.queueCap != 0, &load)
+	nIdx, nCost, nObs, covered := p.cheapest(engines, req, matched, snap, evaluated, p.gating(req), &load)
 	if !covered {
 		return none, nil
 	}
@@ -1046,12 +1068,20 @@ func (p *cacheAware) materiallyMorePressured(a, b *loadmon.Observation, req *Req
 	return ua > ub && ua-ub > p.opts.PressureAbsThresholdTokens && float64(ua) > float64(ub)*rel
 }
 
-// queued reports whether the soft queue gate sets the engine aside: its fresh waiting count, with
-// the dispatches since the report, is at or over EngineQueueLimit, or, without a fresh report, its
-// router-local in-flight count is. Unknown load fails open only while this router has fewer
-// requests in flight there than the limit: it is never taken for idle (docs/design.md §9.3). The
-// waiting count is the named rank's own when the engine has several (docs/design.md §6).
+// queued reports whether the soft queue gate sets the engine aside: the request's LoRA adapter
+// would wait for a slot there (slotWait, docs/design.md §18), or, with EngineQueueLimit set, its
+// fresh waiting count, with the dispatches since the report, is at or over the limit, or, without
+// a fresh report, its router-local in-flight count is. Unknown load fails open only while this
+// router has fewer requests in flight there than the limit: it is never taken for idle
+// (docs/design.md §9.3). The waiting count is the named rank's own when the engine has several
+// (docs/design.md §6).
 func (p *cacheAware) queued(o *loadmon.Observation) bool {
+	if slotWait(o) {
+		return true
+	}
+	if p.queueCap == 0 {
+		return false
+	}
 	if w, ok := o.WaitingRequests(); ok {
 		return w >= p.queueCap
 	}
@@ -1072,7 +1102,7 @@ func (p *cacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot
 // fallback samples k engines of the unqueued tier (every engine when the gate is off or nothing
 // is unqueued) and returns the least pressured.
 func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon.Snapshot) (int, loadmon.Observation, error) {
-	if p.queueCap == 0 {
+	if !p.gating(req) {
 		return sampleLeastPressured(&p.cfg, snap, engines, req, p.opts.MinLoadChoices)
 	}
 	var tbuf [64]int
@@ -1122,4 +1152,79 @@ func (p *cacheAware) lookup(ctx context.Context, req *Request, bufs *kvindex.Loo
 		return req.Memo.Lookup(ctx, p.opts.Source, q)
 	}
 	return p.opts.Source.Lookup(ctx, q)
+}
+
+// gating reports whether the queue gate runs for req: with EngineQueueLimit set, and for a
+// request for a LoRA adapter, which no engine where it would wait for a slot should take while
+// another can start it (queued).
+func (p *cacheAware) gating(req *Request) bool {
+	return p.queueCap != 0 || req.Adapter != ""
+}
+
+// allQueued reports whether the gate sets every group engine aside for req (queued).
+func (p *cacheAware) allQueued(engines []state.Engine, req *Request, snap loadmon.Snapshot) bool {
+	for _, e := range engines {
+		if o := p.cfg.observe(snap, e, req); !p.queued(&o) {
+			return false
+		}
+	}
+	return true
+}
+
+// candidateAt returns the candidate of cs for engine index idx.
+func candidateAt(cs []cacheCandidate, idx int) (cacheCandidate, bool) {
+	for i := range cs {
+		if cs[i].idx == idx {
+			return cs[i], true
+		}
+	}
+	return cacheCandidate{}, false
+}
+
+// resident applies the cost comparison's residency rule (docs/design.md §18) to w, the engine
+// at index wi that the rules before it chose for a request for a LoRA adapter, costing wCost
+// (prefillCost): among the group's engines the queue gate does not set aside (queued) that cost at
+// most CostMarginTokens more than the cheapest of them and w, it returns the cheapest of the best
+// residency class, when that class is better than w's (lora.Class). It returns false for a
+// base-model request, when w runs the adapter or its residency is unknown, when some engine it
+// prices has no fresh report (the coverage rule), or when no engine qualifies. Ties keep the
+// lowest index.
+func (p *cacheAware) resident(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, wi int, w *loadmon.Observation, wCost uint64) (int, loadmon.Observation, bool) {
+	cw, ok := adapterClass(w)
+	if !ok || cw == lora.Running {
+		return -1, loadmon.Observation{}, false
+	}
+	least := wCost
+	// The cheapest engine of each class better than w's.
+	var best [lora.Running + 1]struct {
+		idx  int
+		cost uint64
+		obs  loadmon.Observation
+	}
+	for c := range best {
+		best[c].idx = -1
+	}
+	for i, e := range engines {
+		if i == wi {
+			continue
+		}
+		o := p.cfg.observe(snap, e, req)
+		if p.queued(&o) {
+			continue
+		}
+		if o.Basis() == loadmon.BasisInFlight {
+			return -1, loadmon.Observation{}, false
+		}
+		cost := p.prefillCost(&o, req.InputTokens-matched[i], req)
+		least = min(least, cost)
+		if c, ok := adapterClass(&o); ok && c > cw && (best[c].idx < 0 || cost < best[c].cost) {
+			best[c].idx, best[c].cost, best[c].obs = i, cost, o
+		}
+	}
+	for c := lora.Running; c > cw; c-- {
+		if b := &best[c]; b.idx >= 0 && b.cost <= satAdd(least, p.costMargin) {
+			return b.idx, b.obs, true
+		}
+	}
+	return -1, loadmon.Observation{}, false
 }

@@ -206,8 +206,8 @@ func adapterClass(o *loadmon.Observation) (int, bool) {
 }
 
 // compareAdapter orders two observations for one request by their residency of its LoRA adapter,
-// the better first (negative when a is better), as loadmon.ComparePressure does; 0 for a
-// base-model request or an unknown residency (docs/design.md §18).
+// the better first (negative when a is better); 0 for a base-model request or an unknown
+// residency (docs/design.md §18).
 func compareAdapter(a, b *loadmon.Observation) int {
 	ca, ok := adapterClass(a)
 	if !ok {
@@ -218,6 +218,15 @@ func compareAdapter(a, b *loadmon.Observation) int {
 		return 0
 	}
 	return cmp.Compare(cb, ca)
+}
+
+// slotWait reports whether the observation's adapter request would wait for an adapter slot on
+// its engine: the engine's residency is known and the adapter is neither running there nor
+// has a free slot (lora.Waiting or lora.Full). vLLM keeps such a request waiting until one of
+// the running adapters' requests have all finished (docs/design.md §18).
+func slotWait(o *loadmon.Observation) bool {
+	c, ok := adapterClass(o)
+	return ok && c <= lora.Waiting
 }
 
 // evicts reports whether sending the observation's adapter request to its engine would make it
@@ -246,10 +255,11 @@ var _ Policy = (*leastLoad)(nil)
 // NewLeastLoad returns a policy that picks the least loaded candidate (docs/design.md §8). When
 // every candidate has a fresh report, an engine's load is waiting + running requests + the
 // dispatches this router made after that report; otherwise every candidate is scored by
-// router-local in-flight requests alone. Ties on reported load go, for a request for a LoRA
-// adapter, to the engine with the better residency of the adapter (docs/design.md §18), then to
-// the fewer in-flight requests; complete ties are broken uniformly at random. Admission is checked once, on the winner; a rejection is
-// returned, never replaced. It returns an error wrapping ErrInvalidConfiguration when a required
+// router-local in-flight requests alone. For a request for a LoRA adapter, an engine where it
+// would wait for an adapter slot scores one more, and ties on reported load go to the engine with
+// the better residency of the adapter (docs/design.md §18); then ties go to the fewer in-flight
+// requests, and complete ties are broken uniformly at random. Admission is checked once, on the
+// winner; a rejection is returned, never replaced. It returns an error wrapping ErrInvalidConfiguration when a required
 // Config handle is nil.
 func NewLeastLoad(cfg Config) (Policy, error) {
 	if err := cfg.validate(label.LeastLoad); err != nil {
@@ -274,6 +284,9 @@ func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request
 		if allFresh {
 			l := o.Figures() // the named rank's own figures when the engine has several
 			score := satAdd(satAdd(l.WaitingRequests, l.RunningRequests), o.Dispatched)
+			if slotWait(&o) {
+				score = satAdd(score, 1) // the request would wait for an adapter slot (docs/design.md §18)
+			}
 			c := 0
 			if i > 0 {
 				c = cmp.Compare(score, scoreR)

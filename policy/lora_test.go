@@ -42,12 +42,16 @@ func lreq(stage state.Stage, adapter string, tokens []uint32) *policy.Request {
 	return &policy.Request{Model: "m", Stage: stage, BucketID: "b", InputTokens: uint64(len(tokens)), TokenIDs: tokens, Adapter: adapter}
 }
 
-// TestLoadPoliciesPreferTheAdapter: every load-aware policy sends a request for a LoRA adapter,
-// among engines equal on their waiting figures, to the engine running the adapter, else one with
-// a free slot, else one where its requests wait, never before one that would evict an adapter in
-// use; a queue is not comparable, and unknown residency is neutral. The engines are listed so that
-// a complete tie keeps the first (the scripted random source answers 1), which the adapter rule
-// must overturn.
+// TestLoadPoliciesPreferTheAdapter: every load-aware policy sends a request for a LoRA adapter to
+// the engine running the adapter, else one with a free slot, else one where its requests wait,
+// never before one that would evict an adapter in use, among engines with no more waiting
+// requests; an engine where the adapter would wait for a slot counts it as one more waiting
+// request (cache_aware sets it aside, as its queue gate sets aside a queued engine); a resident
+// adapter behind a longer queue loses (in cache_aware, when it costs more than the cost margin
+// over the cheapest engine: TestCacheAwareKeepsTheAdapterWithinTheCostMargin); unknown residency
+// is neutral. The engines are listed so
+// that a complete tie keeps the first (the scripted random source answers 1), which the adapter
+// rule must overturn.
 func TestLoadPoliciesPreferTheAdapter(t *testing.T) {
 	t.Parallel()
 	full := &loadmon.LoRALoad{MaxAdapters: 2, Running: []string{"B", "C"}}
@@ -63,14 +67,19 @@ func TestLoadPoliciesPreferTheAdapter(t *testing.T) {
 		a, b, c eng
 		adapter string
 		want    state.EngineID
+		// cacheAware is cache_aware's pick when it differs from want.
+		cacheAware state.EngineID
 	}{
-		{"running beats full at equal load", eng{2, 0, full}, eng{2, 0, running}, eng{2, 0, full}, "A", "http://b"},
-		{"a free slot beats full", eng{1, 0, full}, eng{1, 0, free}, eng{1, 0, full}, "A", "http://b"},
-		{"waiting beats full", eng{1, 0, full}, eng{1, 0, waiting}, eng{1, 0, full}, "A", "http://b"},
-		{"running beats a free slot", eng{3, 0, free}, eng{3, 0, running}, eng{3, 0, free}, "A", "http://b"},
-		{"a queue is not comparable: the engine without one wins", eng{1, 0, full}, eng{1, 1, running}, eng{1, 1, running}, "A", "http://a"},
-		{"unknown residency is neutral: the tie keeps the first", eng{2, 0, nil}, eng{2, 0, running}, eng{2, 0, nil}, "A", "http://a"},
-		{"a base-model request ignores residency", eng{2, 0, full}, eng{2, 0, running}, eng{2, 0, full}, "", "http://a"},
+		{"running beats full at equal load", eng{2, 0, full}, eng{2, 0, running}, eng{2, 0, full}, "A", "http://b", ""},
+		{"a free slot beats full", eng{1, 0, full}, eng{1, 0, free}, eng{1, 0, full}, "A", "http://b", ""},
+		{"waiting beats full", eng{1, 0, full}, eng{1, 0, waiting}, eng{1, 0, full}, "A", "http://b", ""},
+		{"running beats a free slot", eng{3, 0, free}, eng{3, 0, running}, eng{3, 0, free}, "A", "http://b", ""},
+		{"the slot wait is a waiting request: running with one waiting beats full", eng{1, 0, full}, eng{1, 1, running}, eng{2, 1, running}, "A", "http://b", ""},
+		{"a free slot with one waiting beats waiting for a slot", eng{1, 0, waiting}, eng{1, 1, free}, eng{2, 1, free}, "A", "http://b", ""},
+		{"the resident adapter behind a longer queue loses (cache_aware: not within its cost margin)", eng{1, 0, free}, eng{1, 1, running}, eng{2, 1, running}, "A", "http://a", "http://b"},
+		{"a longer queue loses to the slot wait (cache_aware sets the slot wait aside)", eng{1, 0, full}, eng{1, 2, running}, eng{2, 2, running}, "A", "http://a", "http://b"},
+		{"unknown residency is neutral: the tie keeps the first", eng{2, 0, nil}, eng{2, 0, running}, eng{2, 0, nil}, "A", "http://a", ""},
+		{"a base-model request ignores residency", eng{2, 0, full}, eng{2, 0, running}, eng{2, 0, full}, "", "http://a", ""},
 	}
 	group := engines(state.StagePrefill, "http://a", "http://b", "http://c")
 	for _, tc := range cases {
@@ -85,40 +94,47 @@ func TestLoadPoliciesPreferTheAdapter(t *testing.T) {
 			if name == "power_of_two" || name == "cache_aware" {
 				c.rnd.vals = []int{0, 1}
 			}
+			want := tc.want
+			if name == "cache_aware" && tc.cacheAware != "" {
+				want = tc.cacheAware
+			}
 			pk, err := p.Pick(ctx, group, lreq(state.StagePrefill, tc.adapter, prompt(4*blockTokens, 9)))
 			require.NoError(t, err, "%s: %s", tc.name, name)
-			assert.Equal(t, tc.want, pk.Engine.ID(), "%s: %s", tc.name, name)
+			assert.Equal(t, want, pk.Engine.ID(), "%s: %s", tc.name, name)
 		}
 	}
 }
 
-// TestLeastLoadAdapterBreaksTiesOnLoadOnly: least_load's band is its load score: the adapter's
-// residency decides between engines of equal waiting + running requests, never against a lower
-// score.
+// TestLeastLoadAdapterBreaksTiesOnLoadOnly: least_load's band is its load score, in which an
+// engine where the adapter would wait for a slot counts the request as one more waiting request:
+// the adapter's residency decides between engines of equal scores, never against a lower score.
 func TestLeastLoadAdapterBreaksTiesOnLoadOnly(t *testing.T) {
 	t.Parallel()
+	full := &loadmon.LoRALoad{MaxAdapters: 1, Running: []string{"B"}}
+	running := &loadmon.LoRALoad{MaxAdapters: 1, Running: []string{"A"}}
 	c := newCacheEnv(t)
-	loraReport(t, c, "http://a", 1, 0, &loadmon.LoRALoad{MaxAdapters: 1, Running: []string{"B"}})
-	loraReport(t, c, "http://b", 2, 0, &loadmon.LoRALoad{MaxAdapters: 1, Running: []string{"A"}})
+	loraReport(t, c, "http://a", 1, 0, full)
+	loraReport(t, c, "http://b", 3, 0, running)
 	p, err := policy.NewLeastLoad(c.cfg())
 	require.NoError(t, err)
 	group := engines(state.StagePlain, "http://a", "http://b")
-	pk, err := p.Pick(ctx, group, lreq(state.StagePlain, "A", nil))
-	require.NoError(t, err)
-	assert.Equal(t, state.EngineID("http://a"), pk.Engine.ID(), "score 1 beats score 2 whatever the residency")
+	pick := func() state.EngineID {
+		t.Helper()
+		c.rnd.vals = []int{1, 1}
+		pk, err := p.Pick(ctx, group, lreq(state.StagePlain, "A", nil))
+		require.NoError(t, err)
+		return pk.Engine.ID()
+	}
+	assert.Equal(t, state.EngineID("http://a"), pick(), "score 1 + the slot wait beats score 3 whatever the residency")
+	c.clk.Advance(time.Millisecond)
+	loraReport(t, c, "http://b", 2, 0, running)
+	assert.Equal(t, state.EngineID("http://b"), pick(), "score 1 + the slot wait ties with 2: the adapter before in-flight")
 	c.inflight.Acquire("http://b", -1, 0) // a dispatch since b's report: its score is 3
+	assert.Equal(t, state.EngineID("http://a"), pick())
 	c.clk.Advance(time.Millisecond)
-	loraReport(t, c, "http://a", 2, 0, &loadmon.LoRALoad{MaxAdapters: 1, Running: []string{"B"}})
-	pk, err = p.Pick(ctx, group, lreq(state.StagePlain, "A", nil))
-	require.NoError(t, err)
-	assert.Equal(t, state.EngineID("http://a"), pk.Engine.ID())
-	c.clk.Advance(time.Millisecond)
-	loraReport(t, c, "http://b", 2, 0, &loadmon.LoRALoad{MaxAdapters: 1, Running: []string{"A"}})
-	loraReport(t, c, "http://a", 2, 0, &loadmon.LoRALoad{MaxAdapters: 1, Running: []string{"B"}})
-	c.rnd.vals = []int{1, 1}
-	pk, err = p.Pick(ctx, group, lreq(state.StagePlain, "A", nil))
-	require.NoError(t, err)
-	assert.Equal(t, state.EngineID("http://b"), pk.Engine.ID(), "equal scores: the adapter before in-flight")
+	loraReport(t, c, "http://b", 2, 0, running)
+	c.inflight.Acquire("http://a", -1, 0) // in flight to a, after a's report: a's score is 3
+	assert.Equal(t, state.EngineID("http://b"), pick(), "3 against 2")
 }
 
 // TestBaseRequestsIgnoreLoRAReports: for base-model requests every load-aware policy picks exactly
@@ -229,5 +245,96 @@ func TestCacheAwareCostNeverDivertsToAFullEngine(t *testing.T) {
 		require.NoError(t, err, tc.name)
 		assert.Equal(t, tc.want, pk.Engine.ID(), tc.name)
 		assert.Equal(t, tc.reason, pk.Reason, tc.name)
+	}
+}
+
+// TestCacheAwareSetsAsideHoldersWaitingForASlot: a holder where the request's adapter would wait
+// for a slot is set aside as the queue gate sets aside a queued holder, and the miss fallback
+// picks among the engines where it would not; when every engine is set aside, the holders are
+// re-admitted. A base-model request ignores residency.
+func TestCacheAwareSetsAsideHoldersWaitingForASlot(t *testing.T) {
+	t.Parallel()
+	full := &loadmon.LoRALoad{MaxAdapters: 2, Running: []string{"B", "C"}}
+	waiting := &loadmon.LoRALoad{MaxAdapters: 2, Running: []string{"B", "C"}, Waiting: []string{"A"}}
+	free := &loadmon.LoRALoad{MaxAdapters: 2, Running: []string{"B"}}
+	running := &loadmon.LoRALoad{MaxAdapters: 2, Running: []string{"A"}}
+	tok := prompt(4*blockTokens, 11)
+	for _, tc := range []struct {
+		name             string
+		holder, x, y     *loadmon.LoRALoad
+		holderWaiting    uint64
+		limit            *uint64
+		adapter          string
+		want             state.EngineID
+		reason, decision string
+	}{
+		{"the full holder is set aside", full, free, full, 0, nil, "A", "http://x", label.ReasonNoCacheCandidate, label.DecisionCacheWorkerQueued},
+		{"so is a holder where the adapter waits", waiting, full, free, 0, nil, "A", "http://y", label.ReasonNoCacheCandidate, label.DecisionCacheWorkerQueued},
+		{"every engine waits for a slot: the holder is re-admitted", full, full, waiting, 0, nil, "A", "http://h", label.ReasonCacheCandidate, label.DecisionCacheHit},
+		{"queued or waiting for a slot everywhere: the holder is re-admitted", running, full, full, 2, u64(2), "A", "http://h", label.ReasonCacheCandidate, label.DecisionCacheHit},
+		{"a holder with a free slot stays", free, free, full, 0, nil, "A", "http://h", label.ReasonCacheCandidate, label.DecisionCacheHit},
+		{"a base-model request keeps the holder", full, free, full, 0, nil, "", "http://h", label.ReasonCacheCandidate, label.DecisionCacheHit},
+	} {
+		c := newCacheEnv(t)
+		require.NoError(t, c.index.Store(kvindex.StoreEvent{Engine: "http://h", BlockHashes: c.hashesFor(3),
+			TokenIDs: tok[:3*blockTokens], Tier: kvindex.TierDevice, Adapter: tc.adapter}))
+		loraReport(t, c, "http://h", 1, tc.holderWaiting, tc.holder)
+		loraReport(t, c, "http://x", 1, 0, tc.x)
+		loraReport(t, c, "http://y", 1, 0, tc.y)
+		c.rnd.vals = []int{0, 1}
+		p := c.policy(t, policy.CacheAwareOptions{DisableRoutePlacements: true, EngineQueueLimit: tc.limit})
+		pk, err := p.Pick(ctx, engines(state.StagePrefill, "http://h", "http://x", "http://y"), lreq(state.StagePrefill, tc.adapter, tok))
+		require.NoError(t, err, tc.name)
+		assert.Equal(t, tc.want, pk.Engine.ID(), tc.name)
+		assert.Equal(t, tc.reason, pk.Reason, tc.name)
+		assert.Equal(t, tc.decision, c.dec.last().Decision, tc.name)
+	}
+}
+
+// TestCacheAwareKeepsTheAdapterWithinTheCostMargin: the cost comparison (docs/design.md §9.11)
+// moves a request for a LoRA adapter to an engine of a better residency class when that engine
+// costs at most CostMarginTokens (here the default, 1,024) more than the cheapest engine,
+// holder or not; one costing more does not win (a resident adapter behind a queue), nor does
+// residency move a base-model request. A 256-token prompt; the holder "h" holds its first 128
+// tokens, so it costs 128 when idle, another engine 256 plus its pending tokens.
+func TestCacheAwareKeepsTheAdapterWithinTheCostMargin(t *testing.T) {
+	t.Parallel()
+	free := &loadmon.LoRALoad{MaxAdapters: 2, Running: []string{"B"}}
+	running := &loadmon.LoRALoad{MaxAdapters: 2, Running: []string{"A"}}
+	tok := prompt(256, 13)
+	for _, tc := range []struct {
+		name        string
+		hold        bool
+		holder      *loadmon.LoRALoad
+		rPending    uint64
+		adapter     string
+		want        state.EngineID
+		reason      string
+		costOverrde bool
+	}{
+		{"hit: the running engine costs 128 more: it wins", true, free, 0, "A", "http://r", label.ReasonCostDiverted, true},
+		{"hit: 1,024 more: it wins", true, free, 896, "A", "http://r", label.ReasonCostDiverted, true},
+		{"hit: 1,025 more: the holder keeps it", true, free, 897, "A", "http://h", label.ReasonCacheCandidate, false},
+		{"hit: the holder runs the adapter: it keeps it", true, running, 0, "A", "http://h", label.ReasonCacheCandidate, false},
+		{"hit: a base-model request keeps the holder", true, free, 0, "", "http://h", label.ReasonCacheCandidate, false},
+		{"miss: the running engine costs 1,024 more: it wins", false, free, 1024, "A", "http://r", label.ReasonNoCacheCandidate, true},
+		{"miss: 1,025 more: the sample's winner keeps it", false, free, 1025, "A", "http://h", label.ReasonNoCacheCandidate, false},
+		{"miss: a base-model request keeps the sample's winner", false, free, 0, "", "http://h", label.ReasonNoCacheCandidate, false},
+	} {
+		c := newCacheEnv(t)
+		if tc.hold {
+			require.NoError(t, c.index.Store(kvindex.StoreEvent{Engine: "http://h", BlockHashes: c.hashesFor(8),
+				TokenIDs: tok[:8*blockTokens], Tier: kvindex.TierDevice, Adapter: tc.adapter}))
+		}
+		c.native("http://h", loadmon.Report{LoRA: tc.holder})
+		// r has one waiting request, so that the miss fallback's sample (h, then r) keeps h.
+		c.native("http://r", loadmon.Report{WaitingRequests: 1, Native: &loadmon.NativeLoad{WaitingUncachedTokens: tc.rPending}, LoRA: running})
+		c.rnd.vals = []int{0, 1}
+		p := c.policy(t, policy.CacheAwareOptions{DisableRoutePlacements: true, MinMatchedTokens: 128})
+		pk, err := p.Pick(ctx, engines(state.StagePrefill, "http://h", "http://r"), lreq(state.StagePrefill, tc.adapter, tok))
+		require.NoError(t, err, tc.name)
+		assert.Equal(t, tc.want, pk.Engine.ID(), tc.name)
+		assert.Equal(t, tc.reason, pk.Reason, tc.name)
+		assert.Equal(t, tc.costOverrde, c.dec.last().CostOverride, tc.name)
 	}
 }
