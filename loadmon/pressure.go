@@ -407,8 +407,8 @@ func (o *Observation) adapterClass() (int, bool) {
 // negative when a's class is better and its waiting requests, plus one where the adapter would
 // wait for a slot, are no more than b's so counted; positive the other way round; 0 when neither
 // holds, for a base-model request, different adapters, or when either residency is unknown
-// (ComparePressure). Of two engines of different classes the better wins or has strictly more
-// waiting requests, so the waiting-request key decides what this leaves.
+// (ComparePressure). When neither holds, the better class has more waiting requests, so
+// counted, and the usual keys decide.
 func compareAdapter(a, b *Observation, wa, wb uint64) int {
 	if a.Adapter == "" || a.Adapter != b.Adapter {
 		return 0

@@ -149,8 +149,9 @@ type CacheAwareOptions struct {
 	PressureAbsThreshold time.Duration
 	// EngineQueueLimit is the soft queue gate: a prefix holder whose fresh waiting-request count,
 	// with the dispatches since the report, is ≥ the limit is diverted (unknown passes while its
-	// in-flight count is below the limit: the gate fails open). Nil disables the gate; 0 is
-	// invalid (docs/design.md §9.3).
+	// in-flight count is below the limit: the gate fails open). Nil disables the gate but for a
+	// request for a LoRA adapter, which it keeps off engines where the adapter would wait for a
+	// slot (docs/design.md §18); 0 is invalid (docs/design.md §9.3).
 	EngineQueueLimit *uint64
 	// SaturationQueueFloor pins a gate-rejected holder when no group engine has a fresh queue
 	// strictly below the floor (unknown is not idle). Nil disables; requires EngineQueueLimit and
@@ -169,8 +170,9 @@ type CacheAwareOptions struct {
 	// absorbing the traffic however long its queue.
 	DisableCostComparison bool
 	// CostMarginTokens is the saving, in tokens of prefill work, that an alternative must exceed
-	// to replace the chosen engine in the cost comparison. Nil means 1,024; 0 is
-	// allowed.
+	// to replace the chosen engine in the cost comparison, and, for a request for a LoRA adapter,
+	// how much more than the cheapest engine an engine of a better residency class may cost and
+	// still take it (docs/design.md §18). Nil means 1,024; 0 is allowed.
 	CostMarginTokens *uint64
 	// RecomputeFactor is how many times the extra prefill an alternative causes (its uncached
 	// tokens minus the chosen engine's) its saving must also exceed when every engine the
@@ -241,8 +243,10 @@ const inertWarnSample = 64
 //  2. Keep group engines whose matched tokens pass the hit gate; rank by uncached tokens, then ID;
 //     keep the first limit (candidate bounds) — before any admission.
 //  3. Soft queue gate: holders with a fresh waiting count (with the dispatches since the report)
-//     ≥ EngineQueueLimit are set aside. If that empties the set and every group engine has a fresh
-//     sample at or over the limit (and no saturation floor is set), they are re-admitted.
+//     ≥ EngineQueueLimit, and, for a request for a LoRA adapter, holders where it would wait for
+//     an adapter slot, are set aside. If that empties the set and every group engine has a fresh
+//     sample at or over the limit, or is set aside for the adapter (and no saturation floor is
+//     set), they are re-admitted.
 //  4. Hard admission on every remaining holder, once each.
 //  5. Winner: the least uncached admitted holder; a holder within SwitchMarginTokens of it replaces
 //     it when the incumbent is materially more pressured and every evaluated holder has a fresh
@@ -793,8 +797,9 @@ func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 // cheaper applies the cost comparison (docs/design.md §9.11) to the seed's winner w: every other
 // admitted holder and the cheapest engine outside the evaluated holders are priced by
 // prefillCost, and the cheapest replaces w when materially cheaper; a non-holder must then pass
-// admission (once), else w stays. An engine with no slot for the request's LoRA adapter (evicts)
-// is never the replacement (docs/design.md §18). It applies only when every evaluated holder and every engine it
+// admission (once), else w stays. For a request for a LoRA adapter, the residency rule (resident)
+// comes first; an engine with no slot for the adapter (evicts) is never the replacement
+// (docs/design.md §18). It applies only when every evaluated holder and every engine it
 // scans has a fresh report (the coverage rule); otherwise w stays.
 func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.Result, matched []uint64, snap loadmon.Snapshot,
 	w cacheCandidate, admitted, evaluated []cacheCandidate, d *CacheDecision) (costAlt, error) {

@@ -221,9 +221,9 @@ func compareAdapter(a, b *loadmon.Observation) int {
 }
 
 // slotWait reports whether the observation's adapter request would wait for an adapter slot on
-// its engine: the engine's residency is known and the adapter is neither running there nor
-// has a free slot (lora.Waiting or lora.Full). vLLM keeps such a request waiting until one of
-// the running adapters' requests have all finished (docs/design.md §18).
+// its engine: the engine's residency is known, the adapter does not run there and no slot is
+// free (lora.Waiting or lora.Full). vLLM keeps such a request waiting until every request of one
+// of the running adapters has finished (docs/design.md §18).
 func slotWait(o *loadmon.Observation) bool {
 	c, ok := adapterClass(o)
 	return ok && c <= lora.Waiting
@@ -255,12 +255,12 @@ var _ Policy = (*leastLoad)(nil)
 // NewLeastLoad returns a policy that picks the least loaded candidate (docs/design.md §8). When
 // every candidate has a fresh report, an engine's load is waiting + running requests + the
 // dispatches this router made after that report; otherwise every candidate is scored by
-// router-local in-flight requests alone. For a request for a LoRA adapter, an engine where it
-// would wait for an adapter slot scores one more, and ties on reported load go to the engine with
-// the better residency of the adapter (docs/design.md §18); then ties go to the fewer in-flight
+// router-local in-flight requests alone. For a request for a LoRA adapter, an engine where it would
+// wait for an adapter slot scores one more, and ties on reported load go to the engine with the
+// better residency of the adapter (docs/design.md §18); then ties go to the fewer in-flight
 // requests, and complete ties are broken uniformly at random. Admission is checked once, on the
-// winner; a rejection is returned, never replaced. It returns an error wrapping ErrInvalidConfiguration when a required
-// Config handle is nil.
+// winner; a rejection is returned, never replaced. It returns an error wrapping
+// ErrInvalidConfiguration when a required Config handle is nil.
 func NewLeastLoad(cfg Config) (Policy, error) {
 	if err := cfg.validate(label.LeastLoad); err != nil {
 		return nil, err
