@@ -69,7 +69,7 @@ func (s *pressureScan) offer(i int) {
 		inc := &s.obs[t.slot]
 		var c int
 		if b == int(loadmon.BasisInFlight) {
-			c = cmp.Compare(o.InFlight, inc.InFlight) // ComparePressure on the in-flight basis
+			c = cmp.Compare(inFlight(o), inFlight(inc)) // ComparePressure on the in-flight basis
 		} else {
 			c = loadmon.ComparePressure(s.stage, o, inc, loadmon.Basis(b))
 		}
@@ -203,8 +203,9 @@ var _ Policy = (*leastLoad)(nil)
 
 // NewLeastLoad returns a policy that picks the least loaded candidate (docs/design.md §8). When
 // every candidate has a fresh report, an engine's load is waiting + running requests + the
-// dispatches this router made after that report; otherwise every candidate is scored by
-// router-local in-flight requests alone. Ties go to the fewer in-flight requests; complete ties
+// dispatches this router made after that report; otherwise every candidate is scored by in-flight
+// requests alone (this router's, plus its peers' when router replicas share them, docs/design.md
+// §6). Ties go to the fewer in-flight requests; complete ties
 // are broken uniformly at random. Admission is checked once, on the winner; a rejection is
 // returned, never replaced. It returns an error wrapping ErrInvalidConfiguration when a required
 // Config handle is nil.
@@ -232,18 +233,18 @@ func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request
 			l := o.Figures() // the named rank's own figures when the engine has several
 			score := satAdd(satAdd(l.WaitingRequests, l.RunningRequests), o.Dispatched)
 			switch {
-			case i == 0 || score < scoreR || (score == scoreR && o.InFlight < obsR.InFlight):
+			case i == 0 || score < scoreR || (score == scoreR && inFlight(&o) < inFlight(&obsR)):
 				bestR, scoreR, obsR, tieR = i, score, o, 1
-			case score == scoreR && o.InFlight == obsR.InFlight:
+			case score == scoreR && inFlight(&o) == inFlight(&obsR):
 				if tieR++; p.cfg.Rand(tieR) == 0 {
 					bestR, obsR = i, o
 				}
 			}
 		}
 		switch {
-		case i == 0 || o.InFlight < obsL.InFlight:
+		case i == 0 || inFlight(&o) < inFlight(&obsL):
 			bestL, obsL, tieL = i, o, 1
-		case o.InFlight == obsL.InFlight:
+		case inFlight(&o) == inFlight(&obsL):
 			if tieL++; p.cfg.Rand(tieL) == 0 {
 				bestL, obsL = i, o
 			}
@@ -259,6 +260,10 @@ func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request
 	}
 	return Pick{Engine: engines[best], Reason: label.ReasonLeastLoad}.withRank(&obs).withCap(ic), nil
 }
+
+// inFlight returns the in-flight requests the pressure comparisons read: this router's and its
+// peers' (loadmon.Observation.PeerInFlight).
+func inFlight(o *loadmon.Observation) uint64 { return satAdd(o.InFlight, o.PeerInFlight) }
 
 func satAdd(a, b uint64) uint64 {
 	if s := a + b; s >= a {

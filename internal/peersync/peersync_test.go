@@ -2,6 +2,7 @@ package peersync_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/enginepick/enginepick/internal/peersync"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -100,6 +102,43 @@ func TestPeerDispatchesCountInPressureNotInFlight(t *testing.T) {
 	sent, _, _ := a.core.Counts()
 	_, received, dropped := b.core.Counts()
 	assert.Equal(t, [3]uint64{3, 3, 0}, [3]uint64{sent, received, dropped})
+}
+
+// Peers' requests in flight count in the pressure comparisons' last key (docs/design.md §6): with
+// both loads unknown (in-flight basis), b, with one request of its own in flight on engB, sends the
+// next one to engA, unless its peer a has two in flight there. b's own in-flight count, which caps
+// read, stays its own. Ties would be broken at random: Rand always takes the first.
+func TestPeerInFlightInPressureComparisons(t *testing.T) {
+	engines := []state.Engine{state.NewStaticEngine(engA, "m", state.StagePlain), state.NewStaticEngine(engB, "m", state.StagePlain)}
+	for _, tc := range []struct {
+		name string
+		new  func(policy.Config) (policy.Policy, error)
+	}{
+		{"power_of_two", func(c policy.Config) (policy.Policy, error) { return policy.NewPowerOfN(c, 2) }},
+		{"least_load", policy.NewLeastLoad},
+	} {
+		for _, peers := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/peers=%v", tc.name, peers), func(t *testing.T) {
+				a, b := newReplica(t, "a", 1), newReplica(t, "b", 1)
+				b.now = b.now.Add(time.Minute) // the reports are stale: loads unknown
+				b.inflight.Acquire(engB, -1, 0)
+				want := engA
+				if peers {
+					a.inflight.Acquire(engA, -1, 0)
+					a.inflight.Acquire(engA, -1, 0)
+					require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+					want = engB
+				}
+				o := loadmon.Observe(b.load.Snapshot(), b.inflight, engA)
+				assert.Equal(t, [2]uint64{0, map[bool]uint64{false: 0, true: 2}[peers]}, [2]uint64{o.InFlight, o.PeerInFlight})
+				p, err := tc.new(policy.Config{Load: b.load, InFlight: b.inflight, Rand: func(int) int { return 1 }})
+				require.NoError(t, err)
+				pk, err := p.Pick(context.Background(), engines, &policy.Request{Model: "m", Stage: state.StagePlain, InputTokens: 1})
+				require.NoError(t, err)
+				assert.Equal(t, want, pk.Engine.ID())
+			})
+		}
+	}
 }
 
 func TestPeerInFlightPrefill(t *testing.T) {
