@@ -36,8 +36,8 @@ const (
 	// commandTimeout bounds one connection attempt and one PUBLISH.
 	commandTimeout = time.Second
 	// maxHeld is how many deltas wait for the broker while it is unreachable: they are published
-	// when it returns, so that peers count the dispatches started meanwhile. Beyond it they are
-	// dropped (Stats.Unpublished), which bounds the memory an outage holds.
+	// when it returns, so that peers count the dispatches started meanwhile. Once more wait, all
+	// those waiting are dropped (Stats.Unpublished), which bounds the memory an outage holds.
 	maxHeld = 1024
 )
 
@@ -79,7 +79,7 @@ type Stats struct {
 	// Sent are the deltas published; Received the peers' deltas applied.
 	Sent, Received uint64
 	// Dropped are the peers' deltas dropped, by peersync.Reason; Unpublished this replica's
-	// deltas never published: beyond 1,024 held while the broker was unreachable, or in a
+	// deltas never published: dropped while the broker was unreachable (more than 1,024 held), or in a
 	// PUBLISH that failed.
 	Dropped     [peersync.NumReasons]uint64
 	Unpublished uint64
@@ -120,8 +120,8 @@ func New(core *peersync.Core, opts Options) (*Peer, error) {
 //
 // The subscription is the broker's health: a replica is up while subscribed, and a lease without
 // any message (its own heartbeats come back to it) counts as a loss. While down it runs on its own
-// view: the peers are forgotten (peersync.Core.Forget), its deltas wait for the broker (up to
-// 1,024, then they are dropped), and it reconnects every 25 to 250 ms, so sharing resumes well
+// view: the peers are forgotten (peersync.Core.Forget), its deltas wait for the broker (once
+// more than 1,024 wait, they are dropped), and it reconnects every 25 to 250 ms, so sharing resumes well
 // within a second of the broker's return. Each connection uses a new client, so that no dial
 // failure of an earlier one delays the next.
 func (p *Peer) Run(ctx context.Context) {
@@ -197,7 +197,7 @@ func (p *Peer) down() {
 }
 
 // publish flushes the Core every flush interval until ctx is done: to the broker while up; while
-// down it holds up to maxHeld deltas for the broker's return and drops the rest. It expires
+// down it holds the deltas for the broker's return, dropping them all once more than maxHeld wait. It expires
 // silent peers every heartbeat.
 func (p *Peer) publish(ctx context.Context) {
 	t := time.NewTicker(p.flush)

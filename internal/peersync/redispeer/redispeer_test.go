@@ -267,8 +267,8 @@ func (r *ownRedis) stop() {
 
 // The broker killed and started again on the same port mid-run: both replicas notice, forget
 // their peers and keep routing on their own view (a dispatch never waits for the broker); the
-// deltas made meanwhile wait for the broker, the oldest dropped once more than 1,024 wait; once the
-// broker is back, the rest are published, and a new dispatch reaches the peer within one second of
+// deltas made meanwhile wait for the broker, all dropped once more than 1,024 wait; once the
+// broker is back, those waiting then are published, and a new dispatch reaches the peer within one second of
 // the broker answering again.
 func TestBrokerStopAndRestart(t *testing.T) {
 	srv := startOwnRedis(t)
