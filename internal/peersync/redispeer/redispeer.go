@@ -79,8 +79,8 @@ type Stats struct {
 	// Sent are the deltas published; Received the peers' deltas applied.
 	Sent, Received uint64
 	// Dropped are the peers' deltas dropped, by peersync.Reason; Unpublished this replica's
-	// deltas never published: dropped while the broker was unreachable (more than 1,024 held), or in a
-	// PUBLISH that failed.
+	// deltas never published: dropped while the broker was unreachable (more than 1,024 held),
+	// or in a PUBLISH that failed.
 	Dropped     [peersync.NumReasons]uint64
 	Unpublished uint64
 }
