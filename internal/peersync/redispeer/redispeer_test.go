@@ -142,9 +142,10 @@ func TestDeltasReachThePeer(t *testing.T) {
 	}, 5*time.Second, time.Millisecond, "a's placement found in b's index")
 
 	assert.Equal(t, uint64(1), a.dispatched(engA), "a counts its own dispatch once")
+	// a hears of b only from b's heartbeats (every lease ÷ 4): b has sent no delta.
+	require.Eventually(t, func() bool { return a.peer.Stats().Peers == 1 }, 5*time.Second, time.Millisecond, "a hears b's heartbeat")
 	st := a.peer.Stats()
 	assert.True(t, st.Up)
-	assert.Equal(t, 1, st.Peers)
 	assert.Equal(t, uint64(4), st.Sent, "start, first token, end, placement")
 	assert.Equal(t, uint64(0), st.Unpublished)
 	assert.Equal(t, [peersync.NumReasons]uint64{}, b.peer.Stats().Dropped)
