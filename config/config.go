@@ -39,6 +39,10 @@ type Config struct {
 	// failing them with 503 (docs/design.md §17). Nil (the block absent, or null) means no flow
 	// control; an empty block means flow control with its defaults.
 	FlowControl *FlowControl `json:"flow_control,omitempty"`
+	// Replicas makes router replicas share their dispatches and route-time placements through a
+	// Redis broker, so that they act as one router (docs/design.md §6, "Router replicas"). Nil
+	// means none: the Router decides on its own view.
+	Replicas *Replicas `json:"replicas,omitempty"`
 
 	// lines maps field paths to their lines in the parsed input, for error messages; nil for a
 	// Config built in code.
@@ -344,6 +348,32 @@ type FlowBand struct {
 	Sheddable bool `json:"sheddable,omitempty"`
 }
 
+// Replicas configures the sharing between router replicas (docs/design.md §6, "Router
+// replicas"): New publishes every dispatch start, first token and end and every route-time
+// placement on a Redis pub/sub channel, and folds in those of the other replicas on the channel.
+// Peers' dispatches count in pressure comparisons and their placements in the prefix index; this
+// Router's admission caps and in-flight counts stay its own.
+type Replicas struct {
+	// Redis is the broker: Addr (host:port, required), Password (empty means none; hosts may set
+	// it from their secret store rather than write it in the file) and DB (the database number,
+	// 0 by default). New dials it and reconnects on its own; an unreachable broker never fails a
+	// request: the Router then decides on its own view.
+	Redis struct {
+		Addr     string `json:"addr"`
+		Password string `json:"password,omitempty"`
+		DB       int    `json:"db,omitempty"`
+	} `json:"redis"`
+	// Channel is the pub/sub channel the replicas of one deployment share; deployments on one
+	// Redis use different channels. Empty means "enginepick:replicas".
+	Channel string `json:"channel,omitempty"`
+	// Lease is how long the dispatches of a silent peer keep counting; a replica sends a
+	// heartbeat every lease ÷ 4. Zero means 2 s.
+	Lease Duration `json:"lease,omitzero"`
+	// FlushInterval is how often a replica publishes its pending deltas; at most lease ÷ 4. Zero
+	// means 5 ms.
+	FlushInterval Duration `json:"flush_interval,omitzero"`
+}
+
 // RedisSettings describe the Redis deployment of a shared affinity store (affinity/redisstore).
 // The library does not dial Redis itself: the host builds the client from them, with its own
 // credentials and TLS settings, which do not belong in this file.
@@ -366,6 +396,11 @@ const (
 	DefaultRoutingKeyHeader = "x-sgl-routing-key"
 	// defaultBlockTokens is KVSettings.BlockTokens's default, vLLM's block size.
 	defaultBlockTokens = 16
+	// defaultReplicasChannel, defaultReplicasLease and defaultReplicasFlush are the defaults of
+	// the replicas block.
+	defaultReplicasChannel = "enginepick:replicas"
+	defaultReplicasLease   = 2 * time.Second
+	defaultReplicasFlush   = 5 * time.Millisecond
 	// defaultPolicy is the policy of a group that sets none and inherits none.
 	defaultPolicy = "power_of_two"
 	// maxBlockTokens and defaultMaxBlocks are kvindex's limits: the largest

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/loadmon"
@@ -114,6 +115,7 @@ func (v *validator) config(c *Config) {
 	v.adapterIDs(c)
 	v.affinity(&c.Affinity)
 	v.flowControl(c.FlowControl)
+	v.replicas(c.Replicas)
 	if v.err != nil {
 		return
 	}
@@ -773,6 +775,39 @@ func (v *validator) flowControl(f *FlowControl) {
 			return
 		}
 	}
+}
+
+func (v *validator) replicas(r *Replicas) {
+	if v.err != nil || r == nil {
+		return
+	}
+	if r.Redis.Addr == "" {
+		v.fail("replicas.redis.addr", state.ErrMissingField, "replicas need the broker's address (host:port)")
+		return
+	}
+	if _, port, err := net.SplitHostPort(r.Redis.Addr); err != nil || port == "" {
+		v.fail("replicas.redis.addr", state.ErrBadValue, "%q: want host:port", r.Redis.Addr)
+		return
+	}
+	switch {
+	case r.Redis.DB < 0:
+		v.fail("replicas.redis.db", state.ErrOutOfRange, "%d is negative", r.Redis.DB)
+	case r.Lease < 0:
+		v.fail("replicas.lease", state.ErrOutOfRange, "%v is negative", r.Lease.D())
+	case r.FlushInterval < 0:
+		v.fail("replicas.flush_interval", state.ErrOutOfRange, "%v is negative", r.FlushInterval.D())
+	case replicasLease(r)/4 < replicasFlush(r):
+		v.fail("replicas.flush_interval", state.ErrConflict, "%v: at most a quarter of the lease (%v), the heartbeat period",
+			replicasFlush(r), replicasLease(r))
+	}
+}
+
+// replicasLease returns the block's lease after its default.
+func replicasLease(r *Replicas) time.Duration { return cmp.Or(r.Lease.D(), defaultReplicasLease) }
+
+// replicasFlush returns the block's flush interval after its default.
+func replicasFlush(r *Replicas) time.Duration {
+	return cmp.Or(r.FlushInterval.D(), defaultReplicasFlush)
 }
 
 // validHeaderName reports whether s is an HTTP field name (RFC 9110 token).

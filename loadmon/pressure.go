@@ -24,6 +24,10 @@ type Observation struct {
 	Load *EngineLoad
 	// InFlight is this router's in-flight requests to the engine.
 	InFlight uint64
+	// PeerInFlight is other router replicas' requests in flight to the engine, as their shared
+	// dispatches reached this router (docs/design.md §6, "Router replicas"); 0 without sharing.
+	// The pressure comparisons add it to InFlight in their last key; admission never reads it.
+	PeerInFlight uint64
 	// Dispatched and DispatchedTokens are the dispatches this router made at or after
 	// Figures().ReportedAt, and the prefill tokens they brought (InFlight.DispatchedSince): to the
 	// engine, or, when the observation names a rank, to that rank. Both are 0 when Load is nil.
@@ -65,9 +69,11 @@ func Observe(snap Snapshot, inflight *InFlight, engine state.EngineID) Observati
 	if inflight != nil {
 		c := inflight.lookup(engine) // one map lookup for both figures
 		o.InFlight = c.count()
+		p := inflight.peer(engine, -1)
+		o.PeerInFlight = p.count()
 		if o.Load != nil {
 			o.Dispatched, o.DispatchedTokens = c.since(o.Load.ReportedAt)
-			o.addPeers(inflight.peer(engine, -1))
+			o.addPeers(p)
 		}
 	}
 	return o
@@ -272,8 +278,8 @@ func (o *Observation) hasNative() bool {
 type Basis uint8
 
 const (
-	// BasisInFlight compares router-local in-flight requests only: some engine of the set has no
-	// fresh, complete report.
+	// BasisInFlight compares in-flight requests only (this router's and its peers'): some engine
+	// of the set has no fresh, complete report.
 	BasisInFlight Basis = iota
 	// BasisReported compares reported running and waiting requests (waiting plus the dispatches
 	// since the report) and, for decode, KV usage, then in-flight: what every fresh report
@@ -321,7 +327,8 @@ func (o *Observation) Basis() Basis {
 //   - BasisReported (and after the native keys): plain and prefill: waiting requests, running
 //     requests; decode: waiting requests, running requests, KV usage fraction (compared exactly by
 //     128-bit cross-multiplication), used KV tokens.
-//   - Every basis ends with router-local in-flight requests; BasisInFlight compares only those.
+//   - Every basis ends with in-flight requests (InFlight + PeerInFlight); BasisInFlight compares
+//     only those.
 //
 // Reported waiting figures include the dispatches made since each engine's report
 // (Observation.Dispatched and DispatchedTokens): the queue time and waiting uncached tokens add
@@ -348,7 +355,7 @@ func ComparePressure(stage state.Stage, a, b *Observation, basis Basis) int {
 			return c
 		}
 	}
-	return cmp.Compare(a.InFlight, b.InFlight)
+	return cmp.Compare(satAdd(a.InFlight, a.PeerInFlight), satAdd(b.InFlight, b.PeerInFlight))
 }
 
 // compareReported compares the reported figures of two observations whose load is known, the

@@ -70,7 +70,7 @@ func (s *pressureScan) offer(i int) {
 		inc := &s.obs[t.slot]
 		var c int
 		if b == int(loadmon.BasisInFlight) {
-			c = cmp.Compare(o.InFlight, inc.InFlight) // ComparePressure on the in-flight basis
+			c = cmp.Compare(inFlight(o), inFlight(inc)) // ComparePressure on the in-flight basis
 		} else {
 			c = loadmon.ComparePressure(s.stage, o, inc, loadmon.Basis(b))
 		}
@@ -254,13 +254,14 @@ var _ Policy = (*leastLoad)(nil)
 
 // NewLeastLoad returns a policy that picks the least loaded candidate (docs/design.md §8). When
 // every candidate has a fresh report, an engine's load is waiting + running requests + the
-// dispatches this router made after that report; otherwise every candidate is scored by
-// router-local in-flight requests alone. For a request for a LoRA adapter, an engine where it would
-// wait for an adapter slot scores one more, and ties on reported load go to the engine with the
-// better residency of the adapter (docs/design.md §18); then ties go to the fewer in-flight
-// requests, and complete ties are broken uniformly at random. Admission is checked once, on the
-// winner; a rejection is returned, never replaced. It returns an error wrapping
-// ErrInvalidConfiguration when a required Config handle is nil.
+// dispatches this router made after that report; otherwise every candidate is scored by in-flight
+// requests alone (this router's, plus its peers' when router replicas share them, docs/design.md
+// §6). For a request for a LoRA adapter, an engine where it would wait for an adapter slot scores
+// one more, and ties on reported load go to the engine with the better residency of the adapter
+// (docs/design.md §18); then ties go to the fewer in-flight requests, and complete ties are broken
+// uniformly at random. Admission is checked once, on the winner; a rejection is returned, never
+// replaced. It returns an error wrapping ErrInvalidConfiguration when a required Config handle is
+// nil.
 func NewLeastLoad(cfg Config) (Policy, error) {
 	if err := cfg.validate(label.LeastLoad); err != nil {
 		return nil, err
@@ -294,7 +295,7 @@ func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request
 					c = compareAdapter(&o, &obsR)
 				}
 				if c == 0 {
-					c = cmp.Compare(o.InFlight, obsR.InFlight)
+					c = cmp.Compare(inFlight(&o), inFlight(&obsR))
 				}
 			}
 			switch {
@@ -307,9 +308,9 @@ func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request
 			}
 		}
 		switch {
-		case i == 0 || o.InFlight < obsL.InFlight:
+		case i == 0 || inFlight(&o) < inFlight(&obsL):
 			bestL, obsL, tieL = i, o, 1
-		case o.InFlight == obsL.InFlight:
+		case inFlight(&o) == inFlight(&obsL):
 			if tieL++; p.cfg.Rand(tieL) == 0 {
 				bestL, obsL = i, o
 			}
@@ -325,6 +326,10 @@ func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request
 	}
 	return Pick{Engine: engines[best], Reason: label.ReasonLeastLoad}.withRank(&obs).withCap(ic), nil
 }
+
+// inFlight returns the in-flight requests the pressure comparisons read: this router's and its
+// peers' (loadmon.Observation.PeerInFlight).
+func inFlight(o *loadmon.Observation) uint64 { return satAdd(o.InFlight, o.PeerInFlight) }
 
 func satAdd(a, b uint64) uint64 {
 	if s := a + b; s >= a {

@@ -34,8 +34,9 @@ var configReplaces = []string{"engine", "engines-file", "policy", "decode-policy
 // vllm_metrics vLLM), else --engine-kind. A request picked for a rank of an engine whose ranks
 // list their own url goes to that url. A request whose model is one of a model's adapters
 // (models[].adapters) is routed on that model's buckets for the adapter and forwarded unchanged.
-// With affinity.store redis, the Redis store is built from
-// affinity.redis, with the password from $ENGINEPICK_REDIS_PASSWORD.
+// With affinity.store redis, the Redis store is built from affinity.redis, with the password from
+// $ENGINEPICK_REDIS_PASSWORD; a replicas block without a password takes it from there too
+// (config.New dials the broker itself).
 func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 	var clash []string
 	for _, name := range configReplaces {
@@ -53,6 +54,9 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 	}
 	if len(cfg.Engines) == 0 {
 		return nil, fmt.Errorf("--config %s lists no engines: %w", o.config, state.ErrInvalidConfiguration)
+	}
+	if r := cfg.Replicas; r != nil && r.Redis.Password == "" {
+		r.Redis.Password = os.Getenv(redisPasswordEnv)
 	}
 	defaultKind, err := gw.ParseKind(o.engineKind)
 	if err != nil {

@@ -53,7 +53,7 @@
 //	                 KV events and load reports reach all of them; the affinity policies of all
 //	                 replicas share one affinity store, as replicas share Redis (default 1)
 //	-share           the -routers replicas share their dispatches and route-time placements, as
-//	                 replicas over a broker do (package replicas)
+//	                 replicas with a replicas block do over Redis
 //	-share-delay D   how long a shared decision takes to reach the other replicas (default 5ms)
 //	-prefill-model M attention (default): an uncached token costs its linear work plus attention
 //	                 over its whole context, cached tokens included; flat: one rate for uncached

@@ -44,7 +44,7 @@ func addScenarioFlags(fs *flag.FlagSet) *scenarioFlags {
 		routers: fs.Int("routers", 1, fmt.Sprintf("N independent router replicas (at most %d), requests round-robin over them, "+
 			"every engine's events and load reports delivered to all", sim.MaxRouters)),
 		share: fs.Bool("share", false, "the -routers replicas share their dispatches and route-time placements, "+
-			"as replicas over a broker (package replicas) do"),
+			"as replicas with a replicas block do over Redis"),
 		shareDelay: fs.Duration("share-delay", sim.DefaultShareDelay, "how long a shared decision takes to reach the other replicas (-share)"),
 		spread: fs.Bool("spread-arrivals", false, "spread each second's arrivals uniformly over that second, in their order, "+
 			"drawn from -seed: the Mooncake trace's timestamps are whole seconds, so without it each second's requests arrive at one instant"),
