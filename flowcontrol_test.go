@@ -14,6 +14,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/flowcontrol"
+	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -363,4 +364,65 @@ func TestFlowControlErrors(t *testing.T) {
 	d, err := f.router.Select(ctx, longReq())
 	require.NoError(t, err, "the cancelled request left the queue")
 	d.Release()
+}
+
+// Under cache_aware with in-flight caps, a refusal depends on the request's prefix holders: a
+// request whose holder is at its cap does not hold back a request of the same buckets and keys
+// whose holder has room. Engines a and b (cap 1) each hold one prompt's blocks; both are full,
+// A (a's prompt) and B (b's prompt) wait; when b frees, A is tried first and refused by a, and B
+// is served by b at the same wake.
+func TestFlowControlRefusalByOtherHoldersDoesNotHoldBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	inflight := loadmon.NewInFlight(nil)
+	load := loadmon.NewTable()
+	h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: 16})
+	require.NoError(t, err)
+	index, err := kvindex.NewIndex(h, kvindex.Options{})
+	require.NoError(t, err)
+	src, err := kvindex.NewLocalSource(index)
+	require.NoError(t, err)
+	reg := &state.StaticRegistry{}
+	prompts := map[state.EngineID][]uint32{"a": tokens(64, 1), "b": tokens(64, 2)}
+	for _, id := range []state.EngineID{"a", "b"} {
+		require.NoError(t, reg.Add(state.NewStaticEngine(id, "m", state.StagePlain)))
+		require.NoError(t, index.Store(kvindex.StoreEvent{Engine: id, BlockHashes: h.Keys(prompts[id]), TokenIDs: prompts[id], Tier: kvindex.TierDevice}))
+	}
+	p, err := policy.NewCacheAware(policy.Config{Load: load, InFlight: inflight, Admission: admission.Limits{MaxInFlightRequests: admission.Cap(1)}},
+		policy.CacheAwareOptions{Source: src, MinMatchedTokens: 16})
+	require.NoError(t, err)
+	g, err := bucket.NewEngineGroup(p, nil)
+	require.NoError(t, err)
+	b, err := bucket.NewPlainBucket(bucket.Spec{ID: "all"}, g)
+	require.NoError(t, err)
+	res, err := bucket.NewResolver([]*bucket.Bucket{b}, bucket.ResolverOptions{})
+	require.NoError(t, err)
+	f := &flowFleet{reg: reg, load: load, inflight: inflight}
+	f.router, err = enginepick.NewRouter(enginepick.Options{Registry: reg, InFlight: inflight, Load: load, Index: index,
+		Resolvers: map[state.ModelID]*bucket.Resolver{"m": res}, FlowControl: mustController(t, flowcontrol.Config{})})
+	require.NoError(t, err)
+	req := func(id state.EngineID) *bucket.Request {
+		return &bucket.Request{Model: "m", TokenIDs: prompts[id], Signals: bucket.Signals{InputTokens: int64(len(prompts[id]))}}
+	}
+
+	held := map[state.EngineID]*enginepick.Dispatch{}
+	for _, id := range []state.EngineID{"a", "b"} {
+		d, err := f.router.Select(ctx, req(id))
+		require.NoError(t, err)
+		require.Equal(t, id, engineOf(d))
+		held[id] = d
+	}
+	chA := f.selectAsync(ctx, req("a"))
+	waits(t, chA)
+	chB := f.selectAsync(ctx, req("b"))
+	waits(t, chB)
+	held["b"].Release()
+	dB := served(t, chB)
+	assert.Equal(t, state.EngineID("b"), engineOf(dB))
+	waits(t, chA)
+	held["a"].Release()
+	dA := served(t, chA)
+	assert.Equal(t, state.EngineID("a"), engineOf(dA))
+	dA.Release()
+	dB.Release()
 }

@@ -78,7 +78,7 @@ const (
 
 // waiter is one waiting request: a blocked Wait (ch), or a driven request (Drive: attempt, done).
 type waiter struct {
-	req          Request
+	req          Request // its Class is its last refusal's class (Request.Class before one)
 	fq           *flowQ
 	seq          uint64
 	prev, next   *waiter // in fq
@@ -88,7 +88,7 @@ type waiter struct {
 	turnEpoch    uint64
 	displaced    error // set before sigDisplaced
 
-	attempt  func() (bool, error)
+	attempt  func() (bool, uint64, error)
 	done     func(error)
 	deadline time.Time // its band's TTL, on the Controller's clock; zero: none
 }
@@ -106,7 +106,7 @@ func newQueue(c *Controller) *queue {
 }
 
 // wait is a queued request's loop: its turns, its end.
-func (q *queue) wait(ctx context.Context, w *waiter, b *Band, attempt func() (bool, error)) error {
+func (q *queue) wait(ctx context.Context, w *waiter, b *Band, attempt func() (bool, uint64, error)) error {
 	var expired <-chan time.Time
 	if b.TTL > 0 {
 		t := time.NewTimer(b.TTL)
@@ -119,9 +119,9 @@ func (q *queue) wait(ctx context.Context, w *waiter, b *Band, attempt func() (bo
 			if s == sigDisplaced {
 				return w.displaced
 			}
-			saturated, err := attempt()
+			saturated, class, err := attempt()
 			q.mu.Lock()
-			left := q.turnEndedLocked(w, saturated, err)
+			left := q.turnEndedLocked(w, saturated, class, err)
 			q.mu.Unlock()
 			if left {
 				return err
@@ -140,13 +140,14 @@ func timeoutError(b *Band) error {
 }
 
 // turnEndedLocked applies the outcome of w's turn and passes the turn on: a request that was not
-// refused leaves the queue (charged when served); a refused one keeps its place, and its class is
-// refused for the epoch of the turn. It reports whether w left.
-func (q *queue) turnEndedLocked(w *waiter, saturated bool, err error) bool {
+// refused leaves the queue (charged when served); a refused one keeps its place, takes the
+// refusal's class, and that class is refused for the epoch of the turn. It reports whether w left.
+func (q *queue) turnEndedLocked(w *waiter, saturated bool, class uint64, err error) bool {
 	q.holder = nil
 	q.busy.Store(false)
 	if saturated {
-		q.refusedLocked(w.req.Class, w.turnEpoch)
+		q.reclassLocked(w, class)
+		q.refusedLocked(class, w.turnEpoch)
 	} else {
 		q.removeLocked(w)
 		if err == nil {
@@ -171,6 +172,18 @@ func (q *queue) leave(w *waiter, err error) error {
 		q.advanceLocked()
 	}
 	return err
+}
+
+// reclassLocked moves a queued request to class, keeping the count of waiting requests per class.
+func (q *queue) reclassLocked(w *waiter, class uint64) {
+	if w.req.Class == class {
+		return
+	}
+	if q.classes[w.req.Class]--; q.classes[w.req.Class] == 0 {
+		delete(q.classes, w.req.Class)
+	}
+	w.req.Class = class
+	q.classes[class]++
 }
 
 // refusedLocked records that a request of class was refused at epoch; a refusal from an older
@@ -260,7 +273,7 @@ func (q *queue) nextLocked() *waiter {
 // full, the newest request of the flow band bi serves last if the request's flow is served before
 // it; it returns a *RejectedError when the request cannot be queued. With done set, the request is driven, with
 // attempt as its turn.
-func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, error), done func(error)) (*waiter, error) {
+func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, uint64, error), done func(error)) (*waiter, error) {
 	cfg := &q.c.bands[bi]
 	f := q.flowLocked(r.Flow)
 	bandFull := cfg.MaxQueued > 0 && q.bands[bi].n >= cfg.MaxQueued
