@@ -177,7 +177,10 @@ func (c *Controller) rankSaturated(l *loadmon.EngineLoad) bool {
 //
 // A request runs its first attempt at once unless waiting requests of its model are being tried
 // (it then waits for its turn). After a refusal it waits until Notify, its turn, and runs attempt
-// again; a refusal leaves it in its place.
+// again; a refusal leaves it in its place. A refusal whose class differs from the request's last
+// and that no request met since the last Notify is followed at once by another attempt, up to 64
+// in a row: the request's next attempt may pick elsewhere (round-robin), and what freed goes to
+// the first request in order.
 //
 // Wait returns attempt's error (nil: served); a *RejectedError when the request is rejected
 // (sheddable, queue full) or displaced; an error wrapping ErrTimeout
@@ -209,8 +212,8 @@ func (c *Controller) enter(r *Request, attempt func() (bool, uint64, error), don
 	b := &c.bands[bi]
 	epoch := q.epoch.Load()
 	busy := q.busy.Load()
-	queued := *r // with the first refusal's class
-	if !busy {
+	queued := *r // with the last refusal's class
+	for n := 0; !busy; n++ {
 		saturated, class, err := attempt()
 		if !saturated {
 			if err == nil {
@@ -218,7 +221,14 @@ func (c *Controller) enter(r *Request, attempt func() (bool, uint64, error), don
 			}
 			return q, nil, err
 		}
+		q.mu.Lock()
+		again := n+1 < maxTries && q.movedLocked(queued.Class, class, epoch)
+		q.refusedLocked(class, epoch)
+		q.mu.Unlock()
 		queued.Class = class
+		if !again {
+			break
+		}
 	}
 	q.mu.Lock()
 	var w *waiter

@@ -34,6 +34,7 @@ type harness struct {
 	attempts map[string]int   // attempts per request
 	results  map[string]error // returned requests
 	wg       sync.WaitGroup
+	next     uint64 // rotating's last class
 }
 
 func newHarness(t *testing.T, cfg flowcontrol.Config) *harness {
@@ -56,6 +57,19 @@ func (h *harness) attempt(id string, class uint64) func() (bool, uint64, error) 
 		h.capacity[class]--
 		h.order = append(h.order, id)
 		return false, 0, nil
+	}
+}
+
+// rotating is an attempt that picks classes 1 to 4 in turn, over every request's attempts, as
+// round-robin picks engines without reading their caps; it draws on the capacity of the class
+// picked and reports it as the class of its refusal.
+func (h *harness) rotating(id string) func() (bool, uint64, error) {
+	return func() (bool, uint64, error) {
+		h.mu.Lock()
+		h.next = h.next%4 + 1
+		class := h.next
+		h.mu.Unlock()
+		return h.attempt(id, class)()
 	}
 }
 
@@ -285,11 +299,48 @@ func TestRefusalClassReplacesTheRequestClass(t *testing.T) {
 	assert.Equal(t, []string{"b"}, h.serveAll(11, 1), "a's refusal does not hold b back")
 	require.NoError(t, h.result("b"))
 	h.mu.Lock()
-	assert.Equal(t, map[string]int{"a": 2, "b": 2, "c": 1}, h.attempts, "c is not tried after a's refusal")
+	// a and b arrive with class 1 and are refused with 10 and 11, new classes: each is tried
+	// once more at once, refused alike. c's refusal, 10, was met first by a: c stops there.
+	assert.Equal(t, map[string]int{"a": 3, "b": 3, "c": 1}, h.attempts, "c is not tried after a's refusal")
 	h.mu.Unlock()
 	assert.Equal(t, map[uint64]int{10: 2}, flowcontrol.Classes(h.c, model))
 	assert.Equal(t, []string{"b", "a", "c"}, h.serveAll(10, 2))
 	assert.Empty(t, flowcontrol.Classes(h.c, model))
+}
+
+// A request refused by a class no request met in this pass is tried again at once, until a
+// refusal repeats: the capacity that frees goes to the first request in order, whichever class
+// the attempts pick first (round-robin over engines with caps).
+func TestMovedRefusalKeepsTheTurn(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, flowcontrol.Config{})
+	ctx := context.Background()
+	for _, id := range []string{"first", "second"} {
+		r := flowcontrol.Request{Model: model, Class: 100}
+		before := flowcontrol.Enqueued(h.c, model)
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			err := h.c.Wait(ctx, r, h.rotating(id))
+			h.mu.Lock()
+			h.results[id] = err
+			h.mu.Unlock()
+		}()
+		require.Eventually(t, func() bool { return flowcontrol.Enqueued(h.c, model) > before }, 5*time.Second, time.Millisecond)
+	}
+	h.mu.Lock()
+	// first: classes 1, 2, 3, 4, then 1 again; second: 2, refused first by first.
+	assert.Equal(t, map[string]int{"first": 5, "second": 1}, h.attempts)
+	h.mu.Unlock()
+	// Class 1 frees: first picks 3 and 4, then 1; the pass goes on with second, which picks 2,
+	// refused as before.
+	assert.Equal(t, []string{"first"}, h.serveAll(1, 1))
+	require.NoError(t, h.result("first"))
+	h.mu.Lock()
+	assert.Equal(t, map[string]int{"first": 8, "second": 2}, h.attempts)
+	h.mu.Unlock()
+	assert.Equal(t, 1, flowcontrol.Queued(h.c, model))
+	assert.Equal(t, []string{"first", "second"}, h.serveAll(1, 1))
 }
 
 func TestBandTTLEndsTheWait(t *testing.T) {

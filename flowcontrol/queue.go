@@ -86,6 +86,7 @@ type waiter struct {
 	ch           chan signal
 	queued       bool
 	turnEpoch    uint64
+	tries        int   // attempts of the turn it holds
 	displaced    error // set before sigDisplaced
 
 	attempt  func() (bool, uint64, error)
@@ -146,8 +147,14 @@ func (q *queue) turnEndedLocked(w *waiter, saturated bool, class uint64, err err
 	q.holder = nil
 	q.busy.Store(false)
 	if saturated {
+		w.tries++
+		again := w.tries < maxTries && q.movedLocked(w.req.Class, class, w.turnEpoch)
 		q.reclassLocked(w, class)
 		q.refusedLocked(class, w.turnEpoch)
+		if again {
+			q.grantLocked(w, w.tries)
+			return false
+		}
 	} else {
 		q.removeLocked(w)
 		if err == nil {
@@ -209,18 +216,34 @@ func (q *queue) isRefused(class uint64) bool {
 	return ok
 }
 
+// maxTries bounds the attempts of one turn, and of an arrival's first try (movedLocked).
+const maxTries = 64
+
+// movedLocked reports whether a request refused with class, after its last refusal with prev, is
+// tried again at once: the refusal named other engines than before (a policy that does not read
+// admission, round-robin say, picked another engine) and no request was refused with class in
+// epoch, the current one. A refusal that repeats, or that another request met first in this pass,
+// ends the turn.
+func (q *queue) movedLocked(prev, class, epoch uint64) bool {
+	return class != prev && epoch == q.epoch.Load() && !q.isRefused(class)
+}
+
 // advanceLocked gives the turn to the next eligible request, unless one holds it.
 func (q *queue) advanceLocked() {
 	if q.holder != nil || q.n == 0 {
 		return
 	}
-	w := q.nextLocked()
-	if w == nil {
-		return
+	if w := q.nextLocked(); w != nil {
+		q.grantLocked(w, 0)
 	}
+}
+
+// grantLocked gives w the turn, its tries-th attempt in a row.
+func (q *queue) grantLocked(w *waiter, tries int) {
 	q.holder = w
 	q.busy.Store(true)
 	w.turnEpoch = q.epoch.Load()
+	w.tries = tries
 	if w.ch != nil {
 		w.ch <- sigTurn // buffered, and empty: a queued request has no signal pending
 	} // a driven request's turn is run by Drive
