@@ -301,3 +301,22 @@ func TestExampleFlowControlConfig(t *testing.T) {
 		assert.Equal(t, http.StatusOK, <-ch)
 	}
 }
+
+// enginePriority maps a request's priority to its band's, negated, as vLLM's priority field.
+func TestEnginePriorityMapping(t *testing.T) {
+	t.Parallel()
+	assert.Nil(t, enginePriority(false, []int{0}), "off: the body is forwarded as it is")
+	for _, tc := range []struct {
+		bands []int
+		in    map[int]int
+	}{
+		{nil, map[int]int{3: -3, 0: 0, -2: 2}},
+		{[]int{1, 0, -1}, map[int]int{5: -1, 1: -1, 0: 0, -1: 1, -7: 1}},
+		{[]int{10, 0}, map[int]int{9: 0, 10: -10, -1: 0}},
+	} {
+		f := enginePriority(true, tc.bands)
+		for p, want := range tc.in {
+			assert.Equal(t, want, f(p), "bands %v, priority %d", tc.bands, p)
+		}
+	}
+}
