@@ -67,6 +67,9 @@ type flowQ struct {
 	band       int
 	head, tail *waiter
 	idx        int // in the band's heap, −1 when empty
+	// byClass holds the same requests by class, each class's oldest first, so that the first
+	// request of a class not refused is found without walking past the refused ones.
+	byClass map[uint64]*seqHeap
 }
 
 type signal uint8
@@ -86,6 +89,7 @@ type waiter struct {
 	ch           chan signal
 	queued       bool
 	turnEpoch    uint64
+	cidx         int   // in its flowQ's heap of its class
 	tries        int   // attempts of the turn it holds
 	displaced    error // set before sigDisplaced
 
@@ -189,7 +193,9 @@ func (q *queue) reclassLocked(w *waiter, class uint64) {
 	if q.classes[w.req.Class]--; q.classes[w.req.Class] == 0 {
 		delete(q.classes, w.req.Class)
 	}
+	w.fq.unclass(w)
 	w.req.Class = class
+	w.fq.class(w)
 	q.classes[class]++
 }
 
@@ -277,11 +283,14 @@ func (q *queue) nextLocked() *waiter {
 			if bestQ != nil && !fq.before(bestQ) {
 				continue
 			}
-			for w := fq.head; w != nil; w = w.next {
-				if _, ok := q.refused[w.req.Class]; !ok {
-					best, bestQ = w, fq
-					break
+			var first *waiter // the flow's oldest request of a class not refused
+			for class, h := range fq.byClass {
+				if _, ok := q.refused[class]; !ok && (first == nil || (*h)[0].seq < first.seq) {
+					first = (*h)[0]
 				}
+			}
+			if first != nil {
+				best, bestQ = first, fq
 			}
 		}
 		if best != nil {
@@ -321,7 +330,7 @@ func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, uint64, 
 		}
 	}
 	if f.qs[bi] == nil {
-		f.qs[bi] = &flowQ{f: f, band: bi, idx: -1}
+		f.qs[bi] = &flowQ{f: f, band: bi, idx: -1, byClass: map[uint64]*seqHeap{}}
 	}
 	fq := f.qs[bi]
 	q.seq++
@@ -342,6 +351,7 @@ func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, uint64, 
 		w.prev, fq.tail.next = fq.tail, w
 		fq.tail = w
 	}
+	fq.class(w)
 	b := &q.bands[bi]
 	if b.last == nil {
 		b.first, b.last = w, w
@@ -403,6 +413,7 @@ func (q *queue) newestLocked(fq *flowQ) *waiter {
 func (q *queue) removeLocked(w *waiter) {
 	fq := w.fq
 	b := &q.bands[fq.band]
+	fq.unclass(w)
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
@@ -559,4 +570,45 @@ func (h *flowHeap) Pop() any {
 	fq.idx = -1
 	*h = old[:len(old)-1]
 	return fq
+}
+
+// class adds w to fq's heap of its class.
+func (fq *flowQ) class(w *waiter) {
+	h := fq.byClass[w.req.Class]
+	if h == nil {
+		h = &seqHeap{}
+		fq.byClass[w.req.Class] = h
+	}
+	heap.Push(h, w)
+}
+
+// unclass removes w from fq's heap of its class, and the heap when it empties.
+func (fq *flowQ) unclass(w *waiter) {
+	h := fq.byClass[w.req.Class]
+	heap.Remove(h, w.cidx)
+	if h.Len() == 0 {
+		delete(fq.byClass, w.req.Class)
+	}
+}
+
+// seqHeap orders one flow's requests of one class, the oldest first (container/heap).
+type seqHeap []*waiter
+
+func (h seqHeap) Len() int           { return len(h) }
+func (h seqHeap) Less(i, j int) bool { return h[i].seq < h[j].seq }
+func (h seqHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].cidx, h[j].cidx = i, j
+}
+func (h *seqHeap) Push(x any) {
+	w := x.(*waiter)
+	w.cidx = len(*h)
+	*h = append(*h, w)
+}
+func (h *seqHeap) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return w
 }
