@@ -205,6 +205,7 @@ func (b *Bucket) pickEngines(ctx context.Context, registry state.Registry, req *
 		SessionKey:         req.SessionKey,
 		RoutingKey:         req.RoutingKey,
 		Memo:               req.Memo,
+		Adapter:            req.Adapter,
 	}
 	sel := Selection{Bucket: b}
 	var err error

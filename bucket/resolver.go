@@ -91,6 +91,11 @@ type Request struct {
 	// like any other). Without flow control they are ignored.
 	Priority int
 	Flow     string
+	// Adapter is the LoRA adapter the request asks for, by the name the engines know it by
+	// (vLLM lora_name); empty means the base model. Model is then the adapter's base model,
+	// whose buckets serve it; every group's policy receives it (policy.Request.Adapter,
+	// docs/design.md §18).
+	Adapter string
 }
 
 // ResolverOptions configures SLO ordering. The zero value disables both preferences.

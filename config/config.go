@@ -39,6 +39,10 @@ type Config struct {
 	// failing them with 503 (docs/design.md §17). Nil (the block absent, or null) means no flow
 	// control; an empty block means flow control with its defaults.
 	FlowControl *FlowControl `json:"flow_control,omitempty"`
+	// Replicas makes router replicas share their dispatches and route-time placements through a
+	// Redis broker, so that they act as one router (docs/design.md §6, "Router replicas"). Nil
+	// means none: the Router decides on its own view.
+	Replicas *Replicas `json:"replicas,omitempty"`
 
 	// lines maps field paths to their lines in the parsed input, for error messages; nil for a
 	// Config built in code.
@@ -60,6 +64,12 @@ type Model struct {
 	SLO SLO `json:"slo,omitzero"`
 	// Buckets lists the model's buckets; at least one, IDs unique and non-empty within the model.
 	Buckets []Bucket `json:"buckets"`
+	// Adapters lists the LoRA adapters this model's engines serve, by the name the engines serve
+	// each under, which requests carry as their model (vLLM --lora-modules NAME=PATH: the OpenAI
+	// model field names the adapter). A request for one is routed on this model's buckets with
+	// bucket.Request.Adapter set (docs/design.md §18). Names are non-empty and unique among
+	// every model's IDs and adapters. Empty means none.
+	Adapters []string `json:"adapters,omitempty"`
 }
 
 // StagePolicies holds one optional default policy per stage, for the groups of that stage that set
@@ -249,6 +259,11 @@ type KVSettings struct {
 	HashSeed uint64 `json:"hash_seed,omitempty"`
 	// Namespace is folded into every block key (kvindex.HasherConfig.Namespace); empty means none.
 	Namespace string `json:"namespace,omitempty"`
+	// AdapterIDs maps a LoRA adapter (one of a model's Adapters) to the integer ID its engines'
+	// KV events carry (lora_id), for publishers that send an ID without the adapter's name
+	// (SGLang; kvevents.Options.AdapterNames). IDs are unique and not negative. Empty means none:
+	// such events are refused.
+	AdapterIDs map[string]int64 `json:"adapter_ids,omitempty"`
 	// MaxBlocks, MaxApproxBlocks and ApproxTTL are the index caps (kvindex.Options): zero means
 	// 4,194,304 blocks, 1,048,576 approximate entries and 120 s.
 	MaxBlocks       int      `json:"max_blocks,omitempty"`
@@ -333,6 +348,32 @@ type FlowBand struct {
 	Sheddable bool `json:"sheddable,omitempty"`
 }
 
+// Replicas configures the sharing between router replicas (docs/design.md §6, "Router
+// replicas"): New publishes every dispatch start, first token and end and every route-time
+// placement on a Redis pub/sub channel, and folds in those of the other replicas on the channel.
+// Peers' dispatches count in pressure comparisons and their placements in the prefix index; this
+// Router's admission caps and in-flight counts stay its own.
+type Replicas struct {
+	// Redis is the broker: Addr (host:port, required), Password (empty means none; hosts may set
+	// it from their secret store rather than write it in the file) and DB (the database number,
+	// 0 by default). New dials it and reconnects on its own; an unreachable broker never fails a
+	// request: the Router then decides on its own view.
+	Redis struct {
+		Addr     string `json:"addr"`
+		Password string `json:"password,omitempty"`
+		DB       int    `json:"db,omitempty"`
+	} `json:"redis"`
+	// Channel is the pub/sub channel the replicas of one deployment share; deployments on one
+	// Redis use different channels. Empty means "enginepick:replicas".
+	Channel string `json:"channel,omitempty"`
+	// Lease is how long the dispatches of a silent peer keep counting; a replica sends a
+	// heartbeat every lease ÷ 4. Zero means 2 s.
+	Lease Duration `json:"lease,omitzero"`
+	// FlushInterval is how often a replica publishes its pending deltas; at most lease ÷ 4. Zero
+	// means 5 ms.
+	FlushInterval Duration `json:"flush_interval,omitzero"`
+}
+
 // RedisSettings describe the Redis deployment of a shared affinity store (affinity/redisstore).
 // The library does not dial Redis itself: the host builds the client from them, with its own
 // credentials and TLS settings, which do not belong in this file.
@@ -355,6 +396,11 @@ const (
 	DefaultRoutingKeyHeader = "x-sgl-routing-key"
 	// defaultBlockTokens is KVSettings.BlockTokens's default, vLLM's block size.
 	defaultBlockTokens = 16
+	// defaultReplicasChannel, defaultReplicasLease and defaultReplicasFlush are the defaults of
+	// the replicas block.
+	defaultReplicasChannel = "enginepick:replicas"
+	defaultReplicasLease   = 2 * time.Second
+	defaultReplicasFlush   = 5 * time.Millisecond
 	// defaultPolicy is the policy of a group that sets none and inherits none.
 	defaultPolicy = "power_of_two"
 	// maxBlockTokens and defaultMaxBlocks are kvindex's limits: the largest

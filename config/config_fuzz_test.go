@@ -29,6 +29,7 @@ func FuzzParseConfig(f *testing.F) {
 	}
 	f.Add([]byte(seedPD), uint8(config.FormatYAML))
 	f.Add([]byte("flow_control: {bands: [{priority: 1, ttl: 5s}, {priority: 0, sheddable: true}], flow_weights: {a: 2}}\n"+flowFleet), uint8(config.FormatYAML))
+	f.Add([]byte("replicas: {redis: {addr: 'r:6379', password: p, db: 2}, channel: c, lease: 4s, flush_interval: 10ms}\n"+flowFleet), uint8(config.FormatYAML))
 	f.Fuzz(func(t *testing.T, data []byte, format uint8) {
 		cfg, err := config.ParseAs(data, config.Format(format%3))
 		if err != nil {

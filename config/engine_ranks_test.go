@@ -125,21 +125,30 @@ func kvPublisher(t *testing.T, port int) zmq4.Socket {
 	return pub
 }
 
-// publishUntilHeld publishes one BlockStored batch of tokens as the given global DP rank (batch
-// 0, again and again until the subscriber has joined) until the index holds the tokens for
-// engine, and returns the rank the index holds them under.
-func publishUntilHeld(t *testing.T, r *config.Router, pub zmq4.Socket, topic string, globalRank int, hashes []uint64, tokens []uint32, engine state.EngineID) int {
+// publishHeld publishes one BlockStored batch of tokens, sequence 0, as the given global DP rank
+// on pub once the subscriber has joined pub, waits until the index holds the tokens for engine, and
+// returns the rank the index holds them under. ZMQ drops what a PUB socket sends before a
+// subscriber has joined, so it first probes on a topic the subscriber does not follow until the
+// subscriber counts a probe. The batch is sent once: sequence 0 again would come from a restarted
+// publisher, and the subscriber would clear the rank and apply it anew, a moment in which the index
+// does not hold the tokens.
+func publishHeld(t *testing.T, r *config.Router, pub zmq4.Socket, topic string, globalRank int, hashes []uint64, tokens []uint32, engine state.EngineID) int {
 	t.Helper()
+	seq := make([]byte, 8)
+	binary.BigEndian.PutUint64(seq, 0)
+	probes := r.KVEventStats().UnknownTopics
+	require.Eventually(t, func() bool {
+		require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte("probe"), seq, []byte{0x90})))
+		return r.KVEventStats().UnknownTopics > probes
+	}, 10*time.Second, 20*time.Millisecond, "the subscriber joins the publisher")
 	ev := []any{"BlockStored", hashes, nil, tokens, 4, nil, "GPU"}
 	payload, err := msgpack.Marshal([]any{1789095808.83, []any{ev}, globalRank})
 	require.NoError(t, err)
-	seq := make([]byte, 8)
-	binary.BigEndian.PutUint64(seq, 0)
+	require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte(topic), seq, payload)))
 	keys := r.Index().Hasher().Keys(tokens)
 	require.Eventually(t, func() bool {
-		require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte(topic), seq, payload)))
 		return r.Index().Match(keys).Blocks(engine) == len(hashes)
-	}, 10*time.Second, 20*time.Millisecond)
+	}, 10*time.Second, 5*time.Millisecond, "the index holds the published blocks")
 	m := r.Index().Match(keys)
 	for i, e := range m.Engines {
 		if e.Engine == engine {
@@ -203,10 +212,11 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 	assert.Equal(t, [][2]uint64{{3, 1}, {5, 2}}, rankLoads(t, r, "e1"), "both ranks' load, each from its own page")
 	r0 := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
 	r1 := []uint32{9, 10, 11, 12, 13, 14, 15, 16}
-	assert.Equal(t, 0, publishUntilHeld(t, r, pubs[0], topics[0], 0, []uint64{101, 102}, r0, "e1"))
-	assert.Equal(t, 1, publishUntilHeld(t, r, pubs[1], topics[1], 1, []uint64{201, 202}, r1, "e1"), "rank 1's events, on its own topic, are rank 1's")
+	assert.Equal(t, 0, publishHeld(t, r, pubs[0], topics[0], 0, []uint64{101, 102}, r0, "e1"))
+	assert.Equal(t, 1, publishHeld(t, r, pubs[1], topics[1], 1, []uint64{201, 202}, r1, "e1"), "rank 1's events, on its own topic, are rank 1's")
 	for _, st := range r.KVEventStats().Streams {
 		assert.Zero(t, st.Malformed, "rank %d: no batch refused", st.DPRank)
+		assert.Zero(t, st.RankClears, "rank %d: never cleared, as after a publisher restart", st.DPRank)
 	}
 
 	// A prompt extending rank 1's blocks by a token: both are served from its cache, 8 tokens.
@@ -237,9 +247,10 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, 
 	defer r.Close()
 
 	assert.Equal(t, [][2]uint64{{1, 0}, {2, 1}, {3, 0}, {4, 2}}, rankLoads(t, r, "node"), "global ranks 4..7 are the node's ranks 0..3")
-	assert.Equal(t, 1, publishUntilHeld(t, r, pub, "kv", 5, []uint64{501, 502}, []uint32{1, 2, 3, 4, 5, 6, 7, 8}, "node"),
+	assert.Equal(t, 1, publishHeld(t, r, pub, "kv", 5, []uint64{501, 502}, []uint32{1, 2, 3, 4, 5, 6, 7, 8}, "node"),
 		"data_parallel_rank 5 is the node's rank 1")
 	for _, st := range r.KVEventStats().Streams {
 		assert.Zero(t, st.Malformed, "rank %d: no batch refused", st.DPRank)
+		assert.Zero(t, st.RankClears, "rank %d: never cleared, as after a publisher restart", st.DPRank)
 	}
 }

@@ -12,3 +12,6 @@ const (
 
 // ParseAs is Parse in the given syntax.
 func ParseAs(data []byte, f Format) (*Config, error) { return parse(data, f) }
+
+// CheckHealth runs the degraded-state checks now (New runs them every WithHealthInterval).
+func (r *Router) CheckHealth() { r.checkHealth() }

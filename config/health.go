@@ -19,7 +19,7 @@ type degradedChecks struct {
 	reportedCaps []state.ModelID
 }
 
-// CheckHealth looks for degraded state and warns about it through the logger, each message at most
+// checkHealth looks for degraded state and warns about it through the logger, each message at most
 // once per warn interval (docs/design.md §15):
 //
 //   - engines with a load endpoint whose load is unknown (stale, missing or rank-incomplete);
@@ -30,9 +30,8 @@ type degradedChecks struct {
 //     resynchronise.
 //
 // It first applies the KV-event subscriber's silence rule (kvevents.Subscriber.CheckSilence).
-// New runs it every WithHealthInterval; hosts may call it too. Apart from the silence rule, it
-// reads shared state only.
-func (r *Router) CheckHealth() {
+// New runs it every WithHealthInterval. Apart from the silence rule, it reads shared state only.
+func (r *Router) checkHealth() {
 	if r.kvSub != nil {
 		r.kvSub.CheckSilence()
 	}
@@ -89,9 +88,9 @@ func (r *Router) RemoveEngine(id state.EngineID) {
 }
 
 // Close stops every service New started (load poller, KV-event subscriber, the in-memory affinity
-// store's sweeper, degraded-state checks) and waits for their goroutines to exit. The Router keeps
-// selecting with the state it has: loads go stale (unknown, never zero). Close is idempotent and
-// returns nil.
+// store's sweeper, degraded-state checks, the sharing with router replicas) and waits for their
+// goroutines to exit. The Router keeps selecting with the state it has: loads go stale (unknown,
+// never zero), and peers' dispatches no longer change. Close is idempotent and returns nil.
 func (r *Router) Close() error {
 	if r.svc == nil {
 		return nil
@@ -102,6 +101,9 @@ func (r *Router) Close() error {
 			_ = r.kvSub.Close()
 		}
 		r.svc.wg.Wait()
+		if r.share != nil {
+			r.share.Close()
+		}
 		if r.ownClient != nil {
 			r.ownClient.CloseIdleConnections()
 		}

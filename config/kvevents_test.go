@@ -198,3 +198,57 @@ models: [{id: m, buckets: [{id: a, groups: {plain: {policy: {type: cache_aware}}
 	assert.Equal(t, 1, logs.FilterMessage("kvevents: no batch since requests were sent to the engine; its blocks are untrusted until one arrives").Len())
 	assert.Equal(t, 1, logs.FilterMessageSnippet("does not trust some engines").Len())
 }
+
+// TestNewKVEventsNameAdaptersByID: kv.adapter_ids names the adapter of a BlockStored that carries
+// only a lora_id (SGLang's form), so a request for the adapter hits its blocks and a base-model
+// request does not.
+func TestNewKVEventsNameAdaptersByID(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := "tcp://" + l.Addr().String()
+	require.NoError(t, l.Close())
+	pub := zmq4.NewPub(context.Background())
+	require.NoError(t, pub.Listen(addr))
+	defer pub.Close()
+	cfg := mustParse(t, fmt.Sprintf(`
+kv: {block_tokens: 4, adapter_ids: {sql-lora: 7}}
+engines:
+  - {id: e1, model: m, kv_events: {endpoint: "%s", topic: kv}}
+  - {id: e2, model: m}
+models:
+  - id: m
+    adapters: [sql-lora]
+    buckets: [{id: a, groups: {plain: {policy: {type: cache_aware, cache_aware: {min_matched_tokens: 8}}}}}]
+`, addr))
+	r, err := config.New(cfg, nil, config.WithHealthInterval(0))
+	require.NoError(t, err)
+	defer r.Close()
+	send := func(topic string, seq uint64, payload []byte) {
+		s := make([]byte, 8)
+		binary.BigEndian.PutUint64(s, seq)
+		require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte(topic), s, payload)))
+	}
+	require.Eventually(t, func() bool {
+		send("probe", 0, []byte{0x90})
+		return r.KVEventStats().UnknownTopics > 0
+	}, 10*time.Second, 20*time.Millisecond)
+	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	ev := []any{"BlockStored", []uint64{101, 102}, nil, tokens, 4, 7} // SGLang's fields: lora_id last
+	b, err := msgpack.Marshal([]any{1789095808.83, []any{ev}, 0})
+	require.NoError(t, err)
+	send("kv", 0, b)
+	require.Eventually(t, func() bool { st := r.KVEventStats().Streams; return len(st) == 1 && st[0].StoredBlocks == 2 }, 10*time.Second, 5*time.Millisecond)
+	for _, tc := range []struct {
+		adapter, reason string
+	}{{"sql-lora", label.ReasonCacheCandidate}, {"", label.ReasonNoCacheCandidate}} {
+		req := &bucket.Request{Model: "m", Adapter: tc.adapter, TokenIDs: append(tokens[:8:8], 9), Signals: bucket.Signals{InputTokens: 9}}
+		d, err := r.Select(context.Background(), req)
+		require.NoError(t, err)
+		assert.Equal(t, tc.reason, d.Selection.Plain.Reason, "adapter %q", tc.adapter)
+		if tc.adapter != "" {
+			assert.Equal(t, "e1", string(d.Selection.Plain.Engine.ID()))
+		}
+		d.Release()
+	}
+}

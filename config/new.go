@@ -1,15 +1,20 @@
 package config
 
 import (
+	"cmp"
 	"context"
+	crand "crypto/rand"
 	"fmt"
 	"maps"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -18,6 +23,8 @@ import (
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/flowcontrol"
+	"github.com/enginepick/enginepick/internal/peersync"
+	"github.com/enginepick/enginepick/internal/peersync/redispeer"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/kvindex/kvevents"
 	"github.com/enginepick/enginepick/loadmon"
@@ -123,8 +130,16 @@ type Router struct {
 	poller    *loadsource.Poller
 	ownClient *http.Client // the pollers' client when New made it; Close drops its idle connections
 	kvSub     *kvevents.Subscriber
+	share     *peersync.Core  // nil without a replicas block
+	peer      *redispeer.Peer // runs share over the broker
 	svc       *services
 	degraded  degradedChecks
+}
+
+// replicaObserver is an optional interface of an enginepick.Observer (package metrics'): New
+// passes it the replicas' sharing, whose counters it exports.
+type replicaObserver interface {
+	ObserveReplicas(p *redispeer.Peer)
 }
 
 // RouterAttacher is an optional interface of an enginepick.Observer: New calls AttachRouter once,
@@ -207,6 +222,9 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 	r := &Router{Router: er, config: cfg, warn: b.warnLog}
 	if err := b.start(r); err != nil {
 		return nil, err
+	}
+	if o, ok := s.obs.(replicaObserver); ok && r.peer != nil {
+		o.ObserveReplicas(r.peer)
 	}
 	if a, ok := s.obs.(RouterAttacher); ok {
 		if err := a.AttachRouter(r); err != nil {
@@ -596,12 +614,18 @@ func (b *builder) start(r *Router) error {
 	if err != nil {
 		return err
 	}
+	if r.share, r.peer, err = b.replicas(); err != nil {
+		if sub != nil {
+			_ = sub.Close()
+		}
+		return err
+	}
 	r.poller = poller
 	r.kvSub = sub
 	r.degraded = b.degraded
 	slices.Sort(r.degraded.reportedCaps)
 	r.degraded.reportedCaps = slices.Compact(r.degraded.reportedCaps)
-	if poller == nil && sub == nil && b.memStore == nil && b.s.healthInterval == 0 {
+	if poller == nil && sub == nil && b.memStore == nil && b.s.healthInterval == 0 && r.peer == nil {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -610,8 +634,14 @@ func (b *builder) start(r *Router) error {
 		if err := sub.Start(ctx); err != nil {
 			cancel()
 			_ = sub.Close()
+			if r.share != nil {
+				r.share.Close()
+			}
 			return &Error{Path: "engines", Err: fmt.Errorf("%w: KV events: %v", state.ErrBadValue, err)}
 		}
+	}
+	if p := r.peer; p != nil {
+		r.svc.wg.Go(func() { p.Run(ctx) })
 	}
 	if poller != nil {
 		r.svc.wg.Go(func() { _ = poller.Run(ctx) })
@@ -628,12 +658,84 @@ func (b *builder) start(r *Router) error {
 				case <-ctx.Done():
 					return
 				case <-t.C:
-					r.CheckHealth()
+					r.checkHealth()
 				}
 			}
 		})
 	}
 	return nil
+}
+
+// replicas builds the sharing of the replicas block over the Router's in-flight counters and
+// KV-block index (docs/design.md §6, "Router replicas"), or nils without one. Start runs it.
+func (b *builder) replicas() (*peersync.Core, *redispeer.Peer, error) {
+	rc := b.cfg.Replicas
+	if rc == nil {
+		return nil, nil, nil
+	}
+	host, _ := os.Hostname()
+	var id [8]byte
+	_, _ = crand.Read(id[:])
+	f := &fleet{reg: b.reg, models: b.models}
+	core, err := peersync.New(peersync.Config{ID: fmt.Sprintf("%s-%x", host, id), Incarnation: uint64(time.Now().UnixNano()),
+		InFlight: b.inflight, Index: b.index, Known: f.known, Lease: replicasLease(rc)})
+	if err != nil {
+		return nil, nil, &Error{Path: "replicas", Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+	}
+	peer, err := redispeer.New(core, redispeer.Options{Channel: cmp.Or(rc.Channel, defaultReplicasChannel),
+		FlushInterval: replicasFlush(rc), Logger: b.s.log,
+		Redis: &redis.Options{Addr: rc.Redis.Addr, Password: rc.Redis.Password, DB: rc.Redis.DB}})
+	if err != nil {
+		core.Close()
+		return nil, nil, &Error{Path: "replicas", Err: fmt.Errorf("%w: %v", state.ErrBadValue, err)}
+	}
+	return core, peer, nil
+}
+
+// fleet reports whether an engine is one of the registry's engines of the configured models: the
+// engines peers' deltas may name (peersync.Config.Known). With a state.VersionedRegistry the set
+// is kept until a model's version changes; otherwise every call scans the registry.
+type fleet struct {
+	reg    state.Registry
+	models []state.ModelID
+	cache  atomic.Pointer[fleetSet]
+}
+
+type fleetSet struct {
+	versions []uint64 // per model, read before its engines
+	ids      map[state.EngineID]bool
+}
+
+func (f *fleet) known(id state.EngineID) bool {
+	vr, ok := f.reg.(state.VersionedRegistry)
+	if !ok {
+		for _, m := range f.models {
+			for _, e := range f.reg.Engines(m) {
+				if e != nil && e.ID() == id {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	s := f.cache.Load()
+	stale := s == nil
+	for i := 0; !stale && i < len(f.models); i++ {
+		stale = vr.EnginesVersion(f.models[i]) != s.versions[i]
+	}
+	if stale {
+		s = &fleetSet{ids: map[state.EngineID]bool{}}
+		for _, m := range f.models {
+			s.versions = append(s.versions, vr.EnginesVersion(m))
+			for _, e := range vr.Engines(m) {
+				if e != nil {
+					s.ids[e.ID()] = true
+				}
+			}
+		}
+		f.cache.Store(s)
+	}
+	return s.ids[id]
 }
 
 // loadFormat returns the load format of a name Validate checked.
@@ -671,7 +773,14 @@ func (b *builder) kvEvents() (*kvevents.Subscriber, error) {
 		return nil, nil
 	}
 	inflight := b.inflight
-	sub, err := kvevents.New(kvevents.Options{Index: b.index, Logger: b.s.log, WarnInterval: b.s.warnEvery, Now: b.s.now,
+	var names map[int64]string
+	for a, id := range b.cfg.KV.AdapterIDs {
+		if names == nil {
+			names = map[int64]string{}
+		}
+		names[id] = a
+	}
+	sub, err := kvevents.New(kvevents.Options{Index: b.index, AdapterNames: names, Logger: b.s.log, WarnInterval: b.s.warnEvery, Now: b.s.now,
 		Dispatched: func(engine state.EngineID, rank int, since time.Time) bool {
 			return dispatchedSince(inflight, ranks[engine], engine, rank, since)
 		}})
@@ -729,7 +838,8 @@ func (b *builder) summary(r *Router) {
 	}
 	ce.Write(zap.Strings("models", models), zap.Int("engines", len(b.cfg.Engines)),
 		zap.Int("load_pollers", len(b.degraded.polled)), zap.Int("kv_event_streams", r.kvStreams()), zap.Duration("load_freshness", b.load.Freshness()),
-		zap.Bool("kv_index", b.index != nil), zap.Bool("remote_prefix_source", b.remote != nil), zap.String("affinity_store", b.storeKind()), zap.Bool("flow_control", b.cfg.FlowControl != nil))
+		zap.Bool("kv_index", b.index != nil), zap.Bool("remote_prefix_source", b.remote != nil), zap.String("affinity_store", b.storeKind()), zap.Bool("flow_control", b.cfg.FlowControl != nil),
+		zap.Bool("replicas", r.peer != nil))
 }
 
 // storeKind names the affinity store for the summary: none, memory or host.

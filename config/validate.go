@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/loadmon"
@@ -107,11 +108,14 @@ func (v *validator) config(c *Config) {
 			return
 		}
 	}
+	v.adapters(c)
 	v.engines(c)
 	v.load(&c.Load)
 	v.kv(&c.KV)
+	v.adapterIDs(c)
 	v.affinity(&c.Affinity)
 	v.flowControl(c.FlowControl)
+	v.replicas(c.Replicas)
 	if v.err != nil {
 		return
 	}
@@ -159,6 +163,62 @@ func (v *validator) model(m *Model, path string, seen map[string]int, i int) {
 		if v.err != nil {
 			return
 		}
+	}
+}
+
+// adapters checks every model's LoRA adapter names: non-empty, and unique among the model IDs
+// and every model's adapters.
+func (v *validator) adapters(c *Config) {
+	if v.err != nil {
+		return
+	}
+	names := map[string]string{}
+	for i := range c.Models {
+		names[c.Models[i].ID] = fmt.Sprintf("models[%d].id", i)
+	}
+	for i := range c.Models {
+		for j, a := range c.Models[i].Adapters {
+			path := fmt.Sprintf("models[%d].adapters[%d]", i, j)
+			if a == "" {
+				v.fail(path, state.ErrMissingField, "an adapter needs a name")
+				return
+			}
+			if prev, dup := names[a]; dup {
+				v.fail(path, state.ErrDuplicate, "adapter %q is also %s: a request's model names one model or adapter", a, prev)
+				return
+			}
+			names[a] = path
+		}
+	}
+}
+
+// adapterIDs checks kv.adapter_ids: each key an adapter of some model, each ID not negative and
+// used once.
+func (v *validator) adapterIDs(c *Config) {
+	if v.err != nil || len(c.KV.AdapterIDs) == 0 {
+		return
+	}
+	adapters := map[string]bool{}
+	for i := range c.Models {
+		for _, a := range c.Models[i].Adapters {
+			adapters[a] = true
+		}
+	}
+	ids := map[int64]string{}
+	for _, a := range slices.Sorted(maps.Keys(c.KV.AdapterIDs)) {
+		path, id := "kv.adapter_ids."+a, c.KV.AdapterIDs[a]
+		switch prev, dup := ids[id]; {
+		case !adapters[a]:
+			v.fail(path, state.ErrBadValue, "%q is not an adapter of any model (models[].adapters)", a)
+		case id < 0:
+			v.fail(path, state.ErrOutOfRange, "%d is negative", id)
+		case dup:
+			v.fail(path, state.ErrDuplicate, "lora_id %d is also kv.adapter_ids.%s", id, prev)
+		}
+		if v.err != nil {
+			return
+		}
+		ids[id] = a
 	}
 }
 
@@ -715,6 +775,39 @@ func (v *validator) flowControl(f *FlowControl) {
 			return
 		}
 	}
+}
+
+func (v *validator) replicas(r *Replicas) {
+	if v.err != nil || r == nil {
+		return
+	}
+	if r.Redis.Addr == "" {
+		v.fail("replicas.redis.addr", state.ErrMissingField, "replicas need the broker's address (host:port)")
+		return
+	}
+	if _, port, err := net.SplitHostPort(r.Redis.Addr); err != nil || port == "" {
+		v.fail("replicas.redis.addr", state.ErrBadValue, "%q: want host:port", r.Redis.Addr)
+		return
+	}
+	switch {
+	case r.Redis.DB < 0:
+		v.fail("replicas.redis.db", state.ErrOutOfRange, "%d is negative", r.Redis.DB)
+	case r.Lease < 0:
+		v.fail("replicas.lease", state.ErrOutOfRange, "%v is negative", r.Lease.D())
+	case r.FlushInterval < 0:
+		v.fail("replicas.flush_interval", state.ErrOutOfRange, "%v is negative", r.FlushInterval.D())
+	case replicasLease(r)/4 < replicasFlush(r):
+		v.fail("replicas.flush_interval", state.ErrConflict, "%v: at most a quarter of the lease (%v), the heartbeat period",
+			replicasFlush(r), replicasLease(r))
+	}
+}
+
+// replicasLease returns the block's lease after its default.
+func replicasLease(r *Replicas) time.Duration { return cmp.Or(r.Lease.D(), defaultReplicasLease) }
+
+// replicasFlush returns the block's flush interval after its default.
+func replicasFlush(r *Replicas) time.Duration {
+	return cmp.Or(r.FlushInterval.D(), defaultReplicasFlush)
 }
 
 // validHeaderName reports whether s is an HTTP field name (RFC 9110 token).

@@ -40,9 +40,11 @@ type HasherConfig struct {
 	// Seed is the root of every chain. Zero is a valid seed. Two Hashers with different seeds
 	// produce unrelated keys.
 	Seed uint64
-	// Namespace is a cache namespace or LoRA adapter name folded into the root, so that the same
-	// tokens under different namespaces never share a key (docs/design.md §11). The empty string means no namespace and
-	// leaves the root equal to Seed.
+	// Namespace is a cache namespace folded into the root, so that the same tokens under
+	// different namespaces never share a key (docs/design.md §11). The empty string means no
+	// namespace and leaves the root equal to Seed. LoRA adapters need no namespace of their own:
+	// each request and event names its adapter (Query.Adapter, StoreEvent.Adapter), which is
+	// folded into the root the same way (see Hasher).
 	Namespace string
 }
 
@@ -52,12 +54,15 @@ type HasherConfig struct {
 // under the same configuration (up to 64-bit hash collisions). The engine's own block hash is
 // never reproduced (docs/design.md §11).
 //
-// Definition. Let root = Seed when Namespace is empty, otherwise
-// root = XXH64(namespaceTag ‖ le64(Seed) ‖ Namespace) with namespaceTag
-// "enginepick/kvindex namespace\x00". For full block i (tokens [i×B, (i+1)×B)):
+// Definition. Let fold(r, s) = XXH64(namespaceTag ‖ le64(r) ‖ s) with namespaceTag
+// "enginepick/kvindex namespace\x00"; root = Seed when Namespace is empty, otherwise
+// root = fold(Seed, Namespace). The chain of a prompt for LoRA adapter A (A non-empty) starts at
+// root_A = fold(root, A) instead of root: for a Hasher without Namespace, exactly the root of a
+// Hasher whose Namespace is A; the base model (A empty) starts at root. For full block i (tokens
+// [i×B, (i+1)×B)):
 //
 //	content[i] = XXH64(le32(token) for each token of block i)        (cespare/xxhash Sum64, seed 0)
-//	key[i]     = (key[i-1] XOR round(content[i])) × prime1 + prime4  (mod 2^64), key[-1] = root
+//	key[i]     = (key[i-1] XOR round(content[i])) × prime1 + prime4  (mod 2^64), key[-1] = root_A
 //	round(x)   = rotl64(x × prime2, 31) × prime1
 //
 // round and the merge are XXH64's own accumulator steps. The chain is a bijection in key[i-1] for a
@@ -84,16 +89,31 @@ func NewHasher(cfg HasherConfig) (Hasher, error) {
 	}
 	root := cfg.Seed
 	if cfg.Namespace != "" {
-		var d xxhash.Digest
-		d.Reset()
-		_, _ = d.WriteString(namespaceTag)
-		var seed [8]byte
-		binary.LittleEndian.PutUint64(seed[:], cfg.Seed)
-		_, _ = d.Write(seed[:])
-		_, _ = d.WriteString(cfg.Namespace)
-		root = d.Sum64()
+		root = fold(cfg.Seed, cfg.Namespace)
 	}
 	return Hasher{blockTokens: cfg.BlockTokens, root: root}, nil
+}
+
+// fold returns XXH64(namespaceTag ‖ le64(root) ‖ s): the root of a chain namespaced by s (see
+// Hasher).
+func fold(root uint64, s string) uint64 {
+	var d xxhash.Digest
+	d.Reset()
+	_, _ = d.WriteString(namespaceTag)
+	var r [8]byte
+	binary.LittleEndian.PutUint64(r[:], root)
+	_, _ = d.Write(r[:])
+	_, _ = d.WriteString(s)
+	return d.Sum64()
+}
+
+// rootFor returns the root of adapter's chains: the Hasher's root for the base model (adapter
+// empty), else fold(root, adapter) (see Hasher).
+func (h Hasher) rootFor(adapter string) uint64 {
+	if adapter == "" {
+		return h.root
+	}
+	return fold(h.root, adapter)
 }
 
 // BlockTokens returns the block size in tokens; 0 for the zero Hasher.

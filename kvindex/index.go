@@ -372,6 +372,11 @@ type StoreEvent struct {
 	TokenIDs []uint32
 	// Tier is the medium the blocks were stored in: one or more Tier bits, never 0.
 	Tier Tier
+	// Adapter is the LoRA adapter the blocks were computed under (vLLM lora_name); empty means the
+	// base model. A run without a parent is keyed from the adapter's root (Hasher), so that only
+	// a query for the same adapter (Query.Adapter) matches it; a run with a parent continues the
+	// parent's chain, which already carries its adapter.
+	Adapter string
 }
 
 // storeChunk is the most blocks a Store applies under one hold of the read-excluding lock, so a
@@ -476,7 +481,7 @@ func (x *Index) store(ev *StoreEvent, restored *[]kvbridge.Restored) error {
 	if !hok && !x.canAddHolder() {
 		return fail(ErrTooManyHolders, ev.BlockHashes[0])
 	}
-	parent, parentKey := uint32(0), x.hasher.root
+	parent, parentKey := uint32(0), x.hasher.rootFor(ev.Adapter)
 	if ev.HasParent {
 		p, ok := uint32(0), false
 		if hok {

@@ -156,13 +156,18 @@ func (x *Index) matchInto(keys []uint64, m *matches) {
 	x.finishMatch(m)
 }
 
-// matchTokensInto is matchInto for a prompt's token IDs: it hashes the first block with the
-// index's Hasher and stops there when no engine holds it (a cold prompt costs one block's hash);
-// otherwise it hashes the whole prompt first and then searches, so that the search's independent
+// matchTokensInto is matchTokensFrom for a base-model prompt (the Hasher's root).
+func (x *Index) matchTokensInto(tokens []uint32, m *matches) {
+	x.matchTokensFrom(tokens, x.hasher.root, m)
+}
+
+// matchTokensFrom is matchInto for a prompt's token IDs chained from root (Hasher.rootFor of the
+// prompt's adapter): it hashes the first block with the index's Hasher and stops there when no
+// engine holds it (a cold prompt costs one block's hash); otherwise it hashes the whole prompt first and then searches, so that the search's independent
 // probes overlap their cache misses (hashing a block and probing it in turn would serialise
 // them). m.QueryBlocks is the prompt's full block count. The result equals
-// matchInto(x.Hasher().Keys(tokens), m).
-func (x *Index) matchTokensInto(tokens []uint32, m *matches) {
+// matchInto(the prompt's keys from root, m).
+func (x *Index) matchTokensFrom(tokens []uint32, root uint64, m *matches) {
 	h := x.hasher
 	b := h.blockTokens
 	n := min(len(tokens)/b, maxQueryBlocks)
@@ -171,7 +176,7 @@ func (x *Index) matchTokensInto(tokens []uint32, m *matches) {
 	}
 	defer x.mu.RUnlock()
 	keys := growKeys(m.keys[:0], n)
-	keys = append(keys, h.next(h.root, tokens[:b]))
+	keys = append(keys, h.next(root, tokens[:b]))
 	if n0, _, _ := x.byKey.get(keys[0]); n0 != 0 || x.placedAt(keys[0]) {
 		keys = h.appendFrom(keys, keys[0], tokens[b:n*b])
 		now := x.nowFor()

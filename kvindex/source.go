@@ -33,6 +33,11 @@ type Query struct {
 	// miss without I/O. Sources only read it; a RemoteSource whose backend hangs may still read
 	// it after Lookup returns, so the caller must not modify it while the request lives.
 	TokenIDs []uint32
+	// Adapter is the LoRA adapter the prompt is for (vLLM lora_name); empty means the base model.
+	// The prompt's keys chain from the adapter's root (Hasher), so it matches only blocks stored
+	// under the same adapter (StoreEvent.Adapter): a base-model query never matches an adapter's
+	// blocks, nor an adapter's query the base model's.
+	Adapter string
 	// Buffers, when not nil, is memory the caller lends a LocalSource to build the Result in, so
 	// that the lookup allocates nothing; nil means the source allocates. Other sources, and a
 	// Memo (whose results are shared), ignore it.
@@ -109,8 +114,9 @@ type Result struct {
 	// keys are the query's chained block keys as the source computed them (a prefix of the full
 	// chain, possibly empty), kept so that Placer.Place need not hash them again. Read-only: a
 	// Memo shares them between callers.
-	keys   []uint64
-	source Source // the source that computed keys
+	keys    []uint64
+	source  Source // the source that computed keys
+	adapter string // the adapter whose root keys chain from
 }
 
 // Blocks returns engine's matched block count, 0 when it holds not even the first block or the
@@ -189,8 +195,8 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	if b != nil {
 		sc.m.keys = b.keys[:0] // hash into the caller's buffer
 	}
-	s.index.matchTokensInto(q.TokenIDs, &sc.m)
-	r := Result{Outcome: OutcomeMiss, QueryBlocks: sc.m.QueryBlocks, BlockTokens: bt, source: s}
+	s.index.matchTokensFrom(q.TokenIDs, s.index.hasher.rootFor(q.Adapter), &sc.m)
+	r := Result{Outcome: OutcomeMiss, QueryBlocks: sc.m.QueryBlocks, BlockTokens: bt, source: s, adapter: q.Adapter}
 	if b != nil {
 		// The scratch goes back to the pool: it must not keep the caller's memory.
 		b.keys = sc.m.keys[:0]
@@ -235,8 +241,9 @@ func (s *LocalSource) Lookup(ctx context.Context, q Query) (Result, error) {
 // more than Options.MaxApproxBlocks approximate entries it prunes them to 0.8 of the cap,
 // earliest expiry first and, within an expiry, deepest block first. Approximate entries are not
 // tree blocks: they neither count against MaxBlocks nor are evicted by it. The keys r carries are
-// reused when r is this source's result for a prompt of q's length; a prompt with no full block
-// records nothing.
+// reused when r is this source's result for a prompt of q's length and adapter; a prompt with no
+// full block records nothing. The entries are keyed from q.Adapter's root, so only queries for
+// that adapter match them.
 //
 // Errors (an *EventError with Op "assume"; the index is unchanged): ErrInvalidEngine (engine is
 // empty), ErrInvalidRank (rank < 0), ErrKeyConflict (a 64-bit key collision with a block of the
@@ -253,7 +260,7 @@ func (s *LocalSource) place(engine state.EngineID, rank int, q Query, r *Result)
 	}
 	var keys []uint64
 	held := 0
-	if r != nil && r.source == Source(s) && r.QueryBlocks == n {
+	if r != nil && r.source == Source(s) && r.adapter == q.Adapter && r.QueryBlocks == n {
 		if r.Outcome == OutcomeHit {
 			for j, m := range r.Engines {
 				// The match's depth is the engine's deepest rank's: it says nothing of
@@ -270,7 +277,7 @@ func (s *LocalSource) place(engine state.EngineID, rank int, q Query, r *Result)
 	}
 	if len(keys) < n { // the lookup stopped hashing where the walk stopped: hash the rest
 		b := s.index.hasher.BlockTokens()
-		keys = s.index.hasher.appendFrom(slices.Clip(keys), lastKey(keys, s.index.hasher), q.TokenIDs[len(keys)*b:n*b])
+		keys = s.index.hasher.appendFrom(slices.Clip(keys), lastKey(keys, s.index.hasher.rootFor(q.Adapter)), q.TokenIDs[len(keys)*b:n*b])
 	}
 	if err := s.index.assume(engine, rank, keys, held, 0, true); err != nil {
 		return err
@@ -281,10 +288,10 @@ func (s *LocalSource) place(engine state.EngineID, rank int, q Query, r *Result)
 	return nil
 }
 
-// lastKey is the key a continuation of keys chains from: the last key, or the Hasher's root.
-func lastKey(keys []uint64, h Hasher) uint64 {
+// lastKey is the key a continuation of keys chains from: the last key, or root.
+func lastKey(keys []uint64, root uint64) uint64 {
 	if len(keys) == 0 {
-		return h.root
+		return root
 	}
 	return keys[len(keys)-1]
 }
@@ -321,8 +328,10 @@ type RemoteIndexer interface {
 type RemoteQuery struct {
 	// TokenIDs is the prompt, as the host tokenized it.
 	TokenIDs []uint32
-	// Keys are the chained keys of the prompt's full blocks (Hasher.Keys).
+	// Keys are the chained keys of the prompt's full blocks, from Adapter's root (Hasher).
 	Keys []uint64
+	// Adapter is the LoRA adapter the prompt is for (Query.Adapter); empty means the base model.
+	Adapter string
 	// BlockTokens is the block size in tokens.
 	BlockTokens int
 }
@@ -395,7 +404,10 @@ func (s *RemoteSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return unavailable(bt, ctxReason(err), err), nil
 	}
-	keys := s.hasher.Keys(q.TokenIDs)
+	var keys []uint64
+	if n := s.hasher.blocks(len(q.TokenIDs)); n > 0 {
+		keys = s.hasher.appendFrom(make([]uint64, 0, n), s.hasher.rootFor(q.Adapter), q.TokenIDs)
+	}
 	if len(keys) == 0 {
 		return Result{Outcome: OutcomeMiss, BlockTokens: bt}, nil
 	}
@@ -407,7 +419,7 @@ func (s *RemoteSource) Lookup(ctx context.Context, q Query) (Result, error) {
 	cctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	done := make(chan remoteReply, 1)
-	rq := RemoteQuery{TokenIDs: q.TokenIDs, Keys: keys, BlockTokens: bt}
+	rq := RemoteQuery{TokenIDs: q.TokenIDs, Keys: keys, BlockTokens: bt, Adapter: q.Adapter}
 	go func() {
 		defer func() { <-s.sem }()
 		engines, err := s.indexer.MatchPrefix(cctx, rq)
@@ -481,23 +493,26 @@ func normalizeRemote(in []EngineMatch, queryBlocks int) ([]EngineMatch, bool) {
 // The host (or the bucket loop) creates one Memo per request (new(Memo)) and drops it with the
 // request; a Memo must not outlive its request, since it answers every later lookup from memory.
 // Sources are identified by interface equality, so each must be a comparable value, such as the
-// *LocalSource or *RemoteSource pointer. Memo ignores the Query of all but the first Lookup of a
-// source: one request has one prompt. It is safe for concurrent use; a repeated Lookup allocates
-// nothing. The zero Memo is ready to use.
+// *LocalSource or *RemoteSource pointer. A lookup is memoized per source and adapter
+// (Query.Adapter), so a lookup for another adapter, or for the base model, runs again; Memo
+// ignores the TokenIDs of all but the first Lookup of a source and adapter: one request has one
+// prompt. It is safe for concurrent use; a repeated Lookup allocates nothing. The zero Memo is
+// ready to use.
 type Memo struct {
 	mu      sync.Mutex
 	entries []*memoEntry
 }
 
 type memoEntry struct {
-	src  Source
-	done chan struct{}
-	res  Result
-	err  error
+	src     Source
+	adapter string
+	done    chan struct{}
+	res     Result
+	err     error
 }
 
-// Lookup returns src's answer to q, running src.Lookup only if no earlier Lookup of src in this
-// Memo did. A caller that finds the lookup in progress waits for it, or for its own ctx: if ctx
+// Lookup returns src's answer to q, running src.Lookup only if no earlier Lookup of src for
+// q.Adapter in this Memo did. A caller that finds the lookup in progress waits for it, or for its own ctx: if ctx
 // ends first it gets OutcomeUnavailable with Reason "canceled" or "timeout", which is not
 // memoized. A nil or non-comparable src returns an error wrapping state.ErrInvalidConfiguration.
 // If src.Lookup panics, the panic propagates to the caller that ran it, and the memoized result
@@ -508,7 +523,7 @@ func (m *Memo) Lookup(ctx context.Context, src Source, q Query) (Result, error) 
 	}
 	m.mu.Lock()
 	for _, e := range m.entries {
-		if e.src == src {
+		if e.src == src && e.adapter == q.Adapter {
 			m.mu.Unlock()
 			select {
 			case <-e.done:
@@ -523,7 +538,7 @@ func (m *Memo) Lookup(ctx context.Context, src Source, q Query) (Result, error) 
 			}
 		}
 	}
-	e := &memoEntry{src: src, done: make(chan struct{})}
+	e := &memoEntry{src: src, adapter: q.Adapter, done: make(chan struct{})}
 	m.entries = append(m.entries, e)
 	m.mu.Unlock()
 	finished := false

@@ -16,3 +16,6 @@ func (l *EngineLoad) TokensTime(tokens uint64) time.Duration { return l.tokensTi
 func (f *InFlight) CountRank(engine state.EngineID, rank int) uint64 {
 	return f.rankCount(engine, rank)
 }
+
+// Rank exposes rank to tests.
+func (l *EngineLoad) Rank(rank int) (*EngineLoad, bool) { return l.rank(rank) }

@@ -7,8 +7,8 @@ import (
 	"github.com/enginepick/enginepick/state"
 )
 
-// Other router replicas' dispatches (docs/design.md §6, "Router replicas"): package replicas
-// reaches them through package loadbridge.
+// Other router replicas' dispatches (docs/design.md §6, "Router replicas"): package
+// internal/peersync reaches them through package loadbridge.
 func init() {
 	loadbridge.SetHook = func(f any, fn func(loadbridge.Change)) {
 		if fn == nil {

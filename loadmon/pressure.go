@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/enginepick/enginepick/internal/lora"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -23,6 +24,10 @@ type Observation struct {
 	Load *EngineLoad
 	// InFlight is this router's in-flight requests to the engine.
 	InFlight uint64
+	// PeerInFlight is other router replicas' requests in flight to the engine, as their shared
+	// dispatches reached this router (docs/design.md §6, "Router replicas"); 0 without sharing.
+	// The pressure comparisons add it to InFlight in their last key; admission never reads it.
+	PeerInFlight uint64
 	// Dispatched and DispatchedTokens are the dispatches this router made at or after
 	// Figures().ReportedAt, and the prefill tokens they brought (InFlight.DispatchedSince): to the
 	// engine, or, when the observation names a rank, to that rank. Both are 0 when Load is nil.
@@ -39,6 +44,10 @@ type Observation struct {
 	// RankInFlight is this router's in-flight requests to the named rank (dispatches that named
 	// it); 0 unless HasDPRank.
 	RankInFlight uint64
+	// Adapter is the LoRA adapter of the request being placed (vLLM lora_name); empty means the
+	// base model. The Observe functions leave it empty; a policy sets it, and ComparePressure
+	// then weighs the engine's adapter residency (Load.LoRA; docs/design.md §18).
+	Adapter string
 }
 
 // Figures returns the load the queue gate and the pressure comparisons read: the named rank's own
@@ -60,9 +69,11 @@ func Observe(snap Snapshot, inflight *InFlight, engine state.EngineID) Observati
 	if inflight != nil {
 		c := inflight.lookup(engine) // one map lookup for both figures
 		o.InFlight = c.count()
+		p := inflight.peer(engine, -1)
+		o.PeerInFlight = p.count()
 		if o.Load != nil {
 			o.Dispatched, o.DispatchedTokens = c.since(o.Load.ReportedAt)
-			o.addPeers(inflight.peer(engine, -1))
+			o.addPeers(p)
 		}
 	}
 	return o
@@ -85,7 +96,7 @@ func withRank(o Observation, inflight *InFlight, engine state.EngineID, rank int
 	if o.Load == nil {
 		return o
 	}
-	rl, ok := o.Load.Rank(rank)
+	rl, ok := o.Load.rank(rank)
 	if !ok {
 		return o
 	}
@@ -267,8 +278,8 @@ func (o *Observation) hasNative() bool {
 type Basis uint8
 
 const (
-	// BasisInFlight compares router-local in-flight requests only: some engine of the set has no
-	// fresh, complete report.
+	// BasisInFlight compares in-flight requests only (this router's and its peers'): some engine
+	// of the set has no fresh, complete report.
 	BasisInFlight Basis = iota
 	// BasisReported compares reported running and waiting requests (waiting plus the dispatches
 	// since the report) and, for decode, KV usage, then in-flight: what every fresh report
@@ -316,7 +327,8 @@ func (o *Observation) Basis() Basis {
 //   - BasisReported (and after the native keys): plain and prefill: waiting requests, running
 //     requests; decode: waiting requests, running requests, KV usage fraction (compared exactly by
 //     128-bit cross-multiplication), used KV tokens.
-//   - Every basis ends with router-local in-flight requests; BasisInFlight compares only those.
+//   - Every basis ends with in-flight requests (InFlight + PeerInFlight); BasisInFlight compares
+//     only those.
 //
 // Reported waiting figures include the dispatches made since each engine's report
 // (Observation.Dispatched and DispatchedTokens): the queue time and waiting uncached tokens add
@@ -324,6 +336,14 @@ func (o *Observation) Basis() Basis {
 // so a burst between two reports does not all go to the engine that looked idle in the last one.
 //
 // An observation that names a DP rank is compared on that rank's own figures (Observation.Figures).
+//
+// For a request for a LoRA adapter (both observations' Adapter, the same and non-empty), engines
+// equal on the waiting keys (the queue time, the waiting uncached tokens and the waiting
+// requests above, whichever the basis compares) are ordered by their residency of the adapter
+// before the other keys: running it, then a free adapter slot, then its requests waiting, then
+// none of these (docs/design.md §18, after llm-d's LoRA affinity scorer). An engine whose
+// residency is unknown (no LoRA report, or no slot count and the adapter absent) is not compared
+// on it; neither is any engine on the in-flight basis.
 //
 // The result is not a total order over a set (engines with and without a queue estimate are
 // compared on different keys): use it in linear scans, never to sort.
@@ -333,7 +353,7 @@ func ComparePressure(stage state.Stage, a, b *Observation, basis Basis) int {
 			return c
 		}
 	}
-	return cmp.Compare(a.InFlight, b.InFlight)
+	return cmp.Compare(satAdd(a.InFlight, a.PeerInFlight), satAdd(b.InFlight, b.PeerInFlight))
 }
 
 // compareReported compares the reported figures of two observations whose load is known, the
@@ -344,6 +364,9 @@ func compareReported(stage state.Stage, oa, ob *Observation, basis Basis) int {
 	wb, _ := ob.WaitingRequests()
 	if stage == state.StageDecode {
 		if c := cmp.Compare(wa, wb); c != 0 {
+			return c
+		}
+		if c := compareAdapter(oa, ob); c != 0 {
 			return c
 		}
 		if c := cmp.Compare(a.RunningRequests, b.RunningRequests); c != 0 {
@@ -371,7 +394,38 @@ func compareReported(stage state.Stage, oa, ob *Observation, basis Basis) int {
 	if c := cmp.Compare(wa, wb); c != 0 {
 		return c
 	}
+	if c := compareAdapter(oa, ob); c != 0 {
+		return c
+	}
 	return cmp.Compare(a.RunningRequests, b.RunningRequests)
+}
+
+// adapterClass is the engine's residency of o.Adapter (lora.Class), false when unknown:
+// no fresh report, or one without LoRA residency.
+func (o *Observation) adapterClass() (int, bool) {
+	if o.Load == nil || o.Load.LoRA == nil {
+		return 0, false
+	}
+	l := o.Load.LoRA
+	return lora.Class(o.Adapter, l.Running, l.Waiting, l.MaxAdapters)
+}
+
+// compareAdapter orders two observations by their engines' residency of the request's LoRA
+// adapter, the better first (negative when a is better); 0 for a base-model request, different
+// adapters, or when either residency is unknown (ComparePressure).
+func compareAdapter(a, b *Observation) int {
+	if a.Adapter == "" || a.Adapter != b.Adapter {
+		return 0
+	}
+	ca, ok := a.adapterClass()
+	if !ok {
+		return 0
+	}
+	cb, ok := b.adapterClass()
+	if !ok {
+		return 0
+	}
+	return cmp.Compare(cb, ca)
 }
 
 // compareFraction compares ua/ca with ub/cb exactly (ua×cb vs ub×ca in 128 bits). A zero capacity

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/enginepick/enginepick/internal/lora"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -49,6 +50,24 @@ type Report struct {
 	// Native holds the optional LoadStat v3 extension. Nil means an older publisher: the report is
 	// fresh for admission of running/waiting, but supplies no native pressure.
 	Native *NativeLoad
+	// LoRA is the rank's LoRA adapter residency (vLLM's vllm:lora_requests_info). Nil means the
+	// engine does not report it: its residency is unknown, which the adapter rules treat as
+	// neutral (docs/design.md §18). The table keeps its own copy.
+	LoRA *LoRALoad
+}
+
+// LoRALoad is the LoRA adapters an engine rank reports, after vLLM's vllm:lora_requests_info
+// gauge (labels running_lora_adapters, waiting_lora_adapters, max_lora; vllm-project/vllm
+// vllm/v1/metrics/loggers.py). Like the rest of a report, it is current while the report is
+// fresh.
+type LoRALoad struct {
+	// MaxAdapters is the adapters the rank can hold in one batch (vLLM max_loras). Zero means
+	// unknown; negative is an invalid report.
+	MaxAdapters int
+	// Running and Waiting name the adapters of the rank's running and waiting requests, by the
+	// name requests use (vLLM lora_name); empty names are an invalid report. Nil means none.
+	Running []string
+	Waiting []string
 }
 
 // NativeLoad is the optional extension of a load report (LoadStat v3, docs/design.md
@@ -95,6 +114,11 @@ type EngineLoad struct {
 	// EstimatedPrefillQueue is WaitingUncachedTokens ÷ PrefillTokensPerSecond; valid only when
 	// HasPrefillRate (every rank has a rate).
 	EstimatedPrefillQueue time.Duration
+	// LoRA is the engine's LoRA adapter residency when every rank reports one (else nil:
+	// unknown): the adapters running, and waiting, on any rank (sorted, distinct), and the
+	// fewest adapter slots of a rank (0 when a rank's are unknown). The adapter rules judge the
+	// engine by it (docs/design.md §18).
+	LoRA *LoRALoad
 	// RankLoads holds, for an engine with several DP ranks, each rank's own load (index = rank),
 	// as if the rank were an engine of one rank: its ReportedAt is that rank's arrival time, its
 	// Native and prefill rate its own. Nil when the engine has one rank. The queue gate and the
@@ -118,9 +142,9 @@ func (l *EngineLoad) LeastRankWaitingRequests() uint64 {
 	return least
 }
 
-// Rank returns rank's own load, or false when the engine has one rank (the engine's load is the
+// rank returns rank's own load, or false when the engine has one rank (the engine's load is the
 // rank's) or rank is out of range.
-func (l *EngineLoad) Rank(rank int) (*EngineLoad, bool) {
+func (l *EngineLoad) rank(rank int) (*EngineLoad, bool) {
 	if rank < 0 || rank >= len(l.RankLoads) {
 		return nil, false
 	}
@@ -372,6 +396,10 @@ func checkReport(r *Report) error {
 		return fmt.Errorf("%w: engine %q rank %d: used KV tokens %d above capacity %d",
 			ErrInvalidReport, r.Engine, r.DPRank, r.UsedKVTokens, r.KVCapacityTokens)
 	}
+	if l := r.LoRA; l != nil && (l.MaxAdapters < 0 || slices.Contains(l.Running, "") || slices.Contains(l.Waiting, "")) {
+		return fmt.Errorf("%w: engine %q rank %d: LoRA adapters: negative slots %d or an empty adapter name",
+			ErrInvalidReport, r.Engine, r.DPRank, l.MaxAdapters)
+	}
 	if r.Native != nil && r.Native.PrefillBusyTime < 0 {
 		return fmt.Errorf("%w: engine %q rank %d: negative prefill busy time %v",
 			ErrInvalidReport, r.Engine, r.DPRank, r.Native.PrefillBusyTime)
@@ -402,7 +430,11 @@ func (t *Table) applyLocked(r *Report, now time.Time) *engineEntry {
 	}
 	s := &e.ranks[r.DPRank]
 	next := rankSample{set: true, report: *r, at: now}
-	next.report.Native = nil // never retain the caller's pointer
+	next.report.Native, next.report.LoRA = nil, nil // never retain the caller's pointers
+	if r.LoRA != nil {
+		next.report.LoRA = &LoRALoad{MaxAdapters: r.LoRA.MaxAdapters, Running: slices.Clone(r.LoRA.Running),
+			Waiting: slices.Clone(r.LoRA.Waiting)}
+	}
 	if r.Native != nil {
 		next.native = *r.Native
 		next.report.Native = &next.native
@@ -482,6 +514,7 @@ func aggregate(engine state.EngineID, ranks []rankSample) *EngineLoad {
 			agg.HasPrefillRate = false
 		}
 	}
+	agg.LoRA = aggregateLoRA(ranks)
 	if !agg.Native {
 		agg.WaitingUncachedTokens, agg.MaxRunningRequests = 0, 0
 		agg.HasPrefillRate = false
@@ -497,6 +530,30 @@ func aggregate(engine state.EngineID, ranks []rankSample) *EngineLoad {
 		agg.PrefillTokensPerSecond, agg.HasPrefillRate = 0, false
 	}
 	return agg
+}
+
+// aggregateLoRA is the LoRA residency of ranks (EngineLoad.LoRA): nil unless every rank reports
+// one; one rank's is shared as it is.
+func aggregateLoRA(ranks []rankSample) *LoRALoad {
+	if len(ranks) == 1 {
+		return ranks[0].report.LoRA
+	}
+	for i := range ranks {
+		if ranks[i].report.LoRA == nil {
+			return nil
+		}
+	}
+	running := make([][]string, len(ranks))
+	waiting := make([][]string, len(ranks))
+	slots := 0
+	for i := range ranks {
+		l := ranks[i].report.LoRA
+		running[i], waiting[i] = l.Running, l.Waiting
+		if i == 0 || l.MaxAdapters < slots {
+			slots = l.MaxAdapters
+		}
+	}
+	return &LoRALoad{MaxAdapters: slots, Running: lora.Union(running...), Waiting: lora.Union(waiting...)}
 }
 
 // publish copies the current view with the engine's load replaced (nil removes it). Callers hold

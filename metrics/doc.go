@@ -63,6 +63,9 @@
 //   - kv_event_stream_connected, kv_event_stream_in_step, kv_event_stream_silent,
 //     kv_event_last_batch_timestamp_seconds (engine, dp_rank): each stream's state.
 //   - affinity_bindings, affinity_evicted_bindings_total: the in-memory affinity store.
+//   - replica_deltas_sent_total, replica_deltas_received_total, replica_deltas_dropped_total
+//     (reason), replica_broker_up, replica_peers: the sharing between router replicas, with a
+//     replicas block (docs/design.md §6, "Router replicas").
 //
 // The package is separate so that hosts that do not use Prometheus link none of it. It is not a
 // metrics framework: it knows enginepick's events and nothing else, and registers nothing

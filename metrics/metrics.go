@@ -13,6 +13,7 @@ import (
 	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/flowcontrol"
 	"github.com/enginepick/enginepick/internal/label"
+	"github.com/enginepick/enginepick/internal/peersync/redispeer"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -116,7 +117,10 @@ var (
 		BorrowCacheDecision(*policy.CacheDecision)
 	} = (*observer)(nil)
 	_ enginepick.SelectTimingSampler = (*observer)(nil)
-	_ flowcontrol.Observer           = (*observer)(nil)
+	_ interface {
+		ObserveReplicas(*redispeer.Peer) // config.New's
+	} = (*observer)(nil)
+	_ flowcontrol.Observer = (*observer)(nil)
 )
 
 // New creates the metric families, registers them on reg and returns an enginepick.Observer that
@@ -500,6 +504,10 @@ func (p *observer) ObserveDone(e enginepick.DoneEvent) {
 		}
 	}
 }
+
+// ObserveReplicas is called by config.New with the sharing of a replicas block: its counters are
+// read at each scrape (replica_* metrics).
+func (p *observer) ObserveReplicas(peer *redispeer.Peer) { p.state.replicas.Store(peer) }
 
 // AttachRouter implements config.RouterAttacher: the Router's shared state (KV-block index,
 // in-flight counters, load reports, load polls) is read at each scrape. Attaching a second Router

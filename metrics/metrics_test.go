@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -509,4 +510,53 @@ func TestConcurrentObservation(t *testing.T) {
 	}
 	sort.Strings(keys)
 	assert.Contains(t, keys, "inflight_requests")
+}
+
+// TestReplicaMetrics checks the replica_* families of a Router with a replicas block: the broker
+// state, the deltas sent and received, and one dropped series per reason (a bounded set). Without
+// a reachable broker the Router reports the broker down and routes on its own view.
+func TestReplicaMetrics(t *testing.T) {
+	t.Parallel()
+	const fleet = "engines: [{id: e1, model: m}, {id: e2, model: m}]\nmodels: [{id: m, buckets: [{id: a, groups: {plain: {}}}]}]\n"
+	down := newFixture(t, fleet+"replicas: {redis: {addr: '127.0.0.1:1'}}\n")
+	d, err := down.r.Select(context.Background(), &bucket.Request{Model: "m", Signals: bucket.Signals{InputTokens: 4}})
+	require.NoError(t, err, "an unreachable broker fails no request")
+	d.Release()
+	got := scrape(t, down.reg)
+	assert.Equal(t, map[string]float64{"{}": 0}, got["replica_broker_up"])
+	assert.Equal(t, map[string]float64{"{}": 0}, got["replica_peers"])
+	assert.NotContains(t, scrape(t, newFixture(t, fleet).reg), "replica_broker_up", "no replicas block, no replica metrics")
+
+	addr := os.Getenv("ENGINEPICK_REDIS_ADDR")
+	if addr == "" {
+		msg := "ENGINEPICK_REDIS_ADDR not set: no redis-server for the replicas (start one with .ci/redis.sh start)"
+		if os.Getenv("ENGINEPICK_REQUIRE_SERVERS") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	block := fmt.Sprintf("replicas: {redis: {addr: %q}, channel: 'enginepick:test:%d'}\n", addr, time.Now().UnixNano())
+	a, b := newFixture(t, fleet+block), newFixture(t, fleet+block)
+	require.Eventually(t, func() bool {
+		return scrape(t, a.reg)["replica_broker_up"]["{}"] == 1 && scrape(t, b.reg)["replica_broker_up"]["{}"] == 1
+	}, 5*time.Second, time.Millisecond, "both subscribed")
+	require.Eventually(t, func() bool {
+		b.r.InFlight().Acquire("e1", -1, 0).Release() // until one pair reaches a
+		return scrape(t, a.reg)["replica_deltas_received_total"]["{}"] >= 2
+	}, 5*time.Second, 2*time.Millisecond, "b's deltas reach a")
+	a.r.InFlight().Acquire("e2", -1, 0).Release()
+	require.Eventually(t, func() bool { return scrape(t, a.reg)["replica_deltas_sent_total"]["{}"] == 2 }, 5*time.Second, time.Millisecond)
+	assert.Equal(t, map[string]float64{"{}": 1}, scrape(t, a.reg)["replica_peers"])
+
+	fams, err := a.reg.Gather()
+	require.NoError(t, err)
+	var reasons []string
+	for _, f := range fams {
+		if f.GetName() == "enginepick_replica_deltas_dropped_total" {
+			for _, m := range f.GetMetric() {
+				reasons = append(reasons, m.GetLabel()[0].GetValue())
+			}
+		}
+	}
+	assert.ElementsMatch(t, []string{"duplicate", "unknown_engine", "unknown_dispatch", "refused_placement", "malformed", "unpublished"}, reasons)
 }

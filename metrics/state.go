@@ -8,13 +8,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/internal/peersync"
+	"github.com/enginepick/enginepick/internal/peersync/redispeer"
 	"github.com/enginepick/enginepick/kvindex"
 )
 
 // stateCollector reads the attached Router's shared state at scrape time. It reports nothing
 // until a Router is attached.
 type stateCollector struct {
-	router atomic.Pointer[config.Router]
+	router   atomic.Pointer[config.Router]
+	replicas atomic.Pointer[redispeer.Peer] // nil without a replicas block
 
 	inflight     *prometheus.Desc
 	loadFresh    *prometheus.Desc
@@ -43,7 +46,16 @@ type stateCollector struct {
 	kvLastBatch  *prometheus.Desc
 	bindings     *prometheus.Desc
 	bindEvicted  *prometheus.Desc
+	repSent      *prometheus.Desc
+	repReceived  *prometheus.Desc
+	repDropped   *prometheus.Desc
+	repUp        *prometheus.Desc
+	repPeers     *prometheus.Desc
 }
+
+// unpublishedReason labels this replica's deltas that never reached the broker, next to the
+// peersync.Reason labels of the peers' deltas dropped.
+const unpublishedReason = "unpublished"
 
 // bindingCounter is the in-memory affinity store's view (affinity.MemoryStore): its bindings and
 // how many the binding cap evicted. A remote store does not implement it, and reports neither.
@@ -111,6 +123,16 @@ func newStateCollector(ns string) *stateCollector {
 			"Session and sticky bindings the in-memory affinity store holds, expired ones not yet swept included."),
 		bindEvicted: d("affinity_evicted_bindings_total",
 			"Live bindings the in-memory affinity store evicted, least recently used first, to stay within its binding cap (affinity.max_bindings)."),
+		repSent: d("replica_deltas_sent_total",
+			"Dispatch changes and route-time placements this router replica published to its peers."),
+		repReceived: d("replica_deltas_received_total",
+			"Peer replicas' dispatch changes and placements applied to this router's view."),
+		repDropped: d("replica_deltas_dropped_total",
+			"Deltas dropped, by reason: peers' (duplicate, unknown_engine, unknown_dispatch, refused_placement, malformed) and this replica's never published (unpublished, while the broker was unreachable).", "reason"),
+		repUp: d("replica_broker_up",
+			"1 while this router replica is subscribed to the replicas' broker channel (sharing works), 0 while it decides on its own view."),
+		repPeers: d("replica_peers",
+			"Peer router replicas whose dispatches count in this router's view."),
 	}
 }
 
@@ -118,7 +140,8 @@ func newStateCollector(ns string) *stateCollector {
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.inflight, c.loadFresh, c.loadAge, c.polls, c.pollFailures, c.indexBlocks,
 		c.indexApprox, c.indexEvicted, c.engineBlocks, c.trusted, c.kvGaps, c.kvResyncs, c.kvDrops, c.kvEvents, c.kvConnected, c.kvInStep,
-		c.kvRefused, c.kvTopics, c.kvReplays, c.kvReplayed, c.kvRestarts, c.kvClears, c.kvMalformed, c.kvSilent, c.kvLastBatch, c.bindings, c.bindEvicted} {
+		c.kvRefused, c.kvTopics, c.kvReplays, c.kvReplayed, c.kvRestarts, c.kvClears, c.kvMalformed, c.kvSilent, c.kvLastBatch, c.bindings, c.bindEvicted,
+		c.repSent, c.repReceived, c.repDropped, c.repUp, c.repPeers} {
 		ch <- d
 	}
 }
@@ -182,6 +205,17 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if !st.LastBatchAt.IsZero() {
 			gauge(c.kvLastBatch, float64(st.LastBatchAt.UnixNano())/1e9)
 		}
+	}
+	if p := c.replicas.Load(); p != nil {
+		st := p.Stats()
+		ch <- prometheus.MustNewConstMetric(c.repSent, prometheus.CounterValue, float64(st.Sent))
+		ch <- prometheus.MustNewConstMetric(c.repReceived, prometheus.CounterValue, float64(st.Received))
+		for reason, n := range st.Dropped {
+			ch <- prometheus.MustNewConstMetric(c.repDropped, prometheus.CounterValue, float64(n), peersync.Reason(reason).String())
+		}
+		ch <- prometheus.MustNewConstMetric(c.repDropped, prometheus.CounterValue, float64(st.Unpublished), unpublishedReason)
+		ch <- prometheus.MustNewConstMetric(c.repUp, prometheus.GaugeValue, b2f(st.Up))
+		ch <- prometheus.MustNewConstMetric(c.repPeers, prometheus.GaugeValue, float64(st.Peers))
 	}
 	if bc, ok := r.AffinityStore().(bindingCounter); ok {
 		ch <- prometheus.MustNewConstMetric(c.bindings, prometheus.GaugeValue, float64(bc.Len()))

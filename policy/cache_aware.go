@@ -557,7 +557,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if len(rejections) > 0 {
 		// Admission rejected the holders: an idle engine recomputes the prompt rather than let
 		// it wait for them, as recomputing there delays nobody (docs/design.md §9.11).
-		if i, o, ok := p.idle(engines, req.Stage, snap, v.matched); ok {
+		if i, o, ok := p.idle(engines, req, snap, v.matched); ok {
 			if ic, err := p.cfg.admit(engines[i], o); err == nil {
 				return p.finish(engines[i], &o, ic, label.ReasonNoCacheCandidate, label.DecisionCacheMiss, req.InputTokens-v.matched[i], req, res, d), nil
 			}
@@ -566,7 +566,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	}
 
 	// Miss: power-of-k over the unqueued tier, then one admission check.
-	i, o, err := p.fallback(engines, req.Stage, snap)
+	i, o, err := p.fallback(engines, req, snap)
 	if err != nil {
 		return Pick{}, err
 	}
@@ -576,7 +576,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		matched := v.credit
 		var load fleetLoad
 		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, p.queueCap != 0, &load)
-		if covered && j < 0 { // every engine is queued: the tier is the whole group
+		if covered && j < 0 { // every engine is queued (or has no slot for the adapter): the tier is the whole group
 			load = fleetLoad{}
 			j, jc, jo, covered = p.cheapest(engines, req, matched, snap, nil, false, &load)
 		}
@@ -631,7 +631,7 @@ func (p *cacheAware) finish(e state.Engine, o *loadmon.Observation, ic inFlightC
 		if o.HasDPRank {
 			rank = o.DPRank
 		}
-		if err := p.placer.Place(e.ID(), rank, kvindex.Query{TokenIDs: req.TokenIDs}, res); err != nil {
+		if err := p.placer.Place(e.ID(), rank, kvindex.Query{TokenIDs: req.TokenIDs, Adapter: req.Adapter}, res); err != nil {
 			if ce := p.log.Check(zap.DebugLevel, "route-time placement not recorded"); ce != nil {
 				ce.Write(zap.String("engine", string(e.ID())), zap.Error(err))
 			}
@@ -766,7 +766,8 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 // cheapest scans the group's engines, skipping the holders in skip and, when gated, the engines
 // the queue gate sets aside, and returns the index, cost and observation of the cheapest (complete
 // ties keep the lowest ID; idx −1 when every engine is skipped), counting every scanned engine in
-// load. covered is false, and idx −1, when some scanned engine has no fresh report (the coverage
+// load; an engine with no slot for the request's LoRA adapter (evicts) is counted but never
+// chosen. covered is false, and idx −1, when some scanned engine has no fresh report (the coverage
 // rule).
 func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool, load *fleetLoad) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
 	idx = -1
@@ -774,7 +775,7 @@ func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 		if holdsIn(skip, i) {
 			continue
 		}
-		o := p.cfg.observe(snap, e, req.Stage)
+		o := p.cfg.observe(snap, e, req)
 		if gated && p.queued(&o) {
 			continue
 		}
@@ -783,6 +784,9 @@ func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 		}
 		pending := p.pendingPrefill(&o, req)
 		load.add(pending)
+		if evicts(&o) {
+			continue // no slot for the request's adapter (docs/design.md §18)
+		}
 		if c := satAdd(pending, req.InputTokens-matched[i]); idx < 0 || c < cost {
 			idx, cost, obs = i, c, o
 		}
@@ -793,7 +797,8 @@ func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 // cheaper applies the cost comparison (docs/design.md §9.11) to the seed's winner w: every other
 // admitted holder and the cheapest engine outside the evaluated holders are priced by
 // prefillCost, and the cheapest replaces w when materially cheaper; a non-holder must then pass
-// admission (once), else w stays. It applies only when every evaluated holder and every engine it
+// admission (once), else w stays. An engine with no slot for the request's LoRA adapter (evicts)
+// is never the replacement (docs/design.md §18). It applies only when every evaluated holder and every engine it
 // scans has a fresh report (the coverage rule); otherwise w stays.
 func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.Result, matched []uint64, snap loadmon.Snapshot,
 	w cacheCandidate, admitted, evaluated []cacheCandidate, d *CacheDecision) (costAlt, error) {
@@ -804,6 +809,9 @@ func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 	wCost := p.prefillCost(&w.obs, w.uncached, req)
 	best, bestCost := none, wCost
 	for _, c := range admitted {
+		if evicts(&c.obs) {
+			continue // no slot for the request's adapter (docs/design.md §18)
+		}
 		if cc := p.prefillCost(&c.obs, c.uncached, req); cc < bestCost {
 			best, bestCost = costAlt{idx: c.idx, holder: true, blocks: c.blocks, uncached: c.uncached, obs: c.obs, cap: c.cap}, cc
 		}
@@ -905,8 +913,9 @@ func (p *cacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 			// The rank holding the deepest prefix serves the hit; the gate and the pressure
 			// comparisons read its own figures (docs/design.md §6).
 			c.obs = loadmon.ObserveRank(snap, p.cfg.InFlight, engines[idx].ID(), res.DPRanks[j])
+			c.obs.Adapter = req.Adapter
 		} else {
-			c.obs = p.cfg.observe(snap, engines[idx], req.Stage)
+			c.obs = p.cfg.observe(snap, engines[idx], req)
 		}
 		all = append(all, c)
 	}
@@ -1071,41 +1080,41 @@ func (p *cacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot
 
 // fallback samples k engines of the unqueued tier (every engine when the gate is off or nothing
 // is unqueued) and returns the least pressured.
-func (p *cacheAware) fallback(engines []state.Engine, stage state.Stage, snap loadmon.Snapshot) (int, loadmon.Observation, error) {
+func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon.Snapshot) (int, loadmon.Observation, error) {
 	if p.queueCap == 0 {
-		return sampleLeastPressured(&p.cfg, snap, engines, stage, p.opts.MinLoadChoices)
+		return sampleLeastPressured(&p.cfg, snap, engines, req, p.opts.MinLoadChoices)
 	}
 	var tbuf [64]int
 	tier := tbuf[:0]
 	for i, e := range engines {
-		if o := p.cfg.observe(snap, e, stage); !p.queued(&o) {
+		if o := p.cfg.observe(snap, e, req); !p.queued(&o) {
 			tier = append(tier, i)
 		}
 	}
 	if len(tier) == 0 || len(tier) == len(engines) {
-		return sampleLeastPressured(&p.cfg, snap, engines, stage, p.opts.MinLoadChoices)
+		return sampleLeastPressured(&p.cfg, snap, engines, req, p.opts.MinLoadChoices)
 	}
 	var sbuf [64]state.Engine // stays on the stack for groups of up to 64 engines
 	sub := sbuf[:0]
 	for _, i := range tier {
 		sub = append(sub, engines[i])
 	}
-	j, o, err := sampleLeastPressured(&p.cfg, snap, sub, stage, p.opts.MinLoadChoices)
+	j, o, err := sampleLeastPressured(&p.cfg, snap, sub, req, p.opts.MinLoadChoices)
 	return tier[j], o, err
 }
 
 // idle returns the idle group engine with the most matched tokens (the first on a tie): one with
-// nothing in flight from this router and, when its load is known, no running or waiting request
+// nothing in flight from this router or its peers and, when its load is known, no running or waiting request
 // reported and no dispatch since the report. ok is false when no engine is idle, and with the cost
 // comparison off.
-func (p *cacheAware) idle(engines []state.Engine, stage state.Stage, snap loadmon.Snapshot, matched []uint64) (idx int, obs loadmon.Observation, ok bool) {
+func (p *cacheAware) idle(engines []state.Engine, req *Request, snap loadmon.Snapshot, matched []uint64) (idx int, obs loadmon.Observation, ok bool) {
 	idx = -1
 	if p.opts.DisableCostComparison {
 		return idx, obs, false
 	}
 	for i, e := range engines {
-		o := p.cfg.observe(snap, e, stage)
-		if o.InFlight > 0 || o.Dispatched > 0 || (o.Load != nil && o.Load.RunningRequests+o.Load.WaitingRequests > 0) {
+		o := p.cfg.observe(snap, e, req)
+		if o.InFlight > 0 || o.PeerInFlight > 0 || o.Dispatched > 0 || (o.Load != nil && o.Load.RunningRequests+o.Load.WaitingRequests > 0) {
 			continue
 		}
 		if idx < 0 || matched[i] > matched[idx] {
@@ -1138,7 +1147,7 @@ func asRejection(err error, out **AdmissionRejectedError) bool {
 
 // lookup asks the source (through the request's memo when present), lending it bufs (nil: none).
 func (p *cacheAware) lookup(ctx context.Context, req *Request, bufs *kvindex.LookupBuffers) (kvindex.Result, error) {
-	q := kvindex.Query{TokenIDs: req.TokenIDs, Buffers: bufs}
+	q := kvindex.Query{TokenIDs: req.TokenIDs, Adapter: req.Adapter, Buffers: bufs}
 	if req.Memo != nil {
 		return req.Memo.Lookup(ctx, p.opts.Source, q)
 	}

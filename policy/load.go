@@ -7,6 +7,7 @@ import (
 	"math/bits"
 
 	"github.com/enginepick/enginepick/internal/label"
+	"github.com/enginepick/enginepick/internal/lora"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
 )
@@ -69,7 +70,7 @@ func (s *pressureScan) offer(i int) {
 		inc := &s.obs[t.slot]
 		var c int
 		if b == int(loadmon.BasisInFlight) {
-			c = cmp.Compare(o.InFlight, inc.InFlight) // ComparePressure on the in-flight basis
+			c = cmp.Compare(inFlight(o), inFlight(inc)) // ComparePressure on the in-flight basis
 		} else {
 			c = loadmon.ComparePressure(s.stage, o, inc, loadmon.Basis(b))
 		}
@@ -131,7 +132,7 @@ func NewPowerOfN(cfg Config, n int) (Policy, error) {
 // is captured per pick and its record of the winner reaches admission. Allocation-free for groups
 // of up to 256 candidates.
 func (p *powerOfN) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
-	i, o, err := sampleLeastPressured(&p.cfg, p.cfg.Load.Snapshot(), engines, stageOf(req), p.n)
+	i, o, err := sampleLeastPressured(&p.cfg, p.cfg.Load.Snapshot(), engines, req, p.n)
 	if err != nil {
 		return Pick{}, err
 	}
@@ -144,16 +145,16 @@ func (p *powerOfN) Pick(_ context.Context, engines []state.Engine, req *Request)
 
 // sampleLeastPressured returns the least pressured of k distinct uniformly sampled engines, or of
 // all engines (exact minimum, complete ties broken uniformly at random) when k >= len(engines).
-func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.Engine, stage state.Stage, k int) (int, loadmon.Observation, error) {
+func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.Engine, req *Request, k int) (int, loadmon.Observation, error) {
 	n := len(engines)
 	if n == 0 {
 		return 0, loadmon.Observation{}, ErrNoCandidates
 	}
-	s := pressureScan{stage: stage, total: min(k, n)}
+	s := pressureScan{stage: stageOf(req), total: min(k, n)}
 	if k >= n {
 		s.rand = cfg.Rand
 		for i, e := range engines {
-			*s.next() = cfg.observe(snap, e, stage)
+			*s.next() = cfg.observe(snap, e, req)
 			s.offer(i)
 		}
 	} else {
@@ -176,7 +177,7 @@ func sampleLeastPressured(cfg *Config, snap loadmon.Snapshot, engines []state.En
 			}
 			misses = 0
 			seen[j/64] |= 1 << (j % 64)
-			*s.next() = cfg.observe(snap, engines[j], stage)
+			*s.next() = cfg.observe(snap, engines[j], req)
 			s.offer(j)
 		}
 	}
@@ -194,6 +195,47 @@ func stageOf(req *Request) state.Stage {
 	return req.Stage
 }
 
+// adapterClass is the engine's residency of the observation's LoRA adapter (lora.Class):
+// false for a base-model request, or when the engine's residency is unknown.
+func adapterClass(o *loadmon.Observation) (int, bool) {
+	if o.Adapter == "" || o.Load == nil || o.Load.LoRA == nil {
+		return 0, false
+	}
+	l := o.Load.LoRA
+	return lora.Class(o.Adapter, l.Running, l.Waiting, l.MaxAdapters)
+}
+
+// compareAdapter orders two observations for one request by their residency of its LoRA adapter,
+// the better first (negative when a is better), as loadmon.ComparePressure does; 0 for a
+// base-model request or an unknown residency (docs/design.md §18).
+func compareAdapter(a, b *loadmon.Observation) int {
+	ca, ok := adapterClass(a)
+	if !ok {
+		return 0
+	}
+	cb, ok := adapterClass(b)
+	if !ok {
+		return 0
+	}
+	return cmp.Compare(cb, ca)
+}
+
+// evicts reports whether sending the observation's adapter request to its engine would make it
+// wait for a slot and evict an adapter in use: the engine's residency is known, the adapter is
+// neither running nor waiting there and every slot is taken (lora.Full).
+func evicts(o *loadmon.Observation) bool {
+	c, ok := adapterClass(o)
+	return ok && c == lora.Full
+}
+
+// adapterOf is req's LoRA adapter, "" (the base model) for a nil request.
+func adapterOf(req *Request) string {
+	if req == nil {
+		return ""
+	}
+	return req.Adapter
+}
+
 // leastLoad is the policy NewLeastLoad returns.
 type leastLoad struct {
 	cfg Config
@@ -203,9 +245,11 @@ var _ Policy = (*leastLoad)(nil)
 
 // NewLeastLoad returns a policy that picks the least loaded candidate (docs/design.md §8). When
 // every candidate has a fresh report, an engine's load is waiting + running requests + the
-// dispatches this router made after that report; otherwise every candidate is scored by
-// router-local in-flight requests alone. Ties go to the fewer in-flight requests; complete ties
-// are broken uniformly at random. Admission is checked once, on the winner; a rejection is
+// dispatches this router made after that report; otherwise every candidate is scored by in-flight
+// requests alone (this router's, plus its peers' when router replicas share them, docs/design.md
+// §6). Ties on reported load go, for a request for a LoRA adapter, to the engine with the better
+// residency of the adapter (docs/design.md §18), then to the fewer in-flight requests; complete
+// ties are broken uniformly at random. Admission is checked once, on the winner; a rejection is
 // returned, never replaced. It returns an error wrapping ErrInvalidConfiguration when a required
 // Config handle is nil.
 func NewLeastLoad(cfg Config) (Policy, error) {
@@ -226,24 +270,34 @@ func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request
 	var scoreR uint64
 	var obsR, obsL loadmon.Observation
 	for i, e := range engines {
-		o := p.cfg.observe(snap, e, stageOf(req))
+		o := p.cfg.observe(snap, e, req)
 		allFresh = allFresh && o.Load != nil
 		if allFresh {
 			l := o.Figures() // the named rank's own figures when the engine has several
 			score := satAdd(satAdd(l.WaitingRequests, l.RunningRequests), o.Dispatched)
+			c := 0
+			if i > 0 {
+				c = cmp.Compare(score, scoreR)
+				if c == 0 {
+					c = compareAdapter(&o, &obsR)
+				}
+				if c == 0 {
+					c = cmp.Compare(inFlight(&o), inFlight(&obsR))
+				}
+			}
 			switch {
-			case i == 0 || score < scoreR || (score == scoreR && o.InFlight < obsR.InFlight):
+			case i == 0 || c < 0:
 				bestR, scoreR, obsR, tieR = i, score, o, 1
-			case score == scoreR && o.InFlight == obsR.InFlight:
+			case c == 0:
 				if tieR++; p.cfg.Rand(tieR) == 0 {
 					bestR, obsR = i, o
 				}
 			}
 		}
 		switch {
-		case i == 0 || o.InFlight < obsL.InFlight:
+		case i == 0 || inFlight(&o) < inFlight(&obsL):
 			bestL, obsL, tieL = i, o, 1
-		case o.InFlight == obsL.InFlight:
+		case inFlight(&o) == inFlight(&obsL):
 			if tieL++; p.cfg.Rand(tieL) == 0 {
 				bestL, obsL = i, o
 			}
@@ -259,6 +313,10 @@ func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request
 	}
 	return Pick{Engine: engines[best], Reason: label.ReasonLeastLoad}.withRank(&obs).withCap(ic), nil
 }
+
+// inFlight returns the in-flight requests the pressure comparisons read: this router's and its
+// peers' (loadmon.Observation.PeerInFlight).
+func inFlight(o *loadmon.Observation) uint64 { return satAdd(o.InFlight, o.PeerInFlight) }
 
 func satAdd(a, b uint64) uint64 {
 	if s := a + b; s >= a {

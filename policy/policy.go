@@ -74,6 +74,11 @@ type Request struct {
 	// (one lookup per kvindex.Source per request). Nil means every cache-aware pick looks up its
 	// source itself.
 	Memo *kvindex.Memo
+	// Adapter is the LoRA adapter the request asks for (vLLM lora_name); empty means the base
+	// model. Cache-aware lookups match only the adapter's blocks (kvindex.Query.Adapter), and
+	// load-aware picks prefer, among comparable engines, one holding the adapter
+	// (docs/design.md §18).
+	Adapter string
 }
 
 // Pick is a policy's choice: the engine and a reason label for metrics and tracing.
@@ -259,10 +264,13 @@ func (c *Config) validate(policy string) error {
 	return nil
 }
 
-// observe reads one engine's observation from the pick's snapshot, naming its least pressured DP
-// rank for stage when the engine has several ranks reporting (docs/design.md §6).
-func (c *Config) observe(snap loadmon.Snapshot, e state.Engine, stage state.Stage) loadmon.Observation {
-	return loadmon.ObserveLeastPressured(snap, c.InFlight, stage, e.ID())
+// observe reads one engine's observation for req from the pick's snapshot, naming its least
+// pressured DP rank for req's stage when the engine has several ranks reporting (docs/design.md
+// §6), and carrying req's LoRA adapter for the pressure comparisons (docs/design.md §18).
+func (c *Config) observe(snap loadmon.Snapshot, e state.Engine, req *Request) loadmon.Observation {
+	o := loadmon.ObserveLeastPressured(snap, c.InFlight, stageOf(req), e.ID())
+	o.Adapter = adapterOf(req)
+	return o
 }
 
 // admit runs the checker once on the engine with the observation the pick already captured. It
@@ -319,7 +327,7 @@ func keyRank(key string, n int) int {
 // pickChecked returns the engine after one admission check on a fresh snapshot, naming its least
 // pressured DP rank for stage when it has several.
 func (c *Config) pickChecked(e state.Engine, reason string, stage state.Stage) (Pick, error) {
-	o := c.observe(c.Load.Snapshot(), e, stage)
+	o := loadmon.ObserveLeastPressured(c.Load.Snapshot(), c.InFlight, stage, e.ID())
 	ic, err := c.admit(e, o)
 	if err != nil {
 		return Pick{}, err

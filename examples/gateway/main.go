@@ -88,7 +88,9 @@ The routing comes from one of two places:
                   with it. An engine's ID is its base URL; its software is SGLang when its load
                   format is sglang_*, vLLM for vllm_metrics, else --engine-kind. With
                   affinity.store redis the bindings live in Redis (password from
-                  $ENGINEPICK_REDIS_PASSWORD). With a flow_control block, requests the
+                  $ENGINEPICK_REDIS_PASSWORD); with a replicas block, gateways on one
+                  Redis channel share their dispatches and act as one router (the same
+                  password unless the block sets one). With a flow_control block, requests the
                   engines cannot take wait in the gateway: header x-enginepick-priority (an
                   integer) picks the band, x-enginepick-flow (else the body's "user") the
                   flow; a rejection is a 429 with Retry-After, a band's ttl a 503.

@@ -32,8 +32,11 @@ var configReplaces = []string{"engine", "engines-file", "policy", "decode-policy
 // events itself (Router.Close stops them), and exports the enginepick_* metrics next to the
 // gateway's. Each engine's server software is read from its load format (sglang_* is SGLang,
 // vllm_metrics vLLM), else --engine-kind. A request picked for a rank of an engine whose ranks
-// list their own url goes to that url. With affinity.store redis, the Redis store is built from
-// affinity.redis, with the password from $ENGINEPICK_REDIS_PASSWORD.
+// list their own url goes to that url. A request whose model is one of a model's adapters
+// (models[].adapters) is routed on that model's buckets for the adapter and forwarded unchanged.
+// With affinity.store redis, the Redis store is built from affinity.redis, with the password from
+// $ENGINEPICK_REDIS_PASSWORD; a replicas block without a password takes it from there too
+// (config.New dials the broker itself).
 func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 	var clash []string
 	for _, name := range configReplaces {
@@ -51,6 +54,9 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 	}
 	if len(cfg.Engines) == 0 {
 		return nil, fmt.Errorf("--config %s lists no engines: %w", o.config, state.ErrInvalidConfiguration)
+	}
+	if r := cfg.Replicas; r != nil && r.Redis.Password == "" {
+		r.Redis.Password = os.Getenv(redisPasswordEnv)
 	}
 	defaultKind, err := gw.ParseKind(o.engineKind)
 	if err != nil {
@@ -121,7 +127,13 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 		tok = &gw.EngineTokenizer{Registry: registry, Timeout: o.tokenizeTimeout}
 	}
 	g.prober = &gw.Prober{Registry: registry, Interval: o.probeInterval, Path: o.probePath}
-	g.server, err = gw.NewServer(gw.Options{Router: g.router, Registry: registry, Tokenizer: tok,
+	adapters := map[state.ModelID]state.ModelID{}
+	for _, m := range cfg.Models {
+		for _, a := range m.Adapters {
+			adapters[state.ModelID(a)] = state.ModelID(m.ID)
+		}
+	}
+	g.server, err = gw.NewServer(gw.Options{Router: g.router, Registry: registry, Tokenizer: tok, Adapters: adapters,
 		BytesPerToken: o.bytesPerToken, MaxBodyBytes: o.maxBodyBytes, PrefillTimeout: o.prefillTimeout, Logger: log, Prober: g.prober,
 		SessionHeader:    cmp.Or(cfg.Affinity.SessionHeader, config.DefaultSessionHeader),
 		RoutingKeyHeader: cmp.Or(cfg.Affinity.RoutingKeyHeader, config.DefaultRoutingKeyHeader),

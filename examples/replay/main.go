@@ -31,7 +31,8 @@
 //	                 defaults of NVIDIA Dynamo's cost, llm-d's router profile and the Shepherd
 //	                 Model Gateway's cache_aware; see sim.Dynamo, sim.LLMD, sim.SMG) and
 //	                 dynamo_legacy, llmd_legacy and sglang_legacy (their earlier rules; see
-//	                 sim.Dynamo, sim.LLMDLegacy, sim.SGLangLegacy) run when listed,
+//	                 sim.Dynamo, sim.LLMDLegacy, sim.SGLangLegacy) run when listed, and so does
+//	                 llmd_lora (llm-d's scorers with its LoRA affinity scorer; sim.NewLLMDLoRA),
 //	                 and so do the affinity policies session_aware, sticky (over one in-memory
 //	                 affinity store per run) and sticky_rendezvous (stateless, load factor 1.25),
 //	                 keyed by the request's conversation chain (sim.Request.SessionKey; an Azure
@@ -42,6 +43,9 @@
 //	-speed X         divide every arrival time by X, a positive finite number (default 4)
 //	-limit N         replay only the first N requests (default: all)
 //	-seed N          random seed of every policy run (default 1)
+//	-spread-arrivals spread each second's requests uniformly over that second, in their order,
+//	                 drawn from -seed: the Mooncake trace's timestamps are whole seconds, so as given
+//	                 each second's requests arrive at one instant (default: as given)
 //	-system-prompt N prepend one shared N-token prompt to every request (default 0: none), the
 //	                 case of a long system prompt that every request starts with
 //	-routers N       N independent router replicas, each with its own router, in-flight counters
@@ -49,7 +53,7 @@
 //	                 KV events and load reports reach all of them; the affinity policies of all
 //	                 replicas share one affinity store, as replicas share Redis (default 1)
 //	-share           the -routers replicas share their dispatches and route-time placements, as
-//	                 replicas over a broker do (package replicas)
+//	                 replicas with a replicas block do over Redis
 //	-share-delay D   how long a shared decision takes to reach the other replicas (default 5ms)
 //	-prefill-model M attention (default): an uncached token costs its linear work plus attention
 //	                 over its whole context, cached tokens included; flat: one rate for uncached
@@ -67,9 +71,11 @@
 //	                 replays, so under -sweep -limit defaults to 3000 requests (-limit 0: all)
 //	-slo D           TTFT p99 target of -sweep (default 10s)
 //	-workload SPEC   replay a generated workload instead of a trace: chats (short multi-turn chats),
-//	                 prefix-groups (groups of requests sharing a long prefix) or tenants (tenants
-//	                 with their own arrival rates, one heavy, and a critical priority band),
-//	                 optionally with parameters, e.g. chats:conversations=500,rate=5
+//	                 prefix-groups (groups of requests sharing a long prefix), tenants (tenants
+//	                 with their own arrival rates, one heavy, and a critical priority band) or lora
+//	                 (requests for LoRA adapters of Zipf popularity, which the engines hold in 4
+//	                 slots each; sim.LoRA, sim.EngineModel), optionally with parameters, e.g.
+//	                 chats:conversations=500,rate=5
 //	                 (sim.ParseWorkload, docs/traces.md); -speed then defaults to 1 and KV blocks
 //	                 are 16 tokens
 //	-workload-seed N random seed of -workload (default: -seed)
@@ -98,6 +104,9 @@
 //	                 The report has one row, named after the file (see sim.Routing)
 //	-model M         with -config: the model whose engines and buckets are replayed (default: the
 //	                 file's first model)
+//
+// When the requests name LoRA adapters (the lora workload), the table gains "loads/1k": the
+// adapters the engines loaded into a slot per 1,000 requests replayed.
 //
 // When the requests name tenants or priority bands (the tenants workload), a second table follows
 // the first: per policy, each band and each tenant's requests, TTFT, E2E, output throughput, the
@@ -187,7 +196,9 @@ output tokens per second, load imbalance (max ÷ mean requests per engine, 1 is 
 engines' mean share of time spent prefilling (prefill util) and prefilling or decoding (busy),
 and the requests dropped because admission rejected every engine (rejected, HTTP 503), flow
 control refused them (shed, HTTP 429; -flow-control) or no bucket fits them (too long, HTTP
-400). When the requests name tenants (-workload tenants), a second table gives the same per
+400). When the requests name LoRA adapters (-workload lora), "loads/1k" gives the adapters the
+engines loaded into a slot per 1,000 requests. When the requests name tenants (-workload
+tenants), a second table gives the same per
 priority band and tenant, with the tokens each was served by the last arrival and each band's
 Jain fairness index. "n/a" marks a figure no request defines; a "warning:" line after the
 table marks a policy whose run was overloaded (queues still growing when the trace

@@ -19,7 +19,8 @@ import (
 const defaultSweepLimit = 3000
 
 // scenarioFlags are the replay's scenario flags, kept apart from the basic ones: a shared system
-// prompt in front of every request (-system-prompt), router replicas (-routers), the engines'
+// prompt in front of every request (-system-prompt), router replicas (-routers, -share,
+// -share-delay), arrivals spread within each second (-spread-arrivals), the engines'
 // prefill time model (-prefill-model) and scheduling (-engine-priority), what their load reports
 // carry (-reports) and a generated
 // workload instead of a trace (-workload).
@@ -29,6 +30,7 @@ type scenarioFlags struct {
 	routers      *int
 	share        *bool
 	shareDelay   *time.Duration
+	spread       *bool
 	prefillModel *string
 	priority     *bool
 	sweep        *bool
@@ -44,8 +46,10 @@ func addScenarioFlags(fs *flag.FlagSet) *scenarioFlags {
 		routers: fs.Int("routers", 1, fmt.Sprintf("N independent router replicas (at most %d), requests round-robin over them, "+
 			"every engine's events and load reports delivered to all", sim.MaxRouters)),
 		share: fs.Bool("share", false, "the -routers replicas share their dispatches and route-time placements, "+
-			"as replicas over a broker (package replicas) do"),
+			"as replicas with a replicas block do over Redis"),
 		shareDelay: fs.Duration("share-delay", sim.DefaultShareDelay, "how long a shared decision takes to reach the other replicas (-share)"),
+		spread: fs.Bool("spread-arrivals", false, "spread each second's arrivals uniformly over that second, in their order, "+
+			"drawn from -seed: the Mooncake trace's timestamps are whole seconds, so without it each second's requests arrive at one instant"),
 		reports: fs.String("reports", string(sim.ReportsNative), fmt.Sprintf(
 			"what the engines' load reports carry: %q (as SGLang: running, waiting, KV and the native fields) or %q (as vLLM's /metrics: running, waiting and KV only)",
 			sim.ReportsNative, sim.ReportsBasic)),
@@ -57,9 +61,9 @@ func addScenarioFlags(fs *flag.FlagSet) *scenarioFlags {
 		sweep: fs.Bool("sweep", false, fmt.Sprintf("instead of one replay, find per policy the highest -speed with TTFT p99 <= -slo, "+
 			"by bisection to 5 %% (each probe replays -limit requests, default %d under -sweep)", defaultSweepLimit)),
 		slo: fs.Duration("slo", sim.DefaultSweepSLO, "TTFT p99 target of -sweep"),
-		workload: fs.String("workload", "", fmt.Sprintf("replay a generated workload instead of a trace: %s, %s or %s, "+
+		workload: fs.String("workload", "", fmt.Sprintf("replay a generated workload instead of a trace: %s, %s, %s or %s, "+
 			"optionally with parameters, e.g. %s:conversations=500,rate=5 (see sim.ParseWorkload); -speed then defaults to 1",
-			sim.WorkloadChats, sim.WorkloadPrefixGroups, sim.WorkloadTenants, sim.WorkloadChats)),
+			sim.WorkloadChats, sim.WorkloadPrefixGroups, sim.WorkloadTenants, sim.WorkloadLoRA, sim.WorkloadChats)),
 		workloadSeed: fs.Uint64("workload-seed", 0, "random seed of -workload (default: -seed)"),
 	}
 }
@@ -95,6 +99,7 @@ func (s *scenarioFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 	cfg.Model.PriorityScheduling = *s.priority
 	cfg.Routers = *s.routers
 	cfg.ShareRouters, cfg.ShareDelay = *s.share, *s.shareDelay
+	cfg.SpreadArrivals = *s.spread
 	return s.generate(fs, cfg)
 }
 

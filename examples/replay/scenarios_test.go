@@ -30,6 +30,24 @@ func TestRunSystemPromptAndRouters(t *testing.T) {
 	}
 }
 
+func TestRunSpreadArrivals(t *testing.T) {
+	for _, spread := range []bool{false, true} {
+		args := []string{"-limit", "60", "-engines", "2", "-policies", "round_robin", "-json"}
+		if spread {
+			args = append(args, "-spread-arrivals")
+		}
+		var out, stderr bytes.Buffer
+		require.NoError(t, run(context.Background(), args, &out, &stderr, false))
+		var rep sim.Report
+		require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+		assert.Equal(t, spread, rep.SpreadArrivals)
+		// The embedded trace's timestamps are whole seconds, so its span at -speed 4 is a multiple
+		// of 0.25 s unless the arrivals are spread.
+		quarters := rep.Span * 4
+		assert.Equal(t, !spread, quarters == float64(int(quarters)), "span %v s", rep.Span)
+	}
+}
+
 func TestRunRejectsBadScenarioFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-system-prompt", "-1"},
@@ -100,6 +118,7 @@ func TestRunWorkloads(t *testing.T) {
 		{"chats:conversations=40,turns=4", "chats:conversations=40,turns=4,rate=45,think=5s,shared-system=false (seed 1)"},
 		{"prefix-groups:requests=80", "prefix-groups:groups=150,prompts=5,prefix=6000,question=1200,output=1000,requests=80,rate=20 (seed 1)"},
 		{"tenants:duration=5s", "tenants:tenants=4,rate=25,heavy=10,critical=0.7,duration=5s (seed 1)"},
+		{"lora:adapters=8,requests=100", "lora:adapters=8,zipf=1,base=0,requests=100,rate=70 (seed 1)"},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
 			var out, stderr bytes.Buffer
@@ -114,9 +133,12 @@ func TestRunWorkloads(t *testing.T) {
 			assert.Positive(t, rep.InfiniteCacheHitRate)
 			require.Len(t, rep.Results, 2)
 			tenants := strings.HasPrefix(tc.spec, sim.WorkloadTenants)
+			lora := strings.HasPrefix(tc.spec, sim.WorkloadLoRA)
+			assert.Equal(t, lora, rep.Adapters > 0, "adapters for the lora workload only")
 			for _, r := range rep.Results {
 				assert.Equal(t, 60, r.Completed, r.Policy)
 				assert.Equal(t, tenants, r.Bands != nil, "per-band results for the tenants workload only")
+				assert.Equal(t, lora, r.AdapterLoads > 0, "adapter loads for the lora workload only")
 			}
 
 			out.Reset()
@@ -124,6 +146,7 @@ func TestRunWorkloads(t *testing.T) {
 			assert.Contains(t, out.String(), "trace "+tc.name+": 60 requests")
 			assert.Contains(t, out.String(), "in 16-token blocks")
 			assert.Equal(t, tenants, strings.Contains(out.String(), "\nper priority band and tenant"), "the second table")
+			assert.Equal(t, lora, strings.Contains(out.String(), "hit rate  loads/1k  TTFT p50"), "the adapter loads column")
 		})
 	}
 }
@@ -205,7 +228,7 @@ func TestRunRejectsBadWorkloadFlags(t *testing.T) {
 		msg  string
 	}{
 		{[]string{"-workload", "chats:turns=0"}, `replay: sim: workload "chats:turns=0": turns="0": must be >= 1 (omit it for the default): invalid configuration`},
-		{[]string{"-workload", "sessions"}, `unknown workload "sessions" (known: chats, prefix-groups, tenants)`},
+		{[]string{"-workload", "sessions"}, `unknown workload "sessions" (known: chats, prefix-groups, tenants, lora)`},
 		{[]string{"-workload", "chats:rate=1e-9"}, "passes MaxArrival"},
 		{[]string{"-workload", "chats", "-trace", "x.jsonl"}, "replay: -trace and -workload are exclusive"},
 		{[]string{"-workload-seed", "3"}, "replay: -workload-seed needs -workload"},

@@ -1,7 +1,7 @@
 // Package peersync folds router replicas' shared decisions into each replica's view: the
 // dispatches each replica starts and ends per engine and DP rank, and its route-time placements
-// (docs/design.md §6, "Router replicas"). It has no goroutine and no transport: package replicas
-// runs it over a broker, the replay (internal/sim) over virtual time.
+// (docs/design.md §6, "Router replicas"). It has no goroutine and no transport: package
+// internal/peersync/redispeer runs it over Redis, the replay (internal/sim) over virtual time.
 package peersync
 
 import (
@@ -53,7 +53,40 @@ type Core struct {
 	mu    sync.Mutex
 	peers map[string]*peer
 
-	sent, received, dropped atomic.Uint64
+	sent, received atomic.Uint64
+	dropped        [NumReasons]atomic.Uint64
+}
+
+// Reason is why deltas were dropped (Drops).
+type Reason uint8
+
+// The reasons a delta is dropped.
+const (
+	// ReasonDuplicate: a batch received before, a second start of one dispatch, or a second
+	// first token.
+	ReasonDuplicate Reason = iota
+	// ReasonUnknownEngine: a start or placement on an engine not in this replica's fleet.
+	ReasonUnknownEngine
+	// ReasonUnknownDispatch: a first token or end of a dispatch not counted (its start was lost in
+	// a gap, or the peer was forgotten since).
+	ReasonUnknownDispatch
+	// ReasonRefusedPlacement: a placement the index refused, or any placement when this replica
+	// has no index.
+	ReasonRefusedPlacement
+	// ReasonMalformed: a message that is not a batch (counted once per message), or a change of
+	// an unknown kind.
+	ReasonMalformed
+	// NumReasons is the number of reasons.
+	NumReasons
+)
+
+// String returns the reason's metric label: duplicate, unknown_engine, unknown_dispatch,
+// refused_placement or malformed.
+func (r Reason) String() string {
+	if r >= NumReasons {
+		return "unknown"
+	}
+	return [...]string{"duplicate", "unknown_engine", "unknown_dispatch", "refused_placement", "malformed"}[r]
 }
 
 // batch is the message replicas exchange, msgpack-encoded.
@@ -141,11 +174,17 @@ func (c *Core) localPlace(engine state.EngineID, rank int, keys []uint64, held i
 	c.outMu.Unlock()
 }
 
+// Lease returns Config.Lease.
+func (c *Core) Lease() time.Duration { return c.cfg.Lease }
+
 // Pending reports whether local deltas wait for Flush.
-func (c *Core) Pending() bool {
+func (c *Core) Pending() bool { return c.PendingDeltas() > 0 }
+
+// PendingDeltas returns how many local deltas wait for Flush.
+func (c *Core) PendingDeltas() int {
 	c.outMu.Lock()
 	defer c.outMu.Unlock()
-	return len(c.out.Changes)+len(c.out.Places) > 0
+	return len(c.out.Changes) + len(c.out.Places)
 }
 
 // Flush takes the pending local deltas as one encoded batch with the next sequence number; with
@@ -153,11 +192,18 @@ func (c *Core) Pending() bool {
 // batch the caller fails to deliver is lost: peers see the gap and drop this replica's
 // dispatches (Receive).
 func (c *Core) Flush(heartbeat bool) []byte {
+	msg, _ := c.FlushDeltas(heartbeat)
+	return msg
+}
+
+// FlushDeltas is Flush that also returns how many deltas the batch carries (0 for a heartbeat
+// alone or no batch).
+func (c *Core) FlushDeltas(heartbeat bool) ([]byte, int) {
 	c.outMu.Lock()
 	n := len(c.out.Changes) + len(c.out.Places)
 	if n == 0 && !heartbeat {
 		c.outMu.Unlock()
-		return nil
+		return nil, 0
 	}
 	c.out.Seq++
 	b, err := msgpack.Marshal(&c.out)
@@ -167,14 +213,28 @@ func (c *Core) Flush(heartbeat bool) []byte {
 		panic(err) // a batch of plain values always encodes
 	}
 	c.sent.Add(uint64(n))
-	return b
+	return b, n
 }
 
 // Counts returns the deltas this replica flushed, the peers' deltas it applied and those it
-// dropped (duplicates, unknown engines or dispatches, refused placements, undecodable batches).
+// dropped, for every reason (Drops).
 func (c *Core) Counts() (sent, received, dropped uint64) {
-	return c.sent.Load(), c.received.Load(), c.dropped.Load()
+	for _, n := range c.Drops() {
+		dropped += n
+	}
+	return c.sent.Load(), c.received.Load(), dropped
 }
+
+// Drops returns the peers' deltas dropped, by Reason.
+func (c *Core) Drops() [NumReasons]uint64 {
+	var out [NumReasons]uint64
+	for r := range out {
+		out[r] = c.dropped[r].Load()
+	}
+	return out
+}
+
+func (c *Core) drop(r Reason, n int) { c.dropped[r].Add(uint64(n)) }
 
 // Receive folds one peer batch into the view at now: its own batches are ignored, a batch seen
 // before is dropped, and a gap in a peer's sequence or a new incarnation first drops what the
@@ -183,7 +243,7 @@ func (c *Core) Counts() (sent, received, dropped uint64) {
 func (c *Core) Receive(msg []byte, now time.Time) error {
 	var b batch
 	if err := msgpack.Unmarshal(msg, &b); err != nil || b.Origin == "" || b.Seq == 0 {
-		c.dropped.Add(1)
+		c.drop(ReasonMalformed, 1)
 		return fmt.Errorf("%w: %v", ErrInvalidBatch, err)
 	}
 	if b.Origin == c.cfg.ID && b.Inc == c.cfg.Incarnation {
@@ -200,56 +260,66 @@ func (c *Core) Receive(msg []byte, now time.Time) error {
 		c.forget(p)
 		p.inc = b.Inc
 	case b.Seq <= p.seq:
-		c.dropped.Add(uint64(len(b.Changes) + len(b.Places)))
+		c.drop(ReasonDuplicate, len(b.Changes)+len(b.Places))
 		return nil
 	case b.Seq != p.seq+1:
 		c.forget(p)
 	}
 	p.seq, p.heard = b.Seq, now
 	for _, ch := range b.Changes {
-		if c.apply(p, ch) {
+		if r, ok := c.apply(p, ch); ok {
 			c.received.Add(1)
 		} else {
-			c.dropped.Add(1)
+			c.drop(r, 1)
 		}
 	}
 	for _, pl := range b.Places {
-		if c.cfg.Index != nil && c.cfg.Known(pl.Engine) &&
-			kvbridge.PlacePeer(c.cfg.Index, pl.Engine, pl.Rank, pl.Keys, pl.Held) == nil {
+		switch {
+		case c.cfg.Index == nil:
+			c.drop(ReasonRefusedPlacement, 1)
+		case !c.cfg.Known(pl.Engine):
+			c.drop(ReasonUnknownEngine, 1)
+		case kvbridge.PlacePeer(c.cfg.Index, pl.Engine, pl.Rank, pl.Keys, pl.Held) != nil:
+			c.drop(ReasonRefusedPlacement, 1)
+		default:
 			c.received.Add(1)
-		} else {
-			c.dropped.Add(1)
 		}
 	}
 	return nil
 }
 
-// apply folds one change of p; false when it is dropped. Callers hold c.mu.
-func (c *Core) apply(p *peer, ch change) bool {
+// apply folds one change of p; false, with the reason, when it is dropped. Callers hold c.mu.
+func (c *Core) apply(p *peer, ch change) (Reason, bool) {
 	d := p.live[ch.ID]
 	switch ch.Op {
 	case loadbridge.OpStart:
-		if d != nil || !c.cfg.Known(ch.Engine) {
-			return false
+		if d != nil {
+			return ReasonDuplicate, false
+		}
+		if !c.cfg.Known(ch.Engine) {
+			return ReasonUnknownEngine, false
 		}
 		rank := max(ch.Rank, -1)
 		p.live[ch.ID] = &dispatch{engine: ch.Engine, rank: rank, prefilling: ch.Tokens}
 		loadbridge.ApplyPeer(c.cfg.InFlight, loadbridge.Change{Op: loadbridge.OpStart, Engine: ch.Engine, Rank: rank, Tokens: ch.Tokens, At: ch.At})
 	case loadbridge.OpPrefillEnd:
-		if d == nil || d.prefilling == 0 {
-			return false
+		if d == nil {
+			return ReasonUnknownDispatch, false
+		}
+		if d.prefilling == 0 {
+			return ReasonDuplicate, false
 		}
 		loadbridge.ApplyPeer(c.cfg.InFlight, loadbridge.Change{Op: loadbridge.OpPrefillEnd, Engine: d.engine, Rank: d.rank, Tokens: d.prefilling})
 		d.prefilling = 0
 	case loadbridge.OpEnd:
 		if d == nil {
-			return false
+			return ReasonUnknownDispatch, false
 		}
 		c.end(p, ch.ID, d)
 	default:
-		return false
+		return ReasonMalformed, false
 	}
-	return true
+	return 0, true
 }
 
 // end ends p's dispatch id in the view. Callers hold c.mu.

@@ -2,16 +2,19 @@ package peersync_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/enginepick/enginepick/internal/peersync"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -101,6 +104,43 @@ func TestPeerDispatchesCountInPressureNotInFlight(t *testing.T) {
 	assert.Equal(t, [3]uint64{3, 3, 0}, [3]uint64{sent, received, dropped})
 }
 
+// Peers' requests in flight count in the pressure comparisons' last key (docs/design.md §6): with
+// both loads unknown (in-flight basis), b, with one request of its own in flight on engB, sends the
+// next one to engA, unless its peer a has two in flight there. b's own in-flight count, which caps
+// read, stays its own. Ties would be broken at random: Rand always takes the first.
+func TestPeerInFlightInPressureComparisons(t *testing.T) {
+	engines := []state.Engine{state.NewStaticEngine(engA, "m", state.StagePlain), state.NewStaticEngine(engB, "m", state.StagePlain)}
+	for _, tc := range []struct {
+		name string
+		new  func(policy.Config) (policy.Policy, error)
+	}{
+		{"power_of_two", func(c policy.Config) (policy.Policy, error) { return policy.NewPowerOfN(c, 2) }},
+		{"least_load", policy.NewLeastLoad},
+	} {
+		for _, peers := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/peers=%v", tc.name, peers), func(t *testing.T) {
+				a, b := newReplica(t, "a", 1), newReplica(t, "b", 1)
+				b.now = b.now.Add(time.Minute) // the reports are stale: loads unknown
+				b.inflight.Acquire(engB, -1, 0)
+				want := engA
+				if peers {
+					a.inflight.Acquire(engA, -1, 0)
+					a.inflight.Acquire(engA, -1, 0)
+					require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+					want = engB
+				}
+				o := loadmon.Observe(b.load.Snapshot(), b.inflight, engA)
+				assert.Equal(t, [2]uint64{0, map[bool]uint64{false: 0, true: 2}[peers]}, [2]uint64{o.InFlight, o.PeerInFlight})
+				p, err := tc.new(policy.Config{Load: b.load, InFlight: b.inflight, Rand: func(int) int { return 1 }})
+				require.NoError(t, err)
+				pk, err := p.Pick(context.Background(), engines, &policy.Request{Model: "m", Stage: state.StagePlain, InputTokens: 1})
+				require.NoError(t, err)
+				assert.Equal(t, want, pk.Engine.ID())
+			})
+		}
+	}
+}
+
 func TestPeerInFlightPrefill(t *testing.T) {
 	a, b := newReplica(t, "a", 1), newReplica(t, "b", 1)
 	g := a.inflight.Acquire(engA, -1, 500)
@@ -119,18 +159,32 @@ func TestDuplicateGapIncarnationAndUnknown(t *testing.T) {
 		live           int
 		dispatched     uint64
 		received, drop uint64
+		reason         peersync.Reason // of the drops
 	}{
 		{"duplicate batch counted once", func(a, _, b *replica) {
 			a.inflight.Acquire(engA, -1, 10)
 			m := a.core.Flush(false)
 			_ = b.core.Receive(m, b.now)
 			_ = b.core.Receive(m, b.now)
-		}, 1, 1, 1, 1},
-		{"unknown engine dropped", func(a, _, b *replica) {
+		}, 1, 1, 1, 1, peersync.ReasonDuplicate},
+		{"duplicate start dropped", func(a, _, b *replica) {
+			a.inflight.Acquire(engA, -1, 10)
+			m := a.core.Flush(false)
+			_ = b.core.Receive(m, b.now)
+			// The same start again, in a's next batch.
+			_ = b.core.Receive(rawBatch("a", 1, 2, []any{uint8(1), uint64(1), string(engA), -1, uint64(10), int64(0)}), b.now)
+		}, 1, 1, 1, 1, peersync.ReasonDuplicate},
+		{"unknown engine not sent", func(a, _, b *replica) {
 			a.inflight.Acquire("http://other", -1, 10)
 			a.inflight.Acquire(engA, -1, 10)
 			_ = b.core.Receive(a.core.Flush(false), b.now)
-		}, 1, 1, 1, 0},
+		}, 1, 1, 1, 0, 0},
+		{"unknown engine dropped", func(a, _, b *replica) {
+			a.inflight.Acquire(engA, -1, 10)
+			_ = b.core.Receive(a.core.Flush(false), b.now)
+			// A peer whose fleet has an engine b's has not.
+			_ = b.core.Receive(rawBatch("a", 1, 2, []any{uint8(1), uint64(2), "http://other", -1, uint64(10), int64(0)}), b.now)
+		}, 1, 1, 1, 1, peersync.ReasonUnknownEngine},
 		{"gap forgets the peer's dispatches", func(a, _, b *replica) {
 			a.inflight.Acquire(engA, -1, 10)
 			_ = b.core.Receive(a.core.Flush(false), b.now)
@@ -138,17 +192,17 @@ func TestDuplicateGapIncarnationAndUnknown(t *testing.T) {
 			_ = a.core.Flush(false) // lost
 			g.Release()
 			_ = b.core.Receive(a.core.Flush(false), b.now) // the end of a dispatch b never saw
-		}, 0, 1, 1, 1},
+		}, 0, 1, 1, 1, peersync.ReasonUnknownDispatch},
 		{"restart forgets the old incarnation", func(a, a2, b *replica) {
 			a.inflight.Acquire(engA, -1, 10)
 			_ = b.core.Receive(a.core.Flush(false), b.now)
 			a2.inflight.Acquire(engB, -1, 10)
 			_ = b.core.Receive(a2.core.Flush(false), b.now)
-		}, 1, 2, 2, 0},
+		}, 1, 2, 2, 0, 0},
 		{"own batches ignored", func(_, _, b *replica) {
 			b.inflight.Acquire(engA, -1, 10)
 			_ = b.core.Receive(b.core.Flush(false), b.now)
-		}, 0, 1, 0, 0},
+		}, 0, 1, 0, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -159,11 +213,28 @@ func TestDuplicateGapIncarnationAndUnknown(t *testing.T) {
 			_, received, dropped := b.core.Counts()
 			assert.Equal(t, tt.received, received)
 			assert.Equal(t, tt.drop, dropped)
+			var want [peersync.NumReasons]uint64
+			want[tt.reason] = tt.drop
+			assert.Equal(t, want, b.core.Drops(), "drops by reason")
 			na, _ := b.dispatched(engA)
 			nb, _ := b.dispatched(engB)
 			assert.Equal(t, tt.dispatched, na+nb, "dispatches since the report (a forgotten dispatch's time stays recorded)")
 		})
 	}
+}
+
+// rawBatch encodes a batch as a replica would send it: [origin, incarnation, sequence, changes,
+// placements], each change [op, dispatch ID, engine, rank, prefill tokens, time].
+func rawBatch(origin string, inc, seq uint64, changes ...[]any) []byte {
+	cs := make([]any, len(changes))
+	for i, c := range changes {
+		cs[i] = c
+	}
+	b, err := msgpack.Marshal([]any{origin, inc, seq, cs, []any{}})
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 func TestLeaseAndForget(t *testing.T) {
@@ -207,6 +278,7 @@ func TestPeerPlacementFound(t *testing.T) {
 	require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
 	_, received, dropped := b.core.Counts()
 	assert.Equal(t, [2]uint64{1, 1}, [2]uint64{received, dropped})
+	assert.Equal(t, uint64(1), b.core.Drops()[peersync.ReasonUnknownEngine])
 }
 
 func TestInvalidBatch(t *testing.T) {
@@ -216,6 +288,11 @@ func TestInvalidBatch(t *testing.T) {
 	}
 	peers, _ := b.core.Peers()
 	assert.Equal(t, 0, peers)
+	// A change of an unknown kind in a valid batch is dropped alone.
+	require.NoError(t, b.core.Receive(rawBatch("a", 1, 1, []any{uint8(9), uint64(1), string(engA), -1, uint64(0), int64(0)}), b.now))
+	var want [peersync.NumReasons]uint64
+	want[peersync.ReasonMalformed] = 4
+	assert.Equal(t, want, b.core.Drops())
 }
 
 func TestNewRejectsInvalidConfig(t *testing.T) {

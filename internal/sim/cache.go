@@ -20,11 +20,19 @@ const engineHashSeed = 0x656e67696e65 // "engine"
 // hash is defined over.
 var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
+// adapterHashRoot returns the root of the engines' block hash chains for the LoRA adapter named
+// name: an adapter's blocks never share a hash with the base model's (root engineHashSeed) or
+// another adapter's, as vLLM folds the adapter into its block hashes.
+func adapterHashRoot(name string) uint64 {
+	return mix64(engineHashSeed ^ xxhash.Sum64String(name))
+}
+
 // appendEngineHashes appends the engine-side hash of every full block of tokens: a chain in which
-// block i's hash is mix64(hash[i-1] XOR xxh64(le32 tokens of block i)). On big-endian platforms
+// block i's hash is mix64(hash[i-1] XOR xxh64(le32 tokens of block i)), hash[-1] being root
+// (engineHashSeed for the base model, adapterHashRoot for an adapter). On big-endian platforms
 // scratch is reused for the little-endian encoding; it is returned for the next call.
-func appendEngineHashes(dst []uint64, scratch []byte, tokens []uint32, blockTokens int) ([]uint64, []byte) {
-	h := uint64(engineHashSeed)
+func appendEngineHashes(dst []uint64, scratch []byte, tokens []uint32, blockTokens int, root uint64) ([]uint64, []byte) {
+	h := root
 	for len(tokens) >= blockTokens {
 		var block []byte
 		if littleEndian {
@@ -65,7 +73,9 @@ type cacheBlock struct {
 //
 // Every change of the set of cached blocks is published to the index (BlockStored on insert,
 // BlockRemoved on eviction), with the engine's hashes, parent hash and token IDs and
-// kvindex.TierDevice: the path real KV events take. A kvCache is used by one goroutine.
+// kvindex.TierDevice: the path real KV events take; a LoRA adapter's stored blocks name the
+// adapter (kvindex.StoreEvent.Adapter), as vLLM's events name their lora_name. A kvCache is used
+// by one goroutine.
 type kvCache struct {
 	engine      state.EngineID
 	blockTokens int
@@ -82,11 +92,14 @@ type kvCache struct {
 	peak             int // most tokens ever cached or reserved at once
 
 	indexes   []*kvindex.Index // every router replica's index; none: publish nothing (PD decode engines)
+	adapters  []string         // the LoRA adapters' names, by index (resolved.adapters)
 	recordKey bool             // keep each block's kvindex key for the end-of-run check
 	evicted   []uint64         // scratch for one Remove event
 }
 
-func newKVCache(engine state.EngineID, m *EngineModel, indexes []*kvindex.Index, recordKey bool) *kvCache {
+// newKVCache returns an empty cache publishing to indexes (nil: nothing), naming the blocks of
+// adapter a adapters[a].
+func newKVCache(engine state.EngineID, m *EngineModel, indexes []*kvindex.Index, adapters []string, recordKey bool) *kvCache {
 	return &kvCache{
 		engine:      engine,
 		blockTokens: m.BlockTokens,
@@ -95,6 +108,7 @@ func newKVCache(engine state.EngineID, m *EngineModel, indexes []*kvindex.Index,
 		lruHead:     -1,
 		lruTail:     -1,
 		indexes:     indexes,
+		adapters:    adapters,
 		recordKey:   recordKey,
 	}
 }
@@ -221,8 +235,9 @@ func (c *kvCache) release(chain []int32) {
 	}
 }
 
-// publishStored sends one BlockStored event for a run of newly inserted blocks.
-func (c *kvCache) publishStored(parentHash uint64, hasParent bool, hashes []uint64, tokens []uint32) error {
+// publishStored sends one BlockStored event for a run of newly inserted blocks of adapter (-1:
+// the base model).
+func (c *kvCache) publishStored(adapter int32, parentHash uint64, hasParent bool, hashes []uint64, tokens []uint32) error {
 	if len(hashes) == 0 {
 		return nil
 	}
@@ -233,6 +248,9 @@ func (c *kvCache) publishStored(parentHash uint64, hasParent bool, hashes []uint
 		BlockHashes: hashes,
 		TokenIDs:    tokens,
 		Tier:        kvindex.TierDevice,
+	}
+	if adapter >= 0 {
+		ev.Adapter = c.adapters[adapter]
 	}
 	for _, x := range c.indexes {
 		if err := x.Store(ev); err != nil {

@@ -66,7 +66,11 @@ func ComputeCeiling(cfg Config) (*Ceiling, error) {
 	for i := range rc.requests {
 		tr := &rc.requests[i]
 		toks = tr.AppendTokenIDs(append(toks[:0], rc.systemPrompt...))
-		hashes, scratch = appendEngineHashes(hashes[:0], scratch, toks, B)
+		root := uint64(engineHashSeed)
+		if tr.Adapter != "" {
+			root = rc.adapterRoots[rc.adapterIDs[tr.Adapter]]
+		}
+		hashes, scratch = appendEngineHashes(hashes[:0], scratch, toks, B, root)
 		input := len(toks)
 		if input+tr.OutputTokens > m.MaxContextTokens {
 			continue // the replay's bucket refuses it

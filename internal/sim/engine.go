@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/enginepick/enginepick"
@@ -14,6 +15,7 @@ import (
 type reqState struct {
 	pos      int32 // position in the replay's request list
 	tr       *Request
+	adapter  int32    // tr.Adapter's index in resolved.adapters; -1 for the base model
 	input    int      // prompt tokens: Config.SystemPromptTokens + tr.InputTokens
 	replica  *replica // the router replica that routed it
 	arrival  time.Duration
@@ -90,9 +92,107 @@ type engine struct {
 	decodeBusy    time.Duration
 	dispatched    int
 	native        loadmon.NativeLoad
+
+	// LoRA adapters (plain and prefill engines, when the trace names adapters).
+	slots      []loraSlot // resident adapters, at most EngineModel.MaxLoRAs
+	waitingFor []int32    // queued requests per adapter
+	loads      int        // adapters loaded into a slot
+	touches    uint64     // recency clock of the slots
+}
+
+// loraSlot is one adapter resident in an engine's GPU slot.
+type loraSlot struct {
+	adapter int32
+	running int32  // requests of the adapter in the engine's running batch
+	used    uint64 // the engine's touches when a request of it last entered or left the batch
 }
 
 func (e *engine) waitLen() int { return len(e.waiting) - e.waitHead }
+
+// hasSlots reports whether the engine models adapter slots: a plain or prefill engine of a trace
+// that names adapters.
+func (e *engine) hasSlots() bool { return e.waitingFor != nil }
+
+// slotFor returns where a request of adapter a would run: the index of a's slot, or of the slot
+// to load it into (len(e.slots) for a free one, else the least recently used slot no running
+// request uses), and whether that takes a load. ok is false when every slot is in use by another
+// adapter's running requests. The base model (a < 0) needs no slot: -1, no load, ok.
+func (e *engine) slotFor(a int32) (slot int, load, ok bool) {
+	if a < 0 || !e.hasSlots() {
+		return -1, false, true
+	}
+	victim := -1
+	for i := range e.slots {
+		sl := &e.slots[i]
+		if sl.adapter == a {
+			return i, false, true
+		}
+		if sl.running == 0 && (victim < 0 || sl.used < e.slots[victim].used) {
+			victim = i
+		}
+	}
+	if len(e.slots) < e.m.MaxLoRAs {
+		return len(e.slots), true, true
+	}
+	return victim, true, victim >= 0
+}
+
+// enterSlot counts a request of adapter a entering the running batch in slot (from slotFor),
+// loading a into it when load is set.
+func (e *engine) enterSlot(a int32, slot int, load bool) {
+	if slot < 0 {
+		return
+	}
+	if slot == len(e.slots) {
+		e.slots = append(e.slots, loraSlot{})
+	}
+	sl := &e.slots[slot]
+	if load {
+		*sl = loraSlot{adapter: a}
+		e.loads++
+	}
+	sl.running++
+	e.touches++
+	sl.used = e.touches
+}
+
+// leaveSlot counts a request of adapter a leaving the running batch.
+func (e *engine) leaveSlot(a int32) {
+	if a < 0 || !e.hasSlots() {
+		return
+	}
+	for i := range e.slots {
+		if sl := &e.slots[i]; sl.adapter == a {
+			sl.running--
+			e.touches++
+			sl.used = e.touches
+			return
+		}
+	}
+}
+
+// loraReport returns the engine's adapters as vLLM's vllm:lora_requests_info reports them: its
+// slots, and the adapters of its running and waiting requests in name order; nil for an engine
+// without slots.
+func (e *engine) loraReport() *loadmon.LoRALoad {
+	if !e.hasSlots() {
+		return nil
+	}
+	l := &loadmon.LoRALoad{MaxAdapters: e.m.MaxLoRAs}
+	names := e.r.rc.adapters
+	for a, n := range e.waitingFor {
+		if n > 0 {
+			l.Waiting = append(l.Waiting, names[a])
+		}
+	}
+	for _, sl := range e.slots {
+		if sl.running > 0 {
+			l.Running = append(l.Running, names[sl.adapter])
+		}
+	}
+	slices.Sort(l.Running)
+	return l
+}
 
 // running returns the requests counted against MaxRunningRequests and reported as running.
 func (e *engine) running() int {
@@ -132,6 +232,7 @@ func (e *engine) reportTo(reps []*replica) error {
 		UsedKVTokens:     uint64(e.cache.used()),
 		KVCapacityTokens: uint64(e.cache.capacity),
 		Native:           &e.native,
+		LoRA:             e.loraReport(),
 	}
 	if e.r.rc.Reports == ReportsBasic {
 		rep.Native = nil
@@ -166,6 +267,9 @@ func (e *engine) enqueue(q *reqState) error {
 			e.waiting[i] = e.waiting[i-1]
 		}
 		e.waiting[i] = q
+	}
+	if q.adapter >= 0 && e.hasSlots() {
+		e.waitingFor[q.adapter]++
 	}
 	e.dispatched++
 	return e.poke()
@@ -214,14 +318,24 @@ func (e *engine) planPrefill() error {
 		budget -= take
 		seconds += e.m.prefillSeconds(take, q.cached+q.prefilled)
 	}
-	for budget > 0 && e.waitLen() > 0 && e.running() < e.m.MaxRunningRequests {
-		q := e.waiting[e.waitHead]
-		ok, err := e.admit(q)
+	for i := e.waitHead; budget > 0 && i < len(e.waiting) && e.running() < e.m.MaxRunningRequests; {
+		q := e.waiting[i]
+		slot, load, ok := e.slotFor(q.adapter)
+		if !ok {
+			i++ // its adapter can get no slot now: skipped, it keeps its place
+			continue
+		}
+		ok, err := e.admit(q, i)
 		if err != nil {
 			return err
 		}
 		if !ok {
 			break
+		}
+		i = max(i, e.waitHead) // the head moved on; a request behind it left its place to the next
+		e.enterSlot(q.adapter, slot, load)
+		if load {
+			seconds += e.m.LoRALoadTime.Seconds()
 		}
 		take := min(q.work, budget)
 		e.batch = append(e.batch, batchItem{q, take})
@@ -239,9 +353,10 @@ func (e *engine) planPrefill() error {
 	return nil
 }
 
-// admit moves the queue head into the running batch if its KV fits: it references the cached
-// prefix and reserves the rest of the prompt (and, on a plain engine, the output).
-func (e *engine) admit(q *reqState) (bool, error) {
+// admit moves q, the queued request at e.waiting[i], into the running batch if its KV fits: it
+// references the cached prefix and reserves the rest of the prompt (and, on a plain engine, the
+// output).
+func (e *engine) admit(q *reqState, i int) (bool, error) {
 	blocks := e.cachedBlocks(q)
 	cached := blocks * e.m.BlockTokens
 	work := q.input - cached
@@ -269,10 +384,19 @@ func (e *engine) admit(q *reqState) (bool, error) {
 	}
 	q.private = need
 	q.cached, q.work, q.prefilled = cached, work, 0
-	e.waiting[e.waitHead] = nil
-	e.waitHead++
+	if i == e.waitHead {
+		e.waiting[e.waitHead] = nil
+		e.waitHead++
+	} else { // a request behind skipped ones
+		copy(e.waiting[i:], e.waiting[i+1:])
+		e.waiting[len(e.waiting)-1] = nil
+		e.waiting = e.waiting[:len(e.waiting)-1]
+	}
 	if e.waitHead == len(e.waiting) {
 		e.waiting, e.waitHead = e.waiting[:0], 0
+	}
+	if q.adapter >= 0 && e.hasSlots() {
+		e.waitingFor[q.adapter]--
 	}
 	e.waitingUncached -= q.estUncached
 	e.prefilling = append(e.prefilling, q)
@@ -334,7 +458,7 @@ func (e *engine) storeBlocks(q *reqState) error {
 		if start > 0 {
 			parent = q.hashes[start-1]
 		}
-		err := c.publishStored(parent, start > 0, q.hashes[start:end], q.tokens[start*B:end*B])
+		err := c.publishStored(q.adapter, parent, start > 0, q.hashes[start:end], q.tokens[start*B:end*B])
 		start = -1
 		return err
 	}
@@ -364,11 +488,12 @@ func (e *engine) storeBlocks(q *reqState) error {
 	return flush(full)
 }
 
-// releaseFront returns q's front-engine KV.
+// releaseFront returns q's front-engine KV and its place in the engine's running batch.
 func (e *engine) releaseFront(q *reqState) {
 	e.cache.release(q.chain)
 	e.cache.unreserve(q.private)
 	q.chain, q.private = q.chain[:0], 0
+	e.leaveSlot(q.adapter)
 }
 
 // planDecode starts a run of decode steps that ends when the first decoding request completes.

@@ -29,7 +29,7 @@ func newCacheFixture(t *testing.T, capacity int) *cacheFixture {
 	require.NoError(t, err)
 	m := EngineModel{BlockTokens: 4, KVCapacityTokens: capacity, MaxContextTokens: capacity}
 	m.fill()
-	return &cacheFixture{c: newKVCache("e", &m, []*kvindex.Index{x}, true), index: x, hasher: h}
+	return &cacheFixture{c: newKVCache("e", &m, []*kvindex.Index{x}, nil, true), index: x, hasher: h}
 }
 
 // tokens returns n token IDs in blocks of 4: block i holds 4 copies of ids[i].
@@ -45,7 +45,7 @@ func tokens(ids ...uint32) []uint32 {
 // prefill would, and returns the chain the request holds.
 func (f *cacheFixture) admit(t *testing.T, toks []uint32) []int32 {
 	t.Helper()
-	hashes, _ := appendEngineHashes(nil, nil, toks, 4)
+	hashes, _ := appendEngineHashes(nil, nil, toks, 4, engineHashSeed)
 	keys := f.hasher.Keys(toks)
 	c := f.c
 	m := c.match(hashes)
@@ -66,7 +66,7 @@ func (f *cacheFixture) admit(t *testing.T, toks []uint32) []int32 {
 		if m > 0 {
 			parent = hashes[m-1]
 		}
-		require.NoError(t, c.publishStored(parent, m > 0, hashes[m:], toks[4*m:]))
+		require.NoError(t, c.publishStored(-1, parent, m > 0, hashes[m:], toks[4*m:]))
 	}
 	return chain
 }

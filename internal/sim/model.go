@@ -89,6 +89,27 @@ const (
 	// engine and SGLang's PD disaggregation use. A 12,000-token prompt (1.57 GB of KV) moves in
 	// about 31 ms.
 	DefaultKVTransferBytesPerSecond = 50e9
+
+	// DefaultMaxLoRAs is an engine's LoRA adapter slots when the trace names adapters (vLLM
+	// --max-loras: the adapters resident in GPU memory, and so in one batch). vLLM's own
+	// default is 1, one adapter per batch; 4 is the replay's LoRA scenario, 16 engines × 4 slots
+	// for 64 adapters: as many slots in the fleet as adapters, so that where requests go decides
+	// how often adapters load.
+	DefaultMaxLoRAs = 4
+
+	// DefaultLoRALoadTime is the time loading one adapter into a slot stalls its engine's step
+	// (vLLM activates a batch's adapters synchronously, before the forward pass). The adapter:
+	// rank 16 (vLLM --max-lora-rank default) on the seven projections of every layer (q, k, v,
+	// o, gate, up, down), r × (2·4096 + 2·(4096+1024) + 2·4096 + 3·(4096+14336)) = 81,920·r
+	// parameters a layer (Llama 3.1 8B config.json: hidden 4096, 8 KV heads × 128, intermediate
+	// 14,336), × 32 layers × 2 bytes (BF16) = 83.9 MB. Loaded from host memory, where vLLM keeps
+	// the adapters it has read in pinned buffers (vllm-project/vllm vllm/lora/models.py), over
+	// the H100 SXM's PCIe Gen5 x16 link (64 GB/s each way, datasheet) at 80 % achieved bandwidth:
+	// 83.9 MB ÷ 51.2 GB/s = 1.64 ms, rounded up to 2 ms for the 448 tensor copies (A and B of
+	// each projection of each layer). This assumes the host keeps every adapter (vLLM
+	// --max-cpu-loras at least the adapters served); read from local NVMe instead (about
+	// 7 GB/s, PCIe Gen4 x4 datasheets), the same file takes 12 ms more.
+	DefaultLoRALoadTime = 2 * time.Millisecond
 )
 
 // EngineModel is the documented performance model of one simulated engine. Every engine of a
@@ -136,9 +157,22 @@ const (
 // while the request runs and are freed at the end, never cached: the traces give them no
 // identity, so they could never be hit.
 //
+// LoRA adapters (a trace whose requests name Request.Adapter): a plain or prefill engine holds at
+// most MaxLoRAs adapters in GPU slots, as vLLM does. A request for an adapter is admitted only if
+// its adapter is resident or can be loaded: into a free slot, or in place of the least recently
+// used adapter that no running request uses (an adapter in use cannot be evicted). A request whose
+// adapter can get no slot is skipped and keeps its place in the queue, and the requests behind it
+// are considered (vLLM's scheduler does the same when a batch is at max_loras); a request that
+// does not fit in KV still blocks those behind it. Each load adds LoRALoadTime to the prefill step
+// that admits the request. An adapter's KV blocks are cached under its own hash chain, apart from
+// the base model's and every other adapter's, and published to its own index, as KV events naming
+// the adapter (lora_name) are. Base-model requests need no slot. The engines report, as vLLM's
+// vllm:lora_requests_info does, their slots and the adapters of their running and waiting requests
+// (loadmon.Report.LoRA). PD decode engines hold every adapter (not modelled).
+//
 // Not modelled: CUDA graph and scheduling overheads, preemption, speculative decoding, network
-// latency between router and engine, and kernel efficiency varying with batch shape (the prefill
-// coefficients are for long chunks).
+// latency between router and engine, the cost of LoRA computation in a batch, and kernel
+// efficiency varying with batch shape (the prefill coefficients are for long chunks).
 type EngineModel struct {
 	// PrefillModel selects the prefill time model: PrefillAttention or PrefillFlat. "" means
 	// PrefillAttention; another value is invalid.
@@ -188,6 +222,14 @@ type EngineModel struct {
 	// the engine reserves its KV up front, so vLLM's preemption (a running request out of KV)
 	// never arises. False means first come, first served.
 	PriorityScheduling bool `json:"priority_scheduling,omitempty"`
+	// MaxLoRAs is the LoRA adapter slots of a plain or prefill engine (vLLM --max-loras). 0
+	// means DefaultMaxLoRAs when the trace names adapters; a replay of a trace without adapters
+	// leaves it 0 and models no slots.
+	MaxLoRAs int `json:"max_loras,omitempty"`
+	// LoRALoadTime is the time one adapter load adds to the step that admits its request. 0
+	// means DefaultLoRALoadTime when the trace names adapters (then left 0 otherwise, as
+	// MaxLoRAs).
+	LoRALoadTime time.Duration `json:"lora_load_time_ns,omitempty"`
 }
 
 // PrefillModel names a prefill time model (EngineModel.PrefillModel).
@@ -253,6 +295,17 @@ func (m *EngineModel) fill() {
 	}
 }
 
+// fillLoRA replaces the zero LoRA fields with their defaults; the replay calls it when the trace
+// names adapters.
+func (m *EngineModel) fillLoRA() {
+	if m.MaxLoRAs == 0 {
+		m.MaxLoRAs = DefaultMaxLoRAs
+	}
+	if m.LoRALoadTime == 0 {
+		m.LoRALoadTime = DefaultLoRALoadTime
+	}
+}
+
 // validate checks a filled model. Errors wrap state.ErrInvalidConfiguration and name the field.
 func (m *EngineModel) validate() error {
 	bad := func(field string, v any, rule string) error {
@@ -288,6 +341,10 @@ func (m *EngineModel) validate() error {
 		return bad("KVCapacityTokens", m.KVCapacityTokens, fmt.Sprintf("must hold one block (%d tokens)", m.BlockTokens))
 	case !positive(m.KVTransferBytesPerSecond):
 		return bad("KVTransferBytesPerSecond", m.KVTransferBytesPerSecond, "must be finite and > 0")
+	case m.MaxLoRAs < 0:
+		return bad("MaxLoRAs", m.MaxLoRAs, "must be >= 0")
+	case m.LoRALoadTime < 0:
+		return bad("LoRALoadTime", m.LoRALoadTime, "must be >= 0")
 	}
 	return nil
 }

@@ -81,11 +81,15 @@ func (o *Oracle) Pick(_ context.Context, engines []state.Engine, req *policy.Req
 	}
 	input := 0
 	var tokens []uint32
+	root := uint64(engineHashSeed)
 	if req != nil {
 		input, tokens = int(req.InputTokens), req.TokenIDs
+		if a, ok := o.r.rc.adapterIDs[req.Adapter]; ok && req.Adapter != "" {
+			root = o.r.rc.adapterRoots[a]
+		}
 	}
 	B := o.r.rc.Model.BlockTokens
-	o.hashes, o.scratch = appendEngineHashes(o.hashes[:0], o.scratch, tokens, B)
+	o.hashes, o.scratch = appendEngineHashes(o.hashes[:0], o.scratch, tokens, B, root)
 	t := tieBreak{rand: o.env.Rand, best: -1}
 	bestCost := 0.0
 	for i, se := range engines {

@@ -52,7 +52,7 @@ func (f *oracleFixture) send(t *testing.T, k int, toks []uint32) *reqState {
 	t.Helper()
 	q := &reqState{pos: f.next, input: len(toks), output: 2, tokens: toks, replica: f.r.replicas[0]}
 	f.next++
-	q.hashes, _ = appendEngineHashes(nil, nil, toks, 4)
+	q.hashes, _ = appendEngineHashes(nil, nil, toks, 4, engineHashSeed)
 	require.NoError(t, f.r.front[k].enqueue(q))
 	return q
 }
@@ -111,7 +111,7 @@ func TestOraclePredictedCachedBlocks(t *testing.T) {
 	e := f.r.front[0]
 	f.send(t, 0, seq(100, 8))
 	f.send(t, 0, seq(200, 3))
-	h := func(toks []uint32) []uint64 { x, _ := appendEngineHashes(nil, nil, toks, 4); return x }
+	h := func(toks []uint32) []uint64 { x, _ := appendEngineHashes(nil, nil, toks, 4, engineHashSeed); return x }
 
 	p := append(seq(100, 5), seq(900, 3)...) // shares 5 blocks with the prompt in prefill
 	assert.Equal(t, 5, e.predictedCachedBlocks(h(p), len(p)))

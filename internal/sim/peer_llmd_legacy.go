@@ -2,8 +2,10 @@ package sim
 
 import (
 	"context"
+	"slices"
 	"sync"
 
+	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -21,6 +23,12 @@ const (
 	// records and matches: defaultMaxPrefixBlocks 256 in llm-d/llm-d-inference-scheduler
 	// `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/types.go`.
 	LLMDMaxPrefixBlocks = 256
+
+	// LLMDLoRAWeight is the LoRA affinity scorer's weight in NewLLMDLoRA: the default profile
+	// lists no LoRA scorer, and a scorer a profile lists without a weight gets DefaultScorerWeight,
+	// 1 (kubernetes-sigs/gateway-api-inference-extension `pkg/epp/config/loader/defaults.go`,
+	// whose default profile weighs queue 2, KV cache 2 and prefix 3 as LLMDLegacy does).
+	LLMDLoRAWeight = 1.0
 )
 
 // LLMDLegacy is the llm-d inference scheduler's earlier default scheduling profile, as a replay
@@ -67,6 +75,7 @@ type LLMDLegacy struct {
 	mu     sync.Mutex
 	index  llmdPrefixIndex
 	scores []float64
+	lora   float64 // the LoRA affinity scorer's weight; 0 without it
 }
 
 var _ policy.Policy = (*LLMDLegacy)(nil)
@@ -83,6 +92,52 @@ func NewLLMDLegacy(env PolicyEnv) (*LLMDLegacy, error) {
 	return &LLMDLegacy{peerBase: base, index: newLLMDPrefixIndex(env.Index.Hasher(), LLMDMaxPrefixBlocks, false)}, nil
 }
 
+// NewLLMDLoRA returns llm-d's scorer profile for LoRA adapters as a replay baseline (name
+// "llmd_lora"): LLMDLegacy's queue, KV-cache and prefix scorers at their default weights (2, 2, 3)
+// and the LoRA affinity scorer at LLMDLoRAWeight, as a profile that adds lora-affinity-scorer to
+// the default one without a weight configures it. The scorer
+// (kubernetes-sigs/gateway-api-inference-extension
+// `pkg/epp/framework/plugins/scheduling/scorer/loraaffinity/lora_affinity.go`) reads each
+// engine's vllm:lora_requests_info (loadmon.Report.LoRA: active = the running requests' adapters,
+// waiting = the waiting requests', max = the slots) and scores the request's target model:
+//   - 1.0 when it is active;
+//   - else 0.8 when active + waiting adapters (counted apart, an adapter in both twice) are fewer
+//     than the slots;
+//   - else 0.6 when it is waiting;
+//   - else 0.
+//
+// The target of a base-model request is the base model, never an adapter, so it scores 0.8 on an
+// engine with a free slot and 0 elsewhere, as upstream; an engine that reports no adapters (no
+// LoRA report, whose slots count as 0) scores 0, so on a trace without adapters NewLLMDLoRA picks
+// as NewLLMDLegacy. Errors as NewLLMDLegacy.
+func NewLLMDLoRA(env PolicyEnv) (*LLMDLegacy, error) {
+	l, err := NewLLMDLegacy(env)
+	if err != nil {
+		return nil, err
+	}
+	l.name, l.lora = NameLLMDLoRA, LLMDLoRAWeight
+	return l, nil
+}
+
+// llmdLoRAScore is the LoRA affinity scorer's score of an engine reporting l for a request whose
+// target is adapter ("" for the base model; see NewLLMDLoRA).
+func llmdLoRAScore(l *loadmon.LoRALoad, adapter string) float64 {
+	if l == nil {
+		return 0
+	}
+	active := adapter != "" && slices.Contains(l.Running, adapter)
+	waiting := adapter != "" && slices.Contains(l.Waiting, adapter)
+	switch {
+	case active:
+		return 1
+	case len(l.Running)+len(l.Waiting) < l.MaxAdapters:
+		return 0.8
+	case waiting:
+		return 0.6
+	}
+	return 0
+}
+
 // Pick implements policy.Policy. No candidates → policy.ErrNoCandidates. A request without
 // TokenIDs hashes no block: every prefix score is 0.
 func (l *LLMDLegacy) Pick(_ context.Context, engines []state.Engine, req *policy.Request) (policy.Pick, error) {
@@ -92,8 +147,9 @@ func (l *LLMDLegacy) Pick(_ context.Context, engines []state.Engine, req *policy
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var tokens []uint32
+	adapter := ""
 	if req != nil {
-		tokens = req.TokenIDs
+		tokens, adapter = req.TokenIDs, req.Adapter
 	}
 	x := &l.index
 	x.match(tokens)
@@ -115,11 +171,14 @@ func (l *LLMDLegacy) Pick(_ context.Context, engines []state.Engine, req *policy
 	var best float64
 	for i, e := range engines {
 		var q uint64
-		usage := 0.0
+		usage, lora := 0.0, 0.0
 		if ld, ok := snap.Load(e.ID()); ok {
 			q = ld.WaitingRequests
 			if f, ok := ld.KVUsageFraction(); ok {
 				usage = f
+			}
+			if l.lora > 0 {
+				lora = llmdLoRAScore(ld.LoRA, adapter)
 			}
 		}
 		queue := 1.0
@@ -127,7 +186,7 @@ func (l *LLMDLegacy) Pick(_ context.Context, engines []state.Engine, req *policy
 			queue = float64(maxQ-q) / float64(maxQ-minQ)
 		}
 		prefix := x.score(e.ID())
-		s := LLMDQueueWeight*queue + LLMDKVCacheWeight*(1-usage) + LLMDPrefixWeight*prefix
+		s := LLMDQueueWeight*queue + LLMDKVCacheWeight*(1-usage) + LLMDPrefixWeight*prefix + l.lora*lora
 		t.offer(i, t.best < 0 || s > best, s == best)
 		if t.best == i {
 			best = s

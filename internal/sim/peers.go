@@ -51,6 +51,11 @@ import (
 //   - sgl-project/sglang `sgl-router/src/policies/tree.rs`: 4d40eec0266be06d0e65b919457691cab9e51547
 //   - sgl-project/sglang `sgl-router/py_src/sglang_router/router_args.py`:
 //     083d601378d0baaef6191e7f2d40fb70d06518af
+//   - kubernetes-sigs/gateway-api-inference-extension
+//     `pkg/epp/framework/plugins/scheduling/scorer/loraaffinity/lora_affinity.go`:
+//     33173e4c83e87fece15b50f3ded861a3c0edb0ea
+//   - kubernetes-sigs/gateway-api-inference-extension `pkg/epp/config/loader/defaults.go`:
+//     0c8fd519270ebd8422e0bbbfc03ac4d91fc2f1b0
 const (
 	// NameDynamo is NVIDIA Dynamo's KV router with its current default cost (see Dynamo).
 	NameDynamo = "dynamo"
@@ -65,6 +70,9 @@ const (
 	NameLLMDLegacy = "llmd_legacy"
 	// NameSGLangLegacy is the SGLang router's legacy cache_aware policy (see SGLangLegacy).
 	NameSGLangLegacy = "sglang_legacy"
+	// NameLLMDLoRA is llm-d's scorer profile for LoRA adapters: LLMDLegacy's scorers and the
+	// LoRA affinity scorer (see NewLLMDLoRA). It is not in PeerPolicyNames: it runs when listed.
+	NameLLMDLoRA = "llmd_lora"
 )
 
 // Reason labels of the peer baselines' picks (policy.Pick.Reason). SGLangLegacy and SMG reuse

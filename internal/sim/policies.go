@@ -75,7 +75,7 @@ func DefaultPolicyNames() []string {
 // least_load (policy.NewLeastLoad), cache_aware (policy.NewCacheAware over a
 // kvindex.LocalSource of the run's index, with the policy's default options), and the peer
 // baselines dynamo (NewDynamo), llmd (NewLLMD), smg (NewSMG), dynamo_legacy (NewDynamoLegacy),
-// llmd_legacy (NewLLMDLegacy) and sglang_legacy (NewSGLangLegacy), the oracle
+// llmd_legacy (NewLLMDLegacy), sglang_legacy (NewSGLangLegacy) and llmd_lora (NewLLMDLoRA), the oracle
 // baselines oracle and oracle_work (NewOracle with work weight 0 and 1; they read the simulated
 // engines, so they only run inside a replay), and the
 // affinity policies session_aware and sticky (over PolicyEnv.Affinity) and sticky_rendezvous (see
@@ -108,6 +108,9 @@ func DefaultPolicies() map[string]PolicyFactory {
 		},
 		NameSGLangLegacy: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
 			return NewSGLangLegacy(env)
+		},
+		NameLLMDLoRA: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
+			return NewLLMDLoRA(env)
 		},
 		NameOracle: func(env PolicyEnv, _ state.Stage) (policy.Policy, error) {
 			return NewOracle(env, NameOracle, 0)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strconv"
@@ -219,6 +220,12 @@ type Config struct {
 	// ShareDelay is the virtual time a shared decision takes to reach the other replicas. 0
 	// means DefaultShareDelay; negative is invalid.
 	ShareDelay time.Duration
+	// SpreadArrivals redraws the arrivals of each whole second of trace time (before Speed)
+	// uniformly over that second, in their order, from a PCG random source seeded with Seed: for
+	// a trace whose timestamps were truncated to the second (the Mooncake conversation trace),
+	// whose requests would otherwise arrive in same-instant bursts that no load report or shared
+	// decision can come between. False replays the arrivals as given.
+	SpreadArrivals bool
 	// Seed seeds each policy run's PCG random source (math/rand/v2 PCG(Seed, Seed)). The same
 	// Config gives a byte-identical Report.
 	Seed uint64
@@ -286,6 +293,9 @@ const MaxRouters = 64
 // systemPromptSeed seeds the token stream of Config.SystemPromptTokens ("system").
 const systemPromptSeed = 0x73797374656d
 
+// spreadArrivalsSalt is the second PCG seed of Config.SpreadArrivals ("spread").
+const spreadArrivalsSalt = 0x737072656164
+
 // resolved is a validated Config with defaults filled and the trace cut to Limit.
 type resolved struct {
 	Config
@@ -296,6 +306,9 @@ type resolved struct {
 	routing      *routingPlan        // nil unless Config.Routing is set
 	flows        *flowPlan           // nil unless some request names a tenant or a band
 	flowControl  *flowcontrol.Config // FlowControl with Bands and Weight filled; nil without
+	adapters     []string            // the LoRA adapters the requests name, in name order; nil: none
+	adapterIDs   map[string]int32    // adapter name → its index in adapters
+	adapterRoots []uint64            // per adapter, the root of the engines' block hash chains
 }
 
 func (cfg *Config) resolve() (*resolved, error) {
@@ -377,6 +390,10 @@ func (cfg *Config) resolve() (*resolved, error) {
 		return nil, err
 	}
 	rc.requests = reqs
+	if rc.SpreadArrivals {
+		rc.requests = spreadArrivals(reqs, rc.Seed)
+	}
+	rc.resolveAdapters()
 	if err := rc.resolveTenants(); err != nil {
 		return nil, err
 	}
@@ -384,6 +401,31 @@ func (cfg *Config) resolve() (*resolved, error) {
 		return nil, err
 	}
 	return rc, nil
+}
+
+// resolveAdapters collects the LoRA adapters the requests name and, when there are any, fills
+// the engine model's LoRA defaults.
+func (rc *resolved) resolveAdapters() {
+	ids := map[string]int32{}
+	for i := range rc.requests {
+		if a := rc.requests[i].Adapter; a != "" {
+			if _, ok := ids[a]; !ok {
+				ids[a] = 0
+				rc.adapters = append(rc.adapters, a)
+			}
+		}
+	}
+	if len(rc.adapters) == 0 {
+		return
+	}
+	slices.Sort(rc.adapters)
+	rc.adapterRoots = make([]uint64, len(rc.adapters))
+	for i, a := range rc.adapters {
+		ids[a] = int32(i)
+		rc.adapterRoots[i] = adapterHashRoot(a)
+	}
+	rc.adapterIDs = ids
+	rc.Model.fillLoRA()
 }
 
 // resolvePolicies sets rc.names and rc.factories from Policies and Factories.
@@ -448,6 +490,32 @@ func validateRequests(reqs []Request) error {
 		prev = r.Arrival
 	}
 	return nil
+}
+
+// spreadArrivals returns a copy of reqs (sorted by arrival) in which the requests of each whole
+// second of arrival time arrive at sorted uniform draws over that second, in their order, from
+// PCG(seed, spreadArrivalsSalt). The copy stays sorted.
+func spreadArrivals(reqs []Request, seed uint64) []Request {
+	out := slices.Clone(reqs)
+	rng := rand.New(rand.NewPCG(seed, spreadArrivalsSalt))
+	var at []time.Duration
+	for i := 0; i < len(out); {
+		second := out[i].Arrival.Truncate(time.Second)
+		j := i + 1
+		for j < len(out) && out[j].Arrival.Truncate(time.Second) == second {
+			j++
+		}
+		at = at[:0]
+		for range j - i {
+			at = append(at, second+time.Duration(rng.Int64N(int64(time.Second))))
+		}
+		slices.Sort(at)
+		for k := i; k < j; k++ {
+			out[k].Arrival = at[k-i]
+		}
+		i = j
+	}
+	return out
 }
 
 // checkSegments reports a request whose Segments do not spell exactly InputTokens tokens or that

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -357,6 +358,57 @@ func TestReplaySystemPrompt(t *testing.T) {
 		_, err := Replay(context.Background(), cfg)
 		assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "SystemPromptTokens %d", bad)
 	}
+}
+
+// TestReplaySpreadArrivals checks Config.SpreadArrivals: each request arrives within the whole
+// second of its timestamp, in trace order, at times drawn from the seed (the same seed gives the
+// same times); the trace is not modified, and without the option arrivals are replayed as given.
+func TestReplaySpreadArrivals(t *testing.T) {
+	stamps := []time.Duration{0, 0, 0, 1500 * time.Millisecond, 2 * time.Second, 2 * time.Second,
+		2*time.Second + 999*time.Millisecond, 7 * time.Second}
+	reqs := make([]Request, len(stamps))
+	for i, at := range stamps {
+		reqs[i] = Request{Index: i, Arrival: at, InputTokens: 100 + i, OutputTokens: 4}
+	}
+	tr := &Trace{Name: "bursts", Requests: reqs}
+	orig := slices.Clone(reqs)
+	cfg := Config{Trace: tr, Fleet: Fleet{Plain: 2}, Policies: []string{NameRoundRobin}, Seed: 1}
+	arrivals := func(spread bool, seed uint64) []time.Duration {
+		c := cfg
+		c.SpreadArrivals, c.Seed = spread, seed
+		rc, err := c.resolve()
+		require.NoError(t, err)
+		require.Len(t, rc.requests, len(stamps))
+		out := make([]time.Duration, len(stamps))
+		for i, r := range rc.requests {
+			assert.Equal(t, orig[i].InputTokens, r.InputTokens, "request %d kept its place", i)
+			out[i] = r.Arrival
+		}
+		return out
+	}
+
+	assert.Equal(t, stamps, arrivals(false, 1), "without the option, as given")
+	spread := arrivals(true, 1)
+	for i, at := range spread {
+		second := stamps[i].Truncate(time.Second)
+		assert.True(t, at >= second && at < second+time.Second, "request %d at %v, stamped %v", i, at, stamps[i])
+	}
+	assert.True(t, slices.IsSorted(spread), "trace order kept: %v", spread)
+	assert.Len(t, slices.Compact(slices.Clone(spread)), len(spread), "the same-instant requests are apart: %v", spread)
+	assert.Equal(t, spread, arrivals(true, 1), "the same seed, the same arrivals")
+	assert.NotEqual(t, spread, arrivals(true, 2), "another seed, other arrivals")
+	assert.Equal(t, orig, tr.Requests, "the trace is not modified")
+
+	cfg.SpreadArrivals = true
+	rep, out := replayTable(t, cfg)
+	assert.True(t, rep.SpreadArrivals)
+	assert.Equal(t, len(stamps), rep.Results[0].Completed)
+	assert.Contains(t, string(out), ", arrivals spread within each second")
+	assert.Contains(t, string(out), `"spread_arrivals": true`)
+	cfg.SpreadArrivals = false
+	rep, out = replayTable(t, cfg)
+	assert.False(t, rep.SpreadArrivals)
+	assert.NotContains(t, string(out), "spread")
 }
 
 // TestReplayPeers replays the first 1,500 requests of the conversation trace at the default load

@@ -29,6 +29,8 @@ type Report struct {
 	Speed float64 `json:"speed"`
 	// Seed is the random seed of every policy run.
 	Seed uint64 `json:"seed"`
+	// SpreadArrivals is whether each second's arrivals were spread over it (Config.SpreadArrivals).
+	SpreadArrivals bool `json:"spread_arrivals,omitempty"`
 	// Fleet is the simulated deployment.
 	Fleet Fleet `json:"fleet"`
 	// SystemPromptTokens is the shared prefix prepended to every prompt (Config.SystemPromptTokens).
@@ -47,12 +49,16 @@ type Report struct {
 	Model EngineModel `json:"model"`
 	// ReportInterval is the engines' load report interval, in seconds.
 	ReportInterval float64 `json:"report_interval_s"`
+	// Adapters is the number of LoRA adapters the requests name (Request.Adapter); 0, and absent
+	// from the JSON form, when they name none.
+	Adapters int `json:"adapters,omitempty"`
 	// InfiniteCacheHitRate is the trace's own limit: the fraction of replayed prompt tokens an
 	// infinite prefix cache shared by every engine would hold (Trace.InfiniteCacheTokenHitRatio
 	// over the replayed requests). 0 for a trace without hash IDs or segments and no system
 	// prompt; token-exact for a generated trace, whose requests have segments. With a
 	// system prompt of S tokens, every request but the first also hits its S tokens:
-	// (hit + S·(requests − 1)) ÷ (prompt tokens + S·requests), exact at token granularity.
+	// (hit + S·(requests − 1)) ÷ (prompt tokens + S·requests), exact at token granularity (with
+	// LoRA adapters, the first request of the base model and of each adapter misses them).
 	InfiniteCacheHitRate float64 `json:"infinite_cache_hit_rate"`
 	// Results has one entry per policy.
 	Results []PolicyResult `json:"results"`
@@ -117,6 +123,10 @@ type PolicyResult struct {
 	// BusyUtilization is the same fraction for prefill and decode steps together (plain
 	// engines; PD: prefill engines).
 	BusyUtilization float64 `json:"busy_utilization"`
+	// AdapterLoads counts the LoRA adapters the plain (PD: prefill) engines loaded into a slot
+	// (EngineModel.MaxLoRAs); 0, and absent from the JSON form, when the requests name no
+	// adapter. WriteTable prints it per 1,000 requests replayed.
+	AdapterLoads int `json:"adapter_loads,omitempty"`
 	// Overload tells whether the fleet kept up with the trace under this policy.
 	Overload Overload `json:"overload"`
 	// Tenants has one entry per tenant and priority band of the requests, by band (highest
@@ -197,6 +207,7 @@ func (r *run) result() PolicyResult {
 	counts := make([]float64, len(r.front))
 	var prefill, busy []float64
 	for k, e := range r.front {
+		res.AdapterLoads += e.loads
 		res.EngineRequests = append(res.EngineRequests, e.dispatched)
 		counts[k] = float64(e.dispatched)
 		if span > 0 {
@@ -238,7 +249,13 @@ func newReport(rc *resolved, results []PolicyResult) *Report {
 			prompt += int64(reqs[i].InputTokens)
 		}
 		n := int64(len(reqs))
-		hitRate = float64(stats.HitTokens+sp*(n-1)) / float64(prompt+sp*n)
+		// The first request of the base model and of each adapter misses it (an adapter's KV is
+		// its own).
+		firsts := int64(len(rc.adapters))
+		if slices.ContainsFunc(reqs, func(r Request) bool { return r.Adapter == "" }) {
+			firsts++
+		}
+		hitRate = float64(stats.HitTokens+sp*(n-firsts)) / float64(prompt+sp*n)
 	}
 	first := float64(reqs[0].Arrival) / rc.Speed
 	last := float64(reqs[len(reqs)-1].Arrival) / rc.Speed
@@ -248,7 +265,9 @@ func newReport(rc *resolved, results []PolicyResult) *Report {
 		Span:                 (last - first) / 1e9,
 		Speed:                rc.Speed,
 		Seed:                 rc.Seed,
+		SpreadArrivals:       rc.SpreadArrivals,
 		Fleet:                rc.Fleet,
+		Adapters:             len(rc.adapters),
 		SystemPromptTokens:   rc.SystemPromptTokens,
 		Routers:              rc.Routers,
 		ShareDelay:           rc.shareDelay(),
@@ -288,7 +307,8 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 }
 
 // WriteTable writes the report as a heading and an aligned text table, one row per policy:
-// prefix hit rate, TTFT p50/p90/p99, end-to-end p50/p99 (seconds), output throughput, load
+// prefix hit rate, when the requests name LoRA adapters the adapters the engines loaded per 1,000
+// requests replayed, TTFT p50/p90/p99, end-to-end p50/p99 (seconds), output throughput, load
 // imbalance, mean prefill utilization of the engines, requests dropped because admission rejected
 // every engine or their flow-control wait timed out (503), with flow control the requests it
 // refused (429), and requests too long for any bucket (400). An undefined figure (see
@@ -302,6 +322,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(bw, "trace %s: %d requests over %.0f s (speed %g), fleet %s, seed %d",
 		name, rep.Requests, rep.Span, rep.Speed, rep.Fleet, rep.Seed)
+	if rep.SpreadArrivals {
+		fmt.Fprint(bw, ", arrivals spread within each second")
+	}
 	if rep.SystemPromptTokens > 0 {
 		fmt.Fprintf(bw, ", %d-token system prompt", rep.SystemPromptTokens)
 	}
@@ -317,6 +340,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	if rep.FlowControl {
 		fmt.Fprint(bw, ", flow control")
 	}
+	if rep.Adapters > 0 {
+		fmt.Fprintf(bw, ", %d LoRA adapters", rep.Adapters)
+	}
 	fmt.Fprintln(bw)
 	m := &rep.Model
 	prefill := fmt.Sprintf("prefill %.0f tok/s + %.2f ns per attended token pair", m.PrefillLinearTokensPerSecond,
@@ -324,27 +350,37 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	if m.PrefillModel == PrefillFlat {
 		prefill = fmt.Sprintf("flat prefill %.0f tok/s", m.PrefillTokensPerSecond)
 	}
-	fmt.Fprintf(bw, "engines: %s, decode step %v + %.1f ns/KV token, KV %d tokens in %d-token blocks, max %d running, chunk %d; load reports every %g s\n",
+	lora := ""
+	if rep.Adapters > 0 {
+		lora = fmt.Sprintf(", %d LoRA slots (load %v)", m.MaxLoRAs, m.LoRALoadTime)
+	}
+	fmt.Fprintf(bw, "engines: %s, decode step %v + %.1f ns/KV token, KV %d tokens in %d-token blocks, max %d running, chunk %d%s; load reports every %g s\n",
 		prefill, m.DecodeStepBase, m.kvTokenSeconds()*1e9, m.KVCapacityTokens, m.BlockTokens,
-		m.MaxRunningRequests, m.ChunkedPrefillTokens, rep.ReportInterval)
+		m.MaxRunningRequests, m.ChunkedPrefillTokens, lora, rep.ReportInterval)
 	if m.PriorityScheduling {
 		fmt.Fprintln(bw, "engines schedule waiting requests by priority (vLLM --scheduling-policy priority)")
 	}
 	fmt.Fprintf(bw, "infinite-cache prefix hit limit: %.1f %% of prompt tokens\n\n", 100*rep.InfiniteCacheHitRate)
 	tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)
-	shed := ""
+	shed, loads := "", ""
 	if rep.FlowControl {
 		shed = "shed\t"
 	}
-	fmt.Fprintln(tw, "policy\thit rate\tTTFT p50\tp90\tp99\tE2E p50\tp99\tout tok/s\timbalance\tprefill util\tbusy\trejected\t"+shed+"too long")
+	if rep.Adapters > 0 {
+		loads = "loads/1k\t"
+	}
+	fmt.Fprintln(tw, "policy\thit rate\t"+loads+"TTFT p50\tp90\tp99\tE2E p50\tp99\tout tok/s\timbalance\tprefill util\tbusy\trejected\t"+shed+"too long")
 	for i := range rep.Results {
 		r := &rep.Results[i]
 		def := r.Defined()
 		if rep.FlowControl {
 			shed = strconv.Itoa(r.Shed) + "\t"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s%d\n", r.Policy,
-			figure(r.HitRateDefined(), "%.1f %%", 100*r.HitRate),
+		if rep.Adapters > 0 {
+			loads = fmt.Sprintf("%.1f\t", 1000*float64(r.AdapterLoads)/float64(rep.Requests))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s%d\n", r.Policy,
+			figure(r.HitRateDefined(), "%.1f %%", 100*r.HitRate), loads,
 			figure(def, "%.2f s", r.TTFT.P50), figure(def, "%.2f s", r.TTFT.P90), figure(def, "%.2f s", r.TTFT.P99),
 			figure(def, "%.1f s", r.E2E.P50), figure(def, "%.1f s", r.E2E.P99),
 			figure(def, "%.0f", r.OutputTokensPerSecond), figure(def, "%.2f", r.Imbalance),

@@ -140,8 +140,10 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 		idx := r.indexes
 		if stage == state.StageDecode {
 			idx = nil // decode engines receive KV by transfer and publish no prefix blocks
+		} else if len(rc.adapters) > 0 {
+			e.waitingFor = make([]int32, len(rc.adapters))
 		}
-		e.cache = newKVCache(id, &rc.Model, idx, rc.inspect != nil)
+		e.cache = newKVCache(id, &rc.Model, idx, rc.adapters, rc.inspect != nil)
 		if err := reg.Add(e.static); err != nil {
 			return nil, err
 		}
@@ -211,7 +213,11 @@ func newRun(ctx context.Context, rc *resolved, i int, progress func(int)) (*run,
 	r.reqs = make([]reqState, len(rc.requests))
 	for k := range r.reqs {
 		tr := &rc.requests[k]
-		r.reqs[k] = reqState{pos: int32(k), tr: tr, input: len(rc.systemPrompt) + tr.InputTokens,
+		adapter := int32(-1)
+		if tr.Adapter != "" {
+			adapter = rc.adapterIDs[tr.Adapter]
+		}
+		r.reqs[k] = reqState{pos: int32(k), tr: tr, adapter: adapter, input: len(rc.systemPrompt) + tr.InputTokens,
 			output: max(tr.OutputTokens, 1), arrival: time.Duration(float64(tr.Arrival) / rc.Speed),
 			replica: r.replicas[k%len(r.replicas)]}
 	}
@@ -249,6 +255,7 @@ func (r *run) newReplica(reg state.Registry, k int, factory PolicyFactory) (*rep
 	}
 	env := PolicyEnv{Load: rep.load, InFlight: rep.inflight, Index: rep.index, Rand: rng.IntN,
 		Admission: rc.Admission, Now: r.clock, Affinity: r.affinity, run: r}
+
 	group := func(f PolicyFactory, stage state.Stage) (*bucket.EngineGroup, error) {
 		p, err := f(env, stage)
 		if err != nil {
@@ -416,6 +423,7 @@ func (r *run) arrive(k int) error {
 			HasExpectedPeak: true},
 		Priority: q.tr.Priority,
 		Flow:     q.tr.Tenant,
+		Adapter:  q.tr.Adapter,
 	}
 	r.backlog++ // until its first token, or its selection fails
 	if q.replica.fc != nil {
@@ -467,11 +475,33 @@ func (r *run) routed(q *reqState, d *enginepick.Dispatch, err error) error {
 	if q.front == nil || (sel.IsPD() && q.decode == nil) {
 		return errors.New("sim: router selected an engine outside the fleet")
 	}
-	q.hashes, r.scratch = appendEngineHashes(q.hashes[:0], r.scratch, q.tokens, r.rc.Model.BlockTokens)
+	root := uint64(engineHashSeed)
+	if q.adapter >= 0 {
+		root = r.rc.adapterRoots[q.adapter]
+	}
+	q.hashes, r.scratch = appendEngineHashes(q.hashes[:0], r.scratch, q.tokens, r.rc.Model.BlockTokens, root)
 	if r.rc.inspect != nil {
-		q.keys = r.indexes[0].Hasher().AppendKeys(nil, q.tokens)
+		keys, err := r.indexKeys(q)
+		if err != nil {
+			return err
+		}
+		q.keys = keys
 	}
 	return q.front.enqueue(q)
+}
+
+// indexKeys returns the kvindex keys of q's prompt blocks, chained from its adapter's root (for an
+// index whose Hasher has no namespace, an adapter's root is that of a Hasher namespaced by the
+// adapter: kvindex.Hasher).
+func (r *run) indexKeys(q *reqState) ([]uint64, error) {
+	h := r.indexes[0].Hasher()
+	if q.adapter >= 0 {
+		var err error
+		if h, err = kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: h.BlockTokens(), Namespace: q.tr.Adapter}); err != nil {
+			return nil, err
+		}
+	}
+	return h.AppendKeys(nil, q.tokens), nil
 }
 
 // observeAdmission accounts a request's cache hit when its front engine admits it.

@@ -71,12 +71,13 @@ type SweepResult struct {
 
 // SweepReport is the outcome of a Sweep, one result per policy in Config.Policies order.
 type SweepReport struct {
-	// Trace, Requests, Fleet, Seed, SystemPromptTokens, Routers and Reports describe the replays,
-	// as in Report.
+	// Trace, Requests, Fleet, Seed, SpreadArrivals, SystemPromptTokens, Routers and Reports
+	// describe the replays, as in Report.
 	Trace              string      `json:"trace"`
 	Requests           int         `json:"requests"`
 	Fleet              Fleet       `json:"fleet"`
 	Seed               uint64      `json:"seed"`
+	SpreadArrivals     bool        `json:"spread_arrivals,omitempty"`
 	SystemPromptTokens int         `json:"system_prompt_tokens,omitempty"`
 	Routers            int         `json:"routers"`
 	Reports            LoadReports `json:"reports,omitempty"`
@@ -148,7 +149,7 @@ func Sweep(ctx context.Context, cfg SweepConfig) (*SweepReport, error) {
 		}
 	}
 	return &SweepReport{Trace: rc.Trace.Name, Requests: len(rc.requests), Fleet: rc.Fleet, Seed: rc.Seed,
-		SystemPromptTokens: rc.SystemPromptTokens, Routers: rc.Routers, Reports: basicOnly(rc.Reports), Model: rc.Model,
+		SpreadArrivals: rc.SpreadArrivals, SystemPromptTokens: rc.SystemPromptTokens, Routers: rc.Routers, Reports: basicOnly(rc.Reports), Model: rc.Model,
 		SLO: cfg.SLO.Seconds(), Tolerance: cfg.Tolerance, Results: results, Ceiling: ceiling}, nil
 }
 
@@ -297,6 +298,9 @@ func (rep *SweepReport) WriteTable(w io.Writer) error {
 		name = "(unnamed trace)"
 	}
 	fmt.Fprintf(bw, "capacity sweep: trace %s, %d requests, fleet %s, seed %d", name, rep.Requests, rep.Fleet, rep.Seed)
+	if rep.SpreadArrivals {
+		fmt.Fprint(bw, ", arrivals spread within each second")
+	}
 	if rep.SystemPromptTokens > 0 {
 		fmt.Fprintf(bw, ", %d-token system prompt", rep.SystemPromptTokens)
 	}

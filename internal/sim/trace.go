@@ -155,6 +155,12 @@ type Request struct {
 	// band. Every request of a trace without bands has 0. The router gets it as
 	// bucket.Request.Priority.
 	Priority int
+	// Adapter names the LoRA adapter the request asks for when its source names one (the lora
+	// workload); "" means the base model. The router gets it as bucket.Request.Adapter; the
+	// simulated engines serve it from one of their adapter slots (EngineModel.MaxLoRAs) and cache
+	// its KV blocks apart from the base model's and every other adapter's, so that prompts of
+	// different adapters never share a cached block, whatever their tokens.
+	Adapter string
 }
 
 // Tenant is one tenant of a trace: the name its requests carry in Request.Tenant, and its weight.
@@ -316,23 +322,48 @@ func (s CacheStats) TokenHitRatio() float64 {
 // 105,710 of 288,500 blocks = 36.64 %, the figure in docs/traces.md.
 //
 // A request with Segments hits, token by token, its longest common prefix with any earlier
-// request's segments (see segmentCache): exact, whatever the block size.
+// request's segments (see segmentCache): exact, whatever the block size. Either way a request
+// hits only earlier requests of the same Adapter.
 func (t *Trace) InfiniteCache() CacheStats {
 	var s CacheStats
 	var sc segmentCache
+	var adapters map[string]*segmentCache // one cache per adapter; sc holds the base model's
 	for i := range t.Requests {
-		if r := &t.Requests[i]; r.Segments != nil {
-			s.Tokens += int64(max(r.InputTokens, 0))
-			s.HitTokens += int64(sc.add(r))
+		r := &t.Requests[i]
+		if r.Segments == nil {
+			continue
 		}
+		c := &sc
+		if r.Adapter != "" {
+			if adapters == nil {
+				adapters = map[string]*segmentCache{}
+			}
+			if c = adapters[r.Adapter]; c == nil {
+				c = &segmentCache{}
+				adapters[r.Adapter] = c
+			}
+		}
+		s.Tokens += int64(max(r.InputTokens, 0))
+		s.HitTokens += int64(c.add(r))
 	}
 	total := 0
 	for i := range t.Requests {
 		total += len(t.Requests[i].HashIDs)
 	}
 	seen := make(map[uint64]struct{}, total)
+	var seenBy map[string]map[uint64]struct{} // per adapter; seen holds the base model's
 	for i := range t.Requests {
 		r := &t.Requests[i]
+		seen := seen
+		if r.Adapter != "" && r.HashIDs != nil {
+			if seenBy == nil {
+				seenBy = map[string]map[uint64]struct{}{}
+			}
+			if seen = seenBy[r.Adapter]; seen == nil {
+				seen = map[uint64]struct{}{}
+				seenBy[r.Adapter] = seen
+			}
+		}
 		prefix := true
 		for b, h := range r.HashIDs {
 			size := int64(max(0, min(MooncakeBlockTokens, r.InputTokens-b*MooncakeBlockTokens)))

@@ -45,7 +45,7 @@ const WorkloadBlockTokens = 16
 const MaxWorkloadRequests = 1_000_000
 
 // ErrBadWorkload reports a workload spec that ParseWorkload cannot read, or a Chats,
-// PrefixGroups or Tenants field out of range. It wraps state.ErrInvalidConfiguration.
+// PrefixGroups, Tenants or LoRA field out of range. It wraps state.ErrInvalidConfiguration.
 var ErrBadWorkload = fmt.Errorf("sim: bad workload: %w", state.ErrInvalidConfiguration)
 
 // Sizes of a generated chat, in tokens: each conversation's system prompt is uniform in
@@ -180,7 +180,10 @@ const (
 //     tokens), requests (decimal integers), rate (requests per second);
 //   - tenants (Tenants): tenants (a decimal integer), rate (each tenant's requests per second),
 //     heavy and critical (multiples of rate, numbers >= 0, 0 for none; by default
-//     DefaultTenantHeavy and DefaultTenantCritical), duration (a Go duration such as 60s).
+//     DefaultTenantHeavy and DefaultTenantCritical), duration (a Go duration such as 60s);
+//   - lora (LoRA): adapters, requests (decimal integers), zipf (the popularity exponent, a number
+//     >= 0, by default DefaultLoRAZipf), base (the base model's share, in [0, 1]), rate (requests
+//     per second).
 //
 // A number must be written without sign or spaces. Errors: a configuration error wrapping
 // ErrBadWorkload (and state.ErrInvalidConfiguration) that names the spec, the key and the rule:
@@ -207,8 +210,10 @@ func ParseWorkload(spec string) (Workload, error) {
 		w, err = p.prefixGroups()
 	case WorkloadTenants:
 		w, err = p.tenants()
+	case WorkloadLoRA:
+		w, err = p.lora()
 	default:
-		return nil, p.fail("unknown workload %q (known: %s, %s, %s)", name, WorkloadChats, WorkloadPrefixGroups, WorkloadTenants)
+		return nil, p.fail("unknown workload %q (known: %s, %s, %s, %s)", name, WorkloadChats, WorkloadPrefixGroups, WorkloadTenants, WorkloadLoRA)
 	}
 	if err != nil {
 		return nil, err

@@ -53,6 +53,7 @@ func TestWorkloadDeterministicBySeed(t *testing.T) {
 		Chats{Conversations: 40, Turns: 3, SharedSystemPrompt: true},
 		PrefixGroups{Groups: 4, PromptsPerGroup: 3, PrefixTokens: 700, QuestionTokens: 90, Requests: 30},
 		Tenants{Tenants: 3, Rate: 2, Heavy: 5, Critical: 1, Duration: 5 * time.Second},
+		LoRA{Adapters: 5, Zipf: 1.2, Base: 0.3, Requests: 40},
 	} {
 		t.Run(w.String(), func(t *testing.T) {
 			t.Parallel()
@@ -400,6 +401,10 @@ func TestParseWorkload(t *testing.T) {
 		{"tenants:heavy=0,critical=0", Tenants{}.filled()},
 		{"tenants:tenants=8,rate=2.5,heavy=1,critical=0.25,duration=90s",
 			Tenants{Tenants: 8, Rate: 2.5, Heavy: 1, Critical: 0.25, Duration: 90 * time.Second}},
+		{"lora", LoRA{Zipf: DefaultLoRAZipf}.filled()},
+		{"lora:zipf=0", LoRA{}.filled()},
+		{"lora:adapters=16,zipf=0.8,base=0.5,requests=300,rate=12.5",
+			LoRA{Adapters: 16, Zipf: 0.8, Base: 0.5, Requests: 300, Rate: 12.5}},
 	}
 	for _, tt := range tests {
 		w, err := ParseWorkload(tt.spec)
@@ -413,6 +418,8 @@ func TestParseWorkload(t *testing.T) {
 	assert.Equal(t, "prefix-groups:groups=150,prompts=5,prefix=6000,question=1200,output=1000,requests=3000,rate=20",
 		PrefixGroups{}.String())
 	assert.Equal(t, "tenants:tenants=4,rate=25,heavy=0,critical=0,duration=1m0s", Tenants{}.String())
+	assert.Equal(t, fmt.Sprintf("lora:adapters=64,zipf=0,base=0,requests=%d,rate=%g", DefaultLoRARequests, DefaultLoRARate),
+		LoRA{}.String())
 }
 
 func TestParseWorkloadRejects(t *testing.T) {
@@ -421,7 +428,7 @@ func TestParseWorkloadRejects(t *testing.T) {
 		spec, msg string
 	}{
 		{"", `unknown workload ""`},
-		{"chat", `unknown workload "chat" (known: chats, prefix-groups, tenants)`},
+		{"chat", `unknown workload "chat" (known: chats, prefix-groups, tenants, lora)`},
 		{"chats:", `parameter "" is not key=value`},
 		{"chats:turns", `parameter "turns" is not key=value`},
 		{"chats:turns=2,", `parameter "" is not key=value`},
@@ -458,6 +465,15 @@ func TestParseWorkloadRejects(t *testing.T) {
 		{"tenants:tenants=1,heavy=0,critical=0", `no tenant sends`},
 		{"tenants:rate=1000,duration=1h", `49320000 requests expected: must be at most 500000`},
 		{"tenants:users=3", `unknown parameter "users" (known: tenants, rate, heavy, critical, duration)`},
+		{"lora:adapters=0", `adapters="0": must be >= 1`},
+		{"lora:adapters=10001", `adapters 10001: must be in [1, 10000]`},
+		{"lora:zipf=-1", `zipf="-1": want a finite number >= 0`},
+		{"lora:zipf=inf", `zipf="inf": want a finite number >= 0`},
+		{"lora:base=1.5", `base="1.5": want a share in [0, 1]`},
+		{"lora:base=NaN", `base="NaN": want a finite number >= 0`},
+		{"lora:requests=1000001", `requests 1000001: must be in [1, 1000000]`},
+		{"lora:rate=0", `rate="0": want a positive finite number`},
+		{"lora:loras=3", `unknown parameter "loras" (known: adapters, zipf, base, requests, rate)`},
 	}
 	for _, tt := range tests {
 		w, err := ParseWorkload(tt.spec)
@@ -498,6 +514,11 @@ func TestWorkloadGenerateRejects(t *testing.T) {
 		{Tenants{Critical: math.NaN()}, nil},
 		{Tenants{Tenants: 1}, nil},
 		{Tenants{Rate: 1e-9, Duration: time.Second}, nil}, // no request arrives
+		{LoRA{Adapters: -1}, nil},
+		{LoRA{Zipf: math.Inf(1)}, nil},
+		{LoRA{Base: 1.01}, nil},
+		{LoRA{Base: math.NaN()}, nil},
+		{LoRA{Requests: 2, Rate: 1e-8}, ErrOutOfRange},
 	} {
 		tr, err := tt.w.Generate(1)
 		assert.Nil(t, tr)
@@ -516,7 +537,8 @@ func FuzzParseWorkload(f *testing.F) {
 		"prefix-groups:groups=32,prompts=32,prefix=2048,question=256,output=256", "chats:", "chats:turns",
 		"chats:turns=0", "chats:rate=1e309", "chats:think=-1s", "prefix-groups:prefix=9999999,question=2",
 		"chats:conversations=999999999", "prefix-groups:rate=0x1p-3", "tenants", "tenants:tenants=2,rate=3,heavy=0,critical=0.5,duration=2s",
-		"tenants:heavy=-0", "tenants:tenants=1,heavy=0,critical=0", ":", ",", "=", ""} {
+		"tenants:heavy=-0", "tenants:tenants=1,heavy=0,critical=0", "lora", "lora:adapters=3,zipf=2,base=1,requests=9,rate=0.5",
+		"lora:base=1.0000001", ":", ",", "=", ""} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, spec string) {
@@ -544,6 +566,10 @@ func FuzzParseWorkload(f *testing.F) {
 				t.Fatalf("ParseWorkload(%q) = %+v out of range", spec, w)
 			}
 		case Tenants:
+			if w.validate() != nil {
+				t.Fatalf("ParseWorkload(%q) = %+v out of range", spec, w)
+			}
+		case LoRA:
 			if w.validate() != nil {
 				t.Fatalf("ParseWorkload(%q) = %+v out of range", spec, w)
 			}

@@ -36,10 +36,8 @@ type counters struct {
 type applier struct {
 	engine state.EngineID
 	rank   int
-	base   *kvindex.Index
-	all    []*kvindex.Index // base first, then adapters by name, then by ID; each once
-	byName map[string]*kvindex.Index
-	byID   map[int64]*kvindex.Index
+	x      *kvindex.Index
+	names  map[int64]string        // Options.AdapterNames
 	media  map[string]kvindex.Tier // upper-case keys
 	bt     int
 
@@ -51,7 +49,7 @@ type applier struct {
 	copies   map[copyKey]uint32
 	restored []kvbridge.Restored // Store scratch
 
-	remaining, unknown, known []uint64 // Remove scratch
+	remaining, known []uint64 // Remove scratch
 }
 
 // copyKey names a block's copies in one tier: its engine hash and one Tier bit.
@@ -61,10 +59,8 @@ type copyKey struct {
 }
 
 func newApplier(engine state.EngineID, rank int, o *Options) *applier {
-	a := &applier{engine: engine, rank: rank, base: o.Index, byName: o.Adapters, byID: o.AdapterIDs,
-		media: o.media, bt: o.Index.Hasher().BlockTokens()}
-	a.all = o.indexes
-	return a
+	return &applier{engine: engine, rank: rank, x: o.Index, names: o.AdapterNames, media: o.media,
+		bt: o.Index.Hasher().BlockTokens()}
 }
 
 // normalizeMedia upper-cases the keys of m (nil: defaultMedia) and validates the tiers.
@@ -82,44 +78,14 @@ func normalizeMedia(m map[string]kvindex.Tier) (map[string]kvindex.Tier, error) 
 	return out, nil
 }
 
-// indexes lists every distinct index of o, base first, and checks that they share a block size
-// and that no two share a Hasher (which would mean a namespace was forgotten).
-func indexes(o *Options) ([]*kvindex.Index, error) {
-	all := []*kvindex.Index{o.Index}
-	seen := map[*kvindex.Index]string{o.Index: "Index"}
-	add := func(x *kvindex.Index, name string) error {
-		if x == nil {
-			return fmt.Errorf("kvevents: %s: nil index: %w", name, state.ErrInvalidConfiguration)
-		}
-		if prev, ok := seen[x]; ok {
-			if prev == "Index" {
-				return fmt.Errorf("kvevents: %s is Options.Index; an adapter needs its own index hashed under its namespace (kvindex.HasherConfig.Namespace): %w", name, state.ErrInvalidConfiguration)
-			}
-			return nil // one adapter known by name and by ID
-		}
-		if x.Hasher().BlockTokens() != o.Index.Hasher().BlockTokens() {
-			return fmt.Errorf("kvevents: %s: block size %d tokens, Options.Index has %d: %w", name, x.Hasher().BlockTokens(), o.Index.Hasher().BlockTokens(), state.ErrInvalidConfiguration)
-		}
-		for y, other := range seen {
-			if y.Hasher() == x.Hasher() {
-				return fmt.Errorf("kvevents: %s and %s hash identically; set kvindex.HasherConfig.Namespace to the adapter name: %w", name, other, state.ErrInvalidConfiguration)
-			}
-		}
-		seen[x] = name
-		all = append(all, x)
-		return nil
-	}
-	for _, name := range slices.Sorted(maps.Keys(o.Adapters)) {
-		if err := add(o.Adapters[name], fmt.Sprintf("Options.Adapters[%q]", name)); err != nil {
-			return nil, err
+// checkAdapterNames validates Options.AdapterNames: every name non-empty.
+func checkAdapterNames(names map[int64]string) error {
+	for _, id := range slices.Sorted(maps.Keys(names)) {
+		if names[id] == "" {
+			return fmt.Errorf("kvevents: Options.AdapterNames[%d]: empty name: %w", id, state.ErrInvalidConfiguration)
 		}
 	}
-	for _, id := range slices.Sorted(maps.Keys(o.AdapterIDs)) {
-		if err := add(o.AdapterIDs[id], fmt.Sprintf("Options.AdapterIDs[%d]", id)); err != nil {
-			return nil, err
-		}
-	}
-	return all, nil
+	return nil
 }
 
 // apply applies every event of b in order. Each event is applied whole or not at all (the index
@@ -170,18 +136,18 @@ func (a *applier) store(ev *kvwire.Event, c *counters) error {
 		}
 		tier = t
 	}
-	x, err := a.indexFor(ev)
+	adapter, err := a.adapter(ev)
 	if err != nil {
 		return err
 	}
 	se := kvindex.StoreEvent{Engine: a.engine, DPRank: a.rank, ParentHash: ev.ParentHash,
-		HasParent: ev.HasParent, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, Tier: tier}
-	a.restored, err = kvbridge.StoreRestored(x, se, a.restored[:0])
+		HasParent: ev.HasParent, BlockHashes: ev.BlockHashes, TokenIDs: ev.TokenIDs, Tier: tier, Adapter: adapter}
+	a.restored, err = kvbridge.StoreRestored(a.x, se, a.restored[:0])
 	if err != nil && se.HasParent && se.ParentHash == 0 && errors.Is(err, kvindex.ErrUnknownParent) {
 		// Parent 0 that the rank does not hold is a root: llm-d's publishers send 0 where vLLM
 		// sends nil (docs/design.md §13.1).
 		se.HasParent = false
-		a.restored, err = kvbridge.StoreRestored(x, se, a.restored[:0])
+		a.restored, err = kvbridge.StoreRestored(a.x, se, a.restored[:0])
 	}
 	if err != nil {
 		return err
@@ -229,28 +195,27 @@ func (a *applier) tier(medium string) (kvindex.Tier, bool) {
 	return t, ok
 }
 
-// indexFor returns the index of ev's adapter: lora_name first, then lora_id, else the base index.
-func (a *applier) indexFor(ev *kvwire.Event) (*kvindex.Index, error) {
+// adapter returns the LoRA adapter ev's blocks belong to (kvindex.StoreEvent.Adapter): its
+// lora_name, else the name Options.AdapterNames gives its lora_id, else the base model ("").
+// A lora_id without a name or a mapping is ErrUnknownAdapter.
+func (a *applier) adapter(ev *kvwire.Event) (string, error) {
 	switch {
 	case ev.LoRAName != "":
-		if x, ok := a.byName[ev.LoRAName]; ok {
-			return x, nil
-		}
-		return nil, fmt.Errorf("%w: lora_name %q", ErrUnknownAdapter, ev.LoRAName)
+		return ev.LoRAName, nil
 	case ev.HasLoRAID:
-		if x, ok := a.byID[ev.LoRAID]; ok {
-			return x, nil
+		if name, ok := a.names[ev.LoRAID]; ok {
+			return name, nil
 		}
-		return nil, fmt.Errorf("%w: lora_id %d", ErrUnknownAdapter, ev.LoRAID)
+		return "", fmt.Errorf("%w: lora_id %d", ErrUnknownAdapter, ev.LoRAID)
 	}
-	return a.base, nil
+	return "", nil
 }
 
-// remove removes ev's hashes from whichever index holds them: BlockRemoved names no adapter, and
-// the engine's hashes differ between adapters (vLLM folds lora_name into extra_keys), so each
-// index removes the hashes it holds. A hash with an extra copy in a removed tier loses that copy
-// instead, and the rank keeps the block. Hashes no index holds (blocks the index evicted under its
-// cap, or stored under a group or adapter this subscriber drops) are counted, not reported.
+// remove removes ev's hashes from the index, every adapter's blocks alike (BlockRemoved names no
+// adapter; the engine's hashes are its own IDs). A hash with an extra copy in a removed tier loses
+// that copy instead, and the rank keeps the block. Hashes the index does not hold (blocks it
+// evicted under its cap, or stored under a group or adapter this subscriber drops) are counted,
+// not reported.
 func (a *applier) remove(ev *kvwire.Event, c *counters) error {
 	if !ev.MainGroup() || len(ev.BlockHashes) == 0 {
 		c.ignored++
@@ -272,62 +237,49 @@ func (a *applier) remove(ev *kvwire.Event, c *counters) error {
 		}
 		a.remaining = kept
 	}
-	for _, x := range a.all {
-		if len(a.remaining) == 0 {
-			break
-		}
-		err := x.Remove(a.engine, a.rank, a.remaining, tier)
-		if err == nil {
-			c.removed += uint64(len(a.remaining))
-			a.remaining = a.remaining[:0]
-			break
-		}
-		var ee *kvindex.EventError
-		switch {
-		case errors.Is(err, kvindex.ErrUnknownEngine):
-			continue
-		case errors.Is(err, kvindex.ErrUnknownHash) && errors.As(err, &ee):
-			a.unknown = append(a.unknown[:0], ee.Hashes...)
-			a.known = a.known[:0]
-			for _, h := range a.remaining {
-				if !slices.Contains(a.unknown, h) {
-					a.known = append(a.known, h)
-				}
+	if len(a.remaining) == 0 {
+		return nil
+	}
+	err := a.x.Remove(a.engine, a.rank, a.remaining, tier)
+	var ee *kvindex.EventError
+	switch {
+	case err == nil:
+		c.removed += uint64(len(a.remaining))
+		return nil
+	case errors.Is(err, kvindex.ErrUnknownEngine):
+	case errors.Is(err, kvindex.ErrUnknownHash) && errors.As(err, &ee):
+		a.known = a.known[:0]
+		for _, h := range a.remaining {
+			if !slices.Contains(ee.Hashes, h) {
+				a.known = append(a.known, h)
 			}
-			if len(a.known) > 0 {
-				if err := x.Remove(a.engine, a.rank, a.known, tier); err != nil {
-					return err
-				}
-				c.removed += uint64(len(a.known))
-			}
-			a.remaining = append(a.remaining[:0], a.unknown...)
-		default:
-			return err
 		}
+		if len(a.known) > 0 {
+			if err := a.x.Remove(a.engine, a.rank, a.known, tier); err != nil {
+				return err
+			}
+			c.removed += uint64(len(a.known))
+		}
+		c.unknownRemovals += uint64(len(ee.Hashes))
+		return nil
+	default:
+		return err
 	}
 	c.unknownRemovals += uint64(len(a.remaining))
 	return nil
 }
 
-// clear drops every block of the stream's (engine, rank) in every index, and the count of their
-// copies.
+// clear drops every block of the stream's (engine, rank), and the count of their copies.
 func (a *applier) clear() {
 	a.copies = nil
-	for _, x := range a.all {
-		_ = x.Clear(a.engine, a.rank) // ErrUnknownEngine: it holds nothing there
-	}
+	_ = a.x.Clear(a.engine, a.rank) // ErrUnknownEngine: it holds nothing there
 }
 
-// markUntrusted and markTrusted set the stream's trust mark in every index
-// (kvbridge.MarkUntrusted).
+// markUntrusted and markTrusted set the stream's trust mark in the index (kvbridge.MarkUntrusted).
 func (a *applier) markUntrusted() {
-	for _, x := range a.all {
-		_ = kvbridge.MarkUntrusted(x, a.engine, a.rank)
-	}
+	_ = kvbridge.MarkUntrusted(a.x, a.engine, a.rank)
 }
 
 func (a *applier) markTrusted() {
-	for _, x := range a.all {
-		_ = kvbridge.MarkTrusted(x, a.engine, a.rank)
-	}
+	_ = kvbridge.MarkTrusted(a.x, a.engine, a.rank)
 }

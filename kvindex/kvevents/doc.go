@@ -37,6 +37,7 @@
 // full-attention group 0, and placeholders without tokens are skipped, filtered as
 // ai-dynamo/dynamo lib/kv-router/src/zmq_wire.rs does. A malformed batch is ErrPayload before
 // anything applies. Options.Media maps the event's medium to a tier (an unknown medium: a store is
-// refused, a removal covers every tier); a foreign block_size or an unknown LoRA adapter refuses
-// the event (Options.OnError) and the rest of the batch applies.
+// refused, a removal covers every tier); a BlockStored's LoRA adapter (lora_name, else lora_id
+// through Options.AdapterNames) keys its blocks under the adapter; a foreign block_size or a
+// lora_id without a name refuses the event (Options.OnError) and the rest of the batch applies.
 package kvevents

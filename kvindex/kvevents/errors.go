@@ -24,9 +24,9 @@ var (
 	// ErrUnknownMedium: a BlockStored named a medium that Options.Media does not map to a tier.
 	// The event is dropped (SGLang's experimental router drops such stores too).
 	ErrUnknownMedium = errors.New("kvevents: unknown medium")
-	// ErrUnknownAdapter: a BlockStored named a LoRA adapter (lora_name, or lora_id without a
-	// name) that Options.Adapters / Options.AdapterIDs do not map to an index. The event is
-	// dropped: its blocks would only match requests for that adapter.
+	// ErrUnknownAdapter: a BlockStored named a LoRA adapter by a lora_id without a lora_name,
+	// and Options.AdapterNames does not name that ID. The event is dropped: its blocks could not
+	// be matched by any request.
 	ErrUnknownAdapter = errors.New("kvevents: unknown LoRA adapter")
 	// ErrRankMismatch: a batch carries a DP rank other than the one its Endpoint was configured
 	// with (RankStart + DPRank). The batch is dropped; the endpoint is misconfigured.

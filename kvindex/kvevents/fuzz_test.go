@@ -64,7 +64,6 @@ func FuzzDecode(f *testing.F) {
 		x := newIndex(t, "")
 		o := Options{Index: x}
 		o.media, _ = normalizeMedia(nil)
-		o.indexes = []*kvindex.Index{x}
 		a := newApplier("http://e", 0, &o)
 		var c counters
 		for i := range b.Events {

@@ -45,6 +45,16 @@ func held(x *kvindex.Index, engine state.EngineID, p, n int) int {
 	return x.Match(x.Hasher().Keys(prompt(p, n))).Blocks(engine)
 }
 
+// heldUnder returns how many leading blocks of prompt p (n blocks) engine holds under adapter
+// ("" the base model), by raw Match on keys from the adapter's root: for an index without a
+// namespace, the root of a Hasher namespaced by the adapter (kvindex/hash.go).
+func heldUnder(t testing.TB, x *kvindex.Index, adapter string, engine state.EngineID, p, n int) int {
+	t.Helper()
+	h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: x.Hasher().BlockTokens(), Namespace: adapter})
+	require.NoError(t, err)
+	return x.Match(h.Keys(prompt(p, n))).Blocks(engine)
+}
+
 // storedArray is a BlockStored in vLLM's legacy positional form with every current field
 // (trailing nils, as msgspec writes them for array_like structs).
 func storedArray(hashes []uint64, parent any, tokens []uint32, medium any) []any {

@@ -347,8 +347,7 @@ func TestStreamRefusedEvents(t *testing.T) {
 		{"block_size differs from the index's", wrongSize, kvindex.ErrBlockSizeMismatch},
 		{"hash list longer than its token list", longHashes, kvindex.ErrBlockSizeMismatch},
 		{"unknown medium", storedArray(hashRange(70, 1), nil, prompt(7, 1), "TAPE"), ErrUnknownMedium},
-		{"unknown adapter", func() []any { e := storedArray(hashRange(80, 1), nil, prompt(8, 1), nil); e[7] = "nope"; return e }(), ErrUnknownAdapter},
-		{"unknown adapter ID", func() []any { e := storedArray(hashRange(90, 1), nil, prompt(9, 1), nil); e[5] = 4; return e }(), ErrUnknownAdapter},
+		{"adapter ID without a name", func() []any { e := storedArray(hashRange(90, 1), nil, prompt(9, 1), nil); e[5] = 4; return e }(), ErrUnknownAdapter},
 		{"unknown parent", storedArray(hashRange(95, 1), uint64(12345), prompt(9, 2)[4:], "GPU"), kvindex.ErrUnknownParent},
 	}
 	for _, tc := range cases {
@@ -377,50 +376,86 @@ func TestStreamRefusedEvents(t *testing.T) {
 	})
 }
 
-// TestStreamAdaptersTiersAndGroups: lora_name / lora_id route blocks to the adapter's index (so a
-// request for the adapter matches only them), media map to tiers, removals find the index that
-// holds each hash, and non-main groups and placeholders are ignored.
+// TestStreamAdaptersTiersAndGroups: a BlockStored naming a LoRA adapter (lora_name, or lora_id
+// through Options.AdapterNames) is stored in the one index under the adapter, so that only the
+// adapter's queries match it and base-model queries never do; media map to tiers, a removal
+// finds every adapter's hashes, a lora_id without a name is refused, and non-main groups and
+// placeholders are ignored.
 func TestStreamAdaptersTiersAndGroups(t *testing.T) {
 	t.Parallel()
-	lora := newIndex(t, "sql-lora")
-	f := newStreamFixture(t, nil, func(o *Options) {
-		o.Adapters = map[string]*kvindex.Index{"sql-lora": lora}
-		o.AdapterIDs = map[int64]*kvindex.Index{7: lora}
-	})
+	f := newStreamFixture(t, nil, func(o *Options) { o.AdapterNames = map[int64]string{7: "sql-lora"} })
 	byName := storedArray(hashRange(100, 2), nil, prompt(1, 2), "CPU")
 	byName[7] = "sql-lora"
 	byID := storedArray(hashRange(200, 1), nil, prompt(2, 1), "cpu_pinned")
 	byID[5] = 7
+	unknownID := storedArray(hashRange(600, 1), nil, prompt(6, 1), nil)
+	unknownID[5] = 8
 	base := storedArray(hashRange(300, 1), nil, prompt(1, 1), nil)
 	window := storedArray(hashRange(400, 1), nil, prompt(4, 1), nil)
 	window[9], window[10] = 1, "sliding_window"
 	placeholder := []any{"BlockStored", []uint64{500}, nil, []uint32{}, 0, nil, "CPU"}
-	f.send(0, byName, byID, base, window, placeholder)
-	require.Empty(t, f.errs)
+	f.send(0, byName, byID, unknownID, base, window, placeholder)
+	require.Len(t, f.errs, 1)
+	assert.ErrorIs(t, f.errs[0], ErrUnknownAdapter, "lora_id 8 has no name")
 
-	assert.Equal(t, 2, held(lora, eng, 1, 2), "adapter blocks in the adapter's index")
-	assert.Equal(t, 1, held(lora, eng, 2, 1), "lora_id routes too")
-	assert.Equal(t, 1, held(f.x, eng, 1, 2), "the base index has only the base-model block")
-	assert.Zero(t, held(f.x, eng, 4, 1), "the sliding-window group is ignored")
-	assert.Equal(t, 3, engineStats(lora, eng).HostBlocks, "CPU and CPU_PINNED are host memory")
+	for _, tc := range []struct {
+		adapter     string
+		pattern, n  int
+		want        int
+		explanation string
+	}{
+		{"sql-lora", 1, 2, 2, "the adapter's blocks, by lora_name"},
+		{"sql-lora", 2, 1, 1, "lora_id 7 is sql-lora"},
+		{"", 1, 2, 1, "the base model matches its own block only"},
+		{"", 2, 1, 0, "never an adapter's"},
+		{"other", 1, 2, 0, "nor does another adapter"},
+		{"", 6, 1, 0, "the refused event stored nothing"},
+		{"", 4, 1, 0, "the sliding-window group is ignored"},
+	} {
+		assert.Equal(t, tc.want, heldUnder(t, f.x, tc.adapter, eng, tc.pattern, tc.n), "adapter %q prompt %d: %s", tc.adapter, tc.pattern, tc.explanation)
+	}
+	assert.Equal(t, 3, engineStats(f.x, eng).HostBlocks, "CPU and CPU_PINNED are host memory")
 	assert.Equal(t, 1, engineStats(f.x, eng).DeviceBlocks, "no medium is the device")
 	st := f.stats()
 	assert.EqualValues(t, 2, st.Ignored)
 
-	// One removal naming base and adapter hashes, and one no index holds.
+	// One removal naming base and adapter hashes, and one the index does not hold.
+	f.errs = nil
 	f.send(1, removedArray([]uint64{101, 301, 999}, nil))
-	assert.Zero(t, held(lora, eng, 1, 1))
-	assert.Zero(t, held(f.x, eng, 1, 1))
-	assert.Equal(t, 1, held(lora, eng, 2, 1))
+	assert.Zero(t, heldUnder(t, f.x, "sql-lora", eng, 1, 1))
+	assert.Zero(t, heldUnder(t, f.x, "", eng, 1, 1))
+	assert.Equal(t, 1, heldUnder(t, f.x, "sql-lora", eng, 2, 1))
 	st = f.stats()
 	assert.EqualValues(t, 2, st.RemovedBlocks)
 	assert.EqualValues(t, 1, st.UnknownRemovals)
 	require.Empty(t, f.errs)
 
-	// AllBlocksCleared clears the rank in every index.
+	// AllBlocksCleared clears every adapter's blocks of the rank.
 	f.send(2, clearedArray())
-	assert.Zero(t, held(lora, eng, 2, 1))
+	assert.Zero(t, heldUnder(t, f.x, "sql-lora", eng, 2, 1))
 	assert.EqualValues(t, 1, f.stats().Clears)
+}
+
+// TestStreamAdapterEventsNeedNoSetup: events naming an adapter go to its key space in the one
+// index with no per-adapter configuration, and a LocalSource query for the adapter finds them
+// while a base-model query does not.
+func TestStreamAdapterEventsNeedNoSetup(t *testing.T) {
+	t.Parallel()
+	f := newStreamFixture(t, nil, nil)
+	ev := storedMap(hashRange(100, 2), nil, prompt(1, 2), "GPU")
+	ev["lora_name"] = "tenant-a"
+	f.send(0, ev)
+	require.Empty(t, f.errs)
+	src, err := kvindex.NewLocalSource(f.x)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		adapter string
+		want    int
+	}{{"tenant-a", 2}, {"", 0}, {"tenant-b", 0}} {
+		r, err := src.Lookup(context.Background(), kvindex.Query{TokenIDs: prompt(1, 2), Adapter: tc.adapter})
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, r.Blocks(eng), "adapter %q", tc.adapter)
+	}
 }
 
 // TestStreamOverflow: a flood fills the bounded queue; further batches are dropped and counted,

@@ -32,18 +32,18 @@ const (
 
 // Options configures a Subscriber. Index is required; every other field has a documented default.
 type Options struct {
-	// Index receives the events of the base model (no LoRA adapter). Its Hasher's block size
-	// must be the engines' (vLLM block_size, SGLang page_size): a BlockStored with another
+	// Index receives the events, the base model's and every LoRA adapter's: a BlockStored naming
+	// an adapter is stored under it (kvindex.StoreEvent.Adapter), in the adapter's own key space,
+	// so that only requests for the adapter (kvindex.Query.Adapter) match it. Its Hasher's block
+	// size must be the engines' (vLLM block_size, SGLang page_size): a BlockStored with another
 	// block_size is refused with a *BlockSizeMismatchError.
 	Index *kvindex.Index
-	// Adapters maps a LoRA adapter's name (the events' lora_name) to the index holding its
-	// blocks, and AdapterIDs an adapter's integer ID (lora_id, for publishers that send no name).
-	// Each adapter index must be built with kvindex.HasherConfig.Namespace set to the adapter, so
-	// that a request for the adapter, looked up in its own index, matches only blocks stored
-	// under it. The same index may appear under a name and an ID. Events of an adapter absent
-	// from both maps are refused with ErrUnknownAdapter. nil maps: no adapters.
-	Adapters   map[string]*kvindex.Index
-	AdapterIDs map[int64]*kvindex.Index
+	// AdapterNames maps a LoRA adapter's integer ID (the events' lora_id) to its name, for
+	// publishers that send an ID without a name (SGLang's BlockStored has only lora_id; vLLM's
+	// lora_name, when present, is used instead). A BlockStored with a lora_id this map lacks and
+	// no lora_name is refused with ErrUnknownAdapter. nil: no IDs are known. An empty name is an
+	// error.
+	AdapterNames map[int64]string
 	// Media maps an event's medium to a storage tier, case-insensitively. nil means the media
 	// vLLM and SGLang publish: "GPU" (vLLM MEDIUM_GPU, and SGLang's device tier) to
 	// kvindex.TierDevice; "CPU" (vLLM's CPU offloading) and "CPU_PINNED" (SGLang HiCache host
@@ -90,8 +90,7 @@ type Options struct {
 	// at debug level.
 	OnError func(*StreamError)
 
-	media   map[string]kvindex.Tier
-	indexes []*kvindex.Index
+	media map[string]kvindex.Tier
 }
 
 // Endpoint is one (engine, DP rank) event stream: where its publisher is, and how to tell its
@@ -150,7 +149,7 @@ type StreamStats struct {
 	Batches, Events, StoredBlocks, RemovedBlocks, Clears uint64
 	// Ignored events: other KV-cache groups, placeholders without tokens, unknown event types.
 	// Rejected events: refused by the decoder's rules or the index (OnError has each).
-	// UnknownRemovals: removed hashes no index held.
+	// UnknownRemovals: removed hashes the index did not hold.
 	Ignored, Rejected, UnknownRemovals uint64
 	// Refused splits Rejected by reason (they sum to it), with an entry, zero or not, for each
 	// of "unknown_parent" (kvindex.ErrUnknownParent), "block_size" (a *BlockSizeMismatchError
@@ -281,7 +280,7 @@ func New(opts Options) (*Subscriber, error) {
 	if opts.media, err = normalizeMedia(opts.Media); err != nil {
 		return nil, err
 	}
-	if opts.indexes, err = indexes(&opts); err != nil {
+	if err = checkAdapterNames(opts.AdapterNames); err != nil {
 		return nil, err
 	}
 	return &Subscriber{opts: opts, sockets: make(map[sockKey]*socket), streams: make(map[streamKey]*stream)}, nil

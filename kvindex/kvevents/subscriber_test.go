@@ -267,9 +267,7 @@ func TestSubscriberLifecycle(t *testing.T) {
 		{Index: x, ReplayTimeout: -1},
 		{Index: x, ReconnectMin: time.Second, ReconnectMax: time.Millisecond},
 		{Index: x, Media: map[string]kvindex.Tier{"GPU": 0}},
-		{Index: x, Adapters: map[string]*kvindex.Index{"a": x}},
-		{Index: x, Adapters: map[string]*kvindex.Index{"a": newIndex(t, "")}},
-		{Index: x, Adapters: map[string]*kvindex.Index{"a": nil}},
+		{Index: x, AdapterNames: map[int64]string{7: ""}},
 	} {
 		_, err := New(o)
 		assert.ErrorIs(t, err, state.ErrInvalidConfiguration, "%+v", o)

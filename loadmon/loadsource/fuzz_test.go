@@ -2,6 +2,8 @@ package loadsource_test
 
 import (
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/enginepick/enginepick/loadmon"
@@ -43,6 +45,16 @@ func checkPage(t *testing.T, format loadsource.Format, body []byte) {
 		if r.Native != nil && (r.KVCapacityTokens == 0 || r.Native.MaxRunningRequests == 0) {
 			t.Fatalf("Parse(%v, %q): native extension without capacity or running cap: %+v", format, body, r)
 		}
+		if l := r.LoRA; l != nil {
+			for _, name := range append(slices.Clone(l.Running), l.Waiting...) {
+				if name == "" || name != strings.TrimSpace(name) || strings.Contains(name, ",") {
+					t.Fatalf("Parse(%v, %q): adapter name %q is empty, untrimmed or holds a comma", format, body, name)
+				}
+			}
+			if l.MaxAdapters < 0 {
+				t.Fatalf("Parse(%v, %q): negative adapter slots %d", format, body, l.MaxAdapters)
+			}
+		}
 	}
 	tab := loadmon.NewTable()
 	if err := tab.Expect("e", loadmon.MaxRanks); err != nil {
@@ -60,6 +72,11 @@ func FuzzParseVLLMMetrics(f *testing.F) {
 	f.Add([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting NaN\n"))
 	f.Add([]byte("vllm:num_requests_running{engine=\"0\"} 1\nvllm:num_requests_waiting{engine=\"0\"} -2\nvllm:kv_cache_usage_perc 0.5\n"))
 	f.Add([]byte("vllm:num_requests_running{engine=\"1\"} 1\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1\n"))
+	// LoRA residency: the newest series wins, ties merge, bad slots and values are refused.
+	f.Add([]byte(vllmLoRAPage))
+	f.Add([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\" a, ,b\",waiting_lora_adapters=\"\"} 5\nvllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"c\",waiting_lora_adapters=\"a\"} 5\n"))
+	f.Add([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:lora_requests_info{max_lora=\"-1\",running_lora_adapters=\"a\"} 1\n"))
+	f.Add([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:lora_requests_info{max_lora=\"1\",engine=\"0\"} NaN\n"))
 	f.Fuzz(func(t *testing.T, body []byte) { checkPage(t, loadsource.FormatVLLMMetrics, body) })
 }
 

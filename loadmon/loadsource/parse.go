@@ -2,17 +2,20 @@ package loadsource
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/enginepick/enginepick/internal/lora"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
 )
@@ -31,7 +34,13 @@ const (
 	// vllm:gpu_cache_usage_perc; optional, in [0, 1]) and, from vllm:cache_config_info's labels,
 	// the block size and KV capacity (num_gpu_blocks × block_size tokens; "None" means unknown).
 	// Used KV tokens are the fraction × capacity, rounded; without both, used and capacity stay 0
-	// (unknown capacity).
+	// (unknown capacity). With LoRA enabled, vllm:lora_requests_info gives the LoRA residency
+	// (loadmon.Report.LoRA): vLLM sets one series per distinct label set to the current time at
+	// each scheduler step and never removes the old ones, so the series with the newest value is
+	// current (newest values tied: their adapters together); its labels running_lora_adapters
+	// and waiting_lora_adapters are comma-separated adapter names (spaces trimmed, empty
+	// entries dropped) and max_lora the adapter slots. A series without an engine label (vLLM
+	// writes none, whatever the DP size) describes every rank. Without the series, LoRA stays nil.
 	FormatVLLMMetrics Format = iota + 1
 	// FormatSGLangGetLoad is SGLang's GET /get_load (sgl-project/sglang
 	// python/sglang/srt/managers/io_struct.py GetLoadReqOutput): a JSON array with one object per
@@ -168,6 +177,7 @@ const (
 	vllmKVUsage     = "vllm:kv_cache_usage_perc"
 	vllmKVUsageOld  = "vllm:gpu_cache_usage_perc"
 	vllmCacheConfig = "vllm:cache_config_info"
+	vllmLoRA        = "vllm:lora_requests_info"
 	// vllmRankLabel is the label vLLM V1 puts on every per-engine-core series: the engine core's
 	// index, which is its data-parallel rank behind one API server. A series without it is rank 0.
 	vllmRankLabel = "engine"
@@ -297,6 +307,29 @@ func parseVLLMMetrics(engine state.EngineID, body []byte) (Page, error) {
 			perRank[rank] = geometry{g.block, g.capacity}
 		}
 	}
+	var loraAll *newestLoRA
+	loraRanks := map[int]*newestLoRA{}
+	if mf, ok := families[vllmLoRA]; ok {
+		for _, m := range mf.GetMetric() {
+			v, ok := simpleValue(m)
+			if !ok || math.IsNaN(v) || math.IsInf(v, 0) {
+				return bad(vllmLoRA, -1, "not a finite gauge sample", nil)
+			}
+			l, err := loraLabels(m)
+			if err != nil {
+				return bad(vllmLoRA, -1, err.Error(), nil)
+			}
+			if !hasLabel(m, vllmRankLabel) {
+				loraAll = loraAll.offer(v, l)
+				continue
+			}
+			rank, err := vllmRank(m)
+			if err != nil {
+				return bad(vllmLoRA, -1, err.Error(), nil)
+			}
+			loraRanks[rank] = loraRanks[rank].offer(v, l)
+		}
+	}
 	page := Page{Reports: make([]loadmon.Report, 0, len(ranks))}
 	blockSet := false
 	for rank, l := range ranks {
@@ -321,10 +354,72 @@ func parseVLLMMetrics(engine state.EngineID, body []byte) (Page, error) {
 			r.KVCapacityTokens = g.capacity
 			r.UsedKVTokens = min(uint64(math.Round(l.usage*float64(g.capacity))), g.capacity)
 		}
+		if n := cmp.Or(loraRanks[rank], loraAll); n != nil {
+			r.LoRA = &n.load
+		}
 		page.Reports = append(page.Reports, r)
 	}
 	slices.SortFunc(page.Reports, func(a, b loadmon.Report) int { return a.DPRank - b.DPRank })
 	return page, nil
+}
+
+// newestLoRA is the newest vllm:lora_requests_info series seen so far (of one rank, or of every
+// rank): its value (the time vLLM set it) and its residency, the union of every series tied at
+// that value.
+type newestLoRA struct {
+	at   float64
+	load loadmon.LoRALoad
+}
+
+// offer returns n updated with a series of value at and residency l: l when newer (or n is nil),
+// both together when tied, else n.
+func (n *newestLoRA) offer(at float64, l loadmon.LoRALoad) *newestLoRA {
+	switch {
+	case n == nil || at > n.at:
+		return &newestLoRA{at: at, load: l}
+	case at == n.at:
+		n.load.Running = lora.Union(n.load.Running, l.Running)
+		n.load.Waiting = lora.Union(n.load.Waiting, l.Waiting)
+		n.load.MaxAdapters = min(n.load.MaxAdapters, l.MaxAdapters)
+	}
+	return n
+}
+
+// loraLabels reads the residency of a vllm:lora_requests_info series: max_lora (absent or empty:
+// 0, unknown; else a count) and the comma-separated adapter names of running_lora_adapters and
+// waiting_lora_adapters.
+func loraLabels(m *dto.Metric) (loadmon.LoRALoad, error) {
+	var l loadmon.LoRALoad
+	for _, lp := range m.GetLabel() {
+		switch v := lp.GetValue(); lp.GetName() {
+		case "max_lora":
+			if v == "" {
+				continue
+			}
+			n, err := strconv.ParseUint(v, 10, 31)
+			if err != nil {
+				return l, fmt.Errorf("label max_lora=%q is not a count", v)
+			}
+			l.MaxAdapters = int(n)
+		case "running_lora_adapters":
+			l.Running = adapterNames(v)
+		case "waiting_lora_adapters":
+			l.Waiting = adapterNames(v)
+		}
+	}
+	return l, nil
+}
+
+// adapterNames splits a comma-separated label value into adapter names, trimming spaces and
+// dropping empty entries; nil when none.
+func adapterNames(v string) []string {
+	var out []string
+	for name := range strings.SplitSeq(v, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // vllmRank reads the engine label of a vLLM series: absent is rank 0.

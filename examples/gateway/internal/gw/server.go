@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -107,6 +108,12 @@ type Options struct {
 	// which serve lower values first (vllm-project/vllm vllm/v1/core/sched/request_queue.py) and
 	// refuse any other value than 0 without it. Nil forwards the body as it is.
 	EnginePriority func(p int) int
+	// Adapters maps a LoRA adapter's name to its base model (config Model.Adapters). A request
+	// whose model is an adapter is routed on the base model's buckets with bucket.Request.Adapter
+	// set, and forwarded as it came: vLLM serves an adapter under its own name in the OpenAI
+	// model field (vllm-project/vllm vllm/entrypoints/openai/serving_models.py). GET /v1/models
+	// lists each adapter with its base model as parent. Nil means none.
+	Adapters map[state.ModelID]state.ModelID
 }
 
 // Server is the OpenAI-compatible handler: POST /v1/chat/completions and /v1/completions, GET
@@ -148,7 +155,7 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.inference(w, r, true) })
 	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.inference(w, r, false) })
-	models, err := modelsAnswer(opts.Registry, time.Now())
+	models, err := modelsAnswer(opts.Registry, opts.Adapters, time.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -173,18 +180,25 @@ type modelCard struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	Parent  string `json:"parent,omitempty"`
 }
 
-// modelsAnswer returns GET /v1/models' body: every model of the registry, sorted, created at
-// created (Unix seconds) and owned by "enginepick". The registry never changes, so neither does
-// the answer.
-func modelsAnswer(r *Registry, created time.Time) ([]byte, error) {
+// modelsAnswer returns GET /v1/models' body: every model of the registry, sorted, then every
+// adapter of a served model, sorted, with its base model as parent; all created at created (Unix
+// seconds) and owned by "enginepick". The registry never changes, so neither does the answer.
+func modelsAnswer(r *Registry, adapters map[state.ModelID]state.ModelID, created time.Time) ([]byte, error) {
 	list := struct {
 		Object string      `json:"object"`
 		Data   []modelCard `json:"data"`
 	}{Object: "list", Data: []modelCard{}}
-	for _, m := range r.Models() {
+	models := r.Models()
+	for _, m := range models {
 		list.Data = append(list.Data, modelCard{ID: string(m), Object: "model", Created: created.Unix(), OwnedBy: "enginepick"})
+	}
+	for _, a := range slices.Sorted(maps.Keys(adapters)) {
+		if slices.Contains(models, adapters[a]) {
+			list.Data = append(list.Data, modelCard{ID: string(a), Object: "model", Created: created.Unix(), OwnedBy: "enginepick", Parent: string(adapters[a])})
+		}
 	}
 	return json.Marshal(list)
 }
@@ -265,6 +279,10 @@ func (s *Server) inference(rw http.ResponseWriter, r *http.Request, chat bool) {
 	prompt := Prompt{Model: state.ModelID(head.Model), Messages: head.Messages, Text: head.Prompt}
 
 	req := &bucket.Request{Model: prompt.Model}
+	if base, ok := s.opts.Adapters[prompt.Model]; ok {
+		// A LoRA adapter: its base model's buckets and engines serve it (docs/design.md §18).
+		prompt.Base, req.Model, req.Adapter = base, base, head.Model
+	}
 	if s.opts.Tokenizer != nil {
 		tokens, err := s.opts.Tokenizer.Tokenize(r.Context(), prompt)
 		if err == nil {

@@ -2,6 +2,7 @@ package gw
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,8 +19,12 @@ import (
 // Prompt is what a request says about its input: the model, and either chat messages or a
 // completions prompt, both as the client sent them.
 type Prompt struct {
-	// Model is the requested model.
+	// Model is the requested model: a base model, or a LoRA adapter's name, which the engines
+	// tokenize with the adapter's tokenizer (vLLM resolves the model field to the adapter).
 	Model state.ModelID
+	// Base is the model whose engines serve Model: Model itself when empty, else the adapter's
+	// base model (Options.Adapters).
+	Base state.ModelID
 	// Messages is the chat request's "messages" (nil for /v1/completions).
 	Messages json.RawMessage
 	// Text is the completions request's "prompt" (nil for chat).
@@ -94,7 +99,7 @@ func (t *EngineTokenizer) Tokenize(ctx context.Context, p Prompt) ([]uint32, err
 	default:
 		return nil, ErrNotTokenizable
 	}
-	engines := t.Registry.Engines(p.Model)
+	engines := t.Registry.Engines(cmp.Or(p.Base, p.Model))
 	var e *Engine
 	start := t.next.Add(1)
 	for i := range engines {
