@@ -14,6 +14,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/flowcontrol"
+	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -363,4 +364,106 @@ func TestFlowControlErrors(t *testing.T) {
 	d, err := f.router.Select(ctx, longReq())
 	require.NoError(t, err, "the cancelled request left the queue")
 	d.Release()
+}
+
+// cacheFleet is a Router under flow control over engines a and b, each holding the blocks of its
+// own 64-token prompt (prompt), under cache_aware with an in-flight cap per engine.
+type cacheFleet struct {
+	*flowFleet
+	prompts map[state.EngineID][]uint32
+}
+
+func newCacheFleet(t *testing.T, inflightCap uint64) *cacheFleet {
+	t.Helper()
+	inflight := loadmon.NewInFlight(nil)
+	load := loadmon.NewTable()
+	h, err := kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: 16})
+	require.NoError(t, err)
+	index, err := kvindex.NewIndex(h, kvindex.Options{})
+	require.NoError(t, err)
+	src, err := kvindex.NewLocalSource(index)
+	require.NoError(t, err)
+	reg := &state.StaticRegistry{}
+	prompts := map[state.EngineID][]uint32{"a": tokens(64, 1), "b": tokens(64, 2)}
+	for _, id := range []state.EngineID{"a", "b"} {
+		require.NoError(t, reg.Add(state.NewStaticEngine(id, "m", state.StagePlain)))
+		require.NoError(t, index.Store(kvindex.StoreEvent{Engine: id, BlockHashes: h.Keys(prompts[id]), TokenIDs: prompts[id], Tier: kvindex.TierDevice}))
+	}
+	p, err := policy.NewCacheAware(policy.Config{Load: load, InFlight: inflight, Admission: admission.Limits{MaxInFlightRequests: admission.Cap(inflightCap)}},
+		policy.CacheAwareOptions{Source: src, MinMatchedTokens: 16, DisableRoutePlacements: true})
+	require.NoError(t, err)
+	g, err := bucket.NewEngineGroup(p, nil)
+	require.NoError(t, err)
+	b, err := bucket.NewPlainBucket(bucket.Spec{ID: "all"}, g)
+	require.NoError(t, err)
+	res, err := bucket.NewResolver([]*bucket.Bucket{b}, bucket.ResolverOptions{})
+	require.NoError(t, err)
+	f := &flowFleet{reg: reg, load: load, inflight: inflight}
+	f.router, err = enginepick.NewRouter(enginepick.Options{Registry: reg, InFlight: inflight, Load: load, Index: index,
+		Resolvers: map[state.ModelID]*bucket.Resolver{"m": res}, FlowControl: mustController(t, flowcontrol.Config{})})
+	require.NoError(t, err)
+	return &cacheFleet{flowFleet: f, prompts: prompts}
+}
+
+// prompt is a request for the prompt engine id holds.
+func (f *cacheFleet) prompt(id state.EngineID) *bucket.Request {
+	return &bucket.Request{Model: "m", TokenIDs: f.prompts[id], Signals: bucket.Signals{InputTokens: int64(len(f.prompts[id]))}}
+}
+
+// fill dispatches n requests for the prompt engine id holds, each to id.
+func (f *cacheFleet) fill(t *testing.T, id state.EngineID, n int) []*enginepick.Dispatch {
+	t.Helper()
+	var ds []*enginepick.Dispatch
+	for range n {
+		d, err := f.router.Select(context.Background(), f.prompt(id))
+		require.NoError(t, err)
+		require.Equal(t, id, engineOf(d))
+		ds = append(ds, d)
+	}
+	return ds
+}
+
+// Under cache_aware with in-flight caps, a refusal depends on the request's prefix holders: a
+// request whose holder is at its cap does not hold back a request of the same buckets and keys
+// whose holder has room. Engines a and b (cap 2) each hold one prompt's blocks; both are full,
+// A (a's prompt) and B (b's prompt) wait; when one of b's dispatches ends, A is tried first and
+// refused by a (b is not idle), and B is served by b at the same wake.
+func TestFlowControlRefusalByOtherHoldersDoesNotHoldBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newCacheFleet(t, 2)
+	heldA, heldB := f.fill(t, "a", 2), f.fill(t, "b", 2)
+	chA := f.selectAsync(ctx, f.prompt("a"))
+	waits(t, chA)
+	chB := f.selectAsync(ctx, f.prompt("b"))
+	waits(t, chB)
+	heldB[0].Release()
+	dB := served(t, chB)
+	assert.Equal(t, state.EngineID("b"), engineOf(dB))
+	waits(t, chA)
+	heldA[0].Release()
+	dA := served(t, chA)
+	assert.Equal(t, state.EngineID("a"), engineOf(dA))
+	for _, d := range []*enginepick.Dispatch{dA, dB, heldA[1], heldB[1]} {
+		d.Release()
+	}
+}
+
+// A request waiting for its prefix holders, at their caps, is served by an engine that goes idle
+// (docs/design.md §9.11): engines do not idle while requests wait. Engines a and b (cap 1) each
+// hold one prompt's blocks and run one request; A (a's prompt) waits; when b's request ends, A
+// goes to b.
+func TestFlowControlIdleEngineServesRequestWaitingForItsHolders(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newCacheFleet(t, 1)
+	heldA, heldB := f.fill(t, "a", 1), f.fill(t, "b", 1)
+	chA := f.selectAsync(ctx, f.prompt("a"))
+	waits(t, chA)
+	heldB[0].Release()
+	dA := served(t, chA)
+	assert.Equal(t, state.EngineID("b"), engineOf(dA))
+	assert.Equal(t, "no_cache_candidate", dA.Selection.Plain.Reason)
+	dA.Release()
+	heldA[0].Release()
 }

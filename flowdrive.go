@@ -18,7 +18,8 @@ type flowAttempt struct {
 	req     *bucket.Request
 	at      *time.Time
 	buckets []*bucket.Bucket
-	wake    bool // arm the stale wake on a refusal by the detector
+	class   uint64 // classOf the request
+	wake    bool   // arm the stale wake on a refusal by the detector
 
 	d        *Dispatch
 	last     error // the last refusal
@@ -27,38 +28,39 @@ type flowAttempt struct {
 
 func (r *Router) newFlowAttempt(ctx context.Context, res *bucket.Resolver, req *bucket.Request, at *time.Time) *flowAttempt {
 	buckets, _ := res.Resolve(req.Signals) // an error shows in the selection
-	return &flowAttempt{r: r, ctx: ctx, req: req, at: at, buckets: buckets}
+	return &flowAttempt{r: r, ctx: ctx, req: req, at: at, buckets: buckets, class: classOf(buckets, req)}
 }
 
 // request is what the Controller knows of the request.
 func (a *flowAttempt) request() flowcontrol.Request {
 	return flowcontrol.Request{Model: a.req.Model, Priority: a.req.Priority, Flow: a.req.Flow,
-		Cost: cost(a.req), Class: classOf(a.buckets, a.req)}
+		Cost: cost(a.req), Class: a.class}
 }
 
 // try is one attempt: refused (saturated) when the detector finds the fleet saturated for the
-// request or when the selection's *bucket.ExhaustedError holds an admission rejection; otherwise
-// the selection's outcome, its dispatch in d.
-func (a *flowAttempt) try() (bool, error) {
+// request, with the request's class, or when the selection's *bucket.ExhaustedError holds an
+// admission rejection, with a class of the buckets and the rejected engines (refusalClass);
+// otherwise the selection's outcome, its dispatch in d.
+func (a *flowAttempt) try() (bool, uint64, error) {
 	if err := a.ctx.Err(); err != nil {
-		return false, err // the wait ended: with the last refusal, in result
+		return false, 0, err // the wait ended: with the last refusal, in result
 	}
 	if stale, ok := a.r.saturated(a.buckets, a.req.Model); ok {
 		if a.wake {
 			a.r.wakeWhenStale(stale)
 		}
 		a.last = errDetectorSaturated
-		return true, nil
+		return true, a.class, nil
 	}
 	var err error
 	if a.d, err = a.r.selectOnce(a.ctx, a.req, a.at); err != nil {
 		if ex, ok := err.(*bucket.ExhaustedError); ok && len(ex.Rejections) > 0 {
 			a.last = err
-			return true, nil
+			return true, refusalClass(a.buckets, ex.Rejections), nil
 		}
 	}
 	a.finished = true
-	return false, err
+	return false, 0, err
 }
 
 // result is the outcome of the wait that ended with err: the dispatch, or err with the last

@@ -510,6 +510,32 @@ func classOf(buckets []*bucket.Bucket, req *bucket.Request) uint64 {
 	return h.Sum64()
 }
 
+// refusalClass is the flow-control class of a refusal by admission: requests of the same buckets
+// whose selections the same engines rejected meet the same saturation, whatever their prompts and
+// affinity keys. It differs from every classOf.
+func refusalClass(buckets []*bucket.Bucket, rejections []*policy.AdmissionRejectedError) uint64 {
+	var buf [16]state.EngineID
+	ids := buf[:0]
+	for _, r := range rejections {
+		ids = append(ids, r.Engine.ID())
+	}
+	slices.Sort(ids)
+	var h maphash.Hash
+	h.SetSeed(classSeed)
+	for _, b := range buckets {
+		h.WriteString(b.ID())
+		h.WriteByte(0)
+	}
+	h.WriteByte(2)
+	for i, id := range slices.Compact(ids) {
+		if i > 0 {
+			h.WriteByte(0)
+		}
+		h.WriteString(string(id))
+	}
+	return h.Sum64()
+}
+
 var classSeed = maphash.MakeSeed()
 
 // cost is the service a request receives, in tokens: its expected peak (prompt + output budget)

@@ -72,6 +72,41 @@ func TestExampleConfigs(t *testing.T) {
 				}
 			}
 		},
+		"flow-control.yaml": func(t *testing.T, r *config.Router) {
+			ctx := context.Background()
+			req := func(priority int) *bucket.Request {
+				return &bucket.Request{Model: "llama-3.1-8b", Priority: priority, Flow: "gold", Signals: bucket.Signals{InputTokens: 100}}
+			}
+			held := make([]*enginepick.Dispatch, 0, 64)
+			for range 64 { // both engines at their caps
+				held = append(held, mustSelect(t, r, req(0)))
+			}
+			_, err := r.Select(ctx, req(-1))
+			assert.Equal(t, http.StatusTooManyRequests, bucket.StatusCode(err), "best effort is shed while saturated: %v", err)
+			served := make(chan *enginepick.Dispatch, 1)
+			go func() {
+				d, err := r.Select(ctx, req(1))
+				assert.NoError(t, err)
+				served <- d
+			}()
+			select {
+			case <-served:
+				t.Fatal("an interactive request was served while both engines were at their caps")
+			case <-time.After(50 * time.Millisecond):
+			}
+			held[0].Release() // a dispatch ends: the waiting request takes its place
+			select {
+			case d := <-served:
+				require.NotNil(t, d)
+				assert.Equal(t, held[0].Selection.Plain.Engine.ID(), d.Selection.Plain.Engine.ID())
+				d.Release()
+			case <-time.After(5 * time.Second):
+				t.Fatal("the waiting request was not served when a dispatch ended")
+			}
+			for _, d := range held[1:] {
+				d.Release()
+			}
+		},
 		"length-buckets-slo.json": func(t *testing.T, r *config.Router) {
 			for _, tc := range []struct {
 				input  int64

@@ -10,7 +10,7 @@ import (
 // The driven form of the queue (package internal/flowbridge): a request without a goroutine,
 // whose turns the driver runs.
 func init() {
-	flowbridge.Submit = func(c any, r any, attempt func() (bool, error), done func(error)) {
+	flowbridge.Submit = func(c any, r any, attempt func() (bool, uint64, error), done func(error)) {
 		c.(*Controller).submit(r.(Request), attempt, done)
 	}
 	flowbridge.Drive = func(c any, model state.ModelID) { c.(*Controller).drive(model) }
@@ -18,7 +18,7 @@ func init() {
 }
 
 // submit is Wait for a driven request (flowbridge.Submit), reported to the Observer as Wait is.
-func (c *Controller) submit(r Request, attempt func() (bool, error), done func(error)) {
+func (c *Controller) submit(r Request, attempt func() (bool, uint64, error), done func(error)) {
 	var ev *Event // the wait's start, once the request waits
 	var start time.Time
 	end := done
@@ -61,9 +61,9 @@ func (c *Controller) drive(model state.ModelID) {
 			return
 		}
 		q.mu.Unlock()
-		saturated, err := w.attempt()
+		saturated, class, err := w.attempt()
 		q.mu.Lock()
-		left := q.turnEndedLocked(w, saturated, err)
+		left := q.turnEndedLocked(w, saturated, class, err)
 		q.mu.Unlock()
 		if left {
 			w.done(err)

@@ -37,14 +37,14 @@ func newDriven(t *testing.T, cfg flowcontrol.Config) *driven {
 
 func (d *driven) submit(id string, r flowcontrol.Request) {
 	r.Model = model
-	flowbridge.Submit(d.c, r, func() (bool, error) {
+	flowbridge.Submit(d.c, r, func() (bool, uint64, error) {
 		d.attempts[id]++
 		if d.capacity[r.Class] == 0 {
-			return true, nil
+			return true, r.Class, nil
 		}
 		d.capacity[r.Class]--
 		d.order = append(d.order, id)
-		return false, nil
+		return false, 0, nil
 	}, func(err error) {
 		d.ends[id]++
 		d.results[id] = err

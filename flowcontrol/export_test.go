@@ -1,6 +1,7 @@
 package flowcontrol
 
 import (
+	"maps"
 	"time"
 
 	"github.com/enginepick/enginepick/state"
@@ -31,4 +32,16 @@ func Enqueued(c *Controller, m state.ModelID) uint64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.seq
+}
+
+// Classes returns the model's waiting requests per class.
+func Classes(c *Controller, m state.ModelID) map[uint64]int {
+	v, ok := c.queues.Load(m)
+	if !ok {
+		return nil
+	}
+	q := v.(*queue)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return maps.Clone(q.classes)
 }

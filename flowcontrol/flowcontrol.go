@@ -86,9 +86,10 @@ type Request struct {
 	// expected output); 0 counts as 1.
 	Cost uint64
 	// Class groups requests that one saturation blocks alike (enginepick: the same buckets and
-	// affinity keys). After a request of a class was refused, its class's other waiting requests
-	// are not tried again until capacity may have freed (Notify): a pass over the queue costs one
-	// attempt per blocked class, not per waiting request.
+	// affinity keys) until their first refusal; a refused request then takes the refusal's class
+	// (Wait). After a request of a class was refused, its class's other waiting requests are not
+	// tried again until capacity may have freed (Notify): a pass over the queue costs one attempt
+	// per blocked class, not per waiting request.
 	Class uint64
 }
 
@@ -167,20 +168,25 @@ func (c *Controller) rankSaturated(l *loadmon.EngineLoad) bool {
 // Wait runs attempt for the request, and waits and runs it again while it reports saturation,
 // until it does not, the wait ends, or the request is rejected. attempt tries to serve the request
 // (enginepick: one selection); it returns saturated when the fleet cannot serve it now (the
-// request then waits), and otherwise the outcome: a nil error when it was served, which charges
-// its Cost to its flow. attempt runs on the caller's goroutine, one attempt of a model's waiting
+// request then waits), with the refusal's class, and otherwise the outcome: a nil error when it
+// was served, which charges its Cost to its flow. The refusal's class groups the requests that
+// refusal blocks alike (enginepick: the buckets and the engines that refused); a refused request
+// takes it as its class (Request.Class) until its next refusal. attempt runs on the caller's goroutine, one attempt of a model's waiting
 // requests at a time, in order: bands by priority, then the flow with the least attained service ÷
 // weight, then first come first served; it never runs under the Controller's locks.
 //
 // A request runs its first attempt at once unless waiting requests of its model are being tried
 // (it then waits for its turn). After a refusal it waits until Notify, its turn, and runs attempt
-// again; a refusal leaves it in its place.
+// again; a refusal leaves it in its place. A refusal whose class differs from the request's last
+// and that no request met since the last Notify is followed at once by another attempt, up to 64
+// in a row: the request's next attempt may pick elsewhere (round-robin), and what freed goes to
+// the first request in order.
 //
 // Wait returns attempt's error (nil: served); a *RejectedError when the request is rejected
 // (sheddable, queue full) or displaced; an error wrapping ErrTimeout
 // when its band's TTL passes; ctx's error when ctx ends first. A request that leaves holds nothing
 // and leaves no goroutine. A nil ctx means context.Background().
-func (c *Controller) Wait(ctx context.Context, r Request, attempt func() (saturated bool, err error)) error {
+func (c *Controller) Wait(ctx context.Context, r Request, attempt func() (saturated bool, class uint64, err error)) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -200,19 +206,28 @@ func (c *Controller) Wait(ctx context.Context, r Request, attempt func() (satura
 // or a nil waiter and the outcome when the request did not wait (a refusal reported to the
 // Observer). With done set, the request is driven (Drive): it has no channel, and done receives
 // its end.
-func (c *Controller) enter(r *Request, attempt func() (bool, error), done func(error)) (*queue, *waiter, error) {
+func (c *Controller) enter(r *Request, attempt func() (bool, uint64, error), done func(error)) (*queue, *waiter, error) {
 	q := c.queue(r.Model)
 	bi := c.band(r.Priority)
 	b := &c.bands[bi]
 	epoch := q.epoch.Load()
 	busy := q.busy.Load()
-	if !busy {
-		saturated, err := attempt()
+	queued := *r // with the last refusal's class
+	for n := 0; !busy; n++ {
+		saturated, class, err := attempt()
 		if !saturated {
 			if err == nil {
 				q.servedDirect(r)
 			}
 			return q, nil, err
+		}
+		q.mu.Lock()
+		again := n+1 < maxTries && q.movedLocked(queued.Class, class, epoch)
+		q.refusedLocked(class, epoch)
+		q.mu.Unlock()
+		queued.Class = class
+		if !again {
+			break
 		}
 	}
 	q.mu.Lock()
@@ -220,9 +235,9 @@ func (c *Controller) enter(r *Request, attempt func() (bool, error), done func(e
 	var err error
 	if b.Sheddable {
 		err = q.rejectedLocked(label.FlowSheddable, bi)
-	} else if w, err = q.enqueueLocked(r, bi, attempt, done); err == nil {
+	} else if w, err = q.enqueueLocked(&queued, bi, attempt, done); err == nil {
 		if !busy {
-			q.refusedLocked(r.Class, epoch)
+			q.refusedLocked(queued.Class, epoch)
 		}
 		q.advanceLocked()
 	}

@@ -34,6 +34,7 @@ type harness struct {
 	attempts map[string]int   // attempts per request
 	results  map[string]error // returned requests
 	wg       sync.WaitGroup
+	next     uint64 // rotating's last class
 }
 
 func newHarness(t *testing.T, cfg flowcontrol.Config) *harness {
@@ -45,29 +46,49 @@ func newHarness(t *testing.T, cfg flowcontrol.Config) *harness {
 	return h
 }
 
-func (h *harness) attempt(id string, class uint64) func() (bool, error) {
-	return func() (bool, error) {
+func (h *harness) attempt(id string, class uint64) func() (bool, uint64, error) {
+	return func() (bool, uint64, error) {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		h.attempts[id]++
 		if h.capacity[class] == 0 {
-			return true, nil
+			return true, class, nil
 		}
 		h.capacity[class]--
 		h.order = append(h.order, id)
-		return false, nil
+		return false, 0, nil
+	}
+}
+
+// rotating is an attempt that picks classes 1 to 4 in turn, over every request's attempts, as
+// round-robin picks engines without reading their caps; it draws on the capacity of the class
+// picked and reports it as the class of its refusal.
+func (h *harness) rotating(id string) func() (bool, uint64, error) {
+	return func() (bool, uint64, error) {
+		h.mu.Lock()
+		h.next = h.next%4 + 1
+		class := h.next
+		h.mu.Unlock()
+		return h.attempt(id, class)()
 	}
 }
 
 // arrive starts request id and returns once it is queued or has returned.
 func (h *harness) arrive(ctx context.Context, id string, r flowcontrol.Request) {
 	h.t.Helper()
+	h.arriveAs(ctx, id, r, r.Class)
+}
+
+// arriveAs is arrive for a request whose attempts draw on the capacity of class refusal and report
+// it as the class of their refusal, whatever r.Class.
+func (h *harness) arriveAs(ctx context.Context, id string, r flowcontrol.Request, refusal uint64) {
+	h.t.Helper()
 	r.Model = model
 	before := flowcontrol.Enqueued(h.c, model)
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
-		err := h.c.Wait(ctx, r, h.attempt(id, r.Class))
+		err := h.c.Wait(ctx, r, h.attempt(id, refusal))
 		h.mu.Lock()
 		h.results[id] = err
 		h.mu.Unlock()
@@ -264,6 +285,64 @@ func TestRefusedClassDoesNotBlockOthers(t *testing.T) {
 	assert.Equal(t, []string{"y1", "y2", "x1", "x2"}, h.serveAll(1, 2))
 }
 
+// A refused request takes its refusal's class: requests of one Class refused for different
+// reasons (enginepick: by different engines) are skipped apart, and the count of waiting
+// requests per class follows them.
+func TestRefusalClassReplacesTheRequestClass(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, flowcontrol.Config{})
+	ctx := context.Background()
+	h.arriveAs(ctx, "a", flowcontrol.Request{Class: 1}, 10)
+	h.arriveAs(ctx, "b", flowcontrol.Request{Class: 1}, 11)
+	h.arriveAs(ctx, "c", flowcontrol.Request{Class: 1}, 10)
+	assert.Equal(t, map[uint64]int{10: 2, 11: 1}, flowcontrol.Classes(h.c, model))
+	assert.Equal(t, []string{"b"}, h.serveAll(11, 1), "a's refusal does not hold b back")
+	require.NoError(t, h.result("b"))
+	h.mu.Lock()
+	// a and b arrive with class 1 and are refused with 10 and 11, new classes: each is tried
+	// once more at once, refused alike. c's refusal, 10, was met first by a: c stops there.
+	assert.Equal(t, map[string]int{"a": 3, "b": 3, "c": 1}, h.attempts, "c is not tried after a's refusal")
+	h.mu.Unlock()
+	assert.Equal(t, map[uint64]int{10: 2}, flowcontrol.Classes(h.c, model))
+	assert.Equal(t, []string{"b", "a", "c"}, h.serveAll(10, 2))
+	assert.Empty(t, flowcontrol.Classes(h.c, model))
+}
+
+// A request refused by a class no request met in this pass is tried again at once, until a
+// refusal repeats: the capacity that frees goes to the first request in order, whichever class
+// the attempts pick first (round-robin over engines with caps).
+func TestMovedRefusalKeepsTheTurn(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, flowcontrol.Config{})
+	ctx := context.Background()
+	for _, id := range []string{"first", "second"} {
+		r := flowcontrol.Request{Model: model, Class: 100}
+		before := flowcontrol.Enqueued(h.c, model)
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			err := h.c.Wait(ctx, r, h.rotating(id))
+			h.mu.Lock()
+			h.results[id] = err
+			h.mu.Unlock()
+		}()
+		require.Eventually(t, func() bool { return flowcontrol.Enqueued(h.c, model) > before }, 5*time.Second, time.Millisecond)
+	}
+	h.mu.Lock()
+	// first: classes 1, 2, 3, 4, then 1 again; second: 2, refused first by first.
+	assert.Equal(t, map[string]int{"first": 5, "second": 1}, h.attempts)
+	h.mu.Unlock()
+	// Class 1 frees: first picks 3 and 4, then 1; the pass goes on with second, which picks 2,
+	// refused as before.
+	assert.Equal(t, []string{"first"}, h.serveAll(1, 1))
+	require.NoError(t, h.result("first"))
+	h.mu.Lock()
+	assert.Equal(t, map[string]int{"first": 8, "second": 2}, h.attempts)
+	h.mu.Unlock()
+	assert.Equal(t, 1, flowcontrol.Queued(h.c, model))
+	assert.Equal(t, []string{"first", "second"}, h.serveAll(1, 1))
+}
+
 func TestBandTTLEndsTheWait(t *testing.T) {
 	t.Parallel()
 	const ttl = 40 * time.Millisecond
@@ -422,7 +501,7 @@ func TestAttemptErrorEndsTheWait(t *testing.T) {
 	require.NoError(t, err)
 	boom := errors.New("boom")
 	calls := 0
-	err = c.Wait(context.Background(), flowcontrol.Request{Model: model}, func() (bool, error) { calls++; return false, boom })
+	err = c.Wait(context.Background(), flowcontrol.Request{Model: model}, func() (bool, uint64, error) { calls++; return false, 0, boom })
 	assert.ErrorIs(t, err, boom)
 	assert.Equal(t, 1, calls)
 	assert.Equal(t, 0, flowcontrol.Queued(c, model))
@@ -462,6 +541,6 @@ func TestNotifyWithoutWaitersDoesNothing(t *testing.T) {
 	require.NoError(t, err)
 	c.Notify("unknown")
 	assert.Equal(t, uint64(0), flowcontrol.Enqueued(c, "unknown"), "no queue is created")
-	require.NoError(t, c.Wait(context.Background(), flowcontrol.Request{Model: model}, func() (bool, error) { return false, nil }))
+	require.NoError(t, c.Wait(context.Background(), flowcontrol.Request{Model: model}, func() (bool, uint64, error) { return false, 0, nil }))
 	assert.Equal(t, 0.0, testing.AllocsPerRun(100, func() { c.Notify(model) }))
 }

@@ -46,7 +46,7 @@ func (c *Controller) refused(r *Request, b *Band, err error) {
 }
 
 // observedWait is q.wait reported to the Observer: the start of the wait and its end.
-func (c *Controller) observedWait(ctx context.Context, q *queue, w *waiter, b *Band, r *Request, attempt func() (bool, error)) error {
+func (c *Controller) observedWait(ctx context.Context, q *queue, w *waiter, b *Band, r *Request, attempt func() (bool, uint64, error)) error {
 	start := c.now()
 	c.obs.ObserveFlow(Event{Model: r.Model, Band: b.Priority, Flow: r.Flow})
 	err := q.wait(ctx, w, b, attempt)

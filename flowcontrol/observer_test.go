@@ -88,11 +88,11 @@ func TestObserverSeesEveryWait(t *testing.T) {
 	done := make(chan error)
 	go func() {
 		n := 0 // the attempts run on this goroutine
-		done <- c.Wait(context.Background(), flowcontrol.Request{Model: model, Priority: 5, Class: 1}, func() (bool, error) {
+		done <- c.Wait(context.Background(), flowcontrol.Request{Model: model, Priority: 5, Class: 1}, func() (bool, uint64, error) {
 			if n++; n == 1 {
-				return true, nil
+				return true, 1, nil
 			}
-			return false, boom
+			return false, 0, boom
 		})
 	}()
 	require.Eventually(t, func() bool { return flowcontrol.Queued(c, model) == 2 }, 5*time.Second, time.Millisecond)

@@ -67,6 +67,9 @@ type flowQ struct {
 	band       int
 	head, tail *waiter
 	idx        int // in the band's heap, −1 when empty
+	// byClass holds the same requests by class, each class's oldest first, so that the first
+	// request of a class not refused is found without walking past the refused ones.
+	byClass map[uint64]*seqHeap
 }
 
 type signal uint8
@@ -78,7 +81,7 @@ const (
 
 // waiter is one waiting request: a blocked Wait (ch), or a driven request (Drive: attempt, done).
 type waiter struct {
-	req          Request
+	req          Request // its Class is its last refusal's class (Request.Class before one)
 	fq           *flowQ
 	seq          uint64
 	prev, next   *waiter // in fq
@@ -86,9 +89,11 @@ type waiter struct {
 	ch           chan signal
 	queued       bool
 	turnEpoch    uint64
+	cidx         int   // in its flowQ's heap of its class
+	tries        int   // attempts of the turn it holds
 	displaced    error // set before sigDisplaced
 
-	attempt  func() (bool, error)
+	attempt  func() (bool, uint64, error)
 	done     func(error)
 	deadline time.Time // its band's TTL, on the Controller's clock; zero: none
 }
@@ -106,7 +111,7 @@ func newQueue(c *Controller) *queue {
 }
 
 // wait is a queued request's loop: its turns, its end.
-func (q *queue) wait(ctx context.Context, w *waiter, b *Band, attempt func() (bool, error)) error {
+func (q *queue) wait(ctx context.Context, w *waiter, b *Band, attempt func() (bool, uint64, error)) error {
 	var expired <-chan time.Time
 	if b.TTL > 0 {
 		t := time.NewTimer(b.TTL)
@@ -119,9 +124,9 @@ func (q *queue) wait(ctx context.Context, w *waiter, b *Band, attempt func() (bo
 			if s == sigDisplaced {
 				return w.displaced
 			}
-			saturated, err := attempt()
+			saturated, class, err := attempt()
 			q.mu.Lock()
-			left := q.turnEndedLocked(w, saturated, err)
+			left := q.turnEndedLocked(w, saturated, class, err)
 			q.mu.Unlock()
 			if left {
 				return err
@@ -140,13 +145,20 @@ func timeoutError(b *Band) error {
 }
 
 // turnEndedLocked applies the outcome of w's turn and passes the turn on: a request that was not
-// refused leaves the queue (charged when served); a refused one keeps its place, and its class is
-// refused for the epoch of the turn. It reports whether w left.
-func (q *queue) turnEndedLocked(w *waiter, saturated bool, err error) bool {
+// refused leaves the queue (charged when served); a refused one keeps its place, takes the
+// refusal's class, and that class is refused for the epoch of the turn. It reports whether w left.
+func (q *queue) turnEndedLocked(w *waiter, saturated bool, class uint64, err error) bool {
 	q.holder = nil
 	q.busy.Store(false)
 	if saturated {
-		q.refusedLocked(w.req.Class, w.turnEpoch)
+		w.tries++
+		again := w.tries < maxTries && q.movedLocked(w.req.Class, class, w.turnEpoch)
+		q.reclassLocked(w, class)
+		q.refusedLocked(class, w.turnEpoch)
+		if again {
+			q.grantLocked(w, w.tries)
+			return false
+		}
 	} else {
 		q.removeLocked(w)
 		if err == nil {
@@ -173,6 +185,20 @@ func (q *queue) leave(w *waiter, err error) error {
 	return err
 }
 
+// reclassLocked moves a queued request to class, keeping the count of waiting requests per class.
+func (q *queue) reclassLocked(w *waiter, class uint64) {
+	if w.req.Class == class {
+		return
+	}
+	if q.classes[w.req.Class]--; q.classes[w.req.Class] == 0 {
+		delete(q.classes, w.req.Class)
+	}
+	w.fq.unclass(w)
+	w.req.Class = class
+	w.fq.class(w)
+	q.classes[class]++
+}
+
 // refusedLocked records that a request of class was refused at epoch; a refusal from an older
 // epoch (capacity may have freed since) records nothing.
 func (q *queue) refusedLocked(class, epoch uint64) {
@@ -196,18 +222,34 @@ func (q *queue) isRefused(class uint64) bool {
 	return ok
 }
 
+// maxTries bounds the attempts of one turn, and of an arrival's first try (movedLocked).
+const maxTries = 64
+
+// movedLocked reports whether a request refused with class, after its last refusal with prev, is
+// tried again at once: the refusal named other engines than before (a policy that does not read
+// admission, round-robin say, picked another engine) and no request was refused with class in
+// epoch, the current one. A refusal that repeats, or that another request met first in this pass,
+// ends the turn.
+func (q *queue) movedLocked(prev, class, epoch uint64) bool {
+	return class != prev && epoch == q.epoch.Load() && !q.isRefused(class)
+}
+
 // advanceLocked gives the turn to the next eligible request, unless one holds it.
 func (q *queue) advanceLocked() {
 	if q.holder != nil || q.n == 0 {
 		return
 	}
-	w := q.nextLocked()
-	if w == nil {
-		return
+	if w := q.nextLocked(); w != nil {
+		q.grantLocked(w, 0)
 	}
+}
+
+// grantLocked gives w the turn, its tries-th attempt in a row.
+func (q *queue) grantLocked(w *waiter, tries int) {
 	q.holder = w
 	q.busy.Store(true)
 	w.turnEpoch = q.epoch.Load()
+	w.tries = tries
 	if w.ch != nil {
 		w.ch <- sigTurn // buffered, and empty: a queued request has no signal pending
 	} // a driven request's turn is run by Drive
@@ -241,11 +283,14 @@ func (q *queue) nextLocked() *waiter {
 			if bestQ != nil && !fq.before(bestQ) {
 				continue
 			}
-			for w := fq.head; w != nil; w = w.next {
-				if _, ok := q.refused[w.req.Class]; !ok {
-					best, bestQ = w, fq
-					break
+			var first *waiter // the flow's oldest request of a class not refused
+			for class, h := range fq.byClass {
+				if _, ok := q.refused[class]; !ok && (first == nil || (*h)[0].seq < first.seq) {
+					first = (*h)[0]
 				}
+			}
+			if first != nil {
+				best, bestQ = first, fq
 			}
 		}
 		if best != nil {
@@ -260,7 +305,7 @@ func (q *queue) nextLocked() *waiter {
 // full, the newest request of the flow band bi serves last if the request's flow is served before
 // it; it returns a *RejectedError when the request cannot be queued. With done set, the request is driven, with
 // attempt as its turn.
-func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, error), done func(error)) (*waiter, error) {
+func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, uint64, error), done func(error)) (*waiter, error) {
 	cfg := &q.c.bands[bi]
 	f := q.flowLocked(r.Flow)
 	bandFull := cfg.MaxQueued > 0 && q.bands[bi].n >= cfg.MaxQueued
@@ -285,7 +330,7 @@ func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, error), 
 		}
 	}
 	if f.qs[bi] == nil {
-		f.qs[bi] = &flowQ{f: f, band: bi, idx: -1}
+		f.qs[bi] = &flowQ{f: f, band: bi, idx: -1, byClass: map[uint64]*seqHeap{}}
 	}
 	fq := f.qs[bi]
 	q.seq++
@@ -306,6 +351,7 @@ func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, error), 
 		w.prev, fq.tail.next = fq.tail, w
 		fq.tail = w
 	}
+	fq.class(w)
 	b := &q.bands[bi]
 	if b.last == nil {
 		b.first, b.last = w, w
@@ -367,6 +413,7 @@ func (q *queue) newestLocked(fq *flowQ) *waiter {
 func (q *queue) removeLocked(w *waiter) {
 	fq := w.fq
 	b := &q.bands[fq.band]
+	fq.unclass(w)
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
@@ -523,4 +570,45 @@ func (h *flowHeap) Pop() any {
 	fq.idx = -1
 	*h = old[:len(old)-1]
 	return fq
+}
+
+// class adds w to fq's heap of its class.
+func (fq *flowQ) class(w *waiter) {
+	h := fq.byClass[w.req.Class]
+	if h == nil {
+		h = &seqHeap{}
+		fq.byClass[w.req.Class] = h
+	}
+	heap.Push(h, w)
+}
+
+// unclass removes w from fq's heap of its class, and the heap when it empties.
+func (fq *flowQ) unclass(w *waiter) {
+	h := fq.byClass[w.req.Class]
+	heap.Remove(h, w.cidx)
+	if h.Len() == 0 {
+		delete(fq.byClass, w.req.Class)
+	}
+}
+
+// seqHeap orders one flow's requests of one class, the oldest first (container/heap).
+type seqHeap []*waiter
+
+func (h seqHeap) Len() int           { return len(h) }
+func (h seqHeap) Less(i, j int) bool { return h[i].seq < h[j].seq }
+func (h seqHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].cidx, h[j].cidx = i, j
+}
+func (h *seqHeap) Push(x any) {
+	w := x.(*waiter)
+	w.cidx = len(*h)
+	*h = append(*h, w)
+}
+func (h *seqHeap) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return w
 }

@@ -165,7 +165,8 @@ type CacheAwareOptions struct {
 	// index's ApproxTTL. A PD prefill pick is recorded even if its decode pick then fails.
 	DisableRoutePlacements bool
 	// DisableCostComparison turns the cost comparison off (docs/design.md §9.11): the holder the
-	// upstream rules choose always wins, and a miss goes to the power-of-k sample's winner. Off,
+	// upstream rules choose always wins, a miss goes to the power-of-k sample's winner, and a
+	// request whose holders admission rejected fails rather than go to an idle engine. Off,
 	// every engine holding a shared prefix above MinMatchedTokens (a long system prompt) keeps
 	// absorbing the traffic however long its queue.
 	DisableCostComparison bool
@@ -253,8 +254,9 @@ const inertWarnSample = 64
 //     report (the pressure guard). Reason cache_candidate.
 //  6. No admitted holder: with a saturation floor, gate-rejected holders and no fresh group queue
 //     below the floor, the least pressured gate-rejected holder that passes admission is pinned
-//     (saturation_pin). Otherwise, if admission rejected any holder, the pick fails with
-//     *NoAdmissibleEngineError: a hard rejection never becomes a cold fallback.
+//     (saturation_pin). Otherwise, if admission rejected any holder, an idle group engine takes
+//     the request (no_cache_candidate; not with DisableCostComparison), else the pick fails with
+//     *NoAdmissibleEngineError: a hard rejection never becomes a fallback to a busy engine.
 //  7. Miss: power-of-k over the group's unqueued engines (all engines when none is unqueued), then
 //     one admission check on its pick (no_cache_candidate; rejection → *AdmissionRejectedError).
 //
@@ -268,7 +270,7 @@ const inertWarnSample = 64
 // Pick errors: ErrInvalidConfiguration on a decode request; ErrNoCandidates for no engines (no
 // lookup is made); ErrInvalidSignal when req.TokenIDs is set and its length is not
 // req.InputTokens, or when the source rejects the query; *NoAdmissibleEngineError when admission
-// rejected every evaluated holder; *AdmissionRejectedError when the fallback's pick is rejected; a
+// rejected every evaluated holder and no idle engine was admitted; *AdmissionRejectedError when the fallback's pick is rejected; a
 // checker error.
 func NewCacheAware(cfg Config, opts CacheAwareOptions) (Policy, error) {
 	if err := cfg.validate(label.CacheAware); err != nil {
@@ -558,6 +560,13 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		}
 	}
 	if len(rejections) > 0 {
+		// Admission rejected the holders: an idle engine recomputes the prompt rather than let
+		// it wait for them, as recomputing there delays nobody (docs/design.md §9.11).
+		if i, o, ok := p.idle(engines, req, snap, v.matched); ok {
+			if ic, err := p.cfg.admit(engines[i], o); err == nil {
+				return p.finish(engines[i], &o, ic, label.ReasonNoCacheCandidate, label.DecisionCacheMiss, req.InputTokens-v.matched[i], req, res, d), nil
+			}
+		}
 		return Pick{}, &NoAdmissibleEngineError{Rejections: rejections}
 	}
 
@@ -1127,6 +1136,27 @@ func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon
 	}
 	j, o, err := sampleLeastPressured(&p.cfg, snap, sub, req, p.opts.MinLoadChoices)
 	return tier[j], o, err
+}
+
+// idle returns the idle group engine with the most matched tokens (the first on a tie): one with
+// nothing in flight from this router or its peers and, when its load is known, no running or waiting request
+// reported and no dispatch since the report. ok is false when no engine is idle, and with the cost
+// comparison off.
+func (p *cacheAware) idle(engines []state.Engine, req *Request, snap loadmon.Snapshot, matched []uint64) (idx int, obs loadmon.Observation, ok bool) {
+	idx = -1
+	if p.opts.DisableCostComparison {
+		return idx, obs, false
+	}
+	for i, e := range engines {
+		o := p.cfg.observe(snap, e, req)
+		if o.InFlight > 0 || o.PeerInFlight > 0 || o.Dispatched > 0 || (o.Load != nil && o.Load.RunningRequests+o.Load.WaitingRequests > 0) {
+			continue
+		}
+		if idx < 0 || matched[i] > matched[idx] {
+			idx, obs = i, o
+		}
+	}
+	return idx, obs, idx >= 0
 }
 
 // coverage returns the best basis every candidate of cs has (the coverage rule, docs/design.md

@@ -442,7 +442,9 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "fleet saturation needs a fresh sample everywhere: no re-admission")
 }
 
-// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs` hard_rejection_never_becomes_cold_fallback_or_saturation_bypass.
+// sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs`
+// hard_rejection_never_becomes_cold_fallback_or_saturation_bypass, with the cost comparison off;
+// on, an idle engine takes the request (docs/design.md §9.11).
 func TestCacheAwareHardRejectionNeverBecomesColdFallbackOrSaturationBypass(t *testing.T) {
 	t.Parallel()
 	tok := prompt(8*blockTokens, 8)
@@ -458,7 +460,7 @@ func TestCacheAwareHardRejectionNeverBecomesColdFallbackOrSaturationBypass(t *te
 		_, _ = rec.Check(e, m)
 		return lim.Check(e, m)
 	})
-	p, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens})
+	p, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens, DisableCostComparison: true})
 	require.NoError(t, err)
 	_, err = p.Pick(ctx, group, creq(tok))
 	var none *policy.NoAdmissibleEngineError
@@ -468,6 +470,30 @@ func TestCacheAwareHardRejectionNeverBecomesColdFallbackOrSaturationBypass(t *te
 	assert.Equal(t, admission.LimitWaitingRequests, none.Rejections[0].Limit)
 	assert.Equal(t, []state.EngineID{"owner"}, rec.Calls(), "admission once, on the owner; no cold fallback")
 	assert.Equal(t, admission.Known(5), rec.metrics[0].WaitingRequests)
+
+	// With the cost comparison, the idle cold engine recomputes the prompt; one waiting request,
+	// one running, or one in flight from this router makes it busy.
+	p, err = policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens})
+	require.NoError(t, err)
+	pk, err := p.Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID())
+	assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
+	assert.Equal(t, []state.EngineID{"owner", "owner", "cold"}, rec.Calls(), "the owner, then the idle engine")
+	for name, busy := range map[string]func() func(){
+		"waiting": func() func() { c.native("cold", loadmon.Report{WaitingRequests: 1}); return func() {} },
+		"running": func() func() { c.native("cold", loadmon.Report{RunningRequests: 1}); return func() {} },
+		"in flight": func() func() {
+			c.native("cold", loadmon.Report{})
+			return c.inflight.Acquire("cold", -1, 0).Release
+		},
+	} {
+		release := busy()
+		_, err = p.Pick(ctx, group, creq(tok))
+		assert.ErrorAs(t, err, &none, name)
+		release()
+	}
+	c.native("cold", loadmon.Report{WaitingRequests: 0})
 
 	// The saturation pin cannot bypass admission either.
 	p, _ = policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens,

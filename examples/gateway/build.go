@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -211,7 +212,8 @@ func build(o options, log *zap.Logger) (*gateway, error) {
 	g.prober = &gw.Prober{Registry: registry, Interval: o.probeInterval, Path: o.probePath}
 	g.server, err = gw.NewServer(gw.Options{Router: g.router, Registry: registry, Tokenizer: tok,
 		BytesPerToken: o.bytesPerToken, SessionHeader: o.sessionHeader, RoutingKeyHeader: o.routingKeyHeader,
-		MaxBodyBytes: o.maxBodyBytes, PrefillTimeout: o.prefillTimeout, Metrics: metrics, Logger: log, Prober: g.prober})
+		MaxBodyBytes: o.maxBodyBytes, PrefillTimeout: o.prefillTimeout, Metrics: metrics, Logger: log, Prober: g.prober,
+		EnginePriority: enginePriority(o.enginePriority, nil)})
 	if err != nil {
 		return nil, err
 	}
@@ -267,4 +269,26 @@ func (g *gateway) close() {
 		_ = g.closers[i]()
 	}
 	g.closers = nil
+}
+
+// enginePriority is gw.Options.EnginePriority under --engine-priority (nil without): a request's
+// band, the highest of bands at or below its priority (the lowest when none is; the priority
+// itself without bands, as flowcontrol.Config.Bands places it), negated, since enginepick serves
+// higher priorities first and vLLM lower values.
+func enginePriority(on bool, bands []int) func(int) int {
+	if !on {
+		return nil
+	}
+	return func(p int) int {
+		if len(bands) == 0 {
+			return -p
+		}
+		band, found := slices.Min(bands), false
+		for _, b := range bands {
+			if b <= p && (!found || b > band) {
+				band, found = b, true
+			}
+		}
+		return -band
+	}
 }

@@ -8,7 +8,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/enginepick/enginepick/config"
+	"github.com/enginepick/enginepick/examples/gateway/internal/fakeengine"
 	"github.com/enginepick/enginepick/state"
 )
 
@@ -156,7 +159,7 @@ func TestExampleConfigsBuildTheGateway(t *testing.T) {
 	t.Parallel()
 	files, err := filepath.Glob("../configs/*")
 	require.NoError(t, err)
-	require.Len(t, files, 4)
+	require.Len(t, files, 5, "the example configurations; TestExampleFlowControlConfig serves flow-control.yaml")
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			o, err := parseArgs([]string{"--config=" + f}, io.Discard)
@@ -216,4 +219,104 @@ models:
 		return strings.Contains(metrics(), `enginepick_dispatch_failures_total{model_id="m",reason="error"} 1`)
 	}, 5*time.Second, 5*time.Millisecond, "a failed prefill leg makes the dispatch a failed one")
 	assert.Contains(t, metrics(), ttft(d.URL(), "decode", 2), "and records no time to first token")
+}
+
+// TestExampleFlowControlConfig serves examples/configs/flow-control.yaml over two test engines
+// (the file's, at their addresses): with both engines at their caps of 32, a best-effort request
+// (x-enginepick-priority: -1) is shed at once with 429, an interactive one (priority 1) waits, and
+// when one response ends the interactive request takes its place on that engine.
+func TestExampleFlowControlConfig(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../configs/flow-control.yaml")
+	require.NoError(t, err)
+	engines := []*fakeengine.Engine{newEngine(t), newEngine(t)}
+	gates := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	text := string(raw)
+	for i, e := range engines {
+		e.SetGate(gates[i])
+		e.SetLoad("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+		text = strings.ReplaceAll(text, fmt.Sprintf("http://10.0.0.%d:8000", i+1), e.URL())
+	}
+	require.NotContains(t, text, "10.0.0.")
+	_, srv := startGateway(t, "--config="+writeConfig(t, text), "--tokenize=false")
+	var once sync.Once
+	releaseAll := func() {
+		once.Do(func() {
+			for _, g := range gates {
+				close(g)
+			}
+		})
+	}
+	t.Cleanup(releaseAll) // before the gateway stops, which waits for the held requests
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
+	t.Cleanup(client.CloseIdleConnections)
+	send := func(prompt, priority string) chan int {
+		done := make(chan int, 1)
+		go func() {
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions",
+				strings.NewReader(`{"model":"llama-3.1-8b","prompt":"`+prompt+`"}`))
+			req.Header.Set("x-enginepick-priority", priority)
+			resp, err := client.Do(req)
+			if err != nil {
+				done <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			done <- resp.StatusCode
+		}()
+		return done
+	}
+	var held []chan int
+	for i := range 64 {
+		held = append(held, send(fmt.Sprintf("bulk-%d", i), "0"))
+	}
+	require.Eventually(t, func() bool { return engines[0].InFlight() == 32 && engines[1].InFlight() == 32 },
+		5*time.Second, time.Millisecond, "both engines at their caps")
+
+	assert.Equal(t, http.StatusTooManyRequests, <-send("best-effort", "-1"), "best effort is shed while both engines are at their caps")
+	interactive := send("interactive", "1")
+	time.Sleep(50 * time.Millisecond)
+	prompts := func(e *fakeengine.Engine) []string {
+		var out []string
+		for _, r := range e.Requests() {
+			out = append(out, string(r.Body["prompt"]))
+		}
+		return out
+	}
+	for _, e := range engines {
+		assert.NotContains(t, prompts(e), `"interactive"`, "the interactive request waits while both engines are at their caps")
+	}
+
+	gates[1] <- struct{}{} // one of engine 1's responses ends
+	require.Eventually(t, func() bool { return slices.Contains(prompts(engines[1]), `"interactive"`) },
+		5*time.Second, time.Millisecond, "the interactive request takes the place of the response that ended")
+	assert.Len(t, prompts(engines[0]), 32)
+	assert.Len(t, prompts(engines[1]), 33)
+
+	releaseAll()
+	assert.Equal(t, http.StatusOK, <-interactive)
+	for _, ch := range held {
+		assert.Equal(t, http.StatusOK, <-ch)
+	}
+}
+
+// enginePriority maps a request's priority to its band's, negated, as vLLM's priority field.
+func TestEnginePriorityMapping(t *testing.T) {
+	t.Parallel()
+	assert.Nil(t, enginePriority(false, []int{0}), "off: the body is forwarded as it is")
+	for _, tc := range []struct {
+		bands []int
+		in    map[int]int
+	}{
+		{nil, map[int]int{3: -3, 0: 0, -2: 2}},
+		{[]int{1, 0, -1}, map[int]int{5: -1, 1: -1, 0: 0, -1: 1, -7: 1}},
+		{[]int{10, 0}, map[int]int{9: 0, 10: -10, -1: 0}},
+	} {
+		f := enginePriority(true, tc.bands)
+		for p, want := range tc.in {
+			assert.Equal(t, want, f(p), "bands %v, priority %d", tc.bands, p)
+		}
+	}
 }

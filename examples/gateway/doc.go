@@ -24,5 +24,6 @@
 // Its band is the integer header x-enginepick-priority (absent: 0); its flow, the fairness key,
 // the header x-enginepick-flow, else the body's OpenAI "user" field. A rejection (queue full,
 // displaced, sheddable band) is a 429 with Retry-After in whole seconds, rounded up; a band's ttl
-// ending the wait is a 503.
+// ending the wait is a 503. With --engine-priority the band, negated, goes to vLLM engines as the
+// body's "priority" field, for engines run with --scheduling-policy priority (lower values first).
 package main

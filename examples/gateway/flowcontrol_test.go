@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/internal/testengine"
 )
 
 // series reads one labelled series (name{labels}, labels in the exposition's order) from the
@@ -189,4 +191,64 @@ func TestFlowControlRequestFieldsRefused(t *testing.T) {
 		assert.Equal(t, tc.msg, msg, tc.name)
 	}
 	assert.Empty(t, eng.Requests())
+}
+
+// With --engine-priority the gateway forwards each request's band, negated, as the body's
+// priority, and a vLLM engine run with --scheduling-policy priority (the test engine) serves its
+// waiting requests by it: behind a running request, a band-1 request (x-enginepick-priority 5)
+// overtakes an earlier band-0 one. Without the flag the engine serves them in arrival order.
+func TestEnginePriorityForwardsTheBand(t *testing.T) {
+	t.Parallel()
+	for _, forward := range []bool{true, false} {
+		t.Run(fmt.Sprint("forward=", forward), func(t *testing.T) {
+			t.Parallel()
+			e, err := testengine.Start(testengine.Options{Model: e2eModel, MaxNumSeqs: 1, SchedulingPolicy: "priority",
+				PrefillPerToken: -1, DecodePerToken: 5 * time.Millisecond, KVEvents: testengine.KVEventsOptions{Disabled: true}})
+			require.NoError(t, err)
+			t.Cleanup(func() { assert.NoError(t, e.Close()) })
+			path := writeConfig(t, fmt.Sprintf(`
+flow_control: {bands: [{priority: 1}, {priority: 0}, {priority: -1}]}
+engines: [{id: %q, model: %s}]
+models: [{id: %s, buckets: [{id: all, groups: {plain: {policy: {type: round_robin}}}}]}]
+`, e.URL(), e2eModel, e2eModel))
+			args := []string{"--config=" + path, "--tokenize=false"}
+			if forward {
+				args = append(args, "--engine-priority")
+			}
+			_, srv := startGateway(t, args...)
+			var mu sync.Mutex
+			var order []string
+			var wg sync.WaitGroup
+			for i, r := range []struct{ name, priority string }{{"running", "0"}, {"band0", "0"}, {"band1", "5"}} {
+				tokens := 2
+				if i == 0 {
+					tokens = 100 // runs 0.5 s while the others queue behind it
+				}
+				wg.Go(func() {
+					resp := post(t, context.Background(), srv.URL+"/v1/completions",
+						fmt.Sprintf(`{"model":%q,"prompt":"%s","max_tokens":%d}`, e2eModel, r.name, tokens),
+						map[string]string{"x-enginepick-priority": r.priority})
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					assert.Equal(t, http.StatusOK, resp.StatusCode, r.name)
+					mu.Lock()
+					order = append(order, r.name)
+					mu.Unlock()
+				})
+				require.Eventually(t, func() bool { st := e.Stats(0); return st.Running+st.Waiting == i+1 }, 5*time.Second, time.Millisecond)
+			}
+			wg.Wait()
+			var sent []string
+			for _, r := range e.Requests() {
+				sent = append(sent, string(r.Body["priority"]))
+			}
+			if forward {
+				assert.Equal(t, []string{"running", "band1", "band0"}, order)
+				assert.Equal(t, []string{"0", "0", "-1"}, sent, "the band, negated")
+			} else {
+				assert.Equal(t, []string{"running", "band0", "band1"}, order)
+				assert.Equal(t, []string{"", "", ""}, sent, "the body as the client sent it")
+			}
+		})
+	}
 }

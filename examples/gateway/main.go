@@ -64,6 +64,7 @@ type options struct {
 	probeInterval    time.Duration
 	probePath        string
 	prefillTimeout   time.Duration
+	enginePriority   bool
 	debug            bool
 	fakeEngines      int
 
@@ -158,6 +159,9 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.DurationVar(&o.probeInterval, "probe-interval", 5*time.Second, "time between health probes of unhealthy engines")
 	fs.StringVar(&o.probePath, "probe-path", "/health", "health endpoint probed to bring an unhealthy engine back, and after a failure a request could have caused (a 200 within 2 s passes)")
 	fs.DurationVar(&o.prefillTimeout, "prefill-timeout", 10*time.Minute, "bound on a PD prefill request, which completes even if the client leaves")
+	fs.BoolVar(&o.enginePriority, "engine-priority", false, "forward each request's band (x-enginepick-priority, "+
+		"the flow_control band it falls in) to vLLM engines as the body's priority, negated: for engines run with "+
+		"--scheduling-policy priority, which serve lower values first and refuse other priorities than 0 without it")
 	fs.BoolVar(&o.debug, "debug", false, "log at debug level (selection failures, upstream errors, failed polls); warnings are logged without it")
 	fs.IntVar(&o.fakeEngines, "fake-engines", 0, "start this many in-process vLLM-like test engines (model \"fake\", no GPU) and route to them, instead of --engine, --engines-file or --config")
 	return fs

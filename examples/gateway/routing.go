@@ -137,11 +137,27 @@ func buildFromConfig(o options, log *zap.Logger) (*gateway, error) {
 		BytesPerToken: o.bytesPerToken, MaxBodyBytes: o.maxBodyBytes, PrefillTimeout: o.prefillTimeout, Logger: log, Prober: g.prober,
 		SessionHeader:    cmp.Or(cfg.Affinity.SessionHeader, config.DefaultSessionHeader),
 		RoutingKeyHeader: cmp.Or(cfg.Affinity.RoutingKeyHeader, config.DefaultRoutingKeyHeader),
-		Metrics:          gw.NewMetrics(reg, registry)})
+		Metrics:          gw.NewMetrics(reg, registry), EnginePriority: enginePriority(o.enginePriority, bandsOf(cfg.FlowControl))})
 	if err != nil {
 		g.close()
 		return nil, err
 	}
 	g.handler = withKVDebug(g.server, g.index, cr.KVEventStats)
 	return g, nil
+}
+
+// bandsOf returns the priorities of the flow_control block's bands; nil without one. A block
+// without bands has one band of priority 0.
+func bandsOf(f *config.FlowControl) []int {
+	if f == nil {
+		return nil
+	}
+	if len(f.Bands) == 0 {
+		return []int{0}
+	}
+	var out []int
+	for _, b := range f.Bands {
+		out = append(out, b.Priority)
+	}
+	return out
 }

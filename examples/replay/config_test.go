@@ -22,8 +22,9 @@ import (
 func TestRunConfigReplaysEveryExampleConfig(t *testing.T) {
 	files, err := filepath.Glob("../configs/*")
 	require.NoError(t, err)
-	require.Len(t, files, 4, "the example configurations")
+	require.Len(t, files, 5, "the example configurations")
 	want := map[string]sim.Fleet{
+		"flow-control.yaml":       {Plain: 2},
 		"plain-round-robin.yaml":  {Plain: 4},
 		"pd-cache-aware.yaml":     {Prefill: 4, Decode: 4},
 		"length-buckets-slo.json": {},
@@ -51,7 +52,11 @@ func TestRunConfigReplaysEveryExampleConfig(t *testing.T) {
 			require.Len(t, rep.Results, 1)
 			r := rep.Results[0]
 			assert.Equal(t, base[:len(base)-len(filepath.Ext(base))], r.Policy)
-			assert.Equal(t, 120, r.Completed+r.Rejected+r.Unroutable)
+			assert.Equal(t, 120, r.Completed+r.Rejected+r.Shed+r.Unroutable)
+			assert.Equal(t, base == "flow-control.yaml", rep.FlowControl, "the file's flow_control block")
+			if rep.FlowControl {
+				assert.Equal(t, 120, r.Completed, "what the caps turn away waits in the router")
+			}
 			assert.Positive(t, r.Completed)
 			assert.Len(t, r.EngineRequests, fleet.Plain+fleet.Prefill)
 		})

@@ -58,6 +58,9 @@
 //	-prefill-model M attention (default): an uncached token costs its linear work plus attention
 //	                 over its whole context, cached tokens included; flat: one rate for uncached
 //	                 tokens at any length, the earlier model, for comparison (see sim.EngineModel)
+//	-engine-priority the engines schedule waiting requests by priority, as vLLM's
+//	                 --scheduling-policy priority: the router forwards each request's priority
+//	                 negated, since vLLM serves lower values first (sim.EngineModel)
 //	-reports R       what the engines' load reports carry: native (default), as SGLang's, with
 //	                 the native fields (waiting uncached tokens, prefill counters); basic, as
 //	                 vLLM's /metrics: running and waiting requests and KV use only (sim.LoadReports)

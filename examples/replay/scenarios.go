@@ -21,7 +21,8 @@ const defaultSweepLimit = 3000
 // scenarioFlags are the replay's scenario flags, kept apart from the basic ones: a shared system
 // prompt in front of every request (-system-prompt), router replicas (-routers, -share,
 // -share-delay), arrivals spread within each second (-spread-arrivals), the engines'
-// prefill time model (-prefill-model), what their load reports carry (-reports) and a generated
+// prefill time model (-prefill-model) and scheduling (-engine-priority), what their load reports
+// carry (-reports) and a generated
 // workload instead of a trace (-workload).
 type scenarioFlags struct {
 	systemPrompt *int
@@ -31,6 +32,7 @@ type scenarioFlags struct {
 	shareDelay   *time.Duration
 	spread       *bool
 	prefillModel *string
+	priority     *bool
 	sweep        *bool
 	slo          *time.Duration
 	workload     *string
@@ -54,6 +56,8 @@ func addScenarioFlags(fs *flag.FlagSet) *scenarioFlags {
 		prefillModel: fs.String("prefill-model", string(sim.PrefillAttention), fmt.Sprintf(
 			"prefill time model: %q (attention over the whole context, cached tokens included) or %q (one rate for uncached tokens, the earlier model)",
 			sim.PrefillAttention, sim.PrefillFlat)),
+		priority: fs.Bool("engine-priority", false, "the engines schedule waiting requests by priority, as vLLM's --scheduling-policy priority, "+
+			"the router forwarding each request's priority negated (vLLM serves lower values first; see sim.EngineModel.PriorityScheduling)"),
 		sweep: fs.Bool("sweep", false, fmt.Sprintf("instead of one replay, find per policy the highest -speed with TTFT p99 <= -slo, "+
 			"by bisection to 5 %% (each probe replays -limit requests, default %d under -sweep)", defaultSweepLimit)),
 		slo: fs.Duration("slo", sim.DefaultSweepSLO, "TTFT p99 target of -sweep"),
@@ -92,6 +96,7 @@ func (s *scenarioFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 		return usage(fmt.Errorf("-slo %v: must be > 0", *s.slo))
 	}
 	cfg.SystemPromptTokens = *s.systemPrompt
+	cfg.Model.PriorityScheduling = *s.priority
 	cfg.Routers = *s.routers
 	cfg.ShareRouters, cfg.ShareDelay = *s.share, *s.shareDelay
 	cfg.SpreadArrivals = *s.spread

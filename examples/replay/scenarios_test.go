@@ -199,6 +199,13 @@ func TestRunFlowControl(t *testing.T) {
 	assert.Contains(t, out.String(), "rejected  shed  too long")
 
 	out.Reset()
+	require.NoError(t, run(context.Background(), append(args, "-flow-control", "-engine-priority", "-json"), &out, &stderr, false))
+	var prio sim.Report
+	require.NoError(t, json.Unmarshal(out.Bytes(), &prio))
+	assert.True(t, prio.Model.PriorityScheduling, "-engine-priority")
+	assert.False(t, on.Model.PriorityScheduling)
+
+	out.Reset()
 	stderr.Reset()
 	err := run(context.Background(), []string{"-config", "../configs/plain-round-robin.yaml", "-flow-control"}, &out, &stderr, false)
 	assert.Equal(t, 2, exitCode(err, &stderr))

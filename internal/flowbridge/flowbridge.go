@@ -29,7 +29,7 @@ var (
 	// done is called once with what Wait would return (nil: served), from Submit or from Drive.
 	// A band's TTL is measured on the Controller's clock (SetClock) and ends the wait at the first
 	// Drive at or after the deadline.
-	Submit func(c any, r any, attempt func() (saturated bool, err error), done func(error))
+	Submit func(c any, r any, attempt func() (saturated bool, class uint64, err error), done func(error))
 
 	// Drive runs the model's waiting driven requests until none is eligible: it first ends those
 	// whose band's TTL has passed, then runs the turns Notify and the attempts before it granted,

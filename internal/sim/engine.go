@@ -260,6 +260,14 @@ func (e *engine) enqueue(q *reqState) error {
 	q.estUncached = q.input - e.cachedBlocks(q)*e.m.BlockTokens
 	e.waitingUncached += q.estUncached
 	e.waiting = append(e.waiting, q)
+	if e.m.PriorityScheduling {
+		// Behind every waiting request of its priority or higher (EngineModel.PriorityScheduling).
+		i := len(e.waiting) - 1
+		for ; i > e.waitHead && e.waiting[i-1].tr.Priority < q.tr.Priority; i-- {
+			e.waiting[i] = e.waiting[i-1]
+		}
+		e.waiting[i] = q
+	}
 	if q.adapter >= 0 && e.hasSlots() {
 		e.waitingFor[q.adapter]++
 	}

@@ -220,3 +220,30 @@ func TestPrefillSeconds(t *testing.T) {
 		assert.ErrorIs(t, m.validate(), state.ErrInvalidConfiguration)
 	}
 }
+
+// With PriorityScheduling an engine's waiting requests are served by priority, then in arrival
+// order; without, in arrival order: one engine, ten band-0 requests queued behind a prefill step,
+// then a band-1 request, each prompt a whole 1,000-token step.
+func TestEnginePriorityScheduling(t *testing.T) {
+	t.Parallel()
+	tr := &Trace{Name: "priority"}
+	for i := range 11 {
+		r := Request{Index: i, Arrival: time.Duration(i) * time.Millisecond, InputTokens: 1000, OutputTokens: 1, Tenant: "bulk"}
+		if i == 10 {
+			r.Priority, r.Tenant = 1, "urgent"
+		}
+		tr.Requests = append(tr.Requests, r)
+	}
+	tr.Tenants = []Tenant{{Name: "bulk", Weight: 1}, {Name: "urgent", Weight: 1}}
+	for _, tc := range []struct {
+		priority bool
+		steps    float64 // the urgent request's TTFT, in prefill steps
+	}{{false, 11}, {true, 2}} {
+		cfg := Config{Trace: tr, Fleet: Fleet{Plain: 1}, Policies: []string{NameRoundRobin},
+			Model: EngineModel{ChunkedPrefillTokens: 1000, PriorityScheduling: tc.priority}}
+		rep := replayLogged(t, cfg)
+		step := rep.Model.prefillSeconds(1000, 0)
+		urgent := tenant(t, rep.Results[0], "urgent")
+		assert.InDelta(t, tc.steps*step-0.010, urgent.TTFT.P50, 1e-6, "priority scheduling %v: arrived 10 ms after the first", tc.priority)
+	}
+}

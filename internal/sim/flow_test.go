@@ -125,7 +125,7 @@ func TestFlowControlConfig(t *testing.T) {
 
 // TestFlowControlTargets measures flow control on the tenants workload, 16 engines, one seed,
 // 20 s of arrivals, flow control on (with an in-flight cap of 256, the engines' running batch)
-// against off (no cap), the same arrivals (docs/traces.md "tenants"):
+// against off (no cap), the same arrivals (docs/performance.md "Flow control at saturation"):
 //
 //   - at 1.5 × capacity (rate=84: the heavy tenant sends 10 × each other tenant): the critical
 //     band's and the light tenants' TTFT p99 are lower with flow control on; the light tenants
@@ -137,7 +137,7 @@ func TestFlowControlConfig(t *testing.T) {
 //
 // The absolute TTFT targets (critical p99 within 2 × its p99 on an idle fleet, light tenants'
 // p99 within 1.2 × theirs without the heavy tenant) are not met: the figures and the reasons are
-// in docs/traces.md. Skipped under -race (single-goroutine replays); .ci/run runs it without.
+// in docs/performance.md. Skipped under -race (single-goroutine replays); .ci/run runs it without.
 func TestFlowControlTargets(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sim: TestFlowControlTargets replays on one goroutine; .ci/run runs it without -race")

@@ -214,6 +214,14 @@ type EngineModel struct {
 	// second: a transfer takes prompt tokens × KVBytesPerToken ÷ this. 0 means
 	// DefaultKVTransferBytesPerSecond.
 	KVTransferBytesPerSecond float64 `json:"kv_transfer_bytes_per_s"`
+	// PriorityScheduling orders a plain or prefill engine's waiting requests as vLLM's
+	// --scheduling-policy priority does (vllm-project/vllm vllm/v1/core/sched/request_queue.py):
+	// the lowest engine priority first, then the first to reach the engine. The router forwards
+	// each request's priority negated (engine priority = −Request.Priority), since enginepick
+	// serves higher priorities first and vLLM lower values. A running request is never preempted:
+	// the engine reserves its KV up front, so vLLM's preemption (a running request out of KV)
+	// never arises. False means first come, first served.
+	PriorityScheduling bool `json:"priority_scheduling,omitempty"`
 	// MaxLoRAs is the LoRA adapter slots of a plain or prefill engine (vLLM --max-loras). 0
 	// means DefaultMaxLoRAs when the trace names adapters; a replay of a trace without adapters
 	// leaves it 0 and models no slots.

@@ -357,6 +357,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(bw, "engines: %s, decode step %v + %.1f ns/KV token, KV %d tokens in %d-token blocks, max %d running, chunk %d%s; load reports every %g s\n",
 		prefill, m.DecodeStepBase, m.kvTokenSeconds()*1e9, m.KVCapacityTokens, m.BlockTokens,
 		m.MaxRunningRequests, m.ChunkedPrefillTokens, lora, rep.ReportInterval)
+	if m.PriorityScheduling {
+		fmt.Fprintln(bw, "engines schedule waiting requests by priority (vLLM --scheduling-policy priority)")
+	}
 	fmt.Fprintf(bw, "infinite-cache prefix hit limit: %.1f %% of prompt tokens\n\n", 100*rep.InfiniteCacheHitRate)
 	tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', 0)
 	shed, loads := "", ""

@@ -7,7 +7,8 @@
 // ZmqEventPublisher does, with a replay socket.
 //
 // Behind the endpoints each data-parallel rank runs a small model of vLLM's scheduler and block
-// pool: a running-request cap with a FIFO waiting queue, prefill time per uncached prompt token
+// pool: a running-request cap with a waiting queue in FIFO or priority order (vLLM's
+// --scheduling-policy and the request's priority field), prefill time per uncached prompt token
 // and decode time per output token, and a prefix cache of full KV blocks with chained hashes and
 // vLLM's eviction order. Everything but the clock is deterministic: the tokenizer, the chat
 // template, the generated text and the block hashes are pure functions of their input.

@@ -42,8 +42,13 @@ type Options struct {
 	// ignores X-data-parallel-rank), and its /metrics, /sleep and /wake_up are that rank's.
 	RankServers bool
 	// MaxNumSeqs caps the running requests of a rank (vLLM max_num_seqs); later requests wait in
-	// FIFO order. 0 means DefaultMaxNumSeqs.
+	// the order of SchedulingPolicy. 0 means DefaultMaxNumSeqs.
 	MaxNumSeqs int
+	// SchedulingPolicy is vLLM's --scheduling-policy: "fcfs" (first come, first served) or
+	// "priority": waiting requests by their body's "priority" field, lowest first, then first
+	// come (vllm-project/vllm vllm/v1/core/sched/request_queue.py). Under "fcfs" a request with a
+	// priority other than 0 gets vLLM's 400. "" means "fcfs".
+	SchedulingPolicy string
 	// BlockSize is the KV block size in tokens (vLLM block_size). 0 means DefaultBlockSize.
 	BlockSize int
 	// NumBlocks is each rank's KV capacity in blocks (vLLM num_gpu_blocks). 0 means
@@ -168,6 +173,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if o.SchedulingPolicy == "" {
+		o.SchedulingPolicy = "fcfs"
+	}
 	bad := func(format string, args ...any) (Options, error) {
 		return o, fmt.Errorf("%w: "+format, append([]any{ErrOptions}, args...)...)
 	}
@@ -176,6 +184,8 @@ func (o Options) withDefaults() (Options, error) {
 		return bad("DPRanks %d outside [1, 64]", o.DPRanks)
 	case o.MaxNumSeqs < 0:
 		return bad("MaxNumSeqs %d is negative", o.MaxNumSeqs)
+	case o.SchedulingPolicy != "fcfs" && o.SchedulingPolicy != "priority":
+		return bad("SchedulingPolicy %q: want \"fcfs\" or \"priority\"", o.SchedulingPolicy)
 	case o.BlockSize < 0:
 		return bad("BlockSize %d is negative", o.BlockSize)
 	case o.NumBlocks < 0:

@@ -28,6 +28,7 @@ type seq struct {
 	blocks    []int    // the physical blocks, in order: the hit blocks, then the new ones
 	cached    int      // leading blocks cached (findable by hash)
 	hitTokens int      // prompt tokens served from the prefix cache
+	priority  int64    // the body's priority (SchedulingPolicy "priority"): lower is served first
 	state     seqState
 	admitted  chan struct{} // closed on admission
 }
@@ -45,9 +46,10 @@ type rankCounters struct {
 }
 
 // rank is one data-parallel rank: vLLM's scheduler and block pool, reduced to what a router sees.
-// A request waits in FIFO order until fewer than MaxNumSeqs run and the pool can give it the blocks
-// of its prompt and its max_tokens output (reserved at once: the engine never preempts); the
-// waiting queue's head blocks the ones behind it, as vLLM's first-come-first-served policy does.
+// A request waits, in FIFO order or by priority (Options.SchedulingPolicy), until fewer than
+// MaxNumSeqs run and the pool can give it the blocks of its prompt and its max_tokens output
+// (reserved at once: the engine never preempts, so vLLM's preemption of the lowest priority never
+// arises); the waiting queue's head blocks the ones behind it, as in vLLM's scheduler.
 type rank struct {
 	id   int
 	opts *Options
@@ -116,7 +118,13 @@ func (r *rank) run(ctx context.Context, s *seq, emit func(piece string) error) e
 		return errAborted
 	}
 	r.inflight++
-	r.waiting = append(r.waiting, s)
+	i := len(r.waiting)
+	if r.opts.SchedulingPolicy == "priority" { // behind the requests of its priority or lower
+		for i > 0 && r.waiting[i-1].priority > s.priority {
+			i--
+		}
+	}
+	r.waiting = slices.Insert(r.waiting, i, s)
 	r.admit()
 	r.notify()
 	r.mu.Unlock()
@@ -186,7 +194,7 @@ func (r *rank) end(s *seq) {
 	r.notify()
 }
 
-// admit admits waiting requests in FIFO order while the running cap and the free blocks allow.
+// admit admits waiting requests in queue order while the running cap and the free blocks allow.
 // Admission is vLLM's scheduling of a prefill: the longest cached prefix of the prompt is taken
 // (at most promptLen − 1 tokens, since the last prompt token must be computed), the other blocks
 // are allocated (evicting cached blocks from the head of the free queue), and the prompt's full

@@ -355,3 +355,50 @@ func TestRankServers(t *testing.T) {
 		break
 	}
 }
+
+// Under SchedulingPolicy "priority" the waiting requests are admitted by their body's priority,
+// lowest first, then in arrival order; under "fcfs" a priority other than 0 is vLLM's 400, and an
+// unknown policy is refused.
+func TestPrioritySchedulingPolicy(t *testing.T) {
+	e := start(t, Options{MaxNumSeqs: 1, SchedulingPolicy: "priority", DecodePerToken: 20 * time.Millisecond, KVEvents: KVEventsOptions{Disabled: true}})
+	body := func(i int, priority int) string {
+		tokens := 2
+		if i == 0 {
+			tokens = 50 // runs 1 s, while the others arrive
+		}
+		return strings.Replace(idsPrompt(seqIDs(100*i, 20), tokens), "{", fmt.Sprintf(`{"priority":%d,`, priority), 1)
+	}
+	var mu sync.Mutex
+	var done []string
+	var wg sync.WaitGroup
+	for i, r := range []struct {
+		name     string
+		priority int
+	}{{"running", 0}, {"b", 0}, {"c", 5}, {"d", -1}, {"e", 0}} {
+		wg.Go(func() {
+			assert.Equal(t, http.StatusOK, postJSON(t, e.URL()+"/v1/completions", body(i, r.priority), nil, nil))
+			mu.Lock()
+			done = append(done, r.name)
+			mu.Unlock()
+		})
+		require.Eventually(t, func() bool { st := e.Stats(0); return st.Running+st.Waiting == i+1 }, 10*time.Second, time.Millisecond)
+	}
+	wg.Wait()
+	assert.Equal(t, []string{"running", "d", "b", "e", "c"}, done)
+
+	fcfs := start(t, Options{KVEvents: KVEventsOptions{Disabled: true}})
+	var apiErr struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	resp := post(t, context.Background(), fcfs.URL()+"/v1/completions", body(0, 3), nil)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&apiErr))
+	assert.Equal(t, "Got priority 3 but Priority scheduling is not enabled.", apiErr.Error.Message)
+	assert.Equal(t, http.StatusOK, postJSON(t, fcfs.URL()+"/v1/completions", body(1, 0), nil, nil), "priority 0 is every policy's")
+
+	_, err := Start(Options{SchedulingPolicy: "lifo"})
+	assert.ErrorIs(t, err, ErrOptions)
+}

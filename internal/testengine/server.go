@@ -97,6 +97,7 @@ type request struct {
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+	Priority            int64           `json:"priority"`
 }
 
 type streamOptions struct {
@@ -312,6 +313,10 @@ func (e *Engine) inference(w http.ResponseWriter, r *http.Request, f *frontend, 
 			e.opts.MaxModelLen, len(prompt)+maxTokens, len(prompt), maxTokens))
 		return
 	}
+	if req.Priority != 0 && e.opts.SchedulingPolicy != "priority" {
+		writeError(w, http.StatusBadRequest, "BadRequestError", fmt.Sprintf("Got priority %d but Priority scheduling is not enabled.", req.Priority))
+		return
+	}
 	rk, apiErr := f.pickRank(r)
 	if apiErr != nil {
 		writeError(w, apiErr.status, apiErr.typ, apiErr.msg)
@@ -326,6 +331,7 @@ func (e *Engine) inference(w http.ResponseWriter, r *http.Request, f *frontend, 
 	}
 	resp := response{ID: prefix + strconv.FormatUint(e.ids.Add(1), 10), Object: object, Created: time.Now().Unix(), Model: e.opts.Model}
 	s := newSeq(prompt, maxTokens, e.opts.BlockSize)
+	s.priority = req.Priority
 	var text strings.Builder
 	var stream *sse
 	if req.Stream {

@@ -66,6 +66,11 @@ const (
 	sglangPrefillRankField = "disagg_prefill_dp_rank"
 )
 
+// vllmPriorityField is vLLM's request priority (vllm-project/vllm
+// vllm/entrypoints/openai/protocol.py): lower values are served first under --scheduling-policy
+// priority.
+const vllmPriorityField = "priority"
+
 // Options configures a Server.
 type Options struct {
 	// Router selects engines. Required; its registry must be Registry.
@@ -98,6 +103,11 @@ type Options struct {
 	// Prober probes an engine after a failure its request could have caused (Prober.Suspect).
 	// Nil means a Prober on Registry with its defaults.
 	Prober *Prober
+	// EnginePriority, when set, gives the body's "priority" field forwarded to vLLM engines for a
+	// request of priority p (PriorityHeader): for engines run with --scheduling-policy priority,
+	// which serve lower values first (vllm-project/vllm vllm/v1/core/sched/request_queue.py) and
+	// refuse any other value than 0 without it. Nil forwards the body as it is.
+	EnginePriority func(p int) int
 	// Adapters maps a LoRA adapter's name to its base model (config Model.Adapters). A request
 	// whose model is an adapter is routed on the base model's buckets with bucket.Request.Adapter
 	// set, and forwarded as it came: vLLM serves an adapter under its own name in the OpenAI
@@ -323,10 +333,19 @@ func (s *Server) inference(rw http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	if d.Selection.IsPD() {
-		s.dispatchPD(w, r, body, head.Stream, d)
+		s.dispatchPD(w, r, body, head.Stream, req.Priority, d)
 		return
 	}
-	s.dispatchPlain(w, r, body, d)
+	s.dispatchPlain(w, r, body, req.Priority, d)
+}
+
+// priorityField is the "priority" field a request of the given priority carries to engine e
+// (Options.EnginePriority): nil for an SGLang engine or without EnginePriority.
+func (s *Server) priorityField(e *Engine, priority int) map[string]any {
+	if s.opts.EnginePriority == nil || e.cfg.Kind != KindVLLM {
+		return nil
+	}
+	return map[string]any{vllmPriorityField: s.opts.EnginePriority(priority)}
 }
 
 // selectionError answers a failed selection with bucket.StatusCode's status and an OpenAI-style
@@ -586,7 +605,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, e *Engine, resp *
 // answer relayed whole, nor for a body the engine refused, answered 413), and the time to the
 // first byte of the answer's body as its time to first token (docs/design.md §15.1); token counts
 // are not parsed from the body.
-func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []byte, d *enginepick.Dispatch) {
+func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []byte, priority int, d *enginepick.Dispatch) {
 	var outcome enginepick.Outcome
 	defer func() { d.Done(outcome) }() // the guard is held until the response or stream ends, or the client leaves
 	start := time.Now()
@@ -594,12 +613,14 @@ func (s *Server) dispatchPlain(w http.ResponseWriter, r *http.Request, body []by
 	e := s.engineOf(pick)
 	s.opts.Metrics.dispatch(state.StagePlain, pick)
 	rank, hasRank := pickRank(pick)
+	fields := s.priorityField(e, priority)
 	if wire, ok := e.WireRank(rank, hasRank); ok && e.cfg.Kind == KindSGLang {
-		var err error
-		if body, err = withFields(body, map[string]any{sglangRankField: wire}); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "the request body is not a JSON object")
-			return
-		}
+		fields = map[string]any{sglangRankField: wire}
+	}
+	var err error
+	if body, err = withFields(body, fields); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "the request body is not a JSON object")
+		return
 	}
 	resp, err := s.send(r.Context(), r, e, body, rank, hasRank)
 	switch {
@@ -673,7 +694,7 @@ func (p *prefillLeg) failed() bool { return p.err != nil || p.status >= 400 }
 // has been relayed (or the client left); the dispatch ends when both have, with Done: the decode
 // leg's outcome (its time to first byte as the time to first token), or the prefill leg's error
 // when the prefill engine failed (docs/design.md §15.1).
-func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte, stream bool, d *enginepick.Dispatch) {
+func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte, stream bool, priority int, d *enginepick.Dispatch) {
 	start := time.Now()
 	sel := d.Selection
 	pe, de := s.engineOf(sel.Prefill), s.engineOf(sel.Decode)
@@ -691,6 +712,8 @@ func (s *Server) dispatchPD(w http.ResponseWriter, r *http.Request, body []byte,
 		return map[string]any{"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
 	}
 	pf, df := common(), common()
+	maps.Copy(pf, s.priorityField(pe, priority))
+	maps.Copy(df, s.priorityField(de, priority))
 	pwire, pwok := pe.WireRank(prank, pok)
 	if pwok && pe.cfg.Kind == KindSGLang {
 		pf[sglangRankField] = pwire
