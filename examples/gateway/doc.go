@@ -25,4 +25,8 @@
 // the header x-enginepick-flow, else the body's OpenAI "user" field. A rejection (queue full,
 // displaced, sheddable band) is a 429 with Retry-After in whole seconds, rounded up; a band's ttl
 // ending the wait is a 503.
+//
+// With models[].adapters in the --config file (docs/design.md §18), a request whose "model" is a
+// LoRA adapter is routed on its base model's buckets for the adapter and forwarded unchanged;
+// GET /v1/models lists each adapter with its base model as parent.
 package main
