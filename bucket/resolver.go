@@ -94,7 +94,8 @@ type Request struct {
 	// Adapter is the LoRA adapter the request asks for, by the name the engines know it by
 	// (vLLM lora_name); empty means the base model. Model is then the adapter's base model,
 	// whose buckets serve it; every group's policy receives it (policy.Request.Adapter,
-	// docs/design.md §18).
+	// docs/design.md §18). Select does not check it against the configuration's adapters: one no
+	// engine reports is routed as an adapter that must be loaded.
 	Adapter string
 }
 

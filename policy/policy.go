@@ -76,8 +76,9 @@ type Request struct {
 	Memo *kvindex.Memo
 	// Adapter is the LoRA adapter the request asks for (vLLM lora_name); empty means the base
 	// model. Cache-aware lookups match only the adapter's blocks (kvindex.Query.Adapter), and
-	// load-aware picks prefer, among comparable engines, one holding the adapter
-	// (docs/design.md §18).
+	// load-aware picks prefer an engine running the adapter, then one with a free adapter slot,
+	// while it has no more waiting requests (dispatches since its load report included, a slot
+	// wait as one more) than the other (loadmon.ComparePressure, docs/design.md §18).
 	Adapter string
 }
 

@@ -26,4 +26,8 @@
 // displaced, sheddable band) is a 429 with Retry-After in whole seconds, rounded up; a band's ttl
 // ending the wait is a 503. With --engine-priority the band, negated, goes to vLLM engines as the
 // body's "priority" field, for engines run with --scheduling-policy priority (lower values first).
+//
+// With models[].adapters in the --config file (docs/design.md §18), a request whose "model" is a
+// LoRA adapter is routed on its base model's buckets for the adapter and forwarded unchanged;
+// GET /v1/models lists each adapter with its base model as parent.
 package main
