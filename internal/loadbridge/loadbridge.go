@@ -55,8 +55,8 @@ var (
 	ApplyPeer func(f any, c Change)
 
 	// SetReplicas records on f this router's place among the router replicas whose dispatches
-	// f counts: rank in [0, replicas), the same for no two replicas that know each other.
-	// replicas ≤ 1 (the default) means a router alone. Cache-aware picks read it to prefer this
+	// f counts: rank in [0, replicas), the same for no two replicas that know each other. A count
+	// below 2 (the default), or a rank outside [0, replicas), records a router alone. Cache-aware picks read it to prefer this
 	// replica's home engines (docs/design.md §6, "Router replicas").
 	SetReplicas func(f any, rank, replicas int)
 
