@@ -44,6 +44,9 @@ type InFlight struct {
 	// scheme as counters and ranks.
 	peers     atomic.Pointer[map[state.EngineID]*counter]
 	peerRanks atomic.Pointer[map[rankKey]*counter]
+	// replicas is this router's rank among the replicas sharing with it (high 32 bits) and their
+	// number (low 32 bits; 0 means 1): loadbridge.SetReplicas.
+	replicas atomic.Uint64
 }
 
 // rankKey names one DP rank of an engine.

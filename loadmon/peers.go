@@ -1,6 +1,7 @@
 package loadmon
 
 import (
+	"math"
 	"time"
 
 	"github.com/enginepick/enginepick/internal/loadbridge"
@@ -18,6 +19,20 @@ func init() {
 		f.(*InFlight).hook.Store(&fn)
 	}
 	loadbridge.ApplyPeer = func(f any, c loadbridge.Change) { f.(*InFlight).applyPeer(c) }
+	loadbridge.SetReplicas = func(f any, rank, replicas int) {
+		var v uint64
+		if replicas > 1 && rank >= 0 && rank < replicas && replicas <= math.MaxUint32 {
+			v = uint64(rank)<<32 | uint64(replicas)
+		}
+		f.(*InFlight).replicas.Store(v)
+	}
+	loadbridge.Replicas = func(f any) (int, int) {
+		v := f.(*InFlight).replicas.Load()
+		if v == 0 {
+			return 0, 1
+		}
+		return int(v >> 32), int(uint32(v))
+	}
 }
 
 // applyPeer counts another replica's dispatch change (loadbridge.ApplyPeer).

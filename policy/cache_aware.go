@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/enginepick/enginepick/internal/label"
+	"github.com/enginepick/enginepick/internal/loadbridge"
 	"github.com/enginepick/enginepick/internal/lora"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -774,12 +775,15 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 
 // cheapest scans the group's engines, skipping the holders in skip and, when gated, the engines
 // the queue gate sets aside, and returns the index, cost and observation of the cheapest (complete
-// ties keep the lowest ID; idx −1 when every engine is skipped), counting every scanned engine in
+// ties keep the lowest ID; idx −1 when every engine is skipped; with router replicas, a home
+// engine unless another is cheaper by more than CostMarginTokens: homes), counting every scanned engine in
 // load; an engine with no slot for the request's LoRA adapter (evicts) is counted but never
 // chosen. covered is false, and idx −1, when some scanned engine has no fresh report (the coverage
 // rule).
 func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool, load *fleetLoad) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
 	idx = -1
+	h := p.homes()
+	var key uint64 // cost plus the engine's away handicap: what the scan minimises
 	for i, e := range engines {
 		if holdsIn(skip, i) {
 			continue
@@ -796,8 +800,9 @@ func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 		if evicts(&o) {
 			continue // no slot for the request's adapter (docs/design.md §18)
 		}
-		if c := satAdd(pending, req.InputTokens-matched[i]); idx < 0 || c < cost {
-			idx, cost, obs = i, c, o
+		c := satAdd(pending, req.InputTokens-matched[i])
+		if k := satAdd(c, h.away(i)); idx < 0 || k < key {
+			idx, cost, obs, key = i, c, o, k
 		}
 	}
 	return idx, cost, obs, true
@@ -1022,6 +1027,8 @@ func heldBlocks(res *kvindex.Result, engine state.EngineID) int {
 // margin of the least uncached one (docs/design.md §9.6, §9.7):
 //   - holders with as many uncached tokens as the incumbent are ordered by stage pressure
 //     (loadmon.ComparePressure under the coverage rule over the evaluated holders), ID last;
+//     for a base-model request with router replicas and fresh reports, a home engine and another
+//     by pending prefill tokens, the other's handicapped by CostMarginTokens (homes);
 //   - a holder with more uncached tokens (still within the margin) replaces the incumbent when
 //     every evaluated holder has a fresh report and the guard is on, if the incumbent is
 //     materially more pressured (the pressure guard, on pending prefill tokens estimated from
@@ -1041,11 +1048,18 @@ func (p *cacheAware) winner(admitted, evaluated []cacheCandidate, req *Request, 
 		d.PressureSource = pressureSourceNativeQueue
 	}
 	least := best.uncached
+	h := p.homes()
 	for _, c := range admitted[1:] {
 		if c.uncached > least+p.margin {
 			break // ranked by uncached tokens: the rest are outside the near-tie window too
 		}
 		switch {
+		case c.uncached == best.uncached && basis != loadmon.BasisInFlight && req.Adapter == "" && h.away(c.idx) != h.away(best.idx):
+			// A home engine and another (homes): pending prefill tokens, the other engine's
+			// handicapped by CostMarginTokens.
+			if satAdd(p.pendingPrefill(&c.obs, req), h.away(c.idx)) < satAdd(p.pendingPrefill(&best.obs, req), h.away(best.idx)) {
+				best = c
+			}
 		case c.uncached == best.uncached:
 			if loadmon.ComparePressure(stage, &c.obs, &best.obs, basis) < 0 {
 				best = c
@@ -1114,19 +1128,46 @@ func (p *cacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot
 }
 
 // fallback samples k engines of the unqueued tier (every engine when the gate is off or nothing
-// is unqueued) and returns the least pressured.
+// is unqueued) and returns the least pressured. With router replicas, the sample is drawn from the
+// tier's home engines when there are at least two (homes).
 func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon.Snapshot) (int, loadmon.Observation, error) {
-	if !p.gating(req) {
+	h := p.homes()
+	gating := p.gating(req)
+	if !gating && !h.on() {
 		return sampleLeastPressured(&p.cfg, snap, engines, req, p.opts.MinLoadChoices)
 	}
 	var tbuf [64]int
 	tier := tbuf[:0]
 	for i, e := range engines {
-		if o := p.cfg.observe(snap, e, req); !p.queued(&o) {
+		if !gating {
+			tier = append(tier, i)
+		} else if o := p.cfg.observe(snap, e, req); !p.queued(&o) {
 			tier = append(tier, i)
 		}
 	}
-	if len(tier) == 0 || len(tier) == len(engines) {
+	if len(tier) == 0 {
+		for i := range engines {
+			tier = append(tier, i)
+		}
+	}
+	if h.on() {
+		n := 0
+		for _, i := range tier {
+			if h.away(i) == 0 {
+				n++
+			}
+		}
+		if n >= 2 {
+			home := tier[:0]
+			for _, i := range tier {
+				if h.away(i) == 0 {
+					home = append(home, i)
+				}
+			}
+			tier = home
+		}
+	}
+	if len(tier) == len(engines) {
 		return sampleLeastPressured(&p.cfg, snap, engines, req, p.opts.MinLoadChoices)
 	}
 	var sbuf [64]state.Engine // stays on the stack for groups of up to 64 engines
@@ -1157,6 +1198,35 @@ func (p *cacheAware) idle(engines []state.Engine, req *Request, snap loadmon.Sna
 		}
 	}
 	return idx, obs, idx >= 0
+}
+
+// homes is a pick's view of the router replicas that share their dispatches with this router
+// (docs/design.md §6, "Router replicas"; loadbridge.Replicas): with n > 1 replicas, the group
+// engines whose index (in ID order) is rank mod n are this replica's home engines. Replicas that
+// route within the delay of their shared decisions see the same view and would all choose the
+// engine that looks best in it; preferring their own home engines among engines within
+// CostMarginTokens of each other, they choose different ones. A router alone (n ≤ 1) has no
+// preference.
+type homes struct {
+	rank, n int
+	margin  uint64
+}
+
+func (p *cacheAware) homes() homes {
+	rank, n := loadbridge.Replicas(p.cfg.InFlight)
+	return homes{rank: rank, n: n, margin: p.costMargin}
+}
+
+// on reports whether the router has peers.
+func (h homes) on() bool { return h.n > 1 }
+
+// away is the handicap of the engine at index i of the group: 0 for a home engine or a router
+// alone, else CostMarginTokens.
+func (h homes) away(i int) uint64 {
+	if h.n <= 1 || i%h.n == h.rank {
+		return 0
+	}
+	return h.margin
 }
 
 // coverage returns the best basis every candidate of cs has (the coverage rule, docs/design.md

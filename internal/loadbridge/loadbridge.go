@@ -53,4 +53,13 @@ var (
 	// Count, admission caps or TryAcquire. The caller keeps the changes consistent (an end only
 	// after its start, once); the counters saturate at zero.
 	ApplyPeer func(f any, c Change)
+
+	// SetReplicas records on f this router's place among the router replicas whose dispatches
+	// f counts: rank in [0, replicas), the same for no two replicas that know each other. A count
+	// below 2 (the default), or a rank outside [0, replicas), records a router alone. Cache-aware picks read it to prefer this
+	// replica's home engines (docs/design.md §6, "Router replicas").
+	SetReplicas func(f any, rank, replicas int)
+
+	// Replicas returns what SetReplicas last recorded on f: (0, 1) for a router alone.
+	Replicas func(f any) (rank, replicas int)
 )

@@ -7,6 +7,7 @@ package peersync
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -150,9 +151,10 @@ func New(cfg Config) (*Core, error) {
 	return c, nil
 }
 
-// Close removes the hooks New installed.
+// Close removes the hooks New installed; the InFlight's router counts as alone again.
 func (c *Core) Close() {
 	loadbridge.SetHook(c.cfg.InFlight, nil)
+	loadbridge.SetReplicas(c.cfg.InFlight, 0, 1)
 	if c.cfg.Index != nil {
 		kvbridge.SetPlaceHook(c.cfg.Index, nil)
 	}
@@ -256,6 +258,7 @@ func (c *Core) Receive(msg []byte, now time.Time) error {
 	case p == nil:
 		p = &peer{inc: b.Inc, live: map[uint64]*dispatch{}}
 		c.peers[b.Origin] = p
+		c.rank()
 	case p.inc != b.Inc:
 		c.forget(p)
 		p.inc = b.Inc
@@ -349,6 +352,9 @@ func (c *Core) Expire(now time.Time) int {
 			n++
 		}
 	}
+	if n > 0 {
+		c.rank()
+	}
 	return n
 }
 
@@ -360,6 +366,23 @@ func (c *Core) Forget() {
 		c.forget(p)
 		delete(c.peers, id)
 	}
+	c.rank()
+}
+
+// rank records on the InFlight this replica's place among itself and the peers it counts: their
+// number, and its position in their IDs' order (loadbridge.SetReplicas), so that replicas that
+// know each other hold different ranks. Callers hold c.mu.
+func (c *Core) rank() {
+	ids := make([]string, 0, len(c.peers)+1)
+	ids = append(ids, c.cfg.ID)
+	for id := range c.peers {
+		if id != c.cfg.ID { // an earlier incarnation of this replica is not another one
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	r, _ := slices.BinarySearch(ids, c.cfg.ID)
+	loadbridge.SetReplicas(c.cfg.InFlight, r, len(ids))
 }
 
 // Peers returns how many peers the view counts and their dispatches in flight.

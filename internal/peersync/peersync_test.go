@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/enginepick/enginepick/internal/loadbridge"
 	"github.com/enginepick/enginepick/internal/peersync"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -255,6 +256,45 @@ func TestLeaseAndForget(t *testing.T) {
 	b.core.Forget()
 	peers, live = b.core.Peers()
 	assert.Equal(t, [2]int{0, 0}, [2]int{peers, live})
+}
+
+// TestReplicaRanks: each replica records on its InFlight its rank among the replicas it knows, in
+// their IDs' order, and their number; an earlier incarnation of itself is not another replica,
+// and a replica that knows no peer (none yet, all expired or forgotten, or closed) is alone.
+func TestReplicaRanks(t *testing.T) {
+	a, b, c := newReplica(t, "a", 1), newReplica(t, "b", 1), newReplica(t, "c", 1)
+	ranks := func(r *replica) [2]int {
+		rank, n := loadbridge.Replicas(r.inflight)
+		return [2]int{rank, n}
+	}
+	hear := func(to *replica, from ...*replica) {
+		for _, f := range from {
+			require.NoError(t, to.core.Receive(f.core.Flush(true), to.now))
+		}
+	}
+	assert.Equal(t, [2]int{0, 1}, ranks(a), "no peer heard: alone")
+
+	hear(c, b)
+	assert.Equal(t, [2]int{1, 2}, ranks(c))
+	hear(a, c)
+	assert.Equal(t, [2]int{0, 2}, ranks(a))
+	hear(a, b)
+	hear(b, c, a)
+	hear(c, a)
+	assert.Equal(t, [3][2]int{{0, 3}, {1, 3}, {2, 3}}, [3][2]int{ranks(a), ranks(b), ranks(c)})
+
+	a2 := newReplica(t, "a", 2) // a restarted; its earlier incarnation's batches may still arrive
+	hear(a2, a, b)
+	assert.Equal(t, [2]int{0, 2}, ranks(a2))
+
+	c.now = c.now.Add(4 * time.Second)
+	hear(c, b)
+	assert.Equal(t, 1, c.core.Expire(c.now))
+	assert.Equal(t, [2]int{1, 2}, ranks(c), "a expired")
+	c.core.Forget()
+	assert.Equal(t, [2]int{0, 1}, ranks(c), "forgotten")
+	b.core.Close()
+	assert.Equal(t, [2]int{0, 1}, ranks(b), "closed")
 }
 
 func TestPeerPlacementFound(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -63,26 +64,63 @@ func TestReplayShareRouters(t *testing.T) {
 
 // TestReplayShareRoutersSpreadArrivals checks what sharing buys router replicas on the
 // conversation trace once each second's arrivals are spread over it (Config.SpreadArrivals): four
-// sharing replicas have a lower TTFT median and p99 than four alone, and keep at least 98 % of one
-// router's hit rate.
+// sharing replicas have a lower TTFT median and p99 than four alone, a median within 1.05 × one
+// router's, and keep at least 98 % of one router's hit rate. They do not herd: replicas routing
+// within the delay of their shared decisions see one view, and preferring their home engines
+// among near-equal ones (docs/design.md §6, "Router replicas") they send fewer pairs of requests
+// less than the delay apart to one engine than four replicas sharing nothing.
 func TestReplayShareRoutersSpreadArrivals(t *testing.T) {
 	tr, err := MooncakeConversation()
 	require.NoError(t, err)
 	cfg := Config{Trace: tr, Fleet: Fleet{Plain: 16}, Speed: 4, Limit: 1500, Seed: 1, Policies: []string{NameCacheAware},
 		SpreadArrivals: true}
-	replay := func(routers int, share bool) PolicyResult {
+	replay := func(routers int, share bool) (PolicyResult, int) {
 		c := cfg
 		c.Routers, c.ShareRouters = routers, share
+		var mu sync.Mutex
+		pairs := 0
+		c.inspect = func(r *run) error {
+			mu.Lock()
+			defer mu.Unlock()
+			pairs = closePairs(r, DefaultShareDelay)
+			return nil
+		}
 		rep, err := Replay(context.Background(), c)
 		require.NoError(t, err)
 		require.True(t, rep.SpreadArrivals)
-		return rep.Results[0]
+		mu.Lock()
+		defer mu.Unlock()
+		return rep.Results[0], pairs
 	}
-	one, alone, shared := replay(1, false), replay(4, false), replay(4, true)
+	one, onePairs := replay(1, false)
+	alone, alonePairs := replay(4, false)
+	shared, sharedPairs := replay(4, true)
 	assert.Less(t, shared.TTFT.P50, alone.TTFT.P50, "TTFT p50: sharing replicas against replicas alone")
 	assert.Less(t, shared.TTFT.P99, alone.TTFT.P99, "TTFT p99: sharing replicas against replicas alone")
+	assert.LessOrEqual(t, shared.TTFT.P50, 1.05*one.TTFT.P50, "TTFT p50: sharing replicas against one router")
 	assert.GreaterOrEqual(t, shared.HitRate, 0.98*one.HitRate, "hit rate: sharing replicas against one router")
-	t.Logf("TTFT p50 / p99 s, hit rate: one router %.3f / %.2f, %.4f; 4 alone %.3f / %.2f, %.4f; 4 sharing %.3f / %.2f, %.4f",
-		one.TTFT.P50, one.TTFT.P99, one.HitRate, alone.TTFT.P50, alone.TTFT.P99, alone.HitRate,
-		shared.TTFT.P50, shared.TTFT.P99, shared.HitRate)
+	assert.Less(t, sharedPairs, alonePairs, "requests less than the delay apart on one engine: sharing replicas against replicas alone")
+	t.Logf("TTFT p50 / p99 s, hit rate, close pairs: one router %.3f / %.2f, %.4f, %d; 4 alone %.3f / %.2f, %.4f, %d; 4 sharing %.3f / %.2f, %.4f, %d",
+		one.TTFT.P50, one.TTFT.P99, one.HitRate, onePairs, alone.TTFT.P50, alone.TTFT.P99, alone.HitRate, alonePairs,
+		shared.TTFT.P50, shared.TTFT.P99, shared.HitRate, sharedPairs)
+}
+
+// closePairs counts the requests of r that arrived less than d after the previous request sent to
+// the same front engine.
+func closePairs(r *run, d time.Duration) int {
+	last := make([]time.Duration, len(r.all))
+	seen := make([]bool, len(r.all))
+	n := 0
+	for k := range r.reqs { // in arrival order
+		q := &r.reqs[k]
+		if q.front == nil {
+			continue // dropped before routing
+		}
+		i := q.front.idx
+		if seen[i] && q.arrival-last[i] < d {
+			n++
+		}
+		last[i], seen[i] = q.arrival, true
+	}
+	return n
 }
