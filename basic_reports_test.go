@@ -3,6 +3,7 @@ package enginepick_test
 import (
 	"context"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -120,4 +121,119 @@ func TestSharedPrefixHoldersStopWhenTheirPrefillsQueue(t *testing.T) {
 			assert.Equal(t, tc.want, total)
 		})
 	}
+}
+
+// A prefix every request shares stops piling onto its holder once the holder has a full round
+// queued for its running slots (docs/design.md §9.3), with basic reports (running and waiting
+// only) and with native ones, many requests inside one report interval. Four engines of 4
+// running slots each; a holds a 1,100-token system prompt; each request is the system prompt and
+// 24 tokens of its own, so a holder prefills 36 tokens and any other engine 1,124. Two rounds of
+// 16 requests, held open, each within one report interval and followed by the report of a 4-slot
+// engine (running up to 4, the rest waiting). Before, every request went to a (32 of 32): a
+// waiting request was priced at its prefill tokens, so recomputing the prompt elsewhere never
+// looked cheaper. Now, once a has a round queued, the requests go to engines with a free slot,
+// each of which recomputes the prompt once and serves the next as hits; when none has a free slot
+// the holders share them. With basic reports the slots are learnt from a's report of the first
+// round (4 running, 12 waiting), so that round all goes to a; native reports give them at once.
+func TestSharedPrefixSpreadsWhenItsHoldersSlotsAreFull(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name           string
+		native         bool
+		round1, round2 map[state.EngineID]int
+	}{
+		{name: "basic reports", round1: map[state.EngineID]int{"a": 16}, round2: map[state.EngineID]int{"b": 6, "c": 5, "d": 5}},
+		{name: "native reports", native: true, round1: map[state.EngineID]int{"a": 8, "c": 4, "d": 4}, round2: map[state.EngineID]int{"a": 2, "b": 4, "c": 5, "d": 5}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newSlotFleet(t, tc.native)
+			assert.Equal(t, tc.round1, f.round(t, false), "round 1")
+			assert.Equal(t, tc.round2, f.round(t, false), "round 2")
+			assert.Equal(t, 3, f.recomputed, "picks that recompute the system prompt: one per engine taking it over")
+		})
+	}
+}
+
+// The same with the second round's 16 selections concurrent: however they interleave, none goes to
+// a, whose round stays queued, and every one is served.
+func TestSharedPrefixSpreadsUnderConcurrentSelections(t *testing.T) {
+	t.Parallel()
+	f := newSlotFleet(t, false)
+	require.Equal(t, map[state.EngineID]int{"a": 16}, f.round(t, false))
+	got := f.round(t, true)
+	assert.Zero(t, got["a"], "picks %v", got)
+	assert.Equal(t, 16, got["b"]+got["c"]+got["d"], "picks %v", got)
+}
+
+// slotFleet is the fleet of TestSharedPrefixSpreadsWhenItsHoldersSlotsAreFull.
+type slotFleet struct {
+	r          *plainRouter
+	native     bool
+	system     []uint32
+	mu         sync.Mutex
+	inflight   map[state.EngineID]int
+	recomputed int
+	seq        uint32
+}
+
+var slotFleetIDs = []state.EngineID{"a", "b", "c", "d"}
+
+const slotFleetSlots = 4
+
+func newSlotFleet(t *testing.T, native bool) *slotFleet {
+	f := &slotFleet{r: newPlainRouter(t, slotFleetIDs, cacheAwareWith(policy.CacheAwareOptions{})), native: native,
+		system: tokens(1100, 9), inflight: map[state.EngineID]int{}}
+	f.report(t)
+	f.r.storeAll(t, "a", f.system)
+	return f
+}
+
+// report sends every engine's report: running up to its slots, the rest of this router's
+// requests waiting.
+func (f *slotFleet) report(t *testing.T) {
+	for _, id := range slotFleetIDs {
+		run := min(f.inflight[id], slotFleetSlots)
+		rep := loadmon.Report{Engine: id, RunningRequests: uint64(run), WaitingRequests: uint64(f.inflight[id] - run), KVCapacityTokens: 1 << 20}
+		if f.native {
+			rep.Native = &loadmon.NativeLoad{MaxRunningRequests: slotFleetSlots, WaitingUncachedTokens: uint64(36 * (f.inflight[id] - run))}
+		}
+		require.NoError(t, f.r.load.Report(rep))
+	}
+}
+
+// round runs 16 selections, held open (concurrently when concurrent), then the reports, and
+// returns the picks per engine.
+func (f *slotFleet) round(t *testing.T, concurrent bool) map[state.EngineID]int {
+	got := map[state.EngineID]int{}
+	pick := func() {
+		f.mu.Lock()
+		f.seq++
+		tok := append(slices.Clone(f.system), tokens(24, 600+f.seq)...)
+		f.mu.Unlock()
+		d, err := f.r.router.Select(context.Background(), &bucket.Request{Model: "m", TokenIDs: tok,
+			Signals: bucket.Signals{InputTokens: int64(len(tok))}})
+		if !assert.NoError(t, err) {
+			return
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		got[d.Selection.Plain.Engine.ID()]++
+		f.inflight[d.Selection.Plain.Engine.ID()]++
+		if d.Selection.Plain.PrefillTokens > 1000 {
+			f.recomputed++
+		}
+	}
+	var wg sync.WaitGroup
+	for range 16 {
+		if concurrent {
+			wg.Go(pick)
+		} else {
+			pick()
+		}
+	}
+	wg.Wait()
+	time.Sleep(time.Millisecond) // the reports follow the dispatches
+	f.report(t)
+	return got
 }

@@ -221,7 +221,9 @@ func Example_cacheAwareMinMatchedTokens() {
 	//   http://a:30000
 }
 
-// The queue gate is off by default: the engine holding the prefix wins however long its queue.
+// Without EngineQueueLimit the queue gate acts only on a holder with a full round queued for its
+// running slots (b reports none running, so no slots): the engine holding the prefix wins however
+// long its queue.
 // With EngineQueueLimit set, a holder whose fresh report shows at least that many waiting requests
 // is passed over for an unqueued engine (decision cache_worker_queued; a and c tie, and the scripted
 // random source breaks the tie to c); a holder without a fresh report passes the gate while this

@@ -107,6 +107,12 @@ type EngineLoad struct {
 	Native                bool
 	WaitingUncachedTokens uint64
 	MaxRunningRequests    uint64
+	// RunningSlots is how many requests the engine runs at once, summed over its ranks, when
+	// every rank shows it (else 0): a native rank's MaxRunningRequests; a rank without it shows
+	// its running count as its slots, taken and queued for, from a report with at least as many
+	// waiting requests as its two or more running ones until a report has none waiting or
+	// another running count (docs/design.md §6, "Running slots"). Known whether or not Native.
+	RunningSlots uint64
 	// PrefillTokensPerSecond is the summed prefill throughput of the ranks, derived from two
 	// successive native samples of each rank; valid only when HasPrefillRate.
 	PrefillTokensPerSecond float64
@@ -168,6 +174,8 @@ type rankSample struct {
 	at      time.Time
 	rate    float64 // tokens per second, 0 = unknown
 	hasRate bool
+	// slots is the running slots the rank's reports show (0: none); EngineLoad.RunningSlots.
+	slots uint64
 }
 
 type engineEntry struct {
@@ -430,6 +438,13 @@ func (t *Table) applyLocked(r *Report, now time.Time) *engineEntry {
 	}
 	s := &e.ranks[r.DPRank]
 	next := rankSample{set: true, report: *r, at: now}
+	switch {
+	case r.RunningRequests > 1 && r.WaitingRequests >= r.RunningRequests:
+		// A full round waits: slots, not one request's prefill, hold the queue back.
+		next.slots = r.RunningRequests
+	case s.slots > 0 && r.WaitingRequests > 0 && r.RunningRequests == s.slots:
+		next.slots = s.slots // still full, requests still waiting
+	}
 	next.report.Native, next.report.LoRA = nil, nil // never retain the caller's pointers
 	if r.LoRA != nil {
 		next.report.LoRA = &LoRALoad{MaxAdapters: r.LoRA.MaxAdapters, Running: slices.Clone(r.LoRA.Running),
@@ -494,8 +509,15 @@ func (t *Table) recompute(engine state.EngineID, e *engineEntry) {
 // aggregate sums the samples of ranks, all set, into one load (docs/design.md §6).
 func aggregate(engine state.EngineID, ranks []rankSample) *EngineLoad {
 	agg := &EngineLoad{Engine: engine, Ranks: len(ranks), Native: true, HasPrefillRate: true}
+	slotsKnown := true
 	for i := range ranks {
 		s := &ranks[i]
+		slots := s.slots
+		if s.report.Native != nil && s.native.MaxRunningRequests > 0 {
+			slots = s.native.MaxRunningRequests
+		}
+		slotsKnown = slotsKnown && slots > 0
+		agg.RunningSlots = satAdd(agg.RunningSlots, slots)
 		if i == 0 || s.at.Before(agg.ReportedAt) {
 			agg.ReportedAt = s.at
 		}
@@ -515,6 +537,9 @@ func aggregate(engine state.EngineID, ranks []rankSample) *EngineLoad {
 		}
 	}
 	agg.LoRA = aggregateLoRA(ranks)
+	if !slotsKnown {
+		agg.RunningSlots = 0
+	}
 	if !agg.Native {
 		agg.WaitingUncachedTokens, agg.MaxRunningRequests = 0, 0
 		agg.HasPrefillRate = false

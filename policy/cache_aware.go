@@ -150,9 +150,10 @@ type CacheAwareOptions struct {
 	PressureAbsThreshold time.Duration
 	// EngineQueueLimit is the soft queue gate: a prefix holder whose fresh waiting-request count,
 	// with the dispatches since the report, is ≥ the limit is diverted (unknown passes while its
-	// in-flight count is below the limit: the gate fails open). Nil disables the gate but for a
-	// request for a LoRA adapter, which it keeps off engines where the adapter would wait for a
-	// slot (docs/design.md §18); 0 is invalid (docs/design.md §9.3).
+	// in-flight count is below the limit: the gate fails open). Nil leaves the gate on running
+	// slots (once a holder has a full round queued for its running slots, engines without a free
+	// slot are set aside) and, for a request for a LoRA adapter, on engines where the adapter
+	// would wait for a slot (docs/design.md §18); 0 is invalid (docs/design.md §9.3).
 	EngineQueueLimit *uint64
 	// SaturationQueueFloor pins a gate-rejected holder when no group engine has a fresh queue
 	// strictly below the floor (unknown is not idle). Nil disables; requires EngineQueueLimit and
@@ -468,15 +469,23 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		}
 	}
 
-	// Queue gate: partition in place, evaluated first, keeping rank order in both parts.
+	// Queue gate: partition in place, evaluated first, keeping rank order in both parts. Without
+	// EngineQueueLimit it acts on running slots once a holder has a full round queued (slots > 0;
+	// docs/design.md §9.3), and then also keeps the miss fallback and the cost comparison off
+	// engines without a free slot.
+	var slots uint64
+	if p.queueCap == 0 {
+		slots = divertSlots(cands)
+	}
+	gate := p.gating(req) || slots > 0
 	evaluated, gated := cands, cands[:0:0]
 	bestGatedBlocks := 0
 	readmitted := false
-	if p.gating(req) {
+	if gate {
 		gated = sc.gated
 		kept := cands[:0]
 		for _, c := range cands {
-			if p.queued(&c.obs) {
+			if p.queued(&c.obs, slots) {
 				gated = append(gated, c)
 				bestGatedBlocks = max(bestGatedBlocks, c.blocks)
 			} else {
@@ -484,7 +493,8 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			}
 		}
 		evaluated = kept
-		if len(evaluated) == 0 && len(gated) > 0 && p.floor == 0 && (d.FleetAllQueued || req.Adapter != "" && p.allQueued(engines, req, snap)) {
+		if len(evaluated) == 0 && len(gated) > 0 && p.floor == 0 &&
+			(d.FleetAllQueued || (req.Adapter != "" || slots > 0) && p.allQueued(engines, req, snap, slots)) {
 			evaluated = append(evaluated, gated...) // all-queued re-admission
 			readmitted = true
 		}
@@ -516,7 +526,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			}
 		}
 		if !p.opts.DisableCostComparison {
-			alt, err := p.cheaper(engines, req, res, v.credit, snap, w, admitted, evaluated, d)
+			alt, err := p.cheaper(engines, req, res, v.credit, snap, w, admitted, evaluated, gate, slots)
 			if err != nil {
 				return Pick{}, err
 			}
@@ -572,7 +582,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	}
 
 	// Miss: power-of-k over the unqueued tier, then one admission check.
-	i, o, err := p.fallback(engines, req, snap)
+	i, o, err := p.fallback(engines, req, snap, gate, slots)
 	if err != nil {
 		return Pick{}, err
 	}
@@ -581,17 +591,17 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		// engine of the same tier.
 		matched := v.credit
 		var load fleetLoad
-		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, p.gating(req), &load)
+		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, gate, slots, &load)
 		if covered && j < 0 { // every engine is queued (or has no slot for the adapter): the tier is the whole group
 			load = fleetLoad{}
-			j, jc, jo, covered = p.cheapest(engines, req, matched, snap, nil, false, &load)
+			j, jc, jo, covered = p.cheapest(engines, req, matched, snap, nil, false, 0, &load)
 		}
 		ui, uj := req.InputTokens-matched[i], uint64(0)
 		if j >= 0 {
 			uj = req.InputTokens - matched[j]
 		}
 		cost := p.prefillCost(&o, ui, req)
-		if k, ko, ok := p.resident(engines, req, matched, snap, i, &o, cost); ok {
+		if k, ko, ok := p.resident(engines, req, matched, snap, i, &o, cost, slots); ok {
 			i, o = k, ko
 			d.CostOverride = true
 		} else if covered && j >= 0 && j != i && p.materiallyCheaper(cost, jc, ui, uj, load) {
@@ -780,7 +790,7 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 // load; an engine with no slot for the request's LoRA adapter (evicts) is counted but never
 // chosen. covered is false, and idx −1, when some scanned engine has no fresh report (the coverage
 // rule).
-func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool, load *fleetLoad) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
+func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool, slots uint64, load *fleetLoad) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
 	idx = -1
 	h := p.homes()
 	var key uint64 // cost plus the engine's away handicap: what the scan minimises
@@ -789,7 +799,7 @@ func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 			continue
 		}
 		o := p.cfg.observe(snap, e, req)
-		if gated && p.queued(&o) {
+		if gated && p.queued(&o, slots) {
 			continue
 		}
 		if o.Basis() == loadmon.BasisInFlight {
@@ -816,13 +826,13 @@ func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 // (docs/design.md §18). It applies only when every evaluated holder and every engine it
 // scans has a fresh report (the coverage rule); otherwise w stays.
 func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.Result, matched []uint64, snap loadmon.Snapshot,
-	w cacheCandidate, admitted, evaluated []cacheCandidate, d *CacheDecision) (costAlt, error) {
+	w cacheCandidate, admitted, evaluated []cacheCandidate, gated bool, slots uint64) (costAlt, error) {
 	none := costAlt{idx: -1}
 	if coverage(evaluated) == loadmon.BasisInFlight {
 		return none, nil
 	}
 	wCost := p.prefillCost(&w.obs, w.uncached, req)
-	if j, jo, ok := p.resident(engines, req, matched, snap, w.idx, &w.obs, wCost); ok {
+	if j, jo, ok := p.resident(engines, req, matched, snap, w.idx, &w.obs, wCost, slots); ok {
 		if c, ok := candidateAt(admitted, j); ok {
 			return costAlt{idx: j, holder: true, blocks: c.blocks, uncached: c.uncached, obs: c.obs, cap: c.cap}, nil
 		}
@@ -872,7 +882,7 @@ func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 	for i := range evaluated {
 		load.add(p.pendingPrefill(&evaluated[i].obs, req))
 	}
-	nIdx, nCost, nObs, covered := p.cheapest(engines, req, matched, snap, evaluated, p.gating(req), &load)
+	nIdx, nCost, nObs, covered := p.cheapest(engines, req, matched, snap, evaluated, gated, slots, &load)
 	if !covered {
 		return none, nil
 	}
@@ -1101,19 +1111,60 @@ func (p *cacheAware) materiallyMorePressured(a, b *loadmon.Observation, req *Req
 // fresh waiting count, with the dispatches since the report, is at or over the limit, or, without
 // a fresh report, its router-local in-flight count is. Unknown load fails open only while this
 // router has fewer requests in flight there than the limit: it is never taken for idle
-// (docs/design.md §9.3). The waiting count is the named rank's own when the engine has several
-// (docs/design.md §6).
-func (p *cacheAware) queued(o *loadmon.Observation) bool {
+// (docs/design.md §9.3). Without a limit, once some holder has a full round queued for its
+// running slots (slots > 0, divertSlots): it has no free running slot (slotsFull). The figures
+// are the named rank's own when the engine has several (docs/design.md §6).
+func (p *cacheAware) queued(o *loadmon.Observation, slots uint64) bool {
 	if slotWait(o) {
 		return true
 	}
 	if p.queueCap == 0 {
-		return false
+		return slots > 0 && slotsFull(o, slots)
 	}
 	if w, ok := o.WaitingRequests(); ok {
 		return w >= p.queueCap
 	}
 	return o.InFlight >= p.queueCap
+}
+
+// slotsFull reports whether this router's in-flight requests to the engine (to the named rank,
+// when the observation names one) fill its running slots (loadmon.EngineLoad.RunningSlots), or
+// slots when it shows none: a request sent there would wait for a running one to end.
+func slotsFull(o *loadmon.Observation, slots uint64) bool {
+	if l := o.Figures(); l != nil && l.RunningSlots > 0 {
+		slots = l.RunningSlots
+	}
+	return inFlightThere(o) >= slots
+}
+
+// inFlightThere returns this router's in-flight requests to the observed engine, or to its named
+// rank when the observation names one.
+func inFlightThere(o *loadmon.Observation) uint64 {
+	if o.HasDPRank {
+		return o.RankInFlight
+	}
+	return o.InFlight
+}
+
+// divertSlots returns, when some holder has a full round queued for its running slots
+// (loadmon.EngineLoad.RunningSlots: this router's requests there reach twice them, or exceed
+// them while its reports show them, which they do only while requests wait), the most running
+// slots of any holder; 0 otherwise (docs/design.md §9.3).
+func divertSlots(cands []cacheCandidate) uint64 {
+	var slots uint64
+	queued := false
+	for i := range cands {
+		o := &cands[i].obs
+		if l := o.Figures(); l != nil && l.RunningSlots > 0 {
+			slots = max(slots, l.RunningSlots)
+			n := inFlightThere(o)
+			queued = queued || n/2 >= l.RunningSlots || !l.Native && n > l.RunningSlots
+		}
+	}
+	if !queued {
+		return 0
+	}
+	return slots
 }
 
 // anyBelowFloor reports whether some group engine has a fresh queue strictly below the saturation
@@ -1127,21 +1178,20 @@ func (p *cacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot
 	return false
 }
 
-// fallback samples k engines of the unqueued tier (every engine when the gate is off or nothing
+// fallback samples k engines of the unqueued tier (every engine when gate is false or nothing
 // is unqueued) and returns the least pressured. With router replicas, the sample is drawn from the
 // tier's home engines when there are at least two (homes).
-func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon.Snapshot) (int, loadmon.Observation, error) {
+func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon.Snapshot, gate bool, slots uint64) (int, loadmon.Observation, error) {
 	h := p.homes()
-	gating := p.gating(req)
-	if !gating && !h.on() {
+	if !gate && !h.on() {
 		return sampleLeastPressured(&p.cfg, snap, engines, req, p.opts.MinLoadChoices)
 	}
 	var tbuf [64]int
 	tier := tbuf[:0]
 	for i, e := range engines {
-		if !gating {
+		if !gate {
 			tier = append(tier, i)
-		} else if o := p.cfg.observe(snap, e, req); !p.queued(&o) {
+		} else if o := p.cfg.observe(snap, e, req); !p.queued(&o, slots) {
 			tier = append(tier, i)
 		}
 	}
@@ -1267,9 +1317,9 @@ func (p *cacheAware) gating(req *Request) bool {
 }
 
 // allQueued reports whether the gate sets every group engine aside for req (queued).
-func (p *cacheAware) allQueued(engines []state.Engine, req *Request, snap loadmon.Snapshot) bool {
+func (p *cacheAware) allQueued(engines []state.Engine, req *Request, snap loadmon.Snapshot, slots uint64) bool {
 	for _, e := range engines {
-		if o := p.cfg.observe(snap, e, req); !p.queued(&o) {
+		if o := p.cfg.observe(snap, e, req); !p.queued(&o, slots) {
 			return false
 		}
 	}
@@ -1294,7 +1344,7 @@ func candidateAt(cs []cacheCandidate, idx int) (cacheCandidate, bool) {
 // base-model request, when w runs the adapter or its residency is unknown, when some engine it
 // prices has no fresh report (the coverage rule), or when no engine qualifies. Ties keep the
 // lowest index.
-func (p *cacheAware) resident(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, wi int, w *loadmon.Observation, wCost uint64) (int, loadmon.Observation, bool) {
+func (p *cacheAware) resident(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, wi int, w *loadmon.Observation, wCost uint64, slots uint64) (int, loadmon.Observation, bool) {
 	cw, ok := adapterClass(w)
 	if !ok || cw == lora.Running {
 		return -1, loadmon.Observation{}, false
@@ -1314,7 +1364,7 @@ func (p *cacheAware) resident(engines []state.Engine, req *Request, matched []ui
 			continue
 		}
 		o := p.cfg.observe(snap, e, req)
-		if p.queued(&o) {
+		if p.queued(&o, slots) {
 			continue
 		}
 		if o.Basis() == loadmon.BasisInFlight {

@@ -74,7 +74,7 @@ func TestPollRecordsEachFormat(t *testing.T) {
 		{loadsource.FormatSGLangGetLoad, `[{"dp_rank": 0, "num_reqs": 9, "num_waiting_reqs": 4}, {"dp_rank": 1, "num_reqs": 1, "num_waiting_reqs": 0}]`,
 			loadmon.EngineLoad{Ranks: 2, RunningRequests: 6, WaitingRequests: 4}},
 		{loadsource.FormatSGLangLoads, sglangLoads, loadmon.EngineLoad{Ranks: 2, RunningRequests: 6, WaitingRequests: 2,
-			UsedKVTokens: 5100, KVCapacityTokens: 200000, Native: true, WaitingUncachedTokens: 900, MaxRunningRequests: 512}},
+			UsedKVTokens: 5100, KVCapacityTokens: 200000, Native: true, WaitingUncachedTokens: 900, MaxRunningRequests: 512, RunningSlots: 512}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.format.String(), func(t *testing.T) {
