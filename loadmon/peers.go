@@ -21,7 +21,7 @@ func init() {
 	loadbridge.ApplyPeer = func(f any, c loadbridge.Change) { f.(*InFlight).applyPeer(c) }
 	loadbridge.SetReplicas = func(f any, rank, replicas int) {
 		var v uint64
-		if replicas > 1 && rank >= 0 && rank < replicas && replicas <= math.MaxUint32 {
+		if replicas > 1 && rank >= 0 && rank < replicas && uint64(replicas) <= math.MaxUint32 {
 			v = uint64(rank)<<32 | uint64(replicas)
 		}
 		f.(*InFlight).replicas.Store(v)
