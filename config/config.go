@@ -377,8 +377,9 @@ type Replicas struct {
 }
 
 // RedisSettings describe the Redis deployment of a shared affinity store (affinity/redisstore).
-// The library does not dial Redis itself: the host builds the client from them, with its own
-// credentials and TLS settings, which do not belong in this file.
+// New does not dial this store (it dials only the replicas block's broker, Replicas.Redis): the
+// host builds the store's client from these settings, with its own credentials and TLS settings,
+// which do not belong in this file, and passes the store with WithAffinityStore.
 type RedisSettings struct {
 	// Addrs are the Redis server or cluster addresses (host:port). At least one.
 	Addrs []string `json:"addrs"`
