@@ -105,3 +105,27 @@ func TestRunConfigRejects(t *testing.T) {
 		})
 	}
 }
+
+// TestRunConfigBlockTokens: the replayed engines' KV blocks are the file's kv.block_tokens, and
+// the configuration's default (16 tokens, as config.New hashes) when the file omits it.
+func TestRunConfigBlockTokens(t *testing.T) {
+	dir := t.TempDir()
+	const fleet = "engines: [{id: e1, model: m}, {id: e2, model: m}]\nmodels: [{id: m, buckets: [{id: b, groups: {plain: {policy: {type: cache_aware}}}}]}]\n"
+	for _, tc := range []struct {
+		name, kv string
+		want     int
+	}{
+		{"unset", "", config.DefaultBlockTokens},
+		{"set", "kv: {block_tokens: 64}\n", 64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := filepath.Join(dir, tc.name+".yaml")
+			require.NoError(t, os.WriteFile(f, []byte(tc.kv+fleet), 0o644))
+			var out, stderr bytes.Buffer
+			require.NoError(t, run(context.Background(), []string{"-config", f, "-limit", "20", "-json"}, &out, &stderr, false), stderr.String())
+			var rep sim.Report
+			require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+			assert.Equal(t, tc.want, rep.Model.BlockTokens)
+		})
+	}
+}
