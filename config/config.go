@@ -254,7 +254,7 @@ type LoadSettings struct {
 
 // KVSettings configures block hashing and the shared KV-block index (docs/design.md §11).
 type KVSettings struct {
-	// BlockTokens is the engines' KV block size in tokens. Zero means DefaultBlockTokens; at
+	// BlockTokens is the engines' KV block size in tokens. Zero means 16 (vLLM's default); at
 	// most 65,536.
 	BlockTokens int `json:"block_tokens,omitempty"`
 	// HashSeed is the root of every block-key chain (kvindex.HasherConfig.Seed).
@@ -397,8 +397,8 @@ const (
 	DefaultSessionHeader = "x-session-id"
 	// DefaultRoutingKeyHeader is AffinitySettings.RoutingKeyHeader's default.
 	DefaultRoutingKeyHeader = "x-sgl-routing-key"
-	// DefaultBlockTokens is KVSettings.BlockTokens's default, in tokens: vLLM's block size.
-	DefaultBlockTokens = 16
+	// defaultBlockTokens is KVSettings.BlockTokens's default, vLLM's block size.
+	defaultBlockTokens = 16
 	// defaultReplicasChannel, defaultReplicasLease and defaultReplicasFlush are the defaults of
 	// the replicas block.
 	defaultReplicasChannel = "enginepick:replicas"

@@ -349,7 +349,7 @@ func (b *builder) shared() error {
 	}
 	bt := cfg.KV.BlockTokens
 	if bt == 0 {
-		bt = DefaultBlockTokens
+		bt = defaultBlockTokens
 	}
 	var err error
 	if b.hasher, err = kvindex.NewHasher(kvindex.HasherConfig{BlockTokens: bt, Seed: cfg.KV.HashSeed, Namespace: cfg.KV.Namespace}); err != nil {

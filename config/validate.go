@@ -663,7 +663,7 @@ func (v *validator) kv(k *KVSettings) {
 	}
 	switch {
 	case k.BlockTokens < 0 || k.BlockTokens > maxBlockTokens:
-		v.fail("kv.block_tokens", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.BlockTokens, maxBlockTokens, DefaultBlockTokens)
+		v.fail("kv.block_tokens", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.BlockTokens, maxBlockTokens, defaultBlockTokens)
 	case k.MaxBlocks < 0 || int64(k.MaxBlocks) > 1<<32-2:
 		v.fail("kv.max_blocks", state.ErrOutOfRange, "%d: must be in [1, %d] (unset means %d)", k.MaxBlocks, int64(1<<32-2), defaultMaxBlocks)
 	case k.ExpectedBlocks < 0 || k.ExpectedBlocks > cmp.Or(k.MaxBlocks, defaultMaxBlocks):
