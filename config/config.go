@@ -66,10 +66,11 @@ type Model struct {
 	Buckets []Bucket `json:"buckets"`
 	// Adapters lists the LoRA adapters this model's engines serve, by the name the engines serve
 	// each under, which requests carry as their model (vLLM --lora-modules NAME=PATH: the OpenAI
-	// model field names the adapter). The host routes a request for one as bucket.Request{Model:
-	// this model's ID, Adapter: the name}, on this model's buckets (docs/design.md §18): Select
-	// does not map adapter names, and one given as Model is enginepick.ErrUnknownModel (404).
-	// Names are non-empty and unique among every model's IDs and adapters. Empty means none.
+	// model field names the adapter). Router.Select routes a request whose Model is one of these
+	// names (Adapter empty) as bucket.Request{Model: this model's ID, Adapter: the name}, on this
+	// model's buckets (docs/design.md §18); the embedded enginepick.Router's Select does not map
+	// them (the name as Model is enginepick.ErrUnknownModel, 404). Names are non-empty and unique
+	// among every model's IDs and adapters. Empty means none.
 	Adapters []string `json:"adapters,omitempty"`
 }
 
@@ -376,8 +377,9 @@ type Replicas struct {
 }
 
 // RedisSettings describe the Redis deployment of a shared affinity store (affinity/redisstore).
-// The library does not dial Redis itself: the host builds the client from them, with its own
-// credentials and TLS settings, which do not belong in this file.
+// New does not dial this store (it dials only the replicas block's broker, Replicas.Redis): the
+// host builds the store's client from these settings, with its own credentials and TLS settings,
+// which do not belong in this file, and passes the store with WithAffinityStore.
 type RedisSettings struct {
 	// Addrs are the Redis server or cluster addresses (host:port). At least one.
 	Addrs []string `json:"addrs"`

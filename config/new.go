@@ -121,7 +121,8 @@ type services struct {
 // Router is an enginepick.Router built from a configuration, with the services that keep its
 // shared state current: the load poller, the KV-event subscriber, the in-memory affinity store's
 // sweeper and the degraded-state checks, which New starts and Close stops. Every method of the
-// embedded Router is available; RemoveEngine also drops the engine's KV-event streams.
+// embedded Router is available; Select also maps LoRA adapter names (Model.Adapters), and
+// RemoveEngine also drops the engine's KV-event streams.
 type Router struct {
 	*enginepick.Router
 
@@ -134,6 +135,7 @@ type Router struct {
 	peer      *redispeer.Peer // runs share over the broker
 	svc       *services
 	degraded  degradedChecks
+	adapters  map[state.ModelID]state.ModelID // adapter name → base model (Select)
 }
 
 // replicaObserver is an optional interface of an enginepick.Observer (package metrics'): New
@@ -219,7 +221,7 @@ func New(cfg *Config, registry state.Registry, opts ...Option) (*Router, error) 
 	if err != nil {
 		return nil, err
 	}
-	r := &Router{Router: er, config: cfg, warn: b.warnLog}
+	r := &Router{Router: er, config: cfg, warn: b.warnLog, adapters: adapterBases(cfg)}
 	if err := b.start(r); err != nil {
 		return nil, err
 	}

@@ -796,9 +796,16 @@ func (v *validator) replicas(r *Replicas) {
 		v.fail("replicas.lease", state.ErrOutOfRange, "%v is negative", r.Lease.D())
 	case r.FlushInterval < 0:
 		v.fail("replicas.flush_interval", state.ErrOutOfRange, "%v is negative", r.FlushInterval.D())
+	case replicasLease(r)/4 < replicasFlush(r) && r.FlushInterval == 0:
+		// Name the key the file sets, and the default it meets.
+		v.fail("replicas.lease", state.ErrConflict, "%v: at least 4 × flush_interval (%v, the default)", r.Lease.D(), defaultReplicasFlush)
 	case replicasLease(r)/4 < replicasFlush(r):
-		v.fail("replicas.flush_interval", state.ErrConflict, "%v: at most a quarter of the lease (%v), the heartbeat period",
-			replicasFlush(r), replicasLease(r))
+		lease := r.Lease.D().String()
+		if r.Lease == 0 {
+			lease = defaultReplicasLease.String() + ", the default"
+		}
+		v.fail("replicas.flush_interval", state.ErrConflict, "%v: at most a quarter of the lease (%s), the heartbeat period",
+			r.FlushInterval.D(), lease)
 	}
 }
 

@@ -105,3 +105,38 @@ func TestRunConfigRejects(t *testing.T) {
 		})
 	}
 }
+
+// TestRunConfigBlockTokens: the replayed engines' KV blocks are the file's kv.block_tokens, and
+// config.New's block size when the file omits it.
+func TestRunConfigBlockTokens(t *testing.T) {
+	dir := t.TempDir()
+	const fleet = "engines: [{id: e1, model: m}, {id: e2, model: m}]\nmodels: [{id: m, buckets: [{id: b, groups: {plain: {policy: {type: cache_aware}}}}]}]\n"
+	for _, tc := range []struct {
+		name, kv string
+		want     int // 0: the block size of the Router config.New builds from the file
+	}{
+		{"unset", "", 0},
+		{"set", "kv: {block_tokens: 64}\n", 64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := filepath.Join(dir, tc.name+".yaml")
+			require.NoError(t, os.WriteFile(f, []byte(tc.kv+fleet), 0o644))
+			want := tc.want
+			if want == 0 {
+				cfg, err := config.Load(f)
+				require.NoError(t, err)
+				r, err := config.New(cfg, nil, config.WithHealthInterval(0))
+				require.NoError(t, err)
+				require.NoError(t, r.Close())
+				require.NotNil(t, r.Index(), "cache_aware looks prefixes up locally")
+				want = r.Index().Hasher().BlockTokens()
+				require.Equal(t, 16, want, "the guide's default")
+			}
+			var out, stderr bytes.Buffer
+			require.NoError(t, run(context.Background(), []string{"-config", f, "-limit", "20", "-json"}, &out, &stderr, false), stderr.String())
+			var rep sim.Report
+			require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
+			assert.Equal(t, want, rep.Model.BlockTokens)
+		})
+	}
+}

@@ -104,7 +104,7 @@ func (s *scenarioFlags) apply(fs *flag.FlagSet, cfg *sim.Config) error {
 }
 
 // generate sets cfg.Trace to the -workload trace, if one is asked for, with -speed 1 unless given
-// and, unless a -config file sets it, sim.WorkloadBlockTokens-token KV blocks. A bad spec, a spec
+// and, without -config (whose kv.block_tokens decides), sim.WorkloadBlockTokens-token KV blocks. A bad spec, a spec
 // with -trace and a -workload-seed without -workload are command-line mistakes.
 func (s *scenarioFlags) generate(fs *flag.FlagSet, cfg *sim.Config) error {
 	set := map[string]bool{}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -212,14 +214,20 @@ func TestRunFlowControl(t *testing.T) {
 	assert.Contains(t, stderr.String(), "the file's flow_control block configures flow control")
 }
 
+// TestRunWorkloadWithConfig: -workload with -config replays the file's kv.block_tokens, not the
+// workload's default block size.
 func TestRunWorkloadWithConfig(t *testing.T) {
+	raw, err := os.ReadFile("../configs/plain-round-robin.yaml")
+	require.NoError(t, err)
+	f := filepath.Join(t.TempDir(), "blocks.yaml")
+	require.NoError(t, os.WriteFile(f, append([]byte("kv: {block_tokens: 64}\n"), raw...), 0o644))
 	var out, stderr bytes.Buffer
-	require.NoError(t, run(context.Background(), []string{"-config", "../configs/plain-round-robin.yaml", "-workload",
+	require.NoError(t, run(context.Background(), []string{"-config", f, "-workload",
 		"prefix-groups:requests=30", "-json"}, &out, &stderr, false))
 	var rep sim.Report
 	require.NoError(t, json.Unmarshal(out.Bytes(), &rep))
 	assert.Equal(t, 30, rep.Requests)
-	assert.NotEqual(t, sim.WorkloadBlockTokens, rep.Model.BlockTokens, "the file's kv.block_tokens or the default")
+	assert.Equal(t, 64, rep.Model.BlockTokens, "the file's kv.block_tokens, not the workload's")
 }
 
 func TestRunRejectsBadWorkloadFlags(t *testing.T) {

@@ -192,7 +192,8 @@ func TestFlowControlFromRoutingFile(t *testing.T) {
 	want := replayLogged(t, builtIn)
 	require.True(t, want.FlowControl)
 
-	yaml := "engines:\n" + fleetYAML("llama-3.1-8b", "engine", "plain", 4) +
+	// kv.block_tokens: the built-in run's blocks (DefaultBlockTokens).
+	yaml := "kv: {block_tokens: 512}\nengines:\n" + fleetYAML("llama-3.1-8b", "engine", "plain", 4) +
 		"flow_control: {bands: [{priority: 0}, {priority: 1}]}\n" +
 		"models: [{id: llama-3.1-8b, buckets: [{id: default, max_context_tokens: 131072, groups: {plain: {policy: {type: round_robin, admission: {max_inflight_requests: 8}}}}}]}]\n"
 	fromFile := Config{Trace: tr, Seed: 1, Routing: &Routing{Config: parseRouting(t, yaml), Name: NameRoundRobin}}

@@ -257,7 +257,8 @@ type Config struct {
 	// Routing, when set, replays a routing configuration file instead of Policies: one run,
 	// over exactly the engines the file lists for Routing.Model, routed by config.New from the
 	// file (see Routing). Fleet, Policies, Factories and Admission must then be zero
-	// (ErrRoutingConflict); the file's kv.block_tokens sets Model.BlockTokens.
+	// (ErrRoutingConflict); the file's kv.block_tokens (16 when unset, as config.New) sets
+	// Model.BlockTokens.
 	Routing *Routing
 	// Progress, when set, is called with the number of requests finished or dropped so far, over
 	// every policy run, and the total (requests × policies). Runs call it from their own

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -40,12 +41,16 @@ type Routing struct {
 	Name string
 }
 
+// configBlockTokens is the block size config.New hashes with when kv.block_tokens is unset
+// (config.KVSettings.BlockTokens).
+const configBlockTokens = 16
+
 // DefaultRoutingName is the report name of a Routing run without a Name.
 const DefaultRoutingName = "config"
 
 // ErrRoutingConflict: Config.Routing is set together with a field that it replaces (Fleet,
 // Policies, Factories, Admission or FlowControl), or with an EngineModel.BlockTokens that differs
-// from the configuration's kv.block_tokens.
+// from the configuration's kv.block_tokens (16 when unset).
 var ErrRoutingConflict = fmt.Errorf("sim: Config.Routing replaces Fleet, Policies, Factories and Admission: %w", state.ErrInvalidConfiguration)
 
 // routingPlan is a resolved Routing: the model and its engines.
@@ -97,12 +102,11 @@ func (rc *resolved) resolveRouting() error {
 	if len(p.engines) == 0 {
 		return fmt.Errorf("%w: the configuration lists no engines of model %q", ErrEmptyFleet, p.model)
 	}
-	if bt := rt.Config.KV.BlockTokens; bt != 0 {
-		if rc.Model.BlockTokens != 0 && rc.Model.BlockTokens != bt {
-			return fmt.Errorf("%w: EngineModel.BlockTokens %d, but kv.block_tokens is %d", ErrRoutingConflict, rc.Model.BlockTokens, bt)
-		}
-		rc.Model.BlockTokens = bt
+	bt := cmp.Or(rt.Config.KV.BlockTokens, configBlockTokens) // what config.New hashes
+	if rc.Model.BlockTokens != 0 && rc.Model.BlockTokens != bt {
+		return fmt.Errorf("%w: EngineModel.BlockTokens %d, but kv.block_tokens is %d", ErrRoutingConflict, rc.Model.BlockTokens, bt)
 	}
+	rc.Model.BlockTokens = bt
 	rc.routing = p
 	name := rt.Name
 	if name == "" {

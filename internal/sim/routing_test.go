@@ -62,7 +62,9 @@ func TestReplayRoutingMatchesBuiltInFleet(t *testing.T) {
 			require.NoError(t, err)
 
 			fromFile := base
-			fromFile.Routing = &Routing{Config: parseRouting(t, tc.yaml), Name: tc.policy}
+			// The built-in run's blocks (DefaultBlockTokens); a file without kv.block_tokens has
+			// config.New's (configBlockTokens).
+			fromFile.Routing = &Routing{Config: parseRouting(t, fmt.Sprintf("kv: {block_tokens: %d}\n", DefaultBlockTokens)+tc.yaml), Name: tc.policy}
 			fromFile.inspect = func(r *run) error { checkConservation(t, r); return nil }
 			got, err := Replay(context.Background(), fromFile)
 			require.NoError(t, err)
