@@ -498,16 +498,21 @@ func (r *Router) wakeWhenStale(d time.Duration) {
 // buckets and affinity keys meet the same saturation.
 func classOf(buckets []*bucket.Bucket, req *bucket.Request) uint64 {
 	var h maphash.Hash
-	h.SetSeed(classSeed)
-	for _, b := range buckets {
-		h.WriteString(b.ID())
-		h.WriteByte(0)
-	}
+	seedBuckets(&h, buckets)
 	h.WriteByte(1)
 	h.WriteString(req.SessionKey)
 	h.WriteByte(0)
 	h.WriteString(req.RoutingKey)
 	return h.Sum64()
+}
+
+// seedBuckets seeds h for a flow-control class and writes the buckets' IDs.
+func seedBuckets(h *maphash.Hash, buckets []*bucket.Bucket) {
+	h.SetSeed(classSeed)
+	for _, b := range buckets {
+		h.WriteString(b.ID())
+		h.WriteByte(0)
+	}
 }
 
 // refusalClass is the flow-control class of a refusal by admission: requests of the same buckets
@@ -521,11 +526,7 @@ func refusalClass(buckets []*bucket.Bucket, rejections []*policy.AdmissionReject
 	}
 	slices.Sort(ids)
 	var h maphash.Hash
-	h.SetSeed(classSeed)
-	for _, b := range buckets {
-		h.WriteString(b.ID())
-		h.WriteByte(0)
-	}
+	seedBuckets(&h, buckets)
 	h.WriteByte(2)
 	for i, id := range slices.Compact(ids) {
 		if i > 0 {
