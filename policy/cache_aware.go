@@ -1229,22 +1229,25 @@ func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon
 	return tier[j], o, err
 }
 
-// idle returns the idle group engine with the most matched tokens (the first on a tie): one with
-// nothing in flight from this router or its peers and, when its load is known, no running or waiting request
-// reported and no dispatch since the report. ok is false when no engine is idle, and with the cost
-// comparison off.
+// idle returns the idle group engine with the fewest uncached tokens (the first on a tie; with
+// router replicas, a home engine unless another has more than CostMarginTokens fewer: homes): one
+// with nothing in flight from this router or its peers, no dispatch since the report and, when its
+// load is known, no running or waiting request reported. ok is false when no engine is idle, and
+// with the cost comparison off.
 func (p *cacheAware) idle(engines []state.Engine, req *Request, snap loadmon.Snapshot, matched []uint64) (idx int, obs loadmon.Observation, ok bool) {
 	idx = -1
 	if p.opts.DisableCostComparison {
 		return idx, obs, false
 	}
+	h := p.homes()
+	var key uint64 // uncached tokens plus the engine's away handicap: what the scan minimises
 	for i, e := range engines {
 		o := p.cfg.observe(snap, e, req)
 		if o.InFlight > 0 || o.PeerInFlight > 0 || o.Dispatched > 0 || (o.Load != nil && o.Load.RunningRequests+o.Load.WaitingRequests > 0) {
 			continue
 		}
-		if idx < 0 || matched[i] > matched[idx] {
-			idx, obs = i, o
+		if k := satAdd(req.InputTokens-matched[i], h.away(i)); idx < 0 || k < key {
+			idx, obs, key = i, o, k
 		}
 	}
 	return idx, obs, idx >= 0

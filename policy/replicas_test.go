@@ -7,8 +7,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/internal/loadbridge"
+	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
@@ -132,6 +134,53 @@ func TestCacheAwareReplicaPrefersItsHomeHolders(t *testing.T) {
 			assert.Equal(t, tt.want, pk.Engine.ID(), fmt.Sprint(tt.pending))
 			assert.Equal(t, label.ReasonCacheCandidate, pk.Reason)
 			assert.False(t, c.dec.last().CostOverride, "the winner stands: no holder is cheaper by more than the margin")
+		})
+	}
+}
+
+// docs/design.md §9.11 and §6 with router replicas: when admission rejects every holder, the idle
+// engine that takes the request is a home engine among idle engines within CostMarginTokens of
+// each other, so that replicas deciding within the delay of each other's dispatches do not all
+// send their requests to one idle engine. e0 holds the prompt and is at its waiting cap; e1, e2
+// and e3 are idle and hold nothing. Replica 0 of 2 has e0 and e2 at home; replica 1, e1 and e3.
+func TestCacheAwareReplicaIdleEngineIsAHomeEngine(t *testing.T) {
+	t.Parallel()
+	tok := prompt(8*blockTokens, 54)
+	group := engines(state.StagePrefill, "e0", "e1", "e2", "e3")
+	for _, tt := range []struct {
+		name    string
+		rank, n int
+		busy    state.EngineID // an engine with one running request: not idle ("" for none)
+		want    state.EngineID
+	}{
+		{"alone: the first idle engine", 0, 1, "", "e1"},
+		{"first of two: e2", 0, 2, "", "e2"},
+		{"second of two: e1", 1, 2, "", "e1"},
+		{"second of two, e1 busy: e3", 1, 2, "e1", "e3"},
+		{"first of two, its idle home engine busy: e1", 0, 2, "e2", "e1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			c.hold(t, "e0", tok, 8)
+			c.native("e0", loadmon.Report{WaitingRequests: 5})
+			for _, id := range []state.EngineID{"e1", "e2", "e3"} {
+				r := loadmon.Report{}
+				if id == tt.busy {
+					r.RunningRequests = 1
+				}
+				c.native(id, r)
+			}
+			c.replicas(tt.rank, tt.n)
+			cfg := c.cfg()
+			lim := admission.Limits{MaxWaitingRequests: admission.Cap(5)}
+			cfg.Admission = lim
+			p, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens})
+			require.NoError(t, err)
+			pk, err := p.Pick(ctx, group, creq(tok))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, pk.Engine.ID())
+			assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
 		})
 	}
 }
