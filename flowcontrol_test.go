@@ -467,3 +467,52 @@ func TestFlowControlIdleEngineServesRequestWaitingForItsHolders(t *testing.T) {
 	dA.Release()
 	heldA[0].Release()
 }
+
+// Below the highest band, a request waits while its engine is still prefilling a dispatch of the
+// router (no first token yet) and is served when the first token arrives; a request of the highest
+// band, or of the only band, is served at once.
+func TestFlowControlLowerBandWaitsForEnginePrefill(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		bands []flowcontrol.Band
+		holds bool
+	}{
+		{"two bands", []flowcontrol.Band{{Priority: 0}, {Priority: 1}}, true},
+		{"one band", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFlowFleet(t, mustController(t, flowcontrol.Config{Bands: tc.bands}), 0)
+			first, err := f.router.Select(ctx, longReq())
+			require.NoError(t, err, "no first token seen yet: no prefill is known to hold")
+			first.FirstToken()
+			d1, err := f.router.Select(ctx, longReq())
+			require.NoError(t, err, "l1 has ended its prefills")
+			require.Equal(t, uint64(500), f.inflight.Prefilling("l1"))
+
+			low := f.selectAsync(ctx, longReq())
+			if !tc.holds {
+				served(t, low).Release()
+				d1.Release()
+				first.Release()
+				return
+			}
+			waits(t, low)
+			high := longReq()
+			high.Priority = 1
+			h, err := f.router.Select(ctx, high)
+			require.NoError(t, err, "the highest band is never held")
+			assert.Equal(t, state.EngineID("l1"), engineOf(h))
+			d1.FirstToken()
+			waits(t, low) // l1 still prefills h
+			h.FirstToken()
+			d := served(t, low)
+			assert.Equal(t, state.EngineID("l1"), engineOf(d))
+			assert.Equal(t, uint64(4), f.inflight.Count("l1"))
+			for _, x := range []*enginepick.Dispatch{d, h, d1, first} {
+				x.Release()
+			}
+		})
+	}
+}

@@ -221,6 +221,9 @@ func (d *Dispatch) FirstToken() {
 	for _, g := range d.guards {
 		g.FirstToken()
 	}
+	if r := d.r; r != nil && r.fc != nil && r.fc.BelowTop(math.MinInt) {
+		r.notify(d.model) // a request held by the engine's prefill may go (prefillHold)
+	}
 }
 
 // Done ends the dispatch as Release does, and reports its outcome to the Router's Observer
@@ -349,11 +352,22 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.T
 		withMemo.Memo = new(kvindex.Memo)
 		req = &withMemo
 	}
+	hold := r.fc != nil && r.fc.BelowTop(req.Priority)
 	var err error
 	for attempt := 1; ; attempt++ {
 		var sel bucket.Selection
 		if sel, err = bucket.Select(ctx, res, r.registry, req); err != nil {
 			break
+		}
+		if hold {
+			if lost, stage := r.prefillHold(&sel); lost != nil {
+				if attempt == maxSelectAttempts {
+					err = &bucket.ExhaustedError{Rejections: []*policy.AdmissionRejectedError{lost},
+						Last: &bucket.StageError{Bucket: sel.Bucket.ID(), Stage: stage, Err: lost}}
+					break
+				}
+				continue
+			}
 		}
 		var now time.Time // zero: the in-flight counters read their own clock
 		if at != nil && r.realClock {
@@ -387,6 +401,26 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.T
 		}
 	}
 	return nil, err
+}
+
+// limitPrefilling is the Limit of a prefill hold's rejection (Router.prefillHold).
+const limitPrefilling = "prefilling"
+
+// prefillHold is the rejection of a selection whose plain or prefill engine is still prefilling a
+// dispatch of this router (loadmon.InFlight.Prefilling: prefill tokens in flight without a first
+// token), for a request below flow control's highest band: such a request waits until the engine
+// ends its prefills, so that it never queues a prefill ahead of a later request of a higher band
+// (docs/design.md §17). It returns nil when the engine has no known prefill in flight.
+func (r *Router) prefillHold(sel *bucket.Selection) (*policy.AdmissionRejectedError, state.Stage) {
+	p, stage := &sel.Plain, state.StagePlain
+	if sel.IsPD() {
+		p, stage = &sel.Prefill, state.StagePrefill
+	}
+	n := r.inflight.Prefilling(p.Engine.ID())
+	if n == 0 {
+		return nil, stage
+	}
+	return &policy.AdmissionRejectedError{Engine: p.Engine, Limit: limitPrefilling, Observed: n}, stage
 }
 
 // logFailure logs a failed selection at Debug.

@@ -276,6 +276,12 @@ func (c *Controller) queue(model state.ModelID) *queue {
 	return v.(*queue)
 }
 
+// BelowTop reports whether a request of the priority waits in a band below the highest: false
+// with a single band.
+func (c *Controller) BelowTop(priority int) bool {
+	return c.band(priority) > 0
+}
+
 // band returns the index of the band a priority waits in.
 func (c *Controller) band(priority int) int {
 	for i := range c.bands {

@@ -211,3 +211,19 @@ func TestTryAcquireIsAtomic(t *testing.T) {
 	assert.Zero(t, f.Count("e"))
 	assert.Zero(t, f.CountRank("e", 0))
 }
+
+// Prefilling counts the prefill tokens in flight without a first token, once some first token has
+// been seen.
+func TestPrefillingCountsDispatchesWithoutFirstToken(t *testing.T) {
+	t.Parallel()
+	f := loadmon.NewInFlight(nil)
+	a := f.Acquire("e", -1, 100)
+	b := f.Acquire("e", -1, 30)
+	assert.Equal(t, uint64(0), f.Prefilling("e"), "no first token seen: unknown")
+	a.FirstToken()
+	assert.Equal(t, uint64(30), f.Prefilling("e"))
+	assert.Equal(t, uint64(0), f.Prefilling("other"))
+	b.Release()
+	assert.Equal(t, uint64(0), f.Prefilling("e"))
+	a.Release()
+}

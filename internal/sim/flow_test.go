@@ -131,8 +131,9 @@ func TestFlowControlConfig(t *testing.T) {
 //     band's and the light tenants' TTFT p99 are lower with flow control on; the light tenants
 //     are served in full (only the heavy tenant's requests are shed) and band 0's Jain index is
 //     at least 0.95; output throughput is at least 98 % of flow control off;
-//   - below capacity (the default rates): TTFT p50 and p99 and the hit rate are within 2 % of
-//     flow control off;
+//   - below capacity (the default rates): TTFT p50 and p99 no more than 2 % above flow control
+//     off, the hit rate no more than 2 % below (a lower band skipping an engine that is still
+//     prefilling may only make them better);
 //   - every request ends once, completed or with a typed error.
 //
 // The absolute TTFT targets (critical p99 within 2 × its p99 on an idle fleet, light tenants'
@@ -171,12 +172,9 @@ func TestFlowControlTargets(t *testing.T) {
 	})
 	t.Run("below capacity", func(t *testing.T) {
 		off, on := run("tenants:", false), run("tenants:", true)
-		near := func(a, b float64, what string) {
-			assert.InDelta(t, 1, a/b, 0.02, "%s: %v with flow control, %v without", what, a, b)
-		}
-		near(on.TTFT.P50, off.TTFT.P50, "TTFT p50")
-		near(on.TTFT.P99, off.TTFT.P99, "TTFT p99")
-		near(on.HitRate, off.HitRate, "hit rate")
+		assert.LessOrEqual(t, on.TTFT.P50, 1.02*off.TTFT.P50, "TTFT p50")
+		assert.LessOrEqual(t, on.TTFT.P99, 1.02*off.TTFT.P99, "TTFT p99")
+		assert.GreaterOrEqual(t, on.HitRate, 0.98*off.HitRate, "hit rate")
 		assert.Zero(t, on.Shed+on.Rejected)
 	})
 }
