@@ -14,6 +14,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/flowcontrol"
+	"github.com/enginepick/enginepick/internal/loadbridge"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -489,7 +490,7 @@ func TestFlowControlLowerBandWaitsForEnginePrefill(t *testing.T) {
 			first.FirstToken()
 			d1, err := f.router.Select(ctx, longReq())
 			require.NoError(t, err, "l1 has ended its prefills")
-			require.Equal(t, uint64(500), f.inflight.Prefilling("l1"))
+			require.Equal(t, uint64(500), loadbridge.Prefilling(f.inflight, "l1"))
 
 			low := f.selectAsync(ctx, longReq())
 			if !tc.holds {

@@ -17,6 +17,8 @@ import (
 	"github.com/enginepick/enginepick/affinity"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/flowcontrol"
+	"github.com/enginepick/enginepick/internal/flowbridge"
+	"github.com/enginepick/enginepick/internal/loadbridge"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
@@ -221,7 +223,7 @@ func (d *Dispatch) FirstToken() {
 	for _, g := range d.guards {
 		g.FirstToken()
 	}
-	if r := d.r; r != nil && r.fc != nil && r.fc.BelowTop(math.MinInt) {
+	if r := d.r; r != nil && r.fc != nil && flowbridge.BelowTop(r.fc, math.MinInt) {
 		r.notify(d.model) // a request held by the engine's prefill may go (prefillHold)
 	}
 }
@@ -352,7 +354,7 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.T
 		withMemo.Memo = new(kvindex.Memo)
 		req = &withMemo
 	}
-	hold := r.fc != nil && r.fc.BelowTop(req.Priority)
+	hold := r.fc != nil && flowbridge.BelowTop(r.fc, req.Priority)
 	var err error
 	for attempt := 1; ; attempt++ {
 		var sel bucket.Selection
@@ -407,7 +409,7 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.T
 const limitPrefilling = "prefilling"
 
 // prefillHold is the rejection of a selection whose plain or prefill engine is still prefilling a
-// dispatch of this router (loadmon.InFlight.Prefilling: prefill tokens in flight without a first
+// dispatch of this router (loadbridge.Prefilling: prefill tokens in flight without a first
 // token), for a request below flow control's highest band: such a request waits until the engine
 // ends its prefills, so that it never queues a prefill ahead of a later request of a higher band
 // (docs/design.md §17). It returns nil when the engine has no known prefill in flight.
@@ -416,7 +418,7 @@ func (r *Router) prefillHold(sel *bucket.Selection) (*policy.AdmissionRejectedEr
 	if sel.IsPD() {
 		p, stage = &sel.Prefill, state.StagePrefill
 	}
-	n := r.inflight.Prefilling(p.Engine.ID())
+	n := loadbridge.Prefilling(r.inflight, p.Engine.ID())
 	if n == 0 {
 		return nil, stage
 	}

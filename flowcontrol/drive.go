@@ -14,6 +14,7 @@ func init() {
 		c.(*Controller).submit(r.(Request), attempt, done)
 	}
 	flowbridge.Drive = func(c any, model state.ModelID) { c.(*Controller).drive(model) }
+	flowbridge.BelowTop = func(c any, priority int) bool { return c.(*Controller).belowTop(priority) }
 	flowbridge.SetClock = func(c any, now func() time.Time) { c.(*Controller).now = now }
 }
 

@@ -276,9 +276,9 @@ func (c *Controller) queue(model state.ModelID) *queue {
 	return v.(*queue)
 }
 
-// BelowTop reports whether a request of the priority waits in a band below the highest: false
+// belowTop reports whether a request of the priority waits in a band below the highest: false
 // with a single band.
-func (c *Controller) BelowTop(priority int) bool {
+func (c *Controller) belowTop(priority int) bool {
 	return c.band(priority) > 0
 }
 

@@ -286,11 +286,11 @@ func (c *counter) meanTokens() uint64 {
 	return c.ringTokens.Load() / n
 }
 
-// Prefilling returns the prefill tokens of this router's in-flight dispatches to the engine whose
+// prefilling returns the prefill tokens of this router's in-flight dispatches to the engine whose
 // first token has not arrived (Guard.FirstToken). It is 0 until the host has called FirstToken for
 // some dispatch: without first tokens, no prefill is known to have ended. An engine never
 // dispatched to has 0.
-func (f *InFlight) Prefilling(engine state.EngineID) uint64 {
+func (f *InFlight) prefilling(engine state.EngineID) uint64 {
 	c := f.lookup(engine)
 	if c == nil || !f.firstTokens.Load() {
 		return 0

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/enginepick/enginepick/internal/loadbridge"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
 )
@@ -212,18 +213,18 @@ func TestTryAcquireIsAtomic(t *testing.T) {
 	assert.Zero(t, f.CountRank("e", 0))
 }
 
-// Prefilling counts the prefill tokens in flight without a first token, once some first token has
+// prefilling counts the prefill tokens in flight without a first token, once some first token has
 // been seen.
 func TestPrefillingCountsDispatchesWithoutFirstToken(t *testing.T) {
 	t.Parallel()
 	f := loadmon.NewInFlight(nil)
 	a := f.Acquire("e", -1, 100)
 	b := f.Acquire("e", -1, 30)
-	assert.Equal(t, uint64(0), f.Prefilling("e"), "no first token seen: unknown")
+	assert.Equal(t, uint64(0), loadbridge.Prefilling(f, "e"), "no first token seen: unknown")
 	a.FirstToken()
-	assert.Equal(t, uint64(30), f.Prefilling("e"))
-	assert.Equal(t, uint64(0), f.Prefilling("other"))
+	assert.Equal(t, uint64(30), loadbridge.Prefilling(f, "e"))
+	assert.Equal(t, uint64(0), loadbridge.Prefilling(f, "other"))
 	b.Release()
-	assert.Equal(t, uint64(0), f.Prefilling("e"))
+	assert.Equal(t, uint64(0), loadbridge.Prefilling(f, "e"))
 	a.Release()
 }

@@ -19,6 +19,7 @@ func init() {
 		f.(*InFlight).hook.Store(&fn)
 	}
 	loadbridge.ApplyPeer = func(f any, c loadbridge.Change) { f.(*InFlight).applyPeer(c) }
+	loadbridge.Prefilling = func(f any, engine state.EngineID) uint64 { return f.(*InFlight).prefilling(engine) }
 	loadbridge.SetReplicas = func(f any, rank, replicas int) {
 		var v uint64
 		if replicas > 1 && rank >= 0 && rank < replicas && uint64(replicas) <= math.MaxUint32 {

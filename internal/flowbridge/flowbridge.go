@@ -24,6 +24,10 @@ import (
 )
 
 var (
+	// BelowTop reports whether a request of the priority waits in a band of c below its highest:
+	// false with a single band.
+	BelowTop func(c any, priority int) bool
+
 	// Submit is c.Wait(ctx, r, attempt) for a driven request, without a context: the first
 	// attempt runs at once, as in Wait; when the request has to wait, later attempts run in Drive.
 	// done is called once with what Wait would return (nil: served), from Submit or from Drive.

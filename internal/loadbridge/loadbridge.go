@@ -40,6 +40,10 @@ type Change struct {
 }
 
 var (
+	// Prefilling returns the prefill tokens of f's dispatches to the engine that have no first
+	// token yet, or 0 until some dispatch of f has reported a first token (unknown).
+	Prefilling func(f any, engine state.EngineID) uint64
+
 	// SetHook makes f call fn, synchronously, after each change to its dispatches; nil removes
 	// the hook. fn must be safe for concurrent use and must not block. Changes of one dispatch
 	// reach fn in order.
