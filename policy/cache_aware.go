@@ -1201,19 +1201,14 @@ func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon
 		}
 	}
 	if h.on() {
-		n := 0
+		var hbuf [64]int
+		home := hbuf[:0]
 		for _, i := range tier {
 			if h.away(i) == 0 {
-				n++
+				home = append(home, i)
 			}
 		}
-		if n >= 2 {
-			home := tier[:0]
-			for _, i := range tier {
-				if h.away(i) == 0 {
-					home = append(home, i)
-				}
-			}
+		if len(home) >= 2 {
 			tier = home
 		}
 	}
