@@ -336,6 +336,12 @@ func TestMovedRefusalKeepsTheTurn(t *testing.T) {
 	// refused as before.
 	assert.Equal(t, []string{"first"}, h.serveAll(1, 1))
 	require.NoError(t, h.result("first"))
+	// The pass goes on with second after first's result is out: wait for its attempt.
+	require.Eventually(t, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.attempts["second"] >= 2
+	}, 5*time.Second, time.Millisecond)
 	h.mu.Lock()
 	assert.Equal(t, map[string]int{"first": 8, "second": 2}, h.attempts)
 	h.mu.Unlock()
