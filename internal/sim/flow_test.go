@@ -128,23 +128,26 @@ func TestFlowControlConfig(t *testing.T) {
 // against off (no cap), the same arrivals (docs/performance.md "Flow control at saturation"):
 //
 //   - at 1.5 × capacity (rate=84: the heavy tenant sends 10 × each other tenant): the critical
-//     band's and the light tenants' TTFT p99 are lower with flow control on; the light tenants
-//     are served in full (only the heavy tenant's requests are shed) and band 0's Jain index is
-//     at least 0.95; output throughput is at least 98 % of flow control off;
+//     band's TTFT p99 is at most 2 × its p99 alone on the fleet (flow control off); tenant-2's
+//     TTFT p99 is at most 1.2 × its p99 without the heavy tenant (off), and every light tenant's
+//     is lower with flow control on; the light tenants are served in full (only the heavy tenant's
+//     requests are shed) and band 0's Jain index is at least 0.95; output throughput is at least
+//     98 % of flow control off;
 //   - below capacity (the default rates): TTFT p50 and p99 no more than 2 % above flow control
 //     off, the hit rate no more than 2 % below (a lower band skipping an engine that is still
 //     prefilling may only make them better);
 //   - every request ends once, completed or with a typed error.
 //
-// The absolute TTFT targets (critical p99 within 2 × its p99 on an idle fleet, light tenants'
-// p99 within 1.2 × theirs without the heavy tenant) are not met: the figures and the reasons are
-// in docs/performance.md. Skipped under -race (single-goroutine replays); .ci/run runs it without.
+// tenant-1's and tenant-3's p99 exceed 1.2 × theirs without the heavy tenant: the fleet reaches
+// its cap before its first request completes, and for a few hundred milliseconds completions free
+// fewer slots than the light tenants and the critical band ask for (docs/performance.md). Skipped
+// under -race (single-goroutine replays); .ci/run runs it without.
 func TestFlowControlTargets(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sim: TestFlowControlTargets replays on one goroutine; .ci/run runs it without -race")
 	}
 	if testing.Short() {
-		t.Skip("sim: TestFlowControlTargets replays 20 s of the tenants workload 4 times")
+		t.Skip("sim: TestFlowControlTargets replays 20 s of the tenants workload 6 times")
 	}
 	run := func(spec string, fc bool) PolicyResult {
 		rep := replayLogged(t, tenantsConfig(t, spec+"duration=20s", fc))
@@ -155,9 +158,11 @@ func TestFlowControlTargets(t *testing.T) {
 
 	t.Run("1.5 x capacity", func(t *testing.T) {
 		off, on := run("tenants:rate=84,", false), run("tenants:rate=84,", true)
+		alone, absent := run("tenants:rate=84,tenants=1,heavy=0,", false), run("tenants:rate=84,heavy=0,", false)
 		assert.Zero(t, off.Shed+off.Rejected)
-		assert.Less(t, on.Bands[0].TTFT.P99, off.Bands[0].TTFT.P99/10, "critical band")
 		require.Equal(t, CriticalPriority, on.Bands[0].Priority)
+		assert.LessOrEqual(t, on.Bands[0].TTFT.P99, 2*tenant(t, alone, CriticalTenant).TTFT.P99, "critical band")
+		assert.LessOrEqual(t, tenant(t, on, "tenant-2").TTFT.P99, 1.2*tenant(t, absent, "tenant-2").TTFT.P99, "tenant-2")
 		for _, name := range light {
 			x, y := tenant(t, off, name), tenant(t, on, name)
 			assert.Equal(t, y.Requests, y.Completed, "%s: served in full", name)
