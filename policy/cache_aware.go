@@ -1179,14 +1179,17 @@ func (p *cacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot
 }
 
 // fallback samples k engines of the tier and returns the least pressured. The tier is the
-// unqueued engines (every engine when gate is false or nothing is unqueued), narrowed to those
-// without in-flight prefill when some are (inFlightPrefill), then, with router replicas, to its
-// home engines when there are at least two (homes).
+// unqueued engines (every engine when gate is false or nothing is unqueued), narrowed for a
+// base-model request to those without in-flight prefill when some are (inFlightPrefill), then,
+// with router replicas, to its home engines when there are at least two (homes).
 func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon.Snapshot, gate bool, slots uint64) (int, loadmon.Observation, error) {
 	h := p.homes()
 	var tbuf [64]int
 	tier := tbuf[:0]
-	idle := 0 // tier engines without in-flight prefill
+	// For a request for a LoRA adapter, the engines' residency of it decides first
+	// (docs/design.md §18).
+	narrow := req.Adapter == ""
+	idle := 0 // tier engines without in-flight prefill, when narrow
 	for i, e := range engines {
 		if gate {
 			if o := p.cfg.observe(snap, e, req); p.queued(&o, slots) {
@@ -1194,14 +1197,14 @@ func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon
 			}
 		}
 		tier = append(tier, i)
-		if p.inFlightPrefill(e) == 0 {
+		if narrow && p.inFlightPrefill(e) == 0 {
 			idle++
 		}
 	}
 	if len(tier) == 0 {
 		for i, e := range engines {
 			tier = append(tier, i)
-			if p.inFlightPrefill(e) == 0 {
+			if narrow && p.inFlightPrefill(e) == 0 {
 				idle++
 			}
 		}

@@ -20,7 +20,8 @@ import (
 // pressured engine (no running request, against 3 decoding on "decoding"), and its pending prefill
 // is within the cost margin of the other's. The miss waits behind no prefill on "decoding".
 // A router replica's shared dispatch counts as this router's own do. Without first tokens from the host no prefill is known to be in flight and the reports decide;
-// with a prefill in flight on every engine, so do they.
+// with a prefill in flight on every engine, so do they; for a request for a LoRA adapter the
+// engines' residency of it comes first (docs/design.md §18), and the reports decide the rest.
 func TestCacheAwareMissAvoidsInFlightPrefill(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -29,12 +30,14 @@ func TestCacheAwareMissAvoidsInFlightPrefill(t *testing.T) {
 		firstTokens bool // the host reports first tokens
 		bothBusy    bool // "decoding" holds a prefill in flight too
 		peer        bool // the 700 tokens are another router replica's shared dispatch
+		adapter     string
 		want        state.EngineID
 	}{
 		{name: "native reports", firstTokens: true, want: "decoding"},
 		{name: "basic reports", basic: true, firstTokens: true, want: "decoding"},
 		{name: "a router replica's prefill", firstTokens: true, peer: true, want: "decoding"},
 		{name: "no first tokens reported", want: "prefilling"},
+		{name: "a request for a LoRA adapter", firstTokens: true, adapter: "a", want: "prefilling"},
 		{name: "prefill in flight on every engine", firstTokens: true, bothBusy: true, want: "prefilling"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -68,7 +71,9 @@ func TestCacheAwareMissAvoidsInFlightPrefill(t *testing.T) {
 			report("decoding", 3)
 			group := engines(state.StagePrefill, "decoding", "prefilling")
 
-			pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(prompt(40*blockTokens, 7)))
+			req := creq(prompt(40*blockTokens, 7))
+			req.Adapter = tc.adapter
+			pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, req)
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, pk.Engine.ID())
 			assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
