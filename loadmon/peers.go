@@ -20,6 +20,17 @@ func init() {
 	}
 	loadbridge.ApplyPeer = func(f any, c loadbridge.Change) { f.(*InFlight).applyPeer(c) }
 	loadbridge.Prefilling = func(f any, engine state.EngineID) uint64 { return f.(*InFlight).prefilling(engine) }
+	loadbridge.InFlightPrefill = func(f any, engine state.EngineID) uint64 {
+		fl := f.(*InFlight)
+		if !fl.firstTokens.Load() {
+			return 0
+		}
+		var peer uint64
+		if p := fl.peer(engine, -1); p != nil {
+			peer = p.prefilling.Load()
+		}
+		return satAdd(fl.prefilling(engine), peer)
+	}
 	loadbridge.SetReplicas = func(f any, rank, replicas int) {
 		var v uint64
 		if replicas > 1 && rank >= 0 && rank < replicas && uint64(replicas) <= math.MaxUint32 {

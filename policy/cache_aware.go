@@ -1178,27 +1178,47 @@ func (p *cacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot
 	return false
 }
 
-// fallback samples k engines of the unqueued tier (every engine when gate is false or nothing
-// is unqueued) and returns the least pressured. With router replicas, the sample is drawn from the
-// tier's home engines when there are at least two (homes).
+// fallback samples k engines of the tier and returns the least pressured. The tier is the
+// unqueued engines (every engine when gate is false or nothing is unqueued), narrowed for a
+// base-model request to those without in-flight prefill when some are (inFlightPrefill), then,
+// with router replicas, to its home engines when there are at least two (homes).
 func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon.Snapshot, gate bool, slots uint64) (int, loadmon.Observation, error) {
 	h := p.homes()
-	if !gate && !h.on() {
-		return sampleLeastPressured(&p.cfg, snap, engines, req, p.opts.MinLoadChoices)
-	}
 	var tbuf [64]int
 	tier := tbuf[:0]
+	// For a request for a LoRA adapter, the engines' residency of it decides first
+	// (docs/design.md §18).
+	narrow := req.Adapter == ""
+	idle := 0 // tier engines without in-flight prefill, when narrow
 	for i, e := range engines {
-		if !gate {
-			tier = append(tier, i)
-		} else if o := p.cfg.observe(snap, e, req); !p.queued(&o, slots) {
-			tier = append(tier, i)
+		if gate {
+			if o := p.cfg.observe(snap, e, req); p.queued(&o, slots) {
+				continue
+			}
+		}
+		tier = append(tier, i)
+		if narrow && p.inFlightPrefill(e) == 0 {
+			idle++
 		}
 	}
 	if len(tier) == 0 {
-		for i := range engines {
+		for i, e := range engines {
 			tier = append(tier, i)
+			if narrow && p.inFlightPrefill(e) == 0 {
+				idle++
+			}
 		}
+	}
+	if idle > 0 && idle < len(tier) {
+		// A miss prefills its whole prompt wherever it goes; behind a prefill in flight, which
+		// a report up to an interval old may not show, its first token waits for that prefill.
+		kept := tier[:0]
+		for _, i := range tier {
+			if p.inFlightPrefill(engines[i]) == 0 {
+				kept = append(kept, i)
+			}
+		}
+		tier = kept
 	}
 	if h.on() {
 		var hbuf [64]int
@@ -1222,6 +1242,13 @@ func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon
 	}
 	j, o, err := sampleLeastPressured(&p.cfg, snap, sub, req, p.opts.MinLoadChoices)
 	return tier[j], o, err
+}
+
+// inFlightPrefill returns the prefill tokens of the dispatches to e, this router's and its
+// peers', whose first token has not arrived (docs/design.md §6); 0 until the host reports first
+// tokens (Dispatch.FirstToken).
+func (p *cacheAware) inFlightPrefill(e state.Engine) uint64 {
+	return loadbridge.InFlightPrefill(p.cfg.InFlight, e.ID())
 }
 
 // idle returns the idle group engine with the fewest uncached tokens (the first on a tie; with

@@ -44,6 +44,11 @@ var (
 	// token yet, or 0 until some dispatch of f has reported a first token (unknown).
 	Prefilling func(f any, engine state.EngineID) uint64
 
+	// InFlightPrefill is Prefilling plus the prefill tokens of the other router replicas'
+	// dispatches to the engine that have no first token yet, as their shared changes reached f
+	// (ApplyPeer); 0 until some dispatch, f's or a peer's, has reported a first token (unknown).
+	InFlightPrefill func(f any, engine state.EngineID) uint64
+
 	// SetHook makes f call fn, synchronously, after each change to its dispatches; nil removes
 	// the hook. fn must be safe for concurrent use and must not block. Changes of one dispatch
 	// reach fn in order.

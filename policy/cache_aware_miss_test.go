@@ -1,0 +1,83 @@
+package policy_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/internal/label"
+	"github.com/enginepick/enginepick/internal/loadbridge"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// docs/design.md §9.9: a miss goes to an engine without in-flight prefill when the tier has one.
+// "prefilling" holds a 700-token dispatch of this router without a first token that its last
+// report, written before the engine took it, does not show: on the reports it is the less
+// pressured engine (no running request, against 3 decoding on "decoding"), and its pending prefill
+// is within the cost margin of the other's. The miss waits behind no prefill on "decoding".
+// A router replica's shared dispatch counts as this router's own do. Without first tokens from the host no prefill is known to be in flight and the reports decide;
+// with a prefill in flight on every engine, so do they; for a request for a LoRA adapter the
+// engines' residency of it comes first (docs/design.md §18), and the reports decide the rest.
+func TestCacheAwareMissAvoidsInFlightPrefill(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name        string
+		basic       bool // reports as vLLM's /metrics: running and waiting requests only
+		firstTokens bool // the host reports first tokens
+		bothBusy    bool // "decoding" holds a prefill in flight too
+		peer        bool // the 700 tokens are another router replica's shared dispatch
+		adapter     string
+		want        state.EngineID
+	}{
+		{name: "native reports", firstTokens: true, want: "decoding"},
+		{name: "basic reports", basic: true, firstTokens: true, want: "decoding"},
+		{name: "a router replica's prefill", firstTokens: true, peer: true, want: "decoding"},
+		{name: "no first tokens reported", want: "prefilling"},
+		{name: "a request for a LoRA adapter", firstTokens: true, adapter: "a", want: "prefilling"},
+		{name: "prefill in flight on every engine", firstTokens: true, bothBusy: true, want: "prefilling"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			if tc.firstTokens {
+				g := c.inflight.Acquire("elsewhere", -1, 100)
+				g.FirstToken()
+				g.Release()
+			}
+			if tc.peer {
+				loadbridge.ApplyPeer(c.inflight, loadbridge.Change{Op: loadbridge.OpStart, ID: 1, Engine: "prefilling",
+					Rank: -1, Tokens: 700, At: c.clk.Now().UnixNano()})
+			} else {
+				c.inflight.Acquire("prefilling", -1, 700)
+			}
+			if tc.bothBusy {
+				c.inflight.Acquire("decoding", -1, 700)
+			}
+			c.clk.Advance(10 * time.Millisecond) // the reports follow the dispatches
+			report := func(id state.EngineID, running uint64) {
+				r := loadmon.Report{Engine: id, RunningRequests: running}
+				if tc.basic {
+					r.KVCapacityTokens = 1 << 20
+					require.NoError(t, c.load.Report(r))
+					return
+				}
+				c.native(id, r)
+			}
+			report("prefilling", 0)
+			report("decoding", 3)
+			group := engines(state.StagePrefill, "decoding", "prefilling")
+
+			req := creq(prompt(40*blockTokens, 7))
+			req.Adapter = tc.adapter
+			pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, req)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, pk.Engine.ID())
+			assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
+			assert.Equal(t, label.DecisionCacheMiss, c.dec.last().Decision)
+		})
+	}
+}
