@@ -817,8 +817,8 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 }
 
 // cheapest scans the group's engines, skipping the holders in skip and, when gated, the engines
-// the queue gate sets aside, and returns the index, cost and observation of the cheapest (complete
-// ties keep the lowest ID; idx −1 when every engine is skipped; with router replicas, a home
+// the queue gate sets aside, and returns the index, cost and observation of the cheapest (on equal
+// cost: costOrder, then the pick's turn, tie; idx −1 when every engine is skipped; with router replicas, a home
 // engine unless another is cheaper by more than CostMarginTokens: homes), counting every scanned engine in
 // load; an engine with no slot for the request's LoRA adapter (evicts) is counted but never
 // chosen. covered is false, and idx −1, when some scanned engine has no fresh report (the coverage
@@ -953,8 +953,8 @@ func holdsIn(cs []cacheCandidate, idx int) bool {
 // candidates lists the group engines that hold a prefix passing the hit gate, ranked by uncached
 // tokens (the source returns deepest first, ties by ID) and cut to the candidate limit. When more
 // holders than the limit lie within the switch margin of the least uncached one, the cut keeps the
-// least pressured of them (loadmon.ComparePressure under the coverage rule over those holders, ID
-// last) rather than the lowest IDs (docs/design.md §9.2).
+// least pressured of them (loadmon.ComparePressure under the coverage rule over those holders, the
+// deeper first, then the pick's turn, v.tie) rather than the lowest IDs (docs/design.md §9.2).
 func (p *cacheAware) candidates(dst, all []cacheCandidate, engines []state.Engine, req *Request, res *kvindex.Result, v *lookupView, snap loadmon.Snapshot) []cacheCandidate {
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return dst
@@ -1070,7 +1070,8 @@ func heldBlocks(res *kvindex.Result, engine state.EngineID) int {
 // winner chooses among admitted holders (ranked by uncached tokens, then ID) within the switch
 // margin of the least uncached one (docs/design.md §9.6, §9.7):
 //   - holders with as many uncached tokens as the incumbent are ordered by stage pressure
-//     (loadmon.ComparePressure under the coverage rule over the evaluated holders), ID last;
+//     (loadmon.ComparePressure under the coverage rule over the evaluated holders), then by the
+//     pick's turn (tie);
 //     for a base-model request with router replicas and fresh reports, a home engine and another
 //     by pending prefill tokens, the other's handicapped by CostMarginTokens (homes);
 //   - a holder with more uncached tokens (still within the margin) replaces the incumbent when
@@ -1285,8 +1286,9 @@ func (p *cacheAware) inFlightPrefill(e state.Engine) uint64 {
 	return loadbridge.InFlightPrefill(p.cfg.InFlight, e.ID())
 }
 
-// idle returns the idle group engine with the fewest uncached tokens (the first on a tie; with
-// router replicas, a home engine unless another has more than CostMarginTokens fewer: homes): one
+// idle returns the idle group engine with the fewest uncached tokens (on a tie, a home engine, then
+// the pick's turn, tie; with router replicas, a home engine unless another has more than
+// CostMarginTokens fewer: homes): one
 // with nothing in flight from this router or its peers, no dispatch since the report and, when its
 // load is known, no running or waiting request reported. ok is false when no engine is idle, and
 // with the cost comparison off.
