@@ -1288,9 +1288,8 @@ func (p *cacheAware) inFlightPrefill(e state.Engine) uint64 {
 
 // idle returns the idle group engine with the fewest uncached tokens (on a tie, a home engine, then
 // the pick's turn, tie; with router replicas, a home engine unless another has more than
-// CostMarginTokens fewer: homes): one
-// with nothing in flight from this router or its peers, no dispatch since the report and, when its
-// load is known, no running or waiting request reported. ok is false when no engine is idle, and
+// CostMarginTokens fewer: homes): one with nothing in flight from this router or its peers, no
+// dispatch since the report and, when its load is known, no running or waiting request reported. ok is false when no engine is idle, and
 // with the cost comparison off.
 func (p *cacheAware) idle(engines []state.Engine, req *Request, snap loadmon.Snapshot, matched []uint64, tie tieOrder) (idx int, obs loadmon.Observation, ok bool) {
 	idx = -1
