@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -209,6 +210,7 @@ type cacheAware struct {
 	queueCap     uint64 // 0 = gate off
 	floor        uint64 // 0 = off
 	blind        atomic.Uint64
+	picks        atomic.Uint64 // picks so far: where each pick's tie order starts (tieOrder)
 	log          *zap.Logger
 	// scratch pools a pick's lookup result and decision record (*pickScratch), so that a pick
 	// allocates nothing for them.
@@ -432,6 +434,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	sc.all, sc.cands = slices.Grow(sc.all[:0], n), slices.Grow(sc.cands[:0], n)
 	sc.gated, sc.admitted = slices.Grow(sc.gated[:0], n), slices.Grow(sc.admitted[:0], n)
 	v := newLookupView(&sc.view, engines, req, res, p.hitGate(req))
+	v.tie = tieOrder{start: int((p.picks.Add(1) - 1) % uint64(len(engines))), n: len(engines)}
 	cands := p.candidates(sc.cands, sc.all, engines, req, res, &v, snap)
 
 	d := &sc.d
@@ -519,14 +522,14 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	}
 
 	if len(admitted) > 0 {
-		w := p.winner(admitted, evaluated, req, d)
+		w := p.winner(admitted, evaluated, req, v.tie, d)
 		forfeit := func(blocks int) {
 			if !readmitted && bestGatedBlocks > blocks {
 				d.ForfeitedBlocks = bestGatedBlocks - blocks
 			}
 		}
 		if !p.opts.DisableCostComparison {
-			alt, err := p.cheaper(engines, req, res, v.credit, snap, w, admitted, evaluated, gate, slots)
+			alt, err := p.cheaper(engines, req, res, v.credit, snap, w, admitted, evaluated, gate, slots, v.tie)
 			if err != nil {
 				return Pick{}, err
 			}
@@ -573,7 +576,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	if len(rejections) > 0 {
 		// Admission rejected the holders: an idle engine recomputes the prompt rather than let
 		// it wait for them, as recomputing there delays nobody (docs/design.md §9.11).
-		if i, o, ok := p.idle(engines, req, snap, v.matched); ok {
+		if i, o, ok := p.idle(engines, req, snap, v.matched, v.tie); ok {
 			if ic, err := p.cfg.admit(engines[i], o); err == nil {
 				return p.finish(engines[i], &o, ic, label.ReasonNoCacheCandidate, label.DecisionCacheMiss, req.InputTokens-v.matched[i], req, res, d), nil
 			}
@@ -591,10 +594,10 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		// engine of the same tier.
 		matched := v.credit
 		var load fleetLoad
-		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, gate, slots, &load)
+		j, jc, jo, covered := p.cheapest(engines, req, matched, snap, nil, gate, slots, v.tie, &load)
 		if covered && j < 0 { // every engine is queued (or has no slot for the adapter): the tier is the whole group
 			load = fleetLoad{}
-			j, jc, jo, covered = p.cheapest(engines, req, matched, snap, nil, false, 0, &load)
+			j, jc, jo, covered = p.cheapest(engines, req, matched, snap, nil, false, 0, v.tie, &load)
 		}
 		ui, uj := req.InputTokens-matched[i], uint64(0)
 		if j >= 0 {
@@ -669,6 +672,20 @@ func (p *cacheAware) finish(e state.Engine, o *loadmon.Observation, ic inFlightC
 	return Pick{Engine: e, Reason: reason, PrefillTokens: max(uncached, 1)}.withRank(o).withCap(ic)
 }
 
+// costOrder orders two engines the cost comparison priced: by cost a and b (prefillCost plus the
+// engines' away handicaps awayA and awayB, homes), then a home engine first, then by stage
+// pressure (loadmon.ComparePressure over both engines' fresh reports; the cost comparison prices
+// only engines that have them). Negative when the first comes first, 0 on a complete tie.
+func (p *cacheAware) costOrder(a, b, awayA, awayB uint64, oa, ob *loadmon.Observation, req *Request) int {
+	if c := cmp.Compare(a, b); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(awayA, awayB); c != 0 {
+		return c
+	}
+	return loadmon.ComparePressure(req.Stage, oa, ob, loadmon.BasisNative)
+}
+
 // costAlt is the outcome of the cost comparison: idx < 0 keeps the seed's winner.
 type costAlt struct {
 	idx      int
@@ -736,6 +753,22 @@ type lookupView struct {
 	matched []uint64
 	credit  []uint64 // matched, 0 where below the hit gate: what the cost comparison credits
 	gate    uint64   // the hit gate for the request (hitGate)
+	tie     tieOrder // the pick's order of engines that every rule leaves tied
+}
+
+// tieOrder orders the engines of a group that every rule of a pick leaves tied: by index, from
+// start, wrapping around. Each pick starts one engine later than the one before, so that
+// equal engines (idle holders of a shared prefix, say) take turns rather than the lowest IDs
+// taking all (docs/design.md §9.6).
+type tieOrder struct{ start, n int }
+
+// compare returns c, or, when c is 0 (a tie), a negative number when engine index a comes
+// before b in the order, positive when after.
+func (t tieOrder) compare(c, a, b int) int {
+	if c != 0 || t.n == 0 {
+		return c
+	}
+	return (a-t.start+t.n)%t.n - (b-t.start+t.n)%t.n
 }
 
 // lookupBuf backs a lookupView in the pick's scratch; its slices grow to the largest group and
@@ -784,13 +817,13 @@ func newLookupView(buf *lookupBuf, engines []state.Engine, req *Request, res *kv
 }
 
 // cheapest scans the group's engines, skipping the holders in skip and, when gated, the engines
-// the queue gate sets aside, and returns the index, cost and observation of the cheapest (complete
-// ties keep the lowest ID; idx −1 when every engine is skipped; with router replicas, a home
+// the queue gate sets aside, and returns the index, cost and observation of the cheapest (on equal
+// cost: costOrder, then the pick's turn, tie; idx −1 when every engine is skipped; with router replicas, a home
 // engine unless another is cheaper by more than CostMarginTokens: homes), counting every scanned engine in
 // load; an engine with no slot for the request's LoRA adapter (evicts) is counted but never
 // chosen. covered is false, and idx −1, when some scanned engine has no fresh report (the coverage
 // rule).
-func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool, slots uint64, load *fleetLoad) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
+func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, skip []cacheCandidate, gated bool, slots uint64, tie tieOrder, load *fleetLoad) (idx int, cost uint64, obs loadmon.Observation, covered bool) {
 	idx = -1
 	h := p.homes()
 	var key uint64 // cost plus the engine's away handicap: what the scan minimises
@@ -811,7 +844,7 @@ func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 			continue // no slot for the request's adapter (docs/design.md §18)
 		}
 		c := satAdd(pending, req.InputTokens-matched[i])
-		if k := satAdd(c, h.away(i)); idx < 0 || k < key {
+		if k := satAdd(c, h.away(i)); idx < 0 || tie.compare(p.costOrder(k, key, h.away(i), h.away(idx), &o, &obs, req), i, idx) < 0 {
 			idx, cost, obs, key = i, c, o, k
 		}
 	}
@@ -826,7 +859,7 @@ func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 // (docs/design.md §18). It applies only when every evaluated holder and every engine it
 // scans has a fresh report (the coverage rule); otherwise w stays.
 func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.Result, matched []uint64, snap loadmon.Snapshot,
-	w cacheCandidate, admitted, evaluated []cacheCandidate, gated bool, slots uint64) (costAlt, error) {
+	w cacheCandidate, admitted, evaluated []cacheCandidate, gated bool, slots uint64, tie tieOrder) (costAlt, error) {
 	none := costAlt{idx: -1}
 	if coverage(evaluated) == loadmon.BasisInFlight {
 		return none, nil
@@ -854,7 +887,8 @@ func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 		if evicts(&c.obs) {
 			continue // no slot for the request's adapter (docs/design.md §18)
 		}
-		if cc := p.prefillCost(&c.obs, c.uncached, req); cc < bestCost {
+		cc := p.prefillCost(&c.obs, c.uncached, req)
+		if cc < bestCost || best.idx >= 0 && tie.compare(p.costOrder(cc, bestCost, 0, 0, &c.obs, &best.obs, req), c.idx, best.idx) < 0 {
 			best, bestCost = costAlt{idx: c.idx, holder: true, blocks: c.blocks, uncached: c.uncached, obs: c.obs, cap: c.cap}, cc
 		}
 	}
@@ -882,7 +916,7 @@ func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 	for i := range evaluated {
 		load.add(p.pendingPrefill(&evaluated[i].obs, req))
 	}
-	nIdx, nCost, nObs, covered := p.cheapest(engines, req, matched, snap, evaluated, gated, slots, &load)
+	nIdx, nCost, nObs, covered := p.cheapest(engines, req, matched, snap, evaluated, gated, slots, tie, &load)
 	if !covered {
 		return none, nil
 	}
@@ -919,8 +953,8 @@ func holdsIn(cs []cacheCandidate, idx int) bool {
 // candidates lists the group engines that hold a prefix passing the hit gate, ranked by uncached
 // tokens (the source returns deepest first, ties by ID) and cut to the candidate limit. When more
 // holders than the limit lie within the switch margin of the least uncached one, the cut keeps the
-// least pressured of them (loadmon.ComparePressure under the coverage rule over those holders, ID
-// last) rather than the lowest IDs (docs/design.md §9.2).
+// least pressured of them (loadmon.ComparePressure under the coverage rule over those holders, the
+// deeper first, then the pick's turn, v.tie) rather than the lowest IDs (docs/design.md §9.2).
 func (p *cacheAware) candidates(dst, all []cacheCandidate, engines []state.Engine, req *Request, res *kvindex.Result, v *lookupView, snap loadmon.Snapshot) []cacheCandidate {
 	if res.Outcome != kvindex.OutcomeHit || res.QueryBlocks == 0 {
 		return dst
@@ -981,7 +1015,7 @@ func (p *cacheAware) candidates(dst, all []cacheCandidate, engines []state.Engin
 			if taken[i] {
 				continue
 			}
-			if best < 0 || loadmon.ComparePressure(req.Stage, &w[i].obs, &w[best].obs, basis) < 0 {
+			if best < 0 || v.tie.compare(cmp.Or(loadmon.ComparePressure(req.Stage, &w[i].obs, &w[best].obs, basis), cmp.Compare(w[i].uncached, w[best].uncached)), w[i].idx, w[best].idx) < 0 {
 				best = i
 			}
 		}
@@ -1036,7 +1070,8 @@ func heldBlocks(res *kvindex.Result, engine state.EngineID) int {
 // winner chooses among admitted holders (ranked by uncached tokens, then ID) within the switch
 // margin of the least uncached one (docs/design.md §9.6, §9.7):
 //   - holders with as many uncached tokens as the incumbent are ordered by stage pressure
-//     (loadmon.ComparePressure under the coverage rule over the evaluated holders), ID last;
+//     (loadmon.ComparePressure under the coverage rule over the evaluated holders), then by the
+//     pick's turn (tie);
 //     for a base-model request with router replicas and fresh reports, a home engine and another
 //     by pending prefill tokens, the other's handicapped by CostMarginTokens (homes);
 //   - a holder with more uncached tokens (still within the margin) replaces the incumbent when
@@ -1044,7 +1079,7 @@ func heldBlocks(res *kvindex.Result, engine state.EngineID) int {
 //     materially more pressured (the pressure guard, on pending prefill tokens estimated from
 //     waiting requests for holders without native figures); when some holder's load is unknown,
 //     if it has fewer router-local in-flight requests.
-func (p *cacheAware) winner(admitted, evaluated []cacheCandidate, req *Request, d *CacheDecision) cacheCandidate {
+func (p *cacheAware) winner(admitted, evaluated []cacheCandidate, req *Request, tie tieOrder, d *CacheDecision) cacheCandidate {
 	best := admitted[0]
 	stage := req.Stage
 	basis := coverage(evaluated)
@@ -1071,7 +1106,7 @@ func (p *cacheAware) winner(admitted, evaluated []cacheCandidate, req *Request, 
 				best = c
 			}
 		case c.uncached == best.uncached:
-			if loadmon.ComparePressure(stage, &c.obs, &best.obs, basis) < 0 {
+			if tie.compare(loadmon.ComparePressure(stage, &c.obs, &best.obs, basis), c.idx, best.idx) < 0 {
 				best = c
 			}
 		case comparable:
@@ -1251,12 +1286,12 @@ func (p *cacheAware) inFlightPrefill(e state.Engine) uint64 {
 	return loadbridge.InFlightPrefill(p.cfg.InFlight, e.ID())
 }
 
-// idle returns the idle group engine with the fewest uncached tokens (the first on a tie; with
-// router replicas, a home engine unless another has more than CostMarginTokens fewer: homes): one
-// with nothing in flight from this router or its peers, no dispatch since the report and, when its
-// load is known, no running or waiting request reported. ok is false when no engine is idle, and
+// idle returns the idle group engine with the fewest uncached tokens (on a tie, a home engine, then
+// the pick's turn, tie; with router replicas, a home engine unless another has more than
+// CostMarginTokens fewer: homes): one with nothing in flight from this router or its peers, no
+// dispatch since the report and, when its load is known, no running or waiting request reported. ok is false when no engine is idle, and
 // with the cost comparison off.
-func (p *cacheAware) idle(engines []state.Engine, req *Request, snap loadmon.Snapshot, matched []uint64) (idx int, obs loadmon.Observation, ok bool) {
+func (p *cacheAware) idle(engines []state.Engine, req *Request, snap loadmon.Snapshot, matched []uint64, tie tieOrder) (idx int, obs loadmon.Observation, ok bool) {
 	idx = -1
 	if p.opts.DisableCostComparison {
 		return idx, obs, false
@@ -1268,7 +1303,7 @@ func (p *cacheAware) idle(engines []state.Engine, req *Request, snap loadmon.Sna
 		if o.InFlight > 0 || o.PeerInFlight > 0 || o.Dispatched > 0 || (o.Load != nil && o.Load.RunningRequests+o.Load.WaitingRequests > 0) {
 			continue
 		}
-		if k := satAdd(req.InputTokens-matched[i], h.away(i)); idx < 0 || k < key {
+		if k := satAdd(req.InputTokens-matched[i], h.away(i)); idx < 0 || tie.compare(cmp.Or(cmp.Compare(k, key), cmp.Compare(h.away(i), h.away(idx))), i, idx) < 0 {
 			idx, obs, key = i, o, k
 		}
 	}
