@@ -65,6 +65,43 @@ type counter struct {
 	// prefilling is the prefill tokens of the in-flight dispatches whose first token has not
 	// arrived (Guard.FirstToken) and that are not released.
 	prefilling atomic.Uint64
+	// ends records the recent prefill ends (first tokens) of the dispatches: endedSince.
+	ends endRing
+}
+
+// endRing records, for the 64 most recent prefill ends of an engine's dispatches, the time (unix
+// nanos) and the prefill tokens, once the host reports first tokens (Guard.FirstToken).
+type endRing struct {
+	head   atomic.Uint64
+	at     [dispatchRing]atomic.Int64
+	tokens [dispatchRing]atomic.Uint64
+}
+
+// stamp records a prefill end of tokens prefill tokens at at (unix nanos).
+func (r *endRing) stamp(tokens uint64, at int64) {
+	i := r.head.Add(1) - 1
+	r.tokens[i%dispatchRing].Store(tokens)
+	r.at[i%dispatchRing].Store(at)
+}
+
+// endedSince returns the prefill tokens of the dispatches whose prefill ended at or after t, over
+// at most the 64 most recent ends; 0 for a nil counter.
+func (c *counter) endedSince(t time.Time) uint64 {
+	if c == nil {
+		return 0
+	}
+	r := &c.ends
+	head := r.head.Load()
+	since := t.UnixNano()
+	var tok uint64
+	for n := uint64(0); n < head && n < dispatchRing; n++ {
+		i := (head - 1 - n) % dispatchRing
+		if r.at[i].Load() < since {
+			break
+		}
+		tok = satAdd(tok, r.tokens[i].Load())
+	}
+	return tok
 }
 
 // NewInFlight returns empty counters that timestamp dispatches with now (nil: time.Now).
@@ -116,6 +153,10 @@ func (g *Guard) FirstToken() {
 	}
 }
 
+// endPrefill ends the dispatch's prefill once, reporting whether it had prefill tokens. Once the
+// host reports first tokens, the end is recorded with its time (endedSince): a release before the
+// first token is an aborted prefill, which the engine drops then too; without first tokens, a
+// release comes when the whole request ends, long after its prefill did, and is not recorded.
 func (g *Guard) endPrefill() bool {
 	if !g.prefill.CompareAndSwap(false, true) || g.tokens == 0 {
 		return false
@@ -123,6 +164,13 @@ func (g *Guard) endPrefill() bool {
 	g.c.prefilling.Add(-g.tokens)
 	if g.rc != nil {
 		g.rc.prefilling.Add(-g.tokens)
+	}
+	if g.f.firstTokens.Load() {
+		at := g.f.now().UnixNano()
+		g.c.ends.stamp(g.tokens, at)
+		if g.rc != nil {
+			g.rc.ends.stamp(g.tokens, at)
+		}
 	}
 	return true
 }

@@ -35,6 +35,11 @@ type Observation struct {
 	// the report (docs/design.md §6).
 	Dispatched       uint64
 	DispatchedTokens uint64
+	// prefilled is the prefill tokens of this router's dispatches there (to the named rank, when
+	// the observation names one) whose prefill ended at or after Figures().ReportedAt, as the host
+	// reported first tokens (InFlight's Guard.FirstToken): work a native report still counts as
+	// pending. 0 when Load is nil.
+	prefilled uint64
 	// DPRank is the DP rank the observation names, valid when HasDPRank. A rank is named only for
 	// an engine with several ranks whose load is known.
 	DPRank    int
@@ -73,6 +78,7 @@ func Observe(snap Snapshot, inflight *InFlight, engine state.EngineID) Observati
 		o.PeerInFlight = p.count()
 		if o.Load != nil {
 			o.Dispatched, o.DispatchedTokens = c.since(o.Load.ReportedAt)
+			o.prefilled = c.endedSince(o.Load.ReportedAt)
 			o.addPeers(p)
 		}
 	}
@@ -101,9 +107,10 @@ func withRank(o Observation, inflight *InFlight, engine state.EngineID, rank int
 		return o
 	}
 	o.DPRank, o.HasDPRank, o.RankLoad = rank, true, rl
-	o.Dispatched, o.DispatchedTokens, o.RankInFlight = 0, 0, 0
+	o.Dispatched, o.DispatchedTokens, o.RankInFlight, o.prefilled = 0, 0, 0, 0
 	if inflight != nil {
 		o.Dispatched, o.DispatchedTokens = inflight.DispatchedSince(engine, rank, rl.ReportedAt)
+		o.prefilled = (*inflight.ranks.Load())[rankKey{engine, rank}].endedSince(rl.ReportedAt)
 		o.addPeers(inflight.peer(engine, rank))
 		o.RankInFlight = inflight.rankCount(engine, rank)
 	}
@@ -159,12 +166,15 @@ func (o *Observation) WaitingRequests() (uint64, bool) {
 
 // PendingPrefillTokens returns the prompt tokens a new request would wait behind on a plain or
 // prefill engine: the reported waiting uncached tokens plus the prefill tokens dispatched since the
-// report. It returns false without a fresh, complete native report with valid capacity.
+// report, less the prefill tokens of this router's dispatches there whose first token arrived
+// since the report (Guard.FirstToken), at least 0. It returns false without a fresh, complete
+// native report with valid capacity.
 func (o *Observation) PendingPrefillTokens() (uint64, bool) {
 	if !o.hasNative() {
 		return 0, false
 	}
-	return satAdd(o.Figures().WaitingUncachedTokens, o.DispatchedTokens), true
+	p := satAdd(o.Figures().WaitingUncachedTokens, o.DispatchedTokens)
+	return p - min(p, o.prefilled), true
 }
 
 // EstimatePendingPrefillTokens returns the prompt tokens a new request would wait behind, as the
@@ -231,7 +241,8 @@ func (o *Observation) addPeers(p *counter) {
 
 // PendingPrefillTime returns PendingPrefillTokens divided by the engine's measured prefill
 // throughput: the reported EstimatedPrefillQueue plus the time of the tokens dispatched since the
-// report. It returns false unless the report is native and has a prefill rate (HasPrefillRate).
+// report, less the time of those whose prefill ended since (PendingPrefillTokens), at least 0. It
+// returns false unless the report is native and has a prefill rate (HasPrefillRate).
 func (o *Observation) PendingPrefillTime() (time.Duration, bool) {
 	if !o.hasNative() {
 		return 0, false
@@ -240,7 +251,8 @@ func (o *Observation) PendingPrefillTime() (time.Duration, bool) {
 	if !l.HasPrefillRate {
 		return 0, false
 	}
-	return satAddDuration(l.EstimatedPrefillQueue, l.tokensTime(o.DispatchedTokens)), true
+	d := satAddDuration(l.EstimatedPrefillQueue, l.tokensTime(o.DispatchedTokens))
+	return d - min(d, l.tokensTime(o.prefilled)), true
 }
 
 // tokensTime returns how long the engine takes to prefill tokens uncached tokens at its measured

@@ -415,3 +415,99 @@ func TestPrefillsInFlightUnderConcurrency(t *testing.T) {
 	assert.Zero(t, got)
 	assert.Zero(t, f.Count("a"))
 }
+
+// A native report counts the prefill in progress until the next report. Once the host reports
+// first tokens, the prefill this router saw end since the report no longer counts as pending
+// (docs/design.md §9.7): an engine that finished its prefill just after reporting is not taken
+// for busy. Engine "n" reports 7,000 waiting uncached tokens at 10,000 tokens/s (0.7 s) with this
+// router's dispatches a (6,000 tokens) and b (1,000) in progress.
+func TestNativePendingPrefillDropsPrefillEndedSinceReport(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		// before runs before the report, after after it; both get the dispatches a and b.
+		before, after func(f *loadmon.InFlight, a, b *loadmon.Guard)
+		want          uint64
+		wantTime      time.Duration
+	}{
+		{"no first token since the report", nil, func(*loadmon.InFlight, *loadmon.Guard, *loadmon.Guard) {}, 7000, 700 * time.Millisecond},
+		{"a's first token after the report", nil, func(_ *loadmon.InFlight, a, _ *loadmon.Guard) { a.FirstToken() }, 1000, 100 * time.Millisecond},
+		{"a's first token before the report: the report has it", func(_ *loadmon.InFlight, a, _ *loadmon.Guard) { a.FirstToken() },
+			func(*loadmon.InFlight, *loadmon.Guard, *loadmon.Guard) {}, 7000, 700 * time.Millisecond},
+		{"a dispatch since the report that ended adds nothing", nil, func(f *loadmon.InFlight, a, _ *loadmon.Guard) {
+			a.FirstToken()
+			f.Acquire("n", -1, 500).FirstToken()
+		}, 1000, 100 * time.Millisecond},
+		{"one still prefilling since the report adds its tokens", nil, func(f *loadmon.InFlight, a, _ *loadmon.Guard) {
+			a.FirstToken()
+			f.Acquire("n", -1, 500)
+		}, 1500, 150 * time.Millisecond},
+		{"a released before its first token: aborted", func(_ *loadmon.InFlight, _, b *loadmon.Guard) { b.FirstToken() },
+			func(_ *loadmon.InFlight, a, _ *loadmon.Guard) { a.Release() }, 1000, 100 * time.Millisecond},
+		{"a host without first tokens: a release is not a prefill end", nil,
+			func(_ *loadmon.InFlight, a, _ *loadmon.Guard) { a.Release() }, 7000, 700 * time.Millisecond},
+		{"more ended than reported: 0", nil, func(f *loadmon.InFlight, a, b *loadmon.Guard) {
+			a.FirstToken()
+			b.FirstToken()
+			g := f.Acquire("n", -1, 9000)
+			g.FirstToken()
+		}, 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			clk := newClock()
+			tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
+			f := loadmon.NewInFlight(clk.Now)
+			report := func(uncached, total uint64, busy time.Duration) {
+				require.NoError(t, tab.Report(loadmon.Report{Engine: "n", KVCapacityTokens: 1 << 20, Native: native(uncached, 8, total, busy)}))
+			}
+			report(0, 0, 0)
+			a, b := f.Acquire("n", -1, 6000), f.Acquire("n", -1, 1000)
+			if tt.before != nil {
+				tt.before(f, a, b)
+			}
+			clk.Advance(time.Millisecond)
+			report(7000, 10_000, time.Second) // 10,000 tokens/s
+			clk.Advance(time.Millisecond)
+			tt.after(f, a, b)
+			o := loadmon.Observe(tab.Snapshot(), f, "n")
+			got, ok := o.PendingPrefillTokens()
+			require.True(t, ok)
+			assert.Equal(t, tt.want, got)
+			est, ok := o.EstimatePendingPrefillTokens(f, 1)
+			require.True(t, ok)
+			assert.Equal(t, tt.want, est)
+			d, ok := o.PendingPrefillTime()
+			require.True(t, ok)
+			assert.Equal(t, tt.wantTime, d)
+		})
+	}
+}
+
+// The prefill ends counted against a named DP rank's report are those of the dispatches that
+// named the rank.
+func TestNativePendingPrefillOfARankDropsItsEndedPrefill(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	tab := loadmon.NewTable(loadmon.WithClock(clk.Now))
+	f := loadmon.NewInFlight(clk.Now)
+	require.NoError(t, tab.Expect("e", 2))
+	r0, r1 := f.Acquire("e", 0, 3000), f.Acquire("e", 1, 2000)
+	clk.Advance(time.Millisecond)
+	for rank, w := range []uint64{3000, 2000} {
+		require.NoError(t, tab.Report(loadmon.Report{Engine: "e", DPRank: rank, KVCapacityTokens: 1 << 20, Native: native(w, 8, 0, 0)}))
+	}
+	clk.Advance(time.Millisecond)
+	r1.FirstToken()
+	pending := func(rank int) uint64 {
+		o := loadmon.ObserveRank(tab.Snapshot(), f, "e", rank)
+		require.True(t, o.HasDPRank)
+		got, ok := o.PendingPrefillTokens()
+		require.True(t, ok)
+		return got
+	}
+	assert.Equal(t, uint64(3000), pending(0))
+	assert.Equal(t, uint64(0), pending(1))
+	r0.FirstToken()
+	assert.Equal(t, uint64(0), pending(0))
+}

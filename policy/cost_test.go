@@ -384,3 +384,41 @@ func TestCostComparisonGivesNoCreditBelowTheHitGate(t *testing.T) {
 	assert.Equal(t, label.ReasonCacheCandidate, pk.Reason)
 	assert.Equal(t, uint64(16), pk.PrefillTokens)
 }
+
+// docs/design.md §9.7, §9.9: a native report counts the prefill in progress until the next
+// report; the prefill this router saw end since (the host reports first tokens) is not pending.
+// A cold prompt, "ended" and "busy" both reported prefilling this router's dispatches, "ended"
+// the longer one (8,000 tokens to 7,200); then "ended"'s first token arrives: the miss goes to
+// it, not to the engine still prefilling.
+func TestCacheAwareMissSkipsAnEngineWhosePrefillEndedAfterItsReport(t *testing.T) {
+	t.Parallel()
+	tok := prompt(256, 61)
+	group := engines(state.StagePrefill, "busy", "ended")
+	for _, tt := range []struct {
+		name       string
+		firstToken bool
+		want       state.EngineID
+	}{
+		{"no first token: as reported", false, "busy"},
+		{"first token since the report", true, "ended"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			c.inflight.Acquire("busy", -1, 7200)
+			g := c.inflight.Acquire("ended", -1, 8000)
+			c.clk.Advance(time.Millisecond)
+			c.pending("busy", 7200)
+			c.pending("ended", 8000)
+			c.clk.Advance(time.Millisecond)
+			if tt.firstToken {
+				g.FirstToken()
+			}
+			pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(tok))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, pk.Engine.ID())
+			assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
+			assert.Equal(t, label.DecisionCacheMiss, c.dec.last().Decision)
+		})
+	}
+}
