@@ -1221,10 +1221,6 @@ func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon
 	h := p.homes()
 	var tbuf [64]int
 	tier := tbuf[:0]
-	// For a request for a LoRA adapter, the engines' residency of it decides first
-	// (docs/design.md §18).
-	narrow := req.Adapter == ""
-	idle := 0 // tier engines without in-flight prefill, when narrow
 	for i, e := range engines {
 		if gate {
 			if o := p.cfg.observe(snap, e, req); p.queued(&o, slots) {
@@ -1232,28 +1228,11 @@ func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon
 			}
 		}
 		tier = append(tier, i)
-		if narrow && p.inFlightPrefill(e) == 0 {
-			idle++
-		}
 	}
 	if len(tier) == 0 {
-		for i, e := range engines {
+		for i := range engines {
 			tier = append(tier, i)
-			if narrow && p.inFlightPrefill(e) == 0 {
-				idle++
-			}
 		}
-	}
-	if idle > 0 && idle < len(tier) {
-		// A miss prefills its whole prompt wherever it goes; behind a prefill in flight, which
-		// a report up to an interval old may not show, its first token waits for that prefill.
-		kept := tier[:0]
-		for _, i := range tier {
-			if p.inFlightPrefill(engines[i]) == 0 {
-				kept = append(kept, i)
-			}
-		}
-		tier = kept
 	}
 	if h.on() {
 		var hbuf [64]int
@@ -1265,6 +1244,22 @@ func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon
 		}
 		if len(home) >= 2 {
 			tier = home
+		}
+	}
+	// For a request for a LoRA adapter, the engines' residency of it decides first
+	// (docs/design.md §18).
+	if req.Adapter == "" {
+		// A miss prefills its whole prompt wherever it goes; behind a prefill in flight, which
+		// a report up to an interval old may not show, its first token waits for that prefill.
+		var kbuf [64]int
+		kept := kbuf[:0]
+		for _, i := range tier {
+			if p.inFlightPrefill(engines[i]) == 0 {
+				kept = append(kept, i)
+			}
+		}
+		if len(kept) > 0 {
+			tier = kept
 		}
 	}
 	if len(tier) == len(engines) {

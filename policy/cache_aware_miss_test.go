@@ -81,3 +81,31 @@ func TestCacheAwareMissAvoidsInFlightPrefill(t *testing.T) {
 		})
 	}
 }
+
+// docs/design.md §9.9: with router replicas, a miss keeps to the replica's home engines first and
+// then to those without in-flight prefill, so that replicas whose shared dispatches have not
+// reached each other do not all turn to the same engines they each see without a prefill.
+// Replica 0 of 2 has homes e0 and e2; e0 holds a prefill in flight, e1, e2 and e3 none. On the
+// reports e2 is the most pressured (3 running, against none). The miss goes to e2.
+func TestCacheAwareReplicaMissKeepsToHomeEngines(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	c.replicas(0, 2)
+	g := c.inflight.Acquire("elsewhere", -1, 100)
+	g.FirstToken()
+	g.Release()
+	c.inflight.Acquire("e0", -1, 700)
+	c.clk.Advance(10 * time.Millisecond)
+	for _, id := range []state.EngineID{"e0", "e1", "e3"} {
+		c.native(id, loadmon.Report{Engine: id})
+	}
+	c.native("e2", loadmon.Report{Engine: "e2", RunningRequests: 3})
+	group := engines(state.StagePrefill, "e0", "e1", "e2", "e3")
+	p := c.policy(t, policy.CacheAwareOptions{})
+	for i := range 8 {
+		pk, err := p.Pick(ctx, group, creq(prompt(40*blockTokens, uint32(100+i))))
+		require.NoError(t, err)
+		assert.Equal(t, state.EngineID("e2"), pk.Engine.ID(), "pick %d", i)
+		assert.Equal(t, label.DecisionCacheMiss, c.dec.last().Decision)
+	}
+}
