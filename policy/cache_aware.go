@@ -259,8 +259,11 @@ const inertWarnSample = 64
 //  6. No admitted holder: with a saturation floor, gate-rejected holders and no fresh group queue
 //     below the floor, the least pressured gate-rejected holder that passes admission is pinned
 //     (saturation_pin). Otherwise, if admission rejected any holder, an idle group engine takes
-//     the request (no_cache_candidate; not with DisableCostComparison), else the pick fails with
-//     *NoAdmissibleEngineError: a hard rejection never becomes a fallback to a busy engine.
+//     the request, else the cheapest group engine admission admits (no_cache_candidate; neither
+//     with DisableCostComparison), else the pick fails with *NoAdmissibleEngineError naming every
+//     rejected engine: a hard rejection never bypasses admission. For a request flow control
+//     holds off engines still prefilling a dispatch of the router (below its top band), those
+//     engines are rejected too (docs/design.md §17).
 //  7. Miss: power-of-k over the group's unqueued engines (all engines when none is unqueued), then
 //     one admission check on its pick (no_cache_candidate; rejection → *AdmissionRejectedError).
 //
@@ -274,8 +277,8 @@ const inertWarnSample = 64
 // Pick errors: ErrInvalidConfiguration on a decode request; ErrNoCandidates for no engines (no
 // lookup is made); ErrInvalidSignal when req.TokenIDs is set and its length is not
 // req.InputTokens, or when the source rejects the query; *NoAdmissibleEngineError when admission
-// rejected every evaluated holder and no idle engine was admitted; *AdmissionRejectedError when the fallback's pick is rejected; a
-// checker error.
+// rejected every evaluated holder and every other group engine; *AdmissionRejectedError when the
+// miss fallback's pick is rejected; a checker error.
 func NewCacheAware(cfg Config, opts CacheAwareOptions) (Policy, error) {
 	if err := cfg.validate(label.CacheAware); err != nil {
 		return nil, err
