@@ -424,12 +424,12 @@ func (f *cacheFleet) fill(t *testing.T, id state.EngineID, n int) []*enginepick.
 	return ds
 }
 
-// Under cache_aware with in-flight caps, a refusal depends on the request's prefix holders: a
-// request whose holder is at its cap does not hold back a request of the same buckets and keys
-// whose holder has room. Engines a and b (cap 2) each hold one prompt's blocks; both are full,
-// A (a's prompt) and B (b's prompt) wait; when one of b's dispatches ends, A is tried first and
-// refused by a (b is not idle), and B is served by b at the same wake.
-func TestFlowControlRefusalByOtherHoldersDoesNotHoldBack(t *testing.T) {
+// Under cache_aware with in-flight caps, a request waits only while no engine has room, and a
+// freed slot goes to the first waiting request, whatever its prefix holders (docs/design.md §9.11,
+// §17). Engines a and b (cap 2) each hold one prompt's blocks; both are full, A (a's prompt) and B
+// (b's prompt) wait; when one of b's dispatches ends, A, first in order, is served by b, the
+// cheapest engine with room, and B waits; when one of a's ends, B is served by a.
+func TestFlowControlFreedSlotGoesToFirstWaitingRequest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newCacheFleet(t, 2)
@@ -439,12 +439,13 @@ func TestFlowControlRefusalByOtherHoldersDoesNotHoldBack(t *testing.T) {
 	chB := f.selectAsync(ctx, f.prompt("b"))
 	waits(t, chB)
 	heldB[0].Release()
-	dB := served(t, chB)
-	assert.Equal(t, state.EngineID("b"), engineOf(dB))
-	waits(t, chA)
-	heldA[0].Release()
 	dA := served(t, chA)
-	assert.Equal(t, state.EngineID("a"), engineOf(dA))
+	assert.Equal(t, state.EngineID("b"), engineOf(dA))
+	assert.Equal(t, "no_cache_candidate", dA.Selection.Plain.Reason)
+	waits(t, chB)
+	heldA[0].Release()
+	dB := served(t, chB)
+	assert.Equal(t, state.EngineID("a"), engineOf(dB))
 	for _, d := range []*enginepick.Dispatch{dA, dB, heldA[1], heldB[1]} {
 		d.Release()
 	}

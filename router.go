@@ -355,6 +355,9 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.T
 		req = &withMemo
 	}
 	hold := r.fc != nil && flowbridge.BelowTop(r.fc, req.Priority)
+	if hold {
+		ctx = flowbridge.WithPrefillHold(ctx) // policies that read it pick around the hold
+	}
 	var err error
 	for attempt := 1; ; attempt++ {
 		var sel bucket.Selection
@@ -405,9 +408,6 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.T
 	return nil, err
 }
 
-// limitPrefilling is the Limit of a prefill hold's rejection (Router.prefillHold).
-const limitPrefilling = "prefilling"
-
 // prefillHold is the rejection of a selection whose plain or prefill engine is still prefilling a
 // dispatch of this router (loadbridge.Prefilling: prefill tokens in flight without a first
 // token), for a request below flow control's highest band: such a request waits until the engine
@@ -422,7 +422,7 @@ func (r *Router) prefillHold(sel *bucket.Selection) (*policy.AdmissionRejectedEr
 	if n == 0 {
 		return nil, stage
 	}
-	return &policy.AdmissionRejectedError{Engine: p.Engine, Limit: limitPrefilling, Observed: n}, stage
+	return &policy.AdmissionRejectedError{Engine: p.Engine, Limit: flowbridge.LimitPrefilling, Observed: n}, stage
 }
 
 // logFailure logs a failed selection at Debug.

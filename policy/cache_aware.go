@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/enginepick/enginepick/internal/flowbridge"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/internal/loadbridge"
 	"github.com/enginepick/enginepick/internal/lora"
@@ -259,8 +260,11 @@ const inertWarnSample = 64
 //  6. No admitted holder: with a saturation floor, gate-rejected holders and no fresh group queue
 //     below the floor, the least pressured gate-rejected holder that passes admission is pinned
 //     (saturation_pin). Otherwise, if admission rejected any holder, an idle group engine takes
-//     the request (no_cache_candidate; not with DisableCostComparison), else the pick fails with
-//     *NoAdmissibleEngineError: a hard rejection never becomes a fallback to a busy engine.
+//     the request, else the cheapest group engine admission admits (no_cache_candidate; neither
+//     with DisableCostComparison), else the pick fails with *NoAdmissibleEngineError naming every
+//     rejected engine: a hard rejection never bypasses admission. For a request flow control
+//     holds off engines still prefilling a dispatch of the router (below its top band), those
+//     engines are rejected too (docs/design.md §17).
 //  7. Miss: power-of-k over the group's unqueued engines (all engines when none is unqueued), then
 //     one admission check on its pick (no_cache_candidate; rejection → *AdmissionRejectedError).
 //
@@ -274,8 +278,8 @@ const inertWarnSample = 64
 // Pick errors: ErrInvalidConfiguration on a decode request; ErrNoCandidates for no engines (no
 // lookup is made); ErrInvalidSignal when req.TokenIDs is set and its length is not
 // req.InputTokens, or when the source rejects the query; *NoAdmissibleEngineError when admission
-// rejected every evaluated holder and no idle engine was admitted; *AdmissionRejectedError when the fallback's pick is rejected; a
-// checker error.
+// rejected every evaluated holder and every other group engine; *AdmissionRejectedError when the
+// miss fallback's pick is rejected; a checker error.
 func NewCacheAware(cfg Config, opts CacheAwareOptions) (Policy, error) {
 	if err := cfg.validate(label.CacheAware); err != nil {
 		return nil, err
@@ -507,8 +511,9 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 	// Hard admission on every evaluated holder.
 	var rejections []*AdmissionRejectedError
 	admitted := sc.admitted
+	held := flowbridge.PrefillHold(ctx)
 	for _, c := range evaluated {
-		ic, err := p.cfg.admit(engines[c.idx], c.obs)
+		ic, err := p.admit(held, engines[c.idx], c.obs)
 		var rej *AdmissionRejectedError
 		switch {
 		case err == nil:
@@ -580,6 +585,15 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			if ic, err := p.cfg.admit(engines[i], o); err == nil {
 				return p.finish(engines[i], &o, ic, label.ReasonNoCacheCandidate, label.DecisionCacheMiss, req.InputTokens-v.matched[i], req, res, d), nil
 			}
+		}
+		// Otherwise the cheapest engine with room takes it: a request waits only when no engine
+		// of the group has room, and its rejections then name every engine (docs/design.md §9.11).
+		i, o, ic, err := p.cheapestAdmitted(engines, req, v.credit, snap, held, &rejections)
+		if err != nil {
+			return Pick{}, err
+		}
+		if i >= 0 {
+			return p.finish(engines[i], &o, ic, label.ReasonNoCacheCandidate, label.DecisionCacheMiss, req.InputTokens-v.matched[i], req, res, d), nil
 		}
 		return Pick{}, &NoAdmissibleEngineError{Rejections: rejections}
 	}
@@ -1305,6 +1319,52 @@ func (p *cacheAware) idle(engines []state.Engine, req *Request, snap loadmon.Sna
 	return idx, obs, idx >= 0
 }
 
+// cheapestAdmitted returns the group engine of least prefillCost (uncached tokens from matched;
+// with router replicas, plus its away handicap: homes) that admit admits, outside the engines of
+// *rejections, for a request whose holders were rejected (docs/design.md §9.11). Engines with no
+// slot for the request's LoRA adapter (evicts) come last, complete ties by ID. Each rejection is
+// appended to *rejections. idx is −1 when every engine is rejected, and with the cost comparison
+// off; err is a checker error.
+func (p *cacheAware) cheapestAdmitted(engines []state.Engine, req *Request, matched []uint64, snap loadmon.Snapshot, held bool, rejections *[]*AdmissionRejectedError) (idx int, obs loadmon.Observation, ic inFlightCap, err error) {
+	if p.opts.DisableCostComparison {
+		return -1, obs, ic, nil
+	}
+	type priced struct {
+		idx   int
+		evict bool
+		key   uint64
+		obs   loadmon.Observation
+	}
+	var buf [16]priced
+	all := buf[:0]
+	h := p.homes()
+next:
+	for i, e := range engines {
+		for _, r := range *rejections {
+			if r.Engine != nil && r.Engine.ID() == e.ID() {
+				continue next
+			}
+		}
+		o := p.cfg.observe(snap, e, req)
+		all = append(all, priced{idx: i, evict: evicts(&o), key: satAdd(p.prefillCost(&o, req.InputTokens-matched[i], req), h.away(i)), obs: o})
+	}
+	slices.SortFunc(all, func(a, b priced) int {
+		return cmp.Or(cmpBool(a.evict, b.evict), cmp.Compare(a.key, b.key), cmp.Compare(a.idx, b.idx))
+	})
+	for _, c := range all {
+		ic, err := p.admit(held, engines[c.idx], c.obs)
+		var rej *AdmissionRejectedError
+		switch {
+		case err == nil:
+			return c.idx, c.obs, ic, nil
+		case !asRejection(err, &rej):
+			return -1, obs, ic, err
+		}
+		*rejections = append(*rejections, rej)
+	}
+	return -1, obs, ic, nil
+}
+
 // homes is a pick's view of the router replicas that share their dispatches with this router
 // (docs/design.md §6, "Router replicas"; loadbridge.Replicas): with n > 1 replicas, the group
 // engines whose index (in ID order) is rank mod n are this replica's home engines. Replicas that
@@ -1437,4 +1497,27 @@ func (p *cacheAware) resident(engines []state.Engine, req *Request, matched []ui
 		}
 	}
 	return -1, loadmon.Observation{}, false
+}
+
+// cmpBool orders false before true.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// admit is Config.admit, except that, for a request flow control holds off engines still
+// prefilling a dispatch of the router (held; docs/design.md §17), such an engine is rejected
+// first, as the Router would refuse it.
+func (p *cacheAware) admit(held bool, e state.Engine, o loadmon.Observation) (inFlightCap, error) {
+	if held {
+		if n := loadbridge.Prefilling(p.cfg.InFlight, e.ID()); n > 0 {
+			return inFlightCap{}, &AdmissionRejectedError{Engine: e, Limit: flowbridge.LimitPrefilling, Observed: n}
+		}
+	}
+	return p.cfg.admit(e, o)
 }

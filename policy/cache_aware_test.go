@@ -444,7 +444,7 @@ func TestCacheAwareQueueDiversionAndSaturationUseOnlyThisGroup(t *testing.T) {
 
 // sgl-project/sglang `experimental/sgl-router/tests/component/policies_reorg_cache_aware.rs`
 // hard_rejection_never_becomes_cold_fallback_or_saturation_bypass, with the cost comparison off;
-// on, an idle engine takes the request (docs/design.md §9.11).
+// on, the cheapest engine admission admits takes the request (docs/design.md §9.11).
 func TestCacheAwareHardRejectionNeverBecomesColdFallbackOrSaturationBypass(t *testing.T) {
 	t.Parallel()
 	tok := prompt(8*blockTokens, 8)
@@ -471,8 +471,9 @@ func TestCacheAwareHardRejectionNeverBecomesColdFallbackOrSaturationBypass(t *te
 	assert.Equal(t, []state.EngineID{"owner"}, rec.Calls(), "admission once, on the owner; no cold fallback")
 	assert.Equal(t, admission.Known(5), rec.metrics[0].WaitingRequests)
 
-	// With the cost comparison, the idle cold engine recomputes the prompt; one waiting request,
-	// one running, or one in flight from this router makes it busy.
+	// With the cost comparison, the idle cold engine recomputes the prompt; busy (one waiting
+	// request, one running, or one in flight from this router), it still has room and takes it
+	// as the cheapest admitted engine (docs/design.md §9.11); at its cap too, the pick fails.
 	p, err = policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens})
 	require.NoError(t, err)
 	pk, err := p.Pick(ctx, group, creq(tok))
@@ -489,18 +490,26 @@ func TestCacheAwareHardRejectionNeverBecomesColdFallbackOrSaturationBypass(t *te
 		},
 	} {
 		release := busy()
-		_, err = p.Pick(ctx, group, creq(tok))
-		assert.ErrorAs(t, err, &none, name)
+		pk, err = p.Pick(ctx, group, creq(tok))
+		require.NoError(t, err, name)
+		assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), name)
+		assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason, name)
 		release()
 	}
-	c.native("cold", loadmon.Report{WaitingRequests: 0})
+	c.native("cold", loadmon.Report{WaitingRequests: 5})
+	_, err = p.Pick(ctx, group, creq(tok))
+	require.ErrorAs(t, err, &none, "cold at its cap too")
+	require.Len(t, none.Rejections, 2)
+	assert.Equal(t, state.EngineID("cold"), none.Rejections[1].Engine.ID())
 
-	// The saturation pin cannot bypass admission either.
+	// The saturation pin cannot bypass admission either: the rejected owner is not pinned, and
+	// the request goes to cold, which has room.
 	p, _ = policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens,
 		EngineQueueLimit: u64(1), SaturationQueueFloor: u64(1)})
 	c.native("cold", loadmon.Report{WaitingRequests: 1})
-	_, err = p.Pick(ctx, group, creq(tok))
-	require.ErrorAs(t, err, &none, "the pinned owner is rejected: no fallback")
+	pk, err = p.Pick(ctx, group, creq(tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("cold"), pk.Engine.ID(), "the pinned owner is rejected: the engine with room")
 
 	// Without a cache hit, a rejected fallback pick is an AdmissionRejected.
 	c.native("cold", loadmon.Report{WaitingRequests: 7})

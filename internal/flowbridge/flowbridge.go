@@ -57,3 +57,25 @@ var (
 	// *flowcontrol.Controller), and false when it has none.
 	Controller func(router any) (c any, ok bool)
 )
+
+// LimitPrefilling is the Limit of the rejection of an engine that still prefills a dispatch of
+// the router, for a request flow control holds off such engines (WithPrefillHold).
+const LimitPrefilling = "prefilling"
+
+type prefillHoldKey struct{}
+
+// WithPrefillHold returns ctx marked for a selection whose request flow control holds off engines
+// still prefilling a dispatch of the router (a request below the top band, docs/design.md §17), so
+// that a policy that reads the mark (PrefillHold) refuses those engines as admission would.
+func WithPrefillHold(ctx context.Context) context.Context {
+	return context.WithValue(ctx, prefillHoldKey{}, true)
+}
+
+// PrefillHold reports whether ctx carries WithPrefillHold's mark; false for a nil ctx.
+func PrefillHold(ctx context.Context) bool {
+	if ctx == nil {
+		return false
+	}
+	held, _ := ctx.Value(prefillHoldKey{}).(bool)
+	return held
+}

@@ -1,0 +1,128 @@
+package policy_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/flowbridge"
+	"github.com/enginepick/enginepick/internal/label"
+	"github.com/enginepick/enginepick/loadmon"
+	"github.com/enginepick/enginepick/policy"
+	"github.com/enginepick/enginepick/state"
+)
+
+// rejectedIDs lists the engines of err's *NoAdmissibleEngineError, in order.
+func rejectedIDs(t *testing.T, err error) []state.EngineID {
+	t.Helper()
+	var none *policy.NoAdmissibleEngineError
+	require.ErrorAs(t, err, &none)
+	ids := make([]state.EngineID, len(none.Rejections))
+	for i, r := range none.Rejections {
+		ids[i] = r.Engine.ID()
+	}
+	return ids
+}
+
+// docs/design.md §9.11: a request whose holders admission rejected goes to the cheapest engine
+// admission admits (pending prefill + uncached tokens), busy or not, and waits only when every
+// engine of the group is rejected. "owner" holds the prompt; "far" has 3,000 pending prefill
+// tokens, "near" 1,000; each has a waiting request, so none is idle.
+func TestCacheAwareRejectedHoldersGoWhereThereIsRoom(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		rejected   []state.EngineID
+		noCost     bool
+		want       state.EngineID   // "" when the pick fails
+		rejections []state.EngineID // of the *NoAdmissibleEngineError
+	}{
+		{name: "the cheapest with room", rejected: []state.EngineID{"owner"}, want: "near"},
+		{name: "the next cheapest", rejected: []state.EngineID{"owner", "near"}, want: "far"},
+		{name: "no engine with room", rejected: []state.EngineID{"owner", "near", "far"},
+			rejections: []state.EngineID{"owner", "near", "far"}},
+		{name: "cost comparison off", rejected: []state.EngineID{"owner"}, noCost: true,
+			rejections: []state.EngineID{"owner"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			tok := prompt(16*blockTokens, 3)
+			c.hold(t, "owner", tok, 16)
+			for id, pending := range map[state.EngineID]uint64{"owner": 0, "far": 3000, "near": 1000} {
+				c.native(id, loadmon.Report{WaitingRequests: 1, Native: &loadmon.NativeLoad{WaitingUncachedTokens: pending}})
+			}
+			c.check.reject = map[state.EngineID]string{}
+			for _, id := range tc.rejected {
+				c.check.reject[id] = admission.LimitInFlightRequests
+			}
+			p := c.policy(t, policy.CacheAwareOptions{DisableCostComparison: tc.noCost})
+			pk, err := p.Pick(ctx, engines(state.StagePrefill, "far", "near", "owner"), creq(tok))
+			if tc.want == "" {
+				assert.Equal(t, tc.rejections, rejectedIDs(t, err))
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, pk.Engine.ID())
+			assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
+			assert.Equal(t, label.DecisionCacheMiss, c.dec.last().Decision)
+		})
+	}
+}
+
+// docs/design.md §17: for a request that flow control holds off engines still prefilling a
+// dispatch of the router (flowbridge.WithPrefillHold), such an engine is rejected as admission
+// would: the request goes to the cheapest engine that is not prefilling, and the rejections name
+// every engine when all are. Unmarked, the prefilling holder takes it.
+func TestCacheAwarePrefillHoldRejectsPrefillingEngines(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		held       bool
+		prefilling []state.EngineID
+		want       state.EngineID
+		limits     []string // of the *NoAdmissibleEngineError when the pick fails
+	}{
+		{name: "not held", prefilling: []state.EngineID{"owner"}, want: "owner"},
+		{name: "held, the holder prefilling", held: true, prefilling: []state.EngineID{"owner"}, want: "near"},
+		{name: "held, the holder free", held: true, prefilling: []state.EngineID{"near"}, want: "owner"},
+		{name: "held, every engine prefilling", held: true, prefilling: []state.EngineID{"owner", "near", "far"},
+			limits: []string{flowbridge.LimitPrefilling, flowbridge.LimitPrefilling, flowbridge.LimitPrefilling}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			g := c.inflight.Acquire("elsewhere", -1, 100) // the host reports first tokens
+			g.FirstToken()
+			g.Release()
+			for _, id := range tc.prefilling {
+				c.inflight.Acquire(id, -1, 500)
+			}
+			tok := prompt(16*blockTokens, 5)
+			c.hold(t, "owner", tok, 16)
+			for id, pending := range map[state.EngineID]uint64{"owner": 0, "far": 3000, "near": 0} {
+				c.native(id, loadmon.Report{RunningRequests: 2, Native: &loadmon.NativeLoad{WaitingUncachedTokens: pending}})
+			}
+			pctx := ctx
+			if tc.held {
+				pctx = flowbridge.WithPrefillHold(ctx)
+			}
+			pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(pctx, engines(state.StagePrefill, "far", "near", "owner"), creq(tok))
+			if tc.want == "" {
+				var none *policy.NoAdmissibleEngineError
+				require.ErrorAs(t, err, &none)
+				limits := make([]string, len(none.Rejections))
+				for i, r := range none.Rejections {
+					limits[i] = r.Limit
+				}
+				assert.Equal(t, tc.limits, limits)
+				assert.Equal(t, []state.EngineID{"owner", "near", "far"}, rejectedIDs(t, err))
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, pk.Engine.ID())
+		})
+	}
+}
