@@ -142,8 +142,8 @@ func TestSharedPrefixSpreadsWhenItsHoldersSlotsAreFull(t *testing.T) {
 		native         bool
 		round1, round2 map[state.EngineID]int
 	}{
-		{name: "basic reports", round1: map[state.EngineID]int{"a": 16}, round2: map[state.EngineID]int{"b": 6, "c": 5, "d": 5}},
-		{name: "native reports", native: true, round1: map[state.EngineID]int{"a": 8, "c": 4, "d": 4}, round2: map[state.EngineID]int{"a": 2, "b": 4, "c": 5, "d": 5}},
+		{name: "basic reports", round1: map[state.EngineID]int{"a": 16}, round2: map[state.EngineID]int{"b": 5, "c": 5, "d": 6}},
+		{name: "native reports", native: true, round1: map[state.EngineID]int{"a": 8, "c": 4, "d": 4}, round2: map[state.EngineID]int{"a": 1, "b": 4, "c": 5, "d": 6}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -155,15 +155,17 @@ func TestSharedPrefixSpreadsWhenItsHoldersSlotsAreFull(t *testing.T) {
 	}
 }
 
-// The same with the second round's 16 selections concurrent: however they interleave, none goes to
-// a, whose round stays queued, and every one is served.
+// The same with the second round's 16 selections concurrent: however they interleave, a, whose
+// round stays queued, takes at most one round of its slots more (a selection that runs before
+// others' placements on b, c and d are recorded still sees a as the only holder), and every
+// selection is served.
 func TestSharedPrefixSpreadsUnderConcurrentSelections(t *testing.T) {
 	t.Parallel()
 	f := newSlotFleet(t, false)
 	require.Equal(t, map[state.EngineID]int{"a": 16}, f.round(t, false))
 	got := f.round(t, true)
-	assert.Zero(t, got["a"], "picks %v", got)
-	assert.Equal(t, 16, got["b"]+got["c"]+got["d"], "picks %v", got)
+	assert.LessOrEqual(t, got["a"], slotFleetSlots, "picks %v", got)
+	assert.Equal(t, 16, got["a"]+got["b"]+got["c"]+got["d"], "picks %v", got)
 }
 
 // slotFleet is the fleet of TestSharedPrefixSpreadsWhenItsHoldersSlotsAreFull.
