@@ -56,32 +56,50 @@ type rankKey struct {
 }
 
 type counter struct {
-	n      atomic.Int64
-	head   atomic.Uint64               // number of dispatches recorded
-	ring   [dispatchRing]atomic.Int64  // unix nanos of recent dispatches
-	tokens [dispatchRing]atomic.Uint64 // prefill tokens of the same dispatches
-	// ringTokens is the sum of tokens: the prefill tokens of the recorded dispatches.
+	n atomic.Int64
+	// dispatches records the recent dispatches (Acquire): their times and prefill tokens.
+	dispatches stampRing
+	// ringTokens is the sum of dispatches' tokens: the prefill tokens of the recorded dispatches.
 	ringTokens atomic.Uint64
 	// prefilling is the prefill tokens of the in-flight dispatches whose first token has not
 	// arrived (Guard.FirstToken) and that are not released.
 	prefilling atomic.Uint64
 	// ends records the recent prefill ends (first tokens) of the dispatches: endedSince.
-	ends endRing
+	ends stampRing
 }
 
-// endRing records, for the 64 most recent prefill ends of an engine's dispatches, the time (unix
-// nanos) and the prefill tokens, once the host reports first tokens (Guard.FirstToken).
-type endRing struct {
-	head   atomic.Uint64
+// stampRing records the time (unix nanos) and prefill tokens of the 64 most recent events of an
+// engine (dispatches, or prefill ends), lock-free.
+type stampRing struct {
+	head   atomic.Uint64 // number of events recorded
 	at     [dispatchRing]atomic.Int64
 	tokens [dispatchRing]atomic.Uint64
 }
 
-// stamp records a prefill end of tokens prefill tokens at at (unix nanos).
-func (r *endRing) stamp(tokens uint64, at int64) {
+// record records an event of tokens prefill tokens at at (unix nanos) and returns the tokens of
+// the event it overwrote (0 while the ring fills). Tokens before the time: a reader that sees the
+// new time sees these tokens, unless a later event has already reused the slot (64 events
+// between a reader's two loads).
+func (r *stampRing) record(tokens uint64, at int64) (old uint64) {
 	i := r.head.Add(1) - 1
-	r.tokens[i%dispatchRing].Store(tokens)
+	old = r.tokens[i%dispatchRing].Swap(tokens)
 	r.at[i%dispatchRing].Store(at)
+	return old
+}
+
+// since counts the recorded events at or after t, newest first, and their tokens.
+func (r *stampRing) since(t time.Time) (events, tokens uint64) {
+	head := r.head.Load()
+	at := t.UnixNano()
+	for events < head && events < dispatchRing {
+		i := (head - 1 - events) % dispatchRing
+		if r.at[i].Load() < at {
+			break
+		}
+		tokens = satAdd(tokens, r.tokens[i].Load())
+		events++
+	}
+	return events, tokens
 }
 
 // endedSince returns the prefill tokens of the dispatches whose prefill ended at or after t, over
@@ -90,17 +108,7 @@ func (c *counter) endedSince(t time.Time) uint64 {
 	if c == nil {
 		return 0
 	}
-	r := &c.ends
-	head := r.head.Load()
-	since := t.UnixNano()
-	var tok uint64
-	for n := uint64(0); n < head && n < dispatchRing; n++ {
-		i := (head - 1 - n) % dispatchRing
-		if r.at[i].Load() < since {
-			break
-		}
-		tok = satAdd(tok, r.tokens[i].Load())
-	}
+	_, tok := c.ends.since(t)
 	return tok
 }
 
@@ -167,9 +175,9 @@ func (g *Guard) endPrefill() bool {
 	}
 	if g.f.firstTokens.Load() {
 		at := g.f.now().UnixNano()
-		g.c.ends.stamp(g.tokens, at)
+		g.c.ends.record(g.tokens, at)
 		if g.rc != nil {
-			g.rc.ends.stamp(g.tokens, at)
+			g.rc.ends.record(g.tokens, at)
 		}
 	}
 	return true
@@ -312,12 +320,8 @@ func (f *InFlight) withRank(g *Guard, engine state.EngineID, rank int, prefillTo
 
 // stamp records the time (unix nanos) and prefill tokens of a dispatch already counted in n.
 func (c *counter) stamp(prefillTokens uint64, at int64) {
-	i := c.head.Add(1) - 1
-	// Tokens before the time: a reader that sees the new time sees these tokens, unless a later
-	// dispatch has already reused the slot (64 dispatches between a reader's two loads).
-	old := c.tokens[i%dispatchRing].Swap(prefillTokens)
+	old := c.dispatches.record(prefillTokens, at)
 	c.ringTokens.Add(prefillTokens - old) // modular: the sum stays exact
-	c.ring[i%dispatchRing].Store(at)
 	c.prefilling.Add(prefillTokens)
 }
 
@@ -327,7 +331,7 @@ func (c *counter) meanTokens() uint64 {
 	if c == nil {
 		return 0
 	}
-	n := min(c.head.Load(), dispatchRing)
+	n := min(c.dispatches.head.Load(), dispatchRing)
 	if n == 0 {
 		return 0
 	}
@@ -388,18 +392,7 @@ func (c *counter) since(t time.Time) (requests, prefillTokens uint64) {
 	if c == nil {
 		return 0, 0
 	}
-	head := c.head.Load()
-	since := t.UnixNano()
-	var n, tok uint64
-	for n < head && n < dispatchRing {
-		i := (head - 1 - n) % dispatchRing
-		if c.ring[i].Load() < since {
-			break
-		}
-		tok = satAdd(tok, c.tokens[i].Load())
-		n++
-	}
-	return n, tok
+	return c.dispatches.since(t)
 }
 
 // Remove detaches the engine's counters, its ranks' included (engine removal). Outstanding guards still release into the

@@ -117,10 +117,11 @@ func (c *counter) peerSince(t time.Time) (requests, prefillTokens uint64) {
 		return 0, 0
 	}
 	since := t.UnixNano()
-	for i := range min(c.head.Load(), dispatchRing) {
-		if c.ring[i].Load() >= since {
+	r := &c.dispatches
+	for i := range min(r.head.Load(), dispatchRing) {
+		if r.at[i].Load() >= since {
 			requests++
-			prefillTokens = satAdd(prefillTokens, c.tokens[i].Load())
+			prefillTokens = satAdd(prefillTokens, r.tokens[i].Load())
 		}
 	}
 	return requests, prefillTokens
