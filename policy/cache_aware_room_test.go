@@ -9,6 +9,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/internal/flowbridge"
 	"github.com/enginepick/enginepick/internal/label"
+	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
@@ -125,4 +126,27 @@ func TestCacheAwarePrefillHoldRejectsPrefillingEngines(t *testing.T) {
 			assert.Equal(t, tc.want, pk.Engine.ID())
 		})
 	}
+}
+
+// docs/design.md §9.11 and §18: of the engines with room for a request whose holders admission
+// rejected, one with no slot for the request's LoRA adapter comes last, however cheap. "owner"
+// holds the prompt for adapter A and is rejected; "near" (1,000 pending prefill tokens) runs
+// adapter B in its only slot, "far" (3,000) has a free slot.
+func TestCacheAwareRejectedHoldersSkipEnginesWithoutAnAdapterSlot(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	tok := prompt(16*blockTokens, 3)
+	require.NoError(t, c.index.Store(kvindex.StoreEvent{Engine: "owner", BlockHashes: c.hashesFor(16),
+		TokenIDs: tok, Tier: kvindex.TierDevice, Adapter: "A"}))
+	c.native("owner", loadmon.Report{WaitingRequests: 1, LoRA: &loadmon.LoRALoad{MaxAdapters: 2, Running: []string{"A"}}})
+	c.native("near", loadmon.Report{WaitingRequests: 1, Native: &loadmon.NativeLoad{WaitingUncachedTokens: 1000},
+		LoRA: &loadmon.LoRALoad{MaxAdapters: 1, Running: []string{"B"}}})
+	c.native("far", loadmon.Report{WaitingRequests: 1, Native: &loadmon.NativeLoad{WaitingUncachedTokens: 3000},
+		LoRA: &loadmon.LoRALoad{MaxAdapters: 2, Running: []string{"B"}}})
+	c.check.reject = map[state.EngineID]string{"owner": admission.LimitInFlightRequests}
+	p := c.policy(t, policy.CacheAwareOptions{})
+	pk, err := p.Pick(ctx, engines(state.StagePrefill, "far", "near", "owner"), lreq(state.StagePrefill, "A", tok))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("far"), pk.Engine.ID())
+	assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
 }
