@@ -3,12 +3,7 @@ package redisstore_test
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -21,70 +16,11 @@ import (
 	"github.com/enginepick/enginepick/affinity/redisstore"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/internal/label"
+	"github.com/enginepick/enginepick/internal/testredis"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/policy"
 	"github.com/enginepick/enginepick/state"
 )
-
-// ownRedis is a redis-server this test starts, stops and starts again on one port, without
-// persistence (a restart loses every binding). It is its own server, not the shared one of
-// ENGINEPICK_REDIS_ADDR, so that stopping it disturbs no other test.
-type ownRedis struct {
-	t    *testing.T
-	bin  string
-	port int
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func startOwnRedis(t *testing.T) *ownRedis {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		msg := "redis-server not on PATH: the Redis stop/restart test needs it (Debian: apt-get install -y redis-server)"
-		if os.Getenv(envRequire) == "1" {
-			t.Fatal(msg + "; " + envRequire + "=1 requires it")
-		}
-		t.Skip(msg)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
-	r := &ownRedis{t: t, bin: bin, port: port, dir: t.TempDir()}
-	r.start()
-	t.Cleanup(r.stop)
-	return r
-}
-
-func (r *ownRedis) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
-
-// start runs redis-server in the foreground (a child of the test, stopped by its pid) and waits
-// until it answers PING.
-func (r *ownRedis) start() {
-	r.t.Helper()
-	r.cmd = exec.Command(r.bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(r.port), "--dir", r.dir,
-		"--save", "", "--appendonly", "no", "--logfile", filepath.Join(r.dir, "redis.log"))
-	require.NoError(r.t, r.cmd.Start())
-	r.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(r.cmd, r.done)
-	c := redis.NewClient(&redis.Options{Addr: r.addr(), MaxRetries: -1})
-	defer c.Close()
-	require.Eventually(r.t, func() bool { return c.Ping(bg).Err() == nil }, 10*time.Second, 10*time.Millisecond,
-		"redis-server on %s answers", r.addr())
-}
-
-// stop kills the server (SIGKILL: an abrupt loss, as of a crashed or partitioned Redis) and waits
-// for it to exit; its port is closed when stop returns.
-func (r *ownRedis) stop() {
-	if r.cmd == nil {
-		return
-	}
-	_ = r.cmd.Process.Kill()
-	<-r.done
-	r.cmd = nil
-}
 
 // TestRouterThroughRedisStopAndRestart routes sessions through a Router whose session-aware
 // bucket keeps its bindings in a redis-server, and kills the server and starts it again:
@@ -97,10 +33,10 @@ func (r *ownRedis) stop() {
 //     one after it hits that binding, with no action by the host (go-redis dials again);
 //   - every guard is released at the end.
 func TestRouterThroughRedisStopAndRestart(t *testing.T) {
-	srv := startOwnRedis(t)
+	srv := testredis.Start(t, "the Redis stop/restart test")
 	// go-redis's defaults, but for no command retries: while the server is down each command
 	// costs the pool's dial attempts (5, 100 ms apart, each refused at once on loopback).
-	c := redis.NewClient(&redis.Options{Addr: srv.addr(), MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	st, err := redisstore.New(redisstore.Options{Client: c, Prefix: uniquePrefix()})
 	require.NoError(t, err)
@@ -156,7 +92,7 @@ func TestRouterThroughRedisStopAndRestart(t *testing.T) {
 	}
 
 	// Down.
-	srv.stop()
+	srv.Stop()
 	var slowest time.Duration
 	for i := range 4 {
 		s := fmt.Sprintf("conv-%d", i)
@@ -187,7 +123,7 @@ func TestRouterThroughRedisStopAndRestart(t *testing.T) {
 	}
 
 	// Back, empty.
-	srv.start()
+	srv.Restart()
 	restarted := time.Now()
 	var first policy.Pick
 	require.Eventually(t, func() bool {

@@ -4,11 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +16,7 @@ import (
 
 	"github.com/enginepick/enginepick/internal/peersync"
 	"github.com/enginepick/enginepick/internal/peersync/redispeer"
+	"github.com/enginepick/enginepick/internal/testredis"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
@@ -205,81 +202,20 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 	}
 }
 
-// ownRedis is a redis-server this test starts, kills and starts again on one port, without
-// persistence. It is the test's own, so that stopping it disturbs no other test.
-type ownRedis struct {
-	t    *testing.T
-	bin  string
-	port int
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func startOwnRedis(t *testing.T) *ownRedis {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		missing(t, "redis-server not on PATH: the broker stop/restart test needs it (Debian: apt-get install -y redis-server)")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
-	r := &ownRedis{t: t, bin: bin, port: port, dir: t.TempDir()}
-	r.start()
-	t.Cleanup(r.stop)
-	return r
-}
-
-func (r *ownRedis) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
-
-// start runs redis-server as a child of the test and waits until it answers PING.
-func (r *ownRedis) start() {
-	r.t.Helper()
-	r.cmd = exec.Command(r.bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(r.port), "--dir", r.dir,
-		"--save", "", "--appendonly", "no", "--logfile", filepath.Join(r.dir, "redis.log"))
-	require.NoError(r.t, r.cmd.Start())
-	r.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(r.cmd, r.done)
-	// A plain dial until the port is open (a go-redis client's failed dials would start its pool's
-	// background redial), then one PING.
-	require.Eventually(r.t, func() bool {
-		c, err := net.DialTimeout("tcp", r.addr(), time.Second)
-		if err == nil {
-			_ = c.Close()
-		}
-		return err == nil
-	}, 10*time.Second, 5*time.Millisecond, "redis-server on %s listens", r.addr())
-	c := redis.NewClient(&redis.Options{Addr: r.addr()})
-	defer c.Close()
-	require.NoError(r.t, c.Ping(context.Background()).Err(), "redis-server on %s answers", r.addr())
-}
-
-// stop kills the server (an abrupt loss, as of a crashed Redis) and waits for it to exit.
-func (r *ownRedis) stop() {
-	if r.cmd == nil {
-		return
-	}
-	_ = r.cmd.Process.Kill()
-	<-r.done
-	r.cmd = nil
-}
-
 // The broker killed and started again on the same port mid-run: both replicas notice, forget
 // their peers and keep routing on their own view (a dispatch never waits for the broker); the
 // deltas made meanwhile wait for the broker, all dropped once more than 1,024 wait; once the
 // broker is back, those waiting then are published, and a new dispatch reaches the peer within one second of
 // the broker answering again.
 func TestBrokerStopAndRestart(t *testing.T) {
-	srv := startOwnRedis(t)
+	srv := testredis.Start(t, "the broker stop/restart test")
 	ch := channel(t)
-	a, b := newReplica(t, srv.addr(), ch, "a", 2*time.Second), newReplica(t, srv.addr(), ch, "b", 2*time.Second)
+	a, b := newReplica(t, srv.Addr(), ch, "a", 2*time.Second), newReplica(t, srv.Addr(), ch, "b", 2*time.Second)
 	waitUp(t, a, b)
 	g := a.inflight.Acquire(engA, -1, 10)
 	require.Eventually(t, func() bool { return b.live() == 1 }, 5*time.Second, time.Millisecond)
 
-	srv.stop()
+	srv.Stop()
 	for _, r := range []*replica{a, b} {
 		require.Eventually(t, func() bool { return !r.peer.Stats().Up }, 5*time.Second, time.Millisecond, "the loss is noticed")
 	}
@@ -295,7 +231,7 @@ func TestBrokerStopAndRestart(t *testing.T) {
 		"beyond 1,024 held deltas, they are dropped")
 	assert.False(t, a.peer.Stats().Up)
 
-	srv.start()
+	srv.Restart()
 	back := time.Now()
 	before := b.dispatched(engA)
 	a.inflight.Acquire(engA, -1, 10)
