@@ -38,6 +38,25 @@ type rtResult struct {
 	perEngine []int           // chat requests each engine served
 }
 
+// add returns r with o's requests added: latencies merged and sorted, tokens summed, per-engine
+// counts summed engine by engine.
+func (r rtResult) add(o rtResult) rtResult {
+	r.policy = o.policy
+	r.latencies = slices.Concat(r.latencies, o.latencies)
+	slices.Sort(r.latencies)
+	r.prompt += o.prompt
+	r.cached += o.cached
+	r.perEngine = slices.Clone(r.perEngine)
+	for i, n := range o.perEngine {
+		if i < len(r.perEngine) {
+			r.perEngine[i] += n
+		} else {
+			r.perEngine = append(r.perEngine, n)
+		}
+	}
+	return r
+}
+
 func (r rtResult) hitRate() float64 { return float64(r.cached) / float64(r.prompt) }
 
 func (r rtResult) String() string {
@@ -214,7 +233,9 @@ func runTargets(t *testing.T, targets []rtTarget) {
 //   - shared system prompt (16 concurrent chats of 4 turns, a 1,100-token system prompt):
 //     cache_aware's p50 and p99 end-to-end latencies at most 1.1 × the better of the other two
 //     policies', and its hit rate (the engines' own cached tokens over prompt tokens) at least
-//     theirs;
+//     theirs; each policy runs three times, the runs of the policies interleaved, and its
+//     figures are over the three runs' 192 requests (one run's p99 is its slowest request, and a
+//     busy moment of the machine would land on one policy alone);
 //   - short chats (20 concurrent chats of 5 turns, 50 to 300 tokens a turn, no system prompt):
 //     cache_aware's hit rate at least 90 % of the best possible, that of keeping each chat on one
 //     engine whose cache never evicts.
@@ -229,10 +250,19 @@ func TestRoutingTargets(t *testing.T) {
 	t.Run("shared system prompt", func(t *testing.T) {
 		convs := sharedPromptChats()
 		res := map[string]rtResult{}
+		rounds := 3
+		if raceEnabled {
+			rounds = 1 // its latency targets are skipped under the race detector
+		}
+		for range rounds {
+			for _, p := range rtPolicies {
+				r, _ := runFleet(t, p, convs)
+				t.Log(r)
+				res[p] = res[p].add(r)
+			}
+		}
 		for _, p := range rtPolicies {
-			r, _ := runFleet(t, p, convs)
-			res[p] = r
-			t.Log(r)
+			t.Logf("over %d runs: %v", rounds, res[p])
 		}
 		ca, rr, p2 := res["cache_aware"], res["round_robin"], res["power_of_two"]
 		latency := func(q float64) func(t *testing.T) {
