@@ -205,8 +205,8 @@ func TestNewRejectsInvalidOptions(t *testing.T) {
 // The broker killed and started again on the same port mid-run: both replicas notice, forget
 // their peers and keep routing on their own view (a dispatch never waits for the broker); the
 // deltas made meanwhile wait for the broker, all dropped once more than 1,024 wait; once the
-// broker is back, those waiting then are published, and a new dispatch reaches the peer within one second of
-// the broker answering again.
+// broker is back, those waiting then are published, both replicas subscribe again and a new
+// dispatch reaches the peer, within one second of the broker answering again.
 func TestBrokerStopAndRestart(t *testing.T) {
 	srv := testredis.Start(t, "the broker stop/restart test")
 	ch := channel(t)
@@ -233,6 +233,10 @@ func TestBrokerStopAndRestart(t *testing.T) {
 
 	srv.Restart()
 	back := time.Now()
+	// Pub/sub keeps nothing for a subscriber that is not there yet: a delta published before the
+	// peer has subscribed again does not reach it, so the dispatch follows both subscriptions.
+	require.Eventually(t, func() bool { return a.peer.Stats().Up && b.peer.Stats().Up }, time.Second, time.Millisecond,
+		"both replicas subscribe again within one second of the broker's return")
 	before := b.dispatched(engA)
 	a.inflight.Acquire(engA, -1, 10)
 	require.Eventually(t, func() bool { return b.dispatched(engA) == before+1 }, time.Second-time.Since(back), time.Millisecond,
