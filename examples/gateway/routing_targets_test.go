@@ -39,21 +39,18 @@ type rtResult struct {
 }
 
 // add returns r with o's requests added: latencies merged and sorted, tokens summed, per-engine
-// counts summed engine by engine.
+// counts summed engine by engine (every run has rtEngines engines).
 func (r rtResult) add(o rtResult) rtResult {
 	r.policy = o.policy
 	r.latencies = slices.Concat(r.latencies, o.latencies)
 	slices.Sort(r.latencies)
 	r.prompt += o.prompt
 	r.cached += o.cached
-	r.perEngine = slices.Clone(r.perEngine)
-	for i, n := range o.perEngine {
-		if i < len(r.perEngine) {
-			r.perEngine[i] += n
-		} else {
-			r.perEngine = append(r.perEngine, n)
-		}
+	sum := slices.Clone(o.perEngine)
+	for i, n := range r.perEngine {
+		sum[i] += n
 	}
+	r.perEngine = sum
 	return r
 }
 
