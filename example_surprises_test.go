@@ -200,7 +200,8 @@ func selectNextTurn(router *enginepick.Router, conversation []uint32) {
 // A conversation of 592 tokens (37 blocks) is cached on engine b. With the default hit gate,
 // min(1,024, ⌈595 ÷ 4⌉) = 149 matched tokens for its 595-token next turn, that turn goes to b; with
 // MinMatchedTokens set to 1,024 (the experimental router's gate) it is a miss and goes by load
-// (power-of-two over the group, here sampling a and c).
+// (the least pressured engine of the group: three idle engines tie, and the scripted random source
+// breaks the tie to b).
 func Example_cacheAwareMinMatchedTokens() {
 	for _, minMatched := range []uint64{0, 1024} { // 0: the default gate
 		fmt.Println("MinMatchedTokens", minMatched)
@@ -218,7 +219,7 @@ func Example_cacheAwareMinMatchedTokens() {
 	//   http://b:30000
 	// MinMatchedTokens 1024
 	//   no_cache_candidate cache_miss
-	//   http://a:30000
+	//   http://b:30000
 }
 
 // Without EngineQueueLimit the queue gate acts only on a holder with a full round queued for its

@@ -185,8 +185,9 @@ type CacheAwareOptions struct {
 	// that do, so on an otherwise idle fleet only CostMarginTokens applies (docs/design.md
 	// §9.11). 0 means 2; otherwise it must be finite and > 0.
 	RecomputeFactor float64
-	// MinLoadChoices is k of the power-of-k miss fallback; k ≥ group size takes the exact
-	// minimum. 0 means 2.
+	// MinLoadChoices is k of the miss fallback's power-of-k, which it uses while another router
+	// sends to the group unseen (docs/design.md §9.4); otherwise, and with k ≥ group size, it
+	// takes the least pressured engine. 0 means 2.
 	MinLoadChoices int
 	// Observer receives one CacheDecision per pick that selected an engine. Nil means none.
 	Observer CacheObserver
@@ -1276,16 +1277,43 @@ func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon
 			tier = kept
 		}
 	}
+	k := p.opts.MinLoadChoices
+	if !othersDispatch(snap, p.cfg.InFlight, engines) {
+		k = len(engines) // the exact minimum: no other router sends here unseen
+	}
 	if len(tier) == len(engines) {
-		return sampleLeastPressured(&p.cfg, snap, engines, req, p.opts.MinLoadChoices)
+		return sampleLeastPressured(&p.cfg, snap, engines, req, k)
 	}
 	var sbuf [64]state.Engine // stays on the stack for groups of up to 64 engines
 	sub := sbuf[:0]
 	for _, i := range tier {
 		sub = append(sub, engines[i])
 	}
-	j, o, err := sampleLeastPressured(&p.cfg, snap, sub, req, p.opts.MinLoadChoices)
+	j, o, err := sampleLeastPressured(&p.cfg, snap, sub, req, k)
 	return tier[j], o, err
+}
+
+// othersDispatch reports whether the engines' fresh reports show requests that no dispatch known
+// here explains: more than a quarter of the running and waiting requests they report are not this
+// router's, nor its peers', in flight at the report. Then another router sends to these engines
+// unseen, and every router taking the least pressured engine would send its requests to the same
+// one until the next report; the better of MinLoadChoices sampled spreads them (docs/design.md
+// §9.4). Requests released since a report count as unexplained, an error of the report's age ÷
+// a request's duration.
+func othersDispatch(snap loadmon.Snapshot, inflight *loadmon.InFlight, engines []state.Engine) bool {
+	var reported, unexplained uint64
+	for _, e := range engines {
+		o := loadmon.Observe(snap, inflight, e.ID())
+		if o.Load == nil {
+			continue
+		}
+		r := o.Load.RunningRequests + o.Load.WaitingRequests
+		known := o.InFlight + o.PeerInFlight
+		known -= min(known, o.Dispatched)
+		reported += r
+		unexplained += r - min(r, known)
+	}
+	return unexplained*4 > reported
 }
 
 // inFlightPrefill returns the prefill tokens of the dispatches to e, this router's and its

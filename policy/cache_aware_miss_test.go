@@ -109,3 +109,63 @@ func TestCacheAwareReplicaMissKeepsToHomeEngines(t *testing.T) {
 		assert.Equal(t, label.DecisionCacheMiss, c.dec.last().Decision)
 	}
 }
+
+// docs/design.md §9.9: a miss takes the least pressured engine of the tier while every request
+// the reports show is explained by a dispatch known here (this router's or a sharing peer's, in
+// flight at the report); once more than a quarter is not, another router sends to the group
+// unseen and the miss takes the better of MinLoadChoices (2) sampled. e0…e6 report 4 running
+// requests each (28), e7 none; the sample draws e0 and e1, which tie.
+func TestCacheAwareMissTakesTheLeastPressuredUnlessAnotherRouterSendsUnseen(t *testing.T) {
+	t.Parallel()
+	group := manyEngines(8)
+	for _, tc := range []struct {
+		name  string
+		known int  // requests in flight at the reports, 3 or 4 per engine on e0…e6, the most on the lowest
+		peer  bool // those are a sharing peer's dispatches
+		after bool // those were dispatched after the reports
+		want  state.EngineID
+	}{
+		{name: "all explained", known: 28, want: "http://e007"},
+		{name: "all explained by a peer", known: 28, peer: true, want: "http://e007"},
+		{name: "a quarter unexplained", known: 21, want: "http://e007"},
+		{name: "more than a quarter unexplained", known: 20, want: "http://e000"},
+		{name: "none known", want: "http://e000"},
+		{name: "dispatched after the reports", known: 28, after: true, want: "http://e000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			dispatch := func() {
+				for i := range tc.known {
+					id := group[i%7].ID()
+					if tc.peer {
+						loadbridge.ApplyPeer(c.inflight, loadbridge.Change{Op: loadbridge.OpStart, ID: uint64(i + 1),
+							Engine: id, Rank: -1, At: c.clk.Now().UnixNano()})
+					} else {
+						c.inflight.Acquire(id, -1, 0)
+					}
+				}
+			}
+			if !tc.after {
+				dispatch()
+				c.clk.Advance(10 * time.Millisecond)
+			}
+			for i, e := range group {
+				r := loadmon.Report{Engine: e.ID(), KVCapacityTokens: 1 << 20}
+				if i < 7 {
+					r.RunningRequests = 4
+				}
+				require.NoError(t, c.load.Report(r))
+			}
+			if tc.after {
+				c.clk.Advance(10 * time.Millisecond)
+				dispatch()
+			}
+			c.rnd.vals = []int{0, 1}
+			pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(prompt(256, 53)))
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, pk.Engine.ID())
+			assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
+		})
+	}
+}

@@ -208,7 +208,9 @@ func TestCostComparisonOnAMissTakesTheCheapestOfTheTier(t *testing.T) {
 	tok := prompt(256, 35)
 	c := newCacheEnv(t)
 	for id, pend := range map[state.EngineID]uint64{"a": 5000, "b": 6000, "c": 0, "d": 7000} {
-		c.pending(id, pend)
+		// Eight running requests no dispatch here explains: another router sends to the group,
+		// so the fallback samples (docs/design.md §9.4).
+		c.native(id, loadmon.Report{RunningRequests: 8, Native: &loadmon.NativeLoad{WaitingUncachedTokens: pend}})
 	}
 	group := engines(state.StagePrefill, "a", "b", "c", "d")
 	c.rnd.vals = []int{0, 1} // the sample is a and b

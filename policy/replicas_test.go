@@ -19,8 +19,9 @@ import (
 func (c *cacheEnv) replicas(rank, n int) { loadbridge.SetReplicas(c.inflight, rank, n) }
 
 // docs/design.md §6 "Router replicas": a cache-aware replica's miss fallback samples its home
-// engines (index ≡ rank mod n) when it has at least two. Eight idle engines e0…e7 and a cold
-// prompt: every first draw of the sample's random source, 0…7, and the engines the picks chose.
+// engines (index ≡ rank mod n) when it has at least two. Eight engines e0…e7, each running 8
+// requests that no dispatch here explains (so the fallback samples, §9.4), and a cold prompt:
+// every first draw of the sample's random source, 0…7, and the engines the picks chose.
 func TestCacheAwareReplicaMissSamplesItsHomeEngines(t *testing.T) {
 	t.Parallel()
 	group := manyEngines(8)
@@ -41,7 +42,7 @@ func TestCacheAwareReplicaMissSamplesItsHomeEngines(t *testing.T) {
 			t.Parallel()
 			c := newCacheEnv(t)
 			for _, e := range group {
-				c.pending(e.ID(), 0)
+				c.native(e.ID(), loadmon.Report{RunningRequests: 8})
 			}
 			c.replicas(tt.rank, tt.n)
 			p := c.policy(t, policy.CacheAwareOptions{DisableRoutePlacements: true})
