@@ -66,6 +66,8 @@ type counter struct {
 	prefilling atomic.Uint64
 	// ends records the recent prefill ends (first tokens) of the dispatches: endedSince.
 	ends stampRing
+	// releases records the times of the recent releases (engine counters only): inFlightAt.
+	releases stampRing
 }
 
 // stampRing records the time (unix nanos) and prefill tokens of the 64 most recent events of an
@@ -190,6 +192,7 @@ func (g *Guard) Release() {
 	}
 	ended := g.endPrefill()
 	g.c.n.Add(-1)
+	g.c.releases.record(0, g.f.now().UnixNano())
 	if g.rc != nil {
 		g.rc.n.Add(-1)
 	}
@@ -379,6 +382,23 @@ func (f *InFlight) DispatchedSince(engine state.EngineID, rank int, t time.Time)
 		return (*f.ranks.Load())[rankKey{engine, rank}].since(t)
 	}
 	return f.lookup(engine).since(t)
+}
+
+// inFlightAt returns the dispatches in flight at t, as their counts and recent times show: in
+// flight now, less those dispatched at or after t, plus those released at or after t, each over
+// the 64 most recent; 0 for a nil counter. peer selects the peer counters' scan of dispatch
+// times (peerSince).
+func (c *counter) inFlightAt(t time.Time, peer bool) uint64 {
+	if c == nil {
+		return 0
+	}
+	since, _ := c.since(t)
+	if peer {
+		since, _ = c.peerSince(t)
+	}
+	released, _ := c.releases.since(t)
+	n := satAdd(c.count(), released)
+	return n - min(n, since)
 }
 
 // rankCount returns the in-flight requests dispatched to the engine's DP rank; 0 for a rank never

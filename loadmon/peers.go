@@ -31,6 +31,10 @@ func init() {
 		}
 		return satAdd(fl.prefilling(engine), peer)
 	}
+	loadbridge.InFlightAt = func(f any, engine state.EngineID, t time.Time) uint64 {
+		fl := f.(*InFlight)
+		return satAdd(fl.lookup(engine).inFlightAt(t, false), fl.peer(engine, -1).inFlightAt(t, true))
+	}
 	loadbridge.SetReplicas = func(f any, rank, replicas int) {
 		var v uint64
 		if replicas > 1 && rank >= 0 && rank < replicas && uint64(replicas) <= math.MaxUint32 {
@@ -52,6 +56,9 @@ func (f *InFlight) applyPeer(c loadbridge.Change) {
 	cs := []*counter{f.peerCounter(c.Engine, -1)}
 	if c.Rank >= 0 {
 		cs = append(cs, f.peerCounter(c.Engine, c.Rank))
+	}
+	if c.Op == loadbridge.OpEnd {
+		cs[0].releases.record(0, f.now().UnixNano())
 	}
 	for _, p := range cs {
 		switch c.Op {

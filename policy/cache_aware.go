@@ -186,7 +186,7 @@ type CacheAwareOptions struct {
 	// §9.11). 0 means 2; otherwise it must be finite and > 0.
 	RecomputeFactor float64
 	// MinLoadChoices is k of the miss fallback's power-of-k, which it uses while another router
-	// sends to the group unseen (docs/design.md §9.4); otherwise, and with k ≥ group size, it
+	// sends to the group unseen (docs/design.md §9.9); otherwise, and with k ≥ group size, it
 	// takes the least pressured engine. 0 means 2.
 	MinLoadChoices int
 	// Observer receives one CacheDecision per pick that selected an engine. Nil means none.
@@ -1228,10 +1228,11 @@ func (p *cacheAware) anyBelowFloor(engines []state.Engine, snap loadmon.Snapshot
 	return false
 }
 
-// fallback samples k engines of the tier and returns the least pressured. The tier is the
-// unqueued engines (every engine when gate is false or nothing is unqueued), narrowed for a
-// base-model request to those without in-flight prefill when some are (inFlightPrefill), then,
-// with router replicas, to its home engines when there are at least two (homes).
+// fallback returns the least pressured engine of the tier, or, while another router sends to the
+// group unseen (othersDispatch), the least pressured of MinLoadChoices sampled from it. The tier
+// is the unqueued engines (every engine when gate is false or nothing is unqueued), narrowed, with
+// router replicas, to its home engines when there are at least two (homes), then, for a
+// base-model request, to those without in-flight prefill when some are (inFlightPrefill).
 func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon.Snapshot, gate bool, slots uint64) (int, loadmon.Observation, error) {
 	h := p.homes()
 	var tbuf [64]int
@@ -1278,7 +1279,7 @@ func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon
 		}
 	}
 	k := p.opts.MinLoadChoices
-	if !othersDispatch(snap, p.cfg.InFlight, engines) {
+	if k < len(tier) && !othersDispatch(snap, p.cfg.InFlight, engines) {
 		k = len(engines) // the exact minimum: no other router sends here unseen
 	}
 	if len(tier) == len(engines) {
@@ -1293,27 +1294,34 @@ func (p *cacheAware) fallback(engines []state.Engine, req *Request, snap loadmon
 	return tier[j], o, err
 }
 
-// othersDispatch reports whether the engines' fresh reports show requests that no dispatch known
-// here explains: more than a quarter of the running and waiting requests they report are not this
-// router's, nor its peers', in flight at the report. Then another router sends to these engines
-// unseen, and every router taking the least pressured engine would send its requests to the same
-// one until the next report; the better of MinLoadChoices sampled spreads them (docs/design.md
-// §9.4). Requests released since a report count as unexplained, an error of the report's age ÷
-// a request's duration.
+// othersDispatch reports whether the group's fresh reports show requests that no dispatch known
+// here explains: more than a quarter of the running and waiting requests they report are not in
+// flight from this router or its sharing peers at the report (the latest of the engine's DP
+// ranks' reports). Then another router sends to these engines unseen, and every router taking the
+// least pressured engine would send its requests to the same one until the next report; the
+// better of MinLoadChoices sampled spreads them (docs/design.md §9.9).
 func othersDispatch(snap loadmon.Snapshot, inflight *loadmon.InFlight, engines []state.Engine) bool {
 	var reported, unexplained uint64
 	for _, e := range engines {
-		o := loadmon.Observe(snap, inflight, e.ID())
-		if o.Load == nil {
+		l, ok := snap.Load(e.ID())
+		if !ok {
 			continue
 		}
-		r := o.Load.RunningRequests + o.Load.WaitingRequests
-		known := o.InFlight + o.PeerInFlight
-		known -= min(known, o.Dispatched)
-		reported += r
-		unexplained += r - min(r, known)
+		at := l.ReportedAt
+		for _, rl := range l.RankLoads {
+			if rl.ReportedAt.After(at) {
+				at = rl.ReportedAt
+			}
+		}
+		var known uint64
+		if inflight != nil {
+			known = loadbridge.InFlightAt(inflight, e.ID(), at)
+		}
+		r := satAdd(l.RunningRequests, l.WaitingRequests)
+		reported = satAdd(reported, r)
+		unexplained = satAdd(unexplained, r-min(r, known))
 	}
-	return unexplained*4 > reported
+	return unexplained > reported/4
 }
 
 // inFlightPrefill returns the prefill tokens of the dispatches to e, this router's and its

@@ -110,8 +110,8 @@ func TestCacheAwareReplicaMissKeepsToHomeEngines(t *testing.T) {
 	}
 }
 
-// docs/design.md §9.9: a miss takes the least pressured engine of the tier while every request
-// the reports show is explained by a dispatch known here (this router's or a sharing peer's, in
+// docs/design.md §9.9: a miss takes the least pressured engine of the tier while the requests the
+// reports show are explained by dispatches known here (this router's or a sharing peer's, in
 // flight at the report); once more than a quarter is not, another router sends to the group
 // unseen and the miss takes the better of MinLoadChoices (2) sampled. e0…e6 report 4 running
 // requests each (28), e7 none; the sample draws e0 and e1, which tie.
@@ -120,9 +120,12 @@ func TestCacheAwareMissTakesTheLeastPressuredUnlessAnotherRouterSendsUnseen(t *t
 	group := manyEngines(8)
 	for _, tc := range []struct {
 		name  string
-		known int  // requests in flight at the reports, 3 or 4 per engine on e0…e6, the most on the lowest
+		known int  // requests in flight at the reports: 3 or 4 per engine on e0…e6, round-robin from e0
 		peer  bool // those are a sharing peer's dispatches
-		after bool // those were dispatched after the reports
+		after bool // those were dispatched after the reports instead
+		ended bool // those end after the reports
+		churn bool // after the reports, 4 more per engine are dispatched and end
+		huge  bool // e0 reports 2^62 running requests instead of 4
 		want  state.EngineID
 	}{
 		{name: "all explained", known: 28, want: "http://e007"},
@@ -131,35 +134,62 @@ func TestCacheAwareMissTakesTheLeastPressuredUnlessAnotherRouterSendsUnseen(t *t
 		{name: "more than a quarter unexplained", known: 20, want: "http://e000"},
 		{name: "none known", want: "http://e000"},
 		{name: "dispatched after the reports", known: 28, after: true, want: "http://e000"},
+		{name: "a peer's, dispatched after the reports", known: 28, peer: true, after: true, want: "http://e000"},
+		{name: "ended after the reports", known: 28, ended: true, want: "http://e007"},
+		{name: "a peer's, ended after the reports", known: 28, peer: true, ended: true, want: "http://e007"},
+		{name: "dispatched and ended after the reports", known: 28, churn: true, want: "http://e007"},
+		{name: "a report beyond any count", known: 28, huge: true, want: "http://e001"}, // the sample's less loaded
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c := newCacheEnv(t)
-			dispatch := func() {
+			var ends []func()
+			dispatch := func(id state.EngineID) {
+				if !tc.peer {
+					ends = append(ends, c.inflight.Acquire(id, -1, 0).Release)
+					return
+				}
+				n := uint64(len(ends) + 1)
+				loadbridge.ApplyPeer(c.inflight, loadbridge.Change{Op: loadbridge.OpStart, ID: n, Engine: id, Rank: -1,
+					At: c.clk.Now().UnixNano()})
+				ends = append(ends, func() {
+					loadbridge.ApplyPeer(c.inflight, loadbridge.Change{Op: loadbridge.OpEnd, ID: n, Engine: id, Rank: -1})
+				})
+			}
+			known := func() {
 				for i := range tc.known {
-					id := group[i%7].ID()
-					if tc.peer {
-						loadbridge.ApplyPeer(c.inflight, loadbridge.Change{Op: loadbridge.OpStart, ID: uint64(i + 1),
-							Engine: id, Rank: -1, At: c.clk.Now().UnixNano()})
-					} else {
-						c.inflight.Acquire(id, -1, 0)
-					}
+					dispatch(group[i%7].ID())
 				}
 			}
 			if !tc.after {
-				dispatch()
-				c.clk.Advance(10 * time.Millisecond)
+				known()
 			}
+			c.clk.Advance(10 * time.Millisecond)
 			for i, e := range group {
 				r := loadmon.Report{Engine: e.ID(), KVCapacityTokens: 1 << 20}
-				if i < 7 {
+				switch {
+				case i == 0 && tc.huge:
+					r.RunningRequests = 1 << 62
+				case i < 7:
 					r.RunningRequests = 4
 				}
 				require.NoError(t, c.load.Report(r))
 			}
+			c.clk.Advance(10 * time.Millisecond)
 			if tc.after {
-				c.clk.Advance(10 * time.Millisecond)
-				dispatch()
+				known()
+			}
+			if tc.ended {
+				for _, end := range ends {
+					end()
+				}
+			}
+			if tc.churn {
+				for _, e := range group {
+					for range 4 {
+						c.inflight.Acquire(e.ID(), -1, 0).Release()
+					}
+				}
 			}
 			c.rnd.vals = []int{0, 1}
 			pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(prompt(256, 53)))
@@ -168,4 +198,36 @@ func TestCacheAwareMissTakesTheLeastPressuredUnlessAnotherRouterSendsUnseen(t *t
 			assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
 		})
 	}
+}
+
+// docs/design.md §9.9 with DP ranks: the requests an engine's reports show are compared with the
+// dispatches in flight at its latest rank's report. Each engine has two ranks; rank 0 reports
+// empty, then this router dispatches 4 requests to each of e0…e6, then rank 1 reports them. The
+// miss takes the least pressured engine, e7.
+func TestCacheAwareMissComparesDPRanksAtTheirLatestReport(t *testing.T) {
+	t.Parallel()
+	c := newCacheEnv(t)
+	group := manyEngines(8)
+	report := func(rank int, running func(i int) uint64) {
+		for i, e := range group {
+			require.NoError(t, c.load.Report(loadmon.Report{Engine: e.ID(), DPRank: rank, KVCapacityTokens: 1 << 20,
+				RunningRequests: running(i)}))
+		}
+	}
+	for _, e := range group {
+		require.NoError(t, c.load.Expect(e.ID(), 2))
+	}
+	report(0, func(int) uint64 { return 0 })
+	c.clk.Advance(10 * time.Millisecond)
+	for _, e := range group[:7] {
+		for range 4 {
+			c.inflight.Acquire(e.ID(), -1, 0)
+		}
+	}
+	c.clk.Advance(10 * time.Millisecond)
+	report(1, func(i int) uint64 { return uint64(4 * min(1, 7-i)) })
+	c.rnd.vals = []int{0, 1}
+	pk, err := c.policy(t, policy.CacheAwareOptions{}).Pick(ctx, group, creq(prompt(256, 54)))
+	require.NoError(t, err)
+	assert.Equal(t, state.EngineID("http://e007"), pk.Engine.ID())
 }

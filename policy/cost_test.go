@@ -209,7 +209,7 @@ func TestCostComparisonOnAMissTakesTheCheapestOfTheTier(t *testing.T) {
 	c := newCacheEnv(t)
 	for id, pend := range map[state.EngineID]uint64{"a": 5000, "b": 6000, "c": 0, "d": 7000} {
 		// Eight running requests no dispatch here explains: another router sends to the group,
-		// so the fallback samples (docs/design.md §9.4).
+		// so the fallback samples (docs/design.md §9.9).
 		c.native(id, loadmon.Report{RunningRequests: 8, Native: &loadmon.NativeLoad{WaitingUncachedTokens: pend}})
 	}
 	group := engines(state.StagePrefill, "a", "b", "c", "d")

@@ -20,7 +20,7 @@ func (c *cacheEnv) replicas(rank, n int) { loadbridge.SetReplicas(c.inflight, ra
 
 // docs/design.md §6 "Router replicas": a cache-aware replica's miss fallback samples its home
 // engines (index ≡ rank mod n) when it has at least two. Eight engines e0…e7, each running 8
-// requests that no dispatch here explains (so the fallback samples, §9.4), and a cold prompt:
+// requests that no dispatch here explains (so the fallback samples, §9.9), and a cold prompt:
 // every first draw of the sample's random source, 0…7, and the engines the picks chose.
 func TestCacheAwareReplicaMissSamplesItsHomeEngines(t *testing.T) {
 	t.Parallel()

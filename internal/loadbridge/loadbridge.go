@@ -8,7 +8,11 @@
 // *loadmon.InFlight; anything else panics.
 package loadbridge
 
-import "github.com/enginepick/enginepick/state"
+import (
+	"time"
+
+	"github.com/enginepick/enginepick/state"
+)
 
 // Op is the kind of a dispatch Change.
 type Op uint8
@@ -62,6 +66,12 @@ var (
 	// Count, admission caps or TryAcquire. The caller keeps the changes consistent (an end only
 	// after its start, once); the counters saturate at zero.
 	ApplyPeer func(f any, c Change)
+
+	// InFlightAt returns f's dispatches to the engine, and the other router replicas' as their
+	// shared changes reached f, that were in flight at t: in flight now, less those dispatched at
+	// or after t, plus those released at or after t, each counted over its 64 most recent (a
+	// burst of more since t than that makes the figure too high, or too low).
+	InFlightAt func(f any, engine state.EngineID, t time.Time) uint64
 
 	// SetReplicas records on f this router's place among the router replicas whose dispatches
 	// f counts: rank in [0, replicas), the same for no two replicas that know each other. A count
