@@ -216,8 +216,6 @@ models: [{id: %s, buckets: [{id: all, groups: {plain: {policy: {type: round_robi
 				args = append(args, "--engine-priority")
 			}
 			_, srv := startGateway(t, args...)
-			var mu sync.Mutex
-			var order []string
 			var wg sync.WaitGroup
 			for i, r := range []struct{ name, priority string }{{"running", "0"}, {"band0", "0"}, {"band1", "5"}} {
 				tokens := 2
@@ -231,16 +229,18 @@ models: [{id: %s, buckets: [{id: all, groups: {plain: {policy: {type: round_robi
 					_, _ = io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
 					assert.Equal(t, http.StatusOK, resp.StatusCode, r.name)
-					mu.Lock()
-					order = append(order, r.name)
-					mu.Unlock()
 				})
 				require.Eventually(t, func() bool { st := e.Stats(0); return st.Running+st.Waiting == i+1 }, 5*time.Second, time.Millisecond)
 			}
 			wg.Wait()
 			var sent []string
+			order := make([]string, 3) // the prompts in the order the engine served them
 			for _, r := range e.Requests() {
 				sent = append(sent, string(r.Body["priority"]))
+				var prompt string
+				require.NoError(t, json.Unmarshal(r.Body["prompt"], &prompt))
+				require.True(t, r.FirstToken >= 1 && r.FirstToken <= len(order), "%s: first token %d", prompt, r.FirstToken)
+				order[r.FirstToken-1] = prompt
 			}
 			if forward {
 				assert.Equal(t, []string{"running", "band1", "band0"}, order)

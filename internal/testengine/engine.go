@@ -28,6 +28,7 @@ type Engine struct {
 	srvs  []*http.Server // one, or one per rank with RankServers
 	urls  []string       // per rank: the base URL of the server serving it
 	ids   atomic.Uint64
+	firsts int // first tokens so far (Request.FirstToken); guarded by mu
 	serve chan error // each server's Serve result
 
 	mu       sync.Mutex
@@ -53,6 +54,9 @@ type Request struct {
 	PromptTokens, CachedTokens int
 	// CompletionTokens is the number of output tokens generated so far.
 	CompletionTokens int
+	// FirstToken is the request's place, from 1, among the engine's requests by the time of their
+	// first output token; 0 before it.
+	FirstToken int
 	// Completed reports whether the whole answer was written.
 	Completed bool
 }

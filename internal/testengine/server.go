@@ -343,7 +343,13 @@ func (e *Engine) inference(w http.ResponseWriter, r *http.Request, f *frontend, 
 	emit := func(piece string) error {
 		text.WriteString(piece)
 		n := len(s.tokens) - s.promptLen
-		e.update(func() { rec.CachedTokens, rec.CompletionTokens = s.hitTokens, n })
+		e.update(func() {
+			rec.CachedTokens, rec.CompletionTokens = s.hitTokens, n
+			if n == 1 {
+				e.firsts++
+				rec.FirstToken = e.firsts
+			}
+		})
 		if stream == nil {
 			return nil
 		}
