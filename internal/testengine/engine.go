@@ -22,14 +22,14 @@ const MaxRecordedRequests = 10_000
 // Engine is a running test engine: an HTTP server and, per DP rank, a scheduler, a prefix cache
 // and a KV-event publisher. Start one with Start and stop it with Close. Safe for concurrent use.
 type Engine struct {
-	opts  Options
-	ranks []*rank
-	pubs  []*publisher
-	srvs  []*http.Server // one, or one per rank with RankServers
-	urls  []string       // per rank: the base URL of the server serving it
-	ids   atomic.Uint64
-	firsts int // first tokens so far (Request.FirstToken); guarded by mu
-	serve chan error // each server's Serve result
+	opts   Options
+	ranks  []*rank
+	pubs   []*publisher
+	srvs   []*http.Server // one, or one per rank with RankServers
+	urls   []string       // per rank: the base URL of the server serving it
+	ids    atomic.Uint64
+	firsts int        // first tokens so far (Request.FirstToken); guarded by mu
+	serve  chan error // each server's Serve result
 
 	mu       sync.Mutex
 	closed   bool
