@@ -753,3 +753,26 @@ func TestREADMEReferences(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsBudget holds the reading budget of the documentation: the README under 15,000 bytes,
+// README and docs/guide.md together at most 10,000 words, and all of docs/ at most 120,000 bytes
+// (measurements belong in commit messages and the CHANGELOG, not in docs/).
+func TestDocsBudget(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	assert.Less(t, len(readme), 15_000, "README.md bytes")
+	guide, err := os.ReadFile(filepath.Join("docs", "guide.md"))
+	require.NoError(t, err)
+	assert.LessOrEqual(t, len(strings.Fields(string(readme)))+len(strings.Fields(string(guide))), 10_000,
+		"README.md and docs/guide.md words")
+	docs, err := filepath.Glob(filepath.Join("docs", "*.md"))
+	require.NoError(t, err)
+	var total int
+	for _, f := range docs {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		total += len(b)
+	}
+	assert.LessOrEqual(t, total, 120_000, "docs/*.md bytes")
+}
