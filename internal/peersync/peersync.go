@@ -5,6 +5,8 @@
 package peersync
 
 import (
+	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
 
 	"github.com/enginepick/enginepick/internal/kvbridge"
 	"github.com/enginepick/enginepick/internal/loadbridge"
@@ -50,6 +53,12 @@ type Core struct {
 
 	outMu sync.Mutex
 	out   batch // pending local deltas; out.Seq is the last sequence number flushed
+	// own is this replica's dispatches in flight, as started (prefill tokens 0 once its first
+	// token came): what a Full batch announces.
+	own map[uint64]change
+	// want asks the peers, in the next batch, to announce their dispatches (a gap, or a peer
+	// first heard after its first batch); announce makes the next batch Full.
+	want, announce bool
 
 	mu    sync.Mutex
 	peers map[string]*peer
@@ -92,13 +101,24 @@ func (r Reason) String() string {
 
 // batch is the message replicas exchange, msgpack-encoded.
 type batch struct {
-	_       struct{} `msgpack:",as_array"`
-	Origin  string
-	Inc     uint64
-	Seq     uint64 // from 1 per incarnation; a gap means lost batches
+	_      struct{} `msgpack:",as_array"`
+	Origin string
+	Inc    uint64
+	Seq    uint64 // from 1 per incarnation; a gap means lost batches
+	// Changes may open with markers (opWant, opFull): changes of an Op a replica without them
+	// drops as malformed, so that they keep the batch's shape.
 	Changes []change
 	Places  []place
 }
+
+// Markers at the head of a batch's Changes.
+const (
+	// opWant asks every peer to announce its dispatches in flight.
+	opWant loadbridge.Op = 0xf0 + iota
+	// opFull: the other Changes are the origin's dispatches in flight, as starts, and nothing
+	// else.
+	opFull
+)
 
 type change struct {
 	_      struct{} `msgpack:",as_array"`
@@ -116,6 +136,39 @@ type place struct {
 	Rank   int
 	Keys   []uint64
 	Held   int
+}
+
+// checkLengths walks one msgpack value of a message of limit bytes and refuses an array or map
+// longer than limit, which the message cannot hold (an element takes a byte at least), or nested
+// deeper than depth: msgpack's reflection would allocate the declared length first, so that a few
+// bytes declaring 2^28 placements exhaust memory.
+func checkLengths(d *msgpack.Decoder, limit, depth int) error {
+	c, err := d.PeekCode()
+	if err != nil {
+		return err
+	}
+	var n int
+	switch {
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		n, err = d.DecodeArrayLen()
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		n, err = d.DecodeMapLen()
+		n *= 2
+	default:
+		return d.Skip()
+	}
+	switch {
+	case err != nil:
+		return err
+	case n > 2*limit || depth == 0:
+		return errors.New("array or map longer than the message, or nested too deep")
+	}
+	for range n {
+		if err := checkLengths(d, limit, depth-1); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // peer is what a replica knows of one peer: its live dispatches, folded into the InFlight.
@@ -142,7 +195,7 @@ func New(cfg Config) (*Core, error) {
 	case cfg.Lease <= 0:
 		return nil, fmt.Errorf("peersync: lease %v, must be > 0: %w", cfg.Lease, state.ErrInvalidConfiguration)
 	}
-	c := &Core{cfg: cfg, peers: map[string]*peer{}}
+	c := &Core{cfg: cfg, peers: map[string]*peer{}, own: map[uint64]change{}}
 	c.out.Origin, c.out.Inc = cfg.ID, cfg.Incarnation
 	loadbridge.SetHook(cfg.InFlight, c.local)
 	if cfg.Index != nil {
@@ -164,8 +217,29 @@ func (c *Core) local(ch loadbridge.Change) {
 	if !c.cfg.Known(ch.Engine) {
 		return
 	}
+	d := change{Op: ch.Op, ID: ch.ID, Engine: ch.Engine, Rank: ch.Rank, Tokens: ch.Tokens, At: ch.At}
 	c.outMu.Lock()
-	c.out.Changes = append(c.out.Changes, change{Op: ch.Op, ID: ch.ID, Engine: ch.Engine, Rank: ch.Rank, Tokens: ch.Tokens, At: ch.At})
+	c.out.Changes = append(c.out.Changes, d)
+	switch ch.Op {
+	case loadbridge.OpStart:
+		c.own[ch.ID] = d
+	case loadbridge.OpPrefillEnd:
+		if o, ok := c.own[ch.ID]; ok {
+			o.Tokens = 0
+			c.own[ch.ID] = o
+		}
+	case loadbridge.OpEnd:
+		delete(c.own, ch.ID)
+	}
+	c.outMu.Unlock()
+}
+
+// Resync makes the next batch announce this replica's dispatches in flight and ask every peer to
+// announce theirs: after the transport (re)subscribes, when batches sent or published meanwhile
+// are lost.
+func (c *Core) Resync() {
+	c.outMu.Lock()
+	c.want, c.announce = true, true
 	c.outMu.Unlock()
 }
 
@@ -179,8 +253,12 @@ func (c *Core) localPlace(engine state.EngineID, rank int, keys []uint64, held i
 // Lease returns Config.Lease.
 func (c *Core) Lease() time.Duration { return c.cfg.Lease }
 
-// Pending reports whether local deltas wait for Flush.
-func (c *Core) Pending() bool { return c.PendingDeltas() > 0 }
+// Pending reports whether local deltas, a request to the peers or an announcement wait for Flush.
+func (c *Core) Pending() bool {
+	c.outMu.Lock()
+	defer c.outMu.Unlock()
+	return len(c.out.Changes)+len(c.out.Places) > 0 || c.want || c.announce
+}
 
 // PendingDeltas returns how many local deltas wait for Flush.
 func (c *Core) PendingDeltas() int {
@@ -190,26 +268,41 @@ func (c *Core) PendingDeltas() int {
 }
 
 // Flush takes the pending local deltas as one encoded batch with the next sequence number; with
-// none pending it returns nil unless heartbeat (an empty batch keeps this replica's lease). A
-// batch the caller fails to deliver is lost: peers see the gap and drop this replica's
-// dispatches (Receive).
+// none pending it returns nil unless heartbeat (an empty batch keeps this replica's lease) or a
+// peer asked for this replica's dispatches. A batch the caller fails to deliver is lost: peers
+// see the gap, drop this replica's dispatches and ask for them again (Receive).
 func (c *Core) Flush(heartbeat bool) []byte {
 	msg, _ := c.FlushDeltas(heartbeat)
 	return msg
 }
 
-// FlushDeltas is Flush that also returns how many deltas the batch carries (0 for a heartbeat
-// alone or no batch).
+// FlushDeltas is Flush that also returns how many local deltas the batch carries or, announcing
+// the dispatches in flight, supersedes (0 for a heartbeat alone or no batch).
 func (c *Core) FlushDeltas(heartbeat bool) ([]byte, int) {
 	c.outMu.Lock()
-	n := len(c.out.Changes) + len(c.out.Places)
-	if n == 0 && !heartbeat {
+	n := len(c.out.Changes) + len(c.out.Places) // the deltas, which an announcement supersedes
+	if c.announce {
+		// The dispatches in flight replace the pending changes, which they already reflect.
+		c.out.Changes = c.out.Changes[:0]
+		for _, d := range c.own {
+			c.out.Changes = append(c.out.Changes, d)
+		}
+		slices.SortFunc(c.out.Changes, func(a, b change) int { return cmp.Compare(a.ID, b.ID) })
+	}
+	if n == 0 && !heartbeat && !c.want && !c.announce {
 		c.outMu.Unlock()
 		return nil, 0
 	}
 	c.out.Seq++
+	if c.announce {
+		c.out.Changes = slices.Insert(c.out.Changes, 0, change{Op: opFull})
+	}
+	if c.want {
+		c.out.Changes = slices.Insert(c.out.Changes, 0, change{Op: opWant})
+	}
 	b, err := msgpack.Marshal(&c.out)
 	c.out.Changes, c.out.Places = c.out.Changes[:0], c.out.Places[:0]
+	c.want, c.announce = false, false
 	c.outMu.Unlock()
 	if err != nil {
 		panic(err) // a batch of plain values always encodes
@@ -240,36 +333,71 @@ func (c *Core) drop(r Reason, n int) { c.dropped[r].Add(uint64(n)) }
 
 // Receive folds one peer batch into the view at now: its own batches are ignored, a batch seen
 // before is dropped, and a gap in a peer's sequence or a new incarnation first drops what the
-// peer had in flight, which then counts again from the starts received. Errors:
-// ErrInvalidBatch (nothing changes).
+// peer had in flight, which then counts again from the starts received. A gap, or a peer first
+// heard after its first batch, makes this replica's next batch ask the peers to announce their
+// dispatches in flight; a batch asking so makes the next one announce this replica's; an
+// announcement replaces what the view held of its origin. Errors: ErrInvalidBatch (nothing
+// changes).
 func (c *Core) Receive(msg []byte, now time.Time) error {
 	var b batch
-	if err := msgpack.Unmarshal(msg, &b); err != nil || b.Origin == "" || b.Seq == 0 {
+	err := checkLengths(msgpack.NewDecoder(bytes.NewReader(msg)), len(msg), 4)
+	if err == nil {
+		err = msgpack.Unmarshal(msg, &b)
+	}
+	if err != nil || b.Origin == "" || b.Seq == 0 {
 		c.drop(ReasonMalformed, 1)
 		return fmt.Errorf("%w: %v", ErrInvalidBatch, err)
 	}
 	if b.Origin == c.cfg.ID && b.Inc == c.cfg.Incarnation {
 		return nil
 	}
+	var want, full bool
+	for len(b.Changes) > 0 && (b.Changes[0].Op == opWant || b.Changes[0].Op == opFull) {
+		want, full = want || b.Changes[0].Op == opWant, full || b.Changes[0].Op == opFull
+		b.Changes = b.Changes[1:]
+	}
+	if want {
+		c.outMu.Lock()
+		c.announce = true
+		c.outMu.Unlock()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p := c.peers[b.Origin]
+	missed := false // batches of the peer this view never saw
 	switch {
 	case p == nil:
 		p = &peer{inc: b.Inc, live: map[uint64]*dispatch{}}
 		c.peers[b.Origin] = p
 		c.rank()
+		missed = b.Seq > 1
 	case p.inc != b.Inc:
 		c.forget(p)
 		p.inc = b.Inc
+		missed = b.Seq > 1
 	case b.Seq <= p.seq:
 		c.drop(ReasonDuplicate, len(b.Changes)+len(b.Places))
 		return nil
 	case b.Seq != p.seq+1:
 		c.forget(p)
+		missed = true
+	}
+	if full {
+		c.reconcile(p, b.Changes)
+	} else if missed {
+		c.outMu.Lock()
+		c.want = true
+		c.outMu.Unlock()
 	}
 	p.seq, p.heard = b.Seq, now
 	for _, ch := range b.Changes {
+		if d := p.live[ch.ID]; full && d != nil && ch.Op == loadbridge.OpStart {
+			// Counted already (reconcile): only its prefill may have ended since.
+			if ch.Tokens == 0 && d.prefilling > 0 {
+				c.apply(p, change{Op: loadbridge.OpPrefillEnd, ID: ch.ID})
+			}
+			continue
+		}
 		if r, ok := c.apply(p, ch); ok {
 			c.received.Add(1)
 		} else {
@@ -329,6 +457,20 @@ func (c *Core) apply(p *peer, ch change) (Reason, bool) {
 func (c *Core) end(p *peer, id uint64, d *dispatch) {
 	loadbridge.ApplyPeer(c.cfg.InFlight, loadbridge.Change{Op: loadbridge.OpEnd, Engine: d.engine, Rank: d.rank, Tokens: d.prefilling})
 	delete(p.live, id)
+}
+
+// reconcile ends every dispatch of p in the view that p's announcement of its dispatches in
+// flight, starts, does not name. Callers hold c.mu.
+func (c *Core) reconcile(p *peer, starts []change) {
+	named := make(map[uint64]bool, len(starts))
+	for _, ch := range starts {
+		named[ch.ID] = true
+	}
+	for id, d := range p.live {
+		if !named[id] {
+			c.end(p, id, d)
+		}
+	}
 }
 
 // forget ends every dispatch of p in the view. Callers hold c.mu.

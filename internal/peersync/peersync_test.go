@@ -422,3 +422,62 @@ func FuzzReceive(f *testing.F) {
 		assert.Equal(t, uint64(0), o.InFlight)
 	})
 }
+
+// peerInFlight returns the peer dispatches in flight that r counts on engine.
+func (r *replica) peerInFlight(engine state.EngineID) uint64 {
+	return loadmon.Observe(r.load.Snapshot(), r.inflight, engine).PeerInFlight
+}
+
+// A replica that misses a peer's batches (a gap, or batches sent before it first heard the peer,
+// or a Resync after its transport subscribed again) asks the peers to announce their dispatches
+// in flight; their next batch carries them all, and replaces what the view held of them: the
+// view ends exact, prefill included.
+func TestMissedBatchesAreAnnouncedAgain(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		miss func(a, b *replica) // loses some of a's batches to b
+	}{
+		{"gap", func(a, b *replica) {
+			require.NoError(t, b.core.Receive(a.core.Flush(true), b.now))
+			a.inflight.Acquire(engA, -1, 100)
+			_ = a.core.Flush(false) // lost
+			require.NoError(t, b.core.Receive(a.core.Flush(true), b.now))
+		}},
+		{"first heard after its first batch", func(a, b *replica) {
+			a.inflight.Acquire(engA, -1, 100)
+			_ = a.core.Flush(false) // sent before b listened
+			require.NoError(t, b.core.Receive(a.core.Flush(true), b.now))
+		}},
+		{"resubscribed", func(a, b *replica) {
+			a.inflight.Acquire(engA, -1, 100)
+			_ = a.core.Flush(false) // sent while b's subscription was down
+			b.core.Resync()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newReplica(t, "a", 1), newReplica(t, "b", 1)
+			ended := a.inflight.Acquire(engB, -1, 50)
+			prefilled := a.inflight.Acquire(engB, -1, 30)
+			prefilled.FirstToken()
+			require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+			ended.Release()
+			_ = a.core.Flush(false) // lost: b never hears of the end
+			tc.miss(a, b)
+
+			require.True(t, b.core.Pending(), "b asks")
+			require.NoError(t, a.core.Receive(b.core.Flush(false), a.now))
+			require.True(t, a.core.Pending(), "a announces")
+			require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+
+			peers, live := b.core.Peers()
+			assert.Equal(t, 1, peers)
+			assert.Equal(t, 2, live, "the start b missed and the dispatch still prefilled; not the one that ended")
+			assert.Equal(t, uint64(1), b.peerInFlight(engA))
+			assert.Equal(t, uint64(1), b.peerInFlight(engB))
+			assert.Equal(t, uint64(100), loadbridge.InFlightPrefill(b.inflight, engA), "the missed start's prefill")
+			assert.Zero(t, loadbridge.InFlightPrefill(b.inflight, engB), "the other's prefill ended before")
+			assert.False(t, a.core.Pending(), "one announcement")
+			assert.False(t, b.core.Pending())
+		})
+	}
+}
