@@ -105,7 +105,8 @@ type batch struct {
 	Origin string
 	Inc    uint64
 	Seq    uint64 // from 1 per incarnation; a gap means lost batches
-	// Changes may open with markers (opWant, opFull): changes of an Op a replica without them
+	// Changes may open with opWant, and may end with opFull and an announcement: changes of an
+	// Op a replica without them drops as malformed, applying the rest as ever.
 	// drops as malformed, so that they keep the batch's shape.
 	Changes []change
 	Places  []place
@@ -115,7 +116,7 @@ type batch struct {
 const (
 	// opWant asks every peer to announce its dispatches in flight.
 	opWant loadbridge.Op = 0xf0 + iota
-	// opFull: the other Changes are the origin's dispatches in flight, as starts, and nothing
+	// opFull: the Changes after it are the origin's dispatches in flight, as starts, and nothing
 	// else.
 	opFull
 )
@@ -276,26 +277,24 @@ func (c *Core) Flush(heartbeat bool) []byte {
 	return msg
 }
 
-// FlushDeltas is Flush that also returns how many local deltas the batch carries or, announcing
-// the dispatches in flight, supersedes (0 for a heartbeat alone or no batch).
+// FlushDeltas is Flush that also returns how many local deltas the batch carries (0 for a
+// heartbeat alone or no batch; an announcement of the dispatches in flight is not counted).
 func (c *Core) FlushDeltas(heartbeat bool) ([]byte, int) {
 	c.outMu.Lock()
-	n := len(c.out.Changes) + len(c.out.Places) // the deltas, which an announcement supersedes
-	if c.announce {
-		// The dispatches in flight replace the pending changes, which they already reflect.
-		c.out.Changes = c.out.Changes[:0]
-		for _, d := range c.own {
-			c.out.Changes = append(c.out.Changes, d)
-		}
-		slices.SortFunc(c.out.Changes, func(a, b change) int { return cmp.Compare(a.ID, b.ID) })
-	}
+	n := len(c.out.Changes) + len(c.out.Places)
 	if n == 0 && !heartbeat && !c.want && !c.announce {
 		c.outMu.Unlock()
 		return nil, 0
 	}
 	c.out.Seq++
 	if c.announce {
-		c.out.Changes = slices.Insert(c.out.Changes, 0, change{Op: opFull})
+		// After the deltas, which a replica without announcements applies as ever.
+		c.out.Changes = append(c.out.Changes, change{Op: opFull})
+		k := len(c.out.Changes)
+		for _, d := range c.own {
+			c.out.Changes = append(c.out.Changes, d)
+		}
+		slices.SortFunc(c.out.Changes[k:], func(a, b change) int { return cmp.Compare(a.ID, b.ID) })
 	}
 	if c.want {
 		c.out.Changes = slices.Insert(c.out.Changes, 0, change{Op: opWant})
@@ -335,8 +334,9 @@ func (c *Core) drop(r Reason, n int) { c.dropped[r].Add(uint64(n)) }
 // before is dropped, and a gap in a peer's sequence or a new incarnation first drops what the
 // peer had in flight, which then counts again from the starts received. A gap, or a peer first
 // heard after its first batch, makes this replica's next batch ask the peers to announce their
-// dispatches in flight; a batch asking so makes the next one announce this replica's; an
-// announcement replaces what the view held of its origin. Errors: ErrInvalidBatch (nothing
+// dispatches in flight and announce its own (the lost batches may have asked for them); a batch
+// asking so makes the next one announce this replica's; an announcement, after its batch's
+// deltas, replaces what the view held of its origin. Errors: ErrInvalidBatch (nothing
 // changes).
 func (c *Core) Receive(msg []byte, now time.Time) error {
 	var b batch
@@ -351,10 +351,14 @@ func (c *Core) Receive(msg []byte, now time.Time) error {
 	if b.Origin == c.cfg.ID && b.Inc == c.cfg.Incarnation {
 		return nil
 	}
-	var want, full bool
-	for len(b.Changes) > 0 && (b.Changes[0].Op == opWant || b.Changes[0].Op == opFull) {
-		want, full = want || b.Changes[0].Op == opWant, full || b.Changes[0].Op == opFull
+	want := len(b.Changes) > 0 && b.Changes[0].Op == opWant
+	if want {
 		b.Changes = b.Changes[1:]
+	}
+	var announced []change
+	full := false
+	if k := slices.IndexFunc(b.Changes, func(ch change) bool { return ch.Op == opFull }); k >= 0 {
+		b.Changes, announced, full = b.Changes[:k], b.Changes[k+1:], true
 	}
 	if want {
 		c.outMu.Lock()
@@ -382,26 +386,35 @@ func (c *Core) Receive(msg []byte, now time.Time) error {
 		c.forget(p)
 		missed = true
 	}
-	if full {
-		c.reconcile(p, b.Changes)
-	} else if missed {
+	if missed && !full {
+		// The lost batches may have asked for this replica's dispatches too.
 		c.outMu.Lock()
-		c.want = true
+		c.want, c.announce = true, true
 		c.outMu.Unlock()
 	}
 	p.seq, p.heard = b.Seq, now
 	for _, ch := range b.Changes {
-		if d := p.live[ch.ID]; full && d != nil && ch.Op == loadbridge.OpStart {
-			// Counted already (reconcile): only its prefill may have ended since.
-			if ch.Tokens == 0 && d.prefilling > 0 {
-				c.apply(p, change{Op: loadbridge.OpPrefillEnd, ID: ch.ID})
-			}
-			continue
-		}
 		if r, ok := c.apply(p, ch); ok {
 			c.received.Add(1)
 		} else {
 			c.drop(r, 1)
+		}
+	}
+	if full {
+		c.reconcile(p, announced)
+		for _, ch := range announced {
+			if d := p.live[ch.ID]; d != nil && ch.Op == loadbridge.OpStart {
+				// Counted already: only its prefill may have ended since.
+				if ch.Tokens == 0 && d.prefilling > 0 {
+					c.apply(p, change{Op: loadbridge.OpPrefillEnd, ID: ch.ID})
+				}
+				continue
+			}
+			if r, ok := c.apply(p, ch); ok {
+				c.received.Add(1)
+			} else {
+				c.drop(r, 1)
+			}
 		}
 	}
 	for _, pl := range b.Places {

@@ -481,3 +481,44 @@ func TestMissedBatchesAreAnnouncedAgain(t *testing.T) {
 		})
 	}
 }
+
+// A lost request to announce is made good: the peer that lost it sees a gap in the asker's
+// batches and announces its dispatches with its own request. b misses a's start, asks, and its
+// asking batch is lost to a; both views end exact.
+func TestLostWantIsMadeGood(t *testing.T) {
+	a, b := newReplica(t, "a", 1), newReplica(t, "b", 1)
+	require.NoError(t, b.core.Receive(a.core.Flush(true), b.now))
+	require.NoError(t, a.core.Receive(b.core.Flush(true), a.now))
+	a.inflight.Acquire(engA, -1, 10)
+	b.inflight.Acquire(engB, -1, 10)
+	_ = a.core.Flush(false) // lost: b sees a gap
+	require.NoError(t, b.core.Receive(a.core.Flush(true), b.now))
+	_ = b.core.Flush(false) // b's request and its start, lost: a sees a gap
+	require.NoError(t, a.core.Receive(b.core.Flush(true), a.now))
+	require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+	require.NoError(t, a.core.Receive(b.core.Flush(false), a.now))
+	assert.Equal(t, uint64(1), b.peerInFlight(engA), "b counts a's dispatch")
+	assert.Equal(t, uint64(1), a.peerInFlight(engB), "a counts b's dispatch")
+	assert.False(t, a.core.Pending())
+	assert.False(t, b.core.Pending())
+}
+
+// An announcement follows the batch's deltas, so that a replica without announcements, which
+// drops the markers as malformed and an announced start it knows as a duplicate, still applies
+// the ends and first tokens: [want, end of d1, first token of d2, full, start of d2 (its prefill
+// ended)].
+func TestAnnouncementFollowsTheDeltas(t *testing.T) {
+	a := newReplica(t, "a", 1)
+	d1 := a.inflight.Acquire(engA, -1, 10)
+	d2 := a.inflight.Acquire(engB, -1, 20)
+	_ = a.core.Flush(false)
+	d1.Release()
+	d2.FirstToken()
+	a.core.Resync()
+	var b struct {
+		Changes []struct{ Op, ID, Tokens uint64 }
+	}
+	require.NoError(t, msgpack.Unmarshal(a.core.Flush(false), &b))
+	assert.Equal(t, []struct{ Op, ID, Tokens uint64 }{{0xf0, 0, 0}, {uint64(loadbridge.OpEnd), 1, 10},
+		{uint64(loadbridge.OpPrefillEnd), 2, 20}, {0xf1, 0, 0}, {uint64(loadbridge.OpStart), 2, 0}}, b.Changes)
+}

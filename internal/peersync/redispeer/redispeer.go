@@ -177,8 +177,8 @@ func (p *Peer) session(ctx context.Context, c *redis.Client) (wasUp bool, err er
 		case *redis.Subscription:
 			if m.Kind == "subscribe" && !wasUp {
 				wasUp = true
+				p.pub.Store(c)  // first: the publisher's drop path would take the Resync with it
 				p.core.Resync() // what the peers published before this subscription is lost to it
-				p.pub.Store(c)
 				if !p.up.Swap(true) {
 					p.log.Info("router replicas: sharing with peers", zap.String("channel", p.channel))
 				}
