@@ -107,12 +107,11 @@ type batch struct {
 	Seq    uint64 // from 1 per incarnation; a gap means lost batches
 	// Changes may open with opWant, and may end with opFull and an announcement: changes of an
 	// Op a replica without them drops as malformed, applying the rest as ever.
-	// drops as malformed, so that they keep the batch's shape.
 	Changes []change
 	Places  []place
 }
 
-// Markers at the head of a batch's Changes.
+// Markers in a batch's Changes.
 const (
 	// opWant asks every peer to announce its dispatches in flight.
 	opWant loadbridge.Op = 0xf0 + iota
@@ -394,11 +393,7 @@ func (c *Core) Receive(msg []byte, now time.Time) error {
 	}
 	p.seq, p.heard = b.Seq, now
 	for _, ch := range b.Changes {
-		if r, ok := c.apply(p, ch); ok {
-			c.received.Add(1)
-		} else {
-			c.drop(r, 1)
-		}
+		c.applyCounted(p, ch)
 	}
 	if full {
 		c.reconcile(p, announced)
@@ -410,11 +405,7 @@ func (c *Core) Receive(msg []byte, now time.Time) error {
 				}
 				continue
 			}
-			if r, ok := c.apply(p, ch); ok {
-				c.received.Add(1)
-			} else {
-				c.drop(r, 1)
-			}
+			c.applyCounted(p, ch)
 		}
 	}
 	for _, pl := range b.Places {
@@ -464,6 +455,15 @@ func (c *Core) apply(p *peer, ch change) (Reason, bool) {
 		return ReasonMalformed, false
 	}
 	return 0, true
+}
+
+// applyCounted is apply counting the change as received or dropped. Callers hold c.mu.
+func (c *Core) applyCounted(p *peer, ch change) {
+	if r, ok := c.apply(p, ch); ok {
+		c.received.Add(1)
+	} else {
+		c.drop(r, 1)
+	}
 }
 
 // end ends p's dispatch id in the view. Callers hold c.mu.
