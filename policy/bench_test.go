@@ -295,3 +295,54 @@ func BenchmarkCacheAwareQueueGate(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCacheAwareMiss is a cache-aware miss over groups of 16, 64 and 256 engines that report
+// as vLLM does (running and waiting requests), each pick a distinct cold 512-token prompt (1,024
+// prompts in turn): "alone", this router's dispatches explain every reported request and the miss
+// takes the least pressured engine; "others", none does and it samples two (docs/design.md §9.9).
+func BenchmarkCacheAwareMiss(b *testing.B) {
+	prompts := make([][]uint32, 1024)
+	for i := range prompts {
+		prompts[i] = prompt(512, uint32(100_000+i))
+	}
+	for _, n := range []int{16, 64, 256} {
+		for _, alone := range []bool{true, false} {
+			name := fmt.Sprintf("engines=%d/others", n)
+			if alone {
+				name = fmt.Sprintf("engines=%d/alone", n)
+			}
+			b.Run(name, func(b *testing.B) {
+				c := newCacheEnv(b)
+				group := manyEngines(n)
+				for i, e := range group {
+					running := uint64(4 + i%7)
+					if alone {
+						for range running {
+							c.inflight.Acquire(e.ID(), -1, 300)
+						}
+					}
+					c.clk.Advance(time.Microsecond)
+					if err := c.load.Report(loadmon.Report{Engine: e.ID(), RunningRequests: running,
+						KVCapacityTokens: 1 << 20}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				cfg := c.cfg()
+				cfg.Rand = func(n int) int { return int(time.Now().UnixNano() % int64(n)) }
+				p, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, DisableRoutePlacements: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					pk, err := p.Pick(ctx, group, creq(prompts[i%len(prompts)]))
+					if err != nil || pk.Reason != label.ReasonNoCacheCandidate {
+						b.Fatal(err, pk.Reason)
+					}
+					i++
+				}
+			})
+		}
+	}
+}
