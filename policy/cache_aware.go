@@ -627,9 +627,23 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			d.CostOverride = true
 		}
 	}
-	ic, err := p.cfg.admit(engines[i], o)
+	ic, err := p.admit(held, engines[i], o)
 	if err != nil {
-		return Pick{}, err
+		var rej *AdmissionRejectedError
+		if !asRejection(err, &rej) {
+			return Pick{}, err
+		}
+		// Another engine with room takes it: a request waits only when no engine of the group
+		// has room (docs/design.md §9.11).
+		rejections = append(rejections, rej)
+		j, jo, jc, err := p.cheapestAdmitted(engines, req, v.credit, snap, held, &rejections)
+		if err != nil {
+			return Pick{}, err
+		}
+		if j < 0 {
+			return Pick{}, &NoAdmissibleEngineError{Rejections: rejections}
+		}
+		i, o, ic = j, jo, jc
 	}
 	decision := cacheAwareFallbackDecision(d.GateRejected, d.Evaluated, d.FleetAllQueued)
 	if decision == label.DecisionCacheWorkerQueued {

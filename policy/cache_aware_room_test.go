@@ -128,6 +128,64 @@ func TestCacheAwarePrefillHoldRejectsPrefillingEngines(t *testing.T) {
 	}
 }
 
+// docs/design.md §9.9: a miss whose fallback engine admission rejects (an in-flight cap, or the
+// prefill hold) goes to the cheapest engine admission admits, and waits only when every engine of
+// the group is rejected. The prompt is cold; "idle" has no pending prefill, "near" 1,000 tokens,
+// "far" 3,000. In the held cases "near" and "far" are queued (8 waiting, over the limit of 4), so
+// the fallback's tier is "idle", which is prefilling a dispatch of the router.
+func TestCacheAwareMissGoesWhereThereIsRoom(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		capped     []state.EngineID
+		held       bool
+		want       state.EngineID   // "" when the pick fails
+		rejections []state.EngineID // of the *NoAdmissibleEngineError
+	}{
+		{name: "fallback engine at its cap", capped: []state.EngineID{"idle"}, want: "near"},
+		{name: "the next cheapest", capped: []state.EngineID{"idle", "near"}, want: "far"},
+		{name: "no engine with room", capped: []state.EngineID{"idle", "near", "far"},
+			rejections: []state.EngineID{"idle", "near", "far"}},
+		{name: "fallback engine prefilling", held: true, want: "near"},
+		{name: "prefilling, the others at their cap", held: true, capped: []state.EngineID{"near", "far"},
+			rejections: []state.EngineID{"idle", "near", "far"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			limit := uint64(4)
+			waiting := map[state.EngineID]uint64{"idle": 1, "near": 1, "far": 1}
+			if tc.held {
+				g := c.inflight.Acquire("elsewhere", -1, 100) // the host reports first tokens
+				g.FirstToken()
+				g.Release()
+				c.inflight.Acquire("idle", -1, 500)
+				waiting["near"], waiting["far"] = 8, 8
+			}
+			for id, pending := range map[state.EngineID]uint64{"idle": 0, "near": 1000, "far": 3000} {
+				c.native(id, loadmon.Report{WaitingRequests: waiting[id], Native: &loadmon.NativeLoad{WaitingUncachedTokens: pending}})
+			}
+			c.check.reject = map[state.EngineID]string{}
+			for _, id := range tc.capped {
+				c.check.reject[id] = admission.LimitInFlightRequests
+			}
+			pctx := ctx
+			if tc.held {
+				pctx = flowbridge.WithPrefillHold(ctx)
+			}
+			p := c.policy(t, policy.CacheAwareOptions{EngineQueueLimit: &limit})
+			pk, err := p.Pick(pctx, engines(state.StagePrefill, "far", "near", "idle"), creq(prompt(16*blockTokens, 7)))
+			if tc.want == "" {
+				assert.ElementsMatch(t, tc.rejections, rejectedIDs(t, err))
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, pk.Engine.ID())
+			assert.Equal(t, label.ReasonNoCacheCandidate, pk.Reason)
+		})
+	}
+}
+
 // docs/design.md §9.11 and §18: of the engines with room for a request whose holders admission
 // rejected, one with no slot for the request's LoRA adapter comes last, however cheap. "owner"
 // holds the prompt for adapter A and is rejected; "near" (1,000 pending prefill tokens) runs
