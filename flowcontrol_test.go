@@ -518,3 +518,54 @@ func TestFlowControlLowerBandWaitsForEnginePrefill(t *testing.T) {
 		})
 	}
 }
+
+// With two bands, a request below the top band leaves an engine's last in-flight slot to the top
+// band (docs/design.md §17): on l1 (cap 3) two band-0 requests run and a third waits, while a
+// band-1 request takes the last slot at once; with one band the third is served. A cap of 1 keeps
+// its slot for every band (TestFlowControlServesHigherPriorityFirst).
+func TestFlowControlLowerBandLeavesTheLastSlot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		bands   []flowcontrol.Band
+		reserve bool
+	}{
+		{"two bands", []flowcontrol.Band{{Priority: 0}, {Priority: 1}}, true},
+		{"one band", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFlowFleet(t, mustController(t, flowcontrol.Config{Bands: tc.bands}), 3)
+			var running []*enginepick.Dispatch
+			for range 2 {
+				d, err := f.router.Select(ctx, longReq())
+				require.NoError(t, err)
+				running = append(running, d)
+			}
+			low := f.selectAsync(ctx, longReq())
+			if !tc.reserve {
+				running = append(running, served(t, low))
+				assert.Equal(t, uint64(3), f.inflight.Count("l1"))
+				for _, d := range running {
+					d.Release()
+				}
+				return
+			}
+			waits(t, low)
+			high := longReq()
+			high.Priority = 1
+			h, err := f.router.Select(ctx, high)
+			require.NoError(t, err, "the last slot is the top band's")
+			assert.Equal(t, uint64(3), f.inflight.Count("l1"))
+			waits(t, low) // l1 is full
+			h.Release()
+			waits(t, low) // the last slot again
+			running[0].Release()
+			d := served(t, low)
+			assert.Equal(t, uint64(2), f.inflight.Count("l1"))
+			d.Release()
+			running[1].Release()
+		})
+	}
+}

@@ -384,14 +384,14 @@ func (r *Router) selectOnce(ctx context.Context, req *bucket.Request, at *time.T
 		stage := state.StagePlain // of the leg that found its engine at the cap, if one did
 		if sel.IsPD() {
 			stage = state.StagePrefill
-			if guards[0], lost = r.acquire(&sel.Prefill, prefillTokens(&sel.Prefill, req), now); lost == nil {
+			if guards[0], lost = r.acquire(&sel.Prefill, prefillTokens(&sel.Prefill, req), hold, now); lost == nil {
 				stage = state.StageDecode
-				if guards[1], lost = r.acquire(&sel.Decode, 0, now); lost != nil {
+				if guards[1], lost = r.acquire(&sel.Decode, 0, hold, now); lost != nil {
 					guards[0].Release() // the pair is not dispatched
 				}
 			}
 		} else {
-			guards[0], lost = r.acquire(&sel.Plain, prefillTokens(&sel.Plain, req), now)
+			guards[0], lost = r.acquire(&sel.Plain, prefillTokens(&sel.Plain, req), hold, now)
 		}
 		if lost == nil {
 			return &Dispatch{Selection: sel, guards: guards, r: r, model: req.Model}, nil
@@ -596,17 +596,21 @@ func (r *Router) notify(model state.ModelID) {
 const maxSelectAttempts = 4
 
 // acquire counts a pick's dispatch on its engine (and DP rank), under the in-flight cap the pick
-// was admitted under if any. When the cap has been reached since the check, it acquires nothing
+// was admitted under if any, less the top band's last slot for a request below it (held:
+// flowbridge.HeldCap). When the cap has been reached since the check, it acquires nothing
 // and returns the rejection admission would now give.
-func (r *Router) acquire(p *policy.Pick, prefillTokens uint64, now time.Time) (*loadmon.Guard, *policy.AdmissionRejectedError) {
+func (r *Router) acquire(p *policy.Pick, prefillTokens uint64, held bool, now time.Time) (*loadmon.Guard, *policy.AdmissionRejectedError) {
 	id := p.Engine.ID()
 	limit := uint64(math.MaxUint64) // no cap
 	if p.HasInFlightCap {
 		limit = p.InFlightCap
+		if held {
+			limit = flowbridge.HeldCap(limit) // the last slot is the top band's
+		}
 	}
 	g, n := r.inflight.TryAcquire(id, rankOf(p), prefillTokens, limit, now)
 	if g == nil {
-		return nil, &policy.AdmissionRejectedError{Engine: p.Engine, Limit: admission.LimitInFlightRequests, Observed: n, Cap: p.InFlightCap}
+		return nil, &policy.AdmissionRejectedError{Engine: p.Engine, Limit: admission.LimitInFlightRequests, Observed: n, Cap: limit}
 	}
 	return g, nil
 }

@@ -535,7 +535,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 			}
 		}
 		if !p.opts.DisableCostComparison {
-			alt, err := p.cheaper(engines, req, res, v.credit, snap, w, admitted, evaluated, gate, slots, v.tie)
+			alt, err := p.cheaper(engines, req, res, v.credit, snap, w, admitted, evaluated, gate, held, slots, v.tie)
 			if err != nil {
 				return Pick{}, err
 			}
@@ -567,7 +567,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 				}
 			}
 			c := pool[best]
-			ic, err := p.cfg.admit(engines[c.idx], c.obs)
+			ic, err := p.cfg.admit(held, engines[c.idx], c.obs)
 			if err == nil {
 				return p.finish(engines[c.idx], &c.obs, ic, label.ReasonSaturationPin, label.DecisionCacheHit, c.uncached, req, res, d), nil
 			}
@@ -583,7 +583,7 @@ func (p *cacheAware) Pick(ctx context.Context, engines []state.Engine, req *Requ
 		// Admission rejected the holders: an idle engine recomputes the prompt rather than let
 		// it wait for them, as recomputing there delays nobody (docs/design.md §9.11).
 		if i, o, ok := p.idle(engines, req, snap, v.matched, v.tie); ok {
-			if ic, err := p.cfg.admit(engines[i], o); err == nil {
+			if ic, err := p.cfg.admit(held, engines[i], o); err == nil {
 				return p.finish(engines[i], &o, ic, label.ReasonNoCacheCandidate, label.DecisionCacheMiss, req.InputTokens-v.matched[i], req, res, d), nil
 			}
 		}
@@ -883,12 +883,12 @@ func (p *cacheAware) cheapest(engines []state.Engine, req *Request, matched []ui
 // cheaper applies the cost comparison (docs/design.md §9.11) to the seed's winner w: every other
 // admitted holder and the cheapest engine outside the evaluated holders are priced by
 // prefillCost, and the cheapest replaces w when materially cheaper; a non-holder must then pass
-// admission (once), else w stays. For a request for a LoRA adapter, the residency rule (resident)
+// admission (once; for a held request, admit), else w stays. For a request for a LoRA adapter, the residency rule (resident)
 // comes first; an engine with no slot for the adapter (evicts) is never the replacement
 // (docs/design.md §18). It applies only when every evaluated holder and every engine it
 // scans has a fresh report (the coverage rule); otherwise w stays.
 func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.Result, matched []uint64, snap loadmon.Snapshot,
-	w cacheCandidate, admitted, evaluated []cacheCandidate, gated bool, slots uint64, tie tieOrder) (costAlt, error) {
+	w cacheCandidate, admitted, evaluated []cacheCandidate, gated, held bool, slots uint64, tie tieOrder) (costAlt, error) {
 	none := costAlt{idx: -1}
 	if coverage(evaluated) == loadmon.BasisInFlight {
 		return none, nil
@@ -900,7 +900,7 @@ func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 		}
 		if !holdsIn(evaluated, j) { // not a holder admission rejected
 			alt := costAlt{idx: j, blocks: heldBlocks(res, engines[j].ID()), uncached: req.InputTokens - matched[j], obs: jo}
-			ic, err := p.cfg.admit(engines[j], jo)
+			ic, err := p.admit(held, engines[j], jo)
 			var rej *AdmissionRejectedError
 			switch {
 			case err == nil:
@@ -956,7 +956,7 @@ func (p *cacheAware) cheaper(engines []state.Engine, req *Request, res *kvindex.
 		return none, nil
 	}
 	if !best.holder {
-		ic, err := p.cfg.admit(engines[best.idx], best.obs)
+		ic, err := p.admit(held, engines[best.idx], best.obs)
 		var rej *AdmissionRejectedError
 		switch {
 		case err == nil:
@@ -1562,12 +1562,13 @@ func cmpBool(a, b bool) int {
 
 // admit is Config.admit, except that, for a request flow control holds off engines still
 // prefilling a dispatch of the router (held; docs/design.md §17), such an engine is rejected
-// first, as the Router would refuse it.
+// first, and an engine is admitted below its in-flight cap's last slot (flowbridge.HeldCap), as
+// the Router holds such a request.
 func (p *cacheAware) admit(held bool, e state.Engine, o loadmon.Observation) (inFlightCap, error) {
 	if held {
 		if n := loadbridge.Prefilling(p.cfg.InFlight, e.ID()); n > 0 {
 			return inFlightCap{}, &AdmissionRejectedError{Engine: e, Limit: flowbridge.LimitPrefilling, Observed: n}
 		}
 	}
-	return p.cfg.admit(e, o)
+	return p.cfg.admit(held, e, o)
 }

@@ -128,6 +128,51 @@ func TestCacheAwarePrefillHoldRejectsPrefillingEngines(t *testing.T) {
 	}
 }
 
+// docs/design.md §17: a request below flow control's top band (flowbridge.WithPrefillHold) is
+// admitted to an engine only below its in-flight cap's last slot, which is the top band's. "owner"
+// holds the prompt and runs 2 requests under a cap of 3: the held request goes to "near"; the
+// unmarked one, or any with owner at 1, takes owner.
+func TestCacheAwareLowerBandLeavesTheLastSlot(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		held    bool
+		running int
+		want    state.EngineID
+	}{
+		{name: "held, one slot left", held: true, running: 2, want: "near"},
+		{name: "held, two slots left", held: true, running: 1, want: "owner"},
+		{name: "not held, one slot left", running: 2, want: "owner"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := newCacheEnv(t)
+			for range tc.running {
+				g := c.inflight.Acquire("owner", -1, 10)
+				g.FirstToken() // the router sees first tokens; owner prefills nothing
+			}
+			tok := prompt(16*blockTokens, 9)
+			c.hold(t, "owner", tok, 16)
+			for _, id := range []state.EngineID{"owner", "near"} {
+				c.native(id, loadmon.Report{RunningRequests: uint64(tc.running), Native: &loadmon.NativeLoad{}})
+			}
+			cfg := c.cfg()
+			cfg.Admission = admission.Limits{MaxInFlightRequests: admission.Cap(3)}
+			p, err := policy.NewCacheAware(cfg, policy.CacheAwareOptions{Source: c.source, MinMatchedTokens: blockTokens})
+			require.NoError(t, err)
+			pctx := ctx
+			if tc.held {
+				pctx = flowbridge.WithPrefillHold(ctx)
+			}
+			pk, err := p.Pick(pctx, engines(state.StagePrefill, "near", "owner"), creq(tok))
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, pk.Engine.ID())
+			assert.True(t, pk.HasInFlightCap)
+			assert.Equal(t, uint64(3), pk.InFlightCap, "the Router lowers the cap for the held request itself")
+		})
+	}
+}
+
 // docs/design.md §9.9: a miss whose fallback engine admission rejects (an in-flight cap, or the
 // prefill hold) goes to the cheapest engine admission admits, and waits only when every engine of
 // the group is rejected. The prompt is cold; "idle" has no pending prefill, "near" 1,000 tokens,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 
+	"github.com/enginepick/enginepick/internal/flowbridge"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/internal/lora"
 	"github.com/enginepick/enginepick/loadmon"
@@ -131,12 +132,12 @@ func NewPowerOfN(cfg Config, n int) (Policy, error) {
 // Pick implements Policy. No candidates → ErrNoCandidates without calling admission. One snapshot
 // is captured per pick and its record of the winner reaches admission. Allocation-free for groups
 // of up to 256 candidates.
-func (p *powerOfN) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
+func (p *powerOfN) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	i, o, err := sampleLeastPressured(&p.cfg, p.cfg.Load.Snapshot(), engines, req, p.n)
 	if err != nil {
 		return Pick{}, err
 	}
-	ic, err := p.cfg.admit(engines[i], o)
+	ic, err := p.cfg.admit(flowbridge.PrefillHold(ctx), engines[i], o)
 	if err != nil {
 		return Pick{}, err
 	}
@@ -270,7 +271,7 @@ func NewLeastLoad(cfg Config) (Policy, error) {
 }
 
 // Pick implements Policy. No candidates → ErrNoCandidates without calling admission.
-func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
+func (p *leastLoad) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates
 	}
@@ -320,7 +321,7 @@ func (p *leastLoad) Pick(_ context.Context, engines []state.Engine, req *Request
 	if allFresh {
 		best, obs = bestR, obsR
 	}
-	ic, err := p.cfg.admit(engines[best], obs)
+	ic, err := p.cfg.admit(flowbridge.PrefillHold(ctx), engines[best], obs)
 	if err != nil {
 		return Pick{}, err
 	}

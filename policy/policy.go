@@ -10,6 +10,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/enginepick/enginepick/admission"
+	"github.com/enginepick/enginepick/internal/flowbridge"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
 	"github.com/enginepick/enginepick/state"
@@ -276,14 +277,19 @@ func (c *Config) observe(snap loadmon.Snapshot, e state.Engine, req *Request) lo
 
 // admit runs the checker once on the engine with the observation the pick already captured. It
 // returns the in-flight cap the engine was admitted under, or an *AdmissionRejectedError, or the
-// checker's own error wrapped.
-func (c *Config) admit(e state.Engine, o loadmon.Observation) (inFlightCap, error) {
+// checker's own error wrapped. For a request below flow control's top band (held:
+// flowbridge.PrefillHold), an engine under an in-flight cap is admitted only below the cap's last
+// slot, which is the top band's (flowbridge.HeldCap, docs/design.md §17), as the Router holds it.
+func (c *Config) admit(held bool, e state.Engine, o loadmon.Observation) (inFlightCap, error) {
 	v, err := c.Admission.Check(e, admission.Observe(o))
 	if err != nil {
 		return inFlightCap{}, fmt.Errorf("policy: admission check of %q: %w", e.ID(), err)
 	}
 	if !v.Admit {
 		return inFlightCap{}, &AdmissionRejectedError{Engine: e, Limit: v.Limit, Observed: v.Observed, Cap: v.Cap}
+	}
+	if held && v.HasInFlightCap && o.InFlight >= flowbridge.HeldCap(v.InFlightCap) {
+		return inFlightCap{}, &AdmissionRejectedError{Engine: e, Limit: admission.LimitInFlightRequests, Observed: o.InFlight, Cap: flowbridge.HeldCap(v.InFlightCap)}
 	}
 	return inFlightCap{v.InFlightCap, v.HasInFlightCap}, nil
 }
@@ -294,17 +300,17 @@ func (c *Config) admit(e state.Engine, o loadmon.Observation) (inFlightCap, erro
 // own. Admission checks the engine as for any pick (its caps read the engine's figures, summed over
 // its ranks). An empty key, or an engine of one rank, is pickChecked (docs/design.md §12, "DP
 // ranks").
-func (c *Config) pickKeyed(e state.Engine, key, reason string, stage state.Stage) (Pick, error) {
+func (c *Config) pickKeyed(held bool, e state.Engine, key, reason string, stage state.Stage) (Pick, error) {
 	if key == "" {
-		return c.pickChecked(e, reason, stage)
+		return c.pickChecked(held, e, reason, stage)
 	}
 	snap := c.Load.Snapshot()
 	l, ok := snap.Load(e.ID())
 	if !ok || len(l.RankLoads) < 2 {
-		return c.pickChecked(e, reason, stage)
+		return c.pickChecked(held, e, reason, stage)
 	}
 	o := loadmon.ObserveRank(snap, c.InFlight, e.ID(), keyRank(key, len(l.RankLoads)))
-	ic, err := c.admit(e, o)
+	ic, err := c.admit(held, e, o)
 	if err != nil {
 		return Pick{}, err
 	}
@@ -327,9 +333,9 @@ func keyRank(key string, n int) int {
 
 // pickChecked returns the engine after one admission check on a fresh snapshot, naming its least
 // pressured DP rank for stage when it has several.
-func (c *Config) pickChecked(e state.Engine, reason string, stage state.Stage) (Pick, error) {
+func (c *Config) pickChecked(held bool, e state.Engine, reason string, stage state.Stage) (Pick, error) {
 	o := loadmon.ObserveLeastPressured(c.Load.Snapshot(), c.InFlight, stage, e.ID())
-	ic, err := c.admit(e, o)
+	ic, err := c.admit(held, e, o)
 	if err != nil {
 		return Pick{}, err
 	}

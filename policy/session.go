@@ -8,6 +8,7 @@ import (
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
+	"github.com/enginepick/enginepick/internal/flowbridge"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/state"
 )
@@ -150,7 +151,7 @@ func (a *affinityCore) pick(ctx context.Context, engines []state.Engine, req *Re
 	}
 	if ok {
 		if e := findCandidate(engines, bound); e != nil {
-			return a.cfg.pickKeyed(e, key, a.primary, stageOf(req))
+			return a.cfg.pickKeyed(flowbridge.PrefillHold(ctx), e, key, a.primary, stageOf(req))
 		}
 	}
 	pk, err := a.fallbackPick(ctx, engines, req, key, a.assigned)
@@ -177,7 +178,7 @@ func (a *affinityCore) pick(ctx context.Context, engines []state.Engine, req *Re
 		}
 		if w := findCandidate(engines, eff); w != nil {
 			// A concurrent writer won with a candidate: check it before returning it.
-			return a.cfg.pickKeyed(w, key, a.primary, stageOf(req))
+			return a.cfg.pickKeyed(flowbridge.PrefillHold(ctx), w, key, a.primary, stageOf(req))
 		}
 		if attempt > maxReconcile {
 			return pk, nil
@@ -194,7 +195,7 @@ func (a *affinityCore) fallbackPick(ctx context.Context, engines []state.Engine,
 	if err != nil {
 		return Pick{}, err
 	}
-	return a.cfg.pickKeyed(pk.Engine, key, reason, stageOf(req))
+	return a.cfg.pickKeyed(flowbridge.PrefillHold(ctx), pk.Engine, key, reason, stageOf(req))
 }
 
 // findCandidate returns the candidate with the ID, or nil. Candidates come sorted by ID (Policy

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 
+	"github.com/enginepick/enginepick/internal/flowbridge"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/state"
 )
@@ -30,12 +31,12 @@ func NewRoundRobin(cfg Config) (Policy, error) {
 }
 
 // Pick implements Policy. No candidates → ErrNoCandidates, and the cursor does not move.
-func (p *roundRobin) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
+func (p *roundRobin) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates
 	}
 	i := (p.cursor.Add(1) - 1) % uint64(len(engines))
-	return p.cfg.pickChecked(engines[i], label.ReasonRoundRobin, stageOf(req))
+	return p.cfg.pickChecked(flowbridge.PrefillHold(ctx), engines[i], label.ReasonRoundRobin, stageOf(req))
 }
 
 // random is the policy NewRandom returns.
@@ -56,9 +57,9 @@ func NewRandom(cfg Config) (Policy, error) {
 }
 
 // Pick implements Policy. No candidates → ErrNoCandidates.
-func (p *random) Pick(_ context.Context, engines []state.Engine, req *Request) (Pick, error) {
+func (p *random) Pick(ctx context.Context, engines []state.Engine, req *Request) (Pick, error) {
 	if len(engines) == 0 {
 		return Pick{}, ErrNoCandidates
 	}
-	return p.cfg.pickChecked(engines[p.cfg.Rand(len(engines))], label.ReasonRandom, stageOf(req))
+	return p.cfg.pickChecked(flowbridge.PrefillHold(ctx), engines[p.cfg.Rand(len(engines))], label.ReasonRandom, stageOf(req))
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/affinity"
+	"github.com/enginepick/enginepick/internal/flowbridge"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/state"
 )
@@ -128,7 +129,7 @@ func (p *sticky) Pick(ctx context.Context, engines []state.Engine, req *Request)
 		return Pick{}, fmt.Errorf("policy: %s: %w: key of %d bytes, limit %d", label.Sticky, affinity.ErrInvalidKey, len(key), affinity.MaxKeyBytes)
 	}
 	i, reason := p.rendezvousIndex(engines, key)
-	return p.core.cfg.pickKeyed(engines[i], key, reason, stageOf(req))
+	return p.core.cfg.pickKeyed(flowbridge.PrefillHold(ctx), engines[i], key, reason, stageOf(req))
 }
 
 // rendezvousWindow is how many candidates' in-flight counts rendezvousIndex keeps on the stack

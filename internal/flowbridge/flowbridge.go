@@ -71,6 +71,16 @@ func WithPrefillHold(ctx context.Context) context.Context {
 	return context.WithValue(ctx, prefillHoldKey{}, true)
 }
 
+// HeldCap is the in-flight cap a request below flow control's top band (WithPrefillHold) is held
+// to on an engine whose cap is n: n − 1 when n ≥ 2, the last slot being left to the top band
+// (docs/design.md §17); n otherwise.
+func HeldCap(n uint64) uint64 {
+	if n >= 2 {
+		return n - 1
+	}
+	return n
+}
+
 // PrefillHold reports whether ctx carries WithPrefillHold's mark; false for a nil ctx.
 func PrefillHold(ctx context.Context) bool {
 	if ctx == nil {

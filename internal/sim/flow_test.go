@@ -132,7 +132,7 @@ func TestFlowControlConfig(t *testing.T) {
 //     TTFT p99 is at most 1.2 × its p99 without the heavy tenant (off), and every light tenant's
 //     is lower with flow control on; the light tenants are served in full (only the heavy tenant's
 //     requests are shed) and band 0's Jain index is at least 0.95; output throughput is at least
-//     98 % of flow control off;
+//     98 % of flow control off; under cache_aware too, the critical band's p99 is at most 2 × alone;
 //   - below capacity (the default rates): TTFT p50 and p99 no more than 2 % above flow control
 //     off, the hit rate no more than 2 % below (a lower band skipping an engine that is still
 //     prefilling may only make them better);
@@ -147,7 +147,7 @@ func TestFlowControlTargets(t *testing.T) {
 		t.Skip("sim: TestFlowControlTargets replays on one goroutine; .ci/run runs it without -race")
 	}
 	if testing.Short() {
-		t.Skip("sim: TestFlowControlTargets replays 20 s of the tenants workload 8 times")
+		t.Skip("sim: TestFlowControlTargets replays 20 s of the tenants workload 9 times")
 	}
 	run := func(spec string, fc bool) PolicyResult {
 		rep := replayLogged(t, tenantsConfig(t, spec+"duration=20s", fc))
@@ -186,9 +186,9 @@ func TestFlowControlTargets(t *testing.T) {
 			return rep.Results[0]
 		}
 		off, on := runCA("tenants:rate=84,", false), runCA("tenants:rate=84,", true)
-		// Over 20 s the start-up weighs more than over the 60 s of docs/performance.md, where the
-		// critical p99 is within 2 × alone; here it is held below a hundredth of flow control off.
-		assert.Less(t, on.Bands[0].TTFT.P99, off.Bands[0].TTFT.P99/100, "critical band")
+		alone := runCA("tenants:rate=84,tenants=1,heavy=0,", false)
+		// The top band's last slot of each engine: its requests find their prefix holders with room.
+		assert.LessOrEqual(t, on.Bands[0].TTFT.P99, 2*tenant(t, alone, CriticalTenant).TTFT.P99, "critical band")
 		assert.GreaterOrEqual(t, on.Bands[1].Fairness, 0.95)
 		assert.GreaterOrEqual(t, on.OutputTokensPerSecond, 0.98*off.OutputTokensPerSecond)
 	})
