@@ -77,33 +77,42 @@ func TestExampleConfigs(t *testing.T) {
 			req := func(priority int) *bucket.Request {
 				return &bucket.Request{Model: "llama-3.1-8b", Priority: priority, Flow: "gold", Signals: bucket.Signals{InputTokens: 100}}
 			}
-			held := make([]*enginepick.Dispatch, 0, 64)
-			for range 64 { // both engines at their caps
+			held := make([]*enginepick.Dispatch, 0, 62)
+			for range 62 { // both engines at their caps but the last slot, the top band's
 				held = append(held, mustSelect(t, r, req(0)))
 			}
 			_, err := r.Select(ctx, req(-1))
 			assert.Equal(t, http.StatusTooManyRequests, bucket.StatusCode(err), "best effort is shed while saturated: %v", err)
+			top := mustSelect(t, r, req(1)) // the interactive band takes a last slot at once
 			served := make(chan *enginepick.Dispatch, 1)
 			go func() {
-				d, err := r.Select(ctx, req(1))
+				d, err := r.Select(ctx, req(0))
 				assert.NoError(t, err)
 				served <- d
 			}()
 			select {
 			case <-served:
-				t.Fatal("an interactive request was served while both engines were at their caps")
+				t.Fatal("a default-band request was served while both engines were at their caps")
 			case <-time.After(50 * time.Millisecond):
 			}
-			held[0].Release() // a dispatch ends: the waiting request takes its place
+			// A dispatch ends on the engine the interactive request left alone: the waiting
+			// request takes its place.
+			i := slices.IndexFunc(held, func(d *enginepick.Dispatch) bool {
+				return d.Selection.Plain.Engine.ID() != top.Selection.Plain.Engine.ID()
+			})
+			require.GreaterOrEqual(t, i, 0)
+			held[i].Release()
 			select {
 			case d := <-served:
 				require.NotNil(t, d)
-				assert.Equal(t, held[0].Selection.Plain.Engine.ID(), d.Selection.Plain.Engine.ID())
+				assert.Equal(t, held[i].Selection.Plain.Engine.ID(), d.Selection.Plain.Engine.ID())
 				d.Release()
 			case <-time.After(5 * time.Second):
 				t.Fatal("the waiting request was not served when a dispatch ended")
 			}
-			for _, d := range held[1:] {
+			top.Release()
+			held = slices.Delete(held, i, i+1)
+			for _, d := range held {
 				d.Release()
 			}
 		},
