@@ -270,7 +270,7 @@ func (c *Core) PendingDeltas() int {
 // Flush takes the pending local deltas as one encoded batch with the next sequence number; with
 // none pending it returns nil unless heartbeat (an empty batch keeps this replica's lease) or a
 // peer asked for this replica's dispatches. A batch the caller fails to deliver is lost: peers
-// see the gap, drop this replica's dispatches and ask for them again (Receive).
+// see the gap and ask for this replica's dispatches again (Receive).
 func (c *Core) Flush(heartbeat bool) []byte {
 	msg, _ := c.FlushDeltas(heartbeat)
 	return msg
@@ -330,8 +330,9 @@ func (c *Core) Drops() [NumReasons]uint64 {
 func (c *Core) drop(r Reason, n int) { c.dropped[r].Add(uint64(n)) }
 
 // Receive folds one peer batch into the view at now: its own batches are ignored, a batch seen
-// before is dropped, and a gap in a peer's sequence or a new incarnation first drops what the
-// peer had in flight, which then counts again from the starts received. A gap, or a peer first
+// before is dropped, and a new incarnation first drops what the peer had in flight, which then
+// counts again from the starts received; after a gap in a peer's sequence, what the view held
+// of the peer counts until the peer's announcement replaces it. A gap, or a peer first
 // heard after its first batch, makes this replica's next batch ask the peers to announce their
 // dispatches in flight and announce its own (the lost batches may have asked for them); a batch
 // asking so makes the next one announce this replica's; an announcement, after its batch's
@@ -382,7 +383,8 @@ func (c *Core) Receive(msg []byte, now time.Time) error {
 		c.drop(ReasonDuplicate, len(b.Changes)+len(b.Places))
 		return nil
 	case b.Seq != p.seq+1:
-		c.forget(p)
+		// Its dispatches stay counted until its announcement replaces them: forgotten, those
+		// still in flight would be recorded twice among the dispatches since a report.
 		missed = true
 	}
 	if missed && !full {

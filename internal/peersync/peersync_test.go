@@ -186,14 +186,14 @@ func TestDuplicateGapIncarnationAndUnknown(t *testing.T) {
 			// A peer whose fleet has an engine b's has not.
 			_ = b.core.Receive(rawBatch("a", 1, 2, []any{uint8(1), uint64(2), "http://other", -1, uint64(10), int64(0)}), b.now)
 		}, 1, 1, 1, 1, peersync.ReasonUnknownEngine},
-		{"gap forgets the peer's dispatches", func(a, _, b *replica) {
+		{"gap keeps the peer's dispatches until its announcement", func(a, _, b *replica) {
 			a.inflight.Acquire(engA, -1, 10)
 			_ = b.core.Receive(a.core.Flush(false), b.now)
 			g := a.inflight.Acquire(engB, -1, 10)
 			_ = a.core.Flush(false) // lost
 			g.Release()
 			_ = b.core.Receive(a.core.Flush(false), b.now) // the end of a dispatch b never saw
-		}, 0, 1, 1, 1, peersync.ReasonUnknownDispatch},
+		}, 1, 1, 1, 1, peersync.ReasonUnknownDispatch},
 		{"restart forgets the old incarnation", func(a, a2, b *replica) {
 			a.inflight.Acquire(engA, -1, 10)
 			_ = b.core.Receive(a.core.Flush(false), b.now)
@@ -521,4 +521,32 @@ func TestAnnouncementFollowsTheDeltas(t *testing.T) {
 	require.NoError(t, msgpack.Unmarshal(a.core.Flush(false), &b))
 	assert.Equal(t, []struct{ Op, ID, Tokens uint64 }{{0xf0, 0, 0}, {uint64(loadbridge.OpEnd), 1, 10},
 		{uint64(loadbridge.OpPrefillEnd), 2, 20}, {0xf1, 0, 0}, {uint64(loadbridge.OpStart), 2, 0}}, b.Changes)
+}
+
+// A gap in a peer's batches keeps its dispatches counted until its announcement replaces them:
+// a dispatch the view held, announced again, counts once in the dispatches since the report and
+// in flight, before and after the announcement; the one whose end was lost stops counting then.
+func TestGapKeepsDispatchesUntilTheAnnouncement(t *testing.T) {
+	a, b := newReplica(t, "a", 1), newReplica(t, "b", 1)
+	a.inflight.Acquire(engA, -1, 100)
+	ended := a.inflight.Acquire(engB, -1, 10)
+	require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+	b.now = b.now.Add(time.Second)
+	ended.Release()
+	_ = a.core.Flush(false) // lost
+	require.NoError(t, b.core.Receive(a.core.Flush(true), b.now))
+
+	view := func() [5]uint64 {
+		n, tok := b.dispatched(engA)
+		nb, _ := b.dispatched(engB)
+		return [5]uint64{n, tok, b.peerInFlight(engA), loadbridge.InFlightAt(b.inflight, engA, t0.Add(time.Nanosecond)), nb}
+	}
+	assert.Equal(t, [5]uint64{1, 100, 1, 1, 1}, view(), "the gap: both dispatches still count (the end was lost)")
+	require.True(t, b.core.Pending(), "b asks")
+	require.NoError(t, a.core.Receive(b.core.Flush(false), a.now))
+	require.NoError(t, b.core.Receive(a.core.Flush(false), b.now))
+	assert.Equal(t, [5]uint64{1, 100, 1, 1, 1}, view(), "announced: engA's dispatch once; engB's ended (its dispatch stays since the report)")
+	assert.Zero(t, b.peerInFlight(engB))
+	_, live := b.core.Peers()
+	assert.Equal(t, 1, live)
 }
