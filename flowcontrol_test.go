@@ -14,6 +14,7 @@ import (
 	"github.com/enginepick/enginepick/admission"
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/flowcontrol"
+	"github.com/enginepick/enginepick/internal/flowbridge"
 	"github.com/enginepick/enginepick/internal/loadbridge"
 	"github.com/enginepick/enginepick/kvindex"
 	"github.com/enginepick/enginepick/loadmon"
@@ -501,6 +502,14 @@ func TestFlowControlLowerBandWaitsForEnginePrefill(t *testing.T) {
 				return
 			}
 			waits(t, low)
+			cctx, cancel := context.WithCancel(ctx)
+			late := f.selectAsync(cctx, longReq())
+			waits(t, late)
+			cancel()
+			var rej *policy.AdmissionRejectedError
+			require.ErrorAs(t, (<-late).err, &rej, "the last refusal")
+			assert.Equal(t, []any{flowbridge.LimitPrefilling, uint64(500), uint64(0)}, []any{rej.Limit, rej.Observed, rej.Cap},
+				"the engine's prefill tokens in flight")
 			high := longReq()
 			high.Priority = 1
 			h, err := f.router.Select(ctx, high)
@@ -553,6 +562,14 @@ func TestFlowControlLowerBandLeavesTheLastSlot(t *testing.T) {
 				return
 			}
 			waits(t, low)
+			cctx, cancel := context.WithCancel(ctx)
+			late := f.selectAsync(cctx, longReq())
+			waits(t, late)
+			cancel()
+			var rej *policy.AdmissionRejectedError
+			require.ErrorAs(t, (<-late).err, &rej, "the last refusal")
+			assert.Equal(t, []any{flowbridge.LimitTopBandSlot, uint64(2), uint64(3)}, []any{rej.Limit, rej.Observed, rej.Cap},
+				"the engine's in-flight requests and its cap, of which the last slot is the top band's")
 			high := longReq()
 			high.Priority = 1
 			h, err := f.router.Select(ctx, high)

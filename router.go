@@ -67,7 +67,8 @@ type Options struct {
 	// priority band, fair share between flows and arrival (bucket.Request.Priority and Flow,
 	// docs/design.md §17). The Router wakes them when a dispatch ends, an engine is removed and,
 	// with Load, on every load report (it registers a Table.OnChange callback for the table's
-	// lifetime). Nil means no flow control.
+	// lifetime). With two or more bands, a request below the top band leaves the last slot of an
+	// in-flight cap of 2 or more to the top band. Nil means no flow control.
 	FlowControl *flowcontrol.Controller
 }
 
@@ -598,7 +599,8 @@ const maxSelectAttempts = 4
 // acquire counts a pick's dispatch on its engine (and DP rank), under the in-flight cap the pick
 // was admitted under if any, less the top band's last slot for a request below it (held:
 // flowbridge.HeldCap). When the cap has been reached since the check, it acquires nothing
-// and returns the rejection admission would now give.
+// and returns the rejection admission would now give (limit flowbridge.LimitTopBandSlot when only
+// the top band's slot is left).
 func (r *Router) acquire(p *policy.Pick, prefillTokens uint64, held bool, now time.Time) (*loadmon.Guard, *policy.AdmissionRejectedError) {
 	id := p.Engine.ID()
 	limit := uint64(math.MaxUint64) // no cap
@@ -610,7 +612,11 @@ func (r *Router) acquire(p *policy.Pick, prefillTokens uint64, held bool, now ti
 	}
 	g, n := r.inflight.TryAcquire(id, rankOf(p), prefillTokens, limit, now)
 	if g == nil {
-		return nil, &policy.AdmissionRejectedError{Engine: p.Engine, Limit: admission.LimitInFlightRequests, Observed: n, Cap: limit}
+		name := admission.LimitInFlightRequests
+		if limit < p.InFlightCap && n < p.InFlightCap {
+			name = flowbridge.LimitTopBandSlot
+		}
+		return nil, &policy.AdmissionRejectedError{Engine: p.Engine, Limit: name, Observed: n, Cap: p.InFlightCap}
 	}
 	return g, nil
 }

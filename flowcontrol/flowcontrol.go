@@ -306,8 +306,8 @@ type RejectedError struct {
 	// Priority is the priority of the band the request was in.
 	Priority int
 	// RetryAfter is a hint for the client's Retry-After: the time the model's waiting requests of
-	// this band and above take to be served at the recent dispatch rate, between 1 s and 1 min
-	// (1 s without a recent dispatch).
+	// this band and above take to be served at the recent dispatch rate, rounded up to whole
+	// seconds, between 1 s and 1 min (1 s without a recent dispatch).
 	RetryAfter time.Duration
 }
 

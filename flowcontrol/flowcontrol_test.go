@@ -479,7 +479,8 @@ func TestSheddableBandNeverWaits(t *testing.T) {
 }
 
 // RetryAfter is the time the waiting requests of the band and above take at the recent dispatch
-// rate: 100 dispatches within the half-life are a rate of 100 × ln 2 ÷ 60 s.
+// rate, rounded up to whole seconds: 100 dispatches within the half-life are a rate of
+// 100 × ln 2 ÷ 60 s.
 func TestRetryAfterFollowsTheDispatchRate(t *testing.T) {
 	t.Parallel()
 	c, err := flowcontrol.New(flowcontrol.Config{MaxQueued: 3})
@@ -495,8 +496,7 @@ func TestRetryAfterFollowsTheDispatchRate(t *testing.T) {
 	}
 	var rej *flowcontrol.RejectedError
 	require.ErrorAs(t, h.result("d"), &rej)
-	want := 2596851000 * time.Nanosecond // 3 ÷ (100 × ln 2 ÷ 60 s) = 2.597 s
-	assert.InDelta(t, float64(want), float64(rej.RetryAfter), float64(time.Millisecond))
+	assert.Equal(t, 3*time.Second, rej.RetryAfter, "3 ÷ (100 × ln 2 ÷ 60 s) = 2.597 s")
 	h.serveAll(0, 3)
 	h.wg.Wait()
 }

@@ -534,7 +534,8 @@ func (q *queue) rejectedLocked(reason string, bi int) *RejectedError {
 	// A steady rate λ of dispatches keeps the decayed count at λ × halfLife ÷ ln 2.
 	if count := q.dispatched / q.scaleLocked(); count > 0 {
 		rate := count * math.Ln2 / q.c.halfLife.Seconds()
-		retry = min(max(time.Duration(float64(ahead)/rate*float64(time.Second)), time.Second), time.Minute)
+		d := time.Duration(math.Ceil(float64(ahead)/rate)) * time.Second // whole seconds, as Retry-After
+		retry = min(max(d, time.Second), time.Minute)
 	}
 	return &RejectedError{Reason: reason, Priority: q.c.bands[bi].Priority, RetryAfter: retry}
 }

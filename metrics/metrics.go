@@ -12,6 +12,7 @@ import (
 	"github.com/enginepick/enginepick/bucket"
 	"github.com/enginepick/enginepick/config"
 	"github.com/enginepick/enginepick/flowcontrol"
+	"github.com/enginepick/enginepick/internal/flowbridge"
 	"github.com/enginepick/enginepick/internal/label"
 	"github.com/enginepick/enginepick/internal/peersync/redispeer"
 	"github.com/enginepick/enginepick/policy"
@@ -103,8 +104,8 @@ type cacheObs struct {
 	guard     prometheus.Counter
 }
 
-var limitLabels = []string{admission.LimitRunningRequests, admission.LimitWaitingRequests, admission.LimitKVTokens,
-	admission.LimitPendingPrefillTokens, admission.LimitInFlightRequests}
+var limitLabels = [...]string{admission.LimitRunningRequests, admission.LimitWaitingRequests, admission.LimitKVTokens,
+	admission.LimitPendingPrefillTokens, admission.LimitInFlightRequests, flowbridge.LimitPrefilling, flowbridge.LimitTopBandSlot}
 
 // limitOther labels rejections by a custom admission.Checker's limit, whose names are not bounded.
 const limitOther = "other"
@@ -182,7 +183,7 @@ func New(reg prometheus.Registerer, opts Options) (enginepick.Observer, error) {
 		guardOverrides: counter("pressure_guard_overrides_total",
 			"Times the cache-aware pressure guard replaced a holder with a less pressured one.", "model_id"),
 		admissionRejects: counter("admission_rejections_total",
-			"Admission rejections met by policies, by model, stage and limit (other for a custom checker's limit).",
+			"Admission rejections met by policies, by model, stage and limit (prefilling and top_band_slot for flow control's holds, other for a custom checker's limit).",
 			"model_id", "stage", "limit"),
 		ttft: histogram("ttft_seconds",
 			"Time to first token of dispatches the host reported with Dispatch.Done, by dispatched engine, stage and policy.",
@@ -297,7 +298,7 @@ type groupObs struct {
 	p       *observer
 	labels  [4]string // model, bucket, stage, policy
 	reasons atomic.Pointer[[]reasonCounter]
-	limits  [6]prometheus.Counter // limitLabels order, then limitOther
+	limits  [len(limitLabels) + 1]prometheus.Counter // limitLabels order, then limitOther
 	mu      sync.Mutex
 }
 

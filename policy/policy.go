@@ -289,7 +289,7 @@ func (c *Config) admit(held bool, e state.Engine, o loadmon.Observation) (inFlig
 		return inFlightCap{}, &AdmissionRejectedError{Engine: e, Limit: v.Limit, Observed: v.Observed, Cap: v.Cap}
 	}
 	if held && v.HasInFlightCap && o.InFlight >= flowbridge.HeldCap(v.InFlightCap) {
-		return inFlightCap{}, &AdmissionRejectedError{Engine: e, Limit: admission.LimitInFlightRequests, Observed: o.InFlight, Cap: flowbridge.HeldCap(v.InFlightCap)}
+		return inFlightCap{}, &AdmissionRejectedError{Engine: e, Limit: flowbridge.LimitTopBandSlot, Observed: o.InFlight, Cap: v.InFlightCap}
 	}
 	return inFlightCap{v.InFlightCap, v.HasInFlightCap}, nil
 }

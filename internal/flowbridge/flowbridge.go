@@ -62,6 +62,11 @@ var (
 // the router, for a request flow control holds off such engines (WithPrefillHold).
 const LimitPrefilling = "prefilling"
 
+// LimitTopBandSlot is the Limit of the rejection of an engine whose in-flight requests (Observed)
+// leave only its cap's (Cap) last slot, the top band's, for a request below the top band
+// (HeldCap).
+const LimitTopBandSlot = "top_band_slot"
+
 type prefillHoldKey struct{}
 
 // WithPrefillHold returns ctx marked for a selection whose request flow control holds off engines
