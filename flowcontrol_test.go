@@ -92,6 +92,19 @@ func (f *flowFleet) selectAsync(ctx context.Context, req *bucket.Request) <-chan
 	return ch
 }
 
+// lastRefusal runs a Select of longReq that waits, ends its wait and returns the admission
+// rejection its error carries as the last refusal.
+func (f *flowFleet) lastRefusal(t *testing.T, ctx context.Context) *policy.AdmissionRejectedError {
+	t.Helper()
+	cctx, cancel := context.WithCancel(ctx)
+	late := f.selectAsync(cctx, longReq())
+	waits(t, late)
+	cancel()
+	var rej *policy.AdmissionRejectedError
+	require.ErrorAs(t, (<-late).err, &rej, "the last refusal")
+	return rej
+}
+
 // waits asserts that the Select behind ch has not returned after a moment.
 func waits(t *testing.T, ch <-chan selected) {
 	t.Helper()
@@ -502,12 +515,7 @@ func TestFlowControlLowerBandWaitsForEnginePrefill(t *testing.T) {
 				return
 			}
 			waits(t, low)
-			cctx, cancel := context.WithCancel(ctx)
-			late := f.selectAsync(cctx, longReq())
-			waits(t, late)
-			cancel()
-			var rej *policy.AdmissionRejectedError
-			require.ErrorAs(t, (<-late).err, &rej, "the last refusal")
+			rej := f.lastRefusal(t, ctx)
 			assert.Equal(t, []any{flowbridge.LimitPrefilling, uint64(500), uint64(0)}, []any{rej.Limit, rej.Observed, rej.Cap},
 				"the engine's prefill tokens in flight")
 			high := longReq()
@@ -562,12 +570,7 @@ func TestFlowControlLowerBandLeavesTheLastSlot(t *testing.T) {
 				return
 			}
 			waits(t, low)
-			cctx, cancel := context.WithCancel(ctx)
-			late := f.selectAsync(cctx, longReq())
-			waits(t, late)
-			cancel()
-			var rej *policy.AdmissionRejectedError
-			require.ErrorAs(t, (<-late).err, &rej, "the last refusal")
+			rej := f.lastRefusal(t, ctx)
 			assert.Equal(t, []any{flowbridge.LimitTopBandSlot, uint64(2), uint64(3)}, []any{rej.Limit, rej.Observed, rej.Cap},
 				"the engine's in-flight requests and its cap, of which the last slot is the top band's")
 			high := longReq()
