@@ -589,3 +589,56 @@ func TestFlowControlLowerBandLeavesTheLastSlot(t *testing.T) {
 		})
 	}
 }
+
+// capPicker picks the first engine under an in-flight cap without checking it, as a host policy
+// may: the Router applies the cap, and the top band's last slot, when it counts the dispatch.
+type capPicker struct{ cap uint64 }
+
+func (p capPicker) Pick(_ context.Context, engines []state.Engine, _ *policy.Request) (policy.Pick, error) {
+	return policy.Pick{Engine: engines[0], Reason: "fixed", InFlightCap: p.cap, HasInFlightCap: true}, nil
+}
+
+// The Router holds a request below the top band to the cap less its last slot when it counts the
+// dispatch (docs/design.md §17), whatever the policy checked: under a cap of 3 the third band-0
+// request is refused with top_band_slot, a band-1 request takes the last slot, and the next one is
+// refused with max_inflight_requests.
+func TestFlowControlRouterKeepsTheLastSlotForAnyPolicy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reg := &state.StaticRegistry{}
+	require.NoError(t, reg.Add(state.NewStaticEngine("e1", "m", state.StagePlain)))
+	group, err := bucket.NewEngineGroup(capPicker{cap: 3}, nil)
+	require.NoError(t, err)
+	all, err := bucket.NewPlainBucket(bucket.Spec{ID: "all"}, group)
+	require.NoError(t, err)
+	res, err := bucket.NewResolver([]*bucket.Bucket{all}, bucket.ResolverOptions{})
+	require.NoError(t, err)
+	router, err := enginepick.NewRouter(enginepick.Options{Registry: reg, InFlight: loadmon.NewInFlight(nil),
+		Resolvers: map[state.ModelID]*bucket.Resolver{"m": res},
+		FlowControl: mustController(t, flowcontrol.Config{Bands: []flowcontrol.Band{{Priority: 0}, {Priority: 1}}})})
+	require.NoError(t, err)
+	req := func(priority int) *bucket.Request {
+		return &bucket.Request{Model: "m", Priority: priority, Signals: bucket.Signals{InputTokens: 10}}
+	}
+	refusal := func(priority int) []any {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+		defer cancel()
+		_, err := router.Select(cctx, req(priority))
+		var rej *policy.AdmissionRejectedError
+		require.ErrorAs(t, err, &rej, "the last refusal")
+		return []any{rej.Limit, rej.Observed, rej.Cap}
+	}
+	var running []*enginepick.Dispatch
+	for range 2 {
+		d, err := router.Select(ctx, req(0))
+		require.NoError(t, err)
+		running = append(running, d)
+	}
+	assert.Equal(t, []any{flowbridge.LimitTopBandSlot, uint64(2), uint64(3)}, refusal(0))
+	d, err := router.Select(ctx, req(1))
+	require.NoError(t, err, "the last slot is the top band's")
+	assert.Equal(t, []any{admission.LimitInFlightRequests, uint64(3), uint64(3)}, refusal(1))
+	for _, d := range append(running, d) {
+		d.Release()
+	}
+}
