@@ -614,7 +614,7 @@ func TestFlowControlRouterKeepsTheLastSlotForAnyPolicy(t *testing.T) {
 	res, err := bucket.NewResolver([]*bucket.Bucket{all}, bucket.ResolverOptions{})
 	require.NoError(t, err)
 	router, err := enginepick.NewRouter(enginepick.Options{Registry: reg, InFlight: loadmon.NewInFlight(nil),
-		Resolvers: map[state.ModelID]*bucket.Resolver{"m": res},
+		Resolvers:   map[state.ModelID]*bucket.Resolver{"m": res},
 		FlowControl: mustController(t, flowcontrol.Config{Bands: []flowcontrol.Band{{Priority: 0}, {Priority: 1}}})})
 	require.NoError(t, err)
 	req := func(priority int) *bucket.Request {
