@@ -91,6 +91,10 @@
 //	                 detector alone reads reports up to one interval old, and a report that shows
 //	                 room releases the whole queue). The table gains "shed" (HTTP 429). With
 //	                 -config, the file's flow_control block decides instead
+//	-warmup D        leave the requests arriving in the first D of the replay (after -speed) out
+//	                 of the latency figures, e.g. 10s: they then describe the loaded fleet, not its
+//	                 start from idle engines with empty caches; counts, throughput and hit rate
+//	                 still cover the whole run (default 0: every request)
 //	-plot DIR        also write PNG charts to DIR: ttft_cdf.png, hit_rate.png, imbalance.png
 //	-config FILE     replay a routing configuration file instead of -engines, -pd, -policies and
 //	                 -admission: the file production builds its router from (config.Load,
@@ -286,6 +290,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	configPath := fs.String("config", "", "routing configuration file (YAML or JSON, as config.Load reads) to replay instead of -engines, -pd, -policies and -admission")
 	model := fs.String("model", "", "with -config: the model to replay (default: the file's first model)")
 	flowControl := fs.Bool("flow-control", false, `queue in the router what the fleet cannot serve now: a band per priority, fair shares between tenants (pair with -admission '{"max_inflight_requests": 256}')`)
+	warmup := fs.Duration("warmup", 0, "leave the requests arriving in the first D (after -speed) out of the latency figures, e.g. 10s")
 	scenario := addScenarioFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -332,6 +337,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	if *flowControl {
 		cfg.FlowControl = &flowcontrol.Config{}
 	}
+	if *warmup < 0 {
+		return usage(fmt.Errorf("-warmup %v: must not be negative", *warmup))
+	}
+	cfg.Warmup = *warmup
 	if *tracePath != "" {
 		if err := checkTrace(*tracePath); err != nil {
 			return usage(err)

@@ -51,8 +51,8 @@ type TenantResult struct {
 	// none getting more than its Demand, the surplus going to the others (see
 	// BandResult.Fairness). Service ÷ FairShare is 1 under perfectly fair sharing.
 	FairShare float64 `json:"fair_share_tokens"`
-	// TTFTSamples is every completed request's TTFT in seconds, sorted ascending. It is not part
-	// of the JSON form.
+	// TTFTSamples is the TTFT of every completed request TTFT summarizes (Config.Warmup), in
+	// seconds, sorted ascending. It is not part of the JSON form.
 	TTFTSamples []float64 `json:"-"`
 }
 
@@ -254,12 +254,14 @@ func (rc *resolved) resolveTenants() error {
 }
 
 // recordFlow accounts a finished request to its flow.
-func (r *run) recordFlow(q *reqState, ttft, e2e float64) {
+func (r *run) recordFlow(q *reqState, measured bool, ttft, e2e float64) {
 	f := &r.flows[r.rc.flows.of[q.pos]]
 	f.completed++
 	f.outputTok += int64(q.output)
-	f.ttft = append(f.ttft, ttft)
-	f.e2e = append(f.e2e, e2e)
+	if measured {
+		f.ttft = append(f.ttft, ttft)
+		f.e2e = append(f.e2e, e2e)
+	}
 }
 
 // measureService sets every flow's service: the prompt and output tokens served by now (see

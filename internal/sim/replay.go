@@ -251,6 +251,13 @@ type Config struct {
 	// wrapping state.ErrInvalidConfiguration. With Routing, the file's flow_control block
 	// configures flow control instead (FlowControl set too: ErrRoutingConflict).
 	FlowControl *flowcontrol.Config
+	// Warmup leaves the requests arriving before it (on the replay's clock, after Speed) out of
+	// the latency figures (TTFT and E2E, of the run, its bands and its tenants), so that they
+	// describe the fleet once it has filled, not its start from idle engines with empty caches.
+	// They are replayed and counted like the others: throughput, hit rate, service and the
+	// request counts cover the whole run; a tenant or band with no completed request after it has
+	// zero latencies. 0 means none; negative, or at or past the last arrival, is invalid.
+	Warmup time.Duration
 	// Parallelism bounds how many policy runs simulate at once; each run is single-threaded and
 	// independent, so the report does not depend on it. 0 means runtime.GOMAXPROCS(0).
 	Parallelism int
@@ -372,6 +379,9 @@ func (cfg *Config) resolve() (*resolved, error) {
 	if rc.Parallelism == 0 {
 		rc.Parallelism = runtime.GOMAXPROCS(0)
 	}
+	if rc.Warmup < 0 {
+		return nil, fmt.Errorf("sim: Config.Warmup = %v: must be >= 0: %w", cfg.Warmup, state.ErrInvalidConfiguration)
+	}
 	if rc.Parallelism < 0 {
 		return nil, fmt.Errorf("sim: Config.Parallelism = %d: must be >= 0: %w", cfg.Parallelism, state.ErrInvalidConfiguration)
 	}
@@ -393,6 +403,10 @@ func (cfg *Config) resolve() (*resolved, error) {
 	rc.requests = reqs
 	if rc.SpreadArrivals {
 		rc.requests = spreadArrivals(reqs, rc.Seed)
+	}
+	if last := time.Duration(float64(rc.requests[len(rc.requests)-1].Arrival) / rc.Speed); rc.Warmup > 0 && rc.Warmup >= last {
+		return nil, fmt.Errorf("sim: Config.Warmup = %v: at or past the last arrival (%v): no latency would be measured: %w",
+			cfg.Warmup, last, state.ErrInvalidConfiguration)
 	}
 	rc.resolveAdapters()
 	if err := rc.resolveTenants(); err != nil {

@@ -45,6 +45,9 @@ type Report struct {
 	Reports LoadReports `json:"reports,omitempty"`
 	// FlowControl is whether the routers ran flow control (Config.FlowControl).
 	FlowControl bool `json:"flow_control,omitempty"`
+	// Warmup is Config.Warmup in seconds: the latency figures leave out the requests arriving
+	// before it.
+	Warmup float64 `json:"warmup_s,omitempty"`
 	// Model is the engines' performance model, defaults filled in.
 	Model EngineModel `json:"model"`
 	// ReportInterval is the engines' load report interval, in seconds.
@@ -103,7 +106,8 @@ type PolicyResult struct {
 	// HitRate is CachedTokens ÷ PromptTokens (0 when no prompt token was admitted).
 	HitRate float64 `json:"hit_rate"`
 	// TTFT is arrival to first token (PD: until the KV reached the decode engine). E2E is
-	// arrival to last token.
+	// arrival to last token. Both summarize the completed requests that arrived at or after
+	// Config.Warmup.
 	TTFT Latency `json:"ttft"`
 	E2E  Latency `json:"e2e"`
 	// Makespan is from the first arrival to the last completion, in seconds.
@@ -135,8 +139,8 @@ type PolicyResult struct {
 	// (Request.Tenant, Request.Priority).
 	Tenants []TenantResult `json:"tenants,omitempty"`
 	Bands   []BandResult   `json:"bands,omitempty"`
-	// TTFTSamples is every completed request's TTFT in seconds, sorted ascending, for plots. It
-	// is not part of the JSON form.
+	// TTFTSamples is the TTFT of every completed request TTFT summarizes, in seconds, sorted
+	// ascending, for plots. It is not part of the JSON form.
 	TTFTSamples []float64 `json:"-"`
 }
 
@@ -273,6 +277,7 @@ func newReport(rc *resolved, results []PolicyResult) *Report {
 		ShareDelay:           rc.shareDelay(),
 		Reports:              basicOnly(rc.Reports),
 		FlowControl:          rc.flowControlled(),
+		Warmup:               rc.Warmup.Seconds(),
 		Model:                rc.Model,
 		ReportInterval:       rc.ReportInterval.Seconds(),
 		InfiniteCacheHitRate: hitRate,
@@ -342,6 +347,9 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	}
 	if rep.Adapters > 0 {
 		fmt.Fprintf(bw, ", %d LoRA adapters", rep.Adapters)
+	}
+	if rep.Warmup > 0 {
+		fmt.Fprintf(bw, ", latencies of arrivals after %g s", rep.Warmup)
 	}
 	fmt.Fprintln(bw)
 	m := &rep.Model

@@ -576,10 +576,13 @@ func (r *run) finish(q *reqState) error {
 	r.finished++
 	r.outputTok += int64(q.output)
 	ttft, e2e := (q.firstToken - q.arrival).Seconds(), (r.now - q.arrival).Seconds()
-	r.ttft = append(r.ttft, ttft)
-	r.e2e = append(r.e2e, e2e)
+	measured := q.arrival >= r.rc.Warmup
+	if measured {
+		r.ttft = append(r.ttft, ttft)
+		r.e2e = append(r.e2e, e2e)
+	}
 	if r.flows != nil {
-		r.recordFlow(q, ttft, e2e)
+		r.recordFlow(q, measured, ttft, e2e)
 	}
 	r.lastFinish = max(r.lastFinish, r.now)
 	r.drop()
