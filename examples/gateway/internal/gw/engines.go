@@ -347,7 +347,9 @@ func (r *Registry) Models() []state.ModelID {
 type Prober struct {
 	// Registry holds the engines. Required.
 	Registry *Registry
-	// Client sends the probes. Nil means http.DefaultClient.
+	// Client sends the probes. Nil means a client that opens a connection for each probe (no
+	// keep-alive, no proxy), as Kubernetes' HTTP probes do: a probe never rides a pooled
+	// connection the engine has already closed, and tests that the engine accepts connections.
 	Client *http.Client
 	// Interval between probe rounds; 0 means 5 s.
 	Interval time.Duration
@@ -437,12 +439,15 @@ func (p *Prober) Suspect(e *Engine) *Probe {
 	return pr
 }
 
+// probeClient is the Prober's default client (Prober.Client).
+var probeClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DisableCompression: true}}
+
 // probe sends GET Path to e within Timeout: OutcomeOK for a 200, OutcomeConnError without a
 // connection, else OutcomeServerError.
 func (p *Prober) probe(ctx context.Context, e *Engine) Outcome {
 	client := p.Client
 	if client == nil {
-		client = http.DefaultClient
+		client = probeClient
 	}
 	timeout := p.Timeout
 	if timeout <= 0 {
