@@ -290,7 +290,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, interacti
 	configPath := fs.String("config", "", "routing configuration file (YAML or JSON, as config.Load reads) to replay instead of -engines, -pd, -policies and -admission")
 	model := fs.String("model", "", "with -config: the model to replay (default: the file's first model)")
 	flowControl := fs.Bool("flow-control", false, `queue in the router what the fleet cannot serve now: a band per priority, fair shares between tenants (pair with -admission '{"max_inflight_requests": 256}')`)
-	warmup := fs.Duration("warmup", 0, "leave the requests arriving in the first D (after -speed) out of the latency figures, e.g. 10s")
+	warmup := fs.Duration("warmup", 0, "leave the requests arriving in the first D (after -speed) out of the latency figures, e.g. 10s; counts, throughput and hit rate still cover every request (default 0: none left out)")
 	scenario := addScenarioFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
