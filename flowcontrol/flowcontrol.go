@@ -35,7 +35,8 @@ type Config struct {
 	// reached, an arrival displaces the newest waiting request of the flow served last in the
 	// lowest band below its own; with no lower band waiting, as in a full band (Band.MaxQueued),
 	// the newest request of the flow its band serves last, when the arrival's flow is served
-	// before it; otherwise the arrival is rejected. 0 means 4,096.
+	// before it; otherwise the arrival is rejected. A request whose selection attempt is running
+	// is never displaced: the flows and bands are chosen among the others. 0 means 4,096.
 	MaxQueued int
 	// HalfLife is the half-life of a flow's attained service: a token served counts 1 at once,
 	// ½ after HalfLife. 0 means 60 s.
@@ -307,7 +308,7 @@ type RejectedError struct {
 	Priority int
 	// RetryAfter is a hint for the client's Retry-After: the time the model's waiting requests of
 	// this band and above take to be served at the recent dispatch rate, rounded up to whole
-	// seconds, between 1 s and 1 min (1 s without a recent dispatch).
+	// seconds, between 1 s and 1 min (1 s before the model's first dispatch).
 	RetryAfter time.Duration
 }
 

@@ -36,12 +36,13 @@ type queue struct {
 	refusedEpoch uint64
 
 	// Attained service is kept scaled: a flow's service is flow.service × 2^−(now−base)/halfLife,
-	// so that decay changes no flow's order and only a charge needs arithmetic. served is the
-	// dispatches, decayed the same way (RetryAfter's rate).
-	flows      map[string]*flow
-	base       time.Time
-	dispatched float64
-	sweepAt    int
+	// so that decay changes no flow's order and only a charge needs arithmetic. dispatched is the
+	// dispatches, decayed the same way (RetryAfter's rate); anyDispatch, whether there was one.
+	flows       map[string]*flow
+	base        time.Time
+	dispatched  float64
+	anyDispatch bool
+	sweepAt     int
 
 	ended []ending // driven requests that left, for their done (Drive)
 }
@@ -367,7 +368,8 @@ func (q *queue) enqueueLocked(r *Request, bi int, attempt func() (bool, uint64, 
 }
 
 // victimLocked returns the request a full queue displaces for an arrival of band bi: in the lowest
-// non-empty band below bi, the newest request of the flow the band serves last; or nil.
+// band below bi that has one, the newest request of the flow the band serves last; or nil. The
+// request holding the turn is never displaced, nor counts (lastFlowLocked).
 func (q *queue) victimLocked(bi int) *waiter {
 	for i := len(q.bands) - 1; i > bi; i-- {
 		if fq := q.lastFlowLocked(i); fq != nil {
@@ -387,12 +389,12 @@ func (q *queue) fairVictimLocked(bi int, f *flow) *waiter {
 	return q.newestLocked(last)
 }
 
-// lastFlowLocked returns the flow band bi serves last (the most attained service ÷ weight), or nil
-// when the band is empty.
+// lastFlowLocked returns the flow band bi serves last (the most attained service ÷ weight) among
+// those with a request that does not hold the turn, or nil when there is none.
 func (q *queue) lastFlowLocked(bi int) *flowQ {
 	var last *flowQ
 	for _, fq := range q.bands[bi].active {
-		if last == nil || last.before(fq) {
+		if (last == nil || last.before(fq)) && q.newestLocked(fq) != nil {
 			last = fq
 		}
 	}
@@ -469,6 +471,7 @@ func (q *queue) servedLocked(r *Request) {
 	f := q.flowLocked(r.Flow)
 	f.service += float64(max(r.Cost, 1)) * s
 	q.dispatched += s
+	q.anyDispatch = true
 	if f.active > 0 {
 		for _, fq := range f.qs {
 			if fq != nil && fq.idx >= 0 {
@@ -531,11 +534,13 @@ func (q *queue) rejectedLocked(reason string, bi int) *RejectedError {
 		ahead += q.bands[i].n
 	}
 	retry := time.Second
-	// A steady rate λ of dispatches keeps the decayed count at λ × halfLife ÷ ln 2.
-	if count := q.dispatched / q.scaleLocked(); count > 0 {
-		rate := count * math.Ln2 / q.c.halfLife.Seconds()
-		d := time.Duration(math.Ceil(float64(ahead)/rate)) * time.Second // whole seconds, as Retry-After
-		retry = min(max(d, time.Second), time.Minute)
+	if q.anyDispatch && ahead > 0 {
+		// A steady rate λ of dispatches keeps the decayed count at λ × halfLife ÷ ln 2. Clamped
+		// in float seconds: after a long idle period the rate is near 0 (or 0), the wait beyond
+		// any Duration.
+		rate := q.dispatched / q.scaleLocked() * math.Ln2 / q.c.halfLife.Seconds()
+		secs := min(max(math.Ceil(float64(ahead)/rate), 1), 60) // whole seconds, as Retry-After
+		retry = time.Duration(secs) * time.Second
 	}
 	return &RejectedError{Reason: reason, Priority: q.c.bands[bi].Priority, RetryAfter: retry}
 }
