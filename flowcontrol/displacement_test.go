@@ -30,7 +30,7 @@ func TestRetryAfterAfterALongIdlePeriod(t *testing.T) {
 		mu.Unlock()
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
-		go func() { // a waits
+		go func() { // fills the queue
 			defer close(done)
 			_ = c.Wait(ctx, flowcontrol.Request{Model: model}, func() (bool, uint64, error) { return true, 1, nil })
 		}()
@@ -86,6 +86,53 @@ func TestDisplacementPassesOverTheRequestHoldingTheTurn(t *testing.T) {
 	case err := <-res["high"]:
 		t.Errorf("high (band 10) ended with %v while mid (band 5) still waits", err)
 	case err := <-res["mid"]:
+		require.ErrorAs(t, err, &rej)
+		assert.Equal(t, "displaced", rej.Reason)
+	case <-time.After(5 * time.Second):
+		t.Error("neither ended")
+	}
+	close(release)
+}
+
+// TestFairDisplacementPassesOverTheRequestHoldingTheTurn: in one band, a full queue displaces the
+// newest request of the flow served last among those merely waiting: flow a (most served) holds
+// the turn with its only request, so flow b's request gives way to flow c's arrival (least
+// served), which is not rejected.
+func TestFairDisplacementPassesOverTheRequestHoldingTheTurn(t *testing.T) {
+	c, err := flowcontrol.New(flowcontrol.Config{MaxQueued: 2})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	served := func() (bool, uint64, error) { return false, 0, nil }
+	require.NoError(t, c.Wait(ctx, flowcontrol.Request{Model: model, Flow: "a", Cost: 100}, served))
+	require.NoError(t, c.Wait(ctx, flowcontrol.Request{Model: model, Flow: "b", Cost: 10}, served))
+	res := map[string]chan error{"a": make(chan error, 1), "b": make(chan error, 1), "c": make(chan error, 1)}
+	start := func(id string, r flowcontrol.Request, attempt func() (bool, uint64, error)) {
+		wg.Add(1)
+		go func() { defer wg.Done(); res[id] <- c.Wait(ctx, r, attempt) }()
+	}
+	release, inAttempt := make(chan struct{}), make(chan struct{}, 1)
+	var tries atomic.Int32
+	start("a", flowcontrol.Request{Model: model, Flow: "a", Class: 1}, func() (bool, uint64, error) {
+		if tries.Add(1) == 2 {
+			inAttempt <- struct{}{}
+			<-release
+		}
+		return true, 1, nil
+	})
+	require.Eventually(t, func() bool { return flowcontrol.Queued(c, model) == 1 }, 5*time.Second, time.Millisecond)
+	start("b", flowcontrol.Request{Model: model, Flow: "b", Class: 2}, func() (bool, uint64, error) { return true, 2, nil })
+	require.Eventually(t, func() bool { return flowcontrol.Queued(c, model) == 2 }, 5*time.Second, time.Millisecond)
+	c.Notify(model) // the pass: b (less served) is refused, then a takes the turn and blocks
+	<-inAttempt
+	start("c", flowcontrol.Request{Model: model, Flow: "c"}, func() (bool, uint64, error) { return false, 0, nil })
+	var rej *flowcontrol.RejectedError
+	select {
+	case err := <-res["c"]:
+		t.Errorf("c (least served) ended with %v while b (more served) still waits", err)
+	case err := <-res["b"]:
 		require.ErrorAs(t, err, &rej)
 		assert.Equal(t, "displaced", rej.Reason)
 	case <-time.After(5 * time.Second):
